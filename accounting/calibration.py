@@ -1,0 +1,329 @@
+"""Noise calibration: from (epsilon, delta, sensitivity) to the parameters of a noise mechanism.
+
+The result is a :class:`NoiseSpec`, a declarative description of *how much* noise a measure gets
+and what guarantee that buys. Sampling lives in :mod:`transforms.noise`, which only reads a spec.
+
+Mechanisms (all sampled as integers, so no floating-point attack applies, Mironov 2012):
+
+* ``DISCRETE_LAPLACE``: P[z] ∝ exp(-|z|/b) with b = Δ1/ε: ε-DP for integer queries whose
+  L1 sensitivity is Δ1 (reference.md §2). The sampler rounds b *up* to a multiple of 2^-20.
+* ``LAPLACE``: real-valued queries. The true value is rounded to a power-of-two grid g far below
+  the noise scale, and discrete Laplace noise is added in units of g. Rounding can move each of
+  the L0 affected coordinates by up to g, so the sensitivity used is Δ1 + L0·g (in units an
+  integer, ceil(Δ1/g) + L0). Outputs are exact multiples of g: this is discretisation with the
+  sensitivity and epsilon adjusted, as in Google's secure noise generation.
+* ``GAUSSIAN``: real-valued, analytic Gaussian calibration (Balle & Wang 2018) for sensitivity
+  Δ2 + sqrt(L0)·g, sampled as a discrete Gaussian on the grid g with σ/g ≥ 2^20; at that
+  resolution the discrete and continuous privacy curves coincide to far below double precision
+  (Poisson summation: the difference is of order exp(-2π²(σ/g)²)).
+* ``DISCRETE_GAUSSIAN``: integer queries (Canonne, Kamath & Steinke 2020). For a one-dimensional
+  integer shift (L0 = 1) σ is the smallest value whose exact privacy curve, computed by
+  ``dp_accounting``'s discrete Gaussian privacy loss, meets (ε, δ); note that the discrete curve is
+  slightly *worse* than the continuous one at small σ, so the continuous analytic σ is not reused.
+  For L0 > 1 it uses the multivariate zCDP bound ρ = Δ2²/(2σ²) and the tight zCDP → (ε, δ)
+  conversion (CKS 2020, Proposition 12 there).
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+from scipy import special, stats
+
+from accounting.composition import zcdp_delta, zcdp_to_dp
+from accounting.validation import (check_delta, check_epsilon, check_positive_int, check_rho,
+                                   check_sensitivity)
+
+#: Bits of resolution between the noise scale and the grid of real-valued mechanisms.
+GRID_BITS = 24
+#: Discrete Laplace scales are rounded up to a multiple of 2^-SCALE_FRACTION_BITS.
+SCALE_FRACTION_BITS = 20
+
+
+class NoiseKind(str, enum.Enum):
+    LAPLACE = "laplace"
+    DISCRETE_LAPLACE = "discrete_laplace"
+    GAUSSIAN = "gaussian"
+    DISCRETE_GAUSSIAN = "discrete_gaussian"
+
+    @property
+    def is_gaussian(self) -> bool:
+        return self in (NoiseKind.GAUSSIAN, NoiseKind.DISCRETE_GAUSSIAN)
+
+    @property
+    def is_integer(self) -> bool:
+        return self in (NoiseKind.DISCRETE_LAPLACE, NoiseKind.DISCRETE_GAUSSIAN)
+
+    @classmethod
+    def parse(cls, value) -> "NoiseKind":
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"noise kind must be one of {[k.value for k in cls]}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class NoiseSpec:
+    """How much noise one measure gets, and the guarantee it buys.
+
+    ``scale`` is the Laplace parameter b or the Gaussian σ, in output units, *as sampled* (it
+    already includes the rounding up and grid adjustments). ``granularity`` is 1 for integer
+    noise and a power of two for real-valued kinds: every output is a multiple of it.
+    ``l1_sensitivity``/``l2_sensitivity`` are those of the query (before grid adjustment).
+    """
+
+    kind: NoiseKind
+    epsilon: float
+    delta: float
+    scale: float
+    granularity: float
+    l1_sensitivity: Optional[float] = None
+    l2_sensitivity: Optional[float] = None
+    l0: int = 1
+    rho: Optional[float] = None
+    #: grid units: sensitivity in units of ``granularity`` (an integer) and the unit scale.
+    unit_sensitivity: int = field(default=1, compare=False)
+    unit_scale: float = field(default=1.0, compare=False)
+
+    @property
+    def variance(self) -> float:
+        if self.kind.is_gaussian:
+            # The discrete Gaussian's variance is below σ² (CKS 2020, Prop. 5); σ² is the bound.
+            return self.scale ** 2
+        if self.kind is NoiseKind.DISCRETE_LAPLACE or self.kind is NoiseKind.LAPLACE:
+            # Discrete Laplace with p = exp(-1/b): variance 2p/(1-p)^2 (in grid units).
+            p = math.exp(-1.0 / self.unit_scale)
+            return (2 * p / (1 - p) ** 2) * self.granularity ** 2
+        raise AssertionError(self.kind)
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.variance)
+
+    def ci_halfwidth(self, level: float = 0.95) -> float:
+        """Half-width h with P(|noise| <= h) >= level (the symmetric interval around the value)."""
+        if not 0 < level < 1:
+            raise ValueError(f"level must be in (0, 1), got {level!r}")
+        if self.kind.is_gaussian:
+            return float(stats.norm.ppf(0.5 + level / 2) * self.scale)
+        # Discrete Laplace in units: P(|Z| > h) = 2 p^(h+1) / (1 + p) for integer h >= 0.
+        p = math.exp(-1.0 / self.unit_scale)
+        h = math.ceil(math.log((1 - level) * (1 + p) / 2) / math.log(p) - 1)
+        return max(h, 0) * self.granularity
+
+    def dp_event(self):
+        """The dp_accounting event of one application of this mechanism."""
+        from dp_accounting import dp_event
+
+        if self.kind is NoiseKind.LAPLACE:
+            return dp_event.LaplaceDpEvent(noise_multiplier=self.unit_scale / self.unit_sensitivity)
+        if self.kind is NoiseKind.DISCRETE_LAPLACE:
+            return dp_event.DiscreteLaplaceDpEvent(noise_parameter=1.0 / self.unit_scale,
+                                                   sensitivity=self.unit_sensitivity)
+        if self.kind is NoiseKind.GAUSSIAN:
+            return dp_event.GaussianDpEvent(noise_multiplier=self.unit_scale / self.unit_sensitivity)
+        # Discrete Gaussian: the zCDP bound holds for any integer shift (CKS 2020, Thm. 14).
+        return dp_event.ZCDpEvent(rho=self.zcdp_rho())
+
+    def zcdp_rho(self) -> float:
+        """A zCDP bound for this mechanism: pure ε-DP gives ε²/2; Gaussian Δ2²/(2σ²)."""
+        if self.kind.is_gaussian:
+            return self.unit_sensitivity ** 2 / (2 * self.unit_scale ** 2) if self.rho is None \
+                else max(self.rho, self.unit_sensitivity ** 2 / (2 * self.unit_scale ** 2))
+        return self.epsilon ** 2 / 2
+
+    def privacy_loss_distribution(self, value_discretization_interval: float = 1e-4):
+        """A dp_accounting PLD of one application (for tight composition)."""
+        from dp_accounting.pld import common, privacy_loss_distribution as pld
+
+        # Real-valued kinds live on a grid 2^24 times finer than the noise: account for them as
+        # the continuous mechanism with the same scale-to-sensitivity ratio.
+        if self.kind is NoiseKind.LAPLACE:
+            return pld.from_laplace_mechanism(self.unit_scale / self.unit_sensitivity, sensitivity=1,
+                                              value_discretization_interval=value_discretization_interval)
+        if self.kind is NoiseKind.DISCRETE_LAPLACE:
+            return pld.from_discrete_laplace_mechanism(
+                1.0 / self.unit_scale, sensitivity=self.unit_sensitivity,
+                value_discretization_interval=value_discretization_interval)
+        if self.kind is NoiseKind.GAUSSIAN:
+            return pld.from_gaussian_mechanism(self.unit_scale / self.unit_sensitivity, sensitivity=1,
+                                               value_discretization_interval=value_discretization_interval)
+        if self.l0 == 1 and float(self.unit_sensitivity).is_integer() and self.unit_scale < 1e4:
+            return pld.from_discrete_gaussian_mechanism(
+                self.unit_scale, sensitivity=int(self.unit_sensitivity),
+                value_discretization_interval=value_discretization_interval)
+        return pld.from_privacy_parameters(common.DifferentialPrivacyParameters(self.epsilon, self.delta),
+                                           value_discretization_interval=value_discretization_interval)
+
+    def describe(self) -> str:
+        sens = f"L1={self.l1_sensitivity:g}" if not self.kind.is_gaussian else f"L2={self.l2_sensitivity:g}"
+        guarantee = f"eps={self.epsilon:g}, delta={self.delta:g}"
+        if self.rho is not None:
+            guarantee += f", rho={self.rho:g}"
+        return f"{self.kind.value}(scale={self.scale:.6g}, {sens}, {guarantee})"
+
+
+# --------------------------------------------------------------------------- basic calibrations
+
+def laplace_scale(epsilon: float, l1_sensitivity: float) -> float:
+    """b = Δ1/ε for the Laplace and discrete Laplace mechanisms."""
+    return check_sensitivity(l1_sensitivity, "l1_sensitivity") / check_epsilon(epsilon)
+
+
+def gaussian_delta(sigma: float, epsilon: float, l2_sensitivity: float) -> float:
+    """Exact δ(ε) of the Gaussian mechanism (Balle & Wang 2018, Theorem 8)."""
+    a = l2_sensitivity / (2 * sigma)
+    b = epsilon * sigma / l2_sensitivity
+    # Φ(a - b) - e^ε Φ(-a - b), the second term in log space to avoid overflow of e^ε.
+    first = special.ndtr(a - b)
+    second = math.exp(epsilon + special.log_ndtr(-a - b))
+    return max(first - second, 0.0)
+
+
+def _smallest_sigma(delta_of_sigma, target_delta: float, start: float) -> float:
+    """Smallest σ with delta_of_sigma(σ) <= target (δ decreases in σ), found in log space.
+
+    Returns the upper end of the final bracket, so the guarantee holds at the returned σ.
+    """
+    lo, hi = start, start
+    while delta_of_sigma(lo) <= target_delta:
+        lo /= 2
+        if lo < 1e-12:
+            return lo
+    while delta_of_sigma(hi) > target_delta:
+        hi *= 2
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        if delta_of_sigma(mid) > target_delta:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo < 1 + 1e-12:
+            break
+    return hi
+
+
+def analytic_gaussian_sigma(epsilon: float, delta: float, l2_sensitivity: float) -> float:
+    """Smallest σ making the Gaussian mechanism (ε, δ)-DP (analytic Gaussian, Balle & Wang 2018)."""
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta, allow_zero=False)
+    l2 = check_sensitivity(l2_sensitivity, "l2_sensitivity")
+    start = l2 * math.sqrt(2 * math.log(1.25 / delta)) / epsilon  # the textbook bound
+    return _smallest_sigma(lambda s: gaussian_delta(s, epsilon, l2), delta, start)
+
+
+def gaussian_sigma_for_rho(rho: float, l2_sensitivity: float) -> float:
+    """σ = Δ2 / sqrt(2ρ): the Gaussian (or discrete Gaussian) mechanism is then ρ-zCDP."""
+    return check_sensitivity(l2_sensitivity, "l2_sensitivity") / math.sqrt(2 * check_rho(rho))
+
+
+def zcdp_to_epsilon(rho: float, delta: float) -> float:
+    """Smallest ε with ρ-zCDP ⇒ (ε, δ)-DP, by the tight conversion (see composition.zcdp_to_dp)."""
+    return zcdp_to_dp(rho, delta).epsilon
+
+
+def discrete_gaussian_sigma(epsilon: float, delta: float, l2_sensitivity: float, l0: int = 1) -> float:
+    """Smallest σ of the discrete Gaussian meeting (ε, δ) (see the module docstring)."""
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta, allow_zero=False)
+    l2 = check_sensitivity(l2_sensitivity, "l2_sensitivity")
+    l0 = check_positive_int(l0, "l0")
+    start = analytic_gaussian_sigma(epsilon, delta, l2)
+    if l0 == 1 and float(l2).is_integer() and start < 2e3:
+        from dp_accounting.pld import privacy_loss_mechanism as plm
+
+        def exact_delta(sigma):
+            return plm.DiscreteGaussianPrivacyLoss(sigma, sensitivity=int(l2)).get_delta_for_epsilon(epsilon)
+
+        return _smallest_sigma(exact_delta, delta, start)
+    # zCDP route: find the largest rho whose conversion meets (eps, delta).
+    lo, hi = 0.0, epsilon
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if zcdp_delta(mid, epsilon) <= delta:
+            lo = mid
+        else:
+            hi = mid
+    return max(gaussian_sigma_for_rho(lo, l2), start)
+
+
+# --------------------------------------------------------------------------- NoiseSpec factories
+
+def grid_for_scale(scale: float) -> float:
+    """The power-of-two grid used under a real-valued noise scale: 2^(floor(log2 scale) - 24)."""
+    return math.ldexp(1.0, math.floor(math.log2(scale)) - GRID_BITS)
+
+
+def round_up_scale(scale: float) -> float:
+    """Discrete Laplace scales are sampled as t / 2^20 with integer t: round up (more private)."""
+    return math.ceil(math.ldexp(scale, SCALE_FRACTION_BITS)) / 2 ** SCALE_FRACTION_BITS
+
+
+def calibrate(kind, *, epsilon: float, delta: float = 0.0, l1_sensitivity: float = None,
+              l2_sensitivity: float = None, l0: int = 1) -> NoiseSpec:
+    """Calibrate ``kind`` for (ε, δ) and the query's sensitivity.
+
+    Laplace kinds need ``l1_sensitivity``; Gaussian kinds need ``l2_sensitivity`` and δ > 0.
+    ``l0`` is the number of output coordinates one privacy unit can change (for the grid
+    adjustment of real-valued kinds and the discrete Gaussian's multivariate bound).
+    """
+    kind = NoiseKind.parse(kind)
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta, allow_zero=not kind.is_gaussian)
+    l0 = check_positive_int(l0, "l0")
+    if kind.is_gaussian:
+        if l2_sensitivity is None:
+            raise ValueError(f"l2_sensitivity is required for {kind.value} noise")
+        l2 = check_sensitivity(l2_sensitivity, "l2_sensitivity")
+        if kind is NoiseKind.DISCRETE_GAUSSIAN:
+            unit_sens = math.ceil(l2) if l0 == 1 else l2
+            sigma = discrete_gaussian_sigma(epsilon, delta, unit_sens, l0)
+            return NoiseSpec(kind, epsilon, delta, sigma, 1.0, l1_sensitivity, l2, l0,
+                             unit_sensitivity=unit_sens, unit_scale=sigma)
+        grid = grid_for_scale(analytic_gaussian_sigma(epsilon, delta, l2))
+        unit_sens = math.ceil(l2 / grid + math.sqrt(l0))
+        unit_sigma = analytic_gaussian_sigma(epsilon, delta, unit_sens)
+        return NoiseSpec(kind, epsilon, delta, unit_sigma * grid, grid, l1_sensitivity, l2, l0,
+                         unit_sensitivity=unit_sens, unit_scale=unit_sigma)
+    if l1_sensitivity is None:
+        raise ValueError(f"l1_sensitivity is required for {kind.value} noise")
+    l1 = check_sensitivity(l1_sensitivity, "l1_sensitivity")
+    if kind is NoiseKind.DISCRETE_LAPLACE:
+        unit_sens = math.ceil(l1)
+        unit_scale = round_up_scale(unit_sens / epsilon)
+        return NoiseSpec(kind, epsilon, delta, unit_scale, 1.0, l1, l2_sensitivity, l0,
+                         unit_sensitivity=unit_sens, unit_scale=unit_scale)
+    grid = grid_for_scale(l1 / epsilon)
+    unit_sens = math.ceil(l1 / grid) + l0
+    unit_scale = round_up_scale(unit_sens / epsilon)
+    return NoiseSpec(kind, epsilon, delta, unit_scale * grid, grid, l1, l2_sensitivity, l0,
+                     unit_sensitivity=unit_sens, unit_scale=unit_scale)
+
+
+def calibrate_zcdp(kind, *, rho: float, l2_sensitivity: float, l0: int = 1,
+                   delta_for_reporting: float = 1e-9) -> NoiseSpec:
+    """Gaussian kinds calibrated for ρ-zCDP: σ = Δ2/√(2ρ).
+
+    The spec's (epsilon, delta) is the tight conversion at ``delta_for_reporting``; the spec's
+    ``rho`` is what composition under zCDP uses.
+    """
+    kind = NoiseKind.parse(kind)
+    if not kind.is_gaussian:
+        raise ValueError(f"zCDP calibration is for Gaussian kinds, got {kind.value}")
+    rho = check_rho(rho)
+    l2 = check_sensitivity(l2_sensitivity, "l2_sensitivity")
+    l0 = check_positive_int(l0, "l0")
+    eps = zcdp_to_epsilon(rho, delta_for_reporting)
+    if kind is NoiseKind.DISCRETE_GAUSSIAN:
+        unit_sens = int(l2) if l0 == 1 and float(l2).is_integer() else l2
+        sigma = gaussian_sigma_for_rho(rho, l2)
+        return NoiseSpec(kind, eps, delta_for_reporting, sigma, 1.0, None, l2, l0, rho=rho,
+                         unit_sensitivity=unit_sens, unit_scale=sigma)
+    grid = grid_for_scale(gaussian_sigma_for_rho(rho, l2))
+    unit_sens = math.ceil(l2 / grid + math.sqrt(l0))
+    unit_sigma = gaussian_sigma_for_rho(rho, unit_sens)
+    return NoiseSpec(kind, eps, delta_for_reporting, unit_sigma * grid, grid, None, l2, l0, rho=rho,
+                     unit_sensitivity=unit_sens, unit_scale=unit_sigma)

@@ -1,0 +1,29 @@
+"""Install the DP release toolkit (also used by Dataflow workers via --setup_file)."""
+from setuptools import find_packages, setup
+
+setup(
+    name="beam-dp-release",
+    version="0.1.0",
+    description="Differentially private releases on Apache Beam: bounding, keysets, noisy "
+                "aggregates, CentralNotice, reach & frequency, ARA summary reports.",
+    python_requires=">=3.10",
+    packages=find_packages(include=["transforms*", "accounting*", "pipelines*", "runners*"]),
+    package_data={"pipelines": ["sample_data/*", "sample_data/**/*"]},
+    install_requires=[
+        "apache-beam>=2.60",
+        "numpy>=1.24",
+        "pyarrow>=14",
+        "scipy>=1.10",
+        "dp-accounting>=0.4.4",
+        "google-cloud-storage>=2.10",
+        # AES (a PRF) drives every random choice of a release; keyed, so re-runs reproduce.
+        "cryptography>=41",
+    ],
+    extras_require={
+        "gcp": ["apache-beam[gcp]>=2.60"],
+        "test": ["pytest>=7.4", "hypothesis>=6.80", "pytest-xdist>=3.3",
+                 "gcp-storage-emulator>=2024.8.3", "matplotlib>=3.7"],
+        "bench": ["matplotlib>=3.7", "pipeline-dp>=0.2.1"],
+        "plot": ["matplotlib>=3.7"],
+    },
+)

@@ -1,0 +1,105 @@
+"""Calibration agrees with dp_accounting; bad parameters fail naming the parameter."""
+import math
+
+import dp_accounting
+import pytest
+from dp_accounting.pld import common, privacy_loss_mechanism as plm
+
+from accounting.calibration import (NoiseKind, analytic_gaussian_sigma, calibrate, calibrate_zcdp,
+                                    discrete_gaussian_sigma, gaussian_delta, zcdp_delta,
+                                    zcdp_to_epsilon)
+
+
+@pytest.mark.parametrize("epsilon,delta,l2", [(1.0, 1e-5, 1.0), (0.1, 1e-7, 3.0), (4.0, 1e-9, 0.5)])
+def test_analytic_gaussian_matches_dp_accounting(epsilon, delta, l2):
+    sigma = analytic_gaussian_sigma(epsilon, delta, l2)
+    reference = plm.GaussianPrivacyLoss.from_privacy_guarantee(
+        common.DifferentialPrivacyParameters(epsilon, delta), sensitivity=l2).standard_deviation
+    assert sigma == pytest.approx(reference, rel=1e-4)
+    assert gaussian_delta(sigma, epsilon, l2) <= delta
+    # The textbook bound is looser whenever it applies.
+    if epsilon <= 1:
+        assert sigma < l2 * math.sqrt(2 * math.log(1.25 / delta)) / epsilon
+    eps_back = dp_accounting.get_epsilon_gaussian(sigma / l2, delta)
+    assert eps_back == pytest.approx(epsilon, rel=1e-3)
+
+
+@pytest.mark.parametrize("epsilon,delta,l2", [(1.0, 1e-6, 1), (0.5, 1e-5, 2), (2.0, 1e-8, 3)])
+def test_discrete_gaussian_meets_exact_curve(epsilon, delta, l2):
+    sigma = discrete_gaussian_sigma(epsilon, delta, l2)
+    exact = plm.DiscreteGaussianPrivacyLoss(sigma, sensitivity=l2).get_delta_for_epsilon(epsilon)
+    assert exact <= delta * (1 + 1e-9)
+    slightly_less = plm.DiscreteGaussianPrivacyLoss(sigma * 0.99, sensitivity=l2).get_delta_for_epsilon(epsilon)
+    assert slightly_less > delta  # and it is the smallest such sigma (to 1%)
+
+
+@pytest.mark.parametrize("epsilon,l1", [(1.0, 1.0), (0.3, 4.0)])
+def test_laplace_pld_epsilon(epsilon, l1):
+    spec = calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=epsilon, l1_sensitivity=l1)
+    pld = spec.privacy_loss_distribution()
+    assert pld.get_epsilon_for_delta(0) <= epsilon + 1e-6
+    real = calibrate(NoiseKind.LAPLACE, epsilon=epsilon, l1_sensitivity=l1)
+    # dp_accounting's continuous Laplace PLD keeps a pessimistic tail mass: read it at δ = 1e-12.
+    assert real.privacy_loss_distribution().get_epsilon_for_delta(1e-12) <= epsilon + 1e-6
+    accountant = dp_accounting.pld.PLDAccountant()
+    accountant.compose(spec.dp_event())
+    assert accountant.get_epsilon(0) <= epsilon + 1e-6
+
+
+def test_zcdp_conversion():
+    # ρ-zCDP ⇒ (ρ + 2 sqrt(ρ ln 1/δ), δ); the tight conversion is never worse.
+    rho, delta = 0.015, 1e-7
+    classic = rho + 2 * math.sqrt(rho * math.log(1 / delta))
+    tight = zcdp_to_epsilon(rho, delta)
+    assert tight <= classic
+    assert zcdp_delta(rho, tight) <= delta * (1 + 1e-6)
+    # Wikimedia's pageviews: rho = 0.015 is "about epsilon 1" at delta 1e-7 (reference.md §1):
+    # that is the classic conversion; the tight one gives about 0.85.
+    assert classic == pytest.approx(1.0, abs=0.01)
+    assert 0.8 < tight < 0.9
+    # Cross-check with dp_accounting's RDP accountant on a zCDP event.
+    accountant = dp_accounting.rdp.RdpAccountant()
+    accountant.compose(dp_accounting.ZCDpEvent(rho))
+    assert accountant.get_epsilon(delta) == pytest.approx(tight, rel=0.05)
+    spec = calibrate_zcdp(NoiseKind.GAUSSIAN, rho=rho, l2_sensitivity=1, delta_for_reporting=delta)
+    assert spec.epsilon == pytest.approx(tight)
+
+
+def test_spec_error_summaries():
+    spec = calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=math.log(4 / 3), l1_sensitivity=1)
+    p = 3 / 4
+    assert spec.variance == pytest.approx(2 * p / (1 - p) ** 2, rel=1e-5)
+    # P(|Z| <= h) >= 95% and h is the smallest such integer.
+    h = spec.ci_halfwidth(0.95)
+    tail = lambda m: 2 * p ** (m + 1) / (1 + p)
+    assert tail(h) <= 0.05 < tail(h - 1)
+    gauss = calibrate(NoiseKind.GAUSSIAN, epsilon=1, delta=1e-6, l2_sensitivity=1)
+    assert gauss.ci_halfwidth(0.95) == pytest.approx(1.959964 * gauss.scale, rel=1e-5)
+
+
+@pytest.mark.parametrize("kwargs,param", [
+    (dict(kind="laplace", epsilon=0, l1_sensitivity=1), "epsilon"),
+    (dict(kind="laplace", epsilon=-1, l1_sensitivity=1), "epsilon"),
+    (dict(kind="laplace", epsilon=float("nan"), l1_sensitivity=1), "epsilon"),
+    (dict(kind="laplace", epsilon=1, l1_sensitivity=-2), "l1_sensitivity"),
+    (dict(kind="laplace", epsilon=1, l1_sensitivity=float("nan")), "l1_sensitivity"),
+    (dict(kind="laplace", epsilon=1, delta=1.0, l1_sensitivity=1), "delta"),
+    (dict(kind="laplace", epsilon=1, delta=-0.1, l1_sensitivity=1), "delta"),
+    (dict(kind="gaussian", epsilon=1, delta=0.0, l2_sensitivity=1), "delta"),
+    (dict(kind="discrete_gaussian", epsilon=1, delta=0.0, l2_sensitivity=1), "delta"),
+    (dict(kind="gaussian", epsilon=1, delta=1e-6), "l2_sensitivity"),
+    (dict(kind="discrete_laplace", epsilon=1), "l1_sensitivity"),
+    (dict(kind="cauchy", epsilon=1, l1_sensitivity=1), "noise kind"),
+    (dict(kind="laplace", epsilon=1, l1_sensitivity=1, l0=0), "l0"),
+])
+def test_bad_parameters_name_the_parameter(kwargs, param):
+    kind = kwargs.pop("kind")
+    with pytest.raises(ValueError, match=param):
+        calibrate(kind, **kwargs)
+
+
+def test_zcdp_bad_parameters():
+    with pytest.raises(ValueError, match="rho"):
+        calibrate_zcdp("gaussian", rho=0, l2_sensitivity=1)
+    with pytest.raises(ValueError, match="Gaussian kinds"):
+        calibrate_zcdp("laplace", rho=0.1, l2_sensitivity=1)

@@ -1,0 +1,161 @@
+"""Noise samplers and keyed streams: closed forms, reproducibility, secrecy, bad input."""
+import datetime
+import math
+import os
+import stat
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from scipy import stats
+
+from accounting.calibration import NoiseKind, calibrate, calibrate_zcdp
+from transforms.noise import (RandomStreams, ReleaseKey, add_noise, discrete_gaussian,
+                              discrete_laplace, encode_key)
+
+N = 400_000
+
+
+def _within(observed, expected, n, z=5.0):
+    """|observed - expected| within z binomial standard errors."""
+    return abs(observed - expected) <= z * math.sqrt(expected * (1 - expected) / n)
+
+
+def test_discrete_laplace_worked_example():
+    # Δ = 1, ε = ln(4/3): P[0] = 1/7, P[±1] = 3/28 (reference.md §2).
+    spec = calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=math.log(4 / 3), l1_sensitivity=1)
+    z = add_noise(spec, np.zeros(N, dtype=np.int64), RandomStreams.for_range(ReleaseKey.for_testing(1), "t", N))
+    assert z.dtype == np.int64
+    assert _within((z == 0).mean(), 1 / 7, N)
+    assert _within((z == 1).mean(), 3 / 28, N)
+    assert _within((z == -1).mean(), 3 / 28, N)
+
+
+@pytest.mark.parametrize("scale", [0.5, 1.0, 3.0, 17.5])
+def test_discrete_laplace_mse(scale):
+    z = discrete_laplace(RandomStreams.for_range(ReleaseKey.for_testing(2), f"s{scale}", N), scale)
+    p = math.exp(-1 / scale)
+    mse = 2 * p / (1 - p) ** 2
+    # The sample variance of a discrete Laplace has relative s.e. about sqrt((kurt+2)/N) < 3/sqrt(N).
+    assert abs((z.astype(float) ** 2).mean() / mse - 1) < 5 * 3 / math.sqrt(N)
+    assert abs(z.mean()) < 5 * math.sqrt(mse / N)
+
+
+@pytest.mark.parametrize("epsilon,sensitivity", [(1.0, 1.0), (0.5, 2.5), (2.0, 0.1)])
+def test_laplace_mse_and_grid(epsilon, sensitivity):
+    spec = calibrate(NoiseKind.LAPLACE, epsilon=epsilon, l1_sensitivity=sensitivity)
+    # The grid adjustment inflates the scale by a relative 2^-20 at most.
+    assert sensitivity / epsilon <= spec.scale <= sensitivity / epsilon * (1 + 2 ** -20)
+    values = np.full(N, 12.345)
+    z = add_noise(spec, values, RandomStreams.for_range(ReleaseKey.for_testing(3), "lap", N))
+    noise = z - 12.345
+    target = 2 * (sensitivity / epsilon) ** 2
+    assert abs((noise ** 2).mean() / target - 1) < 0.03
+    assert np.all(np.mod(z, spec.granularity) == 0), "outputs must be multiples of the grid"
+    assert math.log2(spec.granularity).is_integer()
+
+
+@pytest.mark.parametrize("sigma", [0.8, 3.0, 25.0])
+def test_discrete_gaussian_variance(sigma):
+    z = discrete_gaussian(RandomStreams.for_range(ReleaseKey.for_testing(4), f"g{sigma}", N), sigma)
+    # Exact variance of N_Z(0, σ²), by summation.
+    support = np.arange(-int(40 * sigma) - 5, int(40 * sigma) + 6)
+    pmf = np.exp(-support.astype(float) ** 2 / (2 * sigma ** 2))
+    pmf /= pmf.sum()
+    exact = float((pmf * support ** 2).sum())
+    assert abs(z.astype(float).var() / exact - 1) < 0.02
+    assert abs(z.mean()) < 5 * math.sqrt(exact / N)
+    # Distribution check on the central values.
+    for value in (0, 1, -1, 2):
+        p = float(pmf[support == value][0])
+        assert _within((z == value).mean(), p, N)
+
+
+def test_gaussian_variance_and_grid():
+    spec = calibrate(NoiseKind.GAUSSIAN, epsilon=1.0, delta=1e-6, l2_sensitivity=2.0)
+    z = add_noise(spec, np.zeros(N), RandomStreams.for_range(ReleaseKey.for_testing(5), "gauss", N))
+    assert abs(z.var() / spec.scale ** 2 - 1) < 0.02
+    assert np.all(np.mod(z, spec.granularity) == 0)
+    # Normality of the real-valued Gaussian (fine grid).
+    assert stats.kstest(z[:20000] / spec.scale, "norm").pvalue > 1e-4
+
+
+def test_zcdp_gaussian_sigma():
+    spec = calibrate_zcdp(NoiseKind.DISCRETE_GAUSSIAN, rho=0.015, l2_sensitivity=1)
+    assert spec.scale == pytest.approx(1 / math.sqrt(0.03))
+    assert spec.rho == 0.015
+
+
+def test_same_key_same_noise_any_batching_and_order():
+    key = ReleaseKey.for_testing(9)
+    keys = [("c1", "DE", "de.wikipedia", datetime.date(2023, 1, d)) for d in range(1, 29)]
+    spec = calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=0.5, l1_sensitivity=3)
+    whole = add_noise(spec, np.zeros(len(keys), dtype=np.int64), RandomStreams.for_keys(key, "count", keys))
+    order = np.random.default_rng(0).permutation(len(keys))
+    first, second = order[:10], order[10:]
+    parts = {}
+    for chunk in (second, first):
+        chunk_keys = [keys[i] for i in chunk]
+        noisy = add_noise(spec, np.zeros(len(chunk), dtype=np.int64),
+                          RandomStreams.for_keys(key, "count", chunk_keys))
+        parts.update(dict(zip(chunk.tolist(), noisy.tolist())))
+    assert [parts[i] for i in range(len(keys))] == whole.tolist()
+    # Arrow columns give the same lanes as Python tuples.
+    table = pa.table({"c": [k[0] for k in keys], "g": [k[1] for k in keys], "p": [k[2] for k in keys],
+                      "d": pa.array([k[3] for k in keys], pa.date32())})
+    arrow = add_noise(spec, np.zeros(len(keys), dtype=np.int64), RandomStreams.for_keys(key, "count", table))
+    assert arrow.tolist() == whole.tolist()
+
+
+def test_purpose_and_key_change_the_noise():
+    keys = list(range(2000))
+    a = RandomStreams.for_keys(ReleaseKey.for_testing(1), "count", keys).draw()
+    b = RandomStreams.for_keys(ReleaseKey.for_testing(1), "sum", keys).draw()
+    c = RandomStreams.for_keys(ReleaseKey.for_testing(2), "count", keys).draw()
+    assert (a == b).mean() < 0.01 and (a == c).mean() < 0.01
+
+
+def test_streams_are_uniform():
+    streams = RandomStreams.for_range(ReleaseKey.generate(), "u", 200_000)
+    u = streams.uniform_float()
+    assert stats.kstest(u, "uniform").pvalue > 1e-4
+    r = streams.randint(np.full(200_000, 7, dtype=np.uint64))
+    counts = np.bincount(r.astype(np.int64), minlength=7)
+    assert stats.chisquare(counts).pvalue > 1e-4
+
+
+def test_key_encoding_is_injective_on_tricky_cases():
+    cases = [("ab",), ("a", "b"), "ab", b"ab", 1, 1.0, True, "1", None, (1, None), (None, 1),
+             -1, 2 ** 100, -(2 ** 100), datetime.date(2023, 1, 1), "2023-01-01"]
+    encodings = [encode_key(c) for c in cases]
+    # a scalar is its own 1-tuple: "ab" and ("ab",) coincide on purpose
+    assert encodings[0] == encodings[2]
+    rest = encodings[1:2] + encodings[3:]
+    assert len(set(rest)) == len(rest)
+    with pytest.raises(ValueError, match="128 bits"):
+        encode_key(2 ** 128)
+    with pytest.raises(ValueError, match="NaN"):
+        encode_key(float("nan"))
+
+
+def test_release_key_secrecy(tmp_path):
+    key = ReleaseKey.generate()
+    assert key.secret_bytes().hex() not in repr(key)
+    assert not key.is_testing and ReleaseKey.for_testing(1).is_testing
+    assert ReleaseKey.generate() != key
+    path = tmp_path / "k.hex"
+    key.save(str(path))
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert ReleaseKey.load(str(path)) == key
+    with pytest.raises(FileExistsError):
+        key.save(str(path))
+    with pytest.raises(ValueError, match="testing"):
+        ReleaseKey.for_testing(1).save(str(tmp_path / "t.hex"))
+
+
+def test_integer_kinds_refuse_real_answers():
+    spec = calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=1, l1_sensitivity=1)
+    with pytest.raises(TypeError, match="integer"):
+        add_noise(spec, np.array([0.5]), RandomStreams.for_range(ReleaseKey.for_testing(1), "x", 1))
+    with pytest.raises(ValueError, match="lanes"):
+        add_noise(spec, np.array([1, 2]), RandomStreams.for_range(ReleaseKey.for_testing(1), "x", 1))

@@ -1,0 +1,91 @@
+"""Per-release secret keys.
+
+Every random choice of a release (noise, which rows contribution bounding keeps, randomized
+rounding) is a deterministic function of one secret :class:`ReleaseKey` and of *what* the choice is
+about, so re-running a release on the same input reproduces it exactly, on any runner and with any
+bundling. A fresh key per release comes from the OS's CSPRNG; it is never logged (``repr`` hides
+it) and is stored only where the operator keeps release secrets (``save`` writes a 0600 file).
+
+``ReleaseKey.for_testing(seed)`` is the only non-secret source: a key derived from a public seed,
+flagged ``is_testing`` so that a real release (the budget ledger) can refuse it.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+
+KEY_BYTES = 32
+_TESTING_PREFIX = b"beam-dp-release/testing-key/v1"
+
+
+class ReleaseKey:
+    __slots__ = ("_secret", "is_testing")
+
+    def __init__(self, secret: bytes, *, is_testing: bool = False):
+        if not isinstance(secret, (bytes, bytearray)) or len(secret) != KEY_BYTES:
+            raise ValueError(f"a release key is exactly {KEY_BYTES} bytes")
+        self._secret = bytes(secret)
+        self.is_testing = bool(is_testing)
+
+    @classmethod
+    def generate(cls) -> "ReleaseKey":
+        """A fresh secret key from the operating system's CSPRNG."""
+        return cls(secrets.token_bytes(KEY_BYTES))
+
+    @classmethod
+    def for_testing(cls, seed: int) -> "ReleaseKey":
+        """A reproducible, NON-secret key for tests and benchmarks only."""
+        digest = hashlib.sha256(_TESTING_PREFIX + str(int(seed)).encode()).digest()
+        return cls(digest, is_testing=True)
+
+    def derive(self, label: str) -> "ReleaseKey":
+        """An independent sub-key for one purpose (HMAC-SHA256 as a PRF)."""
+        sub = hmac.new(self._secret, label.encode("utf-8"), hashlib.sha256).digest()
+        return ReleaseKey(sub, is_testing=self.is_testing)
+
+    def secret_bytes(self) -> bytes:
+        """The raw key. Only the noise engine and ``save`` should call this."""
+        return self._secret
+
+    def fingerprint(self) -> str:
+        """A public reference to the key (safe to log and to record in a ledger)."""
+        return hmac.new(self._secret, b"fingerprint", hashlib.sha256).hexdigest()[:16]
+
+    def save(self, path: str) -> None:
+        """Write the key to a new file readable by its owner only; refuses to overwrite."""
+        if self.is_testing:
+            raise ValueError("refusing to store a testing key as a release secret")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(self._secret.hex() + "\n")
+
+    @classmethod
+    def load(cls, path: str) -> "ReleaseKey":
+        with open(path) as handle:
+            text = handle.read().strip()
+        try:
+            secret = bytes.fromhex(text)
+        except ValueError:
+            raise ValueError(f"{path} does not hold a hex release key")
+        return cls(secret)
+
+    def __eq__(self, other):
+        return isinstance(other, ReleaseKey) and hmac.compare_digest(self._secret, other._secret)
+
+    def __hash__(self):
+        return hash(self.fingerprint())
+
+    def __repr__(self):
+        kind = "testing" if self.is_testing else "secret"
+        return f"ReleaseKey({kind}, fingerprint={self.fingerprint()})"
+
+    def __reduce__(self):
+        # Beam pickles DoFns holding the key to ship them to workers.
+        return (ReleaseKey, (self._secret,), {"is_testing": self.is_testing})
+
+    def __setstate__(self, state):
+        if isinstance(state, tuple):  # (None, slots-dict) form
+            state = state[1]
+        self.is_testing = state["is_testing"]
