@@ -1,0 +1,233 @@
+"""DPAggregate on the DirectRunner's engine (FnApiRunner): semantics, modes, bad input, DP."""
+import glob
+import json
+import os
+import tempfile
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pytest
+from apache_beam.testing import test_pipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from accounting.budget import PrivacyBudget
+from accounting.dp_tester import DPTester
+from accounting.sensitivity import ContributionBounds
+from transforms.aggregate import DPAggregate
+from transforms.keyset import PublicKeyset
+from transforms.metrics import Count, Mean, PrivacyUnitCount, Sum
+from transforms.noise import ReleaseKey
+from transforms.selection import PrivateSelection, SelectionStrategy
+
+
+def _collect(pcoll, directory):
+    """Write released rows (from Arrow tables or dicts) as JSON lines into ``directory``."""
+    return (pcoll | beam.FlatMap(lambda t: t.to_pylist() if isinstance(t, pa.Table) else [t])
+            | beam.Map(json.dumps) | beam.io.WriteToText(os.path.join(directory, "out")))
+
+
+def _read(directory):
+    rows = []
+    for path in glob.glob(os.path.join(directory, "out*")):
+        with open(path) as handle:
+            rows.extend(json.loads(line) for line in handle)
+    return sorted(rows, key=lambda r: tuple(str(v) for v in r.values()))
+
+
+def _run(rows, transform, as_arrow=False):
+    """Run ``transform`` over rows (dicts, or one Arrow table) and return released dicts."""
+    directory = tempfile.mkdtemp()
+    with beam.Pipeline(runner="FnApiRunner") as p:
+        source = p | beam.Create([pa.Table.from_pylist(rows)] if as_arrow else rows)
+        _collect(source | transform, directory)
+    return _read(directory)
+
+
+BOUNDS = ContributionBounds(max_partitions=2, max_contributions_per_partition=3, min_value=0, max_value=5)
+
+
+def _rows():
+    # 30 users; user i visits countries by i % 3 patterns, 5 rows each, values 0..7.
+    rows = []
+    for i in range(30):
+        for r in range(5):
+            rows.append({"user": f"u{i}", "country": ["DE", "FR", "JP"][(i + r) % 3], "v": float((i + r) % 8)})
+    return rows
+
+
+def _exact_bounded(rows, l0, linf, low, high, kept_keys=None):
+    """Reference: per unit all rows kept when the unit has <= l0 keys and <= linf rows per key."""
+    from collections import defaultdict
+    per = defaultdict(list)
+    for r in rows:
+        per[(r["user"], r["country"])].append(min(max(r["v"], low), high))
+    return per
+
+
+def test_testing_mode_exact_results_with_keyset():
+    rows = [{"user": f"u{i}", "country": "DE" if i < 10 else "FR", "v": 2.0} for i in range(20)]
+    rows += [{"user": "u0", "country": "DE", "v": 9.0}] * 4          # u0 has 5 rows in DE: Linf = 3
+    rows += [{"user": "z", "country": "XX", "v": 1.0}]                # outside the keyset
+    keyset = PublicKeyset.from_keys(["DE", "FR", "IT"], ["country"])
+    transform = DPAggregate(privacy_unit="user", keys=["country"], value="v",
+                            metrics=[Count(), Sum(), Mean(), PrivacyUnitCount()], bounds=BOUNDS,
+                            budget=PrivacyBudget(epsilon=1.0), keyset=keyset, testing=True)
+    got = {r["country"]: r for r in _run(rows, transform)}
+    assert set(got) == {"DE", "FR", "IT"}                            # IT: no rows, still released
+    assert got["IT"]["count"] == 0 and got["IT"]["privacy_unit_count"] == 0
+    assert got["FR"] == {"country": "FR", "count": 10, "sum": 20.0, "mean": 2.0, "privacy_unit_count": 10}
+    de = got["DE"]
+    assert de["count"] == 12 and de["privacy_unit_count"] == 10      # u0 capped at 3 rows
+    # u0 keeps 3 of its 5 rows: {2, 9->5 clamped x4}: sum is 9*2 + (2+5+5 or 5+5+5)
+    assert de["sum"] in (18 + 12.0, 18 + 15.0)
+
+
+def test_arrow_input_equals_dict_input():
+    rows = _rows()
+    make = lambda: DPAggregate(privacy_unit="user", keys=["country"], value="v",
+                               metrics=[Count(), Sum()], bounds=BOUNDS,
+                               budget=PrivacyBudget(epsilon=1.0),
+                               keyset=PublicKeyset.from_keys(["DE", "FR", "JP"], ["country"]),
+                               release_key=ReleaseKey.for_testing(3))
+    assert _run(rows, make()) == _run(rows, make(), as_arrow=True)
+
+
+def test_noise_reproducible_and_key_dependent():
+    rows = _rows()
+    make = lambda seed: DPAggregate(privacy_unit="user", keys=["country"], metrics=[Count()],
+                                    bounds=BOUNDS, budget=PrivacyBudget(epsilon=0.5),
+                                    keyset=PublicKeyset.from_keys(["DE", "FR", "JP"], ["country"]),
+                                    release_key=ReleaseKey.for_testing(seed))
+    first, again = _run(rows, make(1)), _run(list(reversed(rows)), make(1))
+    assert first == again                                              # order/bundling independent
+    assert any(_run(rows, make(seed)) != first for seed in (2, 3, 4))  # the key drives the noise
+    assert all(isinstance(r["count"], int) for r in first)            # integer noise for counts
+
+
+def test_exclusions_and_no_key_outside_keyset():
+    rows = _rows() + [{"user": "x", "country": "CN", "v": 1.0}]
+    keyset = PublicKeyset.cross_product({"country": ["DE", "FR", "JP", "CN", "BR"]}).exclude("country", ["CN", "JP"])
+    transform = DPAggregate(privacy_unit="user", keys=["country"], metrics=[Count()], bounds=BOUNDS,
+                            budget=PrivacyBudget(epsilon=1.0), keyset=keyset,
+                            release_key=ReleaseKey.for_testing(5))
+    assert {r["country"] for r in _run(rows, transform)} == {"DE", "FR", "BR"}
+
+
+def test_thresholds_suppress_keys_or_values():
+    rows = [{"user": f"u{i}", "country": "DE", "v": 1.0} for i in range(200)]
+    rows += [{"user": "a", "country": "FR", "v": 1.0}]
+    keyset = PublicKeyset.from_keys(["DE", "FR", "IT"], ["country"])
+    common = dict(privacy_unit="user", keys=["country"], value="v", bounds=BOUNDS,
+                  budget=PrivacyBudget(epsilon=2.0), keyset=keyset, release_key=ReleaseKey.for_testing(8))
+    by_key = _run(rows, DPAggregate(metrics=[Count(threshold=50)], **common))
+    assert [r["country"] for r in by_key] == ["DE"]
+    by_value = _run(rows, DPAggregate(metrics=[Count(threshold=50), Sum()], threshold_mode="value", **common))
+    got = {r["country"]: r for r in by_value}
+    assert set(got) == {"DE", "FR", "IT"} and got["FR"]["count"] is None and got["DE"]["count"] > 50
+
+
+@pytest.mark.parametrize("strategy", list(SelectionStrategy))
+def test_private_selection_keeps_popular_keys_only(strategy):
+    rows = [{"user": f"u{i}", "page": "popular"} for i in range(400)]
+    rows += [{"user": f"v{i}", "page": f"rare{i}"} for i in range(40)]   # one user each
+    transform = DPAggregate(privacy_unit="user", keys=["page"], metrics=[Count()],
+                            bounds=ContributionBounds(1, 1),
+                            budget=PrivacyBudget(epsilon=1.0, delta=1e-6),
+                            selection=PrivateSelection(strategy), release_key=ReleaseKey.for_testing(4))
+    assert [r["page"] for r in _run(rows, transform)] == ["popular"]
+
+
+def test_private_selection_with_testing_mode_gives_exact_values():
+    rows = [{"user": f"u{i}", "page": "p"} for i in range(300)]
+    transform = DPAggregate(privacy_unit="user", keys=["page"], metrics=[Count(), PrivacyUnitCount()],
+                            bounds=ContributionBounds(1, 1), budget=PrivacyBudget(epsilon=1.0, delta=1e-6),
+                            selection=PrivateSelection(), testing=True)
+    assert _run(rows, transform) == [{"page": "p", "count": 300, "privacy_unit_count": 300}]
+
+
+def test_testing_mode_refuses_a_secret_key():
+    with pytest.raises(ValueError, match="testing mode refuses"):
+        DPAggregate(privacy_unit="u", keys=["k"], metrics=[Count()], bounds=BOUNDS,
+                    budget=PrivacyBudget(epsilon=1), keyset=PublicKeyset.from_keys(["a"], ["k"]),
+                    testing=True, release_key=ReleaseKey.generate())
+
+
+def test_bad_rows_follow_rules_and_are_counted():
+    rows = [{"user": "a", "country": "DE", "v": 1.0},
+            {"user": None, "country": "DE", "v": 1.0},
+            {"user": "b", "country": None, "v": 1.0},
+            {"user": "c", "country": "DE", "v": float("nan")},
+            {"user": "d", "country": "DE", "v": float("inf")},
+            {"user": "e", "country": "DE", "v": -3.0},
+            {"user": "f", "country": "DE", "v": 99.0},
+            {"user": "g", "country": "ZZ", "v": 1.0}]
+    transform = DPAggregate(privacy_unit="user", keys=["country"], value="v", metrics=[Count(), Sum()],
+                            bounds=BOUNDS, budget=PrivacyBudget(epsilon=1.0), testing=True,
+                            keyset=PublicKeyset.from_keys(["DE"], ["country"]))
+    p = beam.Pipeline(runner="FnApiRunner")
+    directory = tempfile.mkdtemp()
+    _collect(p | beam.Create(rows) | transform, directory)
+    result = p.run()
+    result.wait_until_finish()
+    assert _read(directory) == [{"country": "DE", "count": 3, "sum": 6.0}]           # a, e clamped to 0, f to 5
+    counters = {c.key.metric.name: c.committed for c in result.metrics().query()["counters"]}
+    assert counters["dropped_null_privacy_unit"] == 1
+    assert counters["dropped_null_key"] == 1
+    assert counters["dropped_invalid_value"] == 2
+    assert counters["clamped_below_min"] == 1 and counters["clamped_above_max"] == 1
+    assert counters["dropped_outside_keyset"] == 1
+
+
+def test_missing_or_mistyped_columns_fail_before_running():
+    transform = DPAggregate(privacy_unit="user", keys=["country"], value="v", metrics=[Sum()],
+                            bounds=BOUNDS, budget=PrivacyBudget(epsilon=1.0),
+                            keyset=PublicKeyset.from_keys(["DE"], ["country"]), testing=True)
+    with pytest.raises(ValueError, match="'country'"):
+        transform.check_schema(pa.schema([("user", pa.string()), ("v", pa.float64())]))
+    with pytest.raises(ValueError, match="value column 'v' must be numeric"):
+        transform.check_schema(pa.schema([("user", pa.string()), ("country", pa.string()), ("v", pa.string())]))
+    with pytest.raises(ValueError, match="value column"):
+        DPAggregate(privacy_unit="user", keys=["country"], metrics=[Sum()], bounds=BOUNDS,
+                    budget=PrivacyBudget(epsilon=1.0), keyset=PublicKeyset.from_keys(["DE"], ["country"]))
+    with pytest.raises(ValueError, match="no public keyset"):
+        DPAggregate(privacy_unit="user", keys=["country"], metrics=[Count()], bounds=BOUNDS,
+                    budget=PrivacyBudget(epsilon=1.0))
+
+
+def test_pcollection_keyset():
+    rows = _rows()
+    with test_pipeline.TestPipeline(runner="FnApiRunner") as p:
+        keys = p | "Keys" >> beam.Create([{"country": c} for c in ["DE", "FR", "BR"]])
+        transform = DPAggregate(privacy_unit="user", keys=["country"], metrics=[Count()], bounds=BOUNDS,
+                                budget=PrivacyBudget(epsilon=1.0), testing=True, output="dicts",
+                                keyset=PublicKeyset.from_pcollection(keys, ["country"]))
+        released = p | "Rows" >> beam.Create(rows) | transform | beam.Map(lambda r: r["country"])
+        assert_that(released, equal_to(["DE", "FR", "BR"]))
+
+
+def test_dp_tester_end_to_end_on_count():
+    """Neighbours differ by one unit with maximal contributions (Linf rows in each of L0 = 1 key).
+
+    One pipeline releases 2n keys: n keys hold that unit (dataset D for each of them), n keys
+    hold no row (D'). Noise is independent across keys, so each key is one sample.
+    """
+    n = 20_000
+    linf = 3
+    epsilon = 1.0
+    rows = [{"user": f"u{i}", "k": i} for i in range(n) for _ in range(linf + 2)]
+    keyset = PublicKeyset.from_table(pa.table({"k": pa.array(np.arange(2 * n))}))
+    transform = DPAggregate(privacy_unit="user", keys=["k"], metrics=[Count()],
+                            bounds=ContributionBounds(1, linf), budget=PrivacyBudget(epsilon=epsilon),
+                            keyset=keyset, release_key=ReleaseKey.for_testing(21))
+    directory = tempfile.mkdtemp()
+    with beam.Pipeline(runner="FnApiRunner") as p:
+        _collect(p | beam.Create([pa.Table.from_pylist(rows)]) | transform, directory)
+    released = {r["k"]: r["count"] for r in _read(directory)}
+    assert sorted(released) == list(range(2 * n))
+    counts = np.array([released[k] for k in range(2 * n)])
+    with_unit, without = counts[:n], counts[n:]
+    tester = DPTester(n_samples=n, confidence=0.999)
+    assert tester.run(lambda m: with_unit[:m], lambda m: without[:m], epsilon=epsilon).passed
+    # The same outputs refute a claim of half the epsilon: the tester has power here.
+    assert not tester.run(lambda m: with_unit[:m], lambda m: without[:m], epsilon=epsilon / 3).passed

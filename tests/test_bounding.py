@@ -1,0 +1,113 @@
+"""Contribution bounding on Arrow tables: invariants, mergeability, uniformity (no Beam)."""
+import collections
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings, strategies as st
+from scipy import stats
+
+from transforms import bounding
+from transforms.noise import ReleaseKey
+
+KEY = ReleaseKey.for_testing(11)
+
+
+def _table(rows):
+    units, keys, values = zip(*rows) if rows else ((), (), ())
+    return pa.table({"unit": pa.array(units, pa.string()), "k": pa.array(keys, pa.int64()),
+                     "__value": pa.array(values, pa.float64())})
+
+
+def _prepared(rows, key=KEY):
+    return bounding.prioritize(_table(rows), "unit", ["k"], key)
+
+
+rows_strategy = st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 6),
+                                   st.integers(0, 3).map(float)), max_size=120)
+
+
+def _multiset(table):
+    return collections.Counter(zip(table.column(bounding.UNIT).to_pylist(),
+                                   table.column("k").to_pylist(),
+                                   table.column(bounding.ROW).to_pylist()))
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=rows_strategy, l0=st.integers(1, 4), linf=st.integers(1, 4))
+def test_bound_invariants(rows, l0, linf):
+    bounded = bounding.bound(_prepared(rows), l0, linf)
+    per_pair = collections.Counter(zip(bounded.column(bounding.UNIT).to_pylist(),
+                                       bounded.column("k").to_pylist()))
+    assert all(c <= linf for c in per_pair.values())
+    per_unit = collections.Counter(u for u, _ in per_pair)
+    assert all(c <= l0 for c in per_unit.values())
+    # Nothing is dropped that the bounds allow to keep: a unit with <= l0 keys keeps all of them.
+    original = collections.Counter((r[0], r[1]) for r in rows)
+    for unit in {r[0] for r in rows}:
+        keys = {k for (u, k) in original if u == unit}
+        kept_rows = sum(min(c, linf) for (u, k), c in original.items() if u == unit)
+        if len(keys) <= l0:
+            unit_rows = sum(c for (uh, k), c in per_pair.items()
+                            if any(r[0] == unit and r[1] == k for r in rows)
+                            and uh == _unit_hash(unit))
+            assert unit_rows == kept_rows
+
+
+def _unit_hash(unit):
+    return _prepared([(unit, 0, 0.0)]).column(bounding.UNIT)[0].as_py()
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=rows_strategy, split=st.integers(0, 120), l0=st.integers(1, 3), linf=st.integers(1, 3))
+def test_bound_is_mergeable(rows, split, l0, linf):
+    table = _prepared(rows)
+    whole = bounding.bound(table, l0, linf)
+    a, b = table.slice(0, split), table.slice(split)
+    merged = bounding.bound(pa.concat_tables([bounding.bound(a, l0, linf), bounding.bound(b, l0, linf)]),
+                            l0, linf)
+    assert _multiset(merged) == _multiset(whole)
+
+
+def test_total_bound():
+    rows = [("a", k, 1.0) for k in range(5) for _ in range(3)] + [("b", 1, 1.0)]
+    bounded = bounding.bound_total(bounding.bound(_prepared(rows), 5, 3), 4)
+    counts = collections.Counter(bounded.column(bounding.UNIT).to_pylist())
+    assert sorted(counts.values()) == [1, 4]
+
+
+def test_kept_subset_is_uniform():
+    # One unit with 10 keys x 4 rows; L0 = 3, Linf = 1. Over many release keys each key is kept
+    # with probability 3/10 and each row of a key with probability 1/4 (no bias to first rows).
+    rows = [("u", k, float(r)) for k in range(10) for r in range(4)]
+    key_hits = np.zeros(10)
+    row_hits = np.zeros(4)
+    trials = 600
+    for seed in range(trials):
+        bounded = bounding.bound(_prepared(rows, ReleaseKey.for_testing(1000 + seed)), 3, 1)
+        for k, v in zip(bounded.column("k").to_pylist(), bounded.column("__value").to_pylist()):
+            key_hits[k] += 1
+            row_hits[int(v)] += 1
+    assert stats.chisquare(key_hits).pvalue > 1e-3
+    assert key_hits.sum() == 3 * trials
+    assert stats.chisquare(row_hits).pvalue > 1e-3
+
+
+def test_priorities_are_secret_and_reproducible():
+    rows = [("a", 1, 1.0), ("b", 2, 2.0)]
+    first = _prepared(rows)
+    again = _prepared(rows)
+    other = _prepared(rows, ReleaseKey.for_testing(12))
+    assert first.column(bounding.ROW).equals(again.column(bounding.ROW))
+    assert not first.column(bounding.ROW).equals(other.column(bounding.ROW))
+
+
+def test_key_partials_and_sum():
+    rows = [("a", 1, 2.0), ("a", 1, 3.0), ("b", 1, 1.0), ("b", 2, 4.0)]
+    bounded = bounding.bound(_prepared(rows), 5, 5)
+    partials = bounding.key_partials(bounded, ["k"], has_value=True, midpoint=1.0)
+    got = {r["k"]: r for r in partials.to_pylist()}
+    assert got[1]["count"] == 3 and got[1]["units"] == 2 and got[1]["sum"] == 6.0 and got[1]["nsum"] == 3.0
+    assert got[2]["count"] == 1 and got[2]["units"] == 1
+    total = bounding.sum_partials([partials, partials], ["k"])
+    assert {r["k"]: r["count"] for r in total.to_pylist()} == {1: 6, 2: 2}

@@ -1,0 +1,532 @@
+"""``DPAggregate``: differentially private per-key aggregates as a Beam PTransform.
+
+    released = rows | DPAggregate(
+        privacy_unit="user_id", keys=["country", "project"], value="seconds",
+        metrics=[Count(), Sum(), Mean(), PrivacyUnitCount()],
+        bounds=ContributionBounds(max_partitions=3, max_contributions_per_partition=2,
+                                  min_value=0, max_value=10),
+        keyset=PublicKeyset.cross_product({...}).exclude("country", protected),
+        budget=PrivacyBudget(epsilon=1.0), release_key=ReleaseKey.generate())
+
+Input: a PCollection of pyarrow RecordBatches / Tables (the fast path, e.g. from
+``ReadFromParquetBatched``) or of dicts / ``beam.Row``s. Output: Arrow tables, one row per
+released key with its noisy metrics (``output="arrow"``), or dicts (``output="dicts"``).
+
+Data flow (every step works on Arrow batches; only bounded partials are shuffled):
+
+1. Prepare (per batch): check columns, apply the row rules below, drop keys outside a public
+   keyset, give rows their secret priorities and bound the batch (L0 keys per unit, Linf rows per
+   unit and key), then route the survivors to a shard by a hash of the privacy unit.
+2. Per unit shard, a CombineFn re-bounds the partial batches as they meet (bounding by global
+   priorities is mergeable) and turns the bounded rows into exact per-key partials.
+3. Per key shard, a CombineFn sums the partials.
+4. Keys are chosen: the public keyset (left join: keys without rows get zeros) or private key
+   selection. Noise is drawn per key from the release key and the measure's name, and release
+   thresholds (post-processing) suppress keys.
+
+Row rules (each counted in Beam metrics under namespace ``dp_aggregate``, which reach the
+operator's logs and never the release): a null privacy unit, a null key component or a null /
+NaN / infinite value drops the row; values outside the clamping range are clamped (counted as
+``clamped_below_min`` / ``clamped_above_max``); rows whose key is outside the public keyset, or
+excluded from it, are dropped.
+
+Testing mode (``testing=True``) is for users' own unit tests: bounding as in a release, no noise,
+and it refuses a secret release key, so it cannot make a real release.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.windowed_value import WindowedValue
+
+from accounting.budget import PrivacyBudget, ReleasePlan
+from accounting.sensitivity import ContributionBounds, Neighbouring
+from transforms import bounding
+from transforms.keyset import PublicKeyset, rows_to_table
+from transforms.metrics import Metric, MetricKind, is_integer_range, mean_from_noisy, plan_measures
+from transforms.noise import RandomStreams, ReleaseKey, add_noise
+from transforms.selection import PrivateSelection, Selector
+
+NAMESPACE = "dp_aggregate"
+#: Rows buffered per Arrow batch when the input is dicts / Rows.
+DICT_BATCH_ROWS = 20_000
+#: Rows held by a bounding accumulator before it re-bounds them.
+COMPACT_ROWS = 200_000
+
+
+# --------------------------------------------------------------------------- configuration
+
+class _Config:
+    """The picklable description shared by the DoFns of one DPAggregate."""
+
+    def __init__(self, unit, keys, value, bounds, keyset, release_key, testing, num_shards,
+                 integer_values, midpoint):
+        self.unit = unit
+        self.keys = list(keys)
+        self.value = value
+        self.bounds = bounds
+        self.keyset = keyset if keyset is None or keyset.in_memory else keyset.without_source()
+        self.release_key = release_key
+        self.testing = testing
+        self.num_shards = num_shards
+        self.integer_values = integer_values
+        self.midpoint = midpoint
+
+
+def _is_numeric(typ: pa.DataType) -> bool:
+    return pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ)
+
+
+def check_schema(schema: pa.Schema, unit: str, keys: Sequence[str], value: Optional[str]) -> None:
+    """Raise ValueError naming the first missing or mistyped column."""
+    names = set(schema.names)
+    for role, column in [("privacy unit", unit)] + [("key", k) for k in keys] + \
+            ([("value", value)] if value else []):
+        if column not in names:
+            raise ValueError(f"input has no {role} column {column!r} (columns: {sorted(names)})")
+        typ = schema.field(column).type
+        if pa.types.is_nested(typ) or pa.types.is_map(typ):
+            raise ValueError(f"{role} column {column!r} has unsupported type {typ}")
+    if value and not (_is_numeric(schema.field(value).type) or pa.types.is_null(schema.field(value).type)):
+        raise ValueError(f"value column {value!r} must be numeric, got {schema.field(value).type}")
+
+
+# --------------------------------------------------------------------------- DoFns
+
+class _ToArrowTables(beam.DoFn):
+    """Pass Arrow batches through; buffer dicts / Rows into Arrow tables."""
+
+    def __init__(self, columns: Sequence[str]):
+        self._columns = list(columns)
+
+    def start_bundle(self):
+        self._rows = []
+
+    def process(self, element):
+        if isinstance(element, pa.RecordBatch):
+            yield pa.Table.from_batches([element])
+        elif isinstance(element, pa.Table):
+            yield element
+        else:
+            if not isinstance(element, dict):
+                element = element._asdict() if hasattr(element, "_asdict") else dict(element.__dict__)
+            self._rows.append(element)
+            if len(self._rows) >= DICT_BATCH_ROWS:
+                yield self._flush()
+
+    def _flush(self):
+        rows, self._rows = self._rows, []
+        columns = {}
+        for name in self._columns:
+            if name not in rows[0]:
+                raise ValueError(f"input rows have no column {name!r} (keys: {sorted(rows[0])})")
+            columns[name] = pa.array([r.get(name) for r in rows], from_pandas=True)
+        return pa.table(columns)
+
+    def finish_bundle(self):
+        if self._rows:
+            yield WindowedValue(self._flush(), MIN_TIMESTAMP, [GlobalWindow()])
+
+
+class _PrepareAndBound(beam.DoFn):
+    """Row rules, keyset filter, priorities and per-batch bounding; routes rows by unit shard."""
+
+    def __init__(self, config: _Config):
+        self._c = config
+        self._counters = {}
+
+    def _count(self, name, amount):
+        if amount:
+            if name not in self._counters:
+                self._counters[name] = Metrics.counter(NAMESPACE, name)
+            self._counters[name].inc(int(amount))
+
+    def process(self, table: pa.Table, keyset_hashes=None):
+        c = self._c
+        check_schema(table.schema, c.unit, c.keys, c.value)
+        self._count("rows_read", table.num_rows)
+        columns = [c.unit, *c.keys] + ([c.value] if c.value else [])
+        table = table.select(columns)
+        valid = pc.is_valid(table.column(c.unit)).to_numpy(zero_copy_only=False)
+        self._count("dropped_null_privacy_unit", (~valid).sum())
+        key_valid = np.ones(table.num_rows, dtype=bool)
+        for k in c.keys:
+            key_valid &= pc.is_valid(table.column(k)).to_numpy(zero_copy_only=False)
+        self._count("dropped_null_key", (valid & ~key_valid).sum())
+        valid &= key_valid
+        if c.value:
+            raw = table.column(c.value)
+            values = pc.cast(raw, pa.float64()).to_numpy(zero_copy_only=False) \
+                if not pa.types.is_null(raw.type) else np.full(table.num_rows, np.nan)
+            finite = np.isfinite(values)
+            self._count("dropped_invalid_value", (valid & ~finite).sum())
+            valid &= finite
+        table = table.filter(pa.array(valid))
+        if c.keyset is not None and table.num_rows:
+            table = c.keyset.cast_like(table)
+            excluded = c.keyset.excluded_mask(table)
+            self._count("dropped_excluded_key", excluded.sum())
+            if c.keyset.in_memory:
+                inside = c.keyset.member_mask(table) | excluded
+                self._count("dropped_outside_keyset", (~inside).sum())
+                table = table.filter(pa.array(inside & ~excluded))
+            else:
+                # A PCollection keyset is too large to hold; its sorted key hashes (a side input)
+                # pre-filter rows, and the exact join before release removes the rare collision.
+                hashes = bounding.routing_hash(table.select(c.keys))
+                position = np.minimum(np.searchsorted(keyset_hashes, hashes), max(len(keyset_hashes) - 1, 0))
+                inside = (keyset_hashes[position] == hashes) if len(keyset_hashes) else \
+                    np.zeros(table.num_rows, dtype=bool)
+                self._count("dropped_outside_keyset", (~inside & ~excluded).sum())
+                table = table.filter(pa.array(inside & ~excluded))
+        if not table.num_rows:
+            return
+        if c.value:
+            values = pc.cast(table.column(c.value), pa.float64()).to_numpy(zero_copy_only=False)
+            low, high = c.bounds.value_range()
+            self._count("clamped_below_min", (values < low).sum())
+            self._count("clamped_above_max", (values > high).sum())
+            table = table.drop_columns([c.value]).append_column(
+                bounding.VALUE, pa.array(np.clip(values, low, high)))
+        table = bounding.prioritize(table, c.unit, c.keys, c.release_key).drop_columns([c.unit])
+        table = bounding.bound(table, c.bounds.max_partitions, c.bounds.max_contributions_per_partition)
+        shards = bounding.shard_of(table.column(bounding.UNIT).to_numpy(), c.num_shards)
+        yield from bounding.split_by_shard(table, shards)
+
+
+class _BoundUnitsFn(beam.CombineFn):
+    """Per unit shard: re-bound partial batches as they meet; output exact per-key partials."""
+
+    def __init__(self, config: _Config):
+        self._c = config
+
+    def create_accumulator(self):
+        return []
+
+    def _compact(self, tables):
+        table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+        return [bounding.bound(table, self._c.bounds.max_partitions,
+                               self._c.bounds.max_contributions_per_partition)]
+
+    def add_input(self, accumulator, table):
+        accumulator.append(table)
+        if sum(t.num_rows for t in accumulator) > COMPACT_ROWS:
+            accumulator = self._compact(accumulator)
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        tables = [t for acc in accumulators for t in acc]
+        return self._compact(tables) if tables else []
+
+    def extract_output(self, accumulator):
+        if not accumulator:
+            return None
+        bounded = self._compact(accumulator)[0]
+        if self._c.bounds.max_contributions is not None:
+            bounded = bounding.bound_total(bounded, self._c.bounds.max_contributions)
+        return bounding.key_partials(bounded, self._c.keys, has_value=self._c.value is not None,
+                                     midpoint=self._c.midpoint, integer_sum=self._c.integer_values)
+
+
+def _route_by_key(element, key_columns, num_shards):
+    _, partials = element
+    if partials is None or partials.num_rows == 0:
+        return
+    shards = bounding.shard_of(bounding.routing_hash(partials.select(key_columns)), num_shards)
+    yield from bounding.split_by_shard(partials, shards)
+
+
+class _SumPartialsFn(beam.CombineFn):
+    """Per key shard: sum the per-key partials of all unit shards."""
+
+    def __init__(self, key_columns):
+        self._keys = list(key_columns)
+
+    def create_accumulator(self):
+        return []
+
+    def add_input(self, accumulator, table):
+        accumulator.append(table)
+        if len(accumulator) > 64:
+            accumulator = [bounding.sum_partials(accumulator, self._keys)]
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        tables = [t for acc in accumulators for t in acc if t is not None]
+        return [bounding.sum_partials(tables, self._keys)] if tables else []
+
+    def extract_output(self, accumulator):
+        return bounding.sum_partials(accumulator, self._keys) if accumulator else None
+
+
+class _Release(beam.DoFn):
+    """Choose keys (keyset join or private selection), add noise, apply release thresholds."""
+
+    def __init__(self, config: _Config, metrics, plan: ReleasePlan, refs, selector, threshold_mode):
+        self._c = config
+        self._metrics = list(metrics)
+        self._specs = {m.name: m.noise for m in plan.measures}
+        self._refs = refs
+        self._selector = selector
+        self._threshold_mode = threshold_mode
+
+    def _empty_partials(self, keys: pa.Table) -> pa.Table:
+        zeros = pa.array(np.zeros(keys.num_rows, dtype=np.int64))
+        columns = {k: keys.column(k) for k in self._c.keys}
+        columns.update(count=zeros, units=zeros)
+        if self._c.value:
+            columns["sum"] = zeros if self._c.integer_values else pa.array(np.zeros(keys.num_rows))
+            columns["nsum"] = pa.array(np.zeros(keys.num_rows))
+        return pa.table(columns)
+
+    def process(self, element):
+        shard, value = element
+        c = self._c
+        if isinstance(value, dict):  # keyset join: {"keyset": [tables], "totals": [table or None]}
+            keysets = [t for t in value["keyset"] if t is not None and t.num_rows]
+            if not keysets:
+                if any(t is not None and t.num_rows for t in value["totals"]):
+                    Metrics.counter(NAMESPACE, "keys_outside_keyset_at_join").inc()
+                return
+            keys = pa.concat_tables(keysets, promote_options="permissive").select(c.keys)
+            keys = keys.group_by(c.keys, use_threads=False).aggregate([])  # distinct keys
+            totals = [t for t in value["totals"] if t is not None and t.num_rows]
+            if totals:
+                total = bounding.sum_partials(totals, c.keys)
+                total = c.keyset.cast_like(total) if c.keyset is not None else total
+                table = keys.join(total, keys=c.keys, join_type="left outer", use_threads=False)
+                empty = self._empty_partials(table)
+                table = pa.table({name: pc.coalesce(table.column(name), empty.column(name))
+                                  if name in table.column_names else empty.column(name)
+                                  for name in empty.column_names})
+            else:
+                table = self._empty_partials(keys)
+        else:  # private selection over keys seen in the data
+            table = value
+            if table is None or not table.num_rows:
+                return
+            key_table = table.select(c.keys)
+            streams = RandomStreams.for_keys(c.release_key, "key_selection", key_table)
+            keep = self._selector.keep(table.column("units").to_numpy(zero_copy_only=False), streams)
+            Metrics.counter(NAMESPACE, "keys_selected").inc(int(keep.sum()))
+            table = table.filter(pa.array(keep))
+            if not table.num_rows:
+                return
+        yield from self._noise_and_threshold(table)
+
+    def _noise_and_threshold(self, table: pa.Table):
+        c = self._c
+        keys = table.select(c.keys)
+        noisy = {}
+        for name, ref in self._refs.items():
+            exact = table.column(ref.partial).to_numpy(zero_copy_only=False)
+            if ref.integer:
+                exact = exact.astype(np.int64)
+            if c.testing:
+                noisy[name] = exact
+            else:
+                streams = RandomStreams.for_keys(c.release_key, name, keys)
+                noisy[name] = add_noise(self._specs[name], exact, streams)
+        out = {k: keys.column(k) for k in c.keys}
+        suppress = np.zeros(table.num_rows, dtype=bool)
+        for metric in self._metrics:
+            if metric.kind is MetricKind.MEAN:
+                count_name = next((m.column for m in self._metrics if m.kind is MetricKind.COUNT),
+                                  f"{metric.column}.count")
+                low, high = c.bounds.value_range()
+                values = mean_from_noisy(noisy[f"{metric.column}.normalized_sum"], noisy[count_name],
+                                         low, high)
+            else:
+                values = noisy[metric.column]
+            column = pa.array(values)
+            if metric.threshold is not None:
+                below = ~(np.asarray(values, dtype=float) > metric.threshold)
+                if self._threshold_mode == "key":
+                    suppress |= below
+                else:
+                    column = pa.array(values, mask=below)
+            out[metric.column] = column
+        result = pa.table(out)
+        if suppress.any():
+            Metrics.counter(NAMESPACE, "keys_suppressed_by_threshold").inc(int(suppress.sum()))
+            result = result.filter(pa.array(~suppress))
+        Metrics.counter(NAMESPACE, "keys_released").inc(result.num_rows)
+        if result.num_rows:
+            yield result
+
+
+def _keyset_tables(element, columns):
+    """Keys from a PCollection keyset element (dict, tuple, Row, RecordBatch or Table)."""
+    if isinstance(element, pa.RecordBatch):
+        return pa.Table.from_batches([element]).select(columns)
+    if isinstance(element, pa.Table):
+        return element.select(columns)
+    if hasattr(element, "_asdict"):
+        element = element._asdict()
+    return rows_to_table([element], columns)
+
+
+class _SortedUnionFn(beam.CombineFn):
+    """Union of uint64 arrays as one sorted array (a PCollection keyset's key hashes)."""
+
+    def create_accumulator(self):
+        return []
+
+    def add_input(self, accumulator, hashes):
+        accumulator.append(hashes)
+        if len(accumulator) > 256:
+            accumulator = [np.unique(np.concatenate(accumulator))]
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        arrays = [a for acc in accumulators for a in acc]
+        return [np.unique(np.concatenate(arrays))] if arrays else []
+
+    def extract_output(self, accumulator):
+        return np.unique(np.concatenate(accumulator)) if accumulator else np.zeros(0, dtype=np.uint64)
+
+
+class _RouteKeyset(beam.DoFn):
+    def __init__(self, config: _Config, from_pcollection: bool):
+        self._c = config
+        self._from_pcollection = from_pcollection
+
+    def process(self, element):
+        c = self._c
+        if self._from_pcollection:
+            table = _keyset_tables(element, c.keys)
+            table = table.filter(pa.array(~c.keyset.excluded_mask(table)))
+        else:
+            table = c.keyset.batch_at(element)
+        if not table.num_rows:
+            return
+        shards = bounding.shard_of(bounding.routing_hash(table), c.num_shards)
+        yield from bounding.split_by_shard(table, shards)
+
+
+# --------------------------------------------------------------------------- the transform
+
+class DPAggregate(beam.PTransform):
+    """Differentially private per-key metrics; see the module docstring."""
+
+    def __init__(self, *, privacy_unit: str, keys: Sequence[str], metrics: Sequence[Metric],
+                 bounds: ContributionBounds, budget: PrivacyBudget, value: str = None,
+                 keyset: PublicKeyset = None, selection: PrivateSelection = None,
+                 neighbouring=Neighbouring.ADD_REMOVE, release_key: ReleaseKey = None,
+                 testing: bool = False, num_shards: int = 32, output: str = "arrow",
+                 threshold_mode: str = "key", integer_values: bool = None, label: str = None):
+        super().__init__(label)
+        if isinstance(keys, str):
+            keys = [keys]
+        if not keys:
+            raise ValueError("keys must name at least one key column")
+        if keyset is not None and selection is not None:
+            raise ValueError("give either a public keyset or a private selection, not both")
+        if keyset is None and selection is None:
+            raise ValueError("no public keyset: pass keyset=PublicKeyset(...) or "
+                             "selection=PrivateSelection() for private key selection")
+        if keyset is not None and list(keyset.columns) != list(keys):
+            raise ValueError(f"keyset columns {keyset.columns} must equal keys {list(keys)}")
+        if output not in ("arrow", "dicts"):
+            raise ValueError(f"output must be 'arrow' or 'dicts', got {output!r}")
+        if threshold_mode not in ("key", "value"):
+            raise ValueError(f"threshold_mode must be 'key' or 'value', got {threshold_mode!r}")
+        if num_shards < 1:
+            raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+        metrics = list(metrics)
+        needs_value = any(m.needs_value for m in metrics)
+        if needs_value and not value:
+            raise ValueError("sum and mean metrics need a value column (value=...)")
+        if needs_value:
+            bounds.value_range()  # raises if the clamping range is missing
+        if testing:
+            if release_key is not None and not release_key.is_testing:
+                raise ValueError("testing mode refuses a secret release key: it makes no release")
+            release_key = release_key or ReleaseKey.for_testing(0)
+        elif release_key is None:
+            release_key = ReleaseKey.generate()
+        if not isinstance(release_key, ReleaseKey):
+            raise TypeError("release_key must be a ReleaseKey")
+        if integer_values is None:
+            integer_values = needs_value and any(
+                m.kind is MetricKind.SUM and m.noise.is_integer for m in metrics)
+        if integer_values and needs_value and not is_integer_range(bounds):
+            raise ValueError("integer sums need integer clamping bounds (min_value, max_value)")
+        self.testing = testing
+        self.release_key = release_key
+        self.selection = selection
+        self.plan, self.refs, selection_share = plan_measures(
+            metrics, bounds, budget, neighbouring=neighbouring,
+            selection_weight=selection.weight if selection else 0.0,
+            selection_needs_delta=selection is not None, integer_values=integer_values)
+        self.selector = None
+        if selection is not None:
+            self.selector = Selector(selection, selection_share.epsilon, selection_share.delta
+                                     if selection_share.delta else budget.delta,
+                                     bounds.max_partitions)
+        low_high = bounds.value_range() if needs_value else (0.0, 0.0)
+        self.keyset = keyset
+        self._config = _Config(privacy_unit, keys, value if needs_value else None, bounds, keyset,
+                               release_key, testing, num_shards, integer_values,
+                               (low_high[0] + low_high[1]) / 2)
+        self._metrics = metrics
+        self._output = output
+        self._threshold_mode = threshold_mode
+
+    def explain(self) -> str:
+        """The release plan: each measure's mechanism, sensitivity, noise and budget share."""
+        text = self.plan.explain()
+        if self.selector is not None:
+            s = self.selector
+            text += (f"\nkey selection: {s.selection.strategy.value}, epsilon={s.epsilon:g}, "
+                     f"delta={s.delta:g}, L0={s.max_partitions}")
+        if self.testing:
+            text += "\nTESTING MODE: no noise is added; this is not a release."
+        return text
+
+    def check_schema(self, schema: pa.Schema) -> None:
+        """Fail early (before the pipeline runs) on a missing or mistyped column."""
+        c = self._config
+        check_schema(schema, c.unit, c.keys, c.value)
+
+    def expand(self, pcoll):
+        c = self._config
+        columns = [c.unit, *c.keys] + ([c.value] if c.value else [])
+        side = {}
+        if self.keyset is not None and not self.keyset.in_memory:
+            keyset_tables = self.keyset.pcollection | "KeysetTables" >> beam.Map(_keyset_tables, c.keys)
+            hashes = (keyset_tables
+                      | "KeysetHashes" >> beam.Map(lambda t: bounding.routing_hash(t))
+                      | "SortedHashes" >> beam.CombineGlobally(_SortedUnionFn()))
+            side["keyset_hashes"] = beam.pvalue.AsSingleton(hashes)
+        prepared = (pcoll
+                    | "ToArrow" >> beam.ParDo(_ToArrowTables(columns))
+                    | "PrepareAndBound" >> beam.ParDo(_PrepareAndBound(c), **side))
+        partials = (prepared
+                    | "BoundPerUnitShard" >> beam.CombinePerKey(_BoundUnitsFn(c))
+                    | "RouteByKey" >> beam.FlatMap(_route_by_key, c.keys, c.num_shards)
+                    | "SumPerKeyShard" >> beam.CombinePerKey(_SumPartialsFn(c.keys)))
+        release = _Release(c, self._metrics, self.plan, self.refs, self.selector, self._threshold_mode)
+        if self.keyset is not None:
+            if self.keyset.in_memory:
+                keyset = (pcoll.pipeline
+                          | "KeysetChunks" >> beam.Create(self.keyset.chunk_starts())
+                          | "Reshuffle" >> beam.Reshuffle()
+                          | "RouteKeyset" >> beam.ParDo(_RouteKeyset(c, False)))
+            else:
+                keyset = keyset_tables | "RouteKeyset" >> beam.ParDo(_RouteKeyset(c, True))
+            released = ({"keyset": keyset, "totals": partials}
+                        | "JoinKeyset" >> beam.CoGroupByKey()
+                        | "NoiseAndRelease" >> beam.ParDo(release))
+        else:
+            released = partials | "SelectNoiseAndRelease" >> beam.ParDo(release)
+        if self._output == "dicts":
+            return released | "ToDicts" >> beam.FlatMap(lambda t: t.to_pylist())
+        return released

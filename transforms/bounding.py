@@ -1,0 +1,176 @@
+"""Contribution bounding on Arrow tables, by keyed random priorities (pure: no Beam).
+
+Each row gets three secret 64-bit values derived from the release key (AES PRF, see
+:mod:`transforms.noise.streams`):
+
+* ``__unit``: a hash of the privacy unit (groups a unit's rows; never the raw id);
+* ``__pair``: a hash of (unit, key), which is also the key's priority within its unit;
+* ``__row``: the row's priority, from the pair hash, the row's position in its batch and a tag of
+  the batch's contents.
+
+Bounding keeps, per unit, the L0 keys of smallest pair priority and, per (unit, key), the Linf
+rows of smallest row priority. Because priorities are uniform and independent, the kept subset is
+a uniformly random one (no bias towards first rows or small keys); because they are global, the
+operation is *mergeable*: ``bound(concat(bound(A), bound(B))) == bound(A ∪ B)``. So each batch is
+bounded before the shuffle (a unit with ten million rows never sits in memory: every batch sends
+at most L0·Linf of its rows) and the partial results are re-bounded as they meet. The optional
+total bound L1 (rows per unit) is not mergeable in that way and is applied once, after all of a
+unit's partials have met.
+
+Rows of one unit that are byte-identical within the same position of byte-identical batches share
+a priority; with Parquet input, batches are row groups, so priorities (hence the kept rows) are
+the same on every runner.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from transforms.noise.keys import ReleaseKey
+from transforms.noise.streams import cbc_mac, encode_keys
+
+UNIT = "__unit"
+PAIR = "__pair"
+ROW = "__row"
+VALUE = "__value"
+INTERNAL = (UNIT, PAIR, ROW, VALUE)
+
+# Routing keys to shards needs no secrecy, only a fixed, well-spread hash.
+_PUBLIC_ROUTING_KEY = bytes(range(32))
+
+
+def _words(mac: np.ndarray) -> np.ndarray:
+    return mac.view(np.uint64).reshape(-1, 2)
+
+
+def prioritize(table: pa.Table, unit_column: str, key_columns: Sequence[str],
+               release_key: ReleaseKey) -> pa.Table:
+    """Add the secret ``__unit``, ``__pair`` and ``__row`` columns to a batch of rows."""
+    n = table.num_rows
+    unit_mac = cbc_mac(release_key.derive("bound:unit").secret_bytes(),
+                       encode_keys(table.select([unit_column])))
+    pair_mac = cbc_mac(release_key.derive("bound:pair").secret_bytes(),
+                       encode_keys(table.select([unit_column, *key_columns])))
+    pair_words = _words(pair_mac)
+    # The batch tag separates identical rows in different batches; it depends only on content.
+    tag = np.bitwise_xor.reduce(pair_words[:, 0] * np.uint64(0x9E3779B97F4A7C15)) if n else np.uint64(0)
+    message = np.empty((n, 4), dtype=np.uint64)
+    message[:, :2] = pair_words
+    message[:, 2] = np.arange(n, dtype=np.uint64)
+    message[:, 3] = tag ^ np.uint64(n)
+    row_input = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(32), n, [None, pa.py_buffer(message.tobytes())]).cast(pa.large_binary())
+    row_mac = cbc_mac(release_key.derive("bound:row").secret_bytes(), row_input)
+    return table.append_column(UNIT, pa.array(_words(unit_mac)[:, 0])) \
+                .append_column(PAIR, pa.array(pair_words[:, 0])) \
+                .append_column(ROW, pa.array(_words(row_mac)[:, 0]))
+
+
+def _group_starts(flags: np.ndarray) -> np.ndarray:
+    """For each position, the index where its run (started where flags is True) begins."""
+    idx = np.arange(flags.size)
+    return np.maximum.accumulate(np.where(flags, idx, 0))
+
+
+def bound(table: pa.Table, max_partitions: int, max_per_partition: int) -> pa.Table:
+    """Keep at most ``max_partitions`` keys per unit and ``max_per_partition`` rows per key."""
+    n = table.num_rows
+    if n == 0:
+        return table
+    unit = table.column(UNIT).to_numpy()
+    pair = table.column(PAIR).to_numpy()
+    row = table.column(ROW).to_numpy()
+    order = np.lexsort((row, pair, unit))
+    unit, pair = unit[order], pair[order]
+    new_unit = np.empty(n, dtype=bool)
+    new_unit[0] = True
+    new_unit[1:] = unit[1:] != unit[:-1]
+    new_pair = new_unit.copy()
+    new_pair[1:] |= pair[1:] != pair[:-1]
+    row_rank = np.arange(n) - _group_starts(new_pair)
+    pair_index = np.cumsum(new_pair) - 1
+    pair_rank = pair_index - pair_index[_group_starts(new_unit)]
+    keep = (row_rank < max_per_partition) & (pair_rank < max_partitions)
+    if keep.all():
+        return table.take(pa.array(order))
+    return table.take(pa.array(order[keep]))
+
+
+def bound_total(table: pa.Table, max_contributions: int) -> pa.Table:
+    """Keep at most ``max_contributions`` rows per unit (smallest row priorities)."""
+    n = table.num_rows
+    if n == 0:
+        return table
+    unit = table.column(UNIT).to_numpy()
+    order = np.lexsort((table.column(ROW).to_numpy(), unit))
+    unit = unit[order]
+    new_unit = np.empty(n, dtype=bool)
+    new_unit[0] = True
+    new_unit[1:] = unit[1:] != unit[:-1]
+    keep = (np.arange(n) - _group_starts(new_unit)) < max_contributions
+    return table.take(pa.array(order[keep]))
+
+
+def routing_hash(keys: pa.Table) -> np.ndarray:
+    """A public 64-bit hash of each key (for sharding; the same for data and keysets)."""
+    return _words(cbc_mac(_PUBLIC_ROUTING_KEY, encode_keys(keys)))[:, 0]
+
+
+def shard_of(hashes: np.ndarray, num_shards: int) -> np.ndarray:
+    return (hashes % np.uint64(num_shards)).astype(np.int64)
+
+
+def split_by_shard(table: pa.Table, shards: np.ndarray):
+    """Yield (shard, sub-table) for each shard present, vectorised."""
+    if table.num_rows == 0:
+        return
+    order = np.argsort(shards, kind="stable")
+    sorted_shards = shards[order]
+    boundaries = np.flatnonzero(np.diff(sorted_shards)) + 1
+    starts = np.concatenate([[0], boundaries])
+    ends = np.concatenate([boundaries, [len(order)]])
+    ordered = table.take(pa.array(order))
+    for start, end in zip(starts, ends):
+        yield int(sorted_shards[start]), ordered.slice(start, end - start)
+
+
+def key_partials(bounded: pa.Table, key_columns: Sequence[str], *, has_value: bool,
+                 midpoint: float = 0.0, integer_sum: bool = False) -> pa.Table:
+    """Exact per-key partial aggregates of bounded rows: count, units, and sum / nsum."""
+    aggregations = [([], "count_all"), (PAIR, "count_distinct")]
+    table = bounded
+    if has_value:
+        value = table.column(VALUE)
+        if integer_sum:
+            table = table.append_column("__ivalue", pc.cast(value, pa.int64()))
+            aggregations.append(("__ivalue", "sum"))
+        else:
+            aggregations.append((VALUE, "sum"))
+        table = table.append_column("__nvalue", pc.subtract(value, pa.scalar(midpoint)))
+        aggregations.append(("__nvalue", "sum"))
+    grouped = table.group_by(list(key_columns), use_threads=False).aggregate(aggregations)
+    columns = {k: grouped.column(k) for k in key_columns}
+    columns["count"] = grouped.column("count_all").cast(pa.int64())
+    columns["units"] = grouped.column(f"{PAIR}_count_distinct").cast(pa.int64())
+    if has_value:
+        columns["sum"] = grouped.column("__ivalue_sum" if integer_sum else f"{VALUE}_sum")
+        columns["nsum"] = grouped.column("__nvalue_sum")
+    return pa.table(columns)
+
+
+def sum_partials(tables: Sequence[pa.Table], key_columns: Sequence[str]) -> pa.Table:
+    """Merge per-key partials (sums of every partial column)."""
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return None
+    if len(tables) == 1:
+        return tables[0]
+    table = pa.concat_tables(tables, promote_options="permissive")
+    value_columns = [c for c in table.column_names if c not in key_columns]
+    grouped = table.group_by(list(key_columns), use_threads=False).aggregate(
+        [(c, "sum") for c in value_columns])
+    return pa.table({**{k: grouped.column(k) for k in key_columns},
+                     **{c: grouped.column(f"{c}_sum") for c in value_columns}})

@@ -1,0 +1,203 @@
+"""Public keysets: the keys a release reports, fixed before looking at the data.
+
+A :class:`PublicKeyset` comes from a list of keys, an Arrow table, a file (CSV, Parquet, or text
+with one value per line), the cross product of per-dimension values, or a PCollection (for
+millions of keys). Exclusions (e.g. a country protection list) remove keys by column value.
+
+Semantics used by :class:`~transforms.aggregate.DPAggregate`: rows whose key is outside the
+keyset are dropped before aggregation (counted in the operator's metrics); every key of the
+keyset is released, with noise, even when no row has it; no key outside it can appear.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from transforms.noise.streams import encode_keys
+
+#: Keys per batch when a keyset is materialised for the final join.
+KEYSET_BATCH_ROWS = 50_000
+
+
+def _encoded_set(table: pa.Table) -> pa.Array:
+    return pc.unique(encode_keys(table))
+
+
+class PublicKeyset:
+    """A public set of keys over named columns, with optional exclusions."""
+
+    def __init__(self, columns: Sequence[str], *, table: pa.Table = None,
+                 dimensions: Mapping[str, pa.Array] = None, pcollection=None,
+                 exclusions: Mapping[str, Sequence] = None):
+        self.columns = list(columns)
+        if not self.columns:
+            raise ValueError("a keyset needs at least one key column")
+        self._table = table
+        self._dimensions = dimensions
+        self.pcollection = pcollection
+        self.exclusions = {c: list(v) for c, v in (exclusions or {}).items()}
+        unknown = set(self.exclusions) - set(self.columns)
+        if unknown:
+            raise ValueError(f"exclusions name columns that are not key columns: {sorted(unknown)}")
+
+    # ----------------------------------------------------------------- constructors
+    @classmethod
+    def from_keys(cls, keys: Iterable, columns: Sequence[str]) -> "PublicKeyset":
+        keys = [k if isinstance(k, tuple) else (k,) for k in keys]
+        if any(len(k) != len(columns) for k in keys):
+            raise ValueError(f"every key must have {len(columns)} values ({list(columns)})")
+        table = pa.table({c: pa.array([k[i] for k in keys]) for i, c in enumerate(columns)}) \
+            if keys else pa.table({c: pa.array([], pa.string()) for c in columns})
+        return cls(columns, table=table)
+
+    @classmethod
+    def from_table(cls, table: pa.Table, columns: Sequence[str] = None) -> "PublicKeyset":
+        columns = list(columns or table.column_names)
+        missing = [c for c in columns if c not in table.column_names]
+        if missing:
+            raise ValueError(f"keyset table has no column {missing[0]!r}")
+        return cls(columns, table=table.select(columns))
+
+    @classmethod
+    def from_file(cls, path: str, columns: Sequence[str]) -> "PublicKeyset":
+        """CSV (with a header), Parquet, or a text file of one value per line (one column)."""
+        if path.endswith(".parquet"):
+            import pyarrow.parquet as pq
+            table = pq.read_table(path, columns=list(columns))
+        elif path.endswith(".csv"):
+            from pyarrow import csv
+            table = csv.read_csv(path, convert_options=csv.ConvertOptions(include_columns=list(columns)))
+        else:
+            if len(columns) != 1:
+                raise ValueError("a text keyset file holds one column; use CSV or Parquet for more")
+            with open(path) as handle:
+                values = [line.strip() for line in handle if line.strip() and not line.startswith("#")]
+            table = pa.table({columns[0]: pa.array(values, pa.string())})
+        return cls.from_table(table, columns)
+
+    @classmethod
+    def cross_product(cls, dimensions: Mapping[str, Sequence]) -> "PublicKeyset":
+        """Every combination of per-dimension values (never materialised as a whole)."""
+        if not dimensions:
+            raise ValueError("cross_product needs at least one dimension")
+        dims = {c: pc.unique(pa.array(list(v))) for c, v in dimensions.items()}
+        return cls(list(dims), dimensions=dims)
+
+    @classmethod
+    def from_pcollection(cls, pcollection, columns: Sequence[str]) -> "PublicKeyset":
+        """Keys as a PCollection of dicts, tuples, or Arrow RecordBatches/Tables."""
+        return cls(columns, pcollection=pcollection)
+
+    def exclude(self, column: str, values: Sequence) -> "PublicKeyset":
+        """A keyset without the keys whose ``column`` is in ``values``."""
+        exclusions = {**self.exclusions}
+        exclusions[column] = list(exclusions.get(column, [])) + list(values)
+        return PublicKeyset(self.columns, table=self._table, dimensions=self._dimensions,
+                            pcollection=self.pcollection, exclusions=exclusions)
+
+    def without_source(self) -> "PublicKeyset":
+        """The keyset's columns and exclusions only (what workers need of a PCollection keyset)."""
+        stripped = PublicKeyset(self.columns, exclusions=self.exclusions)
+        stripped._external = True
+        return stripped
+
+    # ----------------------------------------------------------------- queries
+    @property
+    def in_memory(self) -> bool:
+        return self.pcollection is None and not getattr(self, "_external", False)
+
+    def size(self) -> Optional[int]:
+        """Number of keys before exclusions (None for a PCollection keyset)."""
+        if self._table is not None:
+            return self._table.num_rows
+        if self._dimensions is not None:
+            return int(np.prod([len(v) for v in self._dimensions.values()], dtype=np.int64))
+        return None
+
+    def excluded_mask(self, table: pa.Table) -> np.ndarray:
+        mask = np.zeros(table.num_rows, dtype=bool)
+        for column, values in self.exclusions.items():
+            col = table.column(column)
+            mask |= pc.fill_null(pc.is_in(col, value_set=pa.array(values).cast(col.type)), False) \
+                .to_numpy(zero_copy_only=False)
+        return mask
+
+    def cast_like(self, table: pa.Table) -> pa.Table:
+        """Cast ``table``'s key columns to the keyset's types (so encodings can match)."""
+        schema = self.schema()
+        if schema is None:
+            return table
+        for name in self.columns:
+            want = schema.field(name).type
+            index = table.column_names.index(name)
+            if table.column(index).type != want:
+                try:
+                    table = table.set_column(index, name, pc.cast(table.column(index), want))
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+                    raise ValueError(f"key column {name!r} ({table.column(index).type}) cannot be "
+                                     f"matched with the keyset's type {want}: {err}")
+        return table
+
+    def schema(self) -> Optional[pa.Schema]:
+        if self._table is not None:
+            return self._table.schema
+        if self._dimensions is not None:
+            return pa.schema([(c, v.type) for c, v in self._dimensions.items()])
+        return None
+
+    def member_mask(self, table: pa.Table) -> np.ndarray:
+        """Rows of ``table`` whose key is in the keyset (in-memory keysets; exclusions apply)."""
+        keys = table.select(self.columns)
+        if self._dimensions is not None:
+            mask = np.ones(table.num_rows, dtype=bool)
+            for column, values in self._dimensions.items():
+                mask &= pc.fill_null(pc.is_in(keys.column(column), value_set=values), False) \
+                    .to_numpy(zero_copy_only=False)
+        elif self._table is not None:
+            if not hasattr(self, "_encoded"):
+                self._encoded = _encoded_set(self._table)
+            mask = pc.is_in(encode_keys(keys), value_set=self._encoded).to_numpy(zero_copy_only=False)
+        else:
+            raise TypeError("member_mask needs an in-memory keyset")
+        return mask & ~self.excluded_mask(keys)
+
+    def chunk_starts(self, max_rows: int = KEYSET_BATCH_ROWS) -> list:
+        """Start offsets of the keyset's batches: small enough to ship to workers, which then
+        build the batches themselves with :meth:`batch_at`."""
+        if not self.in_memory:
+            raise TypeError("a PCollection keyset has no in-memory batches")
+        return list(range(0, self.size(), max_rows))
+
+    def batch_at(self, start: int, max_rows: int = KEYSET_BATCH_ROWS) -> pa.Table:
+        """The keys at positions [start, start + max_rows), exclusions applied."""
+        if self._table is not None:
+            chunk = self._table.slice(start, max_rows)
+        else:
+            names = list(self._dimensions)
+            values = [self._dimensions[c] for c in names]
+            sizes = [len(v) for v in values]
+            flat = np.arange(start, min(start + max_rows, self.size()), dtype=np.int64)
+            columns = {}
+            for i, name in enumerate(names):
+                stride = int(np.prod(sizes[i + 1:], dtype=np.int64))
+                columns[name] = values[i].take(pa.array((flat // stride) % sizes[i]))
+            chunk = pa.table(columns)
+        return chunk.filter(pa.array(~self.excluded_mask(chunk)))
+
+    def batches(self, max_rows: int = KEYSET_BATCH_ROWS) -> Iterable[pa.Table]:
+        """The whole keyset (exclusions applied) as tables of at most ``max_rows`` keys."""
+        for start in self.chunk_starts(max_rows):
+            yield self.batch_at(start, max_rows)
+
+
+def rows_to_table(rows: Sequence, columns: Sequence[str]) -> pa.Table:
+    """Keys given as dicts or tuples -> an Arrow table."""
+    if not rows:
+        return pa.table({c: pa.array([], pa.string()) for c in columns})
+    if isinstance(rows[0], dict):
+        return pa.table({c: pa.array([r[c] for r in rows]) for c in columns})
+    rows = [r if isinstance(r, tuple) else (r,) for r in rows]
+    return pa.table({c: pa.array([r[i] for r in rows]) for i, c in enumerate(columns)})

@@ -1,0 +1,179 @@
+"""What a DP aggregation releases per key, and the noisy measures each metric needs.
+
+A :class:`Metric` is one output column (count, sum, mean or privacy-unit count) with its noise
+kind, release threshold and budget weight. :func:`plan_measures` turns metrics, contribution
+bounds and a budget into the noisy *measures* actually drawn (a mean is post-processing of a
+noisy count and a noisy normalized sum; it reuses a requested count) and a
+:class:`~accounting.budget.ReleasePlan` that states every measure's mechanism, sensitivity and
+budget share.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from accounting.budget import PrivacyBudget, ReleasePlan
+from accounting.calibration import NoiseKind
+from accounting.sensitivity import (ContributionBounds, Neighbouring, count_sensitivity,
+                                    mean_sensitivity, privacy_unit_count_sensitivity,
+                                    sum_sensitivity)
+from accounting.validation import check_epsilon, check_finite
+
+
+class MetricKind(str, enum.Enum):
+    COUNT = "count"
+    SUM = "sum"
+    MEAN = "mean"
+    PRIVACY_UNIT_COUNT = "privacy_unit_count"
+
+
+_DEFAULT_NOISE = {
+    MetricKind.COUNT: NoiseKind.DISCRETE_LAPLACE,
+    MetricKind.PRIVACY_UNIT_COUNT: NoiseKind.DISCRETE_LAPLACE,
+    MetricKind.SUM: NoiseKind.LAPLACE,
+    MetricKind.MEAN: NoiseKind.LAPLACE,
+}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One released column.
+
+    noise: the mechanism (default: discrete Laplace for counts, Laplace for sums and means).
+    threshold: release threshold; a key whose noisy value is not above it is suppressed
+      (post-processing). weight: this metric's share of the budget, relative to the others.
+    """
+
+    kind: MetricKind
+    noise: Optional[NoiseKind] = None
+    threshold: Optional[float] = None
+    weight: float = 1.0
+    name: Optional[str] = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "kind", MetricKind(self.kind))
+        noise = _DEFAULT_NOISE[self.kind] if self.noise is None else NoiseKind.parse(self.noise)
+        object.__setattr__(self, "noise", noise)
+        if self.threshold is not None:
+            check_finite(self.threshold, f"{self.column} threshold")
+        check_epsilon(self.weight, f"{self.column} weight")
+
+    @property
+    def column(self) -> str:
+        return self.name or self.kind.value
+
+    @property
+    def needs_value(self) -> bool:
+        return self.kind in (MetricKind.SUM, MetricKind.MEAN)
+
+
+def Count(**kwargs) -> Metric:
+    return Metric(MetricKind.COUNT, **kwargs)
+
+
+def Sum(**kwargs) -> Metric:
+    return Metric(MetricKind.SUM, **kwargs)
+
+
+def Mean(**kwargs) -> Metric:
+    return Metric(MetricKind.MEAN, **kwargs)
+
+
+def PrivacyUnitCount(**kwargs) -> Metric:
+    return Metric(MetricKind.PRIVACY_UNIT_COUNT, **kwargs)
+
+
+@dataclass(frozen=True)
+class MeasureRef:
+    """A noisy measure drawn per key: which partial it noises and with which spec."""
+
+    name: str          # unique purpose label: also derives the noise streams
+    partial: str       # column of the exact per-key partials: count, sum, nsum, units
+    integer: bool      # integer answers and integer noise
+
+
+def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget: PrivacyBudget,
+                  *, neighbouring=Neighbouring.ADD_REMOVE, selection_weight: float = 0.0,
+                  selection_needs_delta: bool = False, integer_values: bool = False):
+    """Split ``budget`` among the measures the metrics need and calibrate each.
+
+    Returns ``(plan, refs, selection_share)``: the ReleasePlan, a mapping measure name ->
+    :class:`MeasureRef`, and the budget share for private key selection (or None).
+    """
+    if not metrics:
+        raise ValueError("metrics must name at least one metric")
+    columns = [m.column for m in metrics]
+    if len(set(columns)) != len(columns):
+        raise ValueError(f"metric columns must be unique, got {columns}")
+    has_count = any(m.kind is MetricKind.COUNT for m in metrics)
+    weights, kinds, sens, refs, descriptions = {}, {}, {}, {}, {}
+    for m in metrics:
+        if m.kind is MetricKind.COUNT:
+            weights[m.column] = m.weight
+            kinds[m.column] = m.noise
+            sens[m.column] = count_sensitivity(bounds, neighbouring)
+            refs[m.column] = MeasureRef(m.column, "count", m.noise.is_integer)
+            descriptions[m.column] = "rows per key"
+        elif m.kind is MetricKind.PRIVACY_UNIT_COUNT:
+            weights[m.column] = m.weight
+            kinds[m.column] = m.noise
+            sens[m.column] = privacy_unit_count_sensitivity(bounds, neighbouring)
+            refs[m.column] = MeasureRef(m.column, "units", m.noise.is_integer)
+            descriptions[m.column] = "distinct privacy units per key"
+        elif m.kind is MetricKind.SUM:
+            if m.noise.is_integer and not integer_values:
+                raise ValueError(f"{m.column}: {m.noise.value} noise needs integer values and "
+                                 "integer clamping bounds")
+            weights[m.column] = m.weight
+            kinds[m.column] = m.noise
+            sens[m.column] = sum_sensitivity(bounds, neighbouring)
+            refs[m.column] = MeasureRef(m.column, "sum", m.noise.is_integer)
+            descriptions[m.column] = "sum of clamped values per key"
+        else:  # MEAN: a noisy normalized sum plus a noisy count (reused if one is released)
+            if m.noise.is_integer:
+                raise ValueError(f"{m.column}: a mean needs real-valued noise (laplace or gaussian)")
+            mean = mean_sensitivity(bounds, neighbouring)
+            nsum = f"{m.column}.normalized_sum"
+            share = m.weight if has_count else m.weight / 2
+            weights[nsum] = share
+            kinds[nsum] = m.noise
+            sens[nsum] = mean.normalized_sum
+            refs[nsum] = MeasureRef(nsum, "nsum", False)
+            descriptions[nsum] = "sum of (value - midpoint) per key, for the mean"
+            if not has_count:
+                cnt = f"{m.column}.count"
+                weights[cnt] = share
+                kinds[cnt] = (NoiseKind.DISCRETE_GAUSSIAN if m.noise.is_gaussian
+                              else NoiseKind.DISCRETE_LAPLACE)
+                sens[cnt] = mean.count
+                refs[cnt] = MeasureRef(cnt, "count", True)
+                descriptions[cnt] = "rows per key, for the mean"
+    if selection_weight:
+        weights["key_selection"] = selection_weight
+    needs_delta = [n for n, k in kinds.items() if k.is_gaussian]
+    if selection_weight and selection_needs_delta:
+        needs_delta.append("key_selection")
+    shares = budget.split(weights, needs_delta=needs_delta)
+    plan = ReleasePlan(budget)
+    for name in kinds:
+        plan.add_calibrated(name, kinds[name], shares[name], sens[name],
+                            neighbouring=neighbouring, description=descriptions[name])
+    return plan, refs, shares.get("key_selection")
+
+
+def mean_from_noisy(nsum, count, low: float, high: float):
+    """Post-processing: midpoint + noisy normalized sum / noisy count, clamped to the range."""
+    import numpy as np
+
+    midpoint = (low + high) / 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = midpoint + np.asarray(nsum, dtype=float) / np.maximum(np.asarray(count, dtype=float), 1.0)
+    return np.clip(mean, low, high)
+
+
+def is_integer_range(bounds: ContributionBounds) -> bool:
+    low, high = bounds.min_value, bounds.max_value
+    return low is not None and float(low).is_integer() and float(high).is_integer() \
+        and math.isfinite(low) and math.isfinite(high)

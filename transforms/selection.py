@@ -1,0 +1,137 @@
+"""Private key (partition) selection, for aggregations without a public keyset.
+
+Releasing a key that only one privacy unit contributed to would reveal that unit, so without a
+public keyset the set of released keys must itself be differentially private. Each strategy
+decides per key from its exact number of (bounded) privacy units n; a unit touches at most L0
+keys, and each strategy spends (epsilon, delta) of the budget:
+
+* ``TRUNCATED_GEOMETRIC``: the optimal keep-probabilities of Desfontaines, Voss, Gipson &
+  Mandayam (PETS 2022), for (epsilon/L0, delta/L0) per key:
+  pi(0) = 0, pi(n) = min(e^eps' pi(n-1) + delta', 1 - e^-eps' (1 - pi(n-1) - delta'), 1).
+* ``LAPLACE_THRESHOLDING``: keep if n + Lap(L0/eps) > tau, tau = 1 + (L0/eps) ln(L0 / (2 delta))
+  (a key with one unit is kept with probability delta/L0).
+* ``GAUSSIAN_THRESHOLDING``: keep if n + N(0, sigma^2) > tau with sigma the analytic Gaussian
+  for L2 = sqrt(L0) at (eps, delta/2), tau = 1 + sigma * Phi^-1(1 - delta / (2 L0)).
+
+The random decisions come from the release's keyed streams (purpose "key_selection"), so a re-run
+keeps the same keys.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from accounting.calibration import NoiseKind, analytic_gaussian_sigma, calibrate
+from accounting.validation import check_delta, check_epsilon, check_positive_int
+from transforms.noise import RandomStreams, add_noise
+
+
+class SelectionStrategy(str, enum.Enum):
+    TRUNCATED_GEOMETRIC = "truncated_geometric"
+    LAPLACE_THRESHOLDING = "laplace_thresholding"
+    GAUSSIAN_THRESHOLDING = "gaussian_thresholding"
+
+
+@dataclass(frozen=True)
+class PrivateSelection:
+    """Choose released keys privately; ``weight`` is this step's share of the budget."""
+
+    strategy: SelectionStrategy = SelectionStrategy.TRUNCATED_GEOMETRIC
+    weight: float = 1.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "strategy", SelectionStrategy(self.strategy))
+        check_epsilon(self.weight, "selection weight")
+
+
+def truncated_geometric_probabilities(epsilon: float, delta: float, max_partitions: int) -> np.ndarray:
+    """pi[n] for n = 0 .. N, where pi[N] = 1 (every larger n is kept surely)."""
+    epsilon = check_epsilon(epsilon) / check_positive_int(max_partitions, "max_partitions")
+    delta = check_delta(delta, allow_zero=False) / max_partitions
+    pi = [0.0]
+    while pi[-1] < 1.0:
+        prev = pi[-1]
+        nxt = min(math.exp(epsilon) * prev + delta, 1 - math.exp(-epsilon) * (1 - prev - delta), 1.0)
+        if nxt <= prev:  # numerical floor: cannot happen with delta > 0, guard anyway
+            nxt = 1.0
+        pi.append(nxt)
+        if len(pi) > 10_000_000:
+            raise ValueError("delta is too small for truncated geometric selection")
+    return np.asarray(pi)
+
+
+class Selector:
+    """Vectorised keep/drop decisions for one release (pure: no Beam)."""
+
+    def __init__(self, selection: PrivateSelection, epsilon: float, delta: float, max_partitions: int):
+        self.selection = selection
+        self.max_partitions = max_partitions
+        self.epsilon = check_epsilon(epsilon, "selection epsilon")
+        self.delta = check_delta(delta, "selection delta", allow_zero=False)
+        strategy = selection.strategy
+        if strategy is SelectionStrategy.TRUNCATED_GEOMETRIC:
+            self.probabilities = truncated_geometric_probabilities(epsilon, delta, max_partitions)
+        elif strategy is SelectionStrategy.LAPLACE_THRESHOLDING:
+            self.noise = calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=epsilon, l1_sensitivity=max_partitions)
+            # Smallest integer m with P(Z >= m) = p^m / (1 + p) <= delta / L0; keep iff n + Z > m,
+            # so a key with a single unit is released with probability at most delta / L0.
+            p = math.exp(-1 / self.noise.unit_scale)
+            self.threshold = max(1, math.ceil(math.log(delta * (1 + p) / max_partitions) / math.log(p)))
+        else:
+            self.noise = calibrate(NoiseKind.DISCRETE_GAUSSIAN, epsilon=epsilon, delta=delta / 2,
+                                   l2_sensitivity=math.sqrt(max_partitions), l0=max_partitions)
+            self.threshold = _discrete_gaussian_quantile(self.noise.scale, delta / (2 * max_partitions))
+
+    def keep(self, units: np.ndarray, streams: RandomStreams) -> np.ndarray:
+        """Boolean mask of keys to release given their exact privacy-unit counts."""
+        units = np.asarray(units, dtype=np.int64)
+        if self.selection.strategy is SelectionStrategy.TRUNCATED_GEOMETRIC:
+            pi = self.probabilities[np.minimum(units, len(self.probabilities) - 1)]
+            return streams.uniform_float() < pi
+        noisy = add_noise(self.noise, units, streams)
+        return noisy > self.threshold
+
+    def keep_probability(self, n: int) -> float:
+        """P(a key with n units is released), for reports and tests."""
+        if self.selection.strategy is SelectionStrategy.TRUNCATED_GEOMETRIC:
+            return float(self.probabilities[min(n, len(self.probabilities) - 1)])
+        if self.selection.strategy is SelectionStrategy.LAPLACE_THRESHOLDING:
+            p = math.exp(-1 / self.noise.unit_scale)
+            gap = math.floor(self.threshold - n)  # need noise > threshold - n, i.e. >= gap + 1
+            if gap < 0:
+                return 1 - (p ** (-gap)) / (1 + p)
+            return p ** (gap + 1) / (1 + p)
+        tail = _discrete_gaussian_tail(self.noise.scale)
+        m = math.floor(self.threshold - n) + 1  # need Z >= m
+        return float(tail(m))
+
+
+def _discrete_gaussian_tail(sigma: float):
+    """z -> P(Z >= z) for Z ~ N_Z(0, sigma^2), by exact summation over |z| <= 40 sigma + 10."""
+    half = int(40 * sigma) + 10
+    support = np.arange(-half, half + 1)
+    weights = np.exp(-(support.astype(float) ** 2) / (2 * sigma ** 2))
+    upper = np.cumsum(weights[::-1])[::-1] / weights.sum()
+
+    def tail(z: int) -> float:
+        if z <= -half:
+            return 1.0
+        if z > half:
+            return 0.0
+        return float(upper[z + half])
+    return tail
+
+
+def _discrete_gaussian_quantile(sigma: float, target: float) -> int:
+    """Smallest integer m with P(1 + Z > m) = P(Z >= m) <= target."""
+    tail = _discrete_gaussian_tail(sigma)
+    m = max(1, int(stats.norm.isf(target) * sigma) - 2)
+    while tail(m) > target:
+        m += 1
+    while m > 1 and tail(m - 1) <= target:
+        m -= 1
+    return m
