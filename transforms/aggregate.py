@@ -19,7 +19,7 @@ Data flow (every step works on Arrow batches; only bounded partials are shuffled
    unit and key), then route the survivors to a shard by a hash of the privacy unit.
 2. Per unit shard, a CombineFn re-bounds the partial batches as they meet (bounding by global
    priorities is mergeable) and turns the bounded rows into exact per-key partials.
-3. Per key shard, a CombineFn sums the partials.
+3. The release stage (:class:`~transforms.release.NoisyRelease`) sums partials per key shard.
 4. Keys are chosen: the public keyset (left join: keys without rows get zeros) or private key
    selection. Noise is drawn per key from the release key and the measure's name, and release
    thresholds (post-processing) suppress keys.
@@ -35,6 +35,7 @@ and it refuses a secret release key, so it cannot make a real release.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import apache_beam as beam
@@ -46,12 +47,13 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from accounting.budget import PrivacyBudget, ReleasePlan
+from accounting.budget import PrivacyBudget
 from accounting.sensitivity import ContributionBounds, Neighbouring
 from transforms import bounding
-from transforms.keyset import PublicKeyset, rows_to_table
+from transforms.keyset import PublicKeyset
 from transforms.metrics import Metric, MetricKind, is_integer_range, mean_from_noisy, plan_measures
-from transforms.noise import RandomStreams, ReleaseKey, add_noise
+from transforms.noise import ReleaseKey
+from transforms.release import NoisyMeasure, NoisyRelease, OutputColumn, keyset_tables
 from transforms.selection import PrivateSelection, Selector
 
 NAMESPACE = "dp_aggregate"
@@ -235,144 +237,6 @@ class _BoundUnitsFn(beam.CombineFn):
                                      midpoint=self._c.midpoint, integer_sum=self._c.integer_values)
 
 
-def _route_by_key(element, key_columns, num_shards):
-    _, partials = element
-    if partials is None or partials.num_rows == 0:
-        return
-    shards = bounding.shard_of(bounding.routing_hash(partials.select(key_columns)), num_shards)
-    yield from bounding.split_by_shard(partials, shards)
-
-
-class _SumPartialsFn(beam.CombineFn):
-    """Per key shard: sum the per-key partials of all unit shards."""
-
-    def __init__(self, key_columns):
-        self._keys = list(key_columns)
-
-    def create_accumulator(self):
-        return []
-
-    def add_input(self, accumulator, table):
-        accumulator.append(table)
-        if len(accumulator) > 64:
-            accumulator = [bounding.sum_partials(accumulator, self._keys)]
-        return accumulator
-
-    def merge_accumulators(self, accumulators):
-        tables = [t for acc in accumulators for t in acc if t is not None]
-        return [bounding.sum_partials(tables, self._keys)] if tables else []
-
-    def extract_output(self, accumulator):
-        return bounding.sum_partials(accumulator, self._keys) if accumulator else None
-
-
-class _Release(beam.DoFn):
-    """Choose keys (keyset join or private selection), add noise, apply release thresholds."""
-
-    def __init__(self, config: _Config, metrics, plan: ReleasePlan, refs, selector, threshold_mode):
-        self._c = config
-        self._metrics = list(metrics)
-        self._specs = {m.name: m.noise for m in plan.measures}
-        self._refs = refs
-        self._selector = selector
-        self._threshold_mode = threshold_mode
-
-    def _empty_partials(self, keys: pa.Table) -> pa.Table:
-        zeros = pa.array(np.zeros(keys.num_rows, dtype=np.int64))
-        columns = {k: keys.column(k) for k in self._c.keys}
-        columns.update(count=zeros, units=zeros)
-        if self._c.value:
-            columns["sum"] = zeros if self._c.integer_values else pa.array(np.zeros(keys.num_rows))
-            columns["nsum"] = pa.array(np.zeros(keys.num_rows))
-        return pa.table(columns)
-
-    def process(self, element):
-        shard, value = element
-        c = self._c
-        if isinstance(value, dict):  # keyset join: {"keyset": [tables], "totals": [table or None]}
-            keysets = [t for t in value["keyset"] if t is not None and t.num_rows]
-            if not keysets:
-                if any(t is not None and t.num_rows for t in value["totals"]):
-                    Metrics.counter(NAMESPACE, "keys_outside_keyset_at_join").inc()
-                return
-            keys = pa.concat_tables(keysets, promote_options="permissive").select(c.keys)
-            keys = keys.group_by(c.keys, use_threads=False).aggregate([])  # distinct keys
-            totals = [t for t in value["totals"] if t is not None and t.num_rows]
-            if totals:
-                total = bounding.sum_partials(totals, c.keys)
-                total = c.keyset.cast_like(total) if c.keyset is not None else total
-                table = keys.join(total, keys=c.keys, join_type="left outer", use_threads=False)
-                empty = self._empty_partials(table)
-                table = pa.table({name: pc.coalesce(table.column(name), empty.column(name))
-                                  if name in table.column_names else empty.column(name)
-                                  for name in empty.column_names})
-            else:
-                table = self._empty_partials(keys)
-        else:  # private selection over keys seen in the data
-            table = value
-            if table is None or not table.num_rows:
-                return
-            key_table = table.select(c.keys)
-            streams = RandomStreams.for_keys(c.release_key, "key_selection", key_table)
-            keep = self._selector.keep(table.column("units").to_numpy(zero_copy_only=False), streams)
-            Metrics.counter(NAMESPACE, "keys_selected").inc(int(keep.sum()))
-            table = table.filter(pa.array(keep))
-            if not table.num_rows:
-                return
-        yield from self._noise_and_threshold(table)
-
-    def _noise_and_threshold(self, table: pa.Table):
-        c = self._c
-        keys = table.select(c.keys)
-        noisy = {}
-        for name, ref in self._refs.items():
-            exact = table.column(ref.partial).to_numpy(zero_copy_only=False)
-            if ref.integer:
-                exact = exact.astype(np.int64)
-            if c.testing:
-                noisy[name] = exact
-            else:
-                streams = RandomStreams.for_keys(c.release_key, name, keys)
-                noisy[name] = add_noise(self._specs[name], exact, streams)
-        out = {k: keys.column(k) for k in c.keys}
-        suppress = np.zeros(table.num_rows, dtype=bool)
-        for metric in self._metrics:
-            if metric.kind is MetricKind.MEAN:
-                count_name = next((m.column for m in self._metrics if m.kind is MetricKind.COUNT),
-                                  f"{metric.column}.count")
-                low, high = c.bounds.value_range()
-                values = mean_from_noisy(noisy[f"{metric.column}.normalized_sum"], noisy[count_name],
-                                         low, high)
-            else:
-                values = noisy[metric.column]
-            column = pa.array(values)
-            if metric.threshold is not None:
-                below = ~(np.asarray(values, dtype=float) > metric.threshold)
-                if self._threshold_mode == "key":
-                    suppress |= below
-                else:
-                    column = pa.array(values, mask=below)
-            out[metric.column] = column
-        result = pa.table(out)
-        if suppress.any():
-            Metrics.counter(NAMESPACE, "keys_suppressed_by_threshold").inc(int(suppress.sum()))
-            result = result.filter(pa.array(~suppress))
-        Metrics.counter(NAMESPACE, "keys_released").inc(result.num_rows)
-        if result.num_rows:
-            yield result
-
-
-def _keyset_tables(element, columns):
-    """Keys from a PCollection keyset element (dict, tuple, Row, RecordBatch or Table)."""
-    if isinstance(element, pa.RecordBatch):
-        return pa.Table.from_batches([element]).select(columns)
-    if isinstance(element, pa.Table):
-        return element.select(columns)
-    if hasattr(element, "_asdict"):
-        element = element._asdict()
-    return rows_to_table([element], columns)
-
-
 class _SortedUnionFn(beam.CombineFn):
     """Union of uint64 arrays as one sorted array (a PCollection keyset's key hashes)."""
 
@@ -393,22 +257,33 @@ class _SortedUnionFn(beam.CombineFn):
         return np.unique(np.concatenate(accumulator)) if accumulator else np.zeros(0, dtype=np.uint64)
 
 
-class _RouteKeyset(beam.DoFn):
-    def __init__(self, config: _Config, from_pcollection: bool):
-        self._c = config
-        self._from_pcollection = from_pcollection
+class BoundContributions(beam.PTransform):
+    """Rows -> exact per-key partials (count, units, sum, nsum) of the bounded contributions.
 
-    def process(self, element):
+    Steps 1 and 2 of DPAggregate, usable alone by pipelines that release through
+    :class:`~transforms.release.NoisyRelease` with measures of their own.
+    """
+
+    def __init__(self, config: "_Config", keyset_pcollection=None, label=None):
+        super().__init__(label)
+        self._c = config
+        self._keyset_pcollection = keyset_pcollection
+
+    def expand(self, pcoll):
         c = self._c
-        if self._from_pcollection:
-            table = _keyset_tables(element, c.keys)
-            table = table.filter(pa.array(~c.keyset.excluded_mask(table)))
-        else:
-            table = c.keyset.batch_at(element)
-        if not table.num_rows:
-            return
-        shards = bounding.shard_of(bounding.routing_hash(table), c.num_shards)
-        yield from bounding.split_by_shard(table, shards)
+        columns = [c.unit, *c.keys] + ([c.value] if c.value else [])
+        side = {}
+        if self._keyset_pcollection is not None:
+            hashes = (self._keyset_pcollection
+                      | "KeysetTables" >> beam.Map(keyset_tables, c.keys)
+                      | "KeysetHashes" >> beam.Map(lambda t: bounding.routing_hash(t))
+                      | "SortedHashes" >> beam.CombineGlobally(_SortedUnionFn()))
+            side["keyset_hashes"] = beam.pvalue.AsSingleton(hashes)
+        return (pcoll
+                | "ToArrow" >> beam.ParDo(_ToArrowTables(columns))
+                | "PrepareAndBound" >> beam.ParDo(_PrepareAndBound(c), **side)
+                | "BoundPerUnitShard" >> beam.CombinePerKey(_BoundUnitsFn(c))
+                | "Partials" >> beam.Values())
 
 
 # --------------------------------------------------------------------------- the transform
@@ -496,37 +371,37 @@ class DPAggregate(beam.PTransform):
         c = self._config
         check_schema(schema, c.unit, c.keys, c.value)
 
+    def _outputs(self):
+        """Released columns from the metrics (a mean derives from two noisy measures)."""
+        outputs = []
+        count_name = next((m.column for m in self._metrics if m.kind is MetricKind.COUNT), None)
+        for metric in self._metrics:
+            if metric.kind is MetricKind.MEAN:
+                low, high = self._config.bounds.value_range()
+                nsum, count = f"{metric.column}.normalized_sum", count_name or f"{metric.column}.count"
+                derive = functools.partial(_mean_output, nsum=nsum, count=count, low=low, high=high)
+                outputs.append(OutputColumn(metric.column, derive=derive, threshold=metric.threshold))
+            else:
+                outputs.append(OutputColumn(metric.column, measure=metric.column, threshold=metric.threshold))
+        return outputs
+
     def expand(self, pcoll):
         c = self._config
-        columns = [c.unit, *c.keys] + ([c.value] if c.value else [])
-        side = {}
-        if self.keyset is not None and not self.keyset.in_memory:
-            keyset_tables = self.keyset.pcollection | "KeysetTables" >> beam.Map(_keyset_tables, c.keys)
-            hashes = (keyset_tables
-                      | "KeysetHashes" >> beam.Map(lambda t: bounding.routing_hash(t))
-                      | "SortedHashes" >> beam.CombineGlobally(_SortedUnionFn()))
-            side["keyset_hashes"] = beam.pvalue.AsSingleton(hashes)
-        prepared = (pcoll
-                    | "ToArrow" >> beam.ParDo(_ToArrowTables(columns))
-                    | "PrepareAndBound" >> beam.ParDo(_PrepareAndBound(c), **side))
-        partials = (prepared
-                    | "BoundPerUnitShard" >> beam.CombinePerKey(_BoundUnitsFn(c))
-                    | "RouteByKey" >> beam.FlatMap(_route_by_key, c.keys, c.num_shards)
-                    | "SumPerKeyShard" >> beam.CombinePerKey(_SumPartialsFn(c.keys)))
-        release = _Release(c, self._metrics, self.plan, self.refs, self.selector, self._threshold_mode)
-        if self.keyset is not None:
-            if self.keyset.in_memory:
-                keyset = (pcoll.pipeline
-                          | "KeysetChunks" >> beam.Create(self.keyset.chunk_starts())
-                          | "Reshuffle" >> beam.Reshuffle()
-                          | "RouteKeyset" >> beam.ParDo(_RouteKeyset(c, False)))
-            else:
-                keyset = keyset_tables | "RouteKeyset" >> beam.ParDo(_RouteKeyset(c, True))
-            released = ({"keyset": keyset, "totals": partials}
-                        | "JoinKeyset" >> beam.CoGroupByKey()
-                        | "NoiseAndRelease" >> beam.ParDo(release))
-        else:
-            released = partials | "SelectNoiseAndRelease" >> beam.ParDo(release)
+        keyset_pcollection = None if self.keyset is None or self.keyset.in_memory else self.keyset.pcollection
+        partials = pcoll | "BoundContributions" >> BoundContributions(c, keyset_pcollection)
+        specs = {m.name: m.noise for m in self.plan.measures}
+        measures = [NoisyMeasure(name, ref.partial, specs[name], ref.integer) for name, ref in self.refs.items()]
+        partial_types = {"count": pa.int64(), "units": pa.int64()}
+        if c.value:
+            partial_types.update(sum=pa.int64() if c.integer_values else pa.float64(), nsum=pa.float64())
+        released = partials | "Release" >> NoisyRelease(
+            keys=c.keys, measures=measures, outputs=self._outputs(), partial_types=partial_types,
+            release_key=self.release_key, keyset=self.keyset, selector=self.selector,
+            testing=self.testing, num_shards=c.num_shards, threshold_mode=self._threshold_mode)
         if self._output == "dicts":
             return released | "ToDicts" >> beam.FlatMap(lambda t: t.to_pylist())
         return released
+
+
+def _mean_output(noisy, *, nsum, count, low, high):
+    return mean_from_noisy(noisy[nsum], noisy[count], low, high)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from accounting.calibration import NoiseKind, analytic_gaussian_sigma, calibrate
+from accounting.calibration import NoiseKind, calibrate
 from accounting.validation import check_delta, check_epsilon, check_positive_int
 from transforms.noise import RandomStreams, add_noise
 

@@ -1,0 +1,62 @@
+"""Private key selection strategies (pure) and the release plan of metrics."""
+import math
+
+import numpy as np
+import pytest
+
+from accounting.budget import PrivacyBudget
+from accounting.sensitivity import ContributionBounds
+from transforms.metrics import Count, Mean, PrivacyUnitCount, Sum, plan_measures
+from transforms.noise import RandomStreams, ReleaseKey
+from transforms.selection import (PrivateSelection, SelectionStrategy, Selector,
+                                  truncated_geometric_probabilities)
+
+
+@pytest.mark.parametrize("epsilon,delta,l0", [(1.0, 1e-6, 1), (0.5, 1e-5, 3), (2.0, 1e-8, 2)])
+def test_truncated_geometric_is_dp_per_partition(epsilon, delta, l0):
+    pi = truncated_geometric_probabilities(epsilon, delta, l0)
+    eps, dlt = epsilon / l0, delta / l0
+    assert pi[0] == 0 and pi[-1] == 1
+    assert np.all(np.diff(pi) >= 0)
+    # (eps', delta')-DP between n-1 and n units, for both "keep" and "drop" events.
+    assert np.all(pi[1:] <= math.exp(eps) * pi[:-1] + dlt + 1e-15)
+    assert np.all(1 - pi[:-1] <= math.exp(eps) * (1 - pi[1:]) + dlt + 1e-15)
+
+
+@pytest.mark.parametrize("strategy", list(SelectionStrategy))
+def test_single_unit_key_is_rarely_released(strategy):
+    selector = Selector(PrivateSelection(strategy), epsilon=1.0, delta=1e-5, max_partitions=2)
+    assert selector.keep_probability(1) <= 1e-5 / 2 * (1 + 1e-9)
+    assert selector.keep_probability(0) <= selector.keep_probability(1)
+    assert selector.keep_probability(500) > 0.99
+    # Empirical keep rate at a middle count agrees with the stated probability.
+    n = next(m for m in range(1, 1000) if 0.2 < selector.keep_probability(m) < 0.8)
+    lanes = 20_000
+    keep = selector.keep(np.full(lanes, n), RandomStreams.for_range(ReleaseKey.for_testing(3), "sel", lanes))
+    p = selector.keep_probability(n)
+    assert abs(keep.mean() - p) < 5 * math.sqrt(p * (1 - p) / lanes)
+
+
+def test_plan_mean_reuses_count_and_splits_budget():
+    bounds = ContributionBounds(2, 3, min_value=0, max_value=10)
+    plan, refs, _ = plan_measures([Count(), Mean()], bounds, PrivacyBudget(epsilon=1.0))
+    assert set(refs) == {"count", "mean.normalized_sum"}
+    assert sum(m.noise.epsilon for m in plan.measures) == pytest.approx(1.0)
+    plan, refs, _ = plan_measures([Mean(), PrivacyUnitCount()], bounds, PrivacyBudget(epsilon=1.0))
+    assert set(refs) == {"mean.normalized_sum", "mean.count", "privacy_unit_count"}
+    nsum = next(m for m in plan.measures if m.name == "mean.normalized_sum")
+    assert nsum.sensitivities.l1 == 2 * 3 * 5  # L0 * Linf * half-range
+    with pytest.raises(ValueError, match="integer values"):
+        plan_measures([Sum(noise="discrete_laplace")], bounds, PrivacyBudget(epsilon=1.0))
+    with pytest.raises(ValueError, match="delta"):
+        plan_measures([Count(noise="gaussian")], bounds, PrivacyBudget(epsilon=1.0))
+
+
+def test_plan_with_selection_and_gaussian():
+    bounds = ContributionBounds(4, 1)
+    plan, refs, share = plan_measures([Count(noise="discrete_gaussian")], bounds,
+                                      PrivacyBudget(epsilon=1.0, delta=1e-6),
+                                      selection_weight=1.0, selection_needs_delta=True)
+    assert share.epsilon == pytest.approx(0.5) and share.delta > 0
+    spec = plan.measures[0].noise
+    assert spec.l2_sensitivity == pytest.approx(2.0)  # sqrt(L0) * Linf

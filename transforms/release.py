@@ -1,0 +1,262 @@
+"""The release stage: from exact per-key partials to noisy, thresholded released rows.
+
+Input: a PCollection of Arrow tables of exact per-key partial aggregates (key columns plus
+partial columns; a key may appear in many tables). The stage
+
+1. routes partials to key shards by a public hash of the key and sums them (a CombineFn);
+2. chooses the released keys: a public keyset (left join, so keys without rows get zeros and
+   no key outside the keyset survives), or private key selection over the keys seen;
+3. draws each measure's noise per key from the release key and the measure's name;
+4. computes the output columns (a measure, or a mean from two measures) and applies release
+   thresholds, which are post-processing.
+
+:class:`~transforms.aggregate.DPAggregate` feeds it bounded partials; pipelines whose privacy
+unit is not a row-owning person (CentralNotice impressions, split into blocks of k) feed it
+their own partials with their own noise specs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Sequence
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from apache_beam.metrics import Metrics
+
+from accounting.calibration import NoiseSpec
+from transforms import bounding
+from transforms.keyset import PublicKeyset, rows_to_table
+from transforms.noise import RandomStreams, ReleaseKey, add_noise
+
+NAMESPACE = "dp_release"
+
+
+@dataclass(frozen=True)
+class NoisyMeasure:
+    """A noisy answer drawn per key: the partial column it noises and how."""
+
+    name: str                   # unique per release: also labels the noise streams
+    partial: str                # partial column holding the exact answer
+    spec: Optional[NoiseSpec]   # None only in testing mode
+    integer: bool = True
+
+
+@dataclass(frozen=True)
+class OutputColumn:
+    """A released column: one measure, or ``derive(noisy measures) -> array``."""
+
+    name: str
+    measure: Optional[str] = None
+    derive: Optional[Callable[[Mapping[str, np.ndarray]], np.ndarray]] = None
+    threshold: Optional[float] = None
+
+    def values(self, noisy: Mapping[str, np.ndarray]) -> np.ndarray:
+        return noisy[self.measure] if self.derive is None else self.derive(noisy)
+
+
+def _route_by_key(table, key_columns, num_shards):
+    if table is None or table.num_rows == 0:
+        return
+    shards = bounding.shard_of(bounding.routing_hash(table.select(key_columns)), num_shards)
+    yield from bounding.split_by_shard(table, shards)
+
+
+class _SumPartialsFn(beam.CombineFn):
+    """Per key shard: sum the per-key partials."""
+
+    def __init__(self, key_columns):
+        self._keys = list(key_columns)
+
+    def create_accumulator(self):
+        return []
+
+    def add_input(self, accumulator, table):
+        accumulator.append(table)
+        if len(accumulator) > 64:
+            accumulator = [bounding.sum_partials(accumulator, self._keys)]
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        tables = [t for acc in accumulators for t in acc if t is not None]
+        return [bounding.sum_partials(tables, self._keys)] if tables else []
+
+    def extract_output(self, accumulator):
+        return bounding.sum_partials(accumulator, self._keys) if accumulator else None
+
+
+def keyset_tables(element, columns) -> pa.Table:
+    """Keys from a PCollection keyset element (dict, tuple, Row, RecordBatch or Table)."""
+    if isinstance(element, pa.RecordBatch):
+        return pa.Table.from_batches([element]).select(columns)
+    if isinstance(element, pa.Table):
+        return element.select(columns)
+    if hasattr(element, "_asdict"):
+        element = element._asdict()
+    return rows_to_table([element], columns)
+
+
+class _RouteKeyset(beam.DoFn):
+    """Keyset batches (built on workers from chunk offsets, or from a PCollection) by key shard."""
+
+    def __init__(self, keyset: PublicKeyset, keys, num_shards, from_pcollection: bool):
+        self._keyset = keyset
+        self._keys = list(keys)
+        self._num_shards = num_shards
+        self._from_pcollection = from_pcollection
+
+    def process(self, element):
+        if self._from_pcollection:
+            table = keyset_tables(element, self._keys)
+            table = table.filter(pa.array(~self._keyset.excluded_mask(table)))
+        else:
+            table = self._keyset.batch_at(element)
+        if table.num_rows:
+            yield from _route_by_key(table, self._keys, self._num_shards)
+
+
+class _NoiseAndRelease(beam.DoFn):
+    def __init__(self, keys, keyset, selector, measures, outputs, partial_types, release_key,
+                 testing, threshold_mode):
+        self._keys = list(keys)
+        self._keyset = keyset
+        self._selector = selector
+        self._measures = list(measures)
+        self._outputs = list(outputs)
+        self._partial_types = dict(partial_types)
+        self._release_key = release_key
+        self._testing = testing
+        self._threshold_mode = threshold_mode
+
+    def _zeros(self, keys: pa.Table) -> pa.Table:
+        columns = {k: keys.column(k) for k in self._keys}
+        for name, typ in self._partial_types.items():
+            columns[name] = pa.array(np.zeros(keys.num_rows), pa.float64()).cast(typ)
+        return pa.table(columns)
+
+    def process(self, element):
+        _, value = element
+        if isinstance(value, dict):  # keyset join: {"keyset": [tables], "totals": [table]}
+            keysets = [t for t in value["keyset"] if t is not None and t.num_rows]
+            totals = [t for t in value["totals"] if t is not None and t.num_rows]
+            if not keysets:
+                return
+            keys = pa.concat_tables(keysets, promote_options="permissive").select(self._keys)
+            keys = keys.group_by(self._keys, use_threads=False).aggregate([])  # distinct
+            zeros = self._zeros(keys)
+            if totals:
+                total = self._keyset.cast_like(bounding.sum_partials(totals, self._keys))
+                joined = keys.join(total, keys=self._keys, join_type="left outer", use_threads=False)
+                zeros = self._zeros(joined)
+                table = pa.table({name: pc.coalesce(joined.column(name), zeros.column(name))
+                                  if name in joined.column_names else zeros.column(name)
+                                  for name in zeros.column_names})
+            else:
+                table = zeros
+        else:  # private selection over the keys seen in the data
+            table = value
+            if table is None or not table.num_rows:
+                return
+            streams = RandomStreams.for_keys(self._release_key, "key_selection", table.select(self._keys))
+            keep = self._selector.keep(table.column("units").to_numpy(zero_copy_only=False), streams)
+            Metrics.counter(NAMESPACE, "keys_selected").inc(int(keep.sum()))
+            table = table.filter(pa.array(keep))
+            if not table.num_rows:
+                return
+        yield from self._release(table)
+
+    def _release(self, table: pa.Table):
+        keys = table.select(self._keys)
+        noisy = {}
+        for m in self._measures:
+            exact = table.column(m.partial).to_numpy(zero_copy_only=False)
+            exact = exact.astype(np.int64) if m.integer else exact.astype(np.float64)
+            if self._testing:
+                noisy[m.name] = exact
+            else:
+                noisy[m.name] = add_noise(m.spec, exact, RandomStreams.for_keys(self._release_key, m.name, keys))
+        out = {k: keys.column(k) for k in self._keys}
+        suppress = np.zeros(table.num_rows, dtype=bool)
+        all_below = np.ones(table.num_rows, dtype=bool) if self._threshold_mode == "value" else None
+        for column in self._outputs:
+            values = column.values(noisy)
+            array = pa.array(values)
+            if column.threshold is not None:
+                below = ~(np.asarray(values, dtype=float) > column.threshold)
+                if self._threshold_mode == "key":
+                    suppress |= below
+                else:
+                    array = pa.array(values, mask=below)
+                    all_below &= below
+            elif all_below is not None:
+                all_below[:] = False
+            out[column.name] = array
+        if all_below is not None:
+            suppress |= all_below  # a key with every value suppressed is not released
+        result = pa.table(out)
+        if suppress.any():
+            Metrics.counter(NAMESPACE, "keys_suppressed_by_threshold").inc(int(suppress.sum()))
+            result = result.filter(pa.array(~suppress))
+        Metrics.counter(NAMESPACE, "keys_released").inc(result.num_rows)
+        if result.num_rows:
+            yield result
+
+
+class NoisyRelease(beam.PTransform):
+    """Exact per-key partial tables -> released Arrow tables (see the module docstring).
+
+    keys: key columns. measures / outputs: what to noise and what to release.
+    partial_types: every partial column and its Arrow type (to zero-fill keyset keys without
+    rows). keyset or selector: which keys. threshold_mode: "key" drops a key failing any
+    threshold; "value" nulls the failing values and drops a key only if all are null.
+    """
+
+    def __init__(self, *, keys: Sequence[str], measures: Sequence[NoisyMeasure],
+                 outputs: Sequence[OutputColumn], partial_types: Mapping[str, pa.DataType],
+                 release_key: ReleaseKey, keyset: PublicKeyset = None, selector=None,
+                 testing: bool = False, num_shards: int = 32, threshold_mode: str = "key",
+                 label: str = None):
+        super().__init__(label)
+        if (keyset is None) == (selector is None):
+            raise ValueError("give exactly one of keyset and selector")
+        if threshold_mode not in ("key", "value"):
+            raise ValueError(f"threshold_mode must be 'key' or 'value', got {threshold_mode!r}")
+        if not testing and any(m.spec is None for m in measures):
+            raise ValueError("every measure needs a noise spec outside testing mode")
+        if selector is not None and "units" not in partial_types:
+            raise ValueError("private key selection needs a 'units' partial column")
+        self._keys = list(keys)
+        self._keyset = keyset
+        self._selector = selector
+        self._measures = list(measures)
+        self._outputs = list(outputs)
+        self._partial_types = dict(partial_types)
+        self._release_key = release_key
+        self._testing = testing
+        self._num_shards = num_shards
+        self._threshold_mode = threshold_mode
+
+    def expand(self, partials):
+        keyset = self._keyset
+        worker_keyset = None if keyset is None else (keyset if keyset.in_memory else keyset.without_source())
+        totals = (partials
+                  | "RouteByKey" >> beam.FlatMap(_route_by_key, self._keys, self._num_shards)
+                  | "SumPerKeyShard" >> beam.CombinePerKey(_SumPartialsFn(self._keys)))
+        release = _NoiseAndRelease(self._keys, worker_keyset, self._selector, self._measures,
+                                   self._outputs, self._partial_types, self._release_key,
+                                   self._testing, self._threshold_mode)
+        if keyset is None:
+            return totals | "SelectNoiseAndRelease" >> beam.ParDo(release)
+        if keyset.in_memory:
+            keys = (partials.pipeline
+                    | "KeysetChunks" >> beam.Create(keyset.chunk_starts())
+                    | "Reshuffle" >> beam.Reshuffle()
+                    | "RouteKeyset" >> beam.ParDo(_RouteKeyset(worker_keyset, self._keys,
+                                                               self._num_shards, False)))
+        else:
+            keys = keyset.pcollection | "RouteKeyset" >> beam.ParDo(
+                _RouteKeyset(worker_keyset, self._keys, self._num_shards, True))
+        return ({"keyset": keys, "totals": totals}
+                | "JoinKeyset" >> beam.CoGroupByKey()
+                | "NoiseAndRelease" >> beam.ParDo(release))
