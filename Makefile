@@ -1,0 +1,38 @@
+# Two commands for a newcomer: `make demo` and `make test`. Each creates .venv, installs, runs.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+OUT    ?= out/demo
+
+.PHONY: setup demo test test-slow test-runners bench fetch-runners clean
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[test,plot]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+## Run the main job (CentralNotice release) on the bundled sample data with the DirectRunner.
+demo: setup
+	rm -rf $(OUT)
+	$(BIN)/python -m pipelines.centralnotice --demo --output $(OUT)
+
+## Run the default test suite (well under 15 minutes on 2 cores).
+test: setup
+	$(BIN)/python -m pytest -q -n 2 -m "not slow and not runners" tests
+
+## Heavier suites: large statistical runs, and other Beam runners (fetches job-server jars).
+test-slow: setup
+	$(BIN)/python -m pytest -q -n 2 -m "slow" tests
+
+fetch-runners: setup
+	$(BIN)/python -m runners.fetch all
+
+test-runners: fetch-runners
+	$(BIN)/python -m pytest -q -m "runners" tests
+
+clean:
+	rm -rf $(VENV) out build *.egg-info
