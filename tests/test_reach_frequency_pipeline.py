@@ -1,0 +1,277 @@
+"""The reach & frequency pipeline end to end (FnApiRunner): CSV, Parquet, gs://, row rules."""
+import json
+import os
+import socket
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from pipelines.reach_frequency import main
+from transforms.noise import ReleaseKey
+from transforms.sketches.beam import BuildSketches, SketchUnionFn, estimate_record
+from transforms.sketches.dp import (ReachFrequencyBudget, SketchStatistics, add_global_noise,
+                                    add_helper_share)
+from transforms.sketches.fingerprint import FingerprintSalt
+from transforms.sketches.impressions import ImpressionColumns, partial_sketches
+from transforms.sketches.liquid_legions import LiquidLegionsSketch, SketchConfig
+
+SAMPLE = os.path.join(os.path.dirname(__file__), "..", "pipelines", "sample_data",
+                      "reach_frequency", "impressions.csv")
+
+
+def _expected(table, *, campaigns, publishers, config, epsilon, seed, k=10, helpers=0,
+              columns=ImpressionColumns(), id_type="int", secret=b""):
+    """The release computed without Beam from the same rows and the same testing key."""
+    budget = ReachFrequencyBudget(epsilon=epsilon, num_publishers=len(publishers))
+    key = ReleaseKey.for_testing(seed)
+
+    def salt(c):
+        return FingerprintSalt.for_campaign(c, secret)
+
+    built, _ = partial_sketches(table, config=config, salt_of=salt, columns=columns,
+                                id_type=id_type, campaigns=campaigns, publishers=publishers)
+    built = dict(built)
+    rows = []
+    for c in campaigns:
+        per_pub = {p: built.get((c, p), LiquidLegionsSketch.empty(config, salt(c)))
+                   for p in publishers}
+        scopes = [(("union", ""), LiquidLegionsSketch.union(per_pub.values()))]
+        scopes += [(("publisher", p), s) for p, s in per_pub.items()]
+        for scope, sketch in scopes:
+            stats = SketchStatistics.of(sketch, k)
+            if helpers:
+                for h in range(helpers):
+                    stats = add_helper_share(stats, key, h, helpers, budget, c, scope)
+                mode = f"distributed/{helpers}"
+            else:
+                stats = add_global_noise(stats, budget, key, c, scope)
+                mode = "global"
+            rows.append(json.loads(json.dumps(estimate_record(c, scope, stats, config, budget,
+                                                              mode))))
+    return rows
+
+
+def _read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def _by_key(rows):
+    return {(r["campaign"], r["scope"], r["publisher"]): r for r in rows}
+
+
+def test_help_lists_the_options(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for option in ("--input", "--campaigns", "--publishers", "--epsilon", "--num_registers",
+                   "--decay_rate", "--max_frequency", "--num_helpers", "--testing_seed"):
+        assert option in text
+
+
+def test_csv_release_equals_the_direct_computation(tmp_path):
+    out = tmp_path / "rf.jsonl"
+    rc = main(["--input", SAMPLE, "--output", str(out), "--campaigns", "c1,c2",
+               "--publishers", "pub_a,pub_b,pub_c", "--epsilon", "1.0986", "--testing_seed", "7",
+               "--num_registers", "20000"])
+    assert rc == 0
+    got = _read_jsonl(out)
+    table = pacsv.read_csv(SAMPLE, convert_options=pacsv.ConvertOptions(
+        column_types={"publisher": pa.string(), "campaign": pa.string(), "vid": pa.string()},
+        strings_can_be_null=True))
+    want = _expected(table, campaigns=["c1", "c2"], publishers=["pub_a", "pub_b", "pub_c"],
+                     config=SketchConfig(20_000, 10.0), epsilon=1.0986, seed=7)
+    assert _by_key(got) == _by_key(want)
+    assert [(r["campaign"], r["scope"]) for r in got][:2] == [("c1", "union"),
+                                                              ("c1", "publisher")]
+    union = _by_key(got)[("c1", "union", None)]
+    assert abs(union["reach"] / 2500 - 1) < 0.05  # the sample's c1 reaches 2,500 people
+    assert sum(union["frequency"]) == pytest.approx(1.0, abs=1e-5)
+    assert union["k_plus_reach"][0] == pytest.approx(union["reach"], rel=1e-5)
+
+
+def test_parquet_distributed_release_with_empty_and_single_id_publishers(tmp_path):
+    rng = np.random.default_rng(1)
+    part1 = pa.table({"pub": ["big"] * 3000, "camp": ["c1"] * 3000,
+                      "person": [f"u{i}" for i in range(3000)]})
+    part2 = pa.table({"pub": ["big"] * 2000 + ["solo"] * 3 + ["big"] * 500,
+                      "camp": ["c1"] * 2003 + ["c2"] * 500,
+                      "person": [f"u{i}" for i in rng.integers(2000, 4000, 2000)]
+                      + ["u17"] * 3 + [f"v{i}" for i in range(500)]})
+    pq.write_table(part1, tmp_path / "imp-1.parquet")
+    pq.write_table(part2, tmp_path / "imp-2.parquet", row_group_size=700)
+    out = tmp_path / "rf.jsonl"
+    rc = main(["--input", str(tmp_path / "imp-*.parquet"), "--output", str(out),
+               "--campaigns", "c1,c2,c3", "--publishers", "big,solo,silent",
+               "--publisher_column", "pub", "--campaign_column", "camp",
+               "--id_column", "person", "--id_type", "string", "--epsilon", "3",
+               "--num_helpers", "3", "--testing_seed", "11", "--num_registers", "5000",
+               "--max_frequency", "4", "--sketch_salt", "shared"])
+    assert rc == 0
+    got = _by_key(_read_jsonl(out))
+    cols = ImpressionColumns(publisher="pub", campaign="camp", person="person")
+    want = _expected(pa.concat_tables([part1, part2]), campaigns=["c1", "c2", "c3"],
+                     publishers=["big", "silent", "solo"], config=SketchConfig(5000, 10.0),
+                     epsilon=3.0, seed=11, k=4, helpers=3, columns=cols, id_type="string",
+                     secret=b"shared")
+    assert got == _by_key(want)
+    assert len(got) == 3 * 4  # every declared campaign x (3 publishers + union)
+    assert got[("c1", "union", None)]["noise"] == "distributed/3"
+    assert abs(got[("c1", "union", None)]["reach"] / 4000 - 1) < 0.1
+    # Declared publishers/campaigns without rows release pure noise, never an absence.
+    assert ("c3", "union", None) in got and ("c1", "publisher", "silent") in got
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--epsilon", "1"], "--input"),
+    (["--input", SAMPLE, "--output", "x", "--campaigns", "c1", "--publishers", "p"], "--epsilon"),
+    (["--input", "/nonexistent/*.csv", "--output", "x", "--campaigns", "c1", "--publishers", "p",
+      "--epsilon", "1"], "no files match"),
+    (["--input", SAMPLE, "--output", "x", "--campaigns", "c1", "--publishers", "p",
+      "--epsilon", "1", "--id_column", "person"], "no column(s) ['person']"),
+    (["--input", SAMPLE, "--output", "x", "--campaigns", " , ", "--publishers", "p",
+      "--epsilon", "1"], "--campaigns"),
+    (["--input", SAMPLE, "--output", "x", "--campaigns", "c1", "--publishers", "p",
+      "--epsilon", "1", "--delta", "1e-6", "--noise_kind", "discrete_gaussian",
+      "--num_helpers", "2"], "num_helpers"),
+    (["--input", SAMPLE, "--output", "x", "--campaigns", "c1", "--publishers", "p",
+      "--epsilon", "-1"], "epsilon"),
+    (["--input", SAMPLE, "--output", "x", "--campaigns", "c1", "--publishers", "p",
+      "--epsilon", "1", "--decay_rate", "-2"], "decay_rate"),
+])
+def test_bad_parameters_fail_before_any_work(args, message, capsys):
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_build_sketches_counts_dropped_rows_and_merges_batches():
+    config = SketchConfig(2000, 10.0)
+    batches = [
+        pa.table({"publisher": ["p1", "p1", "p2", "p9", None],
+                  "campaign": ["c", "c", "c", "c", "c"],
+                  "vid": pa.array(["1", "2", "oops", "4", "5"])}),
+        pa.table({"publisher": ["p1", "p2", "p2"], "campaign": ["c", "c", "zz"],
+                  "vid": pa.array(["2", "3", None])}),
+    ]
+    salt = FingerprintSalt.for_campaign("c")
+    want = [(("c", "p1"), LiquidLegionsSketch.from_ids(config, salt, np.array([1, 2, 2]))),
+            (("c", "p2"), LiquidLegionsSketch.from_ids(config, salt, np.array([3])))]
+    p = BeamTestPipeline(runner="FnApiRunner")
+    sketches = (p | beam.Create(batches, reshuffle=False)
+                | BuildSketches(config, campaigns=["c"], publishers=["p1", "p2"]))
+    assert_that(sketches, equal_to(want))
+    result = p.run()
+    result.wait_until_finish()
+    counters = {m.key.metric.name: m.committed
+                for m in result.metrics().query()["counters"]}
+    assert counters["rows_read"] == 8
+    assert counters["rows_used"] == 4
+    assert counters["rows_missing_id"] == 1
+    assert counters["rows_missing_key"] == 1
+    assert counters["rows_undeclared_key"] == 2
+
+
+def test_union_combine_fn_in_any_grouping():
+    config = SketchConfig(300, 10.0)
+    salt = FingerprintSalt.for_campaign("c")
+    rng = np.random.default_rng(4)
+    parts = [LiquidLegionsSketch.from_ids(config, salt, rng.integers(0, 500, 40))
+             for _ in range(7)]
+    fn = SketchUnionFn()
+    direct = LiquidLegionsSketch.union(parts)
+    left = fn.merge_accumulators([fn.add_input(fn.add_input(fn.create_accumulator(), parts[0]),
+                                               parts[1]),
+                                  fn.create_accumulator()]
+                                 + [fn.add_input(fn.create_accumulator(), s) for s in parts[2:]])
+    assert fn.extract_output(left) == direct
+    assert fn.extract_output(fn.create_accumulator()) is None
+    assert parts[0] == LiquidLegionsSketch.union([parts[0]])  # inputs are never mutated
+    # Only the first accumulator may be modified, even when it is the empty (None) one.
+    second = fn.add_input(fn.create_accumulator(), parts[1])
+    snapshot = second.copy()
+    merged = fn.merge_accumulators([None, second, fn.add_input(None, parts[2])])
+    assert second == snapshot and merged == parts[1].merge(parts[2])
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_gs_input_and_output_through_the_storage_emulator(tmp_path, monkeypatch):
+    emulator = pytest.importorskip("gcp_storage_emulator.server")
+    from apache_beam.internal.gcp import auth
+    from google.cloud import storage
+
+    port = _free_port()
+    server = emulator.create_server("localhost", port, in_memory=True, default_bucket="rf")
+    server.start()
+    try:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://localhost:{port}")
+        # No credentials exist here: skip Beam's credential lookup (it retries for ~20 s before
+        # connecting anonymously, which the emulator accepts).
+        monkeypatch.setattr(auth._Credentials, "_credentials_init", True)
+        monkeypatch.setattr(auth._Credentials, "_credentials", None)
+        client = storage.Client.create_anonymous_client()
+        client.bucket("rf").blob("logs/impressions.csv").upload_from_filename(SAMPLE)
+        rc = main(["--input", "gs://rf/logs/*.csv", "--output", "gs://rf/out/rf.jsonl",
+                   "--campaigns", "c1,c2", "--publishers", "pub_a,pub_b,pub_c",
+                   "--epsilon", "1.0986", "--testing_seed", "7", "--num_registers", "20000"])
+        assert rc == 0
+        text = client.bucket("rf").blob("out/rf.jsonl").download_as_text()
+    finally:
+        server.stop()
+    local = tmp_path / "local.jsonl"
+    assert main(["--input", SAMPLE, "--output", str(local), "--campaigns", "c1,c2",
+                 "--publishers", "pub_a,pub_b,pub_c", "--epsilon", "1.0986",
+                 "--testing_seed", "7", "--num_registers", "20000"]) == 0
+    assert [json.loads(line) for line in text.splitlines()] == _read_jsonl(local)
+
+
+def test_saved_secret_key_reproduces_the_release(tmp_path):
+    key_file = tmp_path / "release.key"
+    common = ["--input", SAMPLE, "--campaigns", "c2", "--publishers", "pub_a,pub_b,pub_c",
+              "--epsilon", "1", "--num_registers", "10000"]
+    assert main(common + ["--output", str(tmp_path / "a.jsonl"),
+                          "--save_release_key", str(key_file)]) == 0
+    assert oct(key_file.stat().st_mode & 0o777) == "0o600"
+    assert main(common + ["--output", str(tmp_path / "b.jsonl"),
+                          "--release_key_file", str(key_file)]) == 0
+    assert _read_jsonl(tmp_path / "a.jsonl") == _read_jsonl(tmp_path / "b.jsonl")
+    # Refuses to overwrite a stored secret, before any work.
+    assert main(common + ["--output", str(tmp_path / "c.jsonl"),
+                          "--save_release_key", str(key_file)]) == 2
+
+
+def test_ledger_charges_each_campaign_once_and_refuses_overspending(tmp_path, capsys):
+    from accounting.ledger import BudgetLedger
+
+    common = ["--input", SAMPLE, "--campaigns", "c1,c2", "--publishers", "pub_a,pub_b,pub_c",
+              "--epsilon", "0.5", "--num_registers", "10000", "--ledger",
+              str(tmp_path / "ledger.json"), "--key_store", str(tmp_path / "keys"),
+              "--campaign_budget_epsilon", "1.0"]
+    assert main(common + ["--output", str(tmp_path / "a.jsonl")]) == 0
+    ledger = BudgetLedger(str(tmp_path / "ledger.json"), str(tmp_path / "keys"))
+    records = {r["campaign"]: r for r in ledger.records()}
+    assert set(records) == {"c1", "c2"}
+    assert all(r["state"] == "committed" for r in records.values())
+    assert sum(c["epsilon"] for c in records["c1"]["charges"]) == pytest.approx(0.5)
+    assert len(records["c1"]["charges"]) == 8  # (3 publishers + union) x (reach, frequency)
+    # Same input and parameters: the same keys, the same release, nothing more spent.
+    assert main(common + ["--output", str(tmp_path / "b.jsonl")]) == 0
+    assert _read_jsonl(tmp_path / "a.jsonl") == _read_jsonl(tmp_path / "b.jsonl")
+    assert ledger.spent("c1").epsilon == pytest.approx(0.5)
+    # A new version on top would exceed the campaign budget of 1.0: refused before any output.
+    over = [a if a != "0.5" else "0.6" for a in common]
+    assert main(over + ["--output", str(tmp_path / "c.jsonl"), "--new_release"]) == 2
+    assert "budget" in capsys.readouterr().err.lower()
+    assert not (tmp_path / "c.jsonl").exists()
+    assert main(common + ["--output", str(tmp_path / "d.jsonl"), "--testing_seed", "1"]) == 2
