@@ -1,0 +1,512 @@
+"""CentralNotice release configuration: schema, strict validation and the public keyset.
+
+The configuration is one JSON document (local path or ``gs://``), validated completely before
+any data is read; every error names the offending field, e.g.
+``campaigns[1].privacy.clicks.max_clicks_per_user: required when neighbouring is "user"``.
+Unknown fields are errors too (a misspelt field must not silently fall back to a default).
+
+Schema (all fields required unless marked optional)::
+
+    {
+      "version": 1,
+      "accountant": "basic" | "zcdp",            # optional, default "basic" (see accounting.ledger)
+      "protected_countries_file": "protected_countries.txt",  # optional; relative to this file
+      "protected_countries": ["XX", ...],        # optional; merged with the file
+      "campaigns": [{
+        "campaign_id": "C2026_en_fundraising",   # [A-Za-z0-9_.-]+
+        "banners": ["..._dsk", "..._mob"],
+        "countries": ["US", "GB", ...],          # ISO 3166-1 alpha-2 (plus XK)
+        "projects": ["en.wikipedia", "commons.wikimedia", ...],
+        "start_date": "2026-11-01", "end_date": "2026-11-14",   # inclusive
+        "schedule": "daily" | "campaign",        # one release per day, or one for the campaign
+        "privacy": {
+          "impressions": {"k": 100, "epsilon": 0.5, "delta": 0 (optional),
+                          "noise": "discrete_laplace",
+                          "neighbouring": "period" | "campaign",
+                          "release_threshold": 500},
+          "clicks": {"noise": "discrete_gaussian", "rho": 0.005   # or "epsilon": 0.5
+                     "delta": 1e-9 (optional; with rho: the delta at which rho is also charged
+                                    as (epsilon, delta)),
+                     "neighbouring": "row" | "user",
+                     "max_clicks_per_user": 5,    # required for "user", forbidden for "row"
+                     "bound_per": "period" | "campaign",   # required for "user"
+                     "release_threshold": 20},
+          "budget": {"campaign_total": {"epsilon": 8, "delta": 1e-6},
+                     "per_period": {"epsilon": 1, "delta": 1e-7}}   # per_period optional
+        }
+      }]
+    }
+
+Meaning (reference.md section 1): impressions use Algorithm 1 -- blocks of ``k`` impressions are
+the privacy unit, sensitivity ``k`` (L1 = L2: a block touches one key); ``neighbouring``
+"period" is (Geo, Project, k)-DP per release period, "campaign" is (Geo, Project, Campaign,
+k)-DP. Clicks are counted with sensitivity 1 (row-DP) or ``max_clicks_per_user`` (user-DP after
+bounding each user per period or per campaign). The keyset -- banners x countries (minus the
+protection list) x projects x dates -- is public, fixed by the configuration, never by data.
+
+The whole schedule must fit the budget: every release is charged both measures, and the
+configuration is refused if the campaign total (composed with the chosen accountant) or a
+period's budget cannot pay for all scheduled releases.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import numbers
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from accounting import gcs
+from accounting.calibration import NoiseKind, NoiseSpec, calibrate, calibrate_zcdp
+from accounting.ledger import ACCOUNTANTS, Budget, CampaignBudget, Charge
+
+CONFIG_VERSION = 1
+KEY_COLUMNS = ("campaign_id", "banner_id", "country", "project", "date")
+
+#: ISO 3166-1 alpha-2 codes (officially assigned, 249) plus XK (Kosovo, user-assigned but
+#: used by Wikimedia and most geolocation databases).
+ISO_3166_ALPHA2 = tuple("""
+AD AE AF AG AI AL AM AO AQ AR AS AT AU AW AX AZ BA BB BD BE BF BG BH BI BJ BL BM BN BO BQ BR BS
+BT BV BW BY BZ CA CC CD CF CG CH CI CK CL CM CN CO CR CU CV CW CX CY CZ DE DJ DK DM DO DZ EC EE
+EG EH ER ES ET FI FJ FK FM FO FR GA GB GD GE GF GG GH GI GL GM GN GP GQ GR GS GT GU GW GY HK HM
+HN HR HT HU ID IE IL IM IN IO IQ IR IS IT JE JM JO JP KE KG KH KI KM KN KP KR KW KY KZ LA LB LC
+LI LK LR LS LT LU LV LY MA MC MD ME MF MG MH MK ML MM MN MO MP MQ MR MS MT MU MV MW MX MY MZ NA
+NC NE NF NG NI NL NO NP NR NU NZ OM PA PE PF PG PH PK PL PM PN PR PS PT PW PY QA RE RO RS RU RW
+SA SB SC SD SE SG SH SI SJ SK SL SM SN SO SR SS ST SV SX SY SZ TC TD TF TG TH TJ TK TL TM TN TO
+TR TT TV TW TZ UA UG UM US UY UZ VA VC VE VG VI VN VU WF WS YE YT ZA ZM ZW XK
+""".split())
+_ISO = frozenset(ISO_3166_ALPHA2)
+_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
+_PROJECT = re.compile(r"^[a-z0-9-]+(\.[a-z0-9-]+)+$")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message starts with the offending field's path."""
+
+    def __init__(self, path: str, message: str):
+        super().__init__(f"{path}: {message}")
+        self.path = path
+
+
+# --------------------------------------------------------------------------- field readers
+
+def _obj(value, path: str, required: Sequence[str], optional: Sequence[str] = ()) -> Mapping:
+    if not isinstance(value, Mapping):
+        raise ConfigError(path, f"must be a JSON object, got {type(value).__name__}")
+    unknown = sorted(set(value) - set(required) - set(optional))
+    if unknown:
+        raise ConfigError(path, f"unknown field(s) {unknown}; allowed: {sorted(set(required) | set(optional))}")
+    missing = [name for name in required if name not in value]
+    if missing:
+        raise ConfigError(f"{path}.{missing[0]}" if path else missing[0], "required field is missing")
+    return value
+
+
+def _real(value, path: str, *, positive=False, allow_zero=True, below_one=False) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ConfigError(path, f"must be a finite number, got {value!r}")
+    value = float(value)
+    if positive and value <= 0:
+        raise ConfigError(path, f"must be > 0, got {value!r}")
+    if not allow_zero and value == 0:
+        raise ConfigError(path, "must not be 0")
+    if value < 0 and (positive or below_one):
+        raise ConfigError(path, f"must not be negative, got {value!r}")
+    if below_one and value >= 1:
+        raise ConfigError(path, f"must be < 1, got {value!r}")
+    return value
+
+
+def _pos_int(value, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ConfigError(path, f"must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _choice(value, path: str, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ConfigError(path, f"must be one of {list(choices)}, got {value!r}")
+    return value
+
+
+def _ident(value, path: str) -> str:
+    if not isinstance(value, str) or not _ID.match(value):
+        raise ConfigError(path, f"must be a non-empty identifier of letters, digits, '_', '.', '-', got {value!r}")
+    return value
+
+
+def _list(value, path: str, item, *, non_empty=True) -> tuple:
+    if not isinstance(value, list):
+        raise ConfigError(path, f"must be a JSON array, got {type(value).__name__}")
+    if non_empty and not value:
+        raise ConfigError(path, "must not be empty")
+    items = tuple(item(v, f"{path}[{i}]") for i, v in enumerate(value))
+    seen = set()
+    for i, v in enumerate(items):
+        if v in seen:
+            raise ConfigError(f"{path}[{i}]", f"duplicate entry {v!r}")
+        seen.add(v)
+    return items
+
+
+def _country(value, path: str) -> str:
+    if not isinstance(value, str) or value not in _ISO:
+        hint = " (the United Kingdom is GB)" if value == "UK" else ""
+        raise ConfigError(path, f"must be an ISO 3166-1 alpha-2 country code, got {value!r}{hint}")
+    return value
+
+
+def _project(value, path: str) -> str:
+    if not isinstance(value, str) or not _PROJECT.match(value):
+        raise ConfigError(path, f"must be a project name like 'en.wikipedia', got {value!r}")
+    return value
+
+
+def _date(value, path: str) -> _dt.date:
+    if not isinstance(value, str):
+        raise ConfigError(path, f"must be an ISO date string YYYY-MM-DD, got {value!r}")
+    try:
+        return _dt.date.fromisoformat(value)
+    except ValueError:
+        raise ConfigError(path, f"must be an ISO date YYYY-MM-DD, got {value!r}")
+
+
+def _noise(value, path: str) -> NoiseKind:
+    try:
+        return NoiseKind.parse(value)
+    except ValueError as err:
+        raise ConfigError(path, str(err))
+
+
+def _budget(value, path: str) -> Budget:
+    data = _obj(value, path, ["epsilon"], ["delta"])
+    return Budget(_real(data["epsilon"], f"{path}.epsilon", positive=True),
+                  _real(data.get("delta", 0.0), f"{path}.delta", below_one=True))
+
+
+# --------------------------------------------------------------------------- the schema
+
+@dataclass(frozen=True)
+class ImpressionsPrivacy:
+    """Algorithm 1: blocks of ``k`` impressions are the privacy unit (sensitivity k)."""
+
+    k: int
+    epsilon: float
+    delta: float
+    noise: NoiseKind
+    neighbouring: str  # "period" or "campaign"
+    release_threshold: float
+
+    @property
+    def sensitivity(self) -> int:
+        return self.k
+
+    def noise_spec(self) -> NoiseSpec:
+        return calibrate(self.noise, epsilon=self.epsilon, delta=self.delta,
+                         l1_sensitivity=self.k, l2_sensitivity=self.k)
+
+
+@dataclass(frozen=True)
+class ClicksPrivacy:
+    """Algorithm 2: one click row (row-DP) or one user's bounded clicks (user-DP) per key count."""
+
+    noise: NoiseKind
+    epsilon: Optional[float]
+    delta: float
+    rho: Optional[float]
+    neighbouring: str  # "row" or "user"
+    max_clicks_per_user: Optional[int]
+    bound_per: Optional[str]  # "period" or "campaign" (user-DP only)
+    release_threshold: float
+
+    @property
+    def sensitivity(self) -> int:
+        """L1 (= L2 bound) sensitivity of the per-key click counts: 1 row or m clicks of one user."""
+        return 1 if self.neighbouring == "row" else int(self.max_clicks_per_user)
+
+    def noise_spec(self) -> NoiseSpec:
+        if self.rho is not None:
+            return calibrate_zcdp(self.noise, rho=self.rho, l2_sensitivity=self.sensitivity,
+                                  delta_for_reporting=self.delta)
+        return calibrate(self.noise, epsilon=self.epsilon, delta=self.delta,
+                         l1_sensitivity=self.sensitivity, l2_sensitivity=self.sensitivity)
+
+
+@dataclass(frozen=True)
+class ScheduledRelease:
+    """One scheduled release: its ledger id, the periods it charges and the dates it covers."""
+
+    release_id: str
+    campaign_id: str
+    periods: tuple[str, ...]
+    dates: tuple[_dt.date, ...]
+
+
+@dataclass(frozen=True)
+class CampaignConfig:
+    campaign_id: str
+    banners: tuple[str, ...]
+    countries: tuple[str, ...]
+    projects: tuple[str, ...]
+    start_date: _dt.date
+    end_date: _dt.date
+    schedule: str  # "daily" or "campaign"
+    impressions: ImpressionsPrivacy
+    clicks: ClicksPrivacy
+    campaign_total: Budget
+    per_period: Optional[Budget]
+    protected_countries: frozenset = field(default_factory=frozenset)
+
+    def dates(self) -> list[_dt.date]:
+        days = (self.end_date - self.start_date).days + 1
+        return [self.start_date + _dt.timedelta(days=i) for i in range(days)]
+
+    def released_countries(self) -> tuple[str, ...]:
+        """The campaign's countries minus the country protection list (never released)."""
+        return tuple(c for c in self.countries if c not in self.protected_countries)
+
+    def keyset_size(self, dates: Optional[Sequence[_dt.date]] = None) -> int:
+        n_dates = len(self.dates() if dates is None else dates)
+        return len(self.banners) * len(self.released_countries()) * len(self.projects) * n_dates
+
+    def keyset(self, dates: Optional[Sequence[_dt.date]] = None) -> pa.Table:
+        """The public keyset: banners x released countries x projects x dates (``date`` is date32).
+
+        ``dates`` restricts it to some of the campaign's dates (e.g. one daily release).
+        """
+        dates = self.dates() if dates is None else list(dates)
+        outside = [d for d in dates if not self.start_date <= d <= self.end_date]
+        if outside:
+            raise ValueError(f"dates {outside[:3]} are outside campaign {self.campaign_id!r} "
+                             f"({self.start_date}..{self.end_date})")
+        axes = [self.banners, self.released_countries(), self.projects, dates]
+        sizes = [len(a) for a in axes]
+        total = int(np.prod(sizes))
+        # Row r of the product has index (r // stride_i) % size_i on axis i (last axis fastest).
+        strides = np.cumprod([1] + sizes[::-1][:-1])[::-1]
+        rows = np.arange(total, dtype=np.int64)
+        columns = {"campaign_id": pa.array([self.campaign_id]).take(pa.array(np.zeros(total, np.int32)))}
+        names = ["banner_id", "country", "project", "date"]
+        types = [pa.string(), pa.string(), pa.string(), pa.date32()]
+        for name, axis, size, stride, typ in zip(names, axes, sizes, strides, types):
+            index = (rows // stride) % size
+            columns[name] = pa.array(list(axis), typ).take(pa.array(index.astype(np.int32)))
+        return pa.table(columns)
+
+    def noise_specs(self) -> dict[str, NoiseSpec]:
+        return {"impressions": self.impressions.noise_spec(), "clicks": self.clicks.noise_spec()}
+
+    def charges(self) -> list[Charge]:
+        """What one release of this campaign spends (both measures, for the budget ledger)."""
+        return [Charge.from_spec(spec, name) for name, spec in self.noise_specs().items()]
+
+    def campaign_budget(self) -> CampaignBudget:
+        return CampaignBudget(self.campaign_total, self.per_period)
+
+    def releases(self) -> list[ScheduledRelease]:
+        """The release schedule: one per date (``daily``) or one for the whole campaign."""
+        if self.schedule == "daily":
+            return [ScheduledRelease(f"{self.campaign_id}/{d.isoformat()}", self.campaign_id,
+                                     (d.isoformat(),), (d,)) for d in self.dates()]
+        dates = tuple(self.dates())
+        return [ScheduledRelease(f"{self.campaign_id}/{self.start_date}_{self.end_date}",
+                                 self.campaign_id, tuple(d.isoformat() for d in dates), dates)]
+
+
+@dataclass(frozen=True)
+class CentralNoticeConfig:
+    campaigns: tuple[CampaignConfig, ...]
+    protected_countries: frozenset
+    accountant: str
+    source: str
+    raw: dict = field(repr=False)
+
+    def campaign(self, campaign_id: str) -> CampaignConfig:
+        for campaign in self.campaigns:
+            if campaign.campaign_id == campaign_id:
+                return campaign
+        raise KeyError(f"no campaign {campaign_id!r} in {self.source}; "
+                       f"known: {[c.campaign_id for c in self.campaigns]}")
+
+
+# --------------------------------------------------------------------------- parsing
+
+def _impressions(value, path: str) -> ImpressionsPrivacy:
+    data = _obj(value, path, ["k", "epsilon", "noise", "neighbouring", "release_threshold"], ["delta"])
+    noise = _noise(data["noise"], f"{path}.noise")
+    delta = _real(data.get("delta", 0.0), f"{path}.delta", below_one=True)
+    if noise.is_gaussian and delta == 0:
+        raise ConfigError(f"{path}.delta", f"must be > 0 for {noise.value} noise")
+    return ImpressionsPrivacy(
+        k=_pos_int(data["k"], f"{path}.k"),
+        epsilon=_real(data["epsilon"], f"{path}.epsilon", positive=True),
+        delta=delta, noise=noise,
+        neighbouring=_choice(data["neighbouring"], f"{path}.neighbouring", ("period", "campaign")),
+        release_threshold=_real(data["release_threshold"], f"{path}.release_threshold"))
+
+
+def _clicks(value, path: str) -> ClicksPrivacy:
+    data = _obj(value, path, ["noise", "neighbouring", "release_threshold"],
+                ["epsilon", "rho", "delta", "max_clicks_per_user", "bound_per"])
+    noise = _noise(data["noise"], f"{path}.noise")
+    if ("epsilon" in data) == ("rho" in data):
+        raise ConfigError(path, "give exactly one of 'epsilon' and 'rho'")
+    epsilon = rho = None
+    if "rho" in data:
+        rho = _real(data["rho"], f"{path}.rho", positive=True)
+        if not noise.is_gaussian:
+            raise ConfigError(f"{path}.noise", f"rho (zCDP) needs a Gaussian kind, got {noise.value}")
+        delta = _real(data.get("delta", 1e-9), f"{path}.delta", below_one=True)
+        if delta == 0:
+            raise ConfigError(f"{path}.delta", "must be > 0 (the delta at which rho is also charged)")
+    else:
+        epsilon = _real(data["epsilon"], f"{path}.epsilon", positive=True)
+        delta = _real(data.get("delta", 0.0), f"{path}.delta", below_one=True)
+        if noise.is_gaussian and delta == 0:
+            raise ConfigError(f"{path}.delta", f"must be > 0 for {noise.value} noise")
+    neighbouring = _choice(data["neighbouring"], f"{path}.neighbouring", ("row", "user"))
+    m = bound_per = None
+    if neighbouring == "user":
+        for name in ("max_clicks_per_user", "bound_per"):
+            if name not in data:
+                raise ConfigError(f"{path}.{name}", 'required when neighbouring is "user"')
+        m = _pos_int(data["max_clicks_per_user"], f"{path}.max_clicks_per_user")
+        bound_per = _choice(data["bound_per"], f"{path}.bound_per", ("period", "campaign"))
+    else:
+        for name in ("max_clicks_per_user", "bound_per"):
+            if name in data:
+                raise ConfigError(f"{path}.{name}", 'only allowed when neighbouring is "user"')
+    return ClicksPrivacy(noise=noise, epsilon=epsilon, delta=delta, rho=rho,
+                         neighbouring=neighbouring, max_clicks_per_user=m, bound_per=bound_per,
+                         release_threshold=_real(data["release_threshold"], f"{path}.release_threshold"))
+
+
+def _campaign(value, path: str, protected: frozenset, accountant: str) -> CampaignConfig:
+    data = _obj(value, path, ["campaign_id", "banners", "countries", "projects", "start_date",
+                              "end_date", "schedule", "privacy"])
+    start = _date(data["start_date"], f"{path}.start_date")
+    end = _date(data["end_date"], f"{path}.end_date")
+    if end < start:
+        raise ConfigError(f"{path}.end_date", f"{end} is before start_date {start}")
+    privacy = _obj(data["privacy"], f"{path}.privacy", ["impressions", "clicks", "budget"])
+    budget = _obj(privacy["budget"], f"{path}.privacy.budget", ["campaign_total"], ["per_period"])
+    per_period = None if budget.get("per_period") is None else \
+        _budget(budget["per_period"], f"{path}.privacy.budget.per_period")
+    impressions = _impressions(privacy["impressions"], f"{path}.privacy.impressions")
+    clicks = _clicks(privacy["clicks"], f"{path}.privacy.clicks")
+    campaign = CampaignConfig(
+        campaign_id=_ident(data["campaign_id"], f"{path}.campaign_id"),
+        banners=_list(data["banners"], f"{path}.banners", _ident),
+        countries=_list(data["countries"], f"{path}.countries", _country),
+        projects=_list(data["projects"], f"{path}.projects", _project),
+        start_date=start, end_date=end,
+        schedule=_choice(data["schedule"], f"{path}.schedule", ("daily", "campaign")),
+        impressions=impressions, clicks=clicks,
+        campaign_total=_budget(budget["campaign_total"], f"{path}.privacy.budget.campaign_total"),
+        per_period=per_period, protected_countries=protected)
+    if not campaign.released_countries():
+        raise ConfigError(f"{path}.countries", "every country is on the country protection list: "
+                                               "nothing could be released")
+    _check_schedule_fits(campaign, path, accountant)
+    return campaign
+
+
+def _check_schedule_fits(campaign: CampaignConfig, path: str, accountant: str) -> None:
+    """Refuse a configuration whose own schedule would run out of budget."""
+    try:
+        charges = campaign.charges()
+    except ValueError as err:
+        raise ConfigError(f"{path}.privacy", f"cannot calibrate noise: {err}")
+    compose = ACCOUNTANTS[accountant]
+    releases = campaign.releases()
+    total = compose(charges * len(releases), campaign.campaign_total)
+    budget = campaign.campaign_total
+    if total.epsilon > budget.epsilon * (1 + 1e-9) or total.delta > budget.delta * (1 + 1e-9) + 1e-18:
+        raise ConfigError(
+            f"{path}.privacy.budget.campaign_total",
+            f"{len(releases)} scheduled release(s) spend (epsilon={total.epsilon:.6g}, "
+            f"delta={total.delta:.3g}) with the {accountant!r} accountant, more than "
+            f"(epsilon={budget.epsilon:g}, delta={budget.delta:g})")
+    if campaign.per_period is not None:
+        one = compose(charges, campaign.per_period)
+        per = campaign.per_period
+        if one.epsilon > per.epsilon * (1 + 1e-9) or one.delta > per.delta * (1 + 1e-9) + 1e-18:
+            raise ConfigError(
+                f"{path}.privacy.budget.per_period",
+                f"one release spends (epsilon={one.epsilon:.6g}, delta={one.delta:.3g}), more than "
+                f"(epsilon={per.epsilon:g}, delta={per.delta:g})")
+
+
+def read_text(path: str) -> str:
+    """Text of a local file or a gs:// object."""
+    if gcs.is_gcs(path):
+        return gcs.blob(path).download_as_bytes().decode("utf-8")
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def _join(base: str, relative: str) -> str:
+    if gcs.is_gcs(relative) or os.path.isabs(relative):
+        return relative
+    if gcs.is_gcs(base):
+        return base.rsplit("/", 1)[0] + "/" + relative
+    return os.path.join(os.path.dirname(os.path.abspath(base)), relative)
+
+
+def parse_protected_countries(text: str, source: str = "protected countries") -> frozenset:
+    """One ISO code per line; ``#`` starts a comment; blank lines ignored."""
+    codes = set()
+    for number, line in enumerate(text.splitlines(), 1):
+        code = line.split("#", 1)[0].strip()
+        if code:
+            _country(code, f"{source}:{number}")
+            codes.add(code)
+    return frozenset(codes)
+
+
+def parse_config(data: Any, source: str = "<config>") -> CentralNoticeConfig:
+    """Validate a parsed JSON configuration (``source`` resolves a relative protection-list file)."""
+    top = _obj(data, "", ["version", "campaigns"],
+               ["accountant", "protected_countries_file", "protected_countries"])
+    if top["version"] != CONFIG_VERSION:
+        raise ConfigError("version", f"must be {CONFIG_VERSION}, got {top['version']!r}")
+    accountant = _choice(top.get("accountant", "basic"), "accountant", sorted(ACCOUNTANTS))
+    protected = set(_list(top.get("protected_countries", []), "protected_countries", _country,
+                          non_empty=False))
+    if "protected_countries_file" in top:
+        name = top["protected_countries_file"]
+        if not isinstance(name, str) or not name:
+            raise ConfigError("protected_countries_file", f"must be a path, got {name!r}")
+        path = _join(source, name)
+        try:
+            text = read_text(path)
+        except OSError as err:
+            raise ConfigError("protected_countries_file", f"cannot read {path}: {err}")
+        protected |= parse_protected_countries(text, path)
+    protected = frozenset(protected)
+    campaigns = _list(top["campaigns"], "campaigns", lambda v, p: _campaign(v, p, protected, accountant))
+    ids = [c.campaign_id for c in campaigns]
+    for i, cid in enumerate(ids):
+        if cid in ids[:i]:
+            raise ConfigError(f"campaigns[{i}].campaign_id", f"duplicate campaign id {cid!r}")
+    return CentralNoticeConfig(campaigns, protected, accountant, source, dict(data))
+
+
+def load_config(path: str) -> CentralNoticeConfig:
+    """Read and validate a configuration from a local path or ``gs://`` URI (see module doc)."""
+    try:
+        text = read_text(path)
+    except OSError as err:
+        raise ConfigError("<file>", f"cannot read configuration {path}: {err}")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError("<file>", f"{path} is not valid JSON: {err.msg} at line {err.lineno} "
+                                    f"column {err.colno}")
+    return parse_config(data, path)

@@ -1,0 +1,150 @@
+"""Choosing k and epsilon: noise distribution, suppression shares, report and CLI."""
+from __future__ import annotations
+
+import csv
+import math
+import os
+
+import numpy as np
+import pytest
+from pyarrow import csv as pacsv
+
+from accounting.calibration import NoiseKind, calibrate, calibrate_zcdp
+from pipelines import centralnotice_tuning as tuning
+from pipelines.centralnotice_config import load_config
+from pipelines.centralnotice_data import SAMPLE_DIR
+from transforms.noise import RandomStreams, ReleaseKey, add_noise
+
+SPECS = [
+    calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=0.5, l1_sensitivity=10),
+    calibrate(NoiseKind.LAPLACE, epsilon=1.0, l1_sensitivity=3),
+    calibrate(NoiseKind.DISCRETE_GAUSSIAN, epsilon=1.0, delta=1e-6, l2_sensitivity=5),
+    calibrate_zcdp(NoiseKind.DISCRETE_GAUSSIAN, rho=0.005, l2_sensitivity=1),
+    calibrate_zcdp(NoiseKind.GAUSSIAN, rho=0.01, l2_sensitivity=2),
+]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.kind.value)
+def test_noise_cdf_matches_the_sampler(spec):
+    """The CDF used for suppression shares is the distribution transforms.noise really samples."""
+    n = 40_000
+    noise = add_noise(spec, np.zeros(n, dtype=np.int64 if spec.kind.is_integer else np.float64),
+                      RandomStreams.for_range(ReleaseKey.for_testing(11), "tuning-test", n))
+    for x in (-2 * spec.std, -0.3 * spec.std, 0.0, 0.7 * spec.std, 2.5 * spec.std):
+        empirical = np.mean(noise <= x)
+        assert abs(empirical - float(tuning.noise_cdf(spec, x))) < 0.012, x
+    xs = np.linspace(-5 * spec.std, 5 * spec.std, 41)
+    np.testing.assert_allclose(tuning.noise_cdf(spec, xs) + tuning.noise_sf(spec, xs), 1.0, atol=1e-12)
+    assert np.all(np.diff(tuning.noise_cdf(spec, xs)) >= 0)
+
+
+def test_discrete_laplace_cdf_closed_form_against_summation():
+    spec = calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=1.0, l1_sensitivity=4)
+    p = math.exp(-1 / spec.unit_scale)
+    z = np.arange(-400, 401)
+    mass = (1 - p) / (1 + p) * p ** np.abs(z)
+    cdf = np.cumsum(mass)
+    for m in (-30, -1, 0, 1, 17):
+        assert float(tuning.noise_cdf(spec, m)) == pytest.approx(cdf[m + 400], rel=1e-12)
+    # Far tail keeps its precision through the survival function.
+    assert float(tuning.noise_sf(spec, 200)) == pytest.approx(p ** 201 / (1 + p), rel=1e-9)
+
+
+def test_suppression_share_and_thresholds():
+    spec = calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=1.0, l1_sensitivity=10)
+    threshold = tuning.threshold_for_rate(spec, 1e-4)
+    assert tuning.spurious_rate(spec, threshold) <= 1e-4 < tuning.spurious_rate(spec, threshold - 1)
+    assert tuning.suppressed_share(spec, threshold) == pytest.approx(1 - tuning.spurious_rate(spec, threshold))
+    values = np.array([0, 0, 10 * threshold, 10 * threshold])
+    assert tuning.suppressed_share(spec, threshold, values) == pytest.approx(
+        (1 - tuning.spurious_rate(spec, threshold)) / 2, abs=1e-6)
+    # Monte Carlo through the real mechanism: the share of keys a release would suppress.
+    rng = np.random.default_rng(0)
+    true = np.floor(np.exp(rng.normal(4, 1.5, size=20_000))).astype(np.int64)
+    noisy = add_noise(spec, true, RandomStreams.for_range(ReleaseKey.for_testing(3), "mc", true.size))
+    assert np.mean(noisy <= threshold) == pytest.approx(
+        tuning.suppressed_share(spec, threshold, true), abs=0.01)
+
+
+@pytest.fixture(scope="module")
+def sample():
+    config = load_config(os.path.join(SAMPLE_DIR, "campaigns.json"))
+    impressions = pacsv.read_csv(os.path.join(SAMPLE_DIR, "impressions.csv"))
+    clicks = pacsv.read_csv(os.path.join(SAMPLE_DIR, "clicks.csv"))
+    return config, impressions, clicks
+
+
+def test_true_values_on_the_keyset(sample):
+    config, impressions, clicks = sample
+    campaign = config.campaigns[1]
+    imp = tuning.impressions_per_key(campaign, impressions)
+    assert imp.shape == (campaign.keyset_size(),)
+    assert (imp >= 0).all() and (imp > 0).mean() > 0.2
+    click_values = tuning.clicks_per_key(campaign, clicks)
+    assert click_values.shape == imp.shape
+    # Protected countries are outside the keyset, so their clicks are not counted.
+    in_campaign = clicks.filter(clicks.column("campaign_id").to_numpy(zero_copy_only=False)
+                                == campaign.campaign_id)
+    released = np.isin(in_campaign.column("country").to_numpy(zero_copy_only=False),
+                       campaign.released_countries())
+    assert click_values.sum() == released.sum()
+
+
+def test_tune_campaign_rows(sample):
+    config, impressions, clicks = sample
+    campaign = next(c for c in config.campaigns if c.clicks.rho is None)
+    ks, epsilons = [10, 50, 100], [0.5, 1, 2]
+    truth = tuning.true_values_by_campaign(config.campaigns, impressions, clicks)
+    true_impressions, true_clicks = truth[campaign.campaign_id]
+    np.testing.assert_array_equal(true_impressions, tuning.impressions_per_key(campaign, impressions))
+    np.testing.assert_array_equal(true_clicks, tuning.clicks_per_key(campaign, clicks))
+    rows = tuning.tune_campaign(campaign, ks, epsilons, true_impressions=true_impressions,
+                                true_clicks=true_clicks)
+    imp = [r for r in rows if r.measure == "impressions"]
+    click_rows = [r for r in rows if r.measure == "clicks"]
+    assert len(imp) == 9 and len(click_rows) == 3
+    for r in imp:
+        spec = calibrate(campaign.impressions.noise, epsilon=r.epsilon, l1_sensitivity=r.k)
+        assert r.std == pytest.approx(spec.std) and r.scale == spec.scale and r.sensitivity == r.k
+        assert r.threshold == campaign.impressions.release_threshold and r.keys == campaign.keyset_size()
+        assert 0 <= r.share_suppressed <= 1
+    by = {(r.k, r.epsilon): r for r in imp}
+    assert by[(100, 0.5)].std > by[(50, 0.5)].std > by[(10, 0.5)].std > by[(10, 2)].std
+    assert by[(100, 0.5)].spurious_rate > by[(10, 2)].spurious_rate
+    assert all(r.sensitivity == 1 for r in click_rows)
+    # Thresholds from a target spurious rate follow the noise scale.
+    derived = tuning.tune_campaign(campaign, ks, [1.0], spurious=1e-3)
+    thresholds = [r.threshold for r in derived if r.measure == "impressions"]
+    assert thresholds == sorted(thresholds) and thresholds[0] < thresholds[-1]
+    assert all(r.spurious_rate <= 1e-3 and r.share_suppressed is None for r in derived)
+    zcdp = next(c for c in config.campaigns if c.clicks.rho is not None)
+    rho_rows = [r for r in tuning.tune_campaign(zcdp, [10], [1.0], rhos=[0.005, 0.02])
+                if r.measure == "clicks"]
+    assert [r.rho for r in rho_rows] == [0.005, 0.02] and rho_rows[0].std > rho_rows[1].std
+    with pytest.raises(ValueError, match="at least one"):
+        tuning.tune_campaign(campaign, [], [1.0])
+    with pytest.raises(ValueError, match="one value per keyset key"):
+        tuning.tune_campaign(campaign, [10], [1.0], true_impressions=np.zeros(3))
+
+
+def test_cli_writes_table_csv_and_plot(tmp_path, capsys):
+    campaign = load_config(os.path.join(SAMPLE_DIR, "campaigns.json")).campaigns[0].campaign_id
+    code = tuning.main(["--config", os.path.join(SAMPLE_DIR, "campaigns.json"),
+                        "--impressions", os.path.join(SAMPLE_DIR, "impressions.csv"),
+                        "--clicks", os.path.join(SAMPLE_DIR, "clicks.csv"),
+                        "--campaign", campaign, "--k", "10,50,100", "--epsilon", "0.5,1,2",
+                        "--out", str(tmp_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "suppressed" in out and campaign in out
+    with open(tmp_path / "tuning.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len([r for r in rows if r["measure"] == "impressions"]) == 9 and rows[0]["k"] == "10"
+    assert len([r for r in rows if r["measure"] == "clicks"]) >= 1
+    assert {r["campaign_id"] for r in rows} == {campaign}
+    png = tmp_path / f"tuning_{campaign}.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    header = (tmp_path / "tuning.txt").read_text().splitlines()[0].split()
+    assert header[:3] == ["campaign", "measure", "k"] and "suppressed" in header
+    with pytest.raises(SystemExit):
+        tuning.main(["--config", "x.json", "--k", "10,-5", "--epsilon", "1", "--out", str(tmp_path)])
