@@ -1,0 +1,62 @@
+"""Choose an ARA contribution configuration (clip thresholds, budget split, K) from training data.
+
+The ad tech's side: reads *historical* attributed conversions (CSV or Parquet with source_id,
+[order], dim_0..dim_{D-1}, [count], value), minimises the closed-form RMSRE_tau at the target
+epsilon (``transforms.ara.optimize``) and writes the configuration JSON that
+``python -m pipelines.summary_reports --config`` uses, optionally with the output-domain file.
+Training data is the ad tech's own and is not released; the configuration is public.
+
+  python -m pipelines.ara_config --train hist.parquet --slice_dimensions 2,90 --epsilon 8 \\
+      --output config.json --output_domain domain.txt
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from transforms.ara import optimize as opt
+from transforms.ara.summary import format_output_domain
+from transforms.ara.synthetic import ConversionData
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipelines.ara_config", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--train", required=True, help="training conversions (.csv or .parquet)")
+    parser.add_argument("--slice_dimensions", required=True,
+                        help="comma-separated cardinalities of dim_0, dim_1, ...")
+    parser.add_argument("--epsilon", type=float, required=True, help="target epsilon (<= 64)")
+    parser.add_argument("--hierarchical", action="store_true",
+                        help="one query level per prefix of the slice dimensions (root..leaves)")
+    parser.add_argument("--output", required=True, help="configuration JSON to write")
+    parser.add_argument("--output_domain", default=None, help="also write the declared buckets")
+    args = parser.parse_args(argv)
+    try:
+        dims = tuple(int(x) for x in args.slice_dimensions.split(","))
+        table = (pq.read_table(args.train) if args.train.endswith(".parquet")
+                 else pacsv.read_csv(args.train))
+        data = ConversionData.from_arrow(table, dims)
+        if len(data) == 0:
+            raise ValueError("no valid training conversions")
+        prefixes = tuple(range(len(dims) + 1)) if args.hierarchical else None
+        workload = opt.workload_from_conversions(data, prefixes)
+        params, err = opt.optimize_parameters(workload, args.epsilon)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    config = params.to_config(workload)
+    with open(args.output, "w") as f:
+        f.write(config.to_json() + "\n")
+    if args.output_domain:
+        with open(args.output_domain, "w") as f:
+            f.write(format_output_domain(config.output_domain()))
+    print(f"wrote {args.output}: K={config.reports_per_source} clip={config.clip_thresholds} "
+          f"budgets={config.budgets}; training RMSRE_tau (closed form) = {err:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

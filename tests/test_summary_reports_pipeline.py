@@ -1,0 +1,256 @@
+"""The ARA summary-report Beam pipeline end to end (FnApiRunner), against the pure algorithms."""
+import csv
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import apache_beam as beam
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from pipelines import summary_reports as cli
+from transforms.ara import optimize as opt
+from transforms.ara import synthetic
+from transforms.ara.beam import (ROUNDING_PURPOSE, SUMMARY_PURPOSE, BoundContributions,
+                                 SummaryReport, batch_purpose)
+from transforms.ara.contribution import bound_contributions, contribution_vectors
+from transforms.ara.reports import AggregatableReport
+from transforms.ara.summary import key_bytes, noisy_summary
+from transforms.noise import RandomStreams, ReleaseKey
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SEED = 42
+
+
+def _read_output(prefix):
+    files = glob.glob(prefix + "*.csv")
+    assert len(files) == 1
+    with open(files[0]) as f:
+        rows = list(csv.reader(f))
+    return rows[0], {int(r[0], 16): r[1:] for r in rows[1:]}
+
+
+def _args(tmp_path, **over):
+    args = {"--epsilon": "8", "--output": str(tmp_path / "out" / "summary"),
+            "--batch_id": "batch-A", "--batch_registry_dir": str(tmp_path / "registry"),
+            "--testing_seed": str(SEED)}
+    args.update(over)
+    return [x for kv in args.items() for x in kv if x is not None]
+
+
+@pytest.fixture(scope="module")
+def conversions(tmp_path_factory):
+    d = tmp_path_factory.mktemp("conv")
+    data = synthetic.generate("adtech_real_estate", 3, scale=0.03)
+    path = str(d / "conv.parquet")
+    table = data.to_arrow()
+    pq.write_table(table, path)
+    import pyarrow.csv as pacsv
+    pacsv.write_csv(table, str(d / "conv.csv"))
+    w = opt.workload_from_conversions(data)
+    params, _ = opt.optimize_parameters(w, 8.0, k_candidates=[3, 6])
+    config = params.to_config(w)
+    config_path = str(d / "config.json")
+    with open(config_path, "w") as f:
+        f.write(config.to_json())
+    return data, path, config, config_path
+
+
+def _expected_from_conversions(data, config, epsilon, batch_id="batch-A"):
+    """Algorithms A, C, S, R with the pure functions and the pipeline's keyed randomness."""
+    key = ReleaseKey.for_testing(SEED)
+    n = len(data)
+    sources = [str(s) for s in data.source_id]
+    lanes = [(s, int(o), j) for s, o in zip(sources, data.order) for j in range(config.n_queries)]
+    u = RandomStreams.for_keys(key, batch_purpose(ROUNDING_PURPOSE, batch_id),
+                               lanes).uniform_float()
+    contrib = contribution_vectors(data.measures(), config.clip_array, config.budget_array,
+                                   u.reshape((n,) + config.budget_array.shape))
+    keep = bound_contributions(data.source_id, contrib.sum(axis=(1, 2)), data.order)
+    codes = config.slice_codes(data.features)
+    domain = config.output_domain()
+    sums = dict.fromkeys(domain, 0)
+    for i in np.flatnonzero(keep):
+        for l in range(len(config.prefixes)):
+            for m in range(len(config.measures)):
+                sums[config.bucket_key(l, m, codes[i, l])] += int(contrib[i, l, m])
+    noisy = noisy_summary(np.array([sums[k] for k in domain]), domain, epsilon, key,
+                          batch_purpose(SUMMARY_PURPOSE, batch_id))
+    return {k: int(v) for k, v in zip(domain, noisy)}
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_conversions_pipeline_matches_pure_algorithms(tmp_path, conversions, fmt):
+    data, path, config, config_path = conversions
+    path = path.replace(".parquet", f".{fmt}")
+    argv = _args(tmp_path, **{"--input": path, "--input_format": fmt, "--config": config_path})
+    assert cli.main(argv) == 0
+    header, rows = _read_output(str(tmp_path / "out" / "summary"))
+    assert header == ["bucket", "noisy_sum", "estimate"]
+    expected = _expected_from_conversions(data, config, 8.0)
+    assert {k: int(v[0]) for k, v in rows.items()} == expected
+    for k, (noisy, estimate) in rows.items():
+        assert float(estimate) == pytest.approx(int(noisy) * config.scale_of_key(k))
+    # the batch is claimed: a second aggregation is refused and leaves the output alone
+    before = os.path.getmtime(glob.glob(str(tmp_path / "out" / "summary*"))[0])
+    assert cli.main(argv) == 2
+    assert os.path.getmtime(glob.glob(str(tmp_path / "out" / "summary*"))[0]) == before
+
+
+def test_reports_pipeline_with_bad_input_unknown_and_empty_buckets(tmp_path):
+    big = (1 << 127) | 9
+    lines = [
+        json.dumps({"source_id": "a", "order": 0,
+                    "contributions": [{"bucket": "0x10", "value": 40000},
+                                      {"bucket": hex(big), "value": 20000}]}),
+        json.dumps({"source_id": "a", "order": 1,   # would exceed a's budget: dropped whole
+                    "contributions": [{"bucket": "0x10", "value": 10000}]}),
+        json.dumps({"source_id": "a", "order": 2,   # fits exactly
+                    "contributions": [{"bucket": "16", "value": 5536}]}),
+        json.dumps({"source_id": "b", "contributions": [{"bucket": "0x99", "value": 7},  # unknown
+                                                        {"bucket": "0x10", "value": 3}]}),
+        "{this is not json",
+        json.dumps({"source_id": "c", "contributions": [{"bucket": "0x1" + "0" * 32,
+                                                         "value": 1}]}),   # 129-bit key
+        json.dumps({"source_id": "c", "contributions": [{"bucket": "0x10", "value": -4}]}),
+        "",
+    ]
+    reports = tmp_path / "reports.jsonl"
+    reports.write_text("\n".join(lines) + "\n")
+    domain = tmp_path / "domain.txt"
+    domain.write_text(f"0x10\n{big}\n0x20  # declared, never contributed\n")
+    argv = _args(tmp_path, **{"--input": str(reports), "--input_format": "reports",
+                              "--output_domain": str(domain), "--epsilon": "4"})
+    opts, _ = cli.parse_args(argv)
+    config, keys = cli.validate(opts)
+    p = beam.Pipeline(runner="FnApiRunner")
+    cli.build(p, opts, config, keys, ReleaseKey.for_testing(SEED))
+    result = p.run()
+    result.wait_until_finish()
+    header, rows = _read_output(str(tmp_path / "out" / "summary"))
+    assert header == ["bucket", "noisy_sum"] and sorted(rows) == [0x10, 0x20, big]
+    true = {0x10: 40000 + 5536 + 3, big: 20000, 0x20: 0}
+    expected = noisy_summary(np.array([true[k] for k in sorted(true)]), sorted(true), 4.0,
+                             ReleaseKey.for_testing(SEED),
+                             batch_purpose(SUMMARY_PURPOSE, "batch-A"))
+    assert [int(rows[k][0]) for k in sorted(true)] == expected.tolist()
+    counters = {c.key.metric.name: c.committed for c in result.metrics().query()["counters"]}
+    assert counters["reports_dropped_malformed_json"] == 1
+    assert counters["reports_dropped_bad_bucket_key"] == 1
+    assert counters["reports_dropped_negative_value"] == 1
+    assert counters["reports_dropped_source_budget_exhausted"] == 1
+    assert counters["unknown_bucket_contributions_dropped"] == 1
+    assert counters["declared_buckets_without_contributions"] == 1
+
+
+def test_bound_and_summary_transforms():
+    reports = [AggregatableReport("s", 0, ((1, 60000),)), AggregatableReport("s", 1, ((2, 6000),)),
+               AggregatableReport("s", 2, ((2, 5536),)), AggregatableReport("t", 0, ((1, 9),))]
+    with BeamTestPipeline(runner="FnApiRunner") as p:
+        out = p | beam.Create(reports) | BoundContributions(max_reports_per_source=2)
+        assert_that(out, equal_to([(key_bytes(1), 60000), (key_bytes(1), 9)]))
+    key = ReleaseKey.for_testing(1)
+    expected = noisy_summary(np.array([5, 0]), [1, 3], 64.0, key, SUMMARY_PURPOSE)
+    with BeamTestPipeline(runner="FnApiRunner") as p:
+        contributions = p | "C" >> beam.Create([(key_bytes(1), 2), (key_bytes(1), 3),
+                                                (key_bytes(2), 50)])
+        domain = p | "D" >> beam.Create([key_bytes(1), key_bytes(3)])
+        out = {"contributions": contributions, "domain": domain} | SummaryReport(64.0, key)
+        assert_that(out, equal_to([(key_bytes(1), int(expected[0])),
+                                   (key_bytes(3), int(expected[1]))]))
+
+
+def test_bad_parameters_fail_before_claiming_the_batch(tmp_path, conversions):
+    data, path, config, config_path = conversions
+    table = pq.read_table(path).drop(["dim_1"])
+    bad = str(tmp_path / "bad.parquet")
+    pq.write_table(table, bad)
+    reg = tmp_path / "registry"
+    argv = _args(tmp_path, **{"--input": bad, "--input_format": "parquet",
+                              "--config": config_path})
+    assert cli.main(argv) == 2 and not reg.exists()
+    wrong_type = str(tmp_path / "wrong_type.csv")
+    with open(wrong_type, "w") as f:
+        f.write("source_id,dim_0,dim_1,value\ns,0,1,cheap\n")
+    argv = _args(tmp_path, **{"--input": wrong_type, "--input_format": "csv",
+                              "--config": config_path})
+    assert cli.main(argv) == 2 and not reg.exists()
+    argv = _args(tmp_path, **{"--input": path, "--input_format": "parquet",
+                              "--config": config_path, "--epsilon": "65"})
+    assert cli.main(argv) == 2 and not reg.exists()
+    argv = _args(tmp_path, **{"--input": path, "--input_format": "reports"})
+    assert cli.main(argv) == 2 and not reg.exists()  # reports need an output domain
+
+
+def test_help_runs():
+    out = subprocess.run([sys.executable, "-m", "pipelines.summary_reports", "--help"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0
+    for option in ("--input_format", "--output_domain", "--epsilon", "--batch_id", "--config"):
+        assert option in out.stdout
+
+
+def test_conversion_row_faults_are_counted_not_fatal(tmp_path):
+    from transforms.ara.contribution import ContributionConfig
+    config = ContributionConfig(measures=("count", "value"), clip_thresholds=(1.0, 20.0),
+                                slice_dimensions=(2, 3), prefixes=(0, 2),
+                                budgets=((1000, 2000), (3000, 4000)), reports_per_source=2)
+    (tmp_path / "config.json").write_text(config.to_json())
+    (tmp_path / "conv.csv").write_text(
+        "source_id,order,dim_0,dim_1,value\n"
+        "s1,0,0,1,10.0\n"     # valid
+        "s1,1,1,2,-5\n"       # negative value: clipped to 0 by algorithm A, counted
+        "s2,0,,1,3\n"         # null feature: dropped, counted
+        "s3,0,2,0,4\n"        # feature outside its dimension: dropped, counted
+        "s4,0,1,1,\n")        # null value: dropped, counted
+    argv = _args(tmp_path, **{"--input": str(tmp_path / "conv.csv"), "--input_format": "csv",
+                              "--config": str(tmp_path / "config.json")})
+    opts, _ = cli.parse_args(argv)
+    cfg, keys = cli.validate(opts)
+    p = beam.Pipeline(runner="FnApiRunner")
+    cli.build(p, opts, cfg, keys, ReleaseKey.for_testing(SEED))
+    result = p.run()
+    result.wait_until_finish()
+    counters = {c.key.metric.name: c.committed for c in result.metrics().query()["counters"]}
+    assert counters["conversion_rows"] == 5
+    assert counters["conversion_rows_dropped_null_or_nonfinite"] == 2
+    assert counters["conversion_rows_dropped_feature_out_of_range"] == 1
+    assert counters["conversion_values_negative_clipped_to_zero"] == 1
+    valid = synthetic.ConversionData(
+        source_id=np.array(["s1", "s1"]), order=np.array([0, 1]),
+        features=np.array([[0, 1], [1, 2]]), count=np.array([1, 1]),
+        value=np.array([10.0, -5.0]), dimensions=(2, 3))
+    _, rows = _read_output(str(tmp_path / "out" / "summary"))
+    assert {k: int(v[0]) for k, v in rows.items()} == _expected_from_conversions(valid, config, 8.0)
+    assert len(rows) == len(config.output_domain()) == 2 * (1 + 6)
+
+
+def test_each_batch_gets_its_own_noise_under_a_reused_key():
+    key = ReleaseKey.for_testing(3)
+    sums, keys = np.zeros(4, dtype=np.int64), [1, 2, 3, 4]
+    a = noisy_summary(sums, keys, 1.0, key, batch_purpose(SUMMARY_PURPOSE, "day-1"))
+    b = noisy_summary(sums, keys, 1.0, key, batch_purpose(SUMMARY_PURPOSE, "day-2"))
+    assert a.tolist() != b.tolist()
+    assert a.tolist() == noisy_summary(sums, keys, 1.0, key,
+                                       batch_purpose(SUMMARY_PURPOSE, "day-1")).tolist()
+
+
+def test_config_cli_feeds_the_pipeline(tmp_path, conversions):
+    from pipelines import ara_config
+    from transforms.ara.contribution import ContributionConfig
+    from transforms.ara.summary import parse_output_domain
+    data, path, _, _ = conversions
+    cfg_path, dom_path = tmp_path / "cfg.json", tmp_path / "domain.txt"
+    assert ara_config.main(["--train", path, "--slice_dimensions", "2,90", "--epsilon", "4",
+                            "--hierarchical", "--output", str(cfg_path),
+                            "--output_domain", str(dom_path)]) == 0
+    config = ContributionConfig.from_json(cfg_path.read_text())
+    assert config.prefixes == (0, 1, 2) and config.slice_dimensions == (2, 90)
+    assert parse_output_domain(dom_path.read_text()).keys == config.output_domain()
+    assert ara_config.main(["--train", path, "--slice_dimensions", "2,90,3", "--epsilon", "4",
+                            "--output", str(cfg_path)]) == 2  # no dim_2 column

@@ -1,0 +1,31 @@
+"""Attribution Reporting API (ARA) summary reports.
+
+The four algorithms of the summary-report model (Aksu et al., PoPETs 2024):
+
+* A, contribution vectors (``contribution.contribution_vectors``): the ad tech clips each
+  measured value to ``[0, C_i]``, scales it by ``b_i / C_i`` and rounds it randomly.
+* C, contribution bounding (``contribution.bound_contributions``): the browser drops a source's
+  reports once they would exceed its L1 budget of 65,536.
+* S, summary report (``summary``): the aggregation service sums per declared bucket and adds
+  discrete Laplace noise of scale 65,536 / epsilon; a batch is aggregated once (``registry``).
+* R, reconstruction (``summary.reconstruct``): the ad tech rescales by ``C_i / b_i``.
+
+``optimize`` chooses ``C_i`` and the budget split from training data, ``hierarchy`` makes nested
+slice estimates consistent, ``synthetic`` generates the paper's synthetic data, ``reports`` parses
+JSON aggregatable reports and ``beam`` wires everything into Beam PTransforms.
+"""
+from transforms.ara.contribution import (
+    CONTRIBUTION_BUDGET,
+    ContributionConfig,
+    bound_contributions,
+    contribution_vectors,
+    rank_within_source,
+)
+
+__all__ = [
+    "CONTRIBUTION_BUDGET",
+    "ContributionConfig",
+    "bound_contributions",
+    "contribution_vectors",
+    "rank_within_source",
+]

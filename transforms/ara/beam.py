@@ -1,0 +1,401 @@
+"""Beam PTransforms of the ARA summary-report pipeline (thin wiring over the pure modules).
+
+Bucket keys travel through Beam as 16-byte big-endian ``bytes`` (deterministic BytesCoder;
+Python ints wider than 64 bits do not fit Beam's integer coder).
+
+    conversions (pyarrow RecordBatches) --EncodeConversions (A)--> AggregatableReport
+    JSON lines --ParseReports--> AggregatableReport
+    AggregatableReport --BoundContributions (C)--> (bucket, value)
+    {"contributions", "domain"} --SummaryReport (S)--> (bucket, noisy sum)
+    (bucket, noisy sum) --Reconstruct (R)--> (bucket, noisy sum, estimate)
+"""
+from __future__ import annotations
+
+import numpy as np
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from transforms.ara.contribution import (CONTRIBUTION_BUDGET, ContributionConfig,
+                                         bound_contributions, contribution_vectors)
+from transforms.ara.reports import FAULTS, AggregatableReport, ReportFault, parse_report
+from transforms.ara.summary import (add_summary_noise, bucket_streams, check_summary_epsilon,
+                                    key_bytes)
+
+NAMESPACE = "ara"
+ROUNDING_PURPOSE = "ara-randomized-rounding"
+SUMMARY_PURPOSE = "ara-summary-report"
+
+
+def batch_purpose(purpose: str, batch_id: str | None) -> str:
+    """Random-stream purpose of one batch: a release key reused for another batch id still
+    gives independent rounding and noise (never the same noise on different data)."""
+    return purpose if batch_id is None else f"{purpose}/batch={batch_id}"
+
+
+def _counter(name: str):
+    return Metrics.counter(NAMESPACE, name)
+
+
+# --------------------------------------------------------------------------------------------
+# Input: conversions
+# --------------------------------------------------------------------------------------------
+
+def conversion_columns(config: ContributionConfig, has_count_column: bool = True) -> list[str]:
+    """Columns a conversions file must have: source_id, dim_0.., and the measures (a missing
+    ``count`` column means one conversion per row); ``order`` is optional."""
+    cols = ["source_id"] + [f"dim_{d}" for d in range(len(config.slice_dimensions))]
+    cols += [m for m in config.measures if m != "count" or has_count_column]
+    return cols
+
+
+def check_conversion_schema(schema, config: ContributionConfig) -> None:
+    """Raise ValueError naming the first required column the input lacks or whose type is not
+    numeric (``order`` must be an integer column). ``schema``: a pyarrow Schema."""
+    import pyarrow.types as pat
+    names = set(schema.names)
+    for col in conversion_columns(config, has_count_column="count" in names):
+        if col not in names:
+            raise ValueError(f"conversions input lacks column {col!r} (has {sorted(names)})")
+    numeric = [c for c in conversion_columns(config, "count" in names) if c != "source_id"]
+    for col in numeric:
+        t = schema.field(col).type
+        if not (pat.is_integer(t) or pat.is_floating(t) or pat.is_null(t)):
+            raise ValueError(f"conversions column {col!r} must be numeric, got {t}")
+    if "order" in names and not (pat.is_integer(schema.field("order").type)
+                                 or pat.is_null(schema.field("order").type)):
+        raise ValueError(f"conversions column 'order' must be integer, got "
+                         f"{schema.field('order').type}")
+
+
+def _read_batches(readable_file, fmt: str, batch_rows: int):
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+    from apache_beam.io.filesystem import CompressionTypes
+    if fmt == "parquet":
+        with readable_file.open(compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            pf = pq.ParquetFile(f)
+            yield from pf.iter_batches(batch_size=batch_rows)
+    else:
+        with readable_file.open() as f:
+            reader = pacsv.open_csv(f, read_options=pacsv.ReadOptions(block_size=1 << 22))
+            for batch in reader:
+                yield batch
+
+
+class ReadConversionBatches(beam.PTransform):
+    """Files matching ``pattern`` (CSV with a header, or Parquet) as pyarrow RecordBatches."""
+
+    def __init__(self, pattern: str, fmt: str, batch_rows: int = 65536):
+        super().__init__()
+        if fmt not in ("csv", "parquet"):
+            raise ValueError(f"conversions format must be csv or parquet, got {fmt!r}")
+        self.pattern, self.fmt, self.batch_rows = pattern, fmt, batch_rows
+
+    def expand(self, pbegin):
+        from apache_beam.io import fileio
+        return (pbegin
+                | "Match" >> fileio.MatchFiles(self.pattern)
+                | "Open" >> fileio.ReadMatches()
+                | "Batches" >> beam.FlatMap(_read_batches, self.fmt, self.batch_rows))
+
+
+class _EncodeConversionsFn(beam.DoFn):
+    def __init__(self, config: ContributionConfig, release_key, purpose: str):
+        self.config = config
+        self.release_key = release_key
+        self.purpose = purpose
+        self.rows = _counter("conversion_rows")
+        self.null_rows = _counter("conversion_rows_dropped_null_or_nonfinite")
+        self.range_rows = _counter("conversion_rows_dropped_feature_out_of_range")
+        self.negative = _counter("conversion_values_negative_clipped_to_zero")
+        self.reports = _counter("reports_encoded")
+
+    def process(self, batch):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from transforms.noise import RandomStreams
+        cfg = self.config
+        n = batch.num_rows
+        if n == 0:
+            return
+        self.rows.inc(n)
+        check_conversion_schema(batch.schema, cfg)
+        names = batch.schema.names
+
+        def column(name):
+            return batch.column(names.index(name))
+
+        valid = np.asarray(pc.is_valid(column("source_id")))
+        dims = []
+        for d in range(len(cfg.slice_dimensions)):
+            col = column(f"dim_{d}")
+            valid &= np.asarray(pc.is_valid(col))
+            dims.append(np.asarray(pc.fill_null(col.cast(pa.float64()), -1.0)))
+        values = []
+        for m in cfg.measures:
+            if m == "count" and "count" not in names:
+                values.append(np.ones(n))
+                continue
+            v = np.asarray(pc.fill_null(column(m).cast(pa.float64()), np.nan))
+            valid &= np.isfinite(v)
+            values.append(v)
+        self.null_rows.inc(int((~valid).sum()))
+        features = np.stack(dims, axis=1)
+        integral = (features == np.floor(features)).all(axis=1)
+        in_range = valid & integral & cfg.valid_feature_rows(features)
+        self.range_rows.inc(int((valid & ~in_range).sum()))
+        rows = np.flatnonzero(in_range)
+        if rows.size == 0:
+            return
+        values = np.stack(values, axis=1)[rows]
+        negative = values < 0
+        self.negative.inc(int(negative.sum()))
+        sources = [str(s) for s in column("source_id").take(pa.array(rows)).to_pylist()]
+        if "order" in names:
+            order = np.asarray(pc.fill_null(column("order").cast(pa.int64()), 0))[rows]
+        else:
+            order = np.zeros(rows.size, dtype=np.int64)
+        codes = cfg.slice_codes(features[rows].astype(np.int64))
+        q = cfg.n_queries
+        # One keyed uniform per (report, query): rounding does not depend on batching.
+        lanes = [(s, int(o), j) for s, o in zip(sources, order.tolist()) for j in range(q)]
+        uniforms = RandomStreams.for_keys(self.release_key, self.purpose, lanes).uniform_float()
+        budgets = cfg.budget_array
+        contrib = contribution_vectors(values, cfg.clip_array, budgets,
+                                       uniforms.reshape((rows.size,) + budgets.shape))
+        measure_bits = [m << 96 for m in range(len(cfg.measures))]
+        for i in range(rows.size):
+            items = []
+            for l, p in enumerate(cfg.prefixes):
+                base = (p << 64) | int(codes[i, l])
+                for m in range(len(cfg.measures)):
+                    v = int(contrib[i, l, m])
+                    if v:
+                        items.append((measure_bits[m] | base, v))
+            self.reports.inc()
+            yield AggregatableReport(sources[i], int(order[i]), tuple(items))
+
+
+class EncodeConversions(beam.PTransform):
+    """Algorithm A over RecordBatches of conversions: one AggregatableReport per valid row.
+
+    Randomized rounding uses the keyed stream of lane (source_id, order, query index) under the
+    release key and ``purpose``, so re-runs with the same key reproduce and batching does not
+    matter.
+    Row faults (documented rule): rows with a null source/feature/measure, a NaN or infinite
+    measure, or a fractional feature or one outside its declared dimension, are dropped and
+    counted; negative measures are clipped to 0 by algorithm A and counted.
+    """
+
+    def __init__(self, config: ContributionConfig, release_key, purpose: str = ROUNDING_PURPOSE):
+        super().__init__()
+        self.config, self.release_key, self.purpose = config, release_key, purpose
+
+    def expand(self, batches):
+        return batches | "Encode" >> beam.ParDo(
+            _EncodeConversionsFn(self.config, self.release_key, self.purpose))
+
+
+# --------------------------------------------------------------------------------------------
+# Input: JSON aggregatable reports
+# --------------------------------------------------------------------------------------------
+
+class _ParseReportsFn(beam.DoFn):
+    def __init__(self):
+        self.faults = {reason: _counter(f"reports_dropped_{reason}") for reason in FAULTS}
+        self.parsed = _counter("reports_parsed")
+
+    def process(self, line):
+        if not line.strip():
+            return
+        try:
+            report = parse_report(line)
+        except ReportFault as fault:
+            self.faults[fault.reason].inc()
+            return
+        self.parsed.inc()
+        yield report
+
+
+class ParseReports(beam.PTransform):
+    """JSON lines -> AggregatableReport; faulty reports are dropped whole and counted by reason
+    (see ``transforms.ara.reports``)."""
+
+    def expand(self, lines):
+        return lines | "Parse" >> beam.ParDo(_ParseReportsFn())
+
+
+# --------------------------------------------------------------------------------------------
+# Algorithm C
+# --------------------------------------------------------------------------------------------
+
+class FirstReportsPerSource(beam.CombineFn):
+    """Keeps a source's first ``limit`` reports (by time order, then content) and a count of all.
+
+    Memory per source is bounded by 2 x limit reports whatever the input size.
+    """
+
+    def __init__(self, limit: int):
+        if limit < 1:
+            raise ValueError("max_reports_per_source must be positive")
+        self.limit = limit
+
+    def _trim(self, reports):
+        reports.sort(key=AggregatableReport.sort_key)
+        del reports[self.limit:]
+
+    def create_accumulator(self):
+        return [], 0
+
+    def add_input(self, acc, report):
+        reports, seen = acc
+        reports.append(report)
+        if len(reports) > 2 * self.limit:
+            self._trim(reports)
+        return reports, seen + 1
+
+    def merge_accumulators(self, accs):
+        merged, seen = [], 0
+        for reports, n in accs:
+            merged.extend(reports)
+            seen += n
+            if len(merged) > 2 * self.limit:
+                self._trim(merged)
+        return merged, seen
+
+    def extract_output(self, acc):
+        reports, seen = acc
+        reports = list(reports)
+        self._trim(reports)
+        return reports, seen
+
+
+class _ApplyBudgetFn(beam.DoFn):
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.kept = _counter("reports_kept")
+        self.over_budget = _counter("reports_dropped_source_budget_exhausted")
+        self.over_limit = _counter("reports_dropped_over_max_reports_per_source")
+
+    def process(self, element):
+        _, (reports, seen) = element
+        self.over_limit.inc(seen - len(reports))
+        totals = np.array([r.total for r in reports], dtype=np.int64)
+        keep = bound_contributions(np.zeros(len(reports), dtype=np.int64), totals,
+                                   budget=self.budget)
+        self.kept.inc(int(keep.sum()))
+        self.over_budget.inc(int((~keep).sum()))
+        for report, k in zip(reports, keep):
+            if k:
+                for key, value in report.contributions:
+                    yield key_bytes(key), value
+
+
+class BoundContributions(beam.PTransform):
+    """Algorithm C: per source, keep reports in order while they fit in the 65,536 L1 budget.
+
+    Reports beyond ``max_reports_per_source`` (by order) are dropped before bounding (counted),
+    which can only lower a source's contribution. Output: (16-byte bucket key, value).
+    """
+
+    def __init__(self, max_reports_per_source: int = 1024, budget: int = CONTRIBUTION_BUDGET):
+        super().__init__()
+        self.limit, self.budget = max_reports_per_source, budget
+
+    def expand(self, reports):
+        return (reports
+                | "BySource" >> beam.Map(lambda r: (r.source_id, r))
+                | "FirstReports" >> beam.CombinePerKey(FirstReportsPerSource(self.limit))
+                | "Budget" >> beam.ParDo(_ApplyBudgetFn(self.budget)))
+
+
+# --------------------------------------------------------------------------------------------
+# Algorithm S and R
+# --------------------------------------------------------------------------------------------
+
+class _SumAndCount(beam.CombineFn):
+    def create_accumulator(self):
+        return 0, 0
+
+    def add_input(self, acc, value):
+        return acc[0] + value, acc[1] + 1
+
+    def merge_accumulators(self, accs):
+        total = count = 0
+        for s, c in accs:
+            total += s
+            count += c
+        return total, count
+
+    def extract_output(self, acc):
+        return acc
+
+
+class _RestrictToDomainFn(beam.DoFn):
+    def __init__(self):
+        self.unknown_keys = _counter("unknown_bucket_keys_dropped")
+        self.unknown_contributions = _counter("unknown_bucket_contributions_dropped")
+        self.empty = _counter("declared_buckets_without_contributions")
+
+    def process(self, element):
+        key, grouped = element
+        declared = list(grouped["domain"])
+        sums = list(grouped["sums"])
+        if not declared:
+            self.unknown_keys.inc()
+            self.unknown_contributions.inc(sum(c for _, c in sums))
+            return
+        if not sums:
+            self.empty.inc()
+        yield key, sum(s for s, _ in sums)
+
+
+class _AddNoiseFn(beam.DoFn):
+    def __init__(self, epsilon: float, release_key, purpose: str):
+        self.epsilon, self.release_key, self.purpose = epsilon, release_key, purpose
+
+    def process(self, batch):
+        keys = [int.from_bytes(k, "big") for k, _ in batch]
+        sums = np.array([s for _, s in batch], dtype=np.int64)
+        noisy = add_summary_noise(sums, self.epsilon,
+                                  bucket_streams(self.release_key, keys, self.purpose))
+        for (k, _), v in zip(batch, noisy.tolist()):
+            yield k, v
+
+
+class SummaryReport(beam.PTransform):
+    """Algorithm S on ``{"contributions": (key bytes, int), "domain": key bytes}``.
+
+    Sums per key (combined before the shuffle), keeps exactly the declared keys (a declared key
+    without contributions gets sum 0; undeclared keys are dropped and counted) and adds discrete
+    Laplace noise of scale 65,536 / epsilon from the bucket's keyed stream. Output:
+    (16-byte key, noisy sum). Sensitivity 65,536 holds because the input went through
+    ``BoundContributions``.
+    """
+
+    def __init__(self, epsilon: float, release_key, purpose: str = SUMMARY_PURPOSE):
+        super().__init__()
+        self.epsilon = check_summary_epsilon(epsilon)
+        self.release_key, self.purpose = release_key, purpose
+
+    def expand(self, inputs):
+        sums = inputs["contributions"] | "SumPerBucket" >> beam.CombinePerKey(_SumAndCount())
+        domain = inputs["domain"] | "Declared" >> beam.Map(lambda k: (k, True))
+        return ({"sums": sums, "domain": domain}
+                | "JoinDomain" >> beam.CoGroupByKey()
+                | "Restrict" >> beam.ParDo(_RestrictToDomainFn())
+                | "Batch" >> beam.BatchElements(min_batch_size=1, max_batch_size=4096)
+                | "Noise" >> beam.ParDo(_AddNoiseFn(self.epsilon, self.release_key, self.purpose)))
+
+
+class Reconstruct(beam.PTransform):
+    """Algorithm R: (key, noisy sum) -> (key, noisy sum, noisy sum x C / b of the key's query)."""
+
+    def __init__(self, config: ContributionConfig):
+        super().__init__()
+        self.config = config
+
+    def expand(self, noisy):
+        config = self.config
+        return noisy | "Rescale" >> beam.Map(
+            lambda kv: (kv[0], kv[1], kv[1] * config.scale_of_key(int.from_bytes(kv[0], "big"))))

@@ -1,0 +1,297 @@
+"""Algorithms A (contribution vectors) and C (contribution bounding) of ARA summary reports.
+
+Pure numpy; the Beam wiring is in ``transforms.ara.beam``.
+
+Terminology. A *measure* is a per-conversion quantity (conversion count, conversion value). A
+*level* is a slicing granularity: the slice of a conversion at level ``l`` is given by the first
+``prefixes[l]`` impression-side slice dimensions (prefix 0 is the whole campaign). A *query*
+is one (level, measure) pair; every conversion contributes one bucket per query. Measure ``m``
+is clipped at ``C_m`` (shared by all levels, so the clipped sums of nested slices stay
+consistent) and query ``(l, m)`` gets the integer budget ``b[l, m]`` per report.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Sequence
+
+import numpy as np
+
+#: L1 contribution budget of one source (impression) across all its aggregatable reports.
+CONTRIBUTION_BUDGET = 65536
+
+_MAX_BUCKET_KEY = (1 << 128) - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ContributionConfig:
+    """The ad tech's encoding choices (what algorithms A and R need).
+
+    measures: names of the per-conversion measures (value columns of the input).
+    clip_thresholds: C_m > 0 per measure.
+    slice_dimensions: cardinality of each impression-side slice dimension.
+    prefixes: levels, as numbers of leading slice dimensions (flat slicing: ``(len(dims),)``).
+    budgets: integer budget per report for each query, shape (levels, measures); their sum
+      times ``reports_per_source`` is at most 65,536.
+    reports_per_source: K, the number of reports of one source that are sure to fit in its
+      budget (algorithm C may accept more when earlier reports rounded down).
+    """
+
+    measures: tuple[str, ...]
+    clip_thresholds: tuple[float, ...]
+    slice_dimensions: tuple[int, ...]
+    prefixes: tuple[int, ...]
+    budgets: tuple[tuple[int, ...], ...]
+    reports_per_source: int = 1
+
+    def __post_init__(self):
+        m = len(self.measures)
+        if m == 0 or len(set(self.measures)) != m:
+            raise ValueError(f"measures must be distinct and non-empty, got {self.measures!r}")
+        if len(self.clip_thresholds) != m:
+            raise ValueError("clip_thresholds needs one threshold per measure")
+        for name, c in zip(self.measures, self.clip_thresholds):
+            if not (isinstance(c, (int, float)) and math.isfinite(c) and c > 0):
+                raise ValueError(f"clip_thresholds[{name}] must be positive and finite, got {c!r}")
+        for d in self.slice_dimensions:
+            if not isinstance(d, (int, np.integer)) or d < 1:
+                raise ValueError(f"slice_dimensions must be positive integers, got "
+                                 f"{self.slice_dimensions!r}")
+        if not self.prefixes or len(set(self.prefixes)) != len(self.prefixes):
+            raise ValueError(f"prefixes must be distinct and non-empty, got {self.prefixes!r}")
+        for p in self.prefixes:
+            if not 0 <= p <= len(self.slice_dimensions):
+                raise ValueError(f"prefix {p} outside 0..{len(self.slice_dimensions)}")
+        b = np.asarray(self.budgets)
+        if b.shape != (len(self.prefixes), m):
+            raise ValueError(f"budgets must have shape (levels, measures) = "
+                             f"{(len(self.prefixes), m)}, got {b.shape}")
+        if not np.issubdtype(b.dtype, np.integer) or (b < 1).any():
+            raise ValueError("budgets must be positive integers")
+        k = self.reports_per_source
+        if not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"reports_per_source must be a positive integer, got {k!r}")
+        if int(b.sum()) * int(k) > CONTRIBUTION_BUDGET:
+            raise ValueError(f"budgets sum to {int(b.sum())} per report; times reports_per_source="
+                             f"{k} that exceeds the L1 contribution budget {CONTRIBUTION_BUDGET}")
+
+    @property
+    def budget_array(self) -> np.ndarray:
+        return np.asarray(self.budgets, dtype=np.int64)
+
+    @property
+    def clip_array(self) -> np.ndarray:
+        return np.asarray(self.clip_thresholds, dtype=np.float64)
+
+    @property
+    def n_queries(self) -> int:
+        return len(self.prefixes) * len(self.measures)
+
+    def level_sizes(self) -> list[int]:
+        """Number of slices (buckets per measure) at each level."""
+        return [int(np.prod(self.slice_dimensions[:p], dtype=np.int64)) for p in self.prefixes]
+
+    def slice_codes(self, features: np.ndarray) -> np.ndarray:
+        """Mixed-radix code of each row's slice at every level: int64 array (n, levels).
+
+        ``features`` is (n, len(slice_dimensions)) of integers in ``[0, dim)`` (checked by the
+        caller: out-of-range rows are a row-level fault, see ``valid_feature_rows``).
+        """
+        features = np.asarray(features, dtype=np.int64)
+        out = np.zeros((features.shape[0], len(self.prefixes)), dtype=np.int64)
+        for j, p in enumerate(self.prefixes):
+            code = np.zeros(features.shape[0], dtype=np.int64)
+            for d in range(p):
+                code = code * self.slice_dimensions[d] + features[:, d]
+            out[:, j] = code
+        return out
+
+    def valid_feature_rows(self, features: np.ndarray) -> np.ndarray:
+        """Boolean mask of rows whose slice features are inside the declared dimensions."""
+        features = np.asarray(features)
+        dims = np.asarray(self.slice_dimensions, dtype=np.int64)
+        return ((features >= 0) & (features < dims)).all(axis=1)
+
+    def bucket_key(self, level: int, measure: int, code: int) -> int:
+        """128-bit bucket key of query (level, measure) for the slice with mixed-radix ``code``.
+
+        Layout: bits 96..127 measure index, 64..95 level prefix, 0..63 slice code.
+        """
+        return (measure << 96) | (self.prefixes[level] << 64) | int(code)
+
+    def bucket_keys_hi_lo(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """High and low 64-bit halves of the bucket keys, each (n, levels, measures) uint64."""
+        codes = np.asarray(codes, dtype=np.int64)
+        n = codes.shape[0]
+        levels, measures = len(self.prefixes), len(self.measures)
+        hi = (np.arange(measures, dtype=np.uint64)[None, None, :] << np.uint64(32)) \
+            | np.asarray(self.prefixes, dtype=np.uint64)[None, :, None]
+        hi = np.broadcast_to(hi, (n, levels, measures)).copy()
+        lo = np.broadcast_to(codes.astype(np.uint64)[:, :, None], (n, levels, measures)).copy()
+        return hi, lo
+
+    def output_domain(self) -> list[int]:
+        """Every declared bucket key (all queries, all slices), ascending."""
+        keys = []
+        for level, size in enumerate(self.level_sizes()):
+            for measure in range(len(self.measures)):
+                base = self.bucket_key(level, measure, 0)
+                keys.extend(base + c for c in range(size))
+        return sorted(keys)
+
+    def scale_of_key(self, key: int) -> float:
+        """C_m / b[l, m] of the query the bucket key belongs to (algorithm R's factor)."""
+        measure, prefix = key >> 96, (key >> 64) & 0xFFFFFFFF
+        if measure >= len(self.measures) or prefix not in self.prefixes:
+            raise KeyError(f"bucket key {key:#x} belongs to no query of this configuration")
+        level = self.prefixes.index(prefix)
+        return self.clip_thresholds[measure] / self.budgets[level][measure]
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "measures": list(self.measures),
+            "clip_thresholds": [float(c) for c in self.clip_thresholds],
+            "slice_dimensions": [int(d) for d in self.slice_dimensions],
+            "prefixes": [int(p) for p in self.prefixes],
+            "budgets": [[int(x) for x in row] for row in self.budgets],
+            "reports_per_source": int(self.reports_per_source),
+        }, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ContributionConfig":
+        try:
+            d = json.loads(text)
+            return cls(measures=tuple(d["measures"]),
+                       clip_thresholds=tuple(float(c) for c in d["clip_thresholds"]),
+                       slice_dimensions=tuple(int(x) for x in d["slice_dimensions"]),
+                       prefixes=tuple(int(p) for p in d["prefixes"]),
+                       budgets=tuple(tuple(int(x) for x in row) for row in d["budgets"]),
+                       reports_per_source=int(d.get("reports_per_source", 1)))
+        except (KeyError, TypeError, json.JSONDecodeError) as e:
+            raise ValueError(f"invalid contribution config: {e}") from e
+
+
+def split_budget(shares: Sequence[float] | np.ndarray, reports_per_source: int,
+                 total: int = CONTRIBUTION_BUDGET) -> np.ndarray:
+    """Integer per-report budgets proportional to ``shares`` with sum <= total // K, each >= 1.
+
+    Largest-remainder rounding of ``shares * (total // K)``, so the L1 budget is never exceeded.
+    """
+    shares = np.asarray(shares, dtype=np.float64)
+    if (shares < 0).any() or not np.isfinite(shares).all() or shares.sum() <= 0:
+        raise ValueError(f"budget shares must be non-negative with a positive sum, got {shares}")
+    per_report = total // int(reports_per_source)
+    if per_report < shares.size:
+        raise ValueError(f"reports_per_source={reports_per_source} leaves fewer budget units "
+                         f"({per_report}) than queries ({shares.size})")
+    target = shares / shares.sum() * (per_report - shares.size)
+    base = np.floor(target).astype(np.int64)
+    remainder = (per_report - shares.size) - int(base.sum())
+    order = np.argsort(-(target - base), kind="stable")
+    base[order[:remainder]] += 1
+    return (base + 1).reshape(shares.shape)
+
+
+def contribution_vectors(values: np.ndarray, clip_thresholds: np.ndarray, budgets: np.ndarray,
+                         uniforms: np.ndarray) -> np.ndarray:
+    """Algorithm A: integer contributions of each conversion to each query.
+
+    values: (n, M) measured values (negative and NaN values are treated as 0: algorithm A clips
+      to [0, C]; callers count them as row-level faults). clip_thresholds: (M,). budgets:
+      (L, M) integers. uniforms: (n, L, M) independent U[0, 1) draws.
+    Returns int64 (n, L, M): ``floor(min(max(v, 0), C_m) * b[l, m] / C_m + U)``, so each entry
+    lies in ``[0, b[l, m]]``, its expectation is exactly ``clip(v) * b / C`` and every report's
+    total is at most ``budgets.sum()``.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    clip_thresholds = np.asarray(clip_thresholds, dtype=np.float64)
+    budgets = np.asarray(budgets, dtype=np.int64)
+    uniforms = np.asarray(uniforms, dtype=np.float64)
+    n, m = values.shape
+    if clip_thresholds.shape != (m,) or budgets.ndim != 2 or budgets.shape[1] != m:
+        raise ValueError("shapes: values (n, M), clip_thresholds (M,), budgets (L, M)")
+    if uniforms.shape != (n,) + budgets.shape:
+        raise ValueError(f"uniforms must have shape {(n,) + budgets.shape}, got {uniforms.shape}")
+    clipped = np.clip(np.nan_to_num(values, nan=0.0, posinf=np.inf, neginf=0.0),
+                      0.0, clip_thresholds)
+    scaled = clipped[:, None, :] * (budgets / clip_thresholds)[None, :, :]
+    out = np.floor(scaled + uniforms).astype(np.int64)
+    # scaled == b exactly plus U < 1 floors to b; guard float round-off at the upper end.
+    return np.minimum(out, budgets[None, :, :])
+
+
+def rank_within_source(source_ids: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
+    """0-based position of each report among its source's reports (by ``order``, then index)."""
+    source_ids = np.asarray(source_ids)
+    n = source_ids.shape[0]
+    order = np.arange(n) if order is None else np.asarray(order)
+    idx = np.lexsort((np.arange(n), order, source_ids))
+    sorted_src = source_ids[idx]
+    starts = np.ones(n, dtype=bool)
+    starts[1:] = sorted_src[1:] != sorted_src[:-1]
+    group_start = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
+    rank = np.empty(n, dtype=np.int64)
+    rank[idx] = np.arange(n) - group_start
+    return rank
+
+
+def bound_contributions(source_ids: np.ndarray, report_totals: np.ndarray,
+                        order: np.ndarray | None = None,
+                        budget: int = CONTRIBUTION_BUDGET) -> np.ndarray:
+    """Algorithm C: which reports the browser keeps (boolean mask).
+
+    Reports of one source are taken in ``order`` (ties by position); a report is kept when its
+    total fits in what is left of the source's budget, otherwise it is dropped whole and the
+    budget is unchanged (a later, smaller report may still fit). So the kept totals of every
+    source sum to at most ``budget``. Vectorised over sources, one step per report rank.
+    """
+    source_ids = np.asarray(source_ids)
+    if source_ids.shape[0] == 0:
+        return np.zeros(0, dtype=bool)
+    _, src = np.unique(source_ids, return_inverse=True)
+    return bound_ranked_contributions(src, rank_within_source(src, order), report_totals, budget)
+
+
+def bound_ranked_contributions(source_index: np.ndarray, rank: np.ndarray,
+                               report_totals: np.ndarray,
+                               budget: int = CONTRIBUTION_BUDGET) -> np.ndarray:
+    """Algorithm C on dense source indices (0..S-1) with precomputed ranks (see
+    ``rank_within_source``); for simulations that bound the same reports many times."""
+    totals = np.asarray(report_totals, dtype=np.int64)
+    if (totals < 0).any():
+        raise ValueError("report totals must be non-negative")
+    n = totals.shape[0]
+    keep = np.zeros(n, dtype=bool)
+    if n == 0:
+        return keep
+    by_rank = np.argsort(rank, kind="stable")
+    rank_sorted = rank[by_rank]
+    bounds = np.searchsorted(rank_sorted, np.arange(rank_sorted[-1] + 2))
+    spent = np.zeros(int(source_index.max()) + 1, dtype=np.int64)
+    for r in range(int(rank_sorted[-1]) + 1):
+        rows = by_rank[bounds[r]:bounds[r + 1]]  # at most one report per source
+        s = source_index[rows]
+        fits = spent[s] + totals[rows] <= budget
+        keep[rows] = fits
+        spent[s[fits]] += totals[rows[fits]]
+    return keep
+
+
+def parse_bucket_key(text) -> int:
+    """A 128-bit bucket key from an int, a decimal string or a ``0x`` hex string."""
+    if isinstance(text, bool):
+        raise ValueError("bucket key must be an integer, not a boolean")
+    if isinstance(text, (int, np.integer)):
+        key = int(text)
+    elif isinstance(text, str):
+        s = text.strip()
+        try:
+            key = int(s, 16) if s.lower().startswith("0x") else int(s, 10)
+        except ValueError as e:
+            raise ValueError(f"bucket key {text!r} is not a decimal or 0x-hex integer") from e
+    else:
+        raise ValueError(f"bucket key must be an integer or string, got {type(text).__name__}")
+    if not 0 <= key <= _MAX_BUCKET_KEY:
+        raise ValueError(f"bucket key {text!r} does not fit in 128 bits")
+    return key
