@@ -58,11 +58,11 @@ from pyarrow import csv as pacsv
 
 from accounting.budget import Measure
 from accounting.composition import combine_zcdp_and_pure, sequential
-from accounting.ledger import BudgetLedger, LedgerError, input_digest
+from accounting.ledger import BudgetLedger, ChangedInputError, LedgerError, input_digest
 from accounting.sensitivity import ContributionBounds, Neighbouring, Sensitivities, count_sensitivity
 from runners.profiles import build_options
 from pipelines.centralnotice_config import KEY_COLUMNS, CampaignConfig, ConfigError, load_config
-from transforms.aggregate import BoundContributions, _Config as _BoundingConfig
+from transforms.aggregate import BoundContributions, BoundingConfig
 from transforms.impressions_split import clean_impressions, per_key_contribution
 from transforms.keyset import PublicKeyset
 from transforms.noise import ReleaseKey
@@ -129,9 +129,10 @@ class ReadTables(beam.DoFn):
             data = handle.read()
         malformed = []
         options = pacsv.ParseOptions(invalid_row_handler=lambda row: malformed.append(1) or "skip")
+        # Only an empty field is missing: Arrow's default null markers include "NA" (Namibia).
         convert = pacsv.ConvertOptions(include_columns=self._columns,
                                        column_types={c: pa.string() for c in self._columns},
-                                       strings_can_be_null=True)
+                                       null_values=[""], strings_can_be_null=True)
         reader = pacsv.open_csv(io.BytesIO(data), parse_options=options, convert_options=convert,
                                 read_options=pacsv.ReadOptions(block_size=8 << 20))
         for batch in reader:
@@ -144,10 +145,11 @@ def _typed_keys(table: pa.Table) -> pa.Table:
     columns = {}
     for name in table.column_names:
         column = table.column(name)
-        if name == "date" and not pa.types.is_date32(column.type):
+        if name == "date":
             if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
                 column = pc.strptime(column, format="%Y-%m-%d", unit="s", error_is_null=True)
-            column = pc.cast(column, pa.date32())
+            if not pa.types.is_date32(column.type):
+                column = pc.cast(column, pa.date32())
         elif name in KEYS and not pa.types.is_string(column.type):
             column = pc.cast(column, pa.string())
         columns[name] = column
@@ -217,8 +219,11 @@ class ClickRows(beam.DoFn):
         typed = typed.filter(pa.array(valid))
         if "user_id" in typed.column_names:
             users = typed.column("user_id")
-            has_user = pc.fill_null(pc.not_equal(pc.utf8_trim_whitespace(users), ""), False) \
-                .to_numpy(zero_copy_only=False)
+            if pa.types.is_string(users.type) or pa.types.is_large_string(users.type):
+                has_user = pc.fill_null(pc.not_equal(pc.utf8_trim_whitespace(users), ""), False) \
+                    .to_numpy(zero_copy_only=False)
+            else:  # e.g. integer ids from Parquet: only a null is missing
+                has_user = users.is_valid().to_numpy(zero_copy_only=False)
             _count("clicks_dropped_missing_user", (~has_user).sum())
             typed = typed.filter(pa.array(has_user))
         typed = self._filter.apply(typed, "clicks")
@@ -310,7 +315,7 @@ class CentralNoticeRelease(beam.PTransform):
             clk = click_rows | "RowClickPartials" >> beam.Map(_row_click_partials)
         else:
             m = c.clicks.max_clicks_per_user
-            bounding = _BoundingConfig("user_id", KEYS, None, ContributionBounds(m, m, max_contributions=m),
+            bounding = BoundingConfig("user_id", KEYS, None, ContributionBounds(m, m, max_contributions=m),
                                        None, self.release_key, self.testing, self.num_shards, False, 0.0)
             clk = (click_rows
                    | "BoundUsers" >> BoundContributions(bounding)
@@ -580,7 +585,8 @@ def main(argv=None) -> int:
             report = run_release(args, beam_argv, campaign, release, config)
             print(format_report(report), end="")
     except (ConfigError, LedgerError, ValueError, KeyError, FileNotFoundError) as err:
-        print(f"centralnotice: error: {err}", file=sys.stderr)
+        hint = " (on the command line: --new-release)" if isinstance(err, ChangedInputError) else ""
+        print(f"centralnotice: error: {err}{hint}", file=sys.stderr)
         return 2
     return 0
 

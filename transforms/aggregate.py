@@ -65,8 +65,14 @@ COMPACT_ROWS = 200_000
 
 # --------------------------------------------------------------------------- configuration
 
-class _Config:
-    """The picklable description shared by the DoFns of one DPAggregate."""
+class BoundingConfig:
+    """What contribution bounding needs (picklable; shared by the DoFns of one DPAggregate).
+
+    unit / keys / value: column names (value None for counts only); bounds: the contribution
+    bounds; keyset: rows outside it are dropped before bounding; release_key: derives the
+    secret priorities; num_shards: unit and key shards; integer_values: integer sums;
+    midpoint: centre of the clamping range (for normalized sums).
+    """
 
     def __init__(self, unit, keys, value, bounds, keyset, release_key, testing, num_shards,
                  integer_values, midpoint):
@@ -140,7 +146,7 @@ class _ToArrowTables(beam.DoFn):
 class _PrepareAndBound(beam.DoFn):
     """Row rules, keyset filter, priorities and per-batch bounding; routes rows by unit shard."""
 
-    def __init__(self, config: _Config):
+    def __init__(self, config: BoundingConfig):
         self._c = config
         self._counters = {}
 
@@ -206,7 +212,7 @@ class _PrepareAndBound(beam.DoFn):
 class _BoundUnitsFn(beam.CombineFn):
     """Per unit shard: re-bound partial batches as they meet; output exact per-key partials."""
 
-    def __init__(self, config: _Config):
+    def __init__(self, config: BoundingConfig):
         self._c = config
 
     def create_accumulator(self):
@@ -264,7 +270,7 @@ class BoundContributions(beam.PTransform):
     :class:`~transforms.release.NoisyRelease` with measures of their own.
     """
 
-    def __init__(self, config: "_Config", keyset_pcollection=None, label=None):
+    def __init__(self, config: "BoundingConfig", keyset_pcollection=None, label=None):
         super().__init__(label)
         self._c = config
         self._keyset_pcollection = keyset_pcollection
@@ -348,7 +354,7 @@ class DPAggregate(beam.PTransform):
                                      bounds.max_partitions)
         low_high = bounds.value_range() if needs_value else (0.0, 0.0)
         self.keyset = keyset
-        self._config = _Config(privacy_unit, keys, value if needs_value else None, bounds, keyset,
+        self._config = BoundingConfig(privacy_unit, keys, value if needs_value else None, bounds, keyset,
                                release_key, testing, num_shards, integer_values,
                                (low_high[0] + low_high[1]) / 2)
         self._metrics = metrics

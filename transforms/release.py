@@ -116,22 +116,28 @@ class _RouteKeyset(beam.DoFn):
             yield from _route_by_key(table, self._keys, self._num_shards)
 
 
+@dataclass(frozen=True)
+class _ReleaseSettings:
+    """What the release DoFn needs (one picklable value)."""
+
+    keys: tuple
+    keyset: Optional[PublicKeyset]
+    selector: object
+    measures: tuple
+    outputs: tuple
+    partial_types: Mapping[str, pa.DataType]
+    release_key: ReleaseKey
+    testing: bool
+    threshold_mode: str
+
+
 class _NoiseAndRelease(beam.DoFn):
-    def __init__(self, keys, keyset, selector, measures, outputs, partial_types, release_key,
-                 testing, threshold_mode):
-        self._keys = list(keys)
-        self._keyset = keyset
-        self._selector = selector
-        self._measures = list(measures)
-        self._outputs = list(outputs)
-        self._partial_types = dict(partial_types)
-        self._release_key = release_key
-        self._testing = testing
-        self._threshold_mode = threshold_mode
+    def __init__(self, settings: _ReleaseSettings):
+        self._s = settings
 
     def _zeros(self, keys: pa.Table) -> pa.Table:
-        columns = {k: keys.column(k) for k in self._keys}
-        for name, typ in self._partial_types.items():
+        columns = {k: keys.column(k) for k in self._s.keys}
+        for name, typ in self._s.partial_types.items():
             columns[name] = pa.array(np.zeros(keys.num_rows), pa.float64()).cast(typ)
         return pa.table(columns)
 
@@ -142,12 +148,12 @@ class _NoiseAndRelease(beam.DoFn):
             totals = [t for t in value["totals"] if t is not None and t.num_rows]
             if not keysets:
                 return
-            keys = pa.concat_tables(keysets, promote_options="permissive").select(self._keys)
-            keys = keys.group_by(self._keys, use_threads=False).aggregate([])  # distinct
+            keys = pa.concat_tables(keysets, promote_options="permissive").select(self._s.keys)
+            keys = keys.group_by(list(self._s.keys), use_threads=False).aggregate([])  # distinct
             zeros = self._zeros(keys)
             if totals:
-                total = self._keyset.cast_like(bounding.sum_partials(totals, self._keys))
-                joined = keys.join(total, keys=self._keys, join_type="left outer", use_threads=False)
+                total = self._s.keyset.cast_like(bounding.sum_partials(totals, self._s.keys))
+                joined = keys.join(total, keys=self._s.keys, join_type="left outer", use_threads=False)
                 zeros = self._zeros(joined)
                 table = pa.table({name: pc.coalesce(joined.column(name), zeros.column(name))
                                   if name in joined.column_names else zeros.column(name)
@@ -158,8 +164,8 @@ class _NoiseAndRelease(beam.DoFn):
             table = value
             if table is None or not table.num_rows:
                 return
-            streams = RandomStreams.for_keys(self._release_key, "key_selection", table.select(self._keys))
-            keep = self._selector.keep(table.column("units").to_numpy(zero_copy_only=False), streams)
+            streams = RandomStreams.for_keys(self._s.release_key, "key_selection", table.select(self._s.keys))
+            keep = self._s.selector.keep(table.column("units").to_numpy(zero_copy_only=False), streams)
             Metrics.counter(NAMESPACE, "keys_selected").inc(int(keep.sum()))
             table = table.filter(pa.array(keep))
             if not table.num_rows:
@@ -167,24 +173,24 @@ class _NoiseAndRelease(beam.DoFn):
         yield from self._release(table)
 
     def _release(self, table: pa.Table):
-        keys = table.select(self._keys)
+        keys = table.select(self._s.keys)
         noisy = {}
-        for m in self._measures:
+        for m in self._s.measures:
             exact = table.column(m.partial).to_numpy(zero_copy_only=False)
             exact = exact.astype(np.int64) if m.integer else exact.astype(np.float64)
-            if self._testing:
+            if self._s.testing:
                 noisy[m.name] = exact
             else:
-                noisy[m.name] = add_noise(m.spec, exact, RandomStreams.for_keys(self._release_key, m.name, keys))
-        out = {k: keys.column(k) for k in self._keys}
+                noisy[m.name] = add_noise(m.spec, exact, RandomStreams.for_keys(self._s.release_key, m.name, keys))
+        out = {k: keys.column(k) for k in self._s.keys}
         suppress = np.zeros(table.num_rows, dtype=bool)
-        all_below = np.ones(table.num_rows, dtype=bool) if self._threshold_mode == "value" else None
-        for column in self._outputs:
+        all_below = np.ones(table.num_rows, dtype=bool) if self._s.threshold_mode == "value" else None
+        for column in self._s.outputs:
             values = column.values(noisy)
             array = pa.array(values)
             if column.threshold is not None:
                 below = ~(np.asarray(values, dtype=float) > column.threshold)
-                if self._threshold_mode == "key":
+                if self._s.threshold_mode == "key":
                     suppress |= below
                 else:
                     array = pa.array(values, mask=below)
@@ -228,24 +234,19 @@ class NoisyRelease(beam.PTransform):
             raise ValueError("private key selection needs a 'units' partial column")
         self._keys = list(keys)
         self._keyset = keyset
-        self._selector = selector
-        self._measures = list(measures)
-        self._outputs = list(outputs)
-        self._partial_types = dict(partial_types)
-        self._release_key = release_key
-        self._testing = testing
         self._num_shards = num_shards
-        self._threshold_mode = threshold_mode
+        worker_keyset = None if keyset is None else (keyset if keyset.in_memory else keyset.without_source())
+        self._settings = _ReleaseSettings(tuple(keys), worker_keyset, selector, tuple(measures),
+                                          tuple(outputs), dict(partial_types), release_key, testing,
+                                          threshold_mode)
 
     def expand(self, partials):
         keyset = self._keyset
-        worker_keyset = None if keyset is None else (keyset if keyset.in_memory else keyset.without_source())
+        worker_keyset = self._settings.keyset
         totals = (partials
                   | "RouteByKey" >> beam.FlatMap(_route_by_key, self._keys, self._num_shards)
                   | "SumPerKeyShard" >> beam.CombinePerKey(_SumPartialsFn(self._keys)))
-        release = _NoiseAndRelease(self._keys, worker_keyset, self._selector, self._measures,
-                                   self._outputs, self._partial_types, self._release_key,
-                                   self._testing, self._threshold_mode)
+        release = _NoiseAndRelease(self._settings)
         if keyset is None:
             return totals | "SelectNoiseAndRelease" >> beam.ParDo(release)
         if keyset.in_memory:
