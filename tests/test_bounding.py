@@ -37,21 +37,17 @@ def _multiset(table):
 @given(rows=rows_strategy, l0=st.integers(1, 4), linf=st.integers(1, 4))
 def test_bound_invariants(rows, l0, linf):
     bounded = bounding.bound(_prepared(rows), l0, linf)
-    per_pair = collections.Counter(zip(bounded.column(bounding.UNIT).to_pylist(),
-                                       bounded.column("k").to_pylist()))
-    assert all(c <= linf for c in per_pair.values())
-    per_unit = collections.Counter(u for u, _ in per_pair)
-    assert all(c <= l0 for c in per_unit.values())
-    # Nothing is dropped that the bounds allow to keep: a unit with <= l0 keys keeps all of them.
+    name_of = {_unit_hash(u): u for u in {r[0] for r in rows}}
+    kept = collections.Counter(zip((name_of[h] for h in bounded.column(bounding.UNIT).to_pylist()),
+                                   bounded.column("k").to_pylist()))
     original = collections.Counter((r[0], r[1]) for r in rows)
+    assert all(c <= linf for c in kept.values())
+    assert all(c <= l0 for c in collections.Counter(u for u, _ in kept).values())
+    for (unit, key), count in kept.items():
+        assert count == min(original[(unit, key)], linf)  # a kept key keeps as many rows as allowed
     for unit in {r[0] for r in rows}:
-        keys = {k for (u, k) in original if u == unit}
-        kept_rows = sum(min(c, linf) for (u, k), c in original.items() if u == unit)
-        if len(keys) <= l0:
-            unit_rows = sum(c for (uh, k), c in per_pair.items()
-                            if any(r[0] == unit and r[1] == k for r in rows)
-                            and uh == _unit_hash(unit))
-            assert unit_rows == kept_rows
+        keys_of_unit = {k for (u, k) in original if u == unit}
+        assert len({k for (u, k) in kept if u == unit}) == min(len(keys_of_unit), l0)
 
 
 def _unit_hash(unit):
