@@ -231,3 +231,38 @@ def test_dp_tester_end_to_end_on_count():
     assert tester.run(lambda m: with_unit[:m], lambda m: without[:m], epsilon=epsilon).passed
     # The same outputs refute a claim of half the epsilon: the tester has power here.
     assert not tester.run(lambda m: with_unit[:m], lambda m: without[:m], epsilon=epsilon / 3).passed
+
+
+def test_keyset_from_files(tmp_path):
+    csv_path = tmp_path / "keys.csv"
+    csv_path.write_text("country,project\nDE,de.wikipedia\nFR,fr.wikipedia\n")
+    text_path = tmp_path / "countries.txt"
+    text_path.write_text("# protected list style\nDE\nJP\n")
+    from_csv = PublicKeyset.from_file(str(csv_path), ["country", "project"])
+    assert from_csv.size() == 2
+    table = pa.table({"country": ["DE", "FR", "DE"], "project": ["de.wikipedia", "de.wikipedia", "x"]})
+    assert from_csv.member_mask(table).tolist() == [True, False, False]
+    from_text = PublicKeyset.from_file(str(text_path), ["country"])
+    assert sorted(pa.concat_tables(from_text.batches()).column("country").to_pylist()) == ["DE", "JP"]
+
+
+def test_a_unit_with_millions_of_rows_stays_bounded_in_memory():
+    """Each batch sends at most L0 * Linf rows of a unit; the accumulator re-bounds as it grows."""
+    from transforms import aggregate, bounding
+
+    bounds = ContributionBounds(max_partitions=3, max_contributions_per_partition=2)
+    config = aggregate.BoundingConfig("user", ["k"], None, bounds, None, ReleaseKey.for_testing(1),
+                                      False, 4, False, 0.0)
+    prepare = aggregate._PrepareAndBound(config)
+    combine = aggregate._BoundUnitsFn(config)
+    accumulator = combine.create_accumulator()
+    largest = 0
+    batch = pa.table({"user": pa.array(["heavy"] * 100_000), "k": pa.array(np.arange(100_000) % 50)})
+    for _ in range(20):  # two million rows of one unit
+        for _, routed in prepare.process(batch):
+            assert routed.num_rows <= 3 * 2
+            accumulator = combine.add_input(accumulator, routed)
+            largest = max(largest, sum(t.num_rows for t in accumulator))
+    partials = combine.extract_output(accumulator)
+    assert partials.column("count").to_pylist() and sum(partials.column("count").to_pylist()) == 6
+    assert largest <= 20 * 6
