@@ -247,22 +247,23 @@ def test_keyset_from_files(tmp_path):
 
 
 def test_a_unit_with_millions_of_rows_stays_bounded_in_memory():
-    """Each batch sends at most L0 * Linf rows of a unit; the accumulator re-bounds as it grows."""
+    """Each batch sends at most L0 * Linf rows of a unit; the shard re-bounds as rows accumulate."""
     from transforms import aggregate, bounding
 
     bounds = ContributionBounds(max_partitions=3, max_contributions_per_partition=2)
     config = aggregate.BoundingConfig("user", ["k"], None, bounds, None, ReleaseKey.for_testing(1),
                                       False, 4, False, 0.0)
     prepare = aggregate._PrepareAndBound(config)
-    combine = aggregate._BoundUnitsFn(config)
-    accumulator = combine.create_accumulator()
+    rows = bounding.BoundedRows(3, 2, min_rows=50)
     largest = 0
-    batch = pa.table({"user": pa.array(["heavy"] * 100_000), "k": pa.array(np.arange(100_000) % 50)})
-    for _ in range(20):  # two million rows of one unit
+    for i in range(20):  # two million rows of one unit, in distinct batches
+        batch = pa.table({"user": pa.array(["heavy"] * 100_000),
+                          "k": pa.array((np.arange(100_000) + i) % 50)})
         for _, routed in prepare.process(batch):
             assert routed.num_rows <= 3 * 2
-            accumulator = combine.add_input(accumulator, routed)
-            largest = max(largest, sum(t.num_rows for t in accumulator))
-    partials = combine.extract_output(accumulator)
-    assert partials.column("count").to_pylist() and sum(partials.column("count").to_pylist()) == 6
-    assert largest <= 20 * 6
+            rows.add(routed)
+            largest = max(largest, rows.rows)
+    bounded = rows.result()
+    assert bounded.num_rows == 6 and largest <= 2 * 50
+    partials = bounding.key_partials(bounded, ["k"], has_value=False)
+    assert sum(partials.column("count").to_pylist()) == 6 and partials.num_rows == 3

@@ -17,8 +17,8 @@ Data flow (every step works on Arrow batches; only bounded partials are shuffled
 1. Prepare (per batch): check columns, apply the row rules below, drop keys outside a public
    keyset, give rows their secret priorities and bound the batch (L0 keys per unit, Linf rows per
    unit and key), then route the survivors to a shard by a hash of the privacy unit.
-2. Per unit shard, a CombineFn re-bounds the partial batches as they meet (bounding by global
-   priorities is mergeable) and turns the bounded rows into exact per-key partials.
+2. Per unit shard, the partial batches are re-bounded as they meet (bounding by global
+   priorities is mergeable) and the bounded rows become exact per-key partials.
 3. The release stage (:class:`~transforms.release.NoisyRelease`) sums partials per key shard.
 4. Keys are chosen: the public keyset (left join: keys without rows get zeros) or private key
    selection. Noise is drawn per key from the release key and the measure's name, and release
@@ -209,38 +209,31 @@ class _PrepareAndBound(beam.DoFn):
         yield from bounding.split_by_shard(table, shards)
 
 
-class _BoundUnitsFn(beam.CombineFn):
-    """Per unit shard: re-bound partial batches as they meet; output exact per-key partials."""
+class _BoundUnitShard(beam.DoFn):
+    """One unit shard's partial batches -> exact per-key partials of its bounded rows.
+
+    A GroupByKey feeds the batches lazily; they are re-bounded as they accumulate, so a shard
+    holds at most about twice its bounded data. (A lifted CombineFn would pre-combine before the
+    shuffle, but rows of distinct units do not shrink when combined: it would only hold more.)
+    """
 
     def __init__(self, config: BoundingConfig):
         self._c = config
 
-    def create_accumulator(self):
-        return []
-
-    def _compact(self, tables):
-        table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
-        return [bounding.bound(table, self._c.bounds.max_partitions,
-                               self._c.bounds.max_contributions_per_partition)]
-
-    def add_input(self, accumulator, table):
-        accumulator.append(table)
-        if sum(t.num_rows for t in accumulator) > COMPACT_ROWS:
-            accumulator = self._compact(accumulator)
-        return accumulator
-
-    def merge_accumulators(self, accumulators):
-        tables = [t for acc in accumulators for t in acc]
-        return self._compact(tables) if tables else []
-
-    def extract_output(self, accumulator):
-        if not accumulator:
-            return None
-        bounded = self._compact(accumulator)[0]
-        if self._c.bounds.max_contributions is not None:
-            bounded = bounding.bound_total(bounded, self._c.bounds.max_contributions)
-        return bounding.key_partials(bounded, self._c.keys, has_value=self._c.value is not None,
-                                     midpoint=self._c.midpoint, integer_sum=self._c.integer_values)
+    def process(self, element):
+        _, tables = element
+        c = self._c
+        rows = bounding.BoundedRows(c.bounds.max_partitions, c.bounds.max_contributions_per_partition,
+                                    COMPACT_ROWS)
+        for table in tables:
+            rows.add(table)
+        bounded = rows.result()
+        if bounded is None or not bounded.num_rows:
+            return
+        if c.bounds.max_contributions is not None:
+            bounded = bounding.bound_total(bounded, c.bounds.max_contributions)
+        yield bounding.key_partials(bounded, c.keys, has_value=c.value is not None,
+                                    midpoint=c.midpoint, integer_sum=c.integer_values)
 
 
 class _SortedUnionFn(beam.CombineFn):
@@ -288,8 +281,8 @@ class BoundContributions(beam.PTransform):
         return (pcoll
                 | "ToArrow" >> beam.ParDo(_ToArrowTables(columns))
                 | "PrepareAndBound" >> beam.ParDo(_PrepareAndBound(c), **side)
-                | "BoundPerUnitShard" >> beam.CombinePerKey(_BoundUnitsFn(c))
-                | "Partials" >> beam.Values())
+                | "GroupByUnitShard" >> beam.GroupByKey()
+                | "BoundUnitShards" >> beam.ParDo(_BoundUnitShard(c)))
 
 
 # --------------------------------------------------------------------------- the transform

@@ -23,7 +23,7 @@ the same on every runner.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -114,6 +114,40 @@ def bound_total(table: pa.Table, max_contributions: int) -> pa.Table:
     return table.take(pa.array(order[keep]))
 
 
+class BoundedRows:
+    """Accumulates bounded batches of rows, re-bounding them as they grow.
+
+    Re-bounding happens when the held rows double since the last time, so its cost is amortised
+    O(n log n) and the memory held is at most about twice the bounded data of the units seen.
+    """
+
+    def __init__(self, max_partitions: int, max_per_partition: int, min_rows: int = 200_000):
+        self._l0, self._linf, self._min_rows = max_partitions, max_per_partition, min_rows
+        self._tables, self._rows, self._after_last = [], 0, 0
+
+    @property
+    def rows(self) -> int:
+        return self._rows
+
+    def add(self, table: pa.Table) -> None:
+        self._tables.append(table)
+        self._rows += table.num_rows
+        if self._rows > max(self._min_rows, 2 * self._after_last):
+            self._compact()
+
+    def _compact(self) -> None:
+        table = pa.concat_tables(self._tables, promote_options="permissive") \
+            if len(self._tables) > 1 else self._tables[0]
+        bounded = bound(table, self._l0, self._linf)
+        self._tables, self._rows, self._after_last = [bounded], bounded.num_rows, bounded.num_rows
+
+    def result(self) -> Optional[pa.Table]:
+        if not self._tables:
+            return None
+        self._compact()
+        return self._tables[0]
+
+
 def routing_hash(keys: pa.Table) -> np.ndarray:
     """A public 64-bit hash of each key (for sharding; the same for data and keysets)."""
     return _words(cbc_mac(_PUBLIC_ROUTING_KEY, encode_keys(keys)))[:, 0]
@@ -124,7 +158,11 @@ def shard_of(hashes: np.ndarray, num_shards: int) -> np.ndarray:
 
 
 def split_by_shard(table: pa.Table, shards: np.ndarray):
-    """Yield (shard, sub-table) for each shard present, vectorised."""
+    """Yield (shard, sub-table) for each shard present, vectorised.
+
+    Each sub-table is a copy (``take``), not a slice: a pickled Arrow slice carries its parent's
+    whole buffers, which would multiply what every shuffle moves by the number of shards.
+    """
     if table.num_rows == 0:
         return
     order = np.argsort(shards, kind="stable")
@@ -132,9 +170,8 @@ def split_by_shard(table: pa.Table, shards: np.ndarray):
     boundaries = np.flatnonzero(np.diff(sorted_shards)) + 1
     starts = np.concatenate([[0], boundaries])
     ends = np.concatenate([boundaries, [len(order)]])
-    ordered = table.take(pa.array(order))
     for start, end in zip(starts, ends):
-        yield int(sorted_shards[start]), ordered.slice(start, end - start)
+        yield int(sorted_shards[start]), table.take(pa.array(order[start:end]))
 
 
 def key_partials(bounded: pa.Table, key_columns: Sequence[str], *, has_value: bool,
