@@ -44,7 +44,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 from typing import Optional, Sequence
 
 import apache_beam as beam
@@ -60,6 +59,7 @@ from accounting.budget import Measure
 from accounting.composition import combine_zcdp_and_pure, sequential
 from accounting.ledger import BudgetLedger, ChangedInputError, LedgerError, input_digest
 from accounting.sensitivity import ContributionBounds, Neighbouring, Sensitivities, count_sensitivity
+from accounting.validation import check_positive_int
 from runners.profiles import build_options
 from pipelines.centralnotice_config import KEY_COLUMNS, CampaignConfig, ConfigError, load_config
 from transforms.aggregate import BoundContributions, BoundingConfig
@@ -104,7 +104,7 @@ def check_input(paths: Sequence[str], fmt: str, required: Sequence[str], what: s
             if fmt == "parquet":
                 names = pq.ParquetFile(handle).schema_arrow.names
             else:
-                header = handle.readline().decode("utf-8").strip()
+                header = handle.readline().decode("utf-8-sig").strip()  # Arrow skips a BOM too
                 names = [n.strip().strip('"') for n in header.split(",")]
         missing = [c for c in required if c not in names]
         if missing:
@@ -126,17 +126,17 @@ class ReadTables(beam.DoFn):
                 for group in range(parquet.num_row_groups):
                     yield parquet.read_row_group(group, columns=self._columns)
                 return
-            data = handle.read()
-        malformed = []
-        options = pacsv.ParseOptions(invalid_row_handler=lambda row: malformed.append(1) or "skip")
-        # Only an empty field is missing: Arrow's default null markers include "NA" (Namibia).
-        convert = pacsv.ConvertOptions(include_columns=self._columns,
-                                       column_types={c: pa.string() for c in self._columns},
-                                       null_values=[""], strings_can_be_null=True)
-        reader = pacsv.open_csv(io.BytesIO(data), parse_options=options, convert_options=convert,
-                                read_options=pacsv.ReadOptions(block_size=8 << 20))
-        for batch in reader:
-            yield pa.Table.from_batches([batch])
+            malformed = []
+            options = pacsv.ParseOptions(invalid_row_handler=lambda row: malformed.append(1) or "skip")
+            # Only an empty field is missing: Arrow's default null markers include "NA" (Namibia).
+            convert = pacsv.ConvertOptions(include_columns=self._columns,
+                                           column_types={c: pa.string() for c in self._columns},
+                                           null_values=[""], strings_can_be_null=True)
+            # Streams the file in blocks: a large CSV is never read whole.
+            reader = pacsv.open_csv(handle, parse_options=options, convert_options=convert,
+                                    read_options=pacsv.ReadOptions(block_size=8 << 20))
+            for batch in reader:
+                yield pa.Table.from_batches([batch])
         _count(f"{self._what}_malformed_csv_lines", len(malformed))
 
 
@@ -286,17 +286,22 @@ class CentralNoticeRelease(beam.PTransform):
     def __init__(self, campaign: CampaignConfig, dates: Sequence[_dt.date], release_key: ReleaseKey,
                  *, testing: bool = False, num_shards: int = 16):
         super().__init__()
-        if campaign.clicks.neighbouring == "user" and campaign.clicks.bound_per == "campaign" \
-                and campaign.schedule == "daily":
-            raise ValueError(f"campaign {campaign.campaign_id!r}: user-DP clicks bounded per campaign "
-                             "need the whole campaign in one release (schedule 'campaign'); a daily "
-                             "release cannot bound a user across days it does not see")
+        self.check_plan(campaign)
         self.campaign = campaign
         self.dates = list(dates)
         self.release_key = release_key
         self.testing = testing
         self.num_shards = num_shards
         self.measures = release_measures(campaign)
+
+    @staticmethod
+    def check_plan(campaign: CampaignConfig) -> None:
+        """Refuse a campaign whose releases cannot keep its stated guarantee (before any work)."""
+        if campaign.clicks.neighbouring == "user" and campaign.clicks.bound_per == "campaign" \
+                and campaign.schedule == "daily":
+            raise ValueError(f"campaign {campaign.campaign_id!r}: user-DP clicks bounded per campaign "
+                             "need the whole campaign in one release (schedule 'campaign'); a daily "
+                             "release cannot bound a user across days it does not see")
 
     def keyset(self) -> PublicKeyset:
         c = self.campaign
@@ -440,6 +445,8 @@ def _select_release(config, args):
 
 def run_release(args, beam_argv, campaign: CampaignConfig, release, config) -> dict:
     """Check inputs, charge the ledger, run the pipeline, write the output and the report."""
+    CentralNoticeRelease.check_plan(campaign)
+    check_positive_int(args.num_shards, "--num-shards")
     imp_paths, clk_paths = expand_paths(args.impressions), expand_paths(args.clicks)
     imp_fmt = _format_of(imp_paths[0] if imp_paths else "", args.input_format)
     clk_fmt = _format_of(clk_paths[0] if clk_paths else "", args.input_format)
@@ -449,6 +456,7 @@ def run_release(args, beam_argv, campaign: CampaignConfig, release, config) -> d
     out_dir = "/".join([args.output.rstrip("/"), *release.release_id.split("/")])
     out_path = f"{out_dir}/centralnotice.{args.output_format}"
     measures = release_measures(campaign)
+    options = build_options(beam_argv)  # Beam option errors too come before the ledger charges
     ledger = reservation = None
     if args.testing_seed is not None:
         key, testing_note = ReleaseKey.for_testing(args.testing_seed), "NOT A RELEASE (testing seed)"
@@ -460,11 +468,12 @@ def run_release(args, beam_argv, campaign: CampaignConfig, release, config) -> d
                                                               "release": release.release_id})
         reservation = ledger.begin(release.release_id, campaign.charges(), digest,
                                    campaign=campaign.campaign_id, periods=list(release.periods),
-                                   budget=campaign.campaign_budget(), new_release=args.new_release,
-                                   metadata={"output": out_path})
+                                   budget=campaign.campaign_budget(), new_release=args.new_release)
         key, testing_note = reservation.key, None
+        if reservation.version > 1:  # a new version never overwrites the files of an earlier one
+            out_dir = f"{out_dir}/v{reservation.version}"
+            out_path = f"{out_dir}/centralnotice.{args.output_format}"
     transform = CentralNoticeRelease(campaign, release.dates, key, num_shards=args.num_shards)
-    options = build_options(beam_argv)
     with beam.Pipeline(options=options) as p:
         impressions = (p | "ImpressionFiles" >> beam.Create(imp_paths) | "ReshuffleImp" >> beam.Reshuffle()
                        | "ReadImpressions" >> beam.ParDo(ReadTables(imp_fmt, KEYS + ["impressions"], "impressions")))

@@ -171,8 +171,9 @@ class _CsvBatches(beam.DoFn):
         self._columns = columns
 
     def process(self, readable_file):
+        # Only an empty field is missing: Arrow's default null markers include "NA" and "null".
         convert = pacsv.ConvertOptions(column_types={c: pa.string() for c in self._columns},
-                                       include_columns=self._columns,
+                                       include_columns=self._columns, null_values=[""],
                                        strings_can_be_null=True)
         with readable_file.open() as handle:
             reader = pacsv.open_csv(handle, read_options=pacsv.ReadOptions(

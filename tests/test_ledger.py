@@ -1,24 +1,20 @@
 """The budget ledger: local file (flock + atomic replace) and GCS (generation preconditions).
 
-GCS tests run against ``gcp-storage-emulator`` started in-process on a free port. That emulator
-ignores ``ifGenerationMatch`` on uploads (it always overwrites), so the fixture below adds the
-documented GCS rule for object inserts (Cloud Storage JSON API, objects.insert: the write
-happens only if the live object's generation equals ``ifGenerationMatch``, 0 meaning "does not
-exist", else HTTP 412) in front of the emulator's own insert handler. The emulator serves one
-request at a time, so the check and the write are atomic as on GCS. The ledger code is unchanged.
+GCS tests run against ``gcp-storage-emulator`` started in-process on a free port
+(``tests/gcs_emulator.py``), which adds the documented GCS rule for ``ifGenerationMatch`` on
+object inserts that the emulator itself ignores. The ledger code is unchanged.
 """
 from __future__ import annotations
 
 import json
 import multiprocessing
 import os
-import socket
 import stat
 import threading
-from http import HTTPStatus
 
 import numpy as np
 import pytest
+from gcs_emulator import storage_emulator
 
 from accounting.calibration import NoiseKind, calibrate, calibrate_zcdp
 from accounting.keystore import KeyRef, KeyStore
@@ -288,63 +284,10 @@ def test_input_digest(tmp_path):
 
 # --------------------------------------------------------------------------- GCS (emulator)
 
-def _honour_if_generation_match(insert):
-    from gcp_storage_emulator.exceptions import NotFound
-
-    def handler(request, response, storage, *args, **kwargs):
-        wanted = request.query.get("ifGenerationMatch")
-        if wanted:
-            data = request.data  # read the body in every case
-            name = request.query.get("name", [None])[0]
-            if name is None and isinstance(data, dict):
-                name = (data.get("meta") or {}).get("name")
-            try:
-                current = int(storage.get_file_obj(request.params["bucket_name"], name)["generation"])
-            except NotFound:
-                current = 0
-            if current != int(wanted[0]):
-                response.status = HTTPStatus.PRECONDITION_FAILED
-                response.json({"error": {"code": 412, "message": "Precondition Failed",
-                                         "errors": [{"reason": "conditionNotMet",
-                                                     "message": "Precondition Failed"}]}})
-                return None
-        return insert(request, response, storage, *args, **kwargs)
-
-    return handler
-
-
 @pytest.fixture(scope="module")
 def gcs_bucket():
-    from gcp_storage_emulator import server as emulator
-    from gcp_storage_emulator.handlers import objects
-
-    original = objects.insert
-    patched = _honour_if_generation_match(original)
-    replaced = []
-    for _, handlers in emulator.HANDLERS:
-        for method, fn in list(handlers.items()):
-            if fn is original:
-                handlers[method] = patched
-                replaced.append((handlers, method))
-    objects.insert = patched
-    with socket.socket() as sock:
-        sock.bind(("localhost", 0))
-        port = sock.getsockname()[1]
-    srv = emulator.create_server("localhost", port, in_memory=True, default_bucket="dp-ledger")
-    srv.start()
-    old_env = os.environ.get("STORAGE_EMULATOR_HOST")
-    os.environ["STORAGE_EMULATOR_HOST"] = f"http://localhost:{port}"
-    try:
-        yield "dp-ledger"
-    finally:
-        srv.stop()
-        objects.insert = original
-        for handlers, method in replaced:
-            handlers[method] = original
-        if old_env is None:
-            os.environ.pop("STORAGE_EMULATOR_HOST", None)
-        else:
-            os.environ["STORAGE_EMULATOR_HOST"] = old_env
+    with storage_emulator("dp-ledger") as bucket:
+        yield bucket
 
 
 def _gcs_ledger(bucket, name):

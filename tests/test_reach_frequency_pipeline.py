@@ -1,7 +1,6 @@
 """The reach & frequency pipeline end to end (FnApiRunner): CSV, Parquet, gs://, row rules."""
 import json
 import os
-import socket
 
 import apache_beam as beam
 import numpy as np
@@ -11,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
+from gcs_emulator import storage_emulator
 
 from pipelines.reach_frequency import main
 from transforms.noise import ReleaseKey
@@ -200,26 +200,11 @@ def test_union_combine_fn_in_any_grouping():
     assert second == snapshot and merged == parts[1].merge(parts[2])
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
-def test_gs_input_and_output_through_the_storage_emulator(tmp_path, monkeypatch):
-    emulator = pytest.importorskip("gcp_storage_emulator.server")
-    from apache_beam.internal.gcp import auth
+def test_gs_input_and_output_through_the_storage_emulator(tmp_path):
+    pytest.importorskip("gcp_storage_emulator.server")
     from google.cloud import storage
 
-    port = _free_port()
-    server = emulator.create_server("localhost", port, in_memory=True, default_bucket="rf")
-    server.start()
-    try:
-        monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://localhost:{port}")
-        # No credentials exist here: skip Beam's credential lookup (it retries for ~20 s before
-        # connecting anonymously, which the emulator accepts).
-        monkeypatch.setattr(auth._Credentials, "_credentials_init", True)
-        monkeypatch.setattr(auth._Credentials, "_credentials", None)
+    with storage_emulator("rf"):
         client = storage.Client.create_anonymous_client()
         client.bucket("rf").blob("logs/impressions.csv").upload_from_filename(SAMPLE)
         rc = main(["--input", "gs://rf/logs/*.csv", "--output", "gs://rf/out/rf.jsonl",
@@ -227,8 +212,6 @@ def test_gs_input_and_output_through_the_storage_emulator(tmp_path, monkeypatch)
                    "--epsilon", "1.0986", "--testing_seed", "7", "--num_registers", "20000"])
         assert rc == 0
         text = client.bucket("rf").blob("out/rf.jsonl").download_as_text()
-    finally:
-        server.stop()
     local = tmp_path / "local.jsonl"
     assert main(["--input", SAMPLE, "--output", str(local), "--campaigns", "c1,c2",
                  "--publishers", "pub_a,pub_b,pub_c", "--epsilon", "1.0986",
