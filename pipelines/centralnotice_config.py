@@ -410,6 +410,10 @@ def _campaign(value, path: str, protected: frozenset, accountant: str) -> Campai
         impressions=impressions, clicks=clicks,
         campaign_total=_budget(budget["campaign_total"], f"{path}.privacy.budget.campaign_total"),
         per_period=per_period, protected_countries=protected)
+    if clicks.bound_per == "campaign" and campaign.schedule == "daily":
+        raise ConfigError(f"{path}.privacy.clicks.bound_per",
+                          '"campaign" needs schedule "campaign": a daily release sees one day and '
+                          "cannot bound a user's clicks across the days it does not see")
     if not campaign.released_countries():
         raise ConfigError(f"{path}.countries", "every country is on the country protection list: "
                                                "nothing could be released")

@@ -114,7 +114,9 @@ def _privacy(rng: np.random.Generator, n_releases: int, n_days: int) -> dict:
         m = int(rng.choice([3, 5, 10]))
         rho = float(rng.choice([0.005, 0.01, 0.02]))
         clicks = {"noise": "discrete_gaussian", "rho": rho, "delta": 1e-9, "neighbouring": "user",
-                  "max_clicks_per_user": m, "bound_per": "period" if rng.random() < 0.6 else "campaign"}
+                  # bounding per campaign needs the whole campaign in one release
+                  "max_clicks_per_user": m,
+                  "bound_per": "campaign" if n_releases == 1 and rng.random() < 0.4 else "period"}
         spec = calibrate_zcdp(NoiseKind.DISCRETE_GAUSSIAN, rho=rho, l2_sensitivity=m,
                               delta_for_reporting=1e-9)
     else:  # row-DP Laplace clicks
