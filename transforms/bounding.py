@@ -28,6 +28,7 @@ from typing import Optional, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from transforms.noise.keys import ReleaseKey
 from transforms.noise.streams import cbc_mac, encode_keys
@@ -46,27 +47,47 @@ def _words(mac: np.ndarray) -> np.ndarray:
     return mac.view(np.uint64).reshape(-1, 2)
 
 
+def _distinct(table: pa.Table, columns: Sequence[str]):
+    """Per row, a dense code of its values in ``columns``, and one representative row per code."""
+    indices = [pc.dictionary_encode(table.column(c).combine_chunks()).indices.to_numpy(zero_copy_only=False)
+               .astype(np.int64) for c in columns]
+    sizes = [int(i.max()) + 1 if i.size else 1 for i in indices]
+    if float(np.prod(sizes, dtype=np.float64)) < 2 ** 62:
+        combined = np.zeros(table.num_rows, dtype=np.int64)
+        for index, size in zip(indices, sizes):
+            combined = combined * size + index
+        _, first, codes = np.unique(combined, return_index=True, return_inverse=True)
+    else:
+        _, first, codes = np.unique(np.stack(indices, axis=1), axis=0, return_index=True,
+                                    return_inverse=True)
+    return codes.reshape(-1), first
+
+
+def _keyed_hash(release_key: ReleaseKey, purpose: str, table: pa.Table, columns: Sequence[str]) -> np.ndarray:
+    """PRF (AES CBC-MAC) of each row's values in ``columns``, computed once per distinct value."""
+    codes, first = _distinct(table, columns)
+    mac = cbc_mac(release_key.derive(purpose).secret_bytes(), encode_keys(table.select(list(columns)).take(first)))
+    return _words(mac)[codes]
+
+
 def prioritize(table: pa.Table, unit_column: str, key_columns: Sequence[str],
                release_key: ReleaseKey) -> pa.Table:
     """Add the secret ``__unit``, ``__pair`` and ``__row`` columns to a batch of rows."""
     n = table.num_rows
-    unit_mac = cbc_mac(release_key.derive("bound:unit").secret_bytes(),
-                       encode_keys(table.select([unit_column])))
-    pair_mac = cbc_mac(release_key.derive("bound:pair").secret_bytes(),
-                       encode_keys(table.select([unit_column, *key_columns])))
-    pair_words = _words(pair_mac)
+    unit_words = _keyed_hash(release_key, "bound:unit", table, [unit_column])
+    pair_words = _keyed_hash(release_key, "bound:pair", table, [unit_column, *key_columns])
     # The batch tag separates identical rows in different batches; it depends only on content.
     tag = np.bitwise_xor.reduce(pair_words[:, 0] * np.uint64(0x9E3779B97F4A7C15)) if n else np.uint64(0)
-    message = np.empty((n, 4), dtype=np.uint64)
-    message[:, :2] = pair_words
-    message[:, 2] = np.arange(n, dtype=np.uint64)
-    message[:, 3] = tag ^ np.uint64(n)
-    row_input = pa.FixedSizeBinaryArray.from_buffers(
-        pa.binary(32), n, [None, pa.py_buffer(message.tobytes())]).cast(pa.large_binary())
-    row_mac = cbc_mac(release_key.derive("bound:row").secret_bytes(), row_input)
-    return table.append_column(UNIT, pa.array(_words(unit_mac)[:, 0])) \
+    # Row priority: AES under its own sub-key of (pair seed XOR (position, tag)) -- one block per
+    # row; distinct rows give distinct inputs except with probability ~2^-128 (seeds are secret).
+    block = pair_words.copy()
+    block[:, 0] ^= np.arange(n, dtype=np.uint64)
+    block[:, 1] ^= tag ^ np.uint64(n)
+    encryptor = Cipher(algorithms.AES(release_key.derive("bound:row").secret_bytes()), modes.ECB()).encryptor()
+    row_words = np.frombuffer(encryptor.update(block.tobytes()), dtype=np.uint64).reshape(-1, 2)
+    return table.append_column(UNIT, pa.array(unit_words[:, 0])) \
                 .append_column(PAIR, pa.array(pair_words[:, 0])) \
-                .append_column(ROW, pa.array(_words(row_mac)[:, 0]))
+                .append_column(ROW, pa.array(row_words[:, 0]))
 
 
 def _group_starts(flags: np.ndarray) -> np.ndarray:
