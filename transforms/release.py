@@ -252,7 +252,6 @@ class NoisyRelease(beam.PTransform):
         if keyset.in_memory:
             keys = (partials.pipeline
                     | "KeysetChunks" >> beam.Create(keyset.chunk_starts())
-                    | "Reshuffle" >> beam.Reshuffle()
                     | "RouteKeyset" >> beam.ParDo(_RouteKeyset(worker_keyset, self._keys,
                                                                self._num_shards, False)))
         else:
