@@ -267,3 +267,15 @@ def test_a_unit_with_millions_of_rows_stays_bounded_in_memory():
     assert bounded.num_rows == 6 and largest <= 2 * 50
     partials = bounding.key_partials(bounded, ["k"], has_value=False)
     assert sum(partials.column("count").to_pylist()) == 6 and partials.num_rows == 3
+
+
+def test_whole_release_guarantee_includes_key_selection():
+    transform = DPAggregate(privacy_unit="u", keys=["k"], metrics=[Count(noise="discrete_gaussian"), Sum()],
+                            value="v", bounds=BOUNDS, budget=PrivacyBudget(epsilon=2.0, delta=1e-6),
+                            selection=PrivateSelection(weight=2.0))
+    total = transform.guarantee()
+    assert total.epsilon == pytest.approx(2.0) and total.delta == pytest.approx(1e-6)
+    assert "whole release with key selection" in transform.explain()
+    with pytest.raises(ValueError, match="zCDP"):
+        DPAggregate(privacy_unit="u", keys=["k"], metrics=[Count()], bounds=BOUNDS,
+                    budget=PrivacyBudget.zcdp(0.1, delta=1e-6), selection=PrivateSelection())

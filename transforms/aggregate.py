@@ -48,6 +48,7 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from accounting.budget import PrivacyBudget
+from accounting.composition import EpsDelta, sequential
 from accounting.sensitivity import ContributionBounds, Neighbouring
 from transforms import bounding
 from transforms.keyset import PublicKeyset
@@ -301,6 +302,9 @@ class DPAggregate(beam.PTransform):
             keys = [keys]
         if not keys:
             raise ValueError("keys must name at least one key column")
+        if selection is not None and budget.is_zcdp:
+            raise ValueError("private key selection is (epsilon, delta)-DP: give an (epsilon, delta) "
+                             "budget, or a public keyset with a zCDP budget")
         if keyset is not None and selection is not None:
             raise ValueError("give either a public keyset or a private selection, not both")
         if keyset is None and selection is None:
@@ -342,8 +346,7 @@ class DPAggregate(beam.PTransform):
             selection_needs_delta=selection is not None, integer_values=integer_values)
         self.selector = None
         if selection is not None:
-            self.selector = Selector(selection, selection_share.epsilon, selection_share.delta
-                                     if selection_share.delta else budget.delta,
+            self.selector = Selector(selection, selection_share.epsilon, selection_share.delta,
                                      bounds.max_partitions)
         low_high = bounds.value_range() if needs_value else (0.0, 0.0)
         self.keyset = keyset
@@ -354,13 +357,23 @@ class DPAggregate(beam.PTransform):
         self._output = output
         self._threshold_mode = threshold_mode
 
+    def guarantee(self) -> EpsDelta:
+        """The whole release's (epsilon, delta): the measures (basic composition, or the zCDP
+        budget's conversion) plus private key selection, composed sequentially."""
+        measures = self.plan.guarantee("zcdp" if self.plan.budget.is_zcdp else "basic")
+        if self.selector is None:
+            return measures
+        return sequential([measures, (self.selector.epsilon, self.selector.delta)])
+
     def explain(self) -> str:
         """The release plan: each measure's mechanism, sensitivity, noise and budget share."""
         text = self.plan.explain()
         if self.selector is not None:
             s = self.selector
+            total = self.guarantee()
             text += (f"\nkey selection: {s.selection.strategy.value}, epsilon={s.epsilon:g}, "
-                     f"delta={s.delta:g}, L0={s.max_partitions}")
+                     f"delta={s.delta:g}, L0={s.max_partitions}"
+                     f"\nwhole release with key selection: epsilon={total.epsilon:g}, delta={total.delta:g}")
         if self.testing:
             text += "\nTESTING MODE: no noise is added; this is not a release."
         return text
