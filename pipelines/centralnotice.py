@@ -60,8 +60,8 @@ from accounting.composition import combine_zcdp_and_pure, sequential
 from accounting.ledger import BudgetLedger, ChangedInputError, LedgerError, input_digest
 from accounting.sensitivity import ContributionBounds, Neighbouring, Sensitivities, count_sensitivity
 from accounting.validation import check_positive_int
-from runners.profiles import build_options
 from pipelines.centralnotice_config import KEY_COLUMNS, CampaignConfig, ConfigError, load_config
+from runners.profiles import build_options
 from transforms.aggregate import BoundContributions, BoundingConfig
 from transforms.impressions_split import clean_impressions, per_key_contribution
 from transforms.keyset import PublicKeyset
@@ -457,6 +457,12 @@ def run_release(args, beam_argv, campaign: CampaignConfig, release, config) -> d
     out_path = f"{out_dir}/centralnotice.{args.output_format}"
     measures = release_measures(campaign)
     options = build_options(beam_argv)  # Beam option errors too come before the ledger charges
+    all_options = options.get_all_options()
+    translate_only = bool(all_options.get("dry_run")) or bool(all_options.get("template_location"))
+    if translate_only and args.testing_seed is None:
+        raise ValueError("--dry_run and --template_location only translate the job: give --testing-seed. "
+                         "A release is never a template: a template would hold one release's key and "
+                         "could be run again on other data without a charge")
     ledger = reservation = None
     if args.testing_seed is not None:
         key, testing_note = ReleaseKey.for_testing(args.testing_seed), "NOT A RELEASE (testing seed)"
@@ -483,6 +489,9 @@ def run_release(args, beam_argv, campaign: CampaignConfig, release, config) -> d
         ((impressions, clicks) | "Release" >> transform
          | "Gather" >> beam.CombineGlobally(_Concat())
          | "Write" >> beam.ParDo(WriteOutput(out_path, args.output_format)))
+    if translate_only:  # nothing ran: no output to report on
+        return {"release_id": release.release_id, "status": "translated only (dry run or template)",
+                "output": None}
     if ledger is not None:
         ledger.commit(reservation, out_path)
     report = release_report(campaign, release, transform, measures, out_path, args.output_format,
@@ -592,7 +601,8 @@ def main(argv=None) -> int:
             targets = [_select_release(config, args)]
         for campaign, release in targets:
             report = run_release(args, beam_argv, campaign, release, config)
-            print(format_report(report), end="")
+            print(format_report(report) if report.get("output") else
+                  f"CentralNotice release {report['release_id']}: {report['status']}\n", end="")
     except (ConfigError, LedgerError, ValueError, KeyError, FileNotFoundError) as err:
         hint = " (on the command line: --new-release)" if isinstance(err, ChangedInputError) else ""
         print(f"centralnotice: error: {err}{hint}", file=sys.stderr)

@@ -17,7 +17,7 @@ the declared ones, never read from the data. Noise comes from a fresh secret rel
 ``--release_key_file`` names a stored one; ``--testing_seed`` (non-secret) is for tests only.
 With ``--ledger``/``--key_store`` every campaign is charged in the budget ledger
 (accounting.ledger) before any output and its noise comes from the ledger's key for it, so a
-re-run on the same input reproduces the release and spends nothing. Any extra arguments are Beam pipeline options (default runner: FnApiRunner).
+re-run on the same input reproduces the release and spends nothing. Any extra arguments are Beam pipeline options (default: the DirectRunner profile, see runners/).
 """
 from __future__ import annotations
 
@@ -34,12 +34,12 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from accounting.calibration import NoiseKind
 from accounting.ledger import (Budget, BudgetLedger, CampaignBudget, Charge, LedgerError,
                                input_digest)
 from accounting.sensitivity import Neighbouring
+from runners.profiles import pipeline_options_for
 from transforms.noise import ReleaseKey
 from transforms.sketches.beam import PUBLISHER, UNION, ReachFrequency
 from transforms.sketches.dp import ReachFrequencyBudget
@@ -267,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     opts, beam_argv = build_parser().parse_known_args(argv)  # --help and errors before Beam
-    pipeline_options = PipelineOptions(beam_argv)
+    pipeline_options = pipeline_options_for(beam_argv)  # runner profiles (DirectRunner -> FnApiRunner)
     # Validate everything before reading data.
     for name in ("input", "output", "campaigns", "publishers", "epsilon"):
         if getattr(opts, name) is None:
@@ -305,8 +305,6 @@ def run(argv=None) -> None:
               "total %s", len(files), budget.reach_spec().describe(),
               budget.histogram_spec().describe(), budget.total())
 
-    if pipeline_options.view_as(StandardOptions).runner is None:
-        pipeline_options.view_as(StandardOptions).runner = "FnApiRunner"
     with beam.Pipeline(options=pipeline_options) as p:
         (p
          | "ReadImpressions" >> ReadImpressionBatches(opts.input, fmt, columns)

@@ -1,1 +1,16 @@
-"""runners."""
+"""Putting the project's pipelines on a runner: DirectRunner, Prism, Flink, Spark, Dataflow.
+
+* :mod:`runners.profiles` — ``pipeline_options_for(argv)``: ``--runner`` plus Beam's options with
+  per-runner defaults (every pipeline main builds its options with it);
+* :mod:`runners.cache` and :mod:`runners.fetch` — the Flink/Spark job server jars and the Prism
+  binary, fetched once (``python -m runners.fetch all``) and found by the profiles;
+* :mod:`runners.harness` — run a pipeline main on a runner and read back its output (tests and
+  benchmarks), and a worker pool for ``--environment_type=EXTERNAL``;
+* :mod:`runners.demo_release` — a small DP release used to check a runner end to end;
+* ``airflow_dag.py``, ``cron.example``, ``daily_release.sh`` — scheduling examples.
+
+See runners/README.md.
+"""
+from runners.profiles import build_options, describe_profiles, pipeline_options_for
+
+__all__ = ["build_options", "describe_profiles", "pipeline_options_for"]

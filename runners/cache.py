@@ -36,7 +36,9 @@ def jar_dir() -> Path:
 
 def prism_dir(beam_version: str = BEAM_VERSION) -> Path:
     override = os.environ.get("BEAM_DP_PRISM_DIR")
-    return Path(override).expanduser() if override else cache_root() / "prism" / f"go-v{beam_version}"
+    if override:
+        return Path(override).expanduser()
+    return cache_root() / "prism" / f"go-v{beam_version}"
 
 
 def flink_artifact(flink_version: str) -> str:

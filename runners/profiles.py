@@ -15,7 +15,9 @@ Anything given explicitly on the command line wins over a profile default. The p
   embedded runner), or PrismRunner when ``--prism_location`` is given.
 * ``FnApiRunner`` — the embedded runner, as is.
 * ``PrismRunner`` — LOOPBACK workers; ``--prism_location`` defaults to the binary built by
-  ``python -m runners.fetch prism`` if it is there (otherwise Beam downloads a release binary).
+  ``python -m runners.fetch prism`` if it is there (otherwise Beam downloads a release binary);
+  each run gets its own Prism job server (``disable_prism_server_singleton``: Beam's
+  per-process server keeps the options of the first Prism attempt, even a failed one).
 * ``FlinkRunner`` — embedded mini cluster (``--flink_master=[local]``), LOOPBACK, parallelism 2,
   ``--flink_version`` defaulting to the newest cached job server jar and ``--flink_job_server_jar``
   to that jar (``python -m runners.fetch flink``).
@@ -100,6 +102,8 @@ class RunnerProfile:
     required: tuple[str, ...] = ()
     choose_runner: Callable[[dict], str] | None = None
     check: Callable[[dict], None] | None = None
+    # arguments added whenever the chosen runner is one of these keys (e.g. experiments)
+    always: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     def resolve(self, argv: Sequence[str], extra_defaults: Mapping[str, object] = ()) -> Resolved:
         given = given_options(argv)
@@ -121,6 +125,10 @@ class RunnerProfile:
             given[option] = value
             added.append(f"--{option}" if value is True else f"--{option}={value}")
             notes.append(f"--{option}={value}: {why}")
+        for arg in self.always.get(runner, ()):
+            if arg not in args:
+                added.append(arg)
+                notes.append(f"{arg}: {_ALWAYS_WHY.get(arg, '')}")
         return Resolved(self.name, runner, [f"--runner={runner}"] + added + args, notes)
 
 
@@ -183,6 +191,13 @@ def _direct_runner(given) -> str:
     return "PrismRunner" if given.get("prism_location") else "FnApiRunner"
 
 
+# Beam keeps one Prism job server per process, made from the options of the first PrismRunner
+# run, including the one Beam's own DirectRunner attempts. After a DirectRunner run without
+# network, a later run with --prism_location would reuse the failed server (and try to download
+# Prism), so every Prism run of ours gets its own server.
+_PRISM_OWN_SERVER = "--experiments=disable_prism_server_singleton"
+_ALWAYS_WHY = {_PRISM_OWN_SERVER: "own Prism job server (Beam's per-process one may be stale)"}
+
 _LOOPBACK = ("environment_type", "LOOPBACK",
              "workers run in the submitting process (no Docker); use EXTERNAL with "
              "--environment_config=host:port for a worker pool")
@@ -203,20 +218,23 @@ def _if(condition, value):
     return lambda given: value if condition(given) else None
 
 
-_FLINK_LOOPBACK = (_LOOPBACK[0], _if(_local_flink, "LOOPBACK"), _LOOPBACK[2] + " (local master only)")
-_SPARK_LOOPBACK = (_LOOPBACK[0], _if(_local_spark, "LOOPBACK"), _LOOPBACK[2] + " (local master only)")
+_LOCAL_ONLY = " (local master only)"
+_FLINK_LOOPBACK = (_LOOPBACK[0], _if(_local_flink, "LOOPBACK"), _LOOPBACK[2] + _LOCAL_ONLY)
+_SPARK_LOOPBACK = (_LOOPBACK[0], _if(_local_spark, "LOOPBACK"), _LOOPBACK[2] + _LOCAL_ONLY)
 
 PROFILES: dict[str, RunnerProfile] = {p.name: p for p in (
     RunnerProfile(
         "DirectRunner",
         "Embedded and deterministic: the FnApiRunner, or PrismRunner if --prism_location is given "
         "(Beam's own DirectRunner would try Prism and fall back silently).",
-        choose_runner=_direct_runner),
+        choose_runner=_direct_runner, always={"PrismRunner": (_PRISM_OWN_SERVER,)}),
     RunnerProfile("FnApiRunner", "Beam's embedded Python runner, unchanged."),
     RunnerProfile(
         "PrismRunner",
-        "Beam's Go runner on this machine; LOOPBACK workers.",
-        defaults=(("prism_location", _cached_prism, "binary built by `python -m runners.fetch prism`"),
+        "Beam's Go runner on this machine; LOOPBACK workers; a Prism job server per run.",
+        always={"PrismRunner": (_PRISM_OWN_SERVER,)},
+        defaults=(("prism_location", _cached_prism,
+                   "binary built by `python -m runners.fetch prism`"),
                   _LOOPBACK)),
     RunnerProfile(
         "FlinkRunner",
@@ -225,7 +243,7 @@ PROFILES: dict[str, RunnerProfile] = {p.name: p for p in (
                   ("flink_version", _flink_version, "newest cached job server jar"),
                   ("flink_job_server_jar", _flink_jar, "cached by `python -m runners.fetch flink`"),
                   ("jar_cache_dir", _jar_cache_dir, "where runners.fetch puts jars"),
-                  ("parallelism", _if(_local_flink, 2), "one task slot per core (local master only)"),
+                  ("parallelism", _if(_local_flink, 2), "one task slot per core" + _LOCAL_ONLY),
                   _FLINK_LOOPBACK)),
     RunnerProfile(
         "SparkRunner",
@@ -285,11 +303,14 @@ def describe_profiles() -> str:
         lines.append(f"### {profile.name}\n\n{profile.summary}")
         if profile.required:
             lines.append("\nRequired: " + ", ".join(f"`--{r}`" for r in profile.required) + "\n")
-        if profile.defaults:
+        if profile.defaults or profile.always:
             lines.append("")
         for option, default, why in profile.defaults:
             shown = "(decided at run time)" if callable(default) else f"`{default}`"
             lines.append(f"- `--{option}` {shown}: {why}")
+        for runner, args in profile.always.items():
+            for arg in args:
+                lines.append(f"- `{arg}` always (when running on {runner}): {_ALWAYS_WHY[arg]}")
         lines.append("")
     return "\n".join(lines)
 
