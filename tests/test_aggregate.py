@@ -279,3 +279,15 @@ def test_whole_release_guarantee_includes_key_selection():
     with pytest.raises(ValueError, match="zCDP"):
         DPAggregate(privacy_unit="u", keys=["k"], metrics=[Count()], bounds=BOUNDS,
                     budget=PrivacyBudget.zcdp(0.1, delta=1e-6), selection=PrivateSelection())
+
+
+def test_beam_rows_input_equals_dict_input():
+    rows = _rows()[:60]
+    make = lambda: DPAggregate(privacy_unit="user", keys=["country"], value="v", metrics=[Count(), Mean()],
+                               bounds=BOUNDS, budget=PrivacyBudget(epsilon=1.0), testing=True,
+                               keyset=PublicKeyset.from_keys(["DE", "FR", "JP"], ["country"]))
+    directory = tempfile.mkdtemp()
+    with beam.Pipeline(runner="FnApiRunner") as p:
+        source = p | beam.Create(rows) | beam.Map(lambda r: beam.Row(**r))
+        _collect(source | make(), directory)
+    assert _read(directory) == _run(rows, make())
