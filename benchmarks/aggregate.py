@@ -1,6 +1,6 @@
 """DP count+sum on the DirectRunner's engine: this project vs plain Beam vs PipelineDP.
 
-    python benchmarks/aggregate.py --rows 1000000 [--rows 10000000 --skip-pipelinedp]
+    python benchmarks/aggregate.py [--rows 1000000 --rows 10000000] [--skip-pipelinedp]
 
 Generates synthetic Parquet data (heavy-tailed users and keys), then runs side by side, each in
 a fresh process so peak memory is its own:
@@ -171,8 +171,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, action="append", help="rows (repeatable); default 1M")
     parser.add_argument("--skip-pipelinedp", action="store_true", help="skip the PipelineDP leg")
-    parser.add_argument("--pipelinedp-max-rows", type=int, default=2_000_000,
-                        help="run PipelineDP only up to this many rows (it takes minutes per 1M)")
+    parser.add_argument("--pipelinedp-max-rows", type=int, default=10_000_000,
+                        help="run PipelineDP only up to this many rows (minutes at 10M rows)")
     parser.add_argument("--utility-rows", type=int, default=300_000)
     parser.add_argument("--utility-runs", type=int, default=10)
     parser.add_argument("--leg", choices=["ours", "plain"], help=argparse.SUPPRESS)
@@ -189,7 +189,7 @@ def main(argv=None):
         print(json.dumps(result))
         return
 
-    sizes = args.rows or [1_000_000]
+    sizes = args.rows or [1_000_000, 10_000_000]
     workdir = tempfile.mkdtemp(prefix="dp-bench-")
     table = []
     last, compared = {}, None
@@ -208,9 +208,10 @@ def main(argv=None):
         last = results
         if "PipelineDP DPEngine" in results:
             compared = results
-    print(f"{'rows':>10}  {'leg':28} {'seconds':>9} {'rows/s':>12} {'peak MB':>9}")
+    print(f"{'rows':>10}  {'leg':28} {'seconds':>9} {'rows/s':>12} {'peak MB':>9} {'time / ours':>12}")
+    ours_time = {rows: seconds for rows, name, seconds, _, _ in table if name.startswith("ours")}
     for rows, name, seconds, rate, peak in table:
-        print(f"{rows:>10}  {name:28} {seconds:9.2f} {rate:12,.0f} {peak:9.0f}")
+        print(f"{rows:>10}  {name:28} {seconds:9.2f} {rate:12,.0f} {peak:9.0f} {seconds / ours_time[rows]:12.2f}")
 
     data = os.path.join(workdir, "utility.parquet")
     generate(data, args.utility_rows, seed=7)
