@@ -179,11 +179,7 @@ def shard_of(hashes: np.ndarray, num_shards: int) -> np.ndarray:
 
 
 def split_by_shard(table: pa.Table, shards: np.ndarray):
-    """Yield (shard, sub-table) for each shard present, vectorised.
-
-    Each sub-table is a copy (``take``), not a slice: a pickled Arrow slice carries its parent's
-    whole buffers, which would multiply what every shuffle moves by the number of shards.
-    """
+    """Yield (shard, sub-table) for each shard present, vectorised (one ``take`` per shard)."""
     if table.num_rows == 0:
         return
     order = np.argsort(shards, kind="stable")

@@ -118,7 +118,7 @@ def per_key_contribution(keys: pa.Table, impressions, k: int, key_columns: Seque
     full, rem = split_compact(impressions, k)
     values = clamped_block_sum(full, rem, k)
     grouped = keys.select(list(key_columns)).append_column("_v", pa.array(values)) \
-        .group_by(list(key_columns)).aggregate([("_v", "sum")])
+        .group_by(list(key_columns), use_threads=False).aggregate([("_v", "sum")])
     return grouped.rename_columns(list(key_columns) + [IMPRESSIONS])
 
 
