@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 OUT    ?= out/demo
 
-.PHONY: setup demo test test-slow test-runners bench fetch-runners clean
+.PHONY: setup demo test test-slow test-runners test-airflow fetch-runners clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -37,5 +37,13 @@ fetch-runners: setup
 test-runners: fetch-runners
 	BEAM_DP_REQUIRE_RUNNERS=prism $(BIN)/python -m pytest -q -m "runners" tests
 
+## The example Airflow DAG builds (Airflow and its Beam provider in a virtualenv of their own:
+## ~175 packages, several minutes).
+AIRFLOW_VENV := .venv-airflow
+test-airflow:
+	test -x $(AIRFLOW_VENV)/bin/python || $(PYTHON) -m venv $(AIRFLOW_VENV)
+	$(AIRFLOW_VENV)/bin/pip install --quiet -e ".[airflow]" pytest
+	BEAM_DP_REQUIRE_AIRFLOW=1 $(AIRFLOW_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "" tests/test_runners.py -k airflow
+
 clean:
-	rm -rf $(VENV) out build *.egg-info
+	rm -rf $(VENV) $(AIRFLOW_VENV) out build *.egg-info

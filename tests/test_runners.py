@@ -370,6 +370,8 @@ def test_describe_profiles_names_every_runner():
 
 def test_airflow_dag_builds_one_task_per_campaign(monkeypatch, tmp_path):
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))  # before Airflow's first import
+    if os.environ.get("BEAM_DP_REQUIRE_AIRFLOW"):  # make test-airflow: a missing Airflow fails
+        import airflow.providers.apache.beam.operators.beam  # noqa: F401
     pytest.importorskip("airflow.providers.apache.beam.operators.beam")
     import importlib.util
 
