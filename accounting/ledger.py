@@ -589,31 +589,26 @@ class BudgetLedger:
                            committed=record["state"] == "committed")
 
     def _check_budget(self, state, campaign, periods, charges, budget: CampaignBudget) -> None:
-        spent_before = self._charges(state, campaign)
-        total = self.accountant(spent_before + charges, budget.total)
-        if not _fits(total, budget.total):
-            before = self.accountant(spent_before, budget.total) if spent_before else Spent(0.0, 0.0)
-            raise BudgetExceededError(
-                f"campaign {campaign!r}: spent (epsilon={before.epsilon:g}, delta={before.delta:g}); "
-                f"this release would bring it to (epsilon={total.epsilon:g}, delta={total.delta:g}), "
-                f"over the campaign budget (epsilon={budget.total.epsilon:g}, "
-                f"delta={budget.total.delta:g}). Nothing was charged.",
-                scope=f"campaign:{campaign}", spent=before, requested=total, budget=budget.total)
+        self._check_scope(self._charges(state, campaign), charges, budget.total,
+                          f"campaign {campaign!r}", "the campaign budget", f"campaign:{campaign}")
         if budget.per_period is None:
             return
         for period in periods:
-            in_period = self._charges(state, campaign, period)
-            total = self.accountant(in_period + charges, budget.per_period)
-            if not _fits(total, budget.per_period):
-                before = self.accountant(in_period, budget.per_period) if in_period else Spent(0.0, 0.0)
-                raise BudgetExceededError(
-                    f"campaign {campaign!r}, period {period!r}: spent (epsilon={before.epsilon:g}, "
-                    f"delta={before.delta:g}); this release would bring it to "
-                    f"(epsilon={total.epsilon:g}, delta={total.delta:g}), over the per-period budget "
-                    f"(epsilon={budget.per_period.epsilon:g}, delta={budget.per_period.delta:g}). "
-                    f"Nothing was charged.",
-                    scope=f"period:{campaign}:{period}", spent=before, requested=total,
-                    budget=budget.per_period)
+            self._check_scope(self._charges(state, campaign, period), charges, budget.per_period,
+                              f"campaign {campaign!r}, period {period!r}", "the per-period budget",
+                              f"period:{campaign}:{period}")
+
+    def _check_scope(self, spent_before, charges, limit: Budget, where: str, what: str, scope: str) -> None:
+        """Refuse ``charges`` if, composed with what the scope has spent, they exceed ``limit``."""
+        total = self.accountant(spent_before + charges, limit)
+        if _fits(total, limit):
+            return
+        before = self.accountant(spent_before, limit) if spent_before else Spent(0.0, 0.0)
+        raise BudgetExceededError(
+            f"{where}: spent (epsilon={before.epsilon:g}, delta={before.delta:g}); this release would "
+            f"bring it to (epsilon={total.epsilon:g}, delta={total.delta:g}), over {what} "
+            f"(epsilon={limit.epsilon:g}, delta={limit.delta:g}). Nothing was charged.",
+            scope=scope, spent=before, requested=total, budget=limit)
 
     def commit(self, reservation: Reservation, output_path: str) -> dict:
         """Mark the reservation's release committed with its output location; returns the record."""

@@ -109,47 +109,36 @@ def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget:
         raise ValueError(f"metric columns must be unique, got {columns}")
     has_count = any(m.kind is MetricKind.COUNT for m in metrics)
     weights, kinds, sens, refs, descriptions = {}, {}, {}, {}, {}
+
+    def measure(name, weight, kind, sensitivities, partial, integer, description):
+        weights[name], kinds[name], sens[name] = weight, kind, sensitivities
+        refs[name] = MeasureRef(name, partial, integer)
+        descriptions[name] = description
+
     for m in metrics:
         if m.kind is MetricKind.COUNT:
-            weights[m.column] = m.weight
-            kinds[m.column] = m.noise
-            sens[m.column] = count_sensitivity(bounds, neighbouring)
-            refs[m.column] = MeasureRef(m.column, "count", m.noise.is_integer)
-            descriptions[m.column] = "rows per key"
+            measure(m.column, m.weight, m.noise, count_sensitivity(bounds, neighbouring), "count",
+                    m.noise.is_integer, "rows per key")
         elif m.kind is MetricKind.PRIVACY_UNIT_COUNT:
-            weights[m.column] = m.weight
-            kinds[m.column] = m.noise
-            sens[m.column] = privacy_unit_count_sensitivity(bounds, neighbouring)
-            refs[m.column] = MeasureRef(m.column, "units", m.noise.is_integer)
-            descriptions[m.column] = "distinct privacy units per key"
+            measure(m.column, m.weight, m.noise, privacy_unit_count_sensitivity(bounds, neighbouring),
+                    "units", m.noise.is_integer, "distinct privacy units per key")
         elif m.kind is MetricKind.SUM:
             if m.noise.is_integer and not integer_values:
                 raise ValueError(f"{m.column}: {m.noise.value} noise needs integer values and "
                                  "integer clamping bounds")
-            weights[m.column] = m.weight
-            kinds[m.column] = m.noise
-            sens[m.column] = sum_sensitivity(bounds, neighbouring)
-            refs[m.column] = MeasureRef(m.column, "sum", m.noise.is_integer)
-            descriptions[m.column] = "sum of clamped values per key"
+            measure(m.column, m.weight, m.noise, sum_sensitivity(bounds, neighbouring), "sum",
+                    m.noise.is_integer, "sum of clamped values per key")
         else:  # MEAN: a noisy normalized sum plus a noisy count (reused if one is released)
             if m.noise.is_integer:
                 raise ValueError(f"{m.column}: a mean needs real-valued noise (laplace or gaussian)")
             mean = mean_sensitivity(bounds, neighbouring)
-            nsum = f"{m.column}.normalized_sum"
             share = m.weight if has_count else m.weight / 2
-            weights[nsum] = share
-            kinds[nsum] = m.noise
-            sens[nsum] = mean.normalized_sum
-            refs[nsum] = MeasureRef(nsum, "nsum", False)
-            descriptions[nsum] = "sum of (value - midpoint) per key, for the mean"
+            measure(f"{m.column}.normalized_sum", share, m.noise, mean.normalized_sum, "nsum", False,
+                    "sum of (value - midpoint) per key, for the mean")
             if not has_count:
-                cnt = f"{m.column}.count"
-                weights[cnt] = share
-                kinds[cnt] = (NoiseKind.DISCRETE_GAUSSIAN if m.noise.is_gaussian
-                              else NoiseKind.DISCRETE_LAPLACE)
-                sens[cnt] = mean.count
-                refs[cnt] = MeasureRef(cnt, "count", True)
-                descriptions[cnt] = "rows per key, for the mean"
+                count_kind = NoiseKind.DISCRETE_GAUSSIAN if m.noise.is_gaussian else NoiseKind.DISCRETE_LAPLACE
+                measure(f"{m.column}.count", share, count_kind, mean.count, "count", True,
+                        "rows per key, for the mean")
     if selection_weight:
         weights["key_selection"] = selection_weight
     needs_delta = [n for n, k in kinds.items() if k.is_gaussian]
