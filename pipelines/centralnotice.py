@@ -340,21 +340,6 @@ class CentralNoticeRelease(beam.PTransform):
                                             threshold_mode="value"))
 
 
-class _Concat(beam.CombineFn):
-    def create_accumulator(self):
-        return []
-
-    def add_input(self, acc, table):
-        acc.append(table)
-        return acc
-
-    def merge_accumulators(self, accs):
-        return [t for acc in accs for t in acc]
-
-    def extract_output(self, acc):
-        return acc
-
-
 def _empty_output() -> pa.Table:
     return pa.table({"campaign_id": pa.array([], pa.string()), "banner_id": pa.array([], pa.string()),
                      "country": pa.array([], pa.string()), "project": pa.array([], pa.string()),
@@ -455,7 +440,6 @@ def run_release(args, beam_argv, campaign: CampaignConfig, release, config) -> d
     check_input(clk_paths, clk_fmt, KEYS + (["user_id"] if need_user else []), "clicks")
     out_dir = "/".join([args.output.rstrip("/"), *release.release_id.split("/")])
     out_path = f"{out_dir}/centralnotice.{args.output_format}"
-    measures = release_measures(campaign)
     options = build_options(beam_argv)  # Beam option errors too come before the ledger charges
     all_options = options.get_all_options()
     translate_only = bool(all_options.get("dry_run")) or bool(all_options.get("template_location"))
@@ -487,14 +471,14 @@ def run_release(args, beam_argv, campaign: CampaignConfig, release, config) -> d
         clicks = (p | "ClickFiles" >> beam.Create(clk_paths) | "ReshuffleClk" >> beam.Reshuffle()
                   | "ReadClicks" >> beam.ParDo(ReadTables(clk_fmt, click_columns, "clicks")))
         ((impressions, clicks) | "Release" >> transform
-         | "Gather" >> beam.CombineGlobally(_Concat())
+         | "Gather" >> beam.combiners.ToList()
          | "Write" >> beam.ParDo(WriteOutput(out_path, args.output_format)))
     if translate_only:  # nothing ran: no output to report on
         return {"release_id": release.release_id, "status": "translated only (dry run or template)",
                 "output": None}
     if ledger is not None:
         ledger.commit(reservation, out_path)
-    report = release_report(campaign, release, transform, measures, out_path, args.output_format,
+    report = release_report(campaign, release, transform.measures, out_path, args.output_format,
                             ledger, reservation, testing_note)
     _write_text(f"{out_dir}/report.json", json.dumps(report, indent=1, sort_keys=True, default=str) + "\n")
     _write_text(f"{out_dir}/report.txt", format_report(report))
@@ -513,7 +497,7 @@ def _write_text(path: str, text: str) -> None:
         handle.write(text.encode("utf-8"))
 
 
-def release_report(campaign, release, transform, measures, out_path, fmt, ledger, reservation,
+def release_report(campaign, release, measures, out_path, fmt, ledger, reservation,
                    testing_note) -> dict:
     """Parameters, budget spent and remaining, keys released and suppressed (all public)."""
     with FileSystems.open(out_path) as handle:

@@ -21,7 +21,7 @@ from gcs_emulator import storage_emulator
 from accounting import gcs
 from accounting.keystore import KeyRef
 from accounting.ledger import BudgetLedger
-from pipelines.centralnotice import (KEYS, CentralNoticeRelease, ReadTables, WriteOutput, _Concat,
+from pipelines.centralnotice import (KEYS, CentralNoticeRelease, ReadTables, WriteOutput,
                                      main)
 from pipelines.centralnotice_config import parse_config
 from transforms.noise import ReleaseKey
@@ -108,7 +108,7 @@ def run_transform(campaign, dates, imp_paths, clk_paths, out, *, fmt="csv", test
            | "ReadImp" >> beam.ParDo(ReadTables(fmt, KEYS + ["impressions"], "impressions")))
     clk = (p | "ClkFiles" >> beam.Create(clk_paths)
            | "ReadClk" >> beam.ParDo(ReadTables(fmt, KEYS + (["user_id"] if need_user else []), "clicks")))
-    ((imp, clk) | "Release" >> transform | "Gather" >> beam.CombineGlobally(_Concat())
+    ((imp, clk) | "Release" >> transform | "Gather" >> beam.combiners.ToList()
      | "Write" >> beam.ParDo(WriteOutput(str(out), "parquet")))
     result = p.run()
     result.wait_until_finish()

@@ -150,7 +150,6 @@ class _NoiseAndRelease(beam.DoFn):
                 return
             keys = pa.concat_tables(keysets, promote_options="permissive").select(self._s.keys)
             keys = keys.group_by(list(self._s.keys), use_threads=False).aggregate([])  # distinct
-            zeros = self._zeros(keys)
             if totals:
                 total = self._s.keyset.cast_like(bounding.sum_partials(totals, self._s.keys))
                 joined = keys.join(total, keys=self._s.keys, join_type="left outer", use_threads=False)
@@ -159,7 +158,7 @@ class _NoiseAndRelease(beam.DoFn):
                                   if name in joined.column_names else zeros.column(name)
                                   for name in zeros.column_names})
             else:
-                table = zeros
+                table = self._zeros(keys)
         else:  # private selection over the keys seen in the data
             table = value
             if table is None or not table.num_rows:
