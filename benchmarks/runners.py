@@ -42,44 +42,35 @@ class BenchJob:
     output_glob: str
 
 
-def write_demo_rows(directory: Path, rows: int) -> Path:
-    path = directory / f"demo_rows_{rows}.csv"
+def _write_csv(path: Path, rows: int, seed: int, columns: Callable) -> Path:
+    """A CSV of ``rows`` rows written in chunks of 1M (``columns(rng, start, n)`` -> dict of
+    arrays); kept if it already exists."""
     if path.exists():
         return path
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     chunk = 1_000_000
     with open(path, "wb") as handle:
         for start in range(0, rows, chunk):
             n = min(chunk, rows - start)
-            table = pa.table({
-                "user": pa.array(np.arange(start, start + n)),
-                "campaign": pa.array(rng.choice(np.array(list("abcdefghij")), n)),
-                "impressions": pa.array(rng.integers(0, 10, n)),
-            })
-            pacsv.write_csv(table, handle, pacsv.WriteOptions(
+            pacsv.write_csv(pa.table(columns(rng, start, n)), handle, pacsv.WriteOptions(
                 include_header=start == 0, quoting_style="none"))
     return path
+
+
+def write_demo_rows(directory: Path, rows: int) -> Path:
+    return _write_csv(directory / f"demo_rows_{rows}.csv", rows, 1, lambda rng, start, n: {
+        "user": pa.array(np.arange(start, start + n)),
+        "campaign": pa.array(rng.choice(np.array(list("abcdefghij")), n)),
+        "impressions": pa.array(rng.integers(0, 10, n))})
 
 
 def write_impressions(directory: Path, rows: int) -> Path:
     """Impression rows for pipelines.reach_frequency: 3 publishers, 2 campaigns, ids drawn from
     rows / 4 virtual people (so people have several impressions)."""
-    path = directory / f"impressions_{rows}.csv"
-    if path.exists():
-        return path
-    rng = np.random.default_rng(2)
-    chunk = 1_000_000
-    with open(path, "wb") as handle:
-        for start in range(0, rows, chunk):
-            n = min(chunk, rows - start)
-            table = pa.table({
-                "publisher": pa.array(rng.choice(np.array(["pub_a", "pub_b", "pub_c"]), n)),
-                "campaign": pa.array(rng.choice(np.array(["c1", "c2"]), n)),
-                "vid": pa.array(rng.integers(0, max(rows // 4, 1), n)),
-            })
-            pacsv.write_csv(table, handle, pacsv.WriteOptions(
-                include_header=start == 0, quoting_style="none"))
-    return path
+    return _write_csv(directory / f"impressions_{rows}.csv", rows, 2, lambda rng, start, n: {
+        "publisher": pa.array(rng.choice(np.array(["pub_a", "pub_b", "pub_c"]), n)),
+        "campaign": pa.array(rng.choice(np.array(["c1", "c2"]), n)),
+        "vid": pa.array(rng.integers(0, max(rows // 4, 1), n))})
 
 
 def write_centralnotice(directory: Path, rows: int) -> Path:
