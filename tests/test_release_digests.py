@@ -1,0 +1,145 @@
+"""Released bytes in testing mode are pinned: a refactoring must not change what a job releases.
+
+Each job releases its bundled (or seeded synthetic) sample with a public testing seed; the
+content of every released table is hashed and compared with ``tests/data/release_digests.json``.
+A commit that only moves code keeps these digests; a commit that changes what is released on
+purpose (a privacy fix, a new output column) updates the file and says why in its message:
+
+    BEAM_DP_UPDATE_DIGESTS=1 python -m pytest tests/test_release_digests.py
+
+The digest is over the released rows (canonical CSV text of the table in file order), not over
+file bytes, so a Parquet writer's metadata does not matter; row order does.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import io
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIGESTS = os.path.join(ROOT, "tests", "data", "release_digests.json")
+SAMPLE = os.path.join(ROOT, "pipelines", "sample_data")
+SEED = 20261123
+
+
+def _table_digest(table: pa.Table) -> str:
+    sink = io.BytesIO()
+    pacsv.write_csv(table, sink)
+    return "sha256:" + hashlib.sha256(sink.getvalue()).hexdigest()
+
+
+def _text_digest(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _only(pattern: str) -> str:
+    found = sorted(glob.glob(pattern, recursive=True))
+    assert len(found) == 1, f"expected one file for {pattern}, got {found}"
+    return found[0]
+
+
+# --------------------------------------------------------------------------- one adapter per job
+
+def centralnotice(tmp) -> dict:
+    from pipelines import centralnotice_config
+    from pipelines.centralnotice import main
+
+    config = os.path.join(SAMPLE, "centralnotice", "campaigns.json")
+    out = {}
+    for campaign in centralnotice_config.load_config(config).campaigns:
+        release = campaign.releases()[0].release_id
+        target = os.path.join(tmp, "cn", campaign.campaign_id)
+        assert main(["--config", config,
+                     "--impressions", os.path.join(SAMPLE, "centralnotice", "impressions.csv"),
+                     "--clicks", os.path.join(SAMPLE, "centralnotice", "clicks.csv"),
+                     "--release", release, "--output", target, "--testing-seed", str(SEED)]) == 0
+        out[release] = _table_digest(pq.read_table(_only(f"{target}/**/centralnotice.parquet")))
+    return out
+
+
+def reach_frequency(tmp) -> dict:
+    from pipelines.reach_frequency import main
+
+    target = os.path.join(tmp, "rf")
+    assert main(["--input", os.path.join(SAMPLE, "reach_frequency", "impressions.csv"),
+                 "--output", target, "--campaigns", "c1,c2", "--publishers", "pub_a,pub_b,pub_c",
+                 "--epsilon", "1.0986", "--testing_seed", str(SEED)]) == 0
+    path = _only(f"{target}/**/*.jsonl") if os.path.isdir(target) else target
+    with open(path) as handle:
+        return {"c1,c2": _text_digest(handle.read())}
+
+
+def summary_reports(tmp) -> dict:
+    from pipelines import summary_reports
+    from transforms.ara import optimize, synthetic
+
+    data = synthetic.generate("adtech_real_estate", 3, scale=0.03)
+    conversions = os.path.join(tmp, "conv.parquet")
+    pq.write_table(data.to_arrow(), conversions)
+    workload = optimize.workload_from_conversions(data)
+    params, _ = optimize.optimize_parameters(workload, 8.0, k_candidates=[3, 6])
+    config = os.path.join(tmp, "ara_config.json")
+    with open(config, "w") as handle:
+        handle.write(params.to_config(workload).to_json())
+    target = os.path.join(tmp, "ara")
+    assert summary_reports.main([
+        "--input", conversions, "--input_format", "parquet", "--config", config,
+        "--epsilon", "8", "--output", os.path.join(target, "summary"), "--batch_id", "digest",
+        "--batch_registry_dir", os.path.join(tmp, "registry"), "--testing_seed", str(SEED)]) == 0
+    with open(_only(f"{target}/**/*.csv")) as handle:
+        return {"adtech_real_estate": _text_digest(handle.read())}
+
+
+def dp_aggregate(tmp) -> dict:
+    import apache_beam as beam
+    import numpy as np
+
+    from accounting.budget import PrivacyBudget
+    from accounting.keys import ReleaseKey
+    from accounting.sensitivity import ContributionBounds
+    from transforms.aggregate import DPAggregate
+    from transforms.keyset import PublicKeyset
+    from transforms.metrics import Count, Mean, PrivacyUnitCount, Sum
+
+    rng = np.random.default_rng(7)
+    n = 5000
+    rows = pa.table({"user": rng.integers(0, 400, n), "country": rng.choice(["DE", "FR", "US"], n),
+                     "day": rng.integers(1, 4, n), "seconds": rng.uniform(0, 120, n)})
+    target = os.path.join(tmp, "aggregate.parquet")
+    with beam.Pipeline(runner="FnApiRunner") as p:
+        (p | beam.Create([rows.slice(0, 2000), rows.slice(2000)])
+         | DPAggregate(privacy_unit="user", keys=["country", "day"], value="seconds",
+                       metrics=[Count(), Sum(), Mean(name="mean_seconds"), PrivacyUnitCount()],
+                       bounds=ContributionBounds(max_partitions=2, max_contributions_per_partition=3,
+                                                 min_value=0, max_value=100),
+                       keyset=PublicKeyset.cross_product({"country": ["DE", "FR", "US", "IT"],
+                                                          "day": [1, 2, 3]}),
+                       budget=PrivacyBudget(epsilon=1.0), release_key=ReleaseKey.for_testing(SEED))
+         | beam.combiners.ToList()
+         | beam.Map(lambda tables: pq.write_table(pa.concat_tables(tables), target)))
+    table = pq.read_table(target).sort_by([("country", "ascending"), ("day", "ascending")])
+    return {"keyset": _table_digest(table)}
+
+
+JOBS = {"centralnotice": centralnotice, "reach_frequency": reach_frequency,
+        "summary_reports": summary_reports, "dp_aggregate": dp_aggregate}
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_testing_mode_release_bytes_are_pinned(job, tmp_path):
+    got = JOBS[job](str(tmp_path))
+    with open(DIGESTS) as handle:
+        pinned = json.load(handle)
+    if os.environ.get("BEAM_DP_UPDATE_DIGESTS"):
+        pinned[job] = got
+        with open(DIGESTS, "w") as handle:
+            json.dump(pinned, handle, indent=1, sort_keys=True)
+            handle.write("\n")
+    assert got == pinned.get(job), f"{job}: released bytes changed (see this module's docstring)"
