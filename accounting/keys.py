@@ -1,4 +1,4 @@
-"""Per-release secret keys.
+"""Per-release secret keys (accounting: the ledger and key store hold them; the noise engine uses them).
 
 Every random choice of a release (noise, which rows contribution bounding keeps, randomized
 rounding) is a deterministic function of one secret :class:`ReleaseKey` and of *what* the choice is

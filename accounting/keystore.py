@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 from accounting import gcs
-from transforms.noise.keys import ReleaseKey
+from accounting.keys import ReleaseKey
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 

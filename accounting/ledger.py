@@ -64,7 +64,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 from accounting import gcs
 from accounting.keystore import KeyRef, KeyStore
 from accounting.validation import check_delta, check_epsilon, check_rho
-from transforms.noise.keys import ReleaseKey
+from accounting.keys import ReleaseKey
 
 LEDGER_FORMAT = "beam-dp-release/budget-ledger/v1"
 #: Relative slack when comparing spent budget with a total (rounding of float sums only).

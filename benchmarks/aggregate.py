@@ -65,7 +65,7 @@ def leg_ours(data: str, out: str, seed: int, testing: bool) -> dict:
     from transforms.aggregate import DPAggregate
     from transforms.keyset import PublicKeyset
     from transforms.metrics import Count, Sum
-    from transforms.noise import ReleaseKey
+    from accounting.keys import ReleaseKey
 
     keyset = PublicKeyset.from_table(pa.table({"key": pa.array(range(NUM_KEYS), pa.int64())}))
     transform = DPAggregate(privacy_unit="user_id", keys=["key"], value="value",

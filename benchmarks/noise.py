@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow as pa
 
 from accounting.calibration import NoiseKind, calibrate
-from transforms.noise import RandomStreams, ReleaseKey, add_noise
+from accounting.keys import ReleaseKey
+from transforms.noise import RandomStreams, add_noise
 
 
 def _specs():

@@ -40,7 +40,7 @@ import pyarrow as pa  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transforms.noise import ReleaseKey  # noqa: E402
+from accounting.keys import ReleaseKey  # noqa: E402
 from transforms.sketches.beam import SketchUnionFn  # noqa: E402
 from transforms.sketches.dp import (ReachFrequencyBudget, SketchStatistics,  # noqa: E402
                                     add_global_noise, add_helper_share)

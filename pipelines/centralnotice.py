@@ -65,7 +65,7 @@ from runners.profiles import build_options
 from transforms.aggregate import BoundContributions, BoundingConfig
 from transforms.impressions_split import clean_impressions, per_key_contribution
 from transforms.keyset import PublicKeyset
-from transforms.noise import ReleaseKey
+from accounting.keys import ReleaseKey
 from transforms.release import NoisyMeasure, NoisyRelease, OutputColumn
 
 NAMESPACE = "centralnotice"

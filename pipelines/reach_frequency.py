@@ -40,7 +40,7 @@ from accounting.ledger import (Budget, BudgetLedger, CampaignBudget, Charge, Led
                                input_digest)
 from accounting.sensitivity import Neighbouring
 from runners.profiles import pipeline_options_for
-from transforms.noise import ReleaseKey
+from accounting.keys import ReleaseKey
 from transforms.sketches.beam import PUBLISHER, UNION, ReachFrequency
 from transforms.sketches.dp import ReachFrequencyBudget
 from transforms.sketches.impressions import IdType, ImpressionColumns

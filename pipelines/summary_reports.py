@@ -112,7 +112,7 @@ def _input_schema(pattern: str, fmt: str):
 
 
 def _release_key(opts):
-    from transforms.noise import ReleaseKey
+    from accounting.keys import ReleaseKey
     if opts.release_key_file and opts.testing_seed is not None:
         raise ValueError("give --release_key_file or --testing_seed, not both")
     if opts.release_key_file:

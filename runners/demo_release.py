@@ -29,7 +29,8 @@ from apache_beam.metrics import Metrics
 
 from accounting.calibration import NoiseKind, calibrate
 from runners.profiles import pipeline_options_for
-from transforms.noise import RandomStreams, ReleaseKey, add_noise
+from accounting.keys import ReleaseKey
+from transforms.noise import RandomStreams, add_noise
 
 NAMESPACE = "demo_release"
 PURPOSE = "count"

@@ -17,7 +17,7 @@ from accounting.sensitivity import ContributionBounds
 from transforms.aggregate import DPAggregate
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Count, Mean, PrivacyUnitCount, Sum
-from transforms.noise import ReleaseKey
+from accounting.keys import ReleaseKey
 from transforms.selection import PrivateSelection, SelectionStrategy
 
 

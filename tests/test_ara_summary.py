@@ -14,7 +14,8 @@ from transforms.ara.summary import (BucketDomain, add_summary_noise, bucket_stre
                                     keys_to_hi_lo, noisy_summary, parse_output_domain,
                                     reconstruct, sum_by_bucket, summary_noise_spec,
                                     summary_noise_variance)
-from transforms.noise import RandomStreams, ReleaseKey
+from accounting.keys import ReleaseKey
+from transforms.noise import RandomStreams
 
 BIG = (1 << 127) + 5  # a key that needs all 128 bits
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from scipy import stats
 
 from transforms import bounding
-from transforms.noise import ReleaseKey
+from accounting.keys import ReleaseKey
 
 KEY = ReleaseKey.for_testing(11)
 

@@ -24,7 +24,7 @@ from accounting.ledger import BudgetLedger
 from pipelines.centralnotice import (KEYS, CentralNoticeRelease, ReadTables, WriteOutput,
                                      main)
 from pipelines.centralnotice_config import parse_config
-from transforms.noise import ReleaseKey
+from accounting.keys import ReleaseKey
 
 CAMPAIGN = "C1"
 DAY1, DAY2 = dt.date(2026, 11, 1), dt.date(2026, 11, 2)

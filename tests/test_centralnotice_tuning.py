@@ -13,7 +13,8 @@ from accounting.calibration import NoiseKind, calibrate, calibrate_zcdp
 from pipelines import centralnotice_tuning as tuning
 from pipelines.centralnotice_config import load_config
 from pipelines.centralnotice_data import SAMPLE_DIR
-from transforms.noise import RandomStreams, ReleaseKey, add_noise
+from accounting.keys import ReleaseKey
+from transforms.noise import RandomStreams, add_noise
 
 SPECS = [
     calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=0.5, l1_sensitivity=10),

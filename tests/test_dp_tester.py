@@ -16,8 +16,8 @@ from scipy import stats
 from accounting.calibration import NoiseKind, calibrate, discrete_gaussian_sigma
 from accounting.dp_tester import (DPTester, DPTestResult, Event, assert_dp,
                                   clopper_pearson_lower, clopper_pearson_upper, run_dp_test)
-from transforms.noise import (RandomStreams, ReleaseKey, add_noise, discrete_gaussian,
-                              discrete_laplace)
+from accounting.keys import ReleaseKey
+from transforms.noise import RandomStreams, add_noise, discrete_gaussian, discrete_laplace
 
 N = 400_000  # samples per dataset and check: ~0.15 s of tester time
 

@@ -21,7 +21,8 @@ from accounting.keystore import KeyRef, KeyStore
 from accounting.ledger import (BudgetExceededError, BudgetLedger, Budget, CampaignBudget, Charge,
                                ChangedInputError, LedgerConflict, LedgerError, _GcsStore,
                                input_digest, release_id_for)
-from transforms.noise import RandomStreams, ReleaseKey, add_noise
+from accounting.keys import ReleaseKey
+from transforms.noise import RandomStreams, add_noise
 
 CAMPAIGN = "c2026_fundraising_en"
 BUDGET = CampaignBudget(total=Budget(3.0, 0.0), per_period=Budget(1.0, 0.0))

@@ -10,8 +10,8 @@ import pytest
 from scipy import stats
 
 from accounting.calibration import NoiseKind, calibrate, calibrate_zcdp
-from transforms.noise import (RandomStreams, ReleaseKey, add_noise, discrete_gaussian,
-                              discrete_laplace, encode_key)
+from accounting.keys import ReleaseKey
+from transforms.noise import (RandomStreams, add_noise, discrete_gaussian, discrete_laplace, encode_key)
 
 N = 400_000
 

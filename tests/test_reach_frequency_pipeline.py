@@ -13,7 +13,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from gcs_emulator import storage_emulator
 
 from pipelines.reach_frequency import main
-from transforms.noise import ReleaseKey
+from accounting.keys import ReleaseKey
 from transforms.sketches.beam import BuildSketches, SketchUnionFn, estimate_record
 from transforms.sketches.dp import (ReachFrequencyBudget, SketchStatistics, add_global_noise,
                                     add_helper_share)

@@ -7,7 +7,8 @@ import pytest
 from accounting.budget import PrivacyBudget
 from accounting.sensitivity import ContributionBounds
 from transforms.metrics import Count, Mean, PrivacyUnitCount, Sum, plan_measures
-from transforms.noise import RandomStreams, ReleaseKey
+from accounting.keys import ReleaseKey
+from transforms.noise import RandomStreams
 from transforms.selection import (PrivateSelection, SelectionStrategy, Selector,
                                   truncated_geometric_probabilities)
 

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from transforms.noise import ReleaseKey
+from accounting.keys import ReleaseKey
 from transforms.sketches.beam import SketchUnionFn
 from transforms.sketches.dp import ReachFrequencyBudget, SketchStatistics, add_global_noise
 from transforms.sketches.estimators import (estimate_reach, frequency_distribution,

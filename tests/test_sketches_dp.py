@@ -8,7 +8,8 @@ from scipy import stats
 from accounting.calibration import NoiseKind
 from accounting.dp_tester import DPTester
 from accounting.sensitivity import Neighbouring
-from transforms.noise import RandomStreams, ReleaseKey, add_noise
+from accounting.keys import ReleaseKey
+from transforms.noise import RandomStreams, add_noise
 from transforms.sketches.dp import (NOISE_PURPOSE, ReachFrequencyBudget, SketchStatistics,
                                     add_global_noise, add_helper_share, helper_shares,
                                     output_keys, polya_share)

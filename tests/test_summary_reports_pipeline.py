@@ -21,7 +21,8 @@ from transforms.ara.beam import (ROUNDING_PURPOSE, SUMMARY_PURPOSE, BoundContrib
 from transforms.ara.contribution import bound_contributions, contribution_vectors
 from transforms.ara.reports import AggregatableReport
 from transforms.ara.summary import key_bytes, noisy_summary
-from transforms.noise import RandomStreams, ReleaseKey
+from accounting.keys import ReleaseKey
+from transforms.noise import RandomStreams
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = 42

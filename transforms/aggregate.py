@@ -53,7 +53,7 @@ from accounting.sensitivity import ContributionBounds, Neighbouring
 from transforms import bounding
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Metric, MetricKind, is_integer_range, mean_from_noisy, plan_measures
-from transforms.noise import ReleaseKey
+from accounting.keys import ReleaseKey
 from transforms.release import NoisyMeasure, NoisyRelease, OutputColumn, keyset_tables
 from transforms.selection import PrivateSelection, Selector
 

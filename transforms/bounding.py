@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from transforms.noise.keys import ReleaseKey
+from accounting.keys import ReleaseKey
 from transforms.noise.streams import cbc_mac, encode_keys
 
 UNIT = "__unit"

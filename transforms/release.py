@@ -28,7 +28,8 @@ from apache_beam.metrics import Metrics
 from accounting.calibration import NoiseSpec
 from transforms import bounding
 from transforms.keyset import PublicKeyset, rows_to_table
-from transforms.noise import RandomStreams, ReleaseKey, add_noise
+from accounting.keys import ReleaseKey
+from transforms.noise import RandomStreams, add_noise
 
 NAMESPACE = "dp_release"
 

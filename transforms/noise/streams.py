@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from transforms.noise.keys import ReleaseKey
+from accounting.keys import ReleaseKey
 
 _U64 = np.uint64
 

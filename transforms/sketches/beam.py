@@ -19,7 +19,7 @@ from typing import Iterable, Mapping
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from transforms.noise import ReleaseKey
+from accounting.keys import ReleaseKey
 from transforms.sketches import dp
 from transforms.sketches.estimators import (estimate_reach, frequency_distribution, k_plus_reach,
                                             k_reach)

@@ -51,7 +51,8 @@ from accounting.calibration import NoiseKind, NoiseSpec, calibrate
 from accounting.composition import EpsDelta, sequential
 from accounting.sensitivity import Neighbouring, Sensitivities
 from accounting.validation import check_delta, check_epsilon, check_positive_int
-from transforms.noise import RandomStreams, ReleaseKey, add_noise
+from accounting.keys import ReleaseKey
+from transforms.noise import RandomStreams, add_noise
 
 __all__ = ["SketchStatistics", "ReachFrequencyBudget", "REACH_SENSITIVITY",
            "HISTOGRAM_SENSITIVITY", "output_keys", "add_global_noise", "polya_share",
