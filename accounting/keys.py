@@ -20,14 +20,19 @@ KEY_BYTES = 32
 _TESTING_PREFIX = b"beam-dp-release/testing-key/v1"
 
 
+class KeyReuseError(RuntimeError):
+    """A release key asked to drive the same random choices a second time (see ReleaseKey.claim)."""
+
+
 class ReleaseKey:
-    __slots__ = ("_secret", "is_testing")
+    __slots__ = ("_secret", "is_testing", "_claims")
 
     def __init__(self, secret: bytes, *, is_testing: bool = False):
         if not isinstance(secret, (bytes, bytearray)) or len(secret) != KEY_BYTES:
             raise ValueError(f"a release key is exactly {KEY_BYTES} bytes")
         self._secret = bytes(secret)
         self.is_testing = bool(is_testing)
+        self._claims = set()
 
     @classmethod
     def generate(cls) -> "ReleaseKey":
@@ -44,6 +49,26 @@ class ReleaseKey:
         """An independent sub-key for one purpose (HMAC-SHA256 as a PRF)."""
         sub = hmac.new(self._secret, label.encode("utf-8"), hashlib.sha256).digest()
         return ReleaseKey(sub, is_testing=self.is_testing)
+
+    def claim(self, purpose: str, owner: str = "a transform") -> None:
+        """Record that ``owner`` draws the randomness of ``purpose`` from this key object.
+
+        A second claim of the same purpose raises :class:`KeyReuseError`: the same key and
+        purpose on other input would repeat the noise, and the difference of the two outputs
+        would be noise-free. Every transform holding a key claims its purposes when it is
+        applied, so one instance cannot be applied twice and two transforms cannot share a
+        stream. (Across processes a stored key is bound to its input digest by the ledger.)
+        Claims belong to this object: they are not pickled to workers.
+        """
+        if not isinstance(purpose, str) or not purpose:
+            raise ValueError("a key claim needs a non-empty purpose")
+        if purpose in self._claims:
+            raise KeyReuseError(
+                f"{owner}: this release key already drives {purpose!r} in this process; applying "
+                "it again (another input, another day, a second application of the same "
+                "transform) would repeat its noise. Use a fresh key per release (the ledger "
+                "issues one), or ReleaseKey.derive(label) for a second, independent aggregation")
+        self._claims.add(purpose)
 
     def secret_bytes(self) -> bytes:
         """The raw key. Only the noise engine and ``save`` should call this."""
@@ -89,3 +114,4 @@ class ReleaseKey:
         if isinstance(state, tuple):  # (None, slots-dict) form
             state = state[1]
         self.is_testing = state["is_testing"]
+        self._claims = set()

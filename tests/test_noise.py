@@ -159,3 +159,14 @@ def test_integer_kinds_refuse_real_answers():
         add_noise(spec, np.array([0.5]), RandomStreams.for_range(ReleaseKey.for_testing(1), "x", 1))
     with pytest.raises(ValueError, match="lanes"):
         add_noise(spec, np.array([1, 2]), RandomStreams.for_range(ReleaseKey.for_testing(1), "x", 1))
+
+
+def test_a_key_object_drives_each_purpose_once():
+    from accounting.keys import KeyReuseError
+
+    key = ReleaseKey.generate()
+    key.claim("count", "first")
+    key.claim("sum", "first")
+    with pytest.raises(KeyReuseError, match="second"):
+        key.claim("count", "second")
+    key.derive("other").claim("count")  # a derived key is another key
