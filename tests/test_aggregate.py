@@ -249,6 +249,7 @@ def test_keyset_from_files(tmp_path):
 def test_a_unit_with_millions_of_rows_stays_bounded_in_memory():
     """Each batch sends at most L0 * Linf rows of a unit; the shard re-bounds as rows accumulate."""
     from transforms import aggregate, bounding
+    from transforms.partials import key_partials
 
     bounds = ContributionBounds(max_partitions=3, max_contributions_per_partition=2)
     config = aggregate.BoundingConfig("user", ["k"], None, bounds, None, ReleaseKey.for_testing(1),
@@ -265,7 +266,7 @@ def test_a_unit_with_millions_of_rows_stays_bounded_in_memory():
             largest = max(largest, rows.rows)
     bounded = rows.result()
     assert bounded.num_rows == 6 and largest <= 2 * 50
-    partials = bounding.key_partials(bounded, ["k"], has_value=False)
+    partials = key_partials(bounded, ["k"], has_value=False)
     assert sum(partials.column("count").to_pylist()) == 6 and partials.num_rows == 3
 
 

@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 from scipy import stats
 
 from transforms import bounding
+from transforms.partials import key_partials, sum_partials
 from accounting.keys import ReleaseKey
 
 KEY = ReleaseKey.for_testing(11)
@@ -101,9 +102,9 @@ def test_priorities_are_secret_and_reproducible():
 def test_key_partials_and_sum():
     rows = [("a", 1, 2.0), ("a", 1, 3.0), ("b", 1, 1.0), ("b", 2, 4.0)]
     bounded = bounding.bound(_prepared(rows), 5, 5)
-    partials = bounding.key_partials(bounded, ["k"], has_value=True, midpoint=1.0)
+    partials = key_partials(bounded, ["k"], has_value=True, midpoint=1.0)
     got = {r["k"]: r for r in partials.to_pylist()}
     assert got[1]["count"] == 3 and got[1]["units"] == 2 and got[1]["sum"] == 6.0 and got[1]["nsum"] == 3.0
     assert got[2]["count"] == 1 and got[2]["units"] == 1
-    total = bounding.sum_partials([partials, partials], ["k"])
+    total = sum_partials([partials, partials], ["k"])
     assert {r["k"]: r["count"] for r in total.to_pylist()} == {1: 6, 2: 2}

@@ -51,6 +51,7 @@ from accounting.budget import PrivacyBudget
 from accounting.composition import EpsDelta, sequential
 from accounting.sensitivity import ContributionBounds, Neighbouring
 from transforms import bounding
+from transforms.partials import key_partials, routing_hash, shard_of, split_by_shard
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Metric, MetricKind, is_integer_range, mean_from_noisy, plan_measures
 from accounting.keys import ReleaseKey
@@ -189,7 +190,7 @@ class _PrepareAndBound(beam.DoFn):
             else:
                 # A PCollection keyset is too large to hold; its sorted key hashes (a side input)
                 # pre-filter rows, and the exact join before release removes the rare collision.
-                hashes = bounding.routing_hash(table.select(c.keys))
+                hashes = routing_hash(table.select(c.keys))
                 position = np.minimum(np.searchsorted(keyset_hashes, hashes), max(len(keyset_hashes) - 1, 0))
                 inside = (keyset_hashes[position] == hashes) if len(keyset_hashes) else \
                     np.zeros(table.num_rows, dtype=bool)
@@ -206,8 +207,8 @@ class _PrepareAndBound(beam.DoFn):
                 bounding.VALUE, pa.array(np.clip(values, low, high)))
         table = bounding.prioritize(table, c.unit, c.keys, c.release_key).drop_columns([c.unit])
         table = bounding.bound(table, c.bounds.max_partitions, c.bounds.max_contributions_per_partition)
-        shards = bounding.shard_of(table.column(bounding.UNIT).to_numpy(), c.num_shards)
-        yield from bounding.split_by_shard(table, shards)
+        shards = shard_of(table.column(bounding.UNIT).to_numpy(), c.num_shards)
+        yield from split_by_shard(table, shards)
 
 
 class _BoundUnitShard(beam.DoFn):
@@ -233,7 +234,7 @@ class _BoundUnitShard(beam.DoFn):
             return
         if c.bounds.max_contributions is not None:
             bounded = bounding.bound_total(bounded, c.bounds.max_contributions)
-        yield bounding.key_partials(bounded, c.keys, has_value=c.value is not None,
+        yield key_partials(bounded, c.keys, has_value=c.value is not None,
                                     midpoint=c.midpoint, integer_sum=c.integer_values)
 
 
@@ -276,7 +277,7 @@ class BoundContributions(beam.PTransform):
         if self._keyset_pcollection is not None:
             hashes = (self._keyset_pcollection
                       | "KeysetTables" >> beam.Map(keyset_tables, c.keys)
-                      | "KeysetHashes" >> beam.Map(lambda t: bounding.routing_hash(t))
+                      | "KeysetHashes" >> beam.Map(lambda t: routing_hash(t))
                       | "SortedHashes" >> beam.CombineGlobally(_SortedUnionFn()))
             side["keyset_hashes"] = beam.pvalue.AsSingleton(hashes)
         return (pcoll

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms.noise.streams import encode_keys
+from transforms.noise.encoding import encode_keys
 
 #: Keys per batch when a keyset is materialised for the final join.
 KEYSET_BATCH_ROWS = 50_000

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
 from accounting.calibration import NoiseSpec
-from transforms import bounding
+from transforms.partials import routing_hash, shard_of, split_by_shard, sum_partials
 from transforms.keyset import PublicKeyset, rows_to_table
 from accounting.keys import ReleaseKey
 from transforms.noise import RandomStreams, add_noise
@@ -60,8 +60,8 @@ class OutputColumn:
 def _route_by_key(table, key_columns, num_shards):
     if table is None or table.num_rows == 0:
         return
-    shards = bounding.shard_of(bounding.routing_hash(table.select(key_columns)), num_shards)
-    yield from bounding.split_by_shard(table, shards)
+    shards = shard_of(routing_hash(table.select(key_columns)), num_shards)
+    yield from split_by_shard(table, shards)
 
 
 class _SumPartialsFn(beam.CombineFn):
@@ -76,15 +76,15 @@ class _SumPartialsFn(beam.CombineFn):
     def add_input(self, accumulator, table):
         accumulator.append(table)
         if len(accumulator) > 64:
-            accumulator = [bounding.sum_partials(accumulator, self._keys)]
+            accumulator = [sum_partials(accumulator, self._keys)]
         return accumulator
 
     def merge_accumulators(self, accumulators):
         tables = [t for acc in accumulators for t in acc if t is not None]
-        return [bounding.sum_partials(tables, self._keys)] if tables else []
+        return [sum_partials(tables, self._keys)] if tables else []
 
     def extract_output(self, accumulator):
-        return bounding.sum_partials(accumulator, self._keys) if accumulator else None
+        return sum_partials(accumulator, self._keys) if accumulator else None
 
 
 def keyset_tables(element, columns) -> pa.Table:
@@ -152,7 +152,7 @@ class _NoiseAndRelease(beam.DoFn):
             keys = pa.concat_tables(keysets, promote_options="permissive").select(self._s.keys)
             keys = keys.group_by(list(self._s.keys), use_threads=False).aggregate([])  # distinct
             if totals:
-                total = self._s.keyset.cast_like(bounding.sum_partials(totals, self._s.keys))
+                total = self._s.keyset.cast_like(sum_partials(totals, self._s.keys))
                 joined = keys.join(total, keys=self._s.keys, join_type="left outer", use_threads=False)
                 zeros = self._zeros(joined)
                 table = pa.table({name: pc.coalesce(joined.column(name), zeros.column(name))
