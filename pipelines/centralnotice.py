@@ -62,7 +62,7 @@ from accounting.sensitivity import ContributionBounds, Neighbouring, Sensitiviti
 from accounting.validation import check_positive_int
 from pipelines.centralnotice_config import KEY_COLUMNS, CampaignConfig, ConfigError, load_config
 from runners.profiles import build_options
-from transforms.aggregate import BoundContributions, BoundingConfig
+from transforms.aggregate import BoundedKeyPartials, BoundingConfig
 from transforms.impressions_split import clean_impressions, per_key_contribution
 from transforms.keyset import PublicKeyset
 from accounting.keys import ReleaseKey
@@ -320,10 +320,11 @@ class CentralNoticeRelease(beam.PTransform):
             clk = click_rows | "RowClickPartials" >> beam.Map(_row_click_partials)
         else:
             m = c.clicks.max_clicks_per_user
-            bounding = BoundingConfig("user_id", KEYS, None, ContributionBounds(m, m, max_contributions=m),
-                                       None, self.release_key, self.testing, self.num_shards, False, 0.0)
+            bounding = BoundingConfig(unit="user_id", keys=KEYS, value=None,
+                                      bounds=ContributionBounds(m, m, max_contributions=m),
+                                      release_key=self.release_key, num_shards=self.num_shards)
             clk = (click_rows
-                   | "BoundUsers" >> BoundContributions(bounding)
+                   | "BoundUsers" >> BoundedKeyPartials(bounding)
                    | "UserClickPartials" >> beam.Map(_user_click_partials))
         specs = {m.name: m.noise for m in self.measures}
         purpose = f"centralnotice/{c.campaign_id}"

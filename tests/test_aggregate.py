@@ -14,7 +14,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from accounting.budget import PrivacyBudget
 from accounting.dp_tester import DPTester
 from accounting.sensitivity import ContributionBounds
-from transforms.aggregate import DPAggregate
+from transforms.aggregate import BoundingConfig, DPAggregate
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Count, Mean, PrivacyUnitCount, Sum
 from accounting.keys import ReleaseKey
@@ -252,8 +252,8 @@ def test_a_unit_with_millions_of_rows_stays_bounded_in_memory():
     from transforms.partials import key_partials
 
     bounds = ContributionBounds(max_partitions=3, max_contributions_per_partition=2)
-    config = aggregate.BoundingConfig("user", ["k"], None, bounds, None, ReleaseKey.for_testing(1),
-                                      False, 4, False, 0.0)
+    config = aggregate.BoundingConfig(unit="user", keys=["k"], value=None, bounds=bounds,
+                                      release_key=ReleaseKey.for_testing(1), num_shards=4)
     prepare = aggregate._PrepareAndBound(config)
     rows = bounding.BoundedRows(3, 2, min_rows=50)
     largest = 0
@@ -292,3 +292,14 @@ def test_beam_rows_input_equals_dict_input():
         source = p | beam.Create(rows) | beam.Map(lambda r: beam.Row(**r))
         _collect(source | make(), directory)
     assert _read(directory) == _run(rows, make())
+
+
+def test_bounding_config_is_a_frozen_keyword_only_value():
+    bounds = ContributionBounds(max_partitions=1, max_contributions_per_partition=1)
+    config = BoundingConfig(unit="u", keys=["k"], value=None, bounds=bounds,
+                            release_key=ReleaseKey.for_testing(1))
+    assert config.keys == ("k",) and config.num_shards == 32
+    with pytest.raises(TypeError):
+        BoundingConfig("u", ["k"], None, bounds, ReleaseKey.for_testing(1))
+    with pytest.raises(AttributeError):
+        config.num_shards = 2

@@ -36,6 +36,7 @@ and it refuses a secret release key, so it cannot make a real release.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import apache_beam as beam
@@ -67,27 +68,34 @@ COMPACT_ROWS = 200_000
 
 # --------------------------------------------------------------------------- configuration
 
+@dataclass(frozen=True, kw_only=True)
 class BoundingConfig:
-    """What contribution bounding needs (picklable; shared by the DoFns of one DPAggregate).
+    """What contribution bounding needs (picklable; shared by the DoFns of one transform).
 
     unit / keys / value: column names (value None for counts only); bounds: the contribution
-    bounds; keyset: rows outside it are dropped before bounding; release_key: derives the
-    secret priorities; num_shards: unit and key shards; integer_values: integer sums;
-    midpoint: centre of the clamping range (for normalized sums).
+    bounds; release_key: derives the secret priorities; keyset: rows outside it are dropped
+    before bounding (a PCollection keyset is kept as its columns and exclusions only);
+    num_shards: unit and key shards; integer_values: integer sums; midpoint: centre of the
+    clamping range (for normalized sums).
     """
 
-    def __init__(self, unit, keys, value, bounds, keyset, release_key, testing, num_shards,
-                 integer_values, midpoint):
-        self.unit = unit
-        self.keys = list(keys)
-        self.value = value
-        self.bounds = bounds
-        self.keyset = keyset if keyset is None or keyset.in_memory else keyset.without_source()
-        self.release_key = release_key
-        self.testing = testing
-        self.num_shards = num_shards
-        self.integer_values = integer_values
-        self.midpoint = midpoint
+    unit: str
+    keys: tuple
+    value: Optional[str]
+    bounds: ContributionBounds
+    release_key: ReleaseKey
+    keyset: Optional[PublicKeyset] = None
+    num_shards: int = 32
+    integer_values: bool = False
+    midpoint: float = 0.0
+
+    def __post_init__(self):
+        keys = (self.keys,) if isinstance(self.keys, str) else tuple(self.keys)
+        object.__setattr__(self, "keys", keys)
+        if self.keyset is not None and not self.keyset.in_memory:
+            object.__setattr__(self, "keyset", self.keyset.without_source())
+        if not isinstance(self.release_key, ReleaseKey):
+            raise TypeError("release_key must be a ReleaseKey")
 
 
 def _is_numeric(typ: pa.DataType) -> bool:
@@ -258,11 +266,13 @@ class _SortedUnionFn(beam.CombineFn):
         return np.unique(np.concatenate(accumulator)) if accumulator else np.zeros(0, dtype=np.uint64)
 
 
-class BoundContributions(beam.PTransform):
+class BoundedKeyPartials(beam.PTransform):
     """Rows -> exact per-key partials (count, units, sum, nsum) of the bounded contributions.
 
     Steps 1 and 2 of DPAggregate, usable alone by pipelines that release through
-    :class:`~transforms.release.NoisyRelease` with measures of their own.
+    :class:`~transforms.release.NoisyRelease` with measures of their own (CentralNotice's
+    user-DP clicks). Not to be confused with ARA's on-device contribution bounding
+    (:mod:`transforms.ara`), which drops reports beyond an L1 budget.
     """
 
     def __init__(self, config: "BoundingConfig", keyset_pcollection=None, label=None):
@@ -351,9 +361,10 @@ class DPAggregate(beam.PTransform):
                                      bounds.max_partitions)
         low_high = bounds.value_range() if needs_value else (0.0, 0.0)
         self.keyset = keyset
-        self._config = BoundingConfig(privacy_unit, keys, value if needs_value else None, bounds, keyset,
-                               release_key, testing, num_shards, integer_values,
-                               (low_high[0] + low_high[1]) / 2)
+        self._config = BoundingConfig(unit=privacy_unit, keys=keys, value=value if needs_value else None,
+                                      bounds=bounds, release_key=release_key, keyset=keyset,
+                                      num_shards=num_shards, integer_values=integer_values,
+                                      midpoint=(low_high[0] + low_high[1]) / 2)
         self._metrics = metrics
         self._output = output
         self._threshold_mode = threshold_mode
@@ -401,7 +412,7 @@ class DPAggregate(beam.PTransform):
     def expand(self, pcoll):
         c = self._config
         keyset_pcollection = None if self.keyset is None or self.keyset.in_memory else self.keyset.pcollection
-        partials = pcoll | "BoundContributions" >> BoundContributions(c, keyset_pcollection)
+        partials = pcoll | "BoundContributions" >> BoundedKeyPartials(c, keyset_pcollection)
         specs = {m.name: m.noise for m in self.plan.measures}
         measures = [NoisyMeasure(name, ref.partial, specs[name], ref.integer) for name, ref in self.refs.items()]
         partial_types = {"count": pa.int64(), "units": pa.int64()}
