@@ -20,6 +20,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from accounting.keys import ReleaseKey
+from transforms.keyset import PublicKeyset
 from transforms.sketches import dp
 from transforms.sketches.estimators import (estimate_reach, frequency_distribution, k_plus_reach,
                                             k_reach)
@@ -105,6 +106,12 @@ class _SketchBatches(beam.DoFn):
         yield from sketches
 
 
+def declared_keys(campaigns, publishers) -> list[tuple[str, str]]:
+    """Every declared (campaign, publisher): the public keyset of the per-publisher sketches."""
+    keyset = PublicKeyset.cross_product({"campaign": list(campaigns), "publisher": list(publishers)})
+    return [(row["campaign"], row["publisher"]) for row in keyset.to_table().to_pylist()]
+
+
 class BuildSketches(beam.PTransform):
     """PCollection of pyarrow Tables/RecordBatches -> ((campaign, publisher), sketch).
 
@@ -131,8 +138,7 @@ class BuildSketches(beam.PTransform):
         config, secret = self._config, self._secret
         identities = (
             batches.pipeline
-            | "DeclaredKeys" >> beam.Create([(c, p) for c in self._campaigns
-                                             for p in self._publishers])
+            | "DeclaredKeys" >> beam.Create(declared_keys(self._campaigns, self._publishers))
             | "EmptySketches" >> beam.Map(
                 lambda key: (key, LiquidLegionsSketch.empty(config, _salt(key[0], secret)))))
         partials = (partials, identities) | "WithDeclaredKeys" >> beam.Flatten()
