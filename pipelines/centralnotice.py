@@ -328,10 +328,10 @@ class CentralNoticeRelease(beam.PTransform):
                    | "UserClickPartials" >> beam.Map(_user_click_partials))
         specs = {m.name: m.noise for m in self.measures}
         purpose = f"centralnotice/{c.campaign_id}"
-        measures = [NoisyMeasure(f"{purpose}/impressions", "impressions", specs["impressions"]),
-                    NoisyMeasure(f"{purpose}/clicks", "clicks", specs["clicks"])]
-        outputs = [OutputColumn("impressions", measure=measures[0].name, threshold=c.impressions.release_threshold),
-                   OutputColumn("clicks", measure=measures[1].name, threshold=c.clicks.release_threshold)]
+        measures = [NoisyMeasure(name=f"{purpose}/impressions", partial="impressions", spec=specs["impressions"]),
+                    NoisyMeasure(name=f"{purpose}/clicks", partial="clicks", spec=specs["clicks"])]
+        outputs = [OutputColumn(name="impressions", measure=measures[0].name, threshold=c.impressions.release_threshold),
+                   OutputColumn(name="clicks", measure=measures[1].name, threshold=c.clicks.release_threshold)]
         return ((imp, clk)
                 | "Partials" >> beam.Flatten()
                 | "Release" >> NoisyRelease(keys=KEYS, measures=measures, outputs=outputs,

@@ -56,7 +56,7 @@ from transforms.partials import key_partials, routing_hash, shard_of, split_by_s
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Metric, MetricKind, is_integer_range, mean_from_noisy, plan_measures
 from accounting.keys import ReleaseKey
-from transforms.release import NoisyMeasure, NoisyRelease, OutputColumn, keyset_tables
+from transforms.release import NoisyRelease, OutputColumn, keyset_tables
 from transforms.selection import PrivateSelection, Selector
 
 NAMESPACE = "dp_aggregate"
@@ -351,7 +351,7 @@ class DPAggregate(beam.PTransform):
         self.testing = testing
         self.release_key = release_key
         self.selection = selection
-        self.plan, self.refs, selection_share = plan_measures(
+        self.plan, self.measures, selection_share = plan_measures(
             metrics, bounds, budget, neighbouring=neighbouring,
             selection_weight=selection.weight if selection else 0.0,
             selection_needs_delta=selection is not None, integer_values=integer_values)
@@ -404,17 +404,17 @@ class DPAggregate(beam.PTransform):
                 low, high = self._config.bounds.value_range()
                 nsum, count = f"{metric.column}.normalized_sum", count_name or f"{metric.column}.count"
                 derive = functools.partial(_mean_output, nsum=nsum, count=count, low=low, high=high)
-                outputs.append(OutputColumn(metric.column, derive=derive, threshold=metric.threshold))
+                outputs.append(OutputColumn(name=metric.column, derive=derive, threshold=metric.threshold))
             else:
-                outputs.append(OutputColumn(metric.column, measure=metric.column, threshold=metric.threshold))
+                outputs.append(OutputColumn(name=metric.column, measure=metric.column,
+                                            threshold=metric.threshold))
         return outputs
 
     def expand(self, pcoll):
         c = self._config
         keyset_pcollection = None if self.keyset is None or self.keyset.in_memory else self.keyset.pcollection
         partials = pcoll | "BoundContributions" >> BoundedKeyPartials(c, keyset_pcollection)
-        specs = {m.name: m.noise for m in self.plan.measures}
-        measures = [NoisyMeasure(name, ref.partial, specs[name], ref.integer) for name, ref in self.refs.items()]
+        measures = list(self.measures.values())
         partial_types = {"count": pa.int64(), "units": pa.int64()}
         if c.value:
             partial_types.update(sum=pa.int64() if c.integer_values else pa.float64(), nsum=pa.float64())

@@ -20,6 +20,7 @@ from accounting.sensitivity import (ContributionBounds, Neighbouring, count_sens
                                     mean_sensitivity, privacy_unit_count_sensitivity,
                                     sum_sensitivity)
 from accounting.validation import check_epsilon, check_finite
+from transforms.release import NoisyMeasure
 
 
 class MetricKind(str, enum.Enum):
@@ -85,22 +86,14 @@ def PrivacyUnitCount(**kwargs) -> Metric:
     return Metric(MetricKind.PRIVACY_UNIT_COUNT, **kwargs)
 
 
-@dataclass(frozen=True)
-class MeasureRef:
-    """A noisy measure drawn per key: which partial it noises and with which spec."""
-
-    name: str          # unique purpose label: also derives the noise streams
-    partial: str       # column of the exact per-key partials: count, sum, nsum, units
-    integer: bool      # integer answers and integer noise
-
-
 def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget: PrivacyBudget,
                   *, neighbouring=Neighbouring.ADD_REMOVE, selection_weight: float = 0.0,
                   selection_needs_delta: bool = False, integer_values: bool = False):
     """Split ``budget`` among the measures the metrics need and calibrate each.
 
-    Returns ``(plan, refs, selection_share)``: the ReleasePlan, a mapping measure name ->
-    :class:`MeasureRef`, and the budget share for private key selection (or None).
+    Returns ``(plan, measures, selection_share)``: the ReleasePlan, a mapping measure name ->
+    calibrated :class:`~transforms.release.NoisyMeasure` (partial columns: count, units, sum,
+    nsum), and the budget share for private key selection (or None).
     """
     if not metrics:
         raise ValueError("metrics must name at least one metric")
@@ -108,11 +101,11 @@ def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget:
     if len(set(columns)) != len(columns):
         raise ValueError(f"metric columns must be unique, got {columns}")
     has_count = any(m.kind is MetricKind.COUNT for m in metrics)
-    weights, kinds, sens, refs, descriptions = {}, {}, {}, {}, {}
+    weights, kinds, sens, partials, descriptions = {}, {}, {}, {}, {}
 
     def measure(name, weight, kind, sensitivities, partial, integer, description):
         weights[name], kinds[name], sens[name] = weight, kind, sensitivities
-        refs[name] = MeasureRef(name, partial, integer)
+        partials[name] = (partial, integer)
         descriptions[name] = description
 
     for m in metrics:
@@ -149,7 +142,10 @@ def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget:
     for name in kinds:
         plan.add_calibrated(name, kinds[name], shares[name], sens[name],
                             neighbouring=neighbouring, description=descriptions[name])
-    return plan, refs, shares.get("key_selection")
+    specs = {m.name: m.noise for m in plan.measures}
+    measures = {name: NoisyMeasure(name=name, partial=partial, spec=specs[name], integer=integer)
+                for name, (partial, integer) in partials.items()}
+    return plan, measures, shares.get("key_selection")
 
 
 def mean_from_noisy(nsum, count, low: float, high: float):

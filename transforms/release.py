@@ -34,17 +34,22 @@ from transforms.noise import RandomStreams, add_noise
 NAMESPACE = "dp_release"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NoisyMeasure:
-    """A noisy answer drawn per key: the partial column it noises and how."""
+    """A noisy answer drawn per key: the partial column it noises and how.
 
-    name: str                   # unique per release: also labels the noise streams
-    partial: str                # partial column holding the exact answer
-    spec: Optional[NoiseSpec]   # None only in testing mode
+    name: unique per release; it also labels the measure's noise streams. partial: the partial
+    column holding the exact answer. spec: the calibrated noise (None only in testing mode).
+    integer: integer answers and integer noise.
+    """
+
+    name: str
+    partial: str
+    spec: Optional[NoiseSpec] = None
     integer: bool = True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OutputColumn:
     """A released column: one measure, or ``derive(noisy measures) -> array``."""
 
