@@ -23,9 +23,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from accounting.calibration import NoiseKind, calibrate
+from accounting.distributions import discrete_gaussian_quantile, discrete_gaussian_upper_tail
 from accounting.validation import check_delta, check_epsilon, check_positive_int
 from transforms.noise import RandomStreams, add_noise
 
@@ -84,7 +84,7 @@ class Selector:
         else:
             self.noise = calibrate(NoiseKind.DISCRETE_GAUSSIAN, epsilon=epsilon, delta=delta / 2,
                                    l2_sensitivity=math.sqrt(max_partitions), l0=max_partitions)
-            self.threshold = _discrete_gaussian_quantile(self.noise.scale, delta / (2 * max_partitions))
+            self.threshold = discrete_gaussian_quantile(self.noise.scale, delta / (2 * max_partitions))
 
     def keep(self, units: np.ndarray, streams: RandomStreams) -> np.ndarray:
         """Boolean mask of keys to release given their exact privacy-unit counts."""
@@ -105,33 +105,5 @@ class Selector:
             if gap < 0:
                 return 1 - (p ** (-gap)) / (1 + p)
             return p ** (gap + 1) / (1 + p)
-        tail = _discrete_gaussian_tail(self.noise.scale)
         m = math.floor(self.threshold - n) + 1  # need Z >= m
-        return float(tail(m))
-
-
-def _discrete_gaussian_tail(sigma: float):
-    """z -> P(Z >= z) for Z ~ N_Z(0, sigma^2), by exact summation over |z| <= 40 sigma + 10."""
-    half = int(40 * sigma) + 10
-    support = np.arange(-half, half + 1)
-    weights = np.exp(-(support.astype(float) ** 2) / (2 * sigma ** 2))
-    upper = np.cumsum(weights[::-1])[::-1] / weights.sum()
-
-    def tail(z: int) -> float:
-        if z <= -half:
-            return 1.0
-        if z > half:
-            return 0.0
-        return float(upper[z + half])
-    return tail
-
-
-def _discrete_gaussian_quantile(sigma: float, target: float) -> int:
-    """Smallest integer m with P(1 + Z > m) = P(Z >= m) <= target."""
-    tail = _discrete_gaussian_tail(sigma)
-    m = max(1, int(stats.norm.isf(target) * sigma) - 2)
-    while tail(m) > target:
-        m += 1
-    while m > 1 and tail(m - 1) <= target:
-        m -= 1
-    return m
+        return float(discrete_gaussian_upper_tail(self.noise.scale, m))
