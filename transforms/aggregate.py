@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -51,6 +51,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from accounting.budget import PrivacyBudget
 from accounting.composition import EpsDelta, sequential
 from accounting.sensitivity import ContributionBounds, Neighbouring
+from transforms import arrow_coder  # noqa: F401  (registers the Arrow table coder)
 from transforms import bounding
 from transforms.partials import key_partials, routing_hash, shard_of, split_by_shard
 from transforms.keyset import PublicKeyset
@@ -286,15 +287,16 @@ class BoundedKeyPartials(beam.PTransform):
         side = {}
         if self._keyset_pcollection is not None:
             hashes = (self._keyset_pcollection
-                      | "KeysetTables" >> beam.Map(keyset_tables, c.keys)
+                      | "KeysetTables" >> beam.Map(keyset_tables, list(c.keys)).with_output_types(pa.Table)
                       | "KeysetHashes" >> beam.Map(lambda t: routing_hash(t))
                       | "SortedHashes" >> beam.CombineGlobally(_SortedUnionFn()))
             side["keyset_hashes"] = beam.pvalue.AsSingleton(hashes)
         return (pcoll
-                | "ToArrow" >> beam.ParDo(_ToArrowTables(columns))
+                | "ToArrow" >> beam.ParDo(_ToArrowTables(columns)).with_output_types(pa.Table)
                 | "PrepareAndBound" >> beam.ParDo(_PrepareAndBound(c), **side)
+                .with_output_types(Tuple[int, pa.Table])
                 | "GroupByUnitShard" >> beam.GroupByKey()
-                | "BoundUnitShards" >> beam.ParDo(_BoundUnitShard(c)))
+                | "BoundUnitShards" >> beam.ParDo(_BoundUnitShard(c)).with_output_types(pa.Table))
 
 
 # --------------------------------------------------------------------------- the transform

@@ -17,7 +17,7 @@ their own partials with their own noise specs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -27,6 +27,7 @@ from apache_beam.metrics import Metrics
 
 from accounting.calibration import NoiseSpec
 from transforms.partials import routing_hash, shard_of, split_by_shard, sum_partials
+from transforms.arrow_coder import table_list_coder
 from transforms.keyset import PublicKeyset, rows_to_table
 from accounting.keys import ReleaseKey
 from transforms.noise import RandomStreams, add_noise
@@ -62,6 +63,18 @@ class OutputColumn:
         return noisy[self.measure] if self.derive is None else self.derive(noisy)
 
 
+#: Tags of the keyset join's two inputs.
+_KEYSET, _TOTALS = 0, 1
+_SHARD_TABLE = Tuple[int, pa.Table]
+_TAGGED = Tuple[int, Tuple[int, pa.Table]]
+
+
+def _tagged(element, tag):
+    shard, table = element
+    if table is not None and table.num_rows:
+        yield shard, (tag, table)
+
+
 def _route_by_key(table, key_columns, num_shards):
     if table is None or table.num_rows == 0:
         return
@@ -70,26 +83,33 @@ def _route_by_key(table, key_columns, num_shards):
 
 
 class _SumPartialsFn(beam.CombineFn):
-    """Per key shard: sum the per-key partials."""
+    """Per key shard: sum the per-key partials (accumulator: a list of non-empty tables)."""
 
     def __init__(self, key_columns):
         self._keys = list(key_columns)
+
+    def _summed(self, tables):
+        total = sum_partials(tables, self._keys)
+        return [] if total is None else [total]
 
     def create_accumulator(self):
         return []
 
     def add_input(self, accumulator, table):
-        accumulator.append(table)
+        if table is not None and table.num_rows:
+            accumulator.append(table)
         if len(accumulator) > 64:
-            accumulator = [sum_partials(accumulator, self._keys)]
+            accumulator = self._summed(accumulator)
         return accumulator
 
     def merge_accumulators(self, accumulators):
-        tables = [t for acc in accumulators for t in acc if t is not None]
-        return [sum_partials(tables, self._keys)] if tables else []
+        return self._summed([t for acc in accumulators for t in acc])
 
     def extract_output(self, accumulator):
         return sum_partials(accumulator, self._keys) if accumulator else None
+
+    def get_accumulator_coder(self):
+        return table_list_coder()
 
 
 def keyset_tables(element, columns) -> pa.Table:
@@ -149,9 +169,11 @@ class _NoiseAndRelease(beam.DoFn):
 
     def process(self, element):
         _, value = element
-        if isinstance(value, dict):  # keyset join: {"keyset": [tables], "totals": [table]}
-            keysets = [t for t in value["keyset"] if t is not None and t.num_rows]
-            totals = [t for t in value["totals"] if t is not None and t.num_rows]
+        if self._s.keyset is not None:  # the keyset join: (tag, table) pairs
+            keysets, totals = [], []
+            for tag, table in value:
+                if table.num_rows:
+                    (keysets if tag == _KEYSET else totals).append(table)
             if not keysets:
                 return
             keys = pa.concat_tables(keysets, promote_options="permissive").select(self._s.keys)
@@ -250,18 +272,25 @@ class NoisyRelease(beam.PTransform):
         worker_keyset = self._settings.keyset
         totals = (partials
                   | "RouteByKey" >> beam.FlatMap(_route_by_key, self._keys, self._num_shards)
+                  .with_output_types(_SHARD_TABLE)
                   | "SumPerKeyShard" >> beam.CombinePerKey(_SumPartialsFn(self._keys)))
         release = _NoiseAndRelease(self._settings)
         if keyset is None:
-            return totals | "SelectNoiseAndRelease" >> beam.ParDo(release)
+            return totals | "SelectNoiseAndRelease" >> beam.ParDo(release).with_output_types(pa.Table)
         if keyset.in_memory:
             keys = (partials.pipeline
                     | "KeysetChunks" >> beam.Create(keyset.chunk_starts())
                     | "RouteKeyset" >> beam.ParDo(_RouteKeyset(worker_keyset, self._keys,
-                                                               self._num_shards, False)))
+                                                               self._num_shards, False))
+                    .with_output_types(_SHARD_TABLE))
         else:
             keys = keyset.pcollection | "RouteKeyset" >> beam.ParDo(
-                _RouteKeyset(worker_keyset, self._keys, self._num_shards, True))
-        return ({"keyset": keys, "totals": totals}
-                | "JoinKeyset" >> beam.CoGroupByKey()
-                | "NoiseAndRelease" >> beam.ParDo(release))
+                _RouteKeyset(worker_keyset, self._keys, self._num_shards, True)) \
+                .with_output_types(_SHARD_TABLE)
+        # The keyset join: both sides tagged, one GroupByKey (typed, so tables use the Arrow coder).
+        tagged = (keys | "TagKeyset" >> beam.FlatMap(_tagged, _KEYSET).with_output_types(_TAGGED),
+                  totals | "TagTotals" >> beam.FlatMap(_tagged, _TOTALS).with_output_types(_TAGGED))
+        return (tagged
+                | "FlattenKeysetAndTotals" >> beam.Flatten()
+                | "JoinKeyset" >> beam.GroupByKey()
+                | "NoiseAndRelease" >> beam.ParDo(release).with_output_types(pa.Table))
