@@ -314,10 +314,11 @@ class CentralNoticeRelease(beam.PTransform):
         impressions, clicks = inputs
         c = self.campaign
         release_filter = _ReleaseFilter(c, self.dates)
-        imp = impressions | "ImpressionPartials" >> beam.ParDo(ImpressionPartials(release_filter, c.impressions.k))
-        click_rows = clicks | "ClickRows" >> beam.ParDo(ClickRows(release_filter))
+        imp = impressions | "ImpressionPartials" >> beam.ParDo(
+            ImpressionPartials(release_filter, c.impressions.k)).with_output_types(pa.Table)
+        click_rows = clicks | "ClickRows" >> beam.ParDo(ClickRows(release_filter)).with_output_types(pa.Table)
         if c.clicks.neighbouring == "row":
-            clk = click_rows | "RowClickPartials" >> beam.Map(_row_click_partials)
+            clk = click_rows | "RowClickPartials" >> beam.Map(_row_click_partials).with_output_types(pa.Table)
         else:
             m = c.clicks.max_clicks_per_user
             bounding = BoundingConfig(unit="user_id", keys=KEYS, value=None,
@@ -325,7 +326,7 @@ class CentralNoticeRelease(beam.PTransform):
                                       release_key=self.release_key, num_shards=self.num_shards)
             clk = (click_rows
                    | "BoundUsers" >> BoundedKeyPartials(bounding)
-                   | "UserClickPartials" >> beam.Map(_user_click_partials))
+                   | "UserClickPartials" >> beam.Map(_user_click_partials).with_output_types(pa.Table))
         specs = {m.name: m.noise for m in self.measures}
         purpose = f"centralnotice/{c.campaign_id}"
         measures = [NoisyMeasure(name=f"{purpose}/impressions", partial="impressions", spec=specs["impressions"]),
@@ -467,10 +468,12 @@ def run_release(args, beam_argv, campaign: CampaignConfig, release, config) -> d
     transform = CentralNoticeRelease(campaign, release.dates, key, num_shards=args.num_shards)
     with beam.Pipeline(options=options) as p:
         impressions = (p | "ImpressionFiles" >> beam.Create(imp_paths) | "ReshuffleImp" >> beam.Reshuffle()
-                       | "ReadImpressions" >> beam.ParDo(ReadTables(imp_fmt, KEYS + ["impressions"], "impressions")))
+                       | "ReadImpressions" >> beam.ParDo(ReadTables(imp_fmt, KEYS + ["impressions"], "impressions"))
+                       .with_output_types(pa.Table))
         click_columns = KEYS + (["user_id"] if need_user else [])
         clicks = (p | "ClickFiles" >> beam.Create(clk_paths) | "ReshuffleClk" >> beam.Reshuffle()
-                  | "ReadClicks" >> beam.ParDo(ReadTables(clk_fmt, click_columns, "clicks")))
+                  | "ReadClicks" >> beam.ParDo(ReadTables(clk_fmt, click_columns, "clicks"))
+                  .with_output_types(pa.Table))
         ((impressions, clicks) | "Release" >> transform
          | "Gather" >> beam.combiners.ToList()
          | "Write" >> beam.ParDo(WriteOutput(out_path, args.output_format)))
