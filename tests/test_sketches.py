@@ -82,7 +82,7 @@ def test_register_formula_matches_the_reference():
     u = np.array([0.0, 0.25, 0.5, 0.999999])
     fps = (u * 2.0 ** 64).astype(np.uint64)
     a = 10.0
-    x = 1 - np.log(np.exp(a) + u * (1 - np.exp(a))) / a  # reference.md section 3
+    x = 1 - np.log(np.exp(a) + u * (1 - np.exp(a))) / a  # LiquidLegions register (WFA any-sketch)
     assert np.array_equal(cfg.registers_of(fps), np.floor(x * cfg.num_registers).astype(int))
 
 
