@@ -7,7 +7,8 @@ Privacy: neighbouring datasets differ by one row (add/remove). Every row counts 
 key of a key list that is public (given on the command line, not read from the data), so the
 vector of counts has L1 sensitivity 1 and discrete Laplace noise calibrated by
 :func:`accounting.calibration.calibrate` makes the release ε-DP. Public keys without rows are
-released too (a noisy zero), so the released key set says nothing about the data. Rows whose key
+released too (a noisy zero), so the released key set says nothing about the data, and lines are
+written sorted by key, so their order says nothing either. Rows whose key
 is not public, or that have too few columns, are dropped and counted in Beam metrics (operator
 logs only, never in the output).
 
@@ -68,13 +69,15 @@ class KeyOfRow(beam.DoFn):
 
 
 class AddCountNoise(beam.DoFn):
-    """Adds keyed integer noise to a batch of (key, count) pairs in one vectorised call."""
+    """Adds keyed integer noise to all (key, count) pairs in one vectorised call, and emits them
+    sorted by key: the output order is public (see :mod:`transforms.release`)."""
 
     def __init__(self, spec, release_key: ReleaseKey):
         self._spec = spec
         self._release_key = release_key
 
     def process(self, batch):
+        batch = sorted(batch)
         keys = [key for key, _ in batch]
         counts = np.fromiter((count for _, count in batch), dtype=np.int64, count=len(batch))
         streams = RandomStreams.for_keys(self._release_key, PURPOSE, keys)
@@ -101,7 +104,7 @@ class NoisyCountsPerKey(beam.PTransform):
         return ((counts, zeros)
                 | "All" >> beam.Flatten()
                 | "Count" >> beam.CombinePerKey(sum)
-                | "Batch" >> beam.BatchElements(min_batch_size=1, max_batch_size=4096)
+                | "Gather" >> beam.combiners.ToList()   # the public keys: a short list
                 | "Noise" >> beam.ParDo(AddCountNoise(self._spec, self._release_key)))
 
 

@@ -10,6 +10,15 @@ partial columns; a key may appear in many tables). The stage
 4. computes the output columns (a measure, or a mean from two measures) and applies release
    thresholds, which are post-processing.
 
+**Output order** (the rule for every released table, file and list of this project; other
+modules refer here). Nothing but noisy values and public information may shape an output, and
+the order of rows is part of an output: a table emitted "keys with rows first" (a left join's
+natural order) tells which keys had data. So every released table is sorted by its key columns
+(ascending), whatever the data, in keyset and in private-selection mode alike; which keys share
+one emitted table is decided by the public routing hash of the key. A PCollection has no order:
+a sink that gathers several tables (or records) into one file sorts the union by the key
+columns, never by arrival order.
+
 :class:`~transforms.aggregate.DPAggregate` feeds it bounded partials; pipelines whose privacy
 unit is not a row-owning person (CentralNotice impressions, split into blocks of k) feed it
 their own partials with their own noise specs.
@@ -110,6 +119,11 @@ class _SumPartialsFn(beam.CombineFn):
 
     def get_accumulator_coder(self):
         return table_list_coder()
+
+
+def sorted_by_keys(table: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """``table`` in the public release order: ascending by the key columns (module docstring)."""
+    return table.sort_by([(k, "ascending") for k in keys]) if table.num_rows > 1 else table
 
 
 def keyset_tables(element, columns) -> pa.Table:
@@ -231,6 +245,7 @@ class _NoiseAndRelease(beam.DoFn):
         if suppress.any():
             Metrics.counter(NAMESPACE, "keys_suppressed_by_threshold").inc(int(suppress.sum()))
             result = result.filter(pa.array(~suppress))
+        result = sorted_by_keys(result, self._s.keys)  # public order (see the module docstring)
         Metrics.counter(NAMESPACE, "keys_released").inc(result.num_rows)
         if result.num_rows:
             yield result

@@ -10,6 +10,11 @@
 
 Every (campaign, scope) is keyed as ``(campaign, (scope_kind, publisher))`` with scope kind
 "publisher" or "union" (publisher "" for the union).
+
+Output order (the rule of :mod:`transforms.release`): the released records are one per declared
+(campaign, scope), a set fixed by the declared campaigns and publishers, never by the data; a
+sink that writes them to one file sorts them by :func:`release_order` (campaign, the union
+first, then publishers by name), never by arrival order.
 """
 from __future__ import annotations
 
@@ -29,7 +34,8 @@ from transforms.sketches.impressions import IdType, ImpressionColumns, partial_s
 from transforms.sketches.liquid_legions import LiquidLegionsSketch, SketchConfig
 
 __all__ = ["SketchUnionFn", "BuildSketches", "UnionAcrossPublishers", "ReleaseKeys",
-           "ReleaseReachFrequency", "ReachFrequency", "PUBLISHER", "UNION", "estimate_record"]
+           "ReleaseReachFrequency", "ReachFrequency", "PUBLISHER", "UNION", "estimate_record",
+           "release_order", "declared_keys"]
 
 PUBLISHER = "publisher"
 UNION = "union"
@@ -180,6 +186,11 @@ def estimate_record(campaign: str, scope: tuple[str, str], noisy: dp.SketchStati
         "epsilon_reach": budget.reach_spec().epsilon,
         "epsilon_frequency": budget.histogram_spec().epsilon,
     }
+
+
+def release_order(record: dict) -> tuple:
+    """Sort key of released records: campaign, then the union scope, then publishers by name."""
+    return (record["campaign"], record["scope"] != UNION, record["publisher"] or "")
 
 
 class _Statistics(beam.DoFn):
