@@ -83,3 +83,38 @@ def test_reach_frequency_release_order_is_public():
     ordered = sorted(records, key=release_order)
     assert [(r["campaign"], r["publisher"]) for r in ordered] == [
         ("c1", None), ("c1", "pub_a"), ("c1", "pub_b"), ("c2", None), ("c2", "pub_a"), ("c2", "pub_b")]
+
+
+# --------------------------------------------------------------------------- point 2: unit ids
+
+def _one_key_count(elements):
+    transform = DPAggregate(privacy_unit="user", keys=["k"], metrics=[Count()], bounds=ONE,
+                            keyset=PublicKeyset.from_keys(["x"], ["k"]),
+                            budget=PrivacyBudget(epsilon=1.0), testing=True)
+    (table,) = _emitted_tables(elements, transform)
+    return table[0]["count"]
+
+
+def test_one_unit_whatever_the_type_of_its_id_arrow_batches():
+    """7 (int64), 7.0 (float64) and " 7" (text) are one person: L0 = Linf = 1 keeps 1 row, not 3."""
+    batches = [pa.table({"user": pa.array([7], pa.int64()), "k": ["x"]}),
+               pa.table({"user": pa.array([7.0, float("nan")], pa.float64()), "k": ["x", "x"]}),
+               pa.table({"user": [" 7"], "k": ["x"]})]
+    assert _one_key_count(batches) == 1
+
+
+def test_one_unit_whatever_the_type_of_its_id_dict_rows():
+    rows = [{"user": 7, "k": "x"}, {"user": 7.0, "k": "x"}, {"user": "7", "k": "x"},
+            {"user": "Alice", "k": "x"}, {"user": "alice ", "k": "x"}]
+    assert _one_key_count(rows) == 2
+
+
+def test_a_unit_column_that_cannot_hold_ids_is_refused_before_the_pipeline_runs():
+    from transforms.privacy_units import UnitIdError
+
+    transform = DPAggregate(privacy_unit="user", keys=["k"], metrics=[Count()], bounds=ONE,
+                            keyset=PublicKeyset.from_keys(["x"], ["k"]),
+                            budget=PrivacyBudget(epsilon=1.0), testing=True)
+    with pytest.raises(UnitIdError, match="'user'"):
+        transform.check_schema(pa.schema([("user", pa.bool_()), ("k", pa.string())]))
+    transform.check_schema(pa.schema([("user", pa.float64()), ("k", pa.string())]))

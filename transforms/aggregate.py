@@ -24,8 +24,15 @@ Data flow (every step works on Arrow batches; only bounded partials are shuffled
    selection. Noise is drawn per key from the release key and the measure's name, and release
    thresholds (post-processing) suppress keys.
 
+Privacy units: every id is first mapped to its canonical form
+(:mod:`transforms.privacy_units`: integers, integral floats and integer-like text are one
+unit, text is NFKC-normalised, lower-cased and stripped), before any hashing, for Arrow and
+dict / Row input alike; a unit column whose type cannot hold ids is refused by
+:func:`check_schema` before the pipeline runs, and a value without a canonical form (7.5, a
+boolean in dict rows) fails the job with :class:`~transforms.privacy_units.UnitIdError`.
+
 Row rules (each counted in Beam metrics under namespace ``dp_aggregate``, which reach the
-operator's logs and never the release): a null privacy unit, a null key component or a null /
+operator's logs and never the release): a null (or NaN) privacy unit, a null key component or a null /
 NaN / infinite value drops the row; values outside the clamping range are clamped (counted as
 ``clamped_below_min`` / ``clamped_above_max``); rows whose key is outside the public keyset, or
 excluded from it, are dropped.
@@ -53,6 +60,7 @@ from accounting.composition import EpsDelta, sequential
 from accounting.sensitivity import ContributionBounds, Neighbouring
 from transforms import arrow_coder  # noqa: F401  (registers the Arrow table coder)
 from transforms import bounding
+from transforms.privacy_units import canonical_unit_column, canonical_unit_ids, check_unit_type
 from transforms.partials import key_partials, routing_hash, shard_of, split_by_shard
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Metric, MetricKind, is_integer_range, mean_from_noisy, plan_measures
@@ -104,7 +112,8 @@ def _is_numeric(typ: pa.DataType) -> bool:
 
 
 def check_schema(schema: pa.Schema, unit: str, keys: Sequence[str], value: Optional[str]) -> None:
-    """Raise ValueError naming the first missing or mistyped column."""
+    """Raise ValueError naming the first missing or mistyped column (a privacy-unit column that
+    cannot hold ids raises :class:`~transforms.privacy_units.UnitIdError`, a ValueError)."""
     names = set(schema.names)
     for role, column in [("privacy unit", unit)] + [("key", k) for k in keys] + \
             ([("value", value)] if value else []):
@@ -113,6 +122,7 @@ def check_schema(schema: pa.Schema, unit: str, keys: Sequence[str], value: Optio
         typ = schema.field(column).type
         if pa.types.is_nested(typ) or pa.types.is_map(typ):
             raise ValueError(f"{role} column {column!r} has unsupported type {typ}")
+    check_unit_type(schema.field(unit).type, unit)
     if value and not (_is_numeric(schema.field(value).type) or pa.types.is_null(schema.field(value).type)):
         raise ValueError(f"value column {value!r} must be numeric, got {schema.field(value).type}")
 
@@ -120,10 +130,15 @@ def check_schema(schema: pa.Schema, unit: str, keys: Sequence[str], value: Optio
 # --------------------------------------------------------------------------- DoFns
 
 class _ToArrowTables(beam.DoFn):
-    """Pass Arrow batches through; buffer dicts / Rows into Arrow tables."""
+    """Pass Arrow batches through; buffer dicts / Rows into Arrow tables.
 
-    def __init__(self, columns: Sequence[str]):
+    The privacy-unit column of dict rows may mix types (7, 7.0, "7"): it is built with
+    :func:`~transforms.privacy_units.canonical_unit_column`, one canonical id per row.
+    """
+
+    def __init__(self, columns: Sequence[str], unit: str):
         self._columns = list(columns)
+        self._unit = unit
 
     def start_bundle(self):
         self._rows = []
@@ -146,7 +161,9 @@ class _ToArrowTables(beam.DoFn):
         for name in self._columns:
             if name not in rows[0]:
                 raise ValueError(f"input rows have no column {name!r} (keys: {sorted(rows[0])})")
-            columns[name] = pa.array([r.get(name) for r in rows], from_pandas=True)
+            values = [r.get(name) for r in rows]
+            columns[name] = canonical_unit_column(values, name) if name == self._unit else \
+                pa.array(values, from_pandas=True)
         return pa.table(columns)
 
     def finish_bundle(self):
@@ -173,6 +190,9 @@ class _PrepareAndBound(beam.DoFn):
         self._count("rows_read", table.num_rows)
         columns = [c.unit, *c.keys] + ([c.value] if c.value else [])
         table = table.select(columns)
+        # One canonical id per privacy unit before any hashing (7, 7.0 and "7" are one unit);
+        # NaN is no id. Raises UnitIdError (naming the column) for a value without a canonical form.
+        table = table.set_column(0, c.unit, canonical_unit_ids(table.column(c.unit), c.unit))
         valid = pc.is_valid(table.column(c.unit)).to_numpy(zero_copy_only=False)
         self._count("dropped_null_privacy_unit", (~valid).sum())
         key_valid = np.ones(table.num_rows, dtype=bool)
@@ -292,7 +312,7 @@ class BoundedKeyPartials(beam.PTransform):
                       | "SortedHashes" >> beam.CombineGlobally(_SortedUnionFn()))
             side["keyset_hashes"] = beam.pvalue.AsSingleton(hashes)
         return (pcoll
-                | "ToArrow" >> beam.ParDo(_ToArrowTables(columns)).with_output_types(pa.Table)
+                | "ToArrow" >> beam.ParDo(_ToArrowTables(columns, c.unit)).with_output_types(pa.Table)
                 | "PrepareAndBound" >> beam.ParDo(_PrepareAndBound(c), **side)
                 .with_output_types(Tuple[int, pa.Table])
                 | "GroupByUnitShard" >> beam.GroupByKey()
