@@ -21,7 +21,7 @@ def _table(rows):
 
 
 def _prepared(rows, key=KEY):
-    return bounding.prioritize(_table(rows), "unit", ["k"], key)
+    return bounding.prioritize(_table(rows), "unit", ["k"], key, "__value")
 
 
 rows_strategy = st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 6),
@@ -108,3 +108,25 @@ def test_key_partials_and_sum():
     assert got[2]["count"] == 1 and got[2]["units"] == 1
     total = sum_partials([partials, partials], ["k"])
     assert {r["k"]: r["count"] for r in total.to_pylist()} == {1: 6, 2: 2}
+
+
+def _kept(batches, l0, linf, l1, key=KEY):
+    """Prioritize each batch on its own, bound it, re-bound the union, then the total bound."""
+    bounded = [bounding.bound(_prepared(b, key), l0, linf) for b in batches]
+    union = bounding.bound(pa.concat_tables(bounded), l0, linf)
+    union = bounding.bound_total(union, l1)
+    return collections.Counter(zip(union.column("k").to_pylist(), union.column("__value").to_pylist()))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10 ** 6), cut=st.integers(1, 59))
+def test_kept_rows_do_not_depend_on_batching_or_order(seed, cut):
+    """Issue 10 point 5: priorities from row content only. The same rows cut into other batches,
+    in another order, keep the same rows when Linf and L1 bind (duplicates included)."""
+    rng = np.random.default_rng(seed)
+    rows = [("u", int(rng.integers(0, 4)), float(rng.integers(0, 6))) for _ in range(60)]
+    whole = _kept([rows], 3, 2, 4)
+    shuffled = [rows[i] for i in rng.permutation(len(rows))]
+    assert _kept([shuffled[cut:], shuffled[:cut]], 3, 2, 4) == whole
+    assert _kept([[r] for r in reversed(rows)], 3, 2, 4) == whole
+    assert sum(whole.values()) == 4

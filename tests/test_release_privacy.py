@@ -118,3 +118,26 @@ def test_a_unit_column_that_cannot_hold_ids_is_refused_before_the_pipeline_runs(
     with pytest.raises(UnitIdError, match="'user'"):
         transform.check_schema(pa.schema([("user", pa.bool_()), ("k", pa.string())]))
     transform.check_schema(pa.schema([("user", pa.float64()), ("k", pa.string())]))
+
+
+# --------------------------------------------------------------------------- point 5: batching
+
+def test_bounding_does_not_depend_on_batches_or_row_order():
+    from transforms.metrics import Sum
+
+    rows = pa.table({"user": ["heavy"] * 30 + ["light"], "k": ["x"] * 15 + ["y"] * 15 + ["x"],
+                     "v": [float(i % 10) for i in range(30)] + [9.0]})
+    bounds = ContributionBounds(max_partitions=2, max_contributions_per_partition=4,
+                                max_contributions=5, min_value=0, max_value=10)
+
+    def release(batches):
+        transform = DPAggregate(privacy_unit="user", keys=["k"], value="v", metrics=[Count(), Sum()],
+                                bounds=bounds, keyset=PublicKeyset.from_keys(["x", "y"], ["k"]),
+                                budget=PrivacyBudget(epsilon=1.0), testing=True, num_shards=1)
+        (table,) = _emitted_tables(batches, transform)
+        return table
+
+    whole = release([rows])
+    reordered = rows.take(pa.array(list(range(30, -1, -1))))
+    assert release([reordered.slice(0, 11), reordered.slice(11, 7), reordered.slice(18)]) == whole
+    assert sum(r["count"] for r in whole) == 6  # L1 = 5 for the heavy unit, 1 for the light one

@@ -234,7 +234,8 @@ class _PrepareAndBound(beam.DoFn):
             self._count("clamped_above_max", (values > high).sum())
             table = table.drop_columns([c.value]).append_column(
                 bounding.VALUE, pa.array(np.clip(values, low, high)))
-        table = bounding.prioritize(table, c.unit, c.keys, c.release_key).drop_columns([c.unit])
+        table = bounding.prioritize(table, c.unit, c.keys, c.release_key,
+                                   bounding.VALUE if c.value else None).drop_columns([c.unit])
         table = bounding.bound(table, c.bounds.max_partitions, c.bounds.max_contributions_per_partition)
         shards = shard_of(table.column(bounding.UNIT).to_numpy(), c.num_shards)
         yield from split_by_shard(table, shards)
