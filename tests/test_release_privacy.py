@@ -6,6 +6,7 @@ import os
 import tempfile
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -141,3 +142,30 @@ def test_bounding_does_not_depend_on_batches_or_row_order():
     reordered = rows.take(pa.array(list(range(30, -1, -1))))
     assert release([reordered.slice(0, 11), reordered.slice(11, 7), reordered.slice(18)]) == whole
     assert sum(r["count"] for r in whole) == 6  # L1 = 5 for the heavy unit, 1 for the light one
+
+
+# --------------------------------------------------------------------------- point 3: substitution
+
+@pytest.mark.parametrize("strategy", ["truncated_geometric", "laplace_thresholding",
+                                      "gaussian_thresholding"])
+def test_private_selection_is_calibrated_for_substitution(strategy):
+    """Replacing a unit moves 2 * L0 keys: the released-key event "the removed unit's L0 keys
+    kept, the added unit's L0 keys dropped" must stay within (epsilon, delta)."""
+    from accounting.sensitivity import Neighbouring
+
+    l0, epsilon, delta = 2, 1.0, 1e-5
+    bounds = ContributionBounds(max_partitions=l0, max_contributions_per_partition=1)
+    aggregate = DPAggregate(privacy_unit="u", keys=["k"], metrics=[PrivacyUnitCount()], bounds=bounds,
+                            selection=PrivateSelection(strategy, weight=1.0),
+                            budget=PrivacyBudget(epsilon=2 * epsilon, delta=delta),
+                            neighbouring=Neighbouring.SUBSTITUTE)
+    selector = aggregate.selector
+    assert (selector.epsilon, selector.delta) == pytest.approx((epsilon, delta))
+    worst = 0.0
+    for m in range(1, 400):
+        keep_m, keep_less = selector.keep_probability(m), selector.keep_probability(m - 1)
+        p_d = keep_m ** l0 * (1 - keep_less) ** l0            # D: unit A in the first L0 keys
+        p_d2 = keep_less ** l0 * (1 - keep_m) ** l0           # D': unit B in the other L0 keys
+        worst = max(worst, p_d - np.exp(epsilon) * p_d2)
+    assert worst <= delta  # calibrated for L0 keys instead, truncated geometric gives ~0.07
+    assert selector.max_partitions == 2 * l0

@@ -380,8 +380,8 @@ class DPAggregate(beam.PTransform):
             selection_needs_delta=selection is not None, integer_values=integer_values)
         self.selector = None
         if selection is not None:
-            self.selector = Selector(selection, selection_share.epsilon, selection_share.delta,
-                                     bounds.max_partitions)
+            self.selector = Selector.for_bounds(selection, selection_share.epsilon,
+                                                selection_share.delta, bounds, neighbouring)
         low_high = bounds.value_range() if needs_value else (0.0, 0.0)
         self.keyset = keyset
         self._config = BoundingConfig(unit=privacy_unit, keys=keys, value=value if needs_value else None,
@@ -407,7 +407,7 @@ class DPAggregate(beam.PTransform):
             s = self.selector
             total = self.guarantee()
             text += (f"\nkey selection: {s.selection.strategy.value}, epsilon={s.epsilon:g}, "
-                     f"delta={s.delta:g}, L0={s.max_partitions}"
+                     f"delta={s.delta:g}, keys moved by one neighbouring change={s.max_partitions}"
                      f"\nwhole release with key selection: epsilon={total.epsilon:g}, delta={total.delta:g}")
         if self.testing:
             text += "\nTESTING MODE: no noise is added; this is not a release."
