@@ -247,6 +247,13 @@ class ReleaseKeys:
     def for_campaign(self, campaign: str) -> ReleaseKey:
         return self._default if self._default is not None else self._by_campaign[campaign]
 
+    def claim(self, purpose: str, owner: str) -> None:
+        """Claim ``purpose`` once on every distinct key object (see ReleaseKey.claim): a
+        transform holding these keys cannot be applied twice."""
+        keys = [self._default] if self._default is not None else list(self._by_campaign.values())
+        for key in {id(k): k for k in keys}.values():
+            key.claim(purpose, owner=owner)
+
 
 class ReleaseReachFrequency(beam.PTransform):
     """(campaign, scope) sketches -> released dicts (see :func:`estimate_record`).
@@ -272,6 +279,8 @@ class ReleaseReachFrequency(beam.PTransform):
         self._k, self._n = int(max_frequency), int(num_helpers)
 
     def expand(self, scoped_sketches):
+        owner = f"{type(self).__name__} {self.label!r}"
+        self._keys.claim(dp.NOISE_PURPOSE if self._n == 0 else dp.SHARE_PURPOSE, owner)
         stats = scoped_sketches | "Statistics" >> beam.ParDo(_Statistics(self._k))
         if self._n == 0:
             noisy = stats | "GlobalNoise" >> beam.ParDo(_GlobalNoise(self._budget, self._keys))
