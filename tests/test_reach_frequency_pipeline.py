@@ -16,7 +16,7 @@ from pipelines.reach_frequency import main
 from accounting.keys import ReleaseKey
 from transforms.sketches.beam import BuildSketches, SketchUnionFn, estimate_record
 from transforms.sketches.dp import (ReachFrequencyBudget, SketchStatistics, add_global_noise,
-                                    add_helper_share)
+                                    add_helper_share, helper_keys_for_testing)
 from transforms.sketches.fingerprint import FingerprintSalt
 from transforms.sketches.impressions import ImpressionColumns, partial_sketches
 from transforms.sketches.liquid_legions import LiquidLegionsSketch, SketchConfig
@@ -46,8 +46,8 @@ def _expected(table, *, campaigns, publishers, config, epsilon, seed, k=10, help
         for scope, sketch in scopes:
             stats = SketchStatistics.of(sketch, k)
             if helpers:
-                for h in range(helpers):
-                    stats = add_helper_share(stats, key, h, helpers, budget, c, scope)
+                for helper_key in helper_keys_for_testing(key, helpers).values():
+                    stats = add_helper_share(stats, helper_key, helpers, budget, c, scope)
                 mode = f"distributed/{helpers}"
             else:
                 stats = add_global_noise(stats, budget, key, c, scope)
