@@ -22,8 +22,10 @@ JSON lines as one ``line`` column; rows read and malformed CSV lines are Beam co
 """
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import glob
+import io
 import os
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
@@ -88,6 +90,47 @@ class ResolvedInput:
     formats: Mapping[str, str]
     compression: Mapping[str, Optional[str]]
     present: Mapping[str, tuple[str, ...]]
+
+
+class _Decompressed(io.RawIOBase):
+    """Beam's ``CompressedFile`` as a standard binary stream: it has no ``readline(size)``,
+    no line iteration, and its ``closed`` is a method (always true as an attribute), so neither
+    Python's line reading nor pyarrow can use it directly."""
+
+    def __init__(self, handle):
+        super().__init__()
+        self._handle = handle
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self._handle.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._handle.close()
+        super().close()
+
+
+@contextlib.contextmanager
+def open_input(path: str, compression: Optional[str] = None):
+    """A binary stream of an input file's content, decompressed as preflight detected it (never
+    guessed from the name again: ``.gzip`` is gzip too)."""
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    if compression is None:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            yield handle
+        return
+    beam_type = {"gzip": CompressionTypes.GZIP, "bzip2": CompressionTypes.BZIP2,
+                 "zstd": CompressionTypes.ZSTD, "xz": CompressionTypes.LZMA}[compression]
+    with io.BufferedReader(_Decompressed(FileSystems.open(path, compression_type=beam_type)),
+                           buffer_size=1 << 20) as stream:
+        yield stream
 
 
 # --------------------------------------------------------------------------- resolve
@@ -190,13 +233,8 @@ def _parquet_type_ok(kind: str, typ) -> bool:
 
 def _header_columns(spec: InputSpec, path: str, compression: Optional[str]) -> list[str]:
     import csv
-    import io
 
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
-
-    mode = CompressionTypes.AUTO if compression else CompressionTypes.UNCOMPRESSED
-    with FileSystems.open(path, compression_type=mode) as handle:
+    with open_input(path, compression) as handle:
         raw = handle.readline(1 << 16)
     try:
         text = raw.decode("utf-8-sig")
@@ -244,11 +282,7 @@ def _check_parquet(spec: InputSpec, path: str) -> tuple[str, ...]:
 def _check_jsonl(spec: InputSpec, path: str, compression: Optional[str]) -> tuple[str, ...]:
     import json
 
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
-
-    mode = CompressionTypes.AUTO if compression else CompressionTypes.UNCOMPRESSED
-    with FileSystems.open(path, compression_type=mode) as handle:
+    with open_input(path, compression) as handle:
         first = handle.readline(1 << 20)
     if not first.strip():
         return ("line",)
@@ -321,7 +355,6 @@ def _read_tables(path: str, fmt: str, columns: Sequence[str], compression, count
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
-    mode = CompressionTypes.AUTO if compression else CompressionTypes.UNCOMPRESSED
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
@@ -331,7 +364,7 @@ def _read_tables(path: str, fmt: str, columns: Sequence[str], compression, count
                 yield parquet.read_row_group(group, columns=list(columns), use_threads=False)
         return
     if fmt == "jsonl":
-        with FileSystems.open(path, compression_type=mode) as handle:
+        with open_input(path, compression) as handle:
             lines = []
             for raw in handle:
                 text = raw.decode("utf-8", errors="replace").strip()
@@ -350,7 +383,7 @@ def _read_tables(path: str, fmt: str, columns: Sequence[str], compression, count
     convert = pacsv.ConvertOptions(include_columns=list(columns),
                                    column_types={c: pa.string() for c in columns},
                                    null_values=[""], strings_can_be_null=True)
-    with FileSystems.open(path, compression_type=mode) as handle:
+    with open_input(path, compression) as handle:
         reader = pacsv.open_csv(handle, parse_options=options, convert_options=convert,
                                 read_options=pacsv.ReadOptions(block_size=8 << 20,
                                                                use_threads=False))
