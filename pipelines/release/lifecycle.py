@@ -4,7 +4,8 @@ See :mod:`pipelines.release` for the guarantees; this module is the sequence:
 
 1. the job checks its request and plans its releases; every input is resolved once and
    preflighted; Beam options are built (runner profile) -- any fault here: nothing charged;
-2. the output root's ownership is checked (ledger binding, markers of the release ids);
+2. the output, staging and report folders are checked writable (local), the output root's
+   ownership (ledger binding, markers of the release ids);
 3. the ledger reserves every release of the run, all or nothing, with fresh keys bound to the
    input digest (testing runs: a public key from the seed, no ledger);
 4. one Beam pipeline reads each input once and builds every release; outputs are written, sorted
@@ -130,6 +131,13 @@ def run(job: Job, request) -> RunResult:
                              "hold one release's key and could run again on other data")
     output = storage.absolute(options.output)
     publish.check_output_root(output, options.testing)
+    staging_root = storage.absolute(options.staging_dir) if options.staging_dir else \
+        storage.join(output, publish.STAGING)
+    for flag, folder in (("--output", output), ("--staging_dir", staging_root),
+                         ("--report_dir", _report_root(options, output))):
+        reason = storage.unwritable(folder)
+        if reason:
+            raise ReleaseRefused(f"{flag}: cannot write {folder} ({reason}); nothing was charged")
 
     # ----------------------------------------------------------------- reserve
     ledger, reservations = None, {}
@@ -162,8 +170,6 @@ def run(job: Job, request) -> RunResult:
         versions = {rid: r.version for rid, r in reservations.items()}
 
     # ----------------------------------------------------------------- compute to staging
-    staging_root = storage.absolute(options.staging_dir) if options.staging_dir else \
-        storage.join(output, publish.STAGING)
     attempt = secrets.token_hex(4)
     staging = {}
     for context in contexts:

@@ -54,6 +54,24 @@ def exists(path: str) -> bool:
     return os.path.exists(path)
 
 
+def unwritable(path: str) -> Optional[str]:
+    """Why a local folder could not be created or written (None if it can; ``gs://`` is not
+    probed). Nothing is created: the nearest existing ancestor must be a writable folder."""
+    if is_gcs(path):
+        return None
+    probe = os.path.abspath(path)
+    while not os.path.lexists(probe):
+        up = os.path.dirname(probe)
+        if up == probe:
+            break
+        probe = up
+    if not os.path.isdir(probe):
+        return f"{probe} is not a folder"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    return None
+
+
 def read_bytes(path: str) -> Optional[bytes]:
     """The object's bytes, or None if it does not exist."""
     if is_gcs(path):
