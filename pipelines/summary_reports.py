@@ -104,12 +104,15 @@ def _schema(with_estimate: bool) -> pa.Schema:
 
 class _NumericColumns(beam.DoFn):
     """Conversion rows read as text (CSV) -> numeric columns; a value that does not parse is
-    null (algorithm A then drops the row, counted by its rule)."""
+    null (algorithm A then drops the row, counted by its rule). A ``count`` column the file does
+    not have (the release layer's null-typed column) is removed: algorithm A counts 1 per row."""
 
     def __init__(self, columns: Sequence[str]):
         self._columns = list(columns)
 
     def process(self, table: pa.Table):
+        if "count" in table.column_names and pa.types.is_null(table.column("count").type):
+            table = table.drop_columns(["count"])  # absent from the file: 1 per row
         for name in self._columns:
             if name not in table.column_names:
                 continue

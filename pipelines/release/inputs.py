@@ -50,7 +50,9 @@ _COMPRESSION_SUFFIX = {"gzip": (".gz", ".gzip"), "bzip2": (".bz2",), "zstd": (".
 class InputSpec:
     """One input of a job: where it is, its format, and the columns (name -> kind) it must have.
 
-    ``optional`` columns are read when present and checked for type. ``flag``: the command-line
+    ``optional`` columns are read when present and checked for type; where a file lacks one, its
+    tables carry it as a column of Arrow's ``null`` type, so a job can tell "absent" from "present
+    but empty" (an empty CSV field is a null *string*). ``flag``: the command-line
     flag that gave the paths (for messages).
     """
 
@@ -343,8 +345,8 @@ class _ReadFile(beam.DoFn):
         columns = [c for c in spec.all_columns if c in present] if fmt != "jsonl" else ["line"]
         for table in _read_tables(path, fmt, columns, self._resolved.compression[path], self._counters):
             missing = [c for c in spec.optional if c not in table.column_names]
-            for column in missing:  # absent optional columns are all-null text
-                table = table.append_column(column, pa.nulls(table.num_rows, pa.string()))
+            for column in missing:  # absent: Arrow's null type (an empty CSV field is text)
+                table = table.append_column(column, pa.nulls(table.num_rows, pa.null()))
             self._counters.read(table.num_rows)
             if table.num_rows:
                 yield table
