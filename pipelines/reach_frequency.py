@@ -218,9 +218,11 @@ class ReachFrequencyJob(Job):
 
     def dropped_rows(self, counters: Mapping[str, int]) -> Mapping[str, dict]:
         read = counters.get("rows_read", 0)
-        dropped = counters.get("rows_missing_id", 0) + counters.get("rows_missing_key", 0)
+        reasons = {name: counters[name] for name in ("rows_missing_id", "rows_missing_key")
+                   if counters.get(name)}
+        dropped = sum(reasons.values())
         return {"impressions": {"eligible": read, "dropped": dropped,
-                                "share": dropped / read if read else 0.0}}
+                                "share": dropped / read if read else 0.0, "reasons": reasons}}
 
 
 JOB = ReachFrequencyJob()

@@ -194,10 +194,33 @@ def _conversion_tables(path: str, fmt: str):
             strings_can_be_null=True, null_values=[""]))
 
 
+#: Counters of the ARA transforms (namespace ``ara``) that drop a row or report for a fault of
+#: its own; the others are bounding rules (a source's budget, --max_reports_per_source).
+_FAULT_COUNTERS = ("ara.conversion_rows_dropped_", "ara.reports_dropped_")
+_BOUNDING_COUNTERS = ("ara.reports_dropped_source_budget_exhausted",
+                      "ara.reports_dropped_over_max_reports_per_source")
+
+
 class SummaryReportsJob(Job):
     name = NAME
     request_type = SummaryReportsRequest
     description = __doc__.split("\n\n")[0]
+    counter_namespaces = ("ara",)
+
+    def dropped_rows(self, counters):
+        """Rows read (and malformed CSV lines) are eligible; conversion rows and reports the ARA
+        transforms drop for a fault are dropped (bounding a source's contributions is not)."""
+        from pipelines.release.counters import dropped_share
+
+        faults = {k: v for k, v in counters.items()
+                  if v and k.startswith(_FAULT_COUNTERS) and k not in _BOUNDING_COUNTERS}
+        out = {}
+        for name, share in dropped_share(counters).items():
+            dropped = share["dropped"] + sum(faults.values())
+            out[name] = {"eligible": share["eligible"], "dropped": dropped,
+                         "share": dropped / share["eligible"] if share["eligible"] > 0 else 0.0,
+                         "reasons": {**share["reasons"], **faults}}
+        return out
 
     def _config(self, request) -> Optional[ContributionConfig]:
         if not request.config:

@@ -17,7 +17,7 @@ operator's ``report.json``, never into a released file.
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from apache_beam.metrics import Metrics
 
@@ -63,21 +63,25 @@ class RowCounters:
         self._inc(name, amount)
 
 
-def query(result, job: str) -> dict[str, dict[str, int]]:
+def query(result, job: str, library: Sequence[str] = ()) -> dict[str, dict[str, int]]:
     """{namespace: {counter: value}} of the job's run-level and release-level namespaces
-    (committed values, or attempted where a runner has no committed ones)."""
+    (committed values, or attempted where a runner has no committed ones). Counters of the
+    ``library`` namespaces (transforms the job uses that count in a namespace of their own, e.g.
+    ``ara``) are run-level counters named ``<namespace>.<name>``."""
     out: dict[str, dict[str, int]] = {}
     try:
         counters = result.metrics().query()["counters"]
     except (NotImplementedError, AttributeError, KeyError):
         return out
     for counter in counters:
-        ns = counter.key.metric.namespace
-        if ns != job and not ns.startswith(job + "/"):
+        ns, name = counter.key.metric.namespace, counter.key.metric.name
+        if ns in library and ns != job:
+            ns, name = job, f"{ns}.{name}"
+        elif ns != job and not ns.startswith(job + "/"):
             continue
         value = counter.committed if counter.committed is not None else counter.attempted
         bucket = out.setdefault(ns, {})
-        bucket[counter.key.metric.name] = bucket.get(counter.key.metric.name, 0) + int(value or 0)
+        bucket[name] = bucket.get(name, 0) + int(value or 0)
     return {ns: dict(sorted(values.items())) for ns, values in sorted(out.items())}
 
 
@@ -90,8 +94,10 @@ def of_release(counts: Mapping[str, Mapping[str, int]], job: str, release_id: st
 
 
 def dropped_share(counters: Mapping[str, int]) -> dict[str, dict]:
-    """Per input: eligible rows, dropped rows and the share dropped (see the module docstring)."""
-    inputs = sorted({name.split(".", 1)[0] for name in counters if "." in name})
+    """Per input: eligible rows, dropped rows, the share dropped and the counters that dropped
+    them (``reasons``; see the module docstring)."""
+    inputs = sorted({name.split(".", 1)[0] for name in counters
+                     if name.split(".", 2)[1:2] and name.split(".", 2)[1] in EVENTS})
     out = {}
     for name in inputs:
         read = counters.get(f"{name}.read", 0)
@@ -102,5 +108,7 @@ def dropped_share(counters: Mapping[str, int]) -> dict[str, dict]:
         malformed = counters.get(f"{name}.dropped.malformed_csv_line", 0)
         eligible += malformed
         out[name] = {"eligible": eligible, "dropped": dropped,
-                     "share": (dropped / eligible) if eligible > 0 else 0.0}
+                     "share": (dropped / eligible) if eligible > 0 else 0.0,
+                     "reasons": {k: v for k, v in counters.items()
+                                 if k.startswith(f"{name}.dropped.") and v}}
     return out

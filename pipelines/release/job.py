@@ -182,6 +182,10 @@ class Job:
     name: str = ""
     request_type: type = None
     description: str = ""
+    #: Counter namespaces of library transforms the job uses that count raw-data facts in a
+    #: namespace of their own (e.g. ``("ara",)``): read into the run's counters as
+    #: ``<namespace>.<name>`` (see pipelines.release.counters.query).
+    counter_namespaces: Sequence[str] = ()
 
     def check(self, request) -> None:
         """Job-level validation before any work (raise ReleaseRefused / ValueError)."""
@@ -216,8 +220,9 @@ class Job:
         return None
 
     def dropped_rows(self, counters: Mapping[str, int]) -> Mapping[str, dict]:
-        """Per input: eligible rows, dropped rows, share (the dropped-rows rule's input). The
-        default reads the counter convention of pipelines.release.counters."""
+        """Per input: eligible rows, dropped rows, share and ``reasons`` (the counters that
+        dropped them): the dropped-rows rule's input. The default reads the counter convention
+        of pipelines.release.counters; a job whose transforms count otherwise overrides it."""
         from pipelines.release.counters import dropped_share
 
         return dropped_share(counters)

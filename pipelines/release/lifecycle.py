@@ -206,7 +206,7 @@ def run(job: Job, request) -> RunResult:
             f"{_report_root(options, output)}") from None
     if translate_only:
         return RunResult(job=job.name, releases=[], counters={})
-    all_counts = row_counters.query(result, job.name)
+    all_counts = row_counters.query(result, job.name, job.counter_namespaces)
     counts = {c.release_id: row_counters.of_release(all_counts, job.name, c.release_id)
               for c in contexts}
 
@@ -217,7 +217,7 @@ def run(job: Job, request) -> RunResult:
                 if s["eligible"] > 0 and (s["dropped"] == s["eligible"]
                                           or s["share"] > options.max_dropped_fraction)]
     if problems and not options.allow_dropped_rows:
-        reasons = "; ".join(f"{rid}: {_dropped_reasons(c)}" for rid, c in counts.items())
+        reasons = "; ".join(f"{rid}: {_dropped_reasons(s)}" for rid, s in shares.items())
         _write_failure(options, output, contexts, versions, "; ".join(problems), all_counts)
         raise ReleaseFailed(
             f"{job.name}: refusing to publish: {'; '.join(problems)} (rule: all dropped, or more "
@@ -267,9 +267,9 @@ def run(job: Job, request) -> RunResult:
     return RunResult(job=job.name, releases=results, counters=all_counts)
 
 
-def _dropped_reasons(counts: Mapping[str, int]) -> str:
-    reasons = {k: v for k, v in counts.items() if ".dropped." in k and v}
-    return ", ".join(f"{k}={v}" for k, v in reasons.items()) or "none recorded"
+def _dropped_reasons(shares: Mapping[str, Mapping]) -> str:
+    reasons = {k: v for s in shares.values() for k, v in s.get("reasons", {}).items() if v}
+    return ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())) or "none recorded"
 
 
 def _write_failure(options, output, contexts, versions, detail: str, counts=None) -> None:
