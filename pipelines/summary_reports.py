@@ -136,30 +136,42 @@ def _to_float(value):
     return number if np.isfinite(number) else None
 
 
-def _content_digest(files: Sequence[str], fmt: str) -> str:
+def _content_digest(resolved) -> str:
     """An order-independent digest of a batch's content: the sum mod 2^256 of each report's (or
-    conversion row's) SHA-256, over its canonical form -- file names, order and formatting do
-    not change it, adding or removing a report does."""
-    total = 0
-    for path in files:
-        if fmt == "reports":
-            for line in storage.read_bytes(path).decode("utf-8").splitlines():
-                if line.strip():
+    conversion row's) SHA-256, over its canonical form -- file names, order, compression and
+    formatting do not change it, adding or removing a report does. ``resolved``: the
+    preflighted inputs (read as the pipeline reads them, one file at a time)."""
+    total, kind = 0, "conversions"
+    for inp in resolved:
+        for path in inp.files:
+            if inp.formats[path] == "jsonl":
+                kind = "reports"
+                for row in _report_lines(path, inp.compression[path]):
                     try:
-                        canonical = json.dumps(json.loads(line), sort_keys=True, separators=(",", ":"))
+                        canonical = json.dumps(json.loads(row), sort_keys=True,
+                                               separators=(",", ":"))
                     except ValueError:
-                        canonical = line.strip()
+                        canonical = row
                     total += int.from_bytes(hashlib.sha256(canonical.encode()).digest(), "big")
-        else:
-            for table in _conversion_tables(path, fmt):
+                continue
+            for table in _conversion_tables(path, inp):
                 names = sorted(table.column_names)
                 columns = [table.column(n).to_pylist() for n in names]
                 for values in zip(*columns):
                     row = json.dumps([[n, _canonical_value(n, v)] for n, v in zip(names, values)],
                                      separators=(",", ":"))
                     total += int.from_bytes(hashlib.sha256(row.encode()).digest(), "big")
-    kind = "reports" if fmt == "reports" else "conversions"
     return f"multiset-sha256:{kind}:{total % (1 << 256):064x}"
+
+
+def _report_lines(path: str, compression):
+    from pipelines.release.inputs import open_input
+
+    with open_input(path, compression) as handle:
+        for raw in handle:
+            text = raw.decode("utf-8", errors="replace").strip()
+            if text:
+                yield text
 
 
 def _canonical_value(name: str, value):
@@ -179,19 +191,30 @@ def _canonical_value(name: str, value):
     return value
 
 
-def _conversion_tables(path: str, fmt: str):
-    import io
+def _conversion_tables(path: str, inp):
+    """A conversions file's rows in batches, every column of the file (CSV as text, only an empty
+    field missing, as the pipeline reads it)."""
+    from pipelines.release.inputs import open_input
 
-    data = storage.read_bytes(path)
-    if fmt == "parquet":
+    if inp.formats[path] == "parquet":
         import pyarrow.parquet as pq
 
-        yield pq.read_table(io.BytesIO(data))
-    else:
-        from pyarrow import csv as pacsv
+        with open_input(path) as handle:
+            for batch in pq.ParquetFile(handle).iter_batches(batch_size=65536, use_threads=False):
+                yield pa.Table.from_batches([batch])
+        return
+    from pyarrow import csv as pacsv
 
-        yield pacsv.read_csv(io.BytesIO(data), convert_options=pacsv.ConvertOptions(
-            strings_can_be_null=True, null_values=[""]))
+    header = list(inp.present[path])
+    with open_input(path, inp.compression[path]) as handle:
+        reader = pacsv.open_csv(handle, read_options=pacsv.ReadOptions(use_threads=False),
+                                parse_options=pacsv.ParseOptions(
+                                    invalid_row_handler=lambda row: "skip"),
+                                convert_options=pacsv.ConvertOptions(
+                                    column_types={c: pa.string() for c in header},
+                                    null_values=[""], strings_can_be_null=True))
+        for batch in reader:
+            yield pa.Table.from_batches([batch])
 
 
 #: Counters of the ARA transforms (namespace ``ara``) that drop a row or report for a fault of
@@ -301,9 +324,8 @@ class SummaryReportsJob(Job):
                         "contribution_budget": CONTRIBUTION_BUDGET},
             guarantee_covers="one batch of reports: every declared bucket's noisy sum")]
 
-    def content_key(self, request, planned, files):
-        fmt = _format(request)
-        return _content_digest([f for group in files.values() for f in group], fmt)
+    def content_key(self, request, planned, inputs):
+        return _content_digest([inputs[name] for name in sorted(inputs)])
 
     def build(self, pipeline, request, inputs, release):
         config = self._config(request)

@@ -215,8 +215,10 @@ class Job:
             out[release.release_id] = self.build(pipeline, request, wanted, release)
         return out
 
-    def content_key(self, request, planned: PlannedRelease, files: Mapping[str, Sequence[str]]):
-        """A digest of content that may be released only once under any id (default: none)."""
+    def content_key(self, request, planned: PlannedRelease, inputs: Mapping[str, Any]):
+        """A digest of content that may be released only once under any id (default: none).
+        ``inputs``: {input name: its preflighted ``ResolvedInput`` (files, formats, compression,
+        columns)}; read files with ``pipelines.release.inputs.open_input``."""
         return None
 
     def dropped_rows(self, counters: Mapping[str, int]) -> Mapping[str, dict]:

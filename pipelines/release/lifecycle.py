@@ -154,10 +154,10 @@ def run(job: Job, request) -> RunResult:
             publish.check_binding(output, ledger)
             for p in planned:
                 publish.check_markers_in_ledger(output, p.release_id, ledger)
-            files = {name: r.files for name, r in resolved.items()}
             requests = [ReleaseRequest(
                 release_id=p.release_id, measures=p.measures, input_digest=_digest(job, p, resolved),
-                scopes=p.scopes, key_names=p.key_names, content_key=job.content_key(request, p, files),
+                scopes=p.scopes, key_names=p.key_names, content_key=job.content_key(
+                    request, p, {n: resolved[n] for n in (p.inputs or sorted(resolved))}),
                 metadata={"job": job.name}) for p in planned]
             reserved = ledger.reserve(requests, new_release=options.new_release)
             publish.bind(output, ledger)
