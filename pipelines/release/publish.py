@@ -96,9 +96,18 @@ def _real_markers(output: str) -> list[str]:
 
 def check_binding(output: str, ledger) -> Optional[dict]:
     """Refuse a missing or replaced ledger next to existing releases; returns the binding."""
+    from accounting.ledger import LedgerError
+
     path = storage.join(output, BINDING)
     data = storage.read_bytes(path)
-    ledger_id = ledger.ledger_id()
+    try:
+        ledger_id = ledger.ledger_id()
+    except LedgerError as err:
+        if data is None and not _real_markers(output):
+            raise
+        raise ReleaseRefused(
+            f"output root {output} holds published releases (ledger binding {path}), but the "
+            f"ledger cannot be read: {err}. Refusing to charge anything for published releases")
     if data is not None:
         binding = json.loads(data.decode("utf-8"))
         if ledger_id is None:
