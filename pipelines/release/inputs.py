@@ -3,8 +3,9 @@
 :func:`resolve` is the one definition of "the input files" of a run: the same sorted list is
 hashed into the input digest the release's keys are bound to, and read by the pipeline. A local
 path may be a file, a glob (relative globs are made absolute, so they work with every runner) or
-a folder (every file below it, recursively, except names starting with ``.`` or ``_`` such as
-``_SUCCESS``); a ``gs://`` path may be an object, a glob or a prefix ending in ``/``.
+a folder (every file below it, recursively); a ``gs://`` path may be an object, a glob or a
+prefix ending in ``/``. Below a folder, a prefix or a glob's fixed part, names starting with ``.``
+or ``_`` (``_SUCCESS``, ``_temporary/``, ``.hidden``) are skipped.
 
 :func:`preflight` checks every resolved file before the ledger is touched: it opens; its format
 is known (from the input's declared format or the file name: ``.parquet``/``.pq``, ``.csv``,
@@ -137,30 +138,43 @@ def open_input(path: str, compression: Optional[str] = None):
 
 # --------------------------------------------------------------------------- resolve
 
-def _visible(path: str) -> bool:
-    return not any(part.startswith((".", "_")) for part in path.replace("\\", "/").split("/")[-1:])
+def _visible(path: str, base: str) -> bool:
+    """No name below ``base`` (the part of the pattern without wildcards) starts with ``.`` or
+    ``_``: hidden files, ``_SUCCESS`` markers and the ``_temporary`` folders of unfinished
+    writers are never read (their rows would count twice), whether a folder or a wildcard
+    reached them. A name spelled out in the pattern itself is read."""
+    rest = path[len(base):] if path.startswith(base) else path.rsplit("/", 1)[-1]
+    return not any(part.startswith((".", "_")) for part in rest.replace("\\", "/").split("/"))
+
+
+def _fixed_part(pattern: str) -> str:
+    """The folder part of a glob before its first wildcard (with a trailing ``/``)."""
+    head = pattern[:min(pattern.index(ch) for ch in "*?[" if ch in pattern)]
+    return head[:head.rfind("/") + 1]
 
 
 def _resolve_one(pattern: str) -> list[str]:
     if gcs.is_gcs(pattern):
         if any(ch in pattern for ch in "*?["):
-            bucket, name = gcs.split_gcs_uri(pattern)
-            head = name[:min(name.index(ch) for ch in "*?[" if ch in name)]
-            found = [u for u in gcs.list_objects(f"gs://{bucket}/{head}") if fnmatch.fnmatchcase(u, pattern)]
+            base = _fixed_part(pattern)
+            found = [u for u in gcs.list_objects(base) if fnmatch.fnmatchcase(u, pattern)]
         elif pattern.endswith("/"):
-            found = gcs.list_objects(pattern)
+            base, found = pattern, gcs.list_objects(pattern)
         else:
-            found = [pattern] if storage.exists(pattern) else []
-        return [f for f in found if _visible(f)]
+            return [pattern] if storage.exists(pattern) else []
+        return [f for f in found if _visible(f, base)]
     path = storage.absolute(pattern)
     if any(ch in path for ch in "*?["):
-        return sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p) and _visible(p))
+        base = _fixed_part(path)
+        return sorted(p for p in glob.glob(path, recursive=True)
+                      if os.path.isfile(p) and _visible(p, base))
     if os.path.isdir(path):
+        base = path.rstrip(os.sep) + os.sep
         out = []
         for root, dirs, files in os.walk(path):
             dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
-            out.extend(os.path.join(root, f) for f in files if _visible(f))
-        return sorted(out)
+            out.extend(os.path.join(root, f) for f in files)
+        return sorted(p for p in out if _visible(p, base))
     return [path] if os.path.isfile(path) else []
 
 
