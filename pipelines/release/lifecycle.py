@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 import time
 import traceback
@@ -133,8 +134,16 @@ def run(job: Job, request) -> RunResult:
     publish.check_output_root(output, options.testing)
     staging_root = storage.absolute(options.staging_dir) if options.staging_dir else \
         storage.join(output, publish.STAGING)
-    for flag, folder in (("--output", output), ("--staging_dir", staging_root),
-                         ("--report_dir", _report_root(options, output))):
+    folders = [("--output", output), ("--staging_dir", staging_root),
+               ("--report_dir", _report_root(options, output))]
+    if not options.testing:
+        ledger_path = storage.absolute(options.ledger)
+        if not storage.is_gcs(ledger_path) and os.path.isdir(ledger_path):
+            raise ReleaseRefused(f"--ledger {ledger_path} is a folder, not a ledger file; nothing "
+                                 "was charged")
+        folders += [("--ledger", storage.parent(ledger_path)),
+                    ("--key_store", storage.absolute(options.key_store))]
+    for flag, folder in folders:
         reason = storage.unwritable(folder)
         if reason:
             raise ReleaseRefused(f"{flag}: cannot write {folder} ({reason}); nothing was charged")

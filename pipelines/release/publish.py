@@ -109,7 +109,12 @@ def check_binding(output: str, ledger) -> Optional[dict]:
             f"output root {output} holds published releases (ledger binding {path}), but the "
             f"ledger cannot be read: {err}. Refusing to charge anything for published releases")
     if data is not None:
-        binding = json.loads(data.decode("utf-8"))
+        try:
+            binding = json.loads(data.decode("utf-8"))
+            binding["ledger_id"], binding["ledger"]
+        except (UnicodeDecodeError, ValueError, TypeError, KeyError):
+            raise ReleaseRefused(f"{path} is not a ledger binding (it records which ledger owns "
+                                 f"the releases under {output}); refusing to charge {ledger.path}")
         if ledger_id is None:
             raise ReleaseRefused(
                 f"output root {output} holds releases charged by ledger {binding['ledger_id']} "
