@@ -342,7 +342,7 @@ class CentralNoticeJob(Job):
                 scopes=campaign.scopes(release), outputs=[output], accountant=config.accountant,
                 config={"campaign": raw, "protected_countries": sorted(campaign.protected_countries),
                         "unit_budget_per_period": config.raw.get("unit_budget_per_period"),
-                        "accountant": config.accountant, "num_shards": request.num_shards},
+                        "accountant": config.accountant},
                 parameters={"campaign_id": campaign.campaign_id,
                             "dates": [d.isoformat() for d in release.dates],
                             "impressions": {"k": campaign.impressions.k,
