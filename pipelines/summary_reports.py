@@ -144,24 +144,38 @@ def _content_digest(resolved) -> str:
     total, kind = 0, "conversions"
     for inp in resolved:
         for path in inp.files:
-            if inp.formats[path] == "jsonl":
-                kind = "reports"
-                for row in _report_lines(path, inp.compression[path]):
-                    try:
-                        canonical = json.dumps(json.loads(row), sort_keys=True,
-                                               separators=(",", ":"))
-                    except ValueError:
-                        canonical = row
-                    total += int.from_bytes(hashlib.sha256(canonical.encode()).digest(), "big")
-                continue
-            for table in _conversion_tables(path, inp):
-                names = sorted(table.column_names)
-                columns = [table.column(n).to_pylist() for n in names]
-                for values in zip(*columns):
-                    row = json.dumps([[n, _canonical_value(n, v)] for n, v in zip(names, values)],
-                                     separators=(",", ":"))
-                    total += int.from_bytes(hashlib.sha256(row.encode()).digest(), "big")
+            kind = "reports" if inp.formats[path] == "jsonl" else kind
+            try:
+                total += _file_digest(path, inp)
+            except (pa.ArrowException, UnicodeDecodeError, OSError, EOFError) as err:
+                # The whole batch is read here, before any charge: a file that cannot be read
+                # (invalid UTF-8, a corrupt Parquet page) is refused (never echoing its content).
+                compression = inp.compression[path]
+                raise ReleaseRefused(
+                    f"{inp.spec.label}: {path} could not be read ({type(err).__name__}: not valid "
+                    f"{inp.formats[path]}" + (f" in {compression}" if compression else "")
+                    + "); nothing was charged")
     return f"multiset-sha256:{kind}:{total % (1 << 256):064x}"
+
+
+def _file_digest(path: str, inp) -> int:
+    total = 0
+    if inp.formats[path] == "jsonl":
+        for row in _report_lines(path, inp.compression[path]):
+            try:
+                canonical = json.dumps(json.loads(row), sort_keys=True, separators=(",", ":"))
+            except ValueError:
+                canonical = row
+            total += int.from_bytes(hashlib.sha256(canonical.encode()).digest(), "big")
+        return total
+    for table in _conversion_tables(path, inp):
+        names = sorted(table.column_names)
+        columns = [table.column(n).to_pylist() for n in names]
+        for values in zip(*columns):
+            row = json.dumps([[n, _canonical_value(n, v)] for n, v in zip(names, values)],
+                             separators=(",", ":"))
+            total += int.from_bytes(hashlib.sha256(row.encode()).digest(), "big")
+    return total
 
 
 def _report_lines(path: str, compression):
