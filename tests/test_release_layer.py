@@ -168,7 +168,7 @@ def test_compression_named_so_is_read(tmp_path, suffix, compress):
     ("rows.csv", bz2.compress(CSV.encode()), "bzip2-compressed"),
     ("rows.zip", b"PK\x03\x04" + b"\0" * 40, "zip-compressed"),
     ("rows.parquet.gz", gzip.compress(b"PAR1"), "compressed Parquet"),
-])
+], ids=["gzip-named-csv", "gzip-named-bz2", "bzip2-named-csv", "zip", "gzipped-parquet"])
 def test_compression_is_detected_by_magic_bytes_not_trusted_from_the_name(tmp_path, name, data, message):
     path = tmp_path / name
     path.write_bytes(data)

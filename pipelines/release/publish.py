@@ -207,8 +207,16 @@ def publish(staging: str, final: str, *, testing: bool) -> str:
         storage.delete_tree(final)
     if not storage.is_gcs(final) and not storage.is_gcs(staging) and outcome == "new":
         storage.fsync_tree(staging)
-        storage.rename_dir(staging, final)
-        return outcome
+        try:
+            storage.rename_dir(staging, final)
+            return outcome
+        except OSError:  # a concurrent run of the same release got there first
+            if not os.path.isdir(final):
+                raise
+        outcome = check_publishable(staging, final, testing=testing)  # raises if different
+        if outcome == "identical":
+            storage.delete_tree(staging)
+            return outcome
     # GCS (or across file systems): files first, the marker last; never overwrite.
     prefix = staging.rstrip("/") + "/"
     files = sorted(storage.list_files(staging), key=lambda p: p.endswith("/" + MARKER))
