@@ -340,6 +340,11 @@ def preflight(spec: InputSpec) -> ResolvedInput:
 
 # --------------------------------------------------------------------------- read
 
+class InputReadError(RuntimeError):
+    """A preflighted file failed while being read in full (a fault only a full read finds).
+    Its message names the input and the file only, so it may be shown to the operator."""
+
+
 class _ReadFile(beam.DoFn):
     """One file -> Arrow tables of the input's columns (CSV as text), counting rows read."""
 
@@ -357,7 +362,16 @@ class _ReadFile(beam.DoFn):
         spec = self._resolved.spec
         present = self._resolved.present[path]
         columns = [c for c in spec.all_columns if c in present] if fmt != "jsonl" else ["line"]
-        for table in _read_tables(path, fmt, columns, self._resolved.compression[path], self._counters):
+        tables = _read_tables(path, fmt, columns, self._resolved.compression[path], self._counters)
+        while True:
+            try:  # only the reading: a fault downstream of ``yield`` is not this file's
+                table = next(tables)
+            except StopIteration:
+                break
+            except Exception as err:  # noqa: BLE001 -- name the file, never its content
+                raise InputReadError(f"{spec.label}: {path} could not be read in full "
+                                     f"({type(err).__name__}: a corrupt page or block, invalid "
+                                     "UTF-8 or a truncated file?)") from None
             missing = [c for c in spec.optional if c not in table.column_names]
             for column in missing:  # absent: Arrow's null type (an empty CSV field is text)
                 table = table.append_column(column, pa.nulls(table.num_rows, pa.null()))

@@ -208,8 +208,11 @@ def run(job: Job, request) -> RunResult:
         detail = "".join(traceback.format_exception_only(type(err), err)).strip()
         _LOG.debug("pipeline failure", exc_info=True)
         _write_failure(options, output, contexts, versions, detail)
+        cause = type(err).__name__
+        if isinstance(err, release_inputs.InputReadError):  # its message holds no file content
+            cause = str(err).split(" [while running")[0].strip()
         raise ReleaseFailed(
-            f"{job.name}: the computation failed ({type(err).__name__}); nothing was published"
+            f"{job.name}: the computation failed ({cause}); nothing was published"
             + ("" if options.testing else "; the reservation stays and a corrected re-run takes "
                "it over without spending again") + f". Details: the operator report under "
             f"{_report_root(options, output)}") from None
