@@ -4,8 +4,8 @@ See :mod:`pipelines.release` for the guarantees; this module is the sequence:
 
 1. the job checks its request and plans its releases; every input is resolved once and
    preflighted; Beam options are built (runner profile) -- any fault here: nothing charged;
-2. the output, staging and report folders are checked writable (local), the output root's
-   ownership (ledger binding, markers of the release ids);
+2. the output, staging, report, ledger and key-store locations are checked writable (local
+   paths), and the output root's ownership (ledger binding, markers of the release ids);
 3. the ledger reserves every release of the run, all or nothing, with fresh keys bound to the
    input digest (testing runs: a public key from the seed, no ledger);
 4. one Beam pipeline reads each input once and builds every release; outputs are written, sorted
