@@ -69,7 +69,7 @@ SAMPLE_DATA = REPO_ROOT / "pipelines" / "sample_data"
 
 def reach_frequency_args(inputs: Path, out: Path) -> list[str]:
     return ["--input", str(SAMPLE_DATA / "reach_frequency" / "impressions.csv"),
-            "--output", str(out / "reach_frequency.jsonl"), "--campaigns", "c1,c2",
+            "--output", str(out), "--campaigns", "c1,c2",
             "--publishers", "pub_a,pub_b,pub_c", "--epsilon", "1.0986",
             "--num_registers", "20000", "--testing_seed", "7"]
 
@@ -85,9 +85,9 @@ def centralnotice_args(inputs: Path, out: Path) -> list[str]:
 JOBS = [
     JobCase("demo_release", "runners.demo_release", demo_args, "counts.csv"),
     JobCase("centralnotice", "pipelines.centralnotice", centralnotice_args,
-            "C2026_000_fr/2026-11-26/centralnotice.csv"),
+            "testing-not-a-release/C2026_000_fr/2026-11-26/centralnotice.csv"),
     JobCase("reach_frequency", "pipelines.reach_frequency", reach_frequency_args,
-            "reach_frequency.jsonl"),
+            "testing-not-a-release/reach_frequency/*/reach_frequency.jsonl"),
 ]
 
 
