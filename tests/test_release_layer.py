@@ -4,6 +4,7 @@ the layer's behaviour, independent of any real job)."""
 from __future__ import annotations
 
 import bz2
+import dataclasses
 import gzip
 import json
 import lzma
@@ -542,3 +543,75 @@ def test_a_toy_release_through_the_cli_and_the_ledger(tmp_path, capsys):
     assert cli.main(TOY, argv) == 0 and "(reproduced)" in capsys.readouterr().out
     assert cli.main(TOY, argv[:-2] + ["--label", "../x"]) == 2
     assert "not a valid name" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- after publication
+
+class TwoReleaseToyJob(ToyJob):
+    """The toy job releasing the same sums twice, as two releases of one run."""
+
+    name = "toyjob2"
+
+    def plan(self, request):
+        (one,) = ToyJob.plan(self, request)
+        return [dataclasses.replace(one, release_id=f"{request.label}/{part}") for part in "ab"]
+
+
+def _toy_argv(tmp_path, label="toy/2026"):
+    path = write_csv(tmp_path / "rows.csv", ["key", "value"], [("b", 2), ("a", 1)])
+    return ["--rows", path, "--output", str(tmp_path / "out"), "--ledger", str(tmp_path / "l.json"),
+            "--key_store", str(tmp_path / "keys"), "--label", label]
+
+
+def test_a_failing_ledger_commit_after_publication_is_a_warning_and_a_rerun_completes_it(
+        tmp_path, monkeypatch, capsys):
+    from accounting.ledger import machine
+
+    argv = _toy_argv(tmp_path)
+    real_commit = machine.BudgetLedger.commit
+
+    def broken(self, *args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(machine.BudgetLedger, "commit", broken)
+    assert cli.main(TOY, argv) == 0  # the release is out: 0 means released
+    captured = capsys.readouterr()
+    assert "published but its ledger record was not committed" in captured.err
+    folder = tmp_path / "out" / "toy" / "2026" / "v1"
+    assert (folder / "RELEASE.json").exists()
+    assert read_json(tmp_path / "l.json")["releases"]["toy/2026"]["state"] == "publishing"
+    published_bytes = (folder / "counts.csv").read_bytes()
+    monkeypatch.setattr(machine.BudgetLedger, "commit", real_commit)
+    assert cli.main(TOY, argv) == 0 and "(reproduced)" in capsys.readouterr().out
+    assert read_json(tmp_path / "l.json")["releases"]["toy/2026"]["state"] == "committed"
+    assert (folder / "counts.csv").read_bytes() == published_bytes
+    ledger = BudgetLedger(str(tmp_path / "l.json"), str(tmp_path / "keys"))
+    assert ledger.spent("toy").epsilon == pytest.approx(1.0)  # charged once
+
+
+def test_a_publication_failing_part_way_names_what_is_out_and_a_rerun_publishes_the_rest(
+        tmp_path, monkeypatch, capsys):
+    job, argv = TwoReleaseToyJob(), _toy_argv(tmp_path)
+    real_publish, calls = publish.publish, []
+
+    def second_fails(staging, final, *, testing):
+        calls.append(final)
+        if len(calls) == 2:
+            raise OSError("connection reset")
+        return real_publish(staging, final, testing=testing)
+
+    monkeypatch.setattr(publish, "publish", second_fails)
+    assert cli.main(job, argv) == 3
+    err = capsys.readouterr().err
+    assert "published toy/2026/a, but toy/2026/b could not be published" in err
+    assert "internal error" not in err
+    assert (tmp_path / "out" / "toy" / "2026" / "a" / "v1" / "RELEASE.json").exists()
+    assert not (tmp_path / "out" / "toy" / "2026" / "b" / "v1").exists()
+    first = (tmp_path / "out" / "toy" / "2026" / "a" / "v1" / "counts.csv").read_bytes()
+    monkeypatch.setattr(publish, "publish", real_publish)
+    assert cli.main(job, argv) == 0
+    assert (tmp_path / "out" / "toy" / "2026" / "a" / "v1" / "counts.csv").read_bytes() == first
+    assert (tmp_path / "out" / "toy" / "2026" / "b" / "v1" / "RELEASE.json").exists()
+    ledger = BudgetLedger(str(tmp_path / "l.json"), str(tmp_path / "keys"))
+    assert ledger.spent("toy").epsilon == pytest.approx(2.0)  # two releases, each charged once
+    assert {r["state"] for r in ledger.records()} == {"committed"}

@@ -126,6 +126,12 @@ def main(job: Job, argv: Optional[Sequence[str]] = None) -> int:
               "Re-run with LOGLEVEL=DEBUG for the traceback", file=sys.stderr)
         return EXIT_INTERNAL
     for outcome in result.releases:
-        print(report.text(job, outcome.report), end="")
-        print(f"  operator report: {outcome.report_path}")
+        if outcome.report is not None:
+            print(report.text(job, outcome.report), end="")
+        else:
+            print(f"{job.name}: {outcome.status} {outcome.versioned_id} -> {outcome.folder}")
+        if outcome.report_path:
+            print(f"  operator report: {outcome.report_path}")
+    for warning in result.warnings:
+        print(f"{job.name}: warning: {warning}", file=sys.stderr)
     return EXIT_RELEASED

@@ -6,7 +6,12 @@
   too many dropped rows, a publication conflict). Nothing was published; the reservation stays
   charged and a corrected re-run takes it over without spending again.
 
-Exit 0 means released (or an identical re-run); any other code means nothing new was published.
+Exit 0 means released (or an identical re-run); any other code means nothing new was published,
+with one stated exception: a run of several releases whose publication fails part-way (an I/O
+fault after the checks that precede every publication) exits 3 naming the releases that are out;
+re-running the same command reproduces those byte for byte and publishes the rest. After a
+release is published, a failing ledger commit or operator report is a warning (exit 0): the budget
+was charged at the reservation, and the next run of the same command completes the record.
 """
 from __future__ import annotations
 

@@ -61,6 +61,7 @@ class RunResult:
     releases: Sequence[ReleaseOutcome]
     counters: Mapping[str, int]
     exit_code: int = 0
+    warnings: Sequence[str] = ()
 
 
 def _pipeline_options(args: Sequence[str]):
@@ -256,27 +257,56 @@ def run(job: Job, request) -> RunResult:
         markers[rid], staged_files[rid] = marker, files
     outcomes = {rid: publish.check_publishable(staging[rid], finals[rid], testing=options.testing)
                 for rid in finals}
-    results = []
+    results, published, warnings = [], [], []
     for context in contexts:
         rid = context.release_id
         reservation = reservations.get(rid)
-        if reservation is not None:
-            ledger.begin_publish(reservation)
-        outcome = publish.publish(staging[rid], finals[rid], testing=options.testing)
-        if reservation is not None:
-            ledger.commit(reservation, finals[rid], staged_files[rid])
+        try:
+            if reservation is not None:
+                ledger.begin_publish(reservation)
+            outcome = publish.publish(staging[rid], finals[rid], testing=options.testing)
+        except Exception as err:  # noqa: BLE001
+            if not published:
+                raise
+            # Exit 0 means released, anything else nothing new: with part of a multi-release run
+            # out, the operator is told exactly which releases are out and how to finish.
+            raise ReleaseFailed(
+                f"{job.name}: published {', '.join(published)}, but {rid} could not be published "
+                f"({type(err).__name__}); re-run the same command: it reproduces what is published "
+                "byte for byte and publishes the rest without spending again") from None
+        published.append(rid)
         status = "testing" if options.testing else \
             ("reproduced" if outcome == "identical" else "released")
-        operator = report.operator_report(job, context, markers[rid], status, finals[rid],
-                                          counts[rid], shares[rid], ledger, reservation, started,
-                                          dropped_rule_overridden=bool(problems))
-        path = report.write(operator, _report_root(options, output), rid, versions[rid], job)
+        # After publication the release is out: a failing ledger commit or operator report must
+        # not turn it into a failure (the budget was charged at the reservation; the next run of
+        # the same command completes the record without spending).
+        try:
+            if reservation is not None:
+                ledger.commit(reservation, finals[rid], staged_files[rid])
+        except Exception as err:  # noqa: BLE001
+            _LOG.debug("ledger commit failed", exc_info=True)
+            warnings.append(f"{rid} is published but its ledger record was not committed "
+                            f"({type(err).__name__}); re-run the same command to complete it "
+                            "(nothing more is spent)")
+        operator = path = None
+        try:
+            operator = report.operator_report(
+                job, context, markers[rid], status, finals[rid], counts[rid], shares[rid], ledger,
+                reservation, started, dropped_rule_overridden=bool(problems))
+            path = report.write(operator, _report_root(options, output), rid, versions[rid], job)
+        except Exception as err:  # noqa: BLE001
+            _LOG.debug("operator report failed", exc_info=True)
+            warnings.append(f"{rid} is published but its operator report could not be written "
+                            f"({type(err).__name__})")
         results.append(ReleaseOutcome(release_id=rid, versioned_id=context.versioned_id,
                                       version=versions[rid], folder=finals[rid], status=status,
                                       files=staged_files[rid], marker=markers[rid],
                                       report_path=path, report=operator))
+    for warning in warnings:
+        _LOG.warning("%s", warning)
     _LOG.info("%s: %d release(s) in %.1f s", job.name, len(results), time.time() - started)
-    return RunResult(job=job.name, releases=results, counters=all_counts)
+    return RunResult(job=job.name, releases=results, counters=all_counts,
+                     warnings=tuple(warnings))
 
 
 def _dropped_reasons(shares: Mapping[str, Mapping]) -> str:
