@@ -615,3 +615,17 @@ def test_a_publication_failing_part_way_names_what_is_out_and_a_rerun_publishes_
     ledger = BudgetLedger(str(tmp_path / "l.json"), str(tmp_path / "keys"))
     assert ledger.spent("toy").epsilon == pytest.approx(2.0)  # two releases, each charged once
     assert {r["state"] for r in ledger.records()} == {"committed"}
+
+
+def test_a_taken_over_reservation_leaves_no_failure_record_beside_the_release(tmp_path, capsys):
+    argv = _toy_argv(tmp_path)
+    write_csv(tmp_path / "rows.csv", ["key", "value"], [("a", "x"), ("b", "y")])  # all dropped
+    assert cli.main(TOY, argv) == 3
+    folder = tmp_path / "reports" / "toy" / "2026" / "v1"
+    assert read_json(folder / "failure.json")["status"] == "failed: nothing published"
+    write_csv(tmp_path / "rows.csv", ["key", "value"], [("a", 1), ("b", 2)])  # corrected
+    assert cli.main(TOY, argv) == 0
+    assert not (folder / "failure.json").exists()
+    report = read_json(folder / "report.json")
+    assert report["status"] == "released"
+    assert report["earlier_failure"]["status"] == "failed: nothing published"

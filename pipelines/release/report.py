@@ -112,11 +112,20 @@ def _folder(root: str, release_id: str, version: int) -> str:
 
 
 def write(report: Mapping, root: str, release_id: str, version: int, job) -> str:
+    """The operator report of a published release. A failure record of an earlier attempt at
+    this version (a run that published nothing and was then taken over) moves into it as
+    ``earlier_failure``, so the folder never shows a failure beside a release that succeeded."""
     folder = _folder(root, release_id, version)
     path = storage.join(folder, "report.json")
+    stale = storage.join(folder, "failure.json")
+    earlier = storage.read_bytes(stale)
+    if earlier is not None:
+        report = {**report, "earlier_failure": json.loads(earlier.decode("utf-8"))}
     storage.write_bytes(path, (json.dumps(report, indent=1, sort_keys=True, default=str) + "\n")
                         .encode("utf-8"))
     storage.write_bytes(storage.join(folder, "report.txt"), text(job, report).encode("utf-8"))
+    if earlier is not None:
+        storage.delete_file(stale)
     return path
 
 

@@ -135,6 +135,20 @@ def delete_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def delete_file(path: str) -> None:
+    """Remove one file if it exists (local or gs://)."""
+    if is_gcs(path):
+        try:
+            gcs.blob(path).delete()
+        except Exception:  # noqa: BLE001 -- already gone
+            pass
+        return
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
 def sha256_of(path: str) -> str:
     digest = hashlib.sha256()
     for block in read_chunks(path):
