@@ -249,3 +249,16 @@ def test_noisy_release_refuses_the_selection_stream_as_a_measure_name():
                      outputs=[OutputColumn(name="c", measure="key_selection")],
                      partial_types={"count": pa.int64()}, release_key=ReleaseKey.for_testing(1),
                      keyset=PublicKeyset.from_keys(["x"], ["k"]), testing=True)
+
+
+def test_the_runner_check_takes_no_secret_or_stored_key(capsys):
+    """runners.demo_release is a runner check outside the ledger: it only runs from a public
+    testing seed, so no secret key can be applied to changed input or drawn afresh per run."""
+    from runners.demo_release import parse_args
+
+    base = ["--input", "x.csv", "--output", "o.csv", "--key_column", "k", "--keys", "a",
+            "--epsilon", "1"]
+    with pytest.raises(SystemExit):
+        parse_args(base)  # no seed: refused, never a fresh secret key
+    args, _ = parse_args(base + ["--testing_seed", "3"])
+    assert args.testing_seed == 3 and not hasattr(args, "release_key_file")
