@@ -34,7 +34,10 @@ owns everything else, the same way for every job:
    becomes a path; messages name files and columns, never file content.
 8. **One CLI convention and a Python API** (:mod:`~pipelines.release.cli`): each job is
    ``run(Request(...))`` from Python; the CLI is a thin layer that parses the same request.
-   Exit codes: 0 released (or an identical re-run), 2 refused, 3 failed after the reservation.
+   Exit codes (:mod:`~pipelines.release.errors`): 0 released (or an identical re-run), 2
+   refused before any charge, 3 failed after the reservation, 1 internal error; anything but 0
+   means nothing new was published, except a multi-release run whose publication failed part-way
+   (exit 3 names the releases that are out; the same command finishes the rest).
 """
 from pipelines.release.counters import RowCounters
 from pipelines.release.errors import ReleaseFailed, ReleaseRefused
