@@ -490,6 +490,14 @@ class AuditSpec:
         if not self.modes or set(self.modes) - {"exact", "noisy"}:
             raise ValueError(f"modes must be a non-empty subset of ('exact', 'noisy'), got {self.modes}")
 
+    def table_rule(self, name: str) -> Optional[TableRule]:
+        """The rule of released table ``name``: the rule of that exact name, or of the first
+        fnmatch pattern matching it (release folders carry ids: ``"*/summary.csv"``)."""
+        return _rule(self.tables, name)
+
+    def report_rule(self, name: str) -> Optional[ReportRule]:
+        return _rule(self.reports, name)
+
     @property
     def default_changes(self) -> tuple:
         if self.changes is not None:
@@ -592,10 +600,10 @@ def compare(spec: AuditSpec, a, b, *, exact: bool, unchanged: bool = False) -> l
         return [("outcome", f"D: {_outcome(a)}; D': {_outcome(b)}")]
     found = []
     for release in (a, b):
-        unknown = sorted(set(release.tables) - set(spec.tables))
+        unknown = sorted(t for t in release.tables if spec.table_rule(t) is None)
         if unknown:
             found.append(("undeclared table", f"{unknown} have no TableRule"))
-        unknown = sorted(set(release.reports) - set(spec.reports))
+        unknown = sorted(r for r in release.reports if spec.report_rule(r) is None)
         if unknown:
             found.append(("undeclared report", f"{unknown} have no ReportRule"))
     if sorted(a.tables) != sorted(b.tables):
@@ -604,20 +612,28 @@ def compare(spec: AuditSpec, a, b, *, exact: bool, unchanged: bool = False) -> l
         only_a, only_b = sorted(set(a.files) - set(b.files)), sorted(set(b.files) - set(a.files))
         found.append(("files", f"{len(a.files)} vs {len(b.files)} files; only in D: {only_a[:5]}; "
                                f"only in D': {only_b[:5]}"))
-    for name in sorted(set(a.tables) & set(b.tables) & set(spec.tables)):
-        found.extend(_compare_tables(name, spec.tables[name], a.tables[name], b.tables[name],
-                                     exact=exact, unchanged=unchanged))
+    for name in sorted(set(a.tables) & set(b.tables)):
+        rule = spec.table_rule(name)
+        if rule is not None:
+            found.extend(_compare_tables(name, rule, a.tables[name], b.tables[name],
+                                         exact=exact, unchanged=unchanged))
     for name in sorted(set(a.reports) | set(b.reports)):
-        if name not in spec.reports:
+        rule = spec.report_rule(name)
+        if rule is None:
             continue
         if name not in a.reports or name not in b.reports:
             found.append(("report names", f"report {name!r} released by one run only"))
             continue
-        rule = spec.reports[name]
         masked_a, masked_b = rule.mask(a.reports[name]), rule.mask(b.reports[name])
         if masked_a != masked_b:
             found.append(("report text", f"{name}: {_first_difference(masked_a, masked_b)}"))
     return found
+
+
+def _rule(rules: Mapping, name: str):
+    if name in rules:
+        return rules[name]
+    return next((rule for pattern, rule in rules.items() if fnmatch.fnmatchcase(name, pattern)), None)
 
 
 def _outcome(run):

@@ -37,6 +37,10 @@ class ReleaseOptions:
     testing_seed: Optional[int] = field(default=None, metadata={
         "help": "NOT A RELEASE: a public, non-secret key from this seed; no ledger; output goes "
                 "under OUTPUT/testing-not-a-release/"})
+    exact_testing: bool = field(default=False, metadata={
+        "cli": False,
+        "help": "TESTS ONLY (no CLI flag): with testing_seed, a noise-free testing key "
+                "(ReleaseKey.for_exact_testing) for the neighbouring-pair audits' exact mode"})
     new_release: bool = field(default=False, metadata={
         "help": "the input of a published release changed: charge a new version with a fresh key"})
     report_dir: Optional[str] = field(default=None, metadata={
@@ -60,6 +64,9 @@ class ReleaseOptions:
             if self.ledger or self.key_store or self.new_release:
                 raise ReleaseRefused("--testing_seed makes no release: give it without --ledger, "
                                      "--key_store and --new_release")
+        elif self.exact_testing:
+            raise ReleaseRefused("exact_testing (noise-free) is a testing mode: it needs "
+                                 "testing_seed and can never make a release")
         elif not (self.ledger and self.key_store):
             raise ReleaseRefused("a release needs --ledger and --key_store (or --testing_seed "
                                  "for a run that is not a release)")
