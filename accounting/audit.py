@@ -562,6 +562,10 @@ def audit(spec: AuditSpec, datasets: Iterable[Dataset], *, changes: Sequence[Cha
             runs += 1
             if isinstance(base, _Failed):
                 raise RuntimeError(f"the job failed on {dataset.name} itself ({base.error}): nothing to audit")
+            missing = [p for p in spec.tables if not any(_rule({p: 0}, t) is not None for t in base.tables)]
+            if missing:
+                raise RuntimeError(f"the job released no table matching {missing} on {dataset.name}: "
+                                   f"nothing to audit (released: {sorted(base.tables)})")
             for neighbour in neighbours:
                 other = _run(spec.job, neighbour.dataset, seed, exact)
                 runs += 1
@@ -732,6 +736,40 @@ def _check_keys(name, label, rule: TableRule, keys):
 
 
 # --------------------------------------------------------------------------------------------
+# Key reuse: the same noise on other input
+# --------------------------------------------------------------------------------------------
+
+def repeated_noise(noisy_a: Table, noisy_b: Table, exact_a: Table, exact_b: Table, *,
+                   keys: Sequence[str], columns: Sequence[str], tolerance: float = 1e-9) -> list[str]:
+    """Where two releases on *different* inputs carry the same noise (one key applied twice).
+
+    ``noisy_x`` and ``exact_x`` are the noisy and exact (noise-free) outputs of input x. For each
+    column, the noise ``noisy - exact`` of the keys both released is compared: identical, non-zero
+    noise on inputs whose exact answers differ means the difference of the two releases is the
+    exact difference -- the noise cancels. Returns one finding per such column (empty: fresh noise).
+    """
+    keys = _names(keys)
+    found = []
+
+    def by_key(table):
+        index = [table.index(k) for k in keys]
+        return {tuple(r[i] for i in index): r for r in table.rows}
+
+    na, nb, ea, eb = by_key(noisy_a), by_key(noisy_b), by_key(exact_a), by_key(exact_b)
+    common = sorted(set(na) & set(nb) & set(ea) & set(eb), key=_order_key)
+    for column in _names(columns):
+        i = [t.index(column) for t in (noisy_a, noisy_b, exact_a, exact_b)]
+        noise_a = np.array([float(na[k][i[0]]) - float(ea[k][i[2]]) for k in common])
+        noise_b = np.array([float(nb[k][i[1]]) - float(eb[k][i[3]]) for k in common])
+        inputs_differ = any(not _same(ea[k][i[2]], eb[k][i[3]]) for k in common)
+        if (common and inputs_differ and np.any(np.abs(noise_a) > tolerance)
+                and np.allclose(noise_a, noise_b, rtol=0, atol=tolerance)):
+            found.append(f"{column}: the same noise in all {len(common)} common keys although the "
+                         f"exact answers differ: the difference of the releases is noise-free")
+    return found
+
+
+# --------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------
 
@@ -800,4 +838,4 @@ def _first_difference(x, y, path="") -> str:
 __all__ = ["AuditFailure", "AuditResult", "AuditSpec", "Bound", "Change", "Dataset", "Neighbour",
            "Order", "Release", "ReportRule", "Table", "TableRule", "Units", "Violation",
            "ADD_REMOVE_CHANGES", "SUBSTITUTE_CHANGES", "assert_audit", "audit", "build_neighbours",
-           "compare", "default_id_variants", "synthetic_dataset"]
+           "compare", "default_id_variants", "repeated_noise", "synthetic_dataset"]

@@ -193,7 +193,8 @@ class JobAudit:
     measure name}}: the rule's bounds are taken from the job's plan (ReleaseLayerJob) --
     a rule's own ``bounds`` are for transforms without a plan. reports: rules of non-marker
     reports. datasets: the small datasets to audit. relation: "add_remove" or "substitute".
-    changes: the neighbours to build (default: every change of the relation). keys_private:
+    changes: the neighbours to build (default: every change of the relation), in the exact mode;
+    noisy_changes: those run again in the noisy testing mode (default: the same). keys_private:
     the marker's row counts are noisy (private key selection, thresholds).
     """
 
@@ -206,7 +207,7 @@ class JobAudit:
     reports: Mapping[str, ReportRule] = field(default_factory=dict)
     relation: str = "add_remove"
     changes: Optional[Sequence[Change]] = None
-    modes: tuple = ("exact", "noisy")
+    noisy_changes: Optional[Sequence[Change]] = None
     keys_private: bool = False
     marker_noisy: tuple = ()
 
@@ -223,7 +224,7 @@ class JobAudit:
             noisy = MARKER_NOISY + (MARKER_NOISY_KEYS if self.keys_private else ()) + self.marker_noisy
             reports.setdefault("*RELEASE.json", ReportRule(noisy_fields=noisy))
         return AuditSpec(job=self.job, units=self.units, tables=tables, reports=reports,
-                         relation=self.relation, modes=self.modes,
+                         relation=self.relation,
                          changes=tuple(self.changes) if self.changes is not None else None)
 
 
@@ -250,11 +251,17 @@ def audit_job(entry, *, job=None, datasets: Sequence[Dataset] = None,
     if isinstance(entry, str):
         entry = REGISTRY[entry]
     datasets = list(datasets if datasets is not None else entry.datasets())
+    import dataclasses
+
     spec = entry.spec(datasets)
     if job is not None:
-        import dataclasses
         spec = dataclasses.replace(spec, job=job)
-    return audit(spec, datasets, changes=changes, seed=seed)
+    exact = audit(dataclasses.replace(spec, modes=("exact",)), datasets, changes=changes, seed=seed)
+    noisy_changes = changes if changes is not None else entry.noisy_changes
+    noisy = audit(dataclasses.replace(spec, modes=("noisy",)), datasets, changes=noisy_changes,
+                  seed=seed)
+    return AuditResult(violations=exact.violations + noisy.violations,
+                       runs=exact.runs + noisy.runs, pairs=exact.pairs + noisy.pairs)
 
 
 __all__ = ["JobAudit", "REGISTRY", "ReleaseLayerJob", "audit_job", "bounds_from_measures",
@@ -300,7 +307,162 @@ def _summary_reports_audit() -> JobAudit:
         units=units, datasets=datasets,
         tables={"*/summary.csv": TableRule(keys=("bucket",), noisy=("noisy_sum",),
                                            public_keys=released)},
-        measures={"*/summary.csv": {"noisy_sum": "summary"}})
+        measures={"*/summary.csv": {"noisy_sum": "summary"}},
+        changes=(Change.ADD_HEAVY, Change.ADD_EMPTY_KEY, Change.ADD_MIXED_IDS, Change.ADD_ALONE,
+                 Change.REBATCH),
+        noisy_changes=(Change.REMOVE_LONE, Change.REBATCH))
+
+
+
+
+def _centralnotice_audit() -> JobAudit:
+    import datetime as dt
+    import itertools
+
+    from accounting.audit import synthetic_dataset
+    from pipelines import centralnotice
+    from release_testkit import (CN_BANNERS, CN_CLK_HEADER, CN_DAY1, CN_IMP_HEADER,
+                                 CN_PROJECTS, CN_RELEASE1, LOW, cn_config, write_csv, write_json)
+
+    countries = ["DE", "FR"]   # RU (protected) is never released: a key of its own
+    keys = [("C1", b, c, p, CN_DAY1) for b, c, p in itertools.product(CN_BANNERS, countries, CN_PROJECTS)]
+    units = Units(column="user_id", keys=CN_CLK_HEADER[:5], public_keys=keys,
+                  fresh_keys=[("C1", CN_BANNERS[0], "RU", CN_PROJECTS[0], CN_DAY1)],
+                  heavy_keys=2, heavy_rows=3)
+    day = dt.date.fromisoformat(CN_DAY1)
+    released = [k[:4] + (day,) for k in keys]
+    clicks = {"noise": "discrete_laplace", "epsilon": 1.0, "neighbouring": "user",
+              "max_clicks_per_user": 2, "bound_per": "period", "release_threshold": LOW}
+
+    def write(dataset, folder):
+        files = rows_as_csv("clicks", CN_CLK_HEADER)(dataset, folder)
+        imp = write_csv(os.path.join(folder, "imp.csv"), CN_IMP_HEADER,
+                        [k + (100 + 10 * i,) for i, k in enumerate(keys[:3])])
+        config = write_json(os.path.join(folder, "config.json"), cn_config(clicks=clicks))
+        return {**files, "impressions": [imp], "config": [config]}
+
+    return JobAudit(
+        name="centralnotice",
+        job=ReleaseLayerJob(
+            module=centralnotice, write=write,
+            request=lambda files, options: centralnotice.CentralNoticeRequest(
+                config=files["config"][0], impressions=tuple(files["impressions"]),
+                clicks=tuple(files["clicks"]), release=CN_RELEASE1, num_shards=2,
+                options=options)),
+        units=units,
+        datasets=lambda: [synthetic_dataset(units, seed=7, n_units=6, batches=2, empty_keys=2)],
+        tables={"*/centralnotice.parquet": TableRule(
+            keys=CN_CLK_HEADER[:5], noisy=("impressions", "clicks"), public_keys=released)},
+        measures={"*/centralnotice.parquet": {"impressions": "impressions", "clicks": "clicks"}},
+        changes=(Change.ADD_EMPTY_KEY, Change.ADD_MIXED_IDS, Change.ADD_ALONE, Change.ADD_SPREAD,
+                 Change.REBATCH),
+        noisy_changes=(Change.REMOVE_HEAVY, Change.REBATCH))
+
+
+register(_centralnotice_audit())
+
+
+def _reach_frequency_audit() -> JobAudit:
+    from accounting.audit import synthetic_dataset
+    from pipelines import reach_frequency
+
+    publishers = ["pub_a", "pub_b", "pub_c"]
+    units = Units(column="vid", keys=("publisher",), public_keys=publishers,
+                  fresh_keys=["pub_undeclared"], heavy_keys=2, heavy_rows=3,
+                  row=lambda r: {**r, "campaign": "c1"})
+
+    return JobAudit(
+        name="reach_frequency",
+        job=ReleaseLayerJob(
+            module=reach_frequency, write=rows_as_csv("impressions", ["publisher", "campaign", "vid"]),
+            request=lambda files, options: reach_frequency.ReachFrequencyRequest(
+                input=tuple(files["impressions"]), campaigns=("c1",), publishers=tuple(publishers),
+                epsilon=1.0, num_registers=500, max_frequency=3, options=options)),
+        units=units,
+        datasets=lambda: [synthetic_dataset(units, seed=11, n_units=8, batches=2)],
+        # Released values are estimates (post-processing of the sketches' noisy statistics): the
+        # audit checks structure, order, files and marker text, and the exact mode's key set.
+        tables={"*/reach_frequency.jsonl": TableRule(
+            keys=("scope", "publisher"), noisy=("reach", "frequency", "k_reach", "k_plus_reach"),
+            public_keys=[("publisher", p) for p in publishers] + [("union", None)])},
+        changes=(Change.ADD_MIXED_IDS, Change.ADD_ALONE, Change.REMOVE_HEAVY, Change.REBATCH),
+        noisy_changes=(Change.ADD_HEAVY, Change.REBATCH))
+
+
+register(_reach_frequency_audit())
 
 
 register(_summary_reports_audit())
+
+
+# ---- DPAggregate (the transform, in a Beam pipeline of its own; bounds from its plan) ----------
+
+def exact_aggregate_job_type():
+    """aggregate_kit.AggregateJob whose exact mode also uses a noise-free key (so private
+    selection is deterministic: ReleaseKey.for_exact_testing) besides DPAggregate's testing mode."""
+    from aggregate_kit import AggregateJob
+
+    from accounting.keys import ReleaseKey
+
+    class ExactAggregateJob(AggregateJob):
+        def transform(self, key, exact, **kwargs):
+            if exact and not key.noise_free:
+                key = ReleaseKey(key.secret_bytes(), is_testing=True, noise_free=True)
+            return super().transform(key, exact, **kwargs)
+
+    return ExactAggregateJob
+
+
+def aggregate_audit(name: str, job, units: Units, datasets, **kwargs) -> JobAudit:
+    """The JobAudit of one DPAggregate configuration (``job``: an aggregate_kit.AggregateJob)."""
+    relation = "substitute" if job.neighbouring.name == "SUBSTITUTE" else "add_remove"
+    return JobAudit(name=name, job=job, units=units, datasets=datasets,
+                    tables={"release": job.rule()}, reports={"explain": ReportRule()},
+                    relation=relation, **kwargs)
+
+
+def _aggregate_audits() -> list[JobAudit]:
+    from accounting.audit import synthetic_dataset
+    from accounting.budget import PrivacyBudget
+    from accounting.sensitivity import ContributionBounds, Neighbouring
+    from transforms.metrics import Count, PrivacyUnitCount, Sum
+    from transforms.selection import PrivateSelection, SelectionStrategy
+
+    Job = exact_aggregate_job_type()
+    keys = [f"k{i}" for i in range(6)]
+    units = Units(column="user", keys=("k",), public_keys=keys, fresh_keys=["z1", "z2"],
+                  values={"v": [0.0, 4.0, 100.0, -3.0]}, heavy_keys=3, heavy_rows=3)
+    bounds = ContributionBounds(2, 2, min_value=0, max_value=10)
+    keyset = Job(value="v", metrics=[Count(), Sum(), PrivacyUnitCount()], bounds=bounds,
+                 budget=PrivacyBudget(epsilon=1.0), public_keys=keys)
+    selection = Job(value="v", metrics=[Count(), Sum()], bounds=bounds,
+                    budget=PrivacyBudget(epsilon=8.0, delta=1e-2),
+                    selection=PrivateSelection(strategy=SelectionStrategy.LAPLACE_THRESHOLDING))
+
+    def data():
+        # k2 is a public key without rows in the middle of the keyset (an order that puts keys
+        # with rows first shows); k5 holds a lone unit; k0, k1 are busy (selected)
+        return [synthetic_dataset(units, seed=2, n_units=12, batches=3,
+                                  keys=["k0", "k1", "k3", "k4", "k5", "k2"])]
+
+    exact_changes = (Change.ADD_HEAVY, Change.ADD_EMPTY_KEY, Change.ADD_MIXED_IDS, Change.ADD_ALONE,
+                     Change.REMOVE_LONE, Change.REBATCH)
+    substitute_changes = (Change.SUBSTITUTE_EMPTY_KEY, Change.SUBSTITUTE_MIXED_IDS,
+                          Change.SUBSTITUTE_SPREAD, Change.REBATCH)
+    noisy = (Change.ADD_EMPTY_KEY, Change.REBATCH)
+    noisy_substitute = (Change.SUBSTITUTE_ALONE, Change.REBATCH)
+    substitute = dict(neighbouring=Neighbouring.SUBSTITUTE)
+    return [
+        aggregate_audit("dp_aggregate/keyset", keyset, units, data, changes=exact_changes,
+                        noisy_changes=noisy),
+        aggregate_audit("dp_aggregate/selection", selection, units, data, changes=exact_changes,
+                        noisy_changes=noisy),
+        aggregate_audit("dp_aggregate/keyset/substitute", keyset.with_(**substitute), units, data,
+                        changes=substitute_changes, noisy_changes=noisy_substitute),
+        aggregate_audit("dp_aggregate/selection/substitute", selection.with_(**substitute), units,
+                        data, changes=substitute_changes, noisy_changes=noisy_substitute),
+    ]
+
+
+for _entry in _aggregate_audits():
+    register(_entry)
