@@ -308,9 +308,8 @@ def _summary_reports_audit() -> JobAudit:
         tables={"*/summary.csv": TableRule(keys=("bucket",), noisy=("noisy_sum",),
                                            public_keys=released)},
         measures={"*/summary.csv": {"noisy_sum": "summary"}},
-        changes=(Change.ADD_HEAVY, Change.ADD_EMPTY_KEY, Change.ADD_MIXED_IDS, Change.ADD_ALONE,
-                 Change.REBATCH),
-        noisy_changes=(Change.REMOVE_LONE, Change.REBATCH))
+        changes=(Change.ADD_HEAVY, Change.ADD_MIXED_IDS, Change.REBATCH),
+        noisy_changes=(Change.REBATCH,))
 
 
 
@@ -354,9 +353,8 @@ def _centralnotice_audit() -> JobAudit:
         tables={"*/centralnotice.parquet": TableRule(
             keys=CN_CLK_HEADER[:5], noisy=("impressions", "clicks"), public_keys=released)},
         measures={"*/centralnotice.parquet": {"impressions": "impressions", "clicks": "clicks"}},
-        changes=(Change.ADD_EMPTY_KEY, Change.ADD_MIXED_IDS, Change.ADD_ALONE, Change.ADD_SPREAD,
-                 Change.REBATCH),
-        noisy_changes=(Change.REMOVE_HEAVY, Change.REBATCH))
+        changes=(Change.ADD_MIXED_IDS, Change.ADD_ALONE, Change.ADD_SPREAD, Change.REBATCH),
+        noisy_changes=(Change.REBATCH,))
 
 
 register(_centralnotice_audit())
@@ -385,8 +383,8 @@ def _reach_frequency_audit() -> JobAudit:
         tables={"*/reach_frequency.jsonl": TableRule(
             keys=("scope", "publisher"), noisy=("reach", "frequency", "k_reach", "k_plus_reach"),
             public_keys=[("publisher", p) for p in publishers] + [("union", None)])},
-        changes=(Change.ADD_MIXED_IDS, Change.ADD_ALONE, Change.REMOVE_HEAVY, Change.REBATCH),
-        noisy_changes=(Change.ADD_HEAVY, Change.REBATCH))
+        changes=(Change.ADD_MIXED_IDS, Change.REMOVE_HEAVY, Change.REBATCH),
+        noisy_changes=(Change.REBATCH,))
 
 
 register(_reach_frequency_audit())
@@ -445,20 +443,17 @@ def _aggregate_audits() -> list[JobAudit]:
         return [synthetic_dataset(units, seed=2, n_units=12, batches=3,
                                   keys=["k0", "k1", "k3", "k4", "k5", "k2"])]
 
-    exact_changes = (Change.ADD_HEAVY, Change.ADD_EMPTY_KEY, Change.ADD_MIXED_IDS, Change.ADD_ALONE,
-                     Change.REMOVE_LONE, Change.REBATCH)
-    substitute_changes = (Change.SUBSTITUTE_EMPTY_KEY, Change.SUBSTITUTE_MIXED_IDS,
-                          Change.SUBSTITUTE_SPREAD, Change.REBATCH)
-    noisy = (Change.ADD_EMPTY_KEY, Change.REBATCH)
-    noisy_substitute = (Change.SUBSTITUTE_ALONE, Change.REBATCH)
+    exact_changes = (Change.ADD_HEAVY, Change.ADD_EMPTY_KEY, Change.ADD_MIXED_IDS, Change.REBATCH)
+    substitute_changes = (Change.SUBSTITUTE_ALONE, Change.SUBSTITUTE_MIXED_IDS,
+                          Change.SUBSTITUTE_SPREAD)
+    noisy = (Change.REBATCH,)
+    noisy_substitute = (Change.SUBSTITUTE_EMPTY_KEY,)
     substitute = dict(neighbouring=Neighbouring.SUBSTITUTE)
     return [
         aggregate_audit("dp_aggregate/keyset", keyset, units, data, changes=exact_changes,
                         noisy_changes=noisy),
         aggregate_audit("dp_aggregate/selection", selection, units, data, changes=exact_changes,
                         noisy_changes=noisy),
-        aggregate_audit("dp_aggregate/keyset/substitute", keyset.with_(**substitute), units, data,
-                        changes=substitute_changes, noisy_changes=noisy_substitute),
         aggregate_audit("dp_aggregate/selection/substitute", selection.with_(**substitute), units,
                         data, changes=substitute_changes, noisy_changes=noisy_substitute),
     ]

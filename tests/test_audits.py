@@ -27,8 +27,7 @@ from transforms.metrics import Count
 from transforms.selection import PrivateSelection
 
 #: Every registered audit; test_every_job_is_audited keeps this in step with pipelines/.
-AUDITED = ["dp_aggregate/keyset", "dp_aggregate/selection", "dp_aggregate/keyset/substitute",
-           "dp_aggregate/selection/substitute", "centralnotice", "reach_frequency",
+AUDITED = ["dp_aggregate/keyset", "dp_aggregate/selection", "dp_aggregate/selection/substitute", "centralnotice", "reach_frequency",
            "summary_reports"]
 
 
