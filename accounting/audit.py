@@ -23,7 +23,16 @@ change (bounding and noise must depend on row content and the key only, never on
 
 The job is any callable ``job(dataset, seed, exact) -> Release``; the harness never runs Beam
 itself, so jobs, transforms and whole pipelines (through their CLI and output files) are audited
-alike. Neighbours are built from a row model of the privacy unit (:class:`Units`); jobs whose
+alike. A job's exact mode runs under a noise-free testing key
+(:meth:`accounting.keys.ReleaseKey.for_exact_testing`; for release-layer jobs
+``ReleaseOptions(testing_seed=..., exact_testing=True)``), which no real release accepts. Table and
+report rules are looked up by name, or by fnmatch pattern (``"*/summary.csv"``: release folders
+carry ids). A job that releases no table a rule declares is not audited (an error, never a pass).
+
+Key reuse -- one key driving the same noise on two inputs -- is not a neighbouring-pair property
+(the audit itself reuses one public testing key on D and D' on purpose, to see exact
+differences); :func:`repeated_noise` checks it from two releases on different inputs and their
+exact answers. Neighbours are built from a row model of the privacy unit (:class:`Units`); jobs whose
 inputs are not "rows owned by a unit" pass their own ``neighbours`` builder.
 
 Pure Python and numpy (no Beam, no job-specific code). The statistical side, whether the noise

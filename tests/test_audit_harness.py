@@ -199,3 +199,18 @@ def test_a_real_release_refuses_the_exact_mode(tmp_path):
     assert "exact_testing" not in build_parser(summary_reports.JOB)[0].format_help()
     fields = {f.name: f for f in dataclasses.fields(ReleaseOptions)}
     assert fields["exact_testing"].metadata["cli"] is False
+
+
+def test_selection_is_deterministic_and_monotone_under_the_exact_key():
+    from accounting.sensitivity import ContributionBounds
+    from transforms.selection import PrivateSelection, SelectionStrategy, Selector
+
+    counts = np.arange(0, 60, dtype=np.int64)
+    for strategy in SelectionStrategy:
+        selector = Selector.for_bounds(PrivateSelection(strategy=strategy), 2.0, 1e-3,
+                                       ContributionBounds(2, 1))
+        keep = [selector.keep(counts, RandomStreams.for_range(ReleaseKey.for_exact_testing(s), "sel", 60))
+                for s in (1, 2)]
+        assert keep[0].tolist() == keep[1].tolist(), strategy        # no randomness
+        assert not keep[0][0] and keep[0][-1], strategy               # 0 units never, many always
+        assert np.all(np.diff(keep[0].astype(int)) >= 0), strategy    # monotone in the count
