@@ -24,6 +24,24 @@ Mechanisms (all sampled as integers, so no floating-point attack applies, Mirono
   slightly *worse* than the continuous one at small σ, so the continuous analytic σ is not reused.
   For L0 > 1 it uses the multivariate zCDP bound ρ = Δ2²/(2σ²) and the tight zCDP → (ε, δ)
   conversion (CKS 2020, Proposition 12 there).
+
+Multi-key changes (settled, issue "privacy on every path", point 8). A privacy unit that can
+change up to L0 > 1 keys, e.g. a CentralNotice user with at most m clicks (L0 = L1 = m,
+L2 <= m), shifts the count vector by any integer vector c with Σ|c_i| <= m. For the continuous
+Gaussian the loss depends only on ‖c‖₂, so the one-key curve at sensitivity m covers every
+split; for the discrete Gaussian it does not follow: the sum of independent discrete Gaussians is
+not a discrete Gaussian, and CKS 2020 give only the zCDP statement (Theorem 14: ρ = ‖c‖₂²/(2σ²),
+exactly as in the continuous case) and an (ε, δ) bound with a slack term (Theorem 15) for the
+multivariate case. We do not claim the one-key exact curve for L0 > 1. The calibration uses the
+valid multi-key bound instead: ρ = Δ2²/(2σ²) (Theorem 14, for every shift with ‖c‖₂ <= Δ2) and the
+tight conversion, and the PLD accountant sees the resulting (ε, δ) (not the one-key PLD). The
+cost is about 5-7% more σ than the one-key curve when (ε, δ) is configured; a ρ-configured
+release keeps its σ = Δ2/√(2ρ) (already a multivariate statement). The exact multi-key curve of
+every split (:func:`accounting.distributions.discrete_gaussian_shift_delta`) is checked against
+the calibrated (ε, δ) in the tests; in all small cases computed there the one-key curve also
+dominates every split, but that is an observation, not a proof, so it is not relied on.
+Callers pass ``l0`` (the number of keys one unit can change); :class:`accounting.measures.Measure`
+refuses a discrete Gaussian calibrated for fewer keys than its sensitivities state.
 """
 from __future__ import annotations
 

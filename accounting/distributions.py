@@ -14,6 +14,9 @@ CentralNotice tuning report (spurious releases and suppressed shares).
   functions :func:`noise_cdf` / :func:`noise_sf` use the continuity-corrected normal CDF, which
   differs far less than a reported share's rounding. Decisions that carry a privacy guarantee
   (:func:`discrete_gaussian_quantile`) always use the exact sums.
+* :func:`discrete_gaussian_shift_delta`: the exact privacy curve δ(ε) of independent discrete
+  Gaussians on several coordinates shifted by an integer vector (one privacy unit changing
+  several keys), the oracle behind the multi-key calibration of ``accounting.calibration``.
 """
 from __future__ import annotations
 
@@ -67,6 +70,32 @@ def discrete_gaussian_quantile(sigma: float, target: float) -> int:
     while m > 1 and discrete_gaussian_upper_tail(sigma, m - 1) <= target:
         m -= 1
     return m
+
+
+def discrete_gaussian_shift_delta(sigma: float, shifts, epsilon: float) -> float:
+    """Exact δ(ε) between ⊗N_Z(0, σ²) and ⊗N_Z(c_i, σ²) for integer shifts c (one per key).
+
+    The privacy loss at x is (‖c‖² − 2 Σ c_i x_i) / (2σ²): it depends on x only through the
+    integer S = Σ c_i X_i, whose distribution is the convolution of the coordinates' mass
+    functions placed on the lattices c_i·Z. So δ(ε) = Σ_s P(S = s)·(1 − e^(ε − L(s)))₊ is a finite
+    sum (mass beyond 40σ + 10 per coordinate is below double precision). S is symmetric, so the
+    reverse direction has the same curve. Cost grows like (Σ c_i · σ)²: for small cases (tests
+    and audits), not for calibrating large σ.
+    """
+    shifts = [abs(int(c)) for c in np.atleast_1d(shifts) if int(c) != 0]
+    if not shifts:
+        return 0.0
+    half, cdf, _ = _discrete_gaussian_table(float(sigma))
+    mass = np.diff(cdf, prepend=0.0)
+    dist, offset = np.ones(1), 0
+    for c in shifts:
+        spread = np.zeros(2 * half * c + 1)
+        spread[::c] = mass
+        dist, offset = np.convolve(dist, spread), offset + half * c
+    s = np.arange(dist.size, dtype=np.float64) - offset
+    loss = (sum(c * c for c in shifts) - 2 * s) / (2 * sigma ** 2)
+    above = loss > epsilon
+    return float(np.sum(dist[above] * -np.expm1(epsilon - loss[above])))
 
 
 # --------------------------------------------------------------------------- discrete Laplace

@@ -247,12 +247,20 @@ class ClicksPrivacy:
         """L1 (= L2 bound) sensitivity of the per-key click counts: 1 row or m clicks of one user."""
         return 1 if self.neighbouring == "row" else int(self.max_clicks_per_user)
 
+    @property
+    def l0(self) -> int:
+        """Keys one neighbour changes: one row touches one key; one user's m clicks up to m."""
+        return self.sensitivity
+
     def noise_spec(self) -> NoiseSpec:
+        """The clicks' noise. User-DP is calibrated for a change spread over up to m keys (the
+        multivariate bound of :mod:`accounting.calibration`, "Multi-key changes"), never on the
+        one-key discrete Gaussian curve."""
         if self.rho is not None:
             return calibrate_zcdp(self.noise, rho=self.rho, l2_sensitivity=self.sensitivity,
-                                  delta_for_reporting=self.delta)
+                                  l0=self.l0, delta_for_reporting=self.delta)
         return calibrate(self.noise, epsilon=self.epsilon, delta=self.delta,
-                         l1_sensitivity=self.sensitivity, l2_sensitivity=self.sensitivity)
+                         l1_sensitivity=self.sensitivity, l2_sensitivity=self.sensitivity, l0=self.l0)
 
 
 @dataclass(frozen=True)

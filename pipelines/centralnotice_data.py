@@ -117,7 +117,7 @@ def _privacy(rng: np.random.Generator, n_releases: int, n_days: int) -> dict:
                   # bounding per campaign needs the whole campaign in one release
                   "max_clicks_per_user": m,
                   "bound_per": "campaign" if n_releases == 1 and rng.random() < 0.4 else "period"}
-        spec = calibrate_zcdp(NoiseKind.DISCRETE_GAUSSIAN, rho=rho, l2_sensitivity=m,
+        spec = calibrate_zcdp(NoiseKind.DISCRETE_GAUSSIAN, rho=rho, l2_sensitivity=m, l0=m,
                               delta_for_reporting=1e-9)
     else:  # row-DP Laplace clicks
         eps = float(rng.choice([0.25, 0.5, 1.0]))

@@ -240,13 +240,13 @@ def tune_campaign(campaign: CampaignConfig, ks: Sequence[int], epsilons: Sequenc
     cl = campaign.clicks
     if cl.rho is not None:
         for rho in (rhos or [cl.rho]):
-            spec = calibrate_zcdp(cl.noise, rho=rho, l2_sensitivity=cl.sensitivity,
+            spec = calibrate_zcdp(cl.noise, rho=rho, l2_sensitivity=cl.sensitivity, l0=cl.l0,
                                   delta_for_reporting=cl.delta)
             rows.append(_row(campaign, "clicks", None, spec, threshold_of("clicks"), click_values, keys))
     else:
         for epsilon in epsilons:
             spec = calibrate(cl.noise, epsilon=epsilon, delta=cl.delta, l1_sensitivity=cl.sensitivity,
-                             l2_sensitivity=cl.sensitivity)
+                             l2_sensitivity=cl.sensitivity, l0=cl.l0)
             rows.append(_row(campaign, "clicks", None, spec, threshold_of("clicks"), click_values, keys))
     return rows
 
