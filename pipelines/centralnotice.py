@@ -360,11 +360,7 @@ class CentralNoticeJob(Job):
                                        "size": campaign.keyset_size(release.dates)},
                             "protected_countries_excluded": sorted(
                                 set(campaign.countries) & set(campaign.protected_countries))},
-                guarantee_covers=("one release: impressions and clicks of the release's "
-                                  "keys, composed; the ledger bounds the campaign's total"
-                                  + (", each period" if campaign.per_period else "")
-                                  + (" and each person's loss per day across campaigns"
-                                     if campaign.unit_per_period else ""))))
+                guarantee_covers=_covers(campaign.guarantee_scopes(release))))
         return planned
 
     def build(self, pipeline, request, inputs, release: ReleaseContext):
@@ -380,18 +376,37 @@ class CentralNoticeJob(Job):
     def public_summary(self, request, planned, tables):
         table = next(iter(tables.values()))
         size = planned.parameters["keyset"]["size"]
+        _, targets = self._targets(request)
+        campaign, release = next((c, r) for c, r in targets if r.release_id == planned.release_id)
         return {"keys": {"keyset": size, "released": table.num_rows,
                          "not_released": size - table.num_rows,
                          "impressions_suppressed": int(table.column("impressions").null_count),
-                         "clicks_suppressed": int(table.column("clicks").null_count)}}
+                         "clicks_suppressed": int(table.column("clicks").null_count)},
+                "guarantee_scopes": campaign.guarantee_scopes(release)}
 
     def report_lines(self, summary):
+        lines = []
         keys = summary.get("keys")
-        if not keys:
-            return []
-        return [f"  keys: {keys['released']} released of {keys['keyset']} ({keys['not_released']} "
+        if keys:
+            lines.append(
+                f"  keys: {keys['released']} released of {keys['keyset']} ({keys['not_released']} "
                 f"not released: both values below their thresholds); suppressed values (null): "
-                f"impressions {keys['impressions_suppressed']}, clicks {keys['clicks_suppressed']}"]
+                f"impressions {keys['impressions_suppressed']}, clicks {keys['clicks_suppressed']}")
+        for scope in summary.get("guarantee_scopes", ()):
+            bound = scope["budget"]
+            where = f" [{', '.join(scope['ledger_scopes'])}]" if scope["ledger_scopes"] else ""
+            limit = f" <= epsilon {bound['epsilon']:g}, delta {bound['delta']:g}" if bound else ""
+            lines.append(f"  scope {scope['scope']}{limit}{where}: {scope['means']}")
+        return lines
+
+
+def _covers(scopes) -> str:
+    """The guarantee's one-line statement of the per-person scopes it is held to."""
+    held = [s["scope"] for s in scopes if s["configured"]]
+    missing = [s["scope"] for s in scopes if not s["configured"]]
+    return ("one release: impressions and clicks of the release's keys, composed; the ledger "
+            "bounds one person's loss per " + ", per ".join(held)
+            + ("; NOT configured: " + ", ".join(missing) if missing else ""))
 
 
 JOB = CentralNoticeJob()

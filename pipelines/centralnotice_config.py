@@ -365,6 +365,40 @@ class CampaignConfig:
                     for p in release.periods]
         return out
 
+    def guarantee_scopes(self, release: "ScheduledRelease") -> list[dict]:
+        """Which per-person bounds the guarantee of ``release`` is held to, each scope stated as
+        configured or NOT configured with what that means (public: the configuration only).
+
+        Used by every CentralNotice report (the release marker, ``report.json`` and the CLI
+        summary): a reader must see whether one person's loss is bounded per campaign, per
+        campaign-day, and across campaigns per day.
+        """
+        def budget(b):
+            return None if b is None else {"epsilon": b.epsilon, "delta": b.delta}
+
+        days = list(release.periods)
+        return [
+            {"scope": "campaign total", "configured": True,
+             "ledger_scopes": [f"campaign:{self.campaign_id}"], "budget": budget(self.campaign_total),
+             "means": "one person's loss over all releases of this campaign, composed"},
+            {"scope": "campaign-day", "configured": self.per_period is not None,
+             "ledger_scopes": [f"period:{self.campaign_id}:{d}" for d in days]
+             if self.per_period is not None else [],
+             "budget": budget(self.per_period),
+             "means": ("one person's loss from this campaign on each day" if self.per_period
+                       is not None else "NOT configured: a day of this campaign is bounded only "
+                       "by the campaign total")},
+            {"scope": "person-day across campaigns", "configured": self.unit_per_period is not None,
+             "ledger_scopes": [f"unit-period:{d}" for d in days]
+             if self.unit_per_period is not None else [],
+             "budget": budget(self.unit_per_period),
+             "means": ("one person's loss on each day summed over every campaign charged to this "
+                       "ledger" if self.unit_per_period is not None else
+                       "NOT configured: a person seen by several campaigns on one day is bounded "
+                       "per campaign only; that day's losses add up across campaigns (set "
+                       "unit_budget_per_period to bound them)")},
+        ]
+
     def releases(self) -> list[ScheduledRelease]:
         """The release schedule: one per date (``daily``) or one for the whole campaign."""
         if self.schedule == "daily":
