@@ -737,3 +737,17 @@ def test_every_report_states_the_scopes_its_guarantee_covers(tmp_path, capsys, u
     # report.txt is the CLI summary.
     report_txt = (tmp_path / "reports" / CAMPAIGN / DAY1.isoformat() / "v1" / "report.txt").read_text()
     assert all(line in text for line in report_txt.splitlines() if line.startswith("  scope "))
+
+
+def test_impressions_that_would_wrap_int64_fail_clearly_and_publish_nothing(tmp_path, capsys):
+    """1024 rows of 2^53 impressions (each accepted) sum to 2^63 on one key: refused, not wrapped."""
+    config = write_config(tmp_path, config_dict())
+    key = ("C1",) + KEYSET_DAY1[0]
+    imp = write_csv(tmp_path / "imp.csv", IMP_HEADER, [key + (2 ** 53,)] * 1024)
+    clk = write_csv(tmp_path / "clk.csv", CLK_HEADER, [])
+    out = tmp_path / "out"
+    assert main(["--config", config, "--impressions", imp, "--clicks", clk, "--release", RELEASE1,
+                 "--output", str(out), "--testing_seed", "1", "--num_shards", "2"]) == 3
+    err = capsys.readouterr().err
+    assert "'impressions'" in err and "outside the int64 range" in err and "nothing was published" in err
+    assert not list(out.rglob("*.parquet"))
