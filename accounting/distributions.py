@@ -2,7 +2,8 @@
 
 Pure numpy/scipy, beside calibration: what the noise engine (:mod:`transforms.noise`) samples,
 as probabilities. Used by private key selection (thresholds and keep probabilities) and by the
-CentralNotice tuning report (spurious releases and suppressed shares).
+CentralNotice tuning report (:func:`spurious_rate`, :func:`suppressed_share` and
+:func:`threshold_for_rate`, for any spec).
 
 * Discrete Laplace with P[z] ∝ p^|z|, p = exp(-1/b) (b the unit scale): in closed form,
   P(Z <= m) = 1 - p^(m+1)/(1+p) for m >= 0 and p^(-m)/(1+p) for m < 0.
@@ -111,6 +112,13 @@ def discrete_laplace_cdf(unit_scale: float, m) -> np.ndarray:
     return np.where(m >= 0, upper, lower)
 
 
+def discrete_laplace_quantile(unit_scale: float, target: float) -> int:
+    """Smallest integer m >= 1 with P(Z >= m) = p^m / (1 + p) <= target (p = exp(-1/unit_scale)),
+    in closed form: the discrete Laplace counterpart of :func:`discrete_gaussian_quantile`."""
+    p = math.exp(-1 / unit_scale)
+    return max(1, math.ceil(math.log(target * (1 + p)) / math.log(p)))
+
+
 # --------------------------------------------------------------------------- any NoiseSpec
 
 def noise_cdf(spec, x) -> np.ndarray:
@@ -134,3 +142,36 @@ def noise_sf(spec, x) -> np.ndarray:
         return special.ndtr(-(units + 0.5) / spec.unit_scale)
     # Symmetry: P(Z > m) = P(Z < -m) = P(Z <= -m - 1).
     return noise_cdf(spec, (-units - 1) * spec.granularity)
+
+
+# --------------------------------------------------------------------------- thresholds of any NoiseSpec
+
+def spurious_rate(spec, threshold: float) -> float:
+    """P(noise > threshold): an empty key released."""
+    return float(noise_sf(spec, threshold))
+
+
+def suppressed_share(spec, threshold: float, true_values=None) -> float:
+    """Mean over keys of P(value + noise <= threshold) (true values 0 when not given)."""
+    values = np.zeros(1) if true_values is None else np.asarray(true_values, dtype=np.float64)
+    if values.size == 0:
+        return float("nan")
+    return float(np.mean(noise_cdf(spec, threshold - values)))
+
+
+def threshold_for_rate(spec, rate: float) -> float:
+    """Smallest threshold (a multiple of the grid) with P(noise > threshold) <= rate."""
+    if not 0 < rate < 1:
+        raise ValueError(f"spurious rate must be in (0, 1), got {rate!r}")
+    lo, hi = 0.0, spec.scale
+    while spurious_rate(spec, hi) > rate:
+        lo, hi = hi, hi * 2
+    g = spec.granularity
+    lo_u, hi_u = math.floor(lo / g), math.ceil(hi / g)
+    while hi_u - lo_u > 1:
+        mid = (lo_u + hi_u) // 2
+        if spurious_rate(spec, mid * g) > rate:
+            lo_u = mid
+        else:
+            hi_u = mid
+    return hi_u * g

@@ -65,7 +65,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-import numpy as np
 import pyarrow as pa
 
 from accounting import gcs, guarantee
@@ -73,11 +72,15 @@ from accounting.budget import PrivacyBudget
 from accounting.calibration import NoiseKind, NoiseSpec, calibrate, calibrate_zcdp
 from accounting.ledger import Scope
 from accounting.measures import Measure
-from accounting.sensitivity import ContributionBounds, Neighbouring, Sensitivities, count_sensitivity
+from accounting.sensitivity import ContributionBounds, Sensitivities, count_sensitivity
 from pipelines.release.names import check_segment
+from transforms.keyset import PublicKeyset
 
 CONFIG_VERSION = 1
-KEY_COLUMNS = ("campaign_id", "banner_id", "country", "project", "date")
+#: The CentralNotice key: columns and Arrow types (inputs, keyset and released table share it).
+KEY_SCHEMA = pa.schema([("campaign_id", pa.string()), ("banner_id", pa.string()),
+                        ("country", pa.string()), ("project", pa.string()), ("date", pa.date32())])
+KEY_COLUMNS = tuple(KEY_SCHEMA.names)
 
 #: ISO 3166-1 alpha-2 codes (officially assigned, 249) plus XK (Kosovo, user-assigned but
 #: used by Wikimedia and most geolocation databases).
@@ -301,29 +304,23 @@ class CampaignConfig:
         n_dates = len(self.dates() if dates is None else dates)
         return len(self.banners) * len(self.released_countries()) * len(self.projects) * n_dates
 
-    def keyset(self, dates: Optional[Sequence[_dt.date]] = None) -> pa.Table:
-        """The public keyset: banners x released countries x projects x dates (``date`` is date32).
-
-        ``dates`` restricts it to some of the campaign's dates (e.g. one daily release).
+    def public_keyset(self, dates: Optional[Sequence[_dt.date]] = None) -> PublicKeyset:
+        """The public keyset: banners x released countries x projects x dates, as the project's
+        one cross-product keyset (:meth:`transforms.keyset.PublicKeyset.cross_product`; row-major,
+        dates fastest). ``dates`` restricts it to some of the campaign's dates (one daily release).
         """
         dates = self.dates() if dates is None else list(dates)
         outside = [d for d in dates if not self.start_date <= d <= self.end_date]
         if outside:
             raise ValueError(f"dates {outside[:3]} are outside campaign {self.campaign_id!r} "
                              f"({self.start_date}..{self.end_date})")
-        axes = [self.banners, self.released_countries(), self.projects, dates]
-        sizes = [len(a) for a in axes]
-        total = int(np.prod(sizes))
-        # Row r of the product has index (r // stride_i) % size_i on axis i (last axis fastest).
-        strides = np.cumprod([1] + sizes[::-1][:-1])[::-1]
-        rows = np.arange(total, dtype=np.int64)
-        columns = {"campaign_id": pa.array([self.campaign_id]).take(pa.array(np.zeros(total, np.int32)))}
-        names = ["banner_id", "country", "project", "date"]
-        types = [pa.string(), pa.string(), pa.string(), pa.date32()]
-        for name, axis, size, stride, typ in zip(names, axes, sizes, strides, types):
-            index = (rows // stride) % size
-            columns[name] = pa.array(list(axis), typ).take(pa.array(index.astype(np.int32)))
-        return pa.table(columns)
+        axes = [[self.campaign_id], self.banners, self.released_countries(), self.projects, dates]
+        return PublicKeyset.cross_product({f.name: pa.array(list(axis), f.type)
+                                           for f, axis in zip(KEY_SCHEMA, axes)})
+
+    def keyset(self, dates: Optional[Sequence[_dt.date]] = None) -> pa.Table:
+        """:meth:`public_keyset` materialised (``date`` is date32)."""
+        return self.public_keyset(dates).to_table().combine_chunks()
 
     def noise_specs(self) -> dict[str, NoiseSpec]:
         return {"impressions": self.impressions.noise_spec(), "clicks": self.clicks.noise_spec()}

@@ -10,7 +10,7 @@ Files written by :func:`generate_dataset` (``--format parquet`` or ``csv``):
     banner was actually shown, including countries on the protection list (the raw data has
     them; the release drops them through the keyset). With ``bad_rows > 0`` some rows are made
     faulty (missing, negative or fractional impressions) and some keys duplicated, to exercise
-    :func:`transforms.impressions_split.clean_impressions`; the column is then float64 (CSV:
+    :func:`pipelines.centralnotice_impressions.clean_impressions`; the column is then float64 (CSV:
     empty cells for missing values).
 ``clicks.{parquet,csv}`` -- one row per click
     the same five key columns plus ``user_id`` string (``acct-<n>`` for logged-in users,
@@ -43,7 +43,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from accounting.calibration import NoiseKind, calibrate, calibrate_zcdp
-from pipelines.centralnotice_config import ISO_3166_ALPHA2, CentralNoticeConfig, parse_config
+from pipelines.centralnotice_config import (ISO_3166_ALPHA2, KEY_COLUMNS, CentralNoticeConfig,
+                                            parse_config)
 
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample_data", "centralnotice")
 SAMPLE_SEED = 20231101
@@ -324,7 +325,7 @@ def generate_clicks(impressions: pa.Table, n_clicks: int, rng: np.random.Generat
     """
     if n_clicks <= 0:
         return pa.table({name: pa.array([], impressions.schema.field(name).type)
-                         for name in ("campaign_id", "banner_id", "country", "project", "date")}
+                         for name in KEY_COLUMNS}
                         | {"user_id": pa.array([], pa.string())})
     weights = pc.fill_null(pc.cast(impressions.column("impressions"), pa.float64()), 0.0).to_numpy()
     weights = np.clip(weights, 0.0, None)
@@ -355,7 +356,7 @@ def generate_clicks(impressions: pa.Table, n_clicks: int, rng: np.random.Generat
     row = np.where(first, home_row, np.where(in_home_group, within, by_impressions(n_clicks)))
     shuffle = rng.permutation(n_clicks)
     row, user = row[shuffle], user[shuffle]
-    keys = impressions.select(["campaign_id", "banner_id", "country", "project", "date"]) \
+    keys = impressions.select(list(KEY_COLUMNS)) \
         .take(pa.array(row))
     return keys.append_column("user_id", _user_ids(n_users, rng).take(pa.array(user)))
 

@@ -1,4 +1,7 @@
-"""Algorithm 1's split of pre-aggregated impressions into blocks of k, without materialising blocks.
+"""CentralNotice impressions: Algorithm 1's split of pre-aggregated rows into blocks of k, without
+materialising blocks, and the job's rule for bad impression rows (pure: no Beam; the job's DoFns in
+:mod:`pipelines.centralnotice` call it per batch). Key columns are the job's
+(:data:`pipelines.centralnotice_config.KEY_COLUMNS`).
 
 The CentralNotice impressions table is pre-aggregated: a row says "n impressions of this banner
 in this (country, project, date)", with no user attached. Algorithm 1 of the Wikimedia
@@ -50,9 +53,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from accounting.validation import check_positive_int
+from pipelines.centralnotice_config import KEY_COLUMNS
 from transforms.partials import check_int64_sums
 
-KEY_COLUMNS = ("campaign_id", "banner_id", "country", "project", "date")
 IMPRESSIONS = "impressions"
 #: Largest accepted impressions count of one row (exact in float64; per-key sums are checked).
 MAX_IMPRESSIONS = 2 ** 53
