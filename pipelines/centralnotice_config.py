@@ -38,7 +38,8 @@ Schema (all fields required unless marked optional)::
       }]
     }
 
-Meaning (reference.md section 1): impressions use Algorithm 1 -- blocks of ``k`` impressions are
+Meaning (the Wikimedia CentralNotice feasibility report, seed
+001_4177a0bca025ff82.txt): impressions use Algorithm 1 -- blocks of ``k`` impressions are
 the privacy unit, sensitivity ``k`` (L1 = L2: a block touches one key); ``neighbouring``
 "period" is (Geo, Project, k)-DP per release period, "campaign" is (Geo, Project, Campaign,
 k)-DP. Clicks are counted with sensitivity 1 (row-DP) or ``max_clicks_per_user`` (user-DP after

@@ -2,7 +2,7 @@
 
 Files written by :func:`generate_dataset` (``--format parquet`` or ``csv``):
 
-``impressions.{parquet,csv}`` -- pre-aggregated, one row per key (reference.md section 1)
+``impressions.{parquet,csv}`` -- pre-aggregated, one row per key (seed 001_4177a0bca025ff82.txt)
     ``campaign_id`` string, ``banner_id`` string, ``country`` string (ISO 3166-1 alpha-2),
     ``project`` string (e.g. ``de.wikipedia``), ``date`` date32 (CSV: ``YYYY-MM-DD``),
     ``impressions`` int64 (heavy-tailed: log-normal around a popularity-driven mean, so most
