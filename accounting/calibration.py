@@ -85,7 +85,7 @@ class NoiseKind(str, enum.Enum):
             raise ValueError(f"noise kind must be one of {[k.value for k in cls]}, got {value!r}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NoiseSpec:
     """How much noise one measure gets, and the guarantee it buys.
 
@@ -301,12 +301,14 @@ def calibrate(kind, *, epsilon: float, delta: float = 0.0, l1_sensitivity: float
         if kind is NoiseKind.DISCRETE_GAUSSIAN:
             unit_sens = math.ceil(l2) if l0 == 1 else l2
             sigma = discrete_gaussian_sigma(epsilon, delta, unit_sens, l0)
-            return NoiseSpec(kind, epsilon, delta, sigma, 1.0, l1_sensitivity, l2, l0,
+            return NoiseSpec(kind=kind, epsilon=epsilon, delta=delta, scale=sigma, granularity=1.0,
+                             l1_sensitivity=l1_sensitivity, l2_sensitivity=l2, l0=l0,
                              unit_sensitivity=unit_sens, unit_scale=sigma)
         grid = grid_for_scale(analytic_gaussian_sigma(epsilon, delta, l2))
         unit_sens = math.ceil(l2 / grid + math.sqrt(l0))
         unit_sigma = analytic_gaussian_sigma(epsilon, delta, unit_sens)
-        return NoiseSpec(kind, epsilon, delta, unit_sigma * grid, grid, l1_sensitivity, l2, l0,
+        return NoiseSpec(kind=kind, epsilon=epsilon, delta=delta, scale=unit_sigma * grid,
+                         granularity=grid, l1_sensitivity=l1_sensitivity, l2_sensitivity=l2, l0=l0,
                          unit_sensitivity=unit_sens, unit_scale=unit_sigma)
     if l1_sensitivity is None:
         raise ValueError(f"l1_sensitivity is required for {kind.value} noise")
@@ -314,12 +316,14 @@ def calibrate(kind, *, epsilon: float, delta: float = 0.0, l1_sensitivity: float
     if kind is NoiseKind.DISCRETE_LAPLACE:
         unit_sens = math.ceil(l1)
         unit_scale = round_up_scale(unit_sens / epsilon)
-        return NoiseSpec(kind, epsilon, delta, unit_scale, 1.0, l1, l2_sensitivity, l0,
+        return NoiseSpec(kind=kind, epsilon=epsilon, delta=delta, scale=unit_scale, granularity=1.0,
+                         l1_sensitivity=l1, l2_sensitivity=l2_sensitivity, l0=l0,
                          unit_sensitivity=unit_sens, unit_scale=unit_scale)
     grid = grid_for_scale(l1 / epsilon)
     unit_sens = math.ceil(l1 / grid) + l0
     unit_scale = round_up_scale(unit_sens / epsilon)
-    return NoiseSpec(kind, epsilon, delta, unit_scale * grid, grid, l1, l2_sensitivity, l0,
+    return NoiseSpec(kind=kind, epsilon=epsilon, delta=delta, scale=unit_scale * grid, granularity=grid,
+                     l1_sensitivity=l1, l2_sensitivity=l2_sensitivity, l0=l0,
                      unit_sensitivity=unit_sens, unit_scale=unit_scale)
 
 
@@ -340,10 +344,12 @@ def calibrate_zcdp(kind, *, rho: float, l2_sensitivity: float, l0: int = 1,
     if kind is NoiseKind.DISCRETE_GAUSSIAN:
         unit_sens = int(l2) if l0 == 1 and float(l2).is_integer() else l2
         sigma = gaussian_sigma_for_rho(rho, l2)
-        return NoiseSpec(kind, eps, delta_for_reporting, sigma, 1.0, None, l2, l0, rho=rho,
+        return NoiseSpec(kind=kind, epsilon=eps, delta=delta_for_reporting, scale=sigma, granularity=1.0,
+                         l2_sensitivity=l2, l0=l0, rho=rho,
                          unit_sensitivity=unit_sens, unit_scale=sigma)
     grid = grid_for_scale(gaussian_sigma_for_rho(rho, l2))
     unit_sens = math.ceil(l2 / grid + math.sqrt(l0))
     unit_sigma = gaussian_sigma_for_rho(rho, unit_sens)
-    return NoiseSpec(kind, eps, delta_for_reporting, unit_sigma * grid, grid, None, l2, l0, rho=rho,
+    return NoiseSpec(kind=kind, epsilon=eps, delta=delta_for_reporting, scale=unit_sigma * grid,
+                     granularity=grid, l2_sensitivity=l2, l0=l0, rho=rho,
                      unit_sensitivity=unit_sens, unit_scale=unit_sigma)

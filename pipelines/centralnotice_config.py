@@ -213,7 +213,7 @@ def _segment(value, path: str) -> str:
 
 # --------------------------------------------------------------------------- the schema
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ImpressionsPrivacy:
     """Algorithm 1: blocks of ``k`` impressions are the privacy unit (sensitivity k)."""
 
@@ -233,7 +233,7 @@ class ImpressionsPrivacy:
                          l1_sensitivity=self.k, l2_sensitivity=self.k)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ClicksPrivacy:
     """Algorithm 2: one click row (row-DP) or one user's bounded clicks (user-DP) per key count."""
 
@@ -267,7 +267,7 @@ class ClicksPrivacy:
                          l1_sensitivity=self.sensitivity, l2_sensitivity=self.sensitivity, l0=self.l0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ScheduledRelease:
     """One scheduled release: its ledger id, the periods it charges and the dates it covers."""
 
@@ -277,7 +277,7 @@ class ScheduledRelease:
     dates: tuple[_dt.date, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CampaignConfig:
     campaign_id: str
     banners: tuple[str, ...]
@@ -400,14 +400,16 @@ class CampaignConfig:
     def releases(self) -> list[ScheduledRelease]:
         """The release schedule: one per date (``daily``) or one for the whole campaign."""
         if self.schedule == "daily":
-            return [ScheduledRelease(f"{self.campaign_id}/{d.isoformat()}", self.campaign_id,
-                                     (d.isoformat(),), (d,)) for d in self.dates()]
+            return [ScheduledRelease(release_id=f"{self.campaign_id}/{d.isoformat()}",
+                                     campaign_id=self.campaign_id, periods=(d.isoformat(),),
+                                     dates=(d,)) for d in self.dates()]
         dates = tuple(self.dates())
-        return [ScheduledRelease(f"{self.campaign_id}/{self.start_date}_{self.end_date}",
-                                 self.campaign_id, tuple(d.isoformat() for d in dates), dates)]
+        return [ScheduledRelease(release_id=f"{self.campaign_id}/{self.start_date}_{self.end_date}",
+                                 campaign_id=self.campaign_id,
+                                 periods=tuple(d.isoformat() for d in dates), dates=dates)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CentralNoticeConfig:
     campaigns: tuple[CampaignConfig, ...]
     protected_countries: frozenset
@@ -589,7 +591,8 @@ def parse_config(data: Any, source: str = "<config>") -> CentralNoticeConfig:
     for i, cid in enumerate(ids):
         if cid in ids[:i]:
             raise ConfigError(f"campaigns[{i}].campaign_id", f"duplicate campaign id {cid!r}")
-    return CentralNoticeConfig(campaigns, protected, accountant, source, dict(data))
+    return CentralNoticeConfig(campaigns=campaigns, protected_countries=protected,
+                               accountant=accountant, source=source, raw=dict(data))
 
 
 def load_config(path: str) -> CentralNoticeConfig:

@@ -143,7 +143,7 @@ def true_values_by_campaign(campaigns: Sequence[CampaignConfig], impressions: Op
 
 # --------------------------------------------------------------------------- the report
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TuningRow:
     campaign_id: str
     measure: str
@@ -168,10 +168,12 @@ def _row(campaign, measure, k, spec, threshold_of, values, keys) -> TuningRow:
     rate = spurious_rate(spec, threshold)
     empty = keys if values is None else int(np.sum(values == 0))
     return TuningRow(
-        campaign.campaign_id, measure, k, spec.epsilon, spec.delta, spec.rho, spec.kind.value,
-        spec.l1_sensitivity if spec.l1_sensitivity is not None else spec.l2_sensitivity,
-        spec.scale, spec.std, spec.ci_halfwidth(0.95), threshold, keys,
-        None if values is None else suppressed_share(spec, threshold, values), rate, rate * empty)
+        campaign_id=campaign.campaign_id, measure=measure, k=k, epsilon=spec.epsilon,
+        delta=spec.delta, rho=spec.rho, noise=spec.kind.value,
+        sensitivity=spec.l1_sensitivity if spec.l1_sensitivity is not None else spec.l2_sensitivity,
+        scale=spec.scale, std=spec.std, ci95=spec.ci_halfwidth(0.95), threshold=threshold, keys=keys,
+        share_suppressed=None if values is None else suppressed_share(spec, threshold, values),
+        spurious_rate=rate, expected_spurious_keys=rate * empty)
 
 
 def tune_campaign(campaign: CampaignConfig, ks: Sequence[int], epsilons: Sequence[float], *,

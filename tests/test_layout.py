@@ -53,3 +53,38 @@ def test_centralnotice_product_code_lives_beside_its_job():
     repeats = [path for path, text in _sources() if path.startswith(("pipelines", "transforms"))
                and key_tuple.search(text)]
     assert repeats == []
+
+
+#: Parameter objects still positional (their callers, and other branches, use positional
+#: arguments widely); mutable dataclasses that are accumulators, not parameter objects.
+#: Shrink this list, never grow it.
+NOT_YET_KEYWORD_ONLY = {
+    "ContributionBounds", "Sensitivities", "PrivateSelection", "Event", "SketchConfig",
+    "ReachFrequencyBudget", "ImpressionColumns", "RunnerCase", "Resolved", "RunnerProfile",
+    "ReleasePlan", "RowCounts", "FetchResult",
+}
+
+
+def test_parameter_objects_are_frozen_and_keyword_only():
+    found = {}
+    for path, text in _sources():
+        # ARA tooling is being moved by another branch (transforms/ara -> pipelines): its own
+        # follow-up converts it.
+        if path.startswith(("tests", "benchmarks")) or any(
+                part.startswith("ara") for part in path.split(os.sep)):
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for deco in node.decorator_list:
+                call = deco if isinstance(deco, ast.Call) else None
+                target = call.func if call else deco
+                name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+                if name != "dataclass":
+                    continue
+                flags = {k.arg for k in (call.keywords if call else [])
+                         if isinstance(k.value, ast.Constant) and k.value.value is True}
+                found[node.name] = (path, {"frozen", "kw_only"} <= flags)
+    loose = sorted(name for name, (_, ok) in found.items() if not ok)
+    assert [n for n in loose if n not in NOT_YET_KEYWORD_ONLY] == []
+    assert set(NOT_YET_KEYWORD_ONLY) <= set(loose), sorted(set(NOT_YET_KEYWORD_ONLY) - set(loose))
