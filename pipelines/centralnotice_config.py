@@ -43,7 +43,9 @@ Meaning (the Wikimedia CentralNotice feasibility report, seed
 the privacy unit, sensitivity ``k`` (L1 = L2: a block touches one key); ``neighbouring``
 "period" is (Geo, Project, k)-DP per release period, "campaign" is (Geo, Project, Campaign,
 k)-DP. Clicks are counted with sensitivity 1 (row-DP) or ``max_clicks_per_user`` (user-DP after
-bounding each user per period or per campaign). The keyset -- banners x countries (minus the
+bounding each user per period or per campaign). A user's m clicks can fall on up to m keys, so
+user-DP discrete Gaussian clicks are calibrated for L0 = m with the multivariate zCDP bound, not
+on the one-key discrete Gaussian curve (:mod:`accounting.calibration`, "Multi-key changes"). The keyset -- banners x countries (minus the
 protection list) x projects x dates -- is public, fixed by the configuration, never by data.
 
 The whole schedule must fit the budget: every release is charged both measures, and the
