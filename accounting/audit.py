@@ -116,7 +116,7 @@ class Release:
         object.__setattr__(self, "files", tuple(self.files))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Failed:
     """A run that raised: its exception type (the outcome an observer sees)."""
 
@@ -594,7 +594,7 @@ def _run(job, dataset, seed, exact):
     try:
         release = job(dataset, seed, exact)
     except Exception as error:  # an observable outcome, compared like any output
-        return _Failed(type(error).__name__ + (f": {error}"[:300] if str(error) else ""))
+        return _Failed(error=type(error).__name__ + (f": {error}"[:300] if str(error) else ""))
     if not isinstance(release, Release):
         raise TypeError(f"the job must return an audit.Release, got {type(release).__name__}")
     return release

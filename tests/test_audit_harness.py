@@ -119,7 +119,7 @@ def test_structural_checks():
     assert "files" in checks(released([(k, 1) for k in KEYS], files=("t.csv", "extra.csv")), exact=False)
     assert "report text" in checks(released([(k, 1) for k in KEYS], note="3 rows dropped"), exact=False)
     assert "schema" in checks(released([(k, 1) for k in KEYS], types=("string", "double")), exact=False)
-    assert "outcome" in {c for c, _ in A.compare(spec, base, A._Failed("ValueError: x"), exact=False)}
+    assert "outcome" in {c for c, _ in A.compare(spec, base, A._Failed(error="ValueError: x"), exact=False)}
     moved = released([("a", 4), ("b", 4), ("c", 4), ("d", 1)])
     assert {"sensitivity l0", "sensitivity linf", "sensitivity l1", "changed keys"} <= checks(moved, exact=True)
     assert checks(moved, exact=False) == set()   # noisy mode: values are noisy
