@@ -194,7 +194,8 @@ class JobAudit:
     a rule's own ``bounds`` are for transforms without a plan. reports: rules of non-marker
     reports. datasets: the small datasets to audit. relation: "add_remove" or "substitute".
     changes: the neighbours to build (default: every change of the relation), in the exact mode;
-    noisy_changes: those run again in the noisy testing mode (default: the same). keys_private:
+    noisy_changes: those run again in the noisy testing mode (default: the same; () for none).
+    keys_private:
     the marker's row counts are noisy (private key selection, thresholds).
     """
 
@@ -258,6 +259,8 @@ def audit_job(entry, *, job=None, datasets: Sequence[Dataset] = None,
         spec = dataclasses.replace(spec, job=job)
     exact = audit(dataclasses.replace(spec, modes=("exact",)), datasets, changes=changes, seed=seed)
     noisy_changes = changes if changes is not None else entry.noisy_changes
+    if noisy_changes is not None and not noisy_changes:
+        return exact   # an exact-only audit (noisy_changes=())
     noisy = audit(dataclasses.replace(spec, modes=("noisy",)), datasets, changes=noisy_changes,
                   seed=seed)
     return AuditResult(violations=exact.violations + noisy.violations,
@@ -454,6 +457,9 @@ def _aggregate_audits() -> list[JobAudit]:
                         noisy_changes=noisy),
         aggregate_audit("dp_aggregate/selection", selection, units, data, changes=exact_changes,
                         noisy_changes=noisy),
+        # the dict / Row input path: one batch may mix id types
+        aggregate_audit("dp_aggregate/keyset/dicts", keyset.with_(input="dicts"), units, data,
+                        changes=(Change.ADD_MIXED_IDS, Change.REBATCH), noisy_changes=()),
         aggregate_audit("dp_aggregate/selection/substitute", selection.with_(**substitute), units,
                         data, changes=substitute_changes, noisy_changes=noisy_substitute),
     ]
