@@ -118,11 +118,14 @@ def test_thresholds_suppress_keys_or_values():
     rows = [{"user": f"u{i}", "country": "DE", "v": 1.0} for i in range(200)]
     rows += [{"user": "a", "country": "FR", "v": 1.0}]
     keyset = PublicKeyset.from_keys(["DE", "FR", "IT"], ["country"])
+    key = ReleaseKey.for_testing(8)  # one key object drives one release: derive one per release
     common = dict(privacy_unit="user", keys=["country"], value="v", bounds=BOUNDS,
-                  budget=PrivacyBudget(epsilon=2.0), keyset=keyset, release_key=ReleaseKey.for_testing(8))
-    by_key = _run(rows, DPAggregate(metrics=[Count(threshold=50)], **common))
+                  budget=PrivacyBudget(epsilon=2.0), keyset=keyset)
+    by_key = _run(rows, DPAggregate(metrics=[Count(threshold=50)], release_key=key.derive("by key"),
+                                    **common))
     assert [r["country"] for r in by_key] == ["DE"]
-    by_value = _run(rows, DPAggregate(metrics=[Count(threshold=50), Sum()], threshold_mode="value", **common))
+    by_value = _run(rows, DPAggregate(metrics=[Count(threshold=50), Sum()], threshold_mode="value",
+                                      release_key=key.derive("by value"), **common))
     got = {r["country"]: r for r in by_value}
     assert set(got) == {"DE", "FR", "IT"} and got["FR"]["count"] is None and got["DE"]["count"] > 50
 

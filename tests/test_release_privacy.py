@@ -169,3 +169,96 @@ def test_private_selection_is_calibrated_for_substitution(strategy):
         worst = max(worst, p_d - np.exp(epsilon) * p_d2)
     assert worst <= delta  # calibrated for L0 keys instead, truncated geometric gives ~0.07
     assert selector.max_partitions == 2 * l0
+
+
+# --------------------------------------------------------------------------- point 4: key reuse
+
+def _aggregate(**kwargs):
+    args = dict(privacy_unit="u", keys=["k"], metrics=[Count()], bounds=ONE,
+                keyset=PublicKeyset.from_keys(["x"], ["k"]), budget=PrivacyBudget(epsilon=1.0))
+    args.update(kwargs)
+    return DPAggregate(**args)
+
+
+def test_one_dp_aggregate_applied_twice_raises():
+    from accounting.keys import KeyReuseError
+
+    aggregate = _aggregate(release_key=ReleaseKey.generate())
+    p = beam.Pipeline()
+    day1 = p | "Day1" >> beam.Create([pa.table({"u": [1], "k": ["x"]})])
+    day2 = p | "Day2" >> beam.Create([pa.table({"u": [1, 2], "k": ["x", "x"]})])
+    day1 | "Release1" >> aggregate
+    with pytest.raises(KeyReuseError, match="bounding"):
+        day2 | "Release2" >> aggregate
+
+
+def test_two_transforms_cannot_share_a_key_object_but_derived_keys_are_fine():
+    from accounting.keys import KeyReuseError
+
+    key = ReleaseKey.generate()
+    p = beam.Pipeline()
+    rows = p | beam.Create([pa.table({"u": [1], "k": ["x"]})])
+    rows | "A" >> _aggregate(release_key=key.derive("a"))
+    rows | "B" >> _aggregate(release_key=key.derive("b"))
+    rows | "C" >> _aggregate(release_key=key)
+    with pytest.raises(KeyReuseError):
+        rows | "D" >> _aggregate(release_key=key)
+
+
+def test_reach_frequency_release_claims_its_keys():
+    from accounting.keys import KeyReuseError
+    from transforms.sketches.beam import ReleaseReachFrequency
+    from transforms.sketches.dp import ReachFrequencyBudget
+    from transforms.sketches.liquid_legions import SketchConfig
+
+    release = ReleaseReachFrequency(SketchConfig(100, 10.0), ReachFrequencyBudget(1.0, 1),
+                                    ReleaseKey.generate(), max_frequency=3)
+    p = beam.Pipeline()
+    sketches = p | beam.Create([])
+    sketches | "Once" >> release
+    with pytest.raises(KeyReuseError):
+        sketches | "Twice" >> release
+
+
+# --------------------------------------------------------------------------- point 6: names
+
+@pytest.mark.parametrize("metrics", [[Count(name="key_selection")],
+                                     [Count(name="x.count")],
+                                     [Count(), PrivacyUnitCount(name="mean.normalized_sum")]])
+def test_reserved_measure_names_are_refused(metrics):
+    with pytest.raises(ValueError, match="reserved"):
+        _aggregate(metrics=metrics, keyset=None, selection=PrivateSelection(),
+                   budget=PrivacyBudget(epsilon=1.0, delta=1e-6))
+
+
+def test_budget_check_counts_private_selection():
+    from transforms.metrics import check_within_budget, plan_measures
+
+    plan, _, share = plan_measures([Count()], ONE, PrivacyBudget(epsilon=1.0, delta=1e-6),
+                                   selection_weight=1.0, selection_needs_delta=True)
+    check_within_budget(plan, (share.epsilon, share.delta))            # 0.5 + 0.5 = 1.0
+    with pytest.raises(ValueError, match="beyond the declared budget"):
+        check_within_budget(plan, (1.0, share.delta))                   # 0.5 + 1.0 > 1.0
+
+
+def test_noisy_release_refuses_the_selection_stream_as_a_measure_name():
+    from transforms.release import NoisyMeasure, NoisyRelease, OutputColumn
+
+    with pytest.raises(ValueError, match="key_selection"):
+        NoisyRelease(keys=["k"], measures=[NoisyMeasure(name="key_selection", partial="count")],
+                     outputs=[OutputColumn(name="c", measure="key_selection")],
+                     partial_types={"count": pa.int64()}, release_key=ReleaseKey.for_testing(1),
+                     keyset=PublicKeyset.from_keys(["x"], ["k"]), testing=True)
+
+
+def test_the_runner_check_takes_no_secret_or_stored_key(capsys):
+    """runners.demo_release is a runner check outside the ledger: it only runs from a public
+    testing seed, so no secret key can be applied to changed input or drawn afresh per run."""
+    from runners.demo_release import parse_args
+
+    base = ["--input", "x.csv", "--output", "o.csv", "--key_column", "k", "--keys", "a",
+            "--epsilon", "1"]
+    with pytest.raises(SystemExit):
+        parse_args(base)  # no seed: refused, never a fresh secret key
+    args, _ = parse_args(base + ["--testing_seed", "3"])
+    assert args.testing_seed == 3 and not hasattr(args, "release_key_file")

@@ -37,6 +37,12 @@ NaN / infinite value drops the row; values outside the clamping range are clampe
 ``clamped_below_min`` / ``clamped_above_max``); rows whose key is outside the public keyset, or
 excluded from it, are dropped.
 
+Keys: every random choice derives from ``release_key``. A key object drives each purpose once
+(:meth:`accounting.keys.ReleaseKey.claim`): one ``DPAggregate`` applied twice, or two transforms
+given the same key object, raise :class:`~accounting.keys.KeyReuseError` at pipeline
+construction, because the same noise on other input would cancel in the difference. Give each
+release a fresh key (the ledger issues one), or ``key.derive(label)`` for a second aggregation.
+
 Testing mode (``testing=True``) is for users' own unit tests: bounding as in a release, no noise,
 and it refuses a secret release key, so it cannot make a real release.
 """
@@ -69,6 +75,8 @@ from transforms.release import NoisyRelease, OutputColumn, keyset_tables
 from transforms.selection import PrivateSelection, Selector
 
 NAMESPACE = "dp_aggregate"
+#: What bounding claims of its release key (ReleaseKey.claim): the priorities' sub-keys.
+BOUNDING_PURPOSE = "bounding"
 #: Rows buffered per Arrow batch when the input is dicts / Rows.
 DICT_BATCH_ROWS = 20_000
 #: Rows held by a bounding accumulator before it re-bounds them.
@@ -304,6 +312,9 @@ class BoundedKeyPartials(beam.PTransform):
 
     def expand(self, pcoll):
         c = self._c
+        # One application per key object: the same priorities on other input would keep rows
+        # chosen by the same secret, and two transforms must not share a stream.
+        c.release_key.claim(BOUNDING_PURPOSE, owner=f"{type(self).__name__} {self.label!r}")
         columns = [c.unit, *c.keys] + ([c.value] if c.value else [])
         side = {}
         if self._keyset_pcollection is not None:
@@ -353,6 +364,9 @@ class DPAggregate(beam.PTransform):
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         metrics = list(metrics)
+        clash = sorted({m.column for m in metrics} & set(keys))
+        if clash:
+            raise ValueError(f"metric names {clash} are key columns: give the metrics other names")
         needs_value = any(m.needs_value for m in metrics)
         if needs_value and not value:
             raise ValueError("sum and mean metrics need a value column (value=...)")

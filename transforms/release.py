@@ -6,7 +6,8 @@ partial columns; a key may appear in many tables). The stage
 1. routes partials to key shards by a public hash of the key and sums them (a CombineFn);
 2. chooses the released keys: a public keyset (left join, so keys without rows get zeros and
    no key outside the keyset survives), or private key selection over the keys seen;
-3. draws each measure's noise per key from the release key and the measure's name;
+3. draws each measure's noise per key from the release key and the measure's name (each name
+   once per key object: :meth:`accounting.keys.ReleaseKey.claim` at construction);
 4. computes the output columns (a measure, or a mean from two measures) and applies release
    thresholds, which are post-processing.
 
@@ -42,6 +43,14 @@ from accounting.keys import ReleaseKey
 from transforms.noise import RandomStreams, add_noise
 
 NAMESPACE = "dp_release"
+#: The stream purpose of private key selection's random decisions: a name no measure can take
+#: (DPAggregate refuses it as a metric name; NoisyRelease refuses it as a measure name).
+SELECTION_PURPOSE = "key_selection"
+
+
+def noise_purpose(name: str) -> str:
+    """The key claim (ReleaseKey.claim) of the noise stream labelled ``name``."""
+    return f"noise:{name}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,7 +214,7 @@ class _NoiseAndRelease(beam.DoFn):
             table = value
             if table is None or not table.num_rows:
                 return
-            streams = RandomStreams.for_keys(self._s.release_key, "key_selection", table.select(self._s.keys))
+            streams = RandomStreams.for_keys(self._s.release_key, SELECTION_PURPOSE, table.select(self._s.keys))
             keep = self._s.selector.keep(table.column("units").to_numpy(zero_copy_only=False), streams)
             Metrics.counter(NAMESPACE, "keys_selected").inc(int(keep.sum()))
             table = table.filter(pa.array(keep))
@@ -272,6 +281,10 @@ class NoisyRelease(beam.PTransform):
             raise ValueError(f"threshold_mode must be 'key' or 'value', got {threshold_mode!r}")
         if not testing and any(m.spec is None for m in measures):
             raise ValueError("every measure needs a noise spec outside testing mode")
+        names = [m.name for m in measures]
+        if len(set(names)) != len(names) or SELECTION_PURPOSE in names:
+            raise ValueError(f"measure names must be unique and not {SELECTION_PURPOSE!r} (they "
+                             f"label the noise streams), got {names}")
         if selector is not None and "units" not in partial_types:
             raise ValueError("private key selection needs a 'units' partial column")
         self._keys = list(keys)
@@ -283,6 +296,11 @@ class NoisyRelease(beam.PTransform):
                                           threshold_mode)
 
     def expand(self, partials):
+        owner = f"{type(self).__name__} {self.label!r}"
+        for m in self._settings.measures:
+            self._settings.release_key.claim(noise_purpose(m.name), owner=owner)
+        if self._settings.selector is not None:
+            self._settings.release_key.claim(noise_purpose(SELECTION_PURPOSE), owner=owner)
         keyset = self._keyset
         worker_keyset = self._settings.keyset
         totals = (partials
