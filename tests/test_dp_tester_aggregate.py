@@ -1,0 +1,211 @@
+"""The DP tester, end to end on small DPAggregate releases (issue 10, "a sharper DP tester").
+
+Every sample is one whole release of the real transform: :func:`aggregate_kit.sample_releases`
+runs ``n`` independent releases of one small dataset in a single FnApiRunner pipeline (the rows
+replicated under a public replica key, each replica with its own privacy units; noise, selection
+and bounding are keyed PRFs of the output key, so replicas draw independent randomness), and
+:class:`accounting.dp_tester.ReleaseLayout` turns the released rows into one vector per release.
+
+Each test checks the fixed code against its stated guarantee (``DPAggregate.guarantee()``) and a
+test-only broken variant that re-introduces a bug of issue 10:
+
+* point 3: private selection calibrated for L0 changed keys under substitution (which changes
+  2·L0 keys) -- caught by the joint event "key i released and key j not", invisible per key;
+* a noise-grid bug: integer noise drawn on a grid of 2 -- caught by the parity projection,
+  invisible to threshold and bin events on the value;
+* point 1: the keyset join's keys-with-rows-first order -- caught by "key i emitted before j".
+
+Error rates. Keys are fixed testing keys (``ReleaseKey.for_testing``), so every run is the same
+run. Over the choice of keys, a passing check on a correct mechanism fails with probability at
+most ``1 - CONFIDENCE`` = 1e-3 (the tester's union bound; see accounting/dp_tester.py); each
+broken variant's violation is several times its confidence interval at these sample sizes (the
+margins are stated per test), so missing it has negligible probability.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from accounting.budget import PrivacyBudget
+from accounting.dp_tester import DPTester, ReleaseLayout
+from accounting.keys import ReleaseKey
+from accounting.sensitivity import ContributionBounds, Neighbouring
+from aggregate_kit import AggregateJob, sample_releases
+from transforms import release as release_module
+from transforms.metrics import Count, PrivacyUnitCount, Sum
+from transforms.noise.samplers import discrete_laplace
+from transforms.selection import PrivateSelection, SelectionStrategy, Selector
+
+CONFIDENCE = 0.999
+ONE = ContributionBounds(max_partitions=1, max_contributions_per_partition=1)
+
+
+def units(prefix, n, key, **columns):
+    return [{"user": f"{prefix}{i}", "k": key, **columns} for i in range(n)]
+
+
+def samples(job, rows, n, layout, seed, transform=None):
+    return sample_releases(job, rows, n, layout, key=ReleaseKey.for_testing(seed), transform=transform)
+
+
+def check(outputs_d, outputs_d2, projections, claim, n):
+    """The tester on already drawn outputs (each sampler is a slice of them)."""
+    tester = DPTester(n_samples=n, confidence=CONFIDENCE, projections=projections)
+    return tester.run(lambda m: outputs_d[:m], lambda m: outputs_d2[:m],
+                      epsilon=claim.epsilon, delta=claim.delta)
+
+
+# --------------------------------------------------------------------------------------------
+# Point 3: private selection under substitution
+# --------------------------------------------------------------------------------------------
+
+# L0 = 1, substitution: the replaced unit leaves k1 for k2, so k1 and k2 move in opposite
+# directions. Selection gets 0.9 of epsilon = 1 and all of delta = 1e-3.
+SELECTION_BUDGET = PrivacyBudget(epsilon=1.0, delta=1e-3)
+
+
+def selection_job(strategy):
+    return AggregateJob(keys=("k",), metrics=(PrivacyUnitCount(),), bounds=ONE,
+                        budget=SELECTION_BUDGET, selection=PrivateSelection(strategy, weight=9.0),
+                        neighbouring=Neighbouring.SUBSTITUTE)
+
+
+def substitution_pair(m):
+    """D: k1 holds m units (one of them "x"), k2 holds m - 1; D': "x" replaced by "y" in k2."""
+    background = units("a", m - 1, "k1") + units("b", m - 1, "k2")
+    return (background + [{"user": "x", "k": "k1"}], background + [{"user": "y", "k": "k2"}])
+
+
+def selection_calibrated_for_l0(job, key, keys, keyset):
+    """Test-only broken variant (issue 10 point 3, the old code): the selector calibrated for the
+    bounds' L0 changed keys, ignoring that a substitution changes 2·L0."""
+    aggregate = job.transform(key, False, keys=keys, keyset=keyset)
+    s = aggregate.selector
+    aggregate.selector = Selector(s.selection, s.epsilon, s.delta, job.bounds.max_partitions)
+    return aggregate
+
+
+SELECTION_LAYOUT = ReleaseLayout(keys=("k1", "k2"), values=("privacy_unit_count",))
+
+
+def is_joint(projection: str) -> bool:
+    """"k1 released and k2 not" (or its mirror), or the value difference, whose extreme
+    (missing minus released) is the same event."""
+    return " and not " in projection or " - " in projection
+
+
+@pytest.mark.parametrize("strategy,m", [
+    # m: the units per key where the old calibration's joint event is most exposed.
+    (SelectionStrategy.TRUNCATED_GEOMETRIC, 8),
+    pytest.param(SelectionStrategy.LAPLACE_THRESHOLDING, 9, marks=pytest.mark.slow),
+])
+def test_selection_under_substitution_needs_the_joint_event(strategy, m):
+    job = selection_job(strategy)
+    claim = job.declared().guarantee()
+    assert (claim.epsilon, claim.delta) == pytest.approx((1.0, 1e-3))
+    fixed, old = job.declared().selector, selection_calibrated_for_l0(job, ReleaseKey.for_testing(0),
+                                                                         None, None).selector
+    assert (fixed.max_partitions, old.max_partitions) == (2, 1)
+
+    # Exact event probabilities of the old calibration: the joint event's loss is about twice
+    # the selection's 0.9, per-key events stay within it (margins for the checks below).
+    keep = old.keep_probability
+    joint_d, joint_d2 = keep(m) * (1 - keep(m - 1)), keep(m - 1) * (1 - keep(m))
+    assert math.log((joint_d - claim.delta) / joint_d2) > 1.4 * claim.epsilon
+    assert math.log(keep(m) / keep(m - 1)) < 0.91
+
+    n = 6_000
+    d, d2 = substitution_pair(m)
+    per_key = SELECTION_LAYOUT.projections(pairs=False)
+    everything = SELECTION_LAYOUT.projections()
+
+    # The fixed selection passes with every projection, joint ones included.
+    fixed_d, fixed_d2 = samples(job, d, n, SELECTION_LAYOUT, 1), samples(job, d2, n, SELECTION_LAYOUT, 2)
+    result = check(fixed_d, fixed_d2, everything, claim, n)
+    assert result.passed, result
+
+    # The old calibration: per-key events cannot see it (each key alone is within the claim);
+    # the joint event "k1 released and k2 not" (or its mirror) refutes the claim.
+    old_d = samples(job, d, n, SELECTION_LAYOUT, 3, transform=selection_calibrated_for_l0)
+    old_d2 = samples(job, d2, n, SELECTION_LAYOUT, 4, transform=selection_calibrated_for_l0)
+    assert check(old_d, old_d2, per_key, claim, n).passed
+    result = check(old_d, old_d2, everything, claim, n)
+    assert not result.passed, result
+    assert is_joint(result.worst.event.projection)
+    assert result.epsilon_lower_bound > 1.2
+
+
+# --------------------------------------------------------------------------------------------
+# Noise on the wrong grid: the low-order-bit projection
+# --------------------------------------------------------------------------------------------
+
+def noise_on_a_grid_of_two(spec, values, streams):
+    """Test-only broken variant of ``transforms.noise.add_noise`` for integer kinds: noise of
+    the calibrated scale, but drawn in steps of 2 (2 * DLap(scale / 2)), so every output keeps
+    the exact answer's parity."""
+    values = np.asarray(values)
+    assert spec.kind.is_integer and not spec.kind.is_gaussian
+    return values.astype(np.int64) + 2 * discrete_laplace(streams, spec.unit_scale / 2)
+
+
+# Keyset mode, add/remove: the added unit "x" puts the odd value 201 into key "a". Values range
+# over [0, 256] with epsilon 1: the noise spreads the sum over thousands of values, so the
+# tester treats it as continuous (threshold and bin events on the value).
+GRID_LAYOUT = ReleaseLayout(keys=("a", "b"), values=("sum",))
+
+
+def grid_job():
+    return AggregateJob(keys=("k",), value="v", metrics=(Sum(noise="discrete_laplace"),),
+                        bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1,
+                                                  min_value=0, max_value=256),
+                        budget=PrivacyBudget(epsilon=1.0), public_keys=("a", "b"))
+
+
+def test_noise_on_the_wrong_grid_is_caught_by_the_parity_projection(monkeypatch):
+    job = grid_job()
+    claim = job.declared().guarantee()
+    background = units("a", 3, "a", v=10) + units("b", 2, "b", v=7)
+    d, d2 = background + [{"user": "x", "k": "a", "v": 201}], background
+    n = 3_000
+    parity = GRID_LAYOUT.projections(integer_bits=1)
+    result = check(samples(job, d, n, GRID_LAYOUT, 5), samples(job, d2, n, GRID_LAYOUT, 6),
+                   parity, claim, n)
+    assert result.passed, result
+
+    monkeypatch.setattr(release_module, "add_noise", noise_on_a_grid_of_two)
+    broken_d, broken_d2 = samples(job, d, n, GRID_LAYOUT, 7), samples(job, d2, n, GRID_LAYOUT, 8)
+    assert np.all(np.mod(broken_d[:, GRID_LAYOUT.value("a", "sum")], 2) == 1)   # 221 + even noise
+    assert check(broken_d, broken_d2, GRID_LAYOUT.projections(), claim, n).passed
+    result = check(broken_d, broken_d2, parity, claim, n)
+    assert not result.passed, result
+    assert result.worst.event.projection == "sum[a] mod 2^1"
+    assert result.epsilon_lower_bound > 5 * claim.epsilon
+
+
+# --------------------------------------------------------------------------------------------
+# Point 1: output order
+# --------------------------------------------------------------------------------------------
+
+ORDER_LAYOUT = ReleaseLayout(keys=("a", "b", "c"), values=("count",), order=True)
+
+
+def test_keys_with_rows_first_order_is_caught_by_the_order_projection(monkeypatch):
+    job = AggregateJob(keys=("k",), metrics=(Count(),), bounds=ONE,
+                       budget=PrivacyBudget(epsilon=1.0), public_keys=("a", "b", "c"))
+    claim = job.declared().guarantee()
+    d, d2 = units("a", 2, "a") + [{"user": "x", "k": "c"}], units("a", 2, "a")
+    n = 2_000
+    projections = ORDER_LAYOUT.projections()
+    result = check(samples(job, d, n, ORDER_LAYOUT, 9), samples(job, d2, n, ORDER_LAYOUT, 10),
+                   projections, claim, n)
+    assert result.passed, result
+
+    # The old order: the keyset join's, keys with rows first.
+    monkeypatch.setattr(release_module, "sorted_by_keys", lambda table, keys: table)
+    result = check(samples(job, d, n, ORDER_LAYOUT, 11), samples(job, d2, n, ORDER_LAYOUT, 12),
+                   projections, claim, n)
+    assert not result.passed, result
+    assert result.worst.event.projection.startswith("rank[")
+    assert result.epsilon_lower_bound > 3 * claim.epsilon
