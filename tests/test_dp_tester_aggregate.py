@@ -209,3 +209,37 @@ def test_keys_with_rows_first_order_is_caught_by_the_order_projection(monkeypatc
     assert not result.passed, result
     assert result.worst.event.projection.startswith("rank[")
     assert result.epsilon_lower_bound > 3 * claim.epsilon
+
+
+# --------------------------------------------------------------------------------------------
+# The other modes pass their guarantee, and the same samples refute a smaller claim
+# --------------------------------------------------------------------------------------------
+
+def keyset_substitution():
+    """Keyset, substitution: "x" in key a is replaced by "y" in key b (L1 = 2 over two keys)."""
+    job = AggregateJob(keys=("k",), metrics=(Count(),), bounds=ONE, budget=PrivacyBudget(epsilon=1.0),
+                       public_keys=("a", "b"), neighbouring=Neighbouring.SUBSTITUTE)
+    background = units("a", 3, "a") + units("b", 3, "b")
+    return (job, background + [{"user": "x", "k": "a"}], background + [{"user": "y", "k": "b"}],
+            ReleaseLayout(keys=("a", "b"), values=("count",)))
+
+
+def selection_add_remove():
+    """Private selection, add/remove: "x" joins key k1 (8 units against 7)."""
+    job = selection_job(SelectionStrategy.TRUNCATED_GEOMETRIC).with_(neighbouring=Neighbouring.ADD_REMOVE)
+    background = units("a", 7, "k1") + units("b", 7, "k2")
+    return job, background + [{"user": "x", "k": "k1"}], background, SELECTION_LAYOUT
+
+
+@pytest.mark.parametrize("mode,refuted", [(keyset_substitution, 0.25), (selection_add_remove, 0.45)])
+def test_release_passes_its_guarantee_with_every_projection(mode, refuted):
+    job, d, d2, layout = mode()
+    claim = job.declared().guarantee()
+    n = 6_000
+    projections = layout.projections(integer_bits=1)
+    outputs_d, outputs_d2 = samples(job, d, n, layout, 13), samples(job, d2, n, layout, 14)
+    result = check(outputs_d, outputs_d2, projections, claim, n)
+    assert result.passed, result
+    # Power: the same outputs refute a claim well below the true loss (the tester sees it).
+    smaller = claim._replace(epsilon=refuted)
+    assert not check(outputs_d, outputs_d2, projections, smaller, n).passed
