@@ -243,3 +243,26 @@ def test_release_passes_its_guarantee_with_every_projection(mode, refuted):
     # Power: the same outputs refute a claim well below the true loss (the tester sees it).
     smaller = claim._replace(epsilon=refuted)
     assert not check(outputs_d, outputs_d2, projections, smaller, n).passed
+
+
+def counts_calibrated_for_add_remove(job, key, keys, keyset):
+    """Test-only broken variant: the counts' noise calibrated for add/remove (L1 = 1) although
+    the release states substitution (L1 = 2: one key loses the unit, another gains it)."""
+    return job.with_(neighbouring=Neighbouring.ADD_REMOVE).transform(key, False, keys=keys, keyset=keyset)
+
+
+@pytest.mark.slow
+def test_measure_ignoring_substitution_is_caught_by_the_value_difference():
+    # Broken: each key alone is exactly at the claim (discrete Laplace of scale 1, shift 1); the
+    # difference count[a] - count[b] shifts by 2, P(diff >= c + 2) is 0.36 against 0.082
+    # (loss 1.48 against the claimed 1).
+    job, d, d2, layout = keyset_substitution()
+    claim = job.declared().guarantee()
+    n = 10_000
+    per_key, everything = layout.projections(pairs=False), layout.projections()
+    outputs_d = samples(job, d, n, layout, 15, transform=counts_calibrated_for_add_remove)
+    outputs_d2 = samples(job, d2, n, layout, 16, transform=counts_calibrated_for_add_remove)
+    assert check(outputs_d, outputs_d2, per_key, claim, n).passed
+    result = check(outputs_d, outputs_d2, everything, claim, n)
+    assert not result.passed, result
+    assert result.worst.event.projection == "count[a] - count[b]"
