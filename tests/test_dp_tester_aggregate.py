@@ -13,7 +13,9 @@ test-only broken variant that re-introduces a bug of issue 10:
   2·L0 keys) -- caught by the joint event "key i released and key j not", invisible per key;
 * a noise-grid bug: integer noise drawn on a grid of 2 -- caught by the parity projection,
   invisible to threshold and bin events on the value;
-* point 1: the keyset join's keys-with-rows-first order -- caught by "key i emitted before j".
+* point 1: the keyset join's keys-with-rows-first order -- caught by "key i emitted before j";
+* point 2: unit ids hashed with their type, so 7 and "7" are two units -- caught by the plain
+  per-key events (the unit's rows pass bounding twice: twice the sensitivity).
 
 Error rates. Keys are fixed testing keys (``ReleaseKey.for_testing``), so every run is the same
 run. Over the choice of keys, a passing check on a correct mechanism fails with probability at
@@ -25,15 +27,19 @@ from __future__ import annotations
 
 import math
 
+import apache_beam as beam
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from accounting.budget import PrivacyBudget
 from accounting.dp_tester import DPTester, ReleaseLayout
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds, Neighbouring
-from aggregate_kit import AggregateJob, sample_releases
+from aggregate_kit import REPLICA, AggregateJob, run_and_collect, sample_releases
+from transforms import aggregate as aggregate_module
 from transforms import release as release_module
+from transforms.keyset import PublicKeyset
 from transforms.metrics import Count, PrivacyUnitCount, Sum
 from transforms.noise.samplers import discrete_laplace
 from transforms.selection import PrivateSelection, SelectionStrategy, Selector
@@ -266,3 +272,60 @@ def test_measure_ignoring_substitution_is_caught_by_the_value_difference():
     result = check(outputs_d, outputs_d2, everything, claim, n)
     assert not result.passed, result
     assert result.worst.event.projection == "count[a] - count[b]"
+
+
+# --------------------------------------------------------------------------------------------
+# Point 2: one unit, ids of several types
+# --------------------------------------------------------------------------------------------
+
+def mixed_id_releases(job, n, with_unit, seed):
+    """n releases of ``job`` (keyset ("a",), L0 = Linf = 1) on units 1 and 2 in key "a" and, with
+    ``with_unit``, unit 7 given once as int64 7 and once as the text "7" in another batch.
+
+    Like :func:`aggregate_kit.sample_releases` (replicas under a public key column, a unit id
+    space per replica: replica r's unit u is r * 10 + u), but with typed unit ids, which that
+    kit's per-replica text ids would erase.
+    """
+    keys = (REPLICA, *job.keys)
+    keyset = PublicKeyset.from_table(pa.table({REPLICA: np.arange(n, dtype=np.int64), "k": ["a"] * n}))
+    aggregate = job.transform(ReleaseKey.for_testing(seed), False, keys=keys, keyset=keyset)
+    replica = np.arange(n, dtype=np.int64)
+    background = pa.table({"user": np.concatenate([replica * 10 + 1, replica * 10 + 2]),
+                           "k": ["a"] * (2 * n), REPLICA: np.concatenate([replica, replica])})
+    batches = [background]
+    if with_unit:
+        batches.append(pa.table({"user": replica * 10 + 7, "k": ["a"] * n, REPLICA: replica}))
+        batches.append(pa.table({"user": [str(u) for u in (replica * 10 + 7).tolist()],
+                                 "k": ["a"] * n, REPLICA: replica}))
+    tables = run_and_collect(lambda p: p | beam.Create(batches, reshuffle=False) | aggregate)
+    data = pa.concat_tables([t.select([REPLICA, "k", "count"]) for t in tables])
+    layout = ReleaseLayout(keys=("a",), values=("count",))
+    arrays = {c: data.column(c).to_numpy(zero_copy_only=False) for c in data.column_names}
+    return layout.vectorize(arrays, n, replica_column=REPLICA)
+
+
+def type_tagged_unit_ids(column, name="privacy unit"):
+    """Test-only broken variant (issue 10 point 2, the old code): ids keep their type, so int64
+    7 and the text "7" are two units."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    return pa.array([None if v is None else f"{column.type}:{v}" for v in column.to_pylist()],
+                    pa.string())
+
+
+def test_unit_ids_of_several_types_are_caught_as_twice_the_sensitivity(monkeypatch):
+    job = AggregateJob(keys=("k",), metrics=(Count(),), bounds=ONE, budget=PrivacyBudget(epsilon=1.0),
+                       public_keys=("a",))
+    claim = job.declared().guarantee()
+    n = 4_000
+    fixed = mixed_id_releases(job, n, True, 17), mixed_id_releases(job, n, False, 18)
+    assert np.median(fixed[0][:, 1]) == 3 and np.median(fixed[1][:, 1]) == 2
+    result = check(*fixed, None, claim, n)
+    assert result.passed, result
+
+    monkeypatch.setattr(aggregate_module, "canonical_unit_ids", type_tagged_unit_ids)
+    broken = mixed_id_releases(job, n, True, 19), mixed_id_releases(job, n, False, 20)
+    assert np.median(broken[0][:, 1]) == 4                        # unit 7 counted twice
+    result = check(*broken, None, claim, n)
+    assert not result.passed, result
+    assert result.epsilon_lower_bound > 1.3
