@@ -538,7 +538,7 @@ def pairwise_projections(names: Sequence[str], *, indicators: Sequence[int] = ()
     return projections
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ReleaseLayout:
     """A multi-key release as one vector per sample, and the projections to test it with.
 
