@@ -52,7 +52,8 @@ there are invisible to per-coordinate events:
   x_i - x_j on values. A substitution moves two keys in opposite directions, so a mechanism
   calibrated for one changed key passes every per-key event at the claimed epsilon while the
   joint event carries about twice the loss (issue 10, point 3); :func:`joint_indicator_projection`
-  covers changes spanning more than two keys;
+  (:meth:`ReleaseLayout.joint_projection`) covers changes spanning more than two keys, where
+  pairs see only a share of the loss;
 * low-order bits: x mod 2^b of integer outputs (:func:`integer_low_bits_projection`), the residue
   modulo a real grid (:func:`grid_residue_projection`) and the last mantissa bits of float64
   outputs (:func:`low_bits_projection`). Noise drawn on a coarser grid than the answer (2 Z added
@@ -673,6 +674,15 @@ class ReleaseLayout:
                             lambda x, a=base + i, b=base + j:
                             ((x[:, a] >= 0) & (x[:, b] >= 0) & (x[:, a] < x[:, b])).astype(np.float64))
         return projections
+
+    def joint_projection(self, released: Sequence, dropped: Sequence = ()) -> dict[str, Projection]:
+        """"Keys ``released`` all released and keys ``dropped`` all not", named after them: the
+        event of a change that moves several keys (a substituted unit leaves its min(L0, L1)
+        keys and joins as many others; pairs of keys see only a share of its loss)."""
+        label = lambda keys: ",".join(",".join(map(str, self.keys[self.indicator(k)])) for k in keys)
+        name = f"released[{label(released)}] and not [{label(dropped)}]"
+        return {name: joint_indicator_projection([self.indicator(k) for k in released],
+                                                 [self.indicator(k) for k in dropped])}
 
     def _released_only(self, project: Projection, column: int) -> Projection:
         """``project`` on released values, -1 where the value is missing."""

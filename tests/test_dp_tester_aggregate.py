@@ -10,12 +10,15 @@ Each test checks the fixed code against its stated guarantee (``DPAggregate.guar
 test-only broken variant that re-introduces a bug of issue 10:
 
 * point 3: private selection calibrated for L0 changed keys under substitution (which changes
-  2·L0 keys) -- caught by the joint event "key i released and key j not", invisible per key;
+  2·L0 keys) -- caught by the joint event "key i released and key j not", invisible per key
+  (slow: with L0 = 2 only the four-key event sees it; Laplace thresholding);
 * a noise-grid bug: integer noise drawn on a grid of 2 -- caught by the parity projection,
   invisible to threshold and bin events on the value;
 * point 1: the keyset join's keys-with-rows-first order -- caught by "key i emitted before j";
 * point 2: unit ids hashed with their type, so 7 and "7" are two units -- caught by the plain
   per-key events (the unit's rows pass bounding twice: twice the sensitivity).
+* (slow) counts calibrated for add/remove under a substitution claim -- caught by the value
+  difference x_a - x_b only.
 
 Error rates. Keys are fixed testing keys (``ReleaseKey.for_testing``), so every run is the same
 run. Over the choice of keys, a passing check on a correct mechanism fails with probability at
@@ -329,3 +332,37 @@ def test_unit_ids_of_several_types_are_caught_as_twice_the_sensitivity(monkeypat
     result = check(*broken, None, claim, n)
     assert not result.passed, result
     assert result.epsilon_lower_bound > 1.3
+
+
+# --------------------------------------------------------------------------------------------
+# Point 3 with L0 = 2: only the event over all 2·L0 moved keys sees the old calibration
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_selection_under_substitution_with_two_keys_per_unit_needs_the_four_key_event():
+    # The old calibration (2 keys instead of 4) gives each key (0.45, 5e-4); at m = 15 units
+    # the four-key event has probabilities 0.121 against 0.025 (loss 1.56 against the claimed
+    # 1.0) while every pair of keys carries at most 0.78: pair projections cannot see it.
+    bounds = ContributionBounds(max_partitions=2, max_contributions_per_partition=1)
+    job = selection_job(SelectionStrategy.TRUNCATED_GEOMETRIC).with_(bounds=bounds)
+    claim = job.declared().guarantee()
+    m, n = 15, 16_000
+    background = [row for key in ("k1", "k2", "k3", "k4") for row in units(f"{key}-", m - 1, key)]
+    d = background + [{"user": "x", "k": "k1"}, {"user": "x", "k": "k2"}]
+    d2 = background + [{"user": "y", "k": "k3"}, {"user": "y", "k": "k4"}]
+    layout = ReleaseLayout(keys=("k1", "k2", "k3", "k4"))
+    pairs = layout.projections()
+    four = {**pairs, **layout.joint_projection(["k1", "k2"], ["k3", "k4"]),
+            **layout.joint_projection(["k3", "k4"], ["k1", "k2"])}
+
+    fixed = samples(job, d, n, layout, 21), samples(job, d2, n, layout, 22)
+    result = check(*fixed, four, claim, n)
+    assert result.passed, result
+
+    old = (samples(job, d, n, layout, 23, transform=selection_calibrated_for_l0),
+           samples(job, d2, n, layout, 24, transform=selection_calibrated_for_l0))
+    assert check(*old, pairs, claim, n).passed
+    result = check(*old, four, claim, n)
+    assert not result.passed, result
+    assert result.worst.event.projection.startswith("released[k")
+    assert " and not [" in result.worst.event.projection

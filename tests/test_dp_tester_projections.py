@@ -163,3 +163,12 @@ def test_layout_projections_by_family():
 def test_default_projections_unchanged():
     assert list(default_projections(np.zeros(3))) == ["x"]
     assert list(default_projections(np.zeros((3, 2)))) == ["x[0]", "x[1]", "sum(x)"]
+
+
+def test_layout_joint_projection():
+    layout = ReleaseLayout(keys=("a", "b", "c", "d"))
+    x = layout.vectorize({"k": np.array(["a", "b", "d", "a", "b"]), "r": np.array([0, 0, 0, 1, 1])},
+                         3, replica_column="r")
+    ((name, project),) = layout.joint_projection(["a", "b"], ["c", "d"]).items()
+    assert name == "released[a,b] and not [c,d]"
+    assert project(x).tolist() == [0, 1, 0]
