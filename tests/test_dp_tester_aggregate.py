@@ -17,6 +17,7 @@ test-only broken variant that re-introduces a bug of issue 10:
 * point 1: the keyset join's keys-with-rows-first order -- caught by "key i emitted before j";
 * point 2: unit ids hashed with their type, so 7 and "7" are two units -- caught by the plain
   per-key events (the unit's rows pass bounding twice: twice the sensitivity).
+* point 4: one release key on two days' data -- caught by the difference of the two releases;
 * (slow) counts calibrated for add/remove under a substitution claim -- caught by the value
   difference x_a - x_b only.
 
@@ -366,3 +367,38 @@ def test_selection_under_substitution_with_two_keys_per_unit_needs_the_four_key_
     assert not result.passed, result
     assert result.worst.event.projection.startswith("released[k")
     assert " and not [" in result.worst.event.projection
+
+
+# --------------------------------------------------------------------------------------------
+# Point 4: one key on two inputs
+# --------------------------------------------------------------------------------------------
+
+def test_key_reuse_across_days_is_caught_by_the_value_difference():
+    """Two daily releases; the unit "x" appears on day 2 only. With a fresh key per release the
+    pair of releases is as private as day 2's; with day 1's key reused on day 2 (a key file
+    outside the ledger, issue 10 point 4) the same noise cancels in count[day 2] - count[day 1]."""
+    job = AggregateJob(keys=("k",), metrics=(Count(),), bounds=ONE, budget=PrivacyBudget(epsilon=1.0),
+                       public_keys=("a",))
+    claim = job.declared().guarantee()
+    layout = ReleaseLayout(keys=("a",), values=("count",))
+    background = units("a", 3, "a")
+    day2_d, day2_d2 = background + [{"user": "x", "k": "a"}], background
+    n = 2_000
+    column = layout.value("a", "count")
+    day1 = samples(job, background, n, layout, 25)[:, column]
+
+    def both_days(day2):
+        return np.stack([day1, day2[:, column]], axis=1)
+
+    projections = {"day1": lambda x: x[:, 0], "day2": lambda x: x[:, 1],
+                   "day2 - day1": lambda x: x[:, 1] - x[:, 0]}
+    fresh = [both_days(samples(job, rows, n, layout, seed)) for rows, seed in ((day2_d, 26), (day2_d2, 27))]
+    result = check(*fresh, projections, claim, n)
+    assert result.passed, result
+
+    reused = [both_days(samples(job, rows, n, layout, 25)) for rows in (day2_d, day2_d2)]   # day 1's key
+    assert np.all(reused[0][:, 1] - reused[0][:, 0] == 1) and np.all(reused[1][:, 1] == reused[1][:, 0])
+    assert check(*reused, {k: projections[k] for k in ("day1", "day2")}, claim, n).passed
+    result = check(*reused, projections, claim, n)
+    assert not result.passed, result
+    assert result.worst.event.projection == "day2 - day1"
