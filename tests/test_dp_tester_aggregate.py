@@ -17,6 +17,8 @@ test-only broken variant that re-introduces a bug of issue 10:
 * point 1: the keyset join's keys-with-rows-first order -- caught by "key i emitted before j";
 * point 2: unit ids hashed with their type, so 7 and "7" are two units -- caught by the plain
   per-key events (the unit's rows pass bounding twice: twice the sensitivity).
+* point 5: bounding priorities that depend on the batch position -- caught by the difference
+  of two runs of the same rows cut into other batches under one key;
 * point 4: one release key on two days' data -- caught by the difference of the two releases;
 * (slow) counts calibrated for add/remove under a substitution claim -- caught by the value
   difference x_a - x_b only.
@@ -42,6 +44,7 @@ from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds, Neighbouring
 from aggregate_kit import REPLICA, AggregateJob, run_and_collect, sample_releases
 from transforms import aggregate as aggregate_module
+from transforms import bounding
 from transforms import release as release_module
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Count, PrivacyUnitCount, Sum
@@ -383,7 +386,7 @@ def test_key_reuse_across_days_is_caught_by_the_value_difference():
     layout = ReleaseLayout(keys=("a",), values=("count",))
     background = units("a", 3, "a")
     day2_d, day2_d2 = background + [{"user": "x", "k": "a"}], background
-    n = 2_000
+    n = 1_000
     column = layout.value("a", "count")
     day1 = samples(job, background, n, layout, 25)[:, column]
 
@@ -402,3 +405,56 @@ def test_key_reuse_across_days_is_caught_by_the_value_difference():
     result = check(*reused, projections, claim, n)
     assert not result.passed, result
     assert result.worst.event.projection == "day2 - day1"
+
+
+# --------------------------------------------------------------------------------------------
+# Point 5: bounding that depends on batching
+# --------------------------------------------------------------------------------------------
+
+def priorities_by_batch_position(original):
+    """Test-only broken variant of ``transforms.bounding.prioritize`` (issue 10 point 5, the
+    old code): the row priority mixes the row's position in its batch."""
+    def prioritize(table, *args, **kwargs):
+        out = original(table, *args, **kwargs)
+        pair = out.column(bounding.PAIR).to_numpy().astype(np.uint64)
+        position = np.arange(out.num_rows, dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            row = (pair ^ position) * np.uint64(0x9E3779B97F4A7C15)
+        return out.set_column(out.schema.get_field_index(bounding.ROW), bounding.ROW, pa.array(row))
+    return prioritize
+
+
+def test_batching_dependent_bounding_is_caught_by_the_difference_of_two_runs(monkeypatch):
+    """The same rows released twice under one key, cut into batches two ways: a release that
+    depends on content only repeats itself exactly. Unit "x" has two rows (0 and 10) where
+    Linf = 1 keeps one: with position priorities, which one depends on the batching, and the
+    difference of the two runs (noise-free: same key, same output key) shows x is there."""
+    job = AggregateJob(keys=("k",), value="v", metrics=(Sum(),), public_keys=("a",),
+                       bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1,
+                                                 min_value=0, max_value=10),
+                       budget=PrivacyBudget(epsilon=1.0))
+    claim = job.declared().guarantee()
+    layout = ReleaseLayout(keys=("a",), values=("sum",))
+    background = units("a", 3, "a", v=5)
+    d = background + [{"user": "x", "k": "a", "v": 0}, {"user": "x", "k": "a", "v": 10}]
+    n = 1_000
+    column = layout.value("a", "sum")
+
+    def two_runs(rows, seed):
+        runs = [sample_releases(job, rows, n, layout, key=ReleaseKey.for_testing(seed),
+                                batch_rows=batch_rows)[:, column] for batch_rows in (50_000, 997)]
+        return np.stack(runs, axis=1)
+
+    projections = {"run 1": lambda x: x[:, 0], "run 2": lambda x: x[:, 1],
+                   "run 2 - run 1": lambda x: x[:, 1] - x[:, 0]}
+    fixed = two_runs(d, 28), two_runs(background, 29)
+    assert np.all(fixed[0][:, 0] == fixed[0][:, 1])
+    result = check(*fixed, projections, claim, n)
+    assert result.passed, result
+
+    monkeypatch.setattr(bounding, "prioritize", priorities_by_batch_position(bounding.prioritize))
+    broken = two_runs(d, 30), two_runs(background, 31)
+    assert np.all(broken[1][:, 0] == broken[1][:, 1]) and np.any(broken[0][:, 0] != broken[0][:, 1])
+    result = check(*broken, projections, claim, n)
+    assert not result.passed, result
+    assert result.worst.event.projection == "run 2 - run 1"
