@@ -29,6 +29,39 @@ are independent draws). The reported ``epsilon_lower_bound`` -- the largest
 mechanism's true epsilon at the claimed delta with the same confidence; the check fails exactly
 when it exceeds the claimed epsilon.
 
+The test statistic and the multiple-testing correction, precisely. For a kept event E and a
+direction (numerator dataset N, denominator dataset M), with c_N, c_M its counts among the m
+evaluation outputs of each dataset and ``alpha = (1 - confidence) / (4 * events_per_direction)``,
+
+    eps_hat(E) = ln((CP_lower(c_N, m, alpha) - delta) / CP_upper(c_M, m, alpha)),
+
+and the statistic is the maximum of eps_hat over the ``2 * events_per_direction`` kept
+(event, direction) pairs; the check fails when it exceeds the claimed epsilon. The correction is a
+Bonferroni (union) bound over the ``4 * events_per_direction`` one-sided Clopper-Pearson bounds
+that the evaluation computes -- and over nothing else: the number of projections and candidate
+events (thousands) does not enter it, because events are chosen on the selection half, which is
+independent of the evaluation half. So adding projections never raises the false-failure rate
+above ``1 - confidence``; it only spreads the selection's attention over more candidates (a
+real violation still has to stand out on half the samples), which is why the multi-key families
+below are pairwise and targeted rather than exhaustive.
+
+Multi-key releases (:class:`ReleaseLayout`) are vectors per sample, and the leaks that matter
+there are invisible to per-coordinate events:
+
+* joint events: "key i released and key j not" (x_i (1 - x_j) on release indicators) and
+  x_i - x_j on values. A substitution moves two keys in opposite directions, so a mechanism
+  calibrated for one changed key passes every per-key event at the claimed epsilon while the
+  joint event carries about twice the loss (issue 10, point 3); :func:`joint_indicator_projection`
+  (:meth:`ReleaseLayout.joint_projection`) covers changes spanning more than two keys, where
+  pairs see only a share of the loss;
+* low-order bits: x mod 2^b of integer outputs (:func:`integer_low_bits_projection`), the residue
+  modulo a real grid (:func:`grid_residue_projection`) and the last mantissa bits of float64
+  outputs (:func:`low_bits_projection`). Noise drawn on a coarser grid than the answer (2 Z added
+  to an integer count) leaves the answer's parity in the output: epsilon is infinite, yet
+  threshold events on the value see only the calibrated noise;
+* order: "key i emitted before key j" when the layout records emission ranks (a release whose
+  row order depends on which keys had data, issue 10 point 1).
+
 A passed check is evidence, not proof: it finds violations that some threshold/bin event of a
 projection exposes with the given number of samples. Pure numpy/scipy; no Beam.
 """
@@ -462,6 +495,24 @@ def low_bits_projection(i: int, bits: int = 8) -> Projection:
     return project
 
 
+def integer_low_bits_projection(i: int, bits: int = 1) -> Projection:
+    """x_i mod 2^bits (floor modulo, so negative outputs map to 0 .. 2^bits - 1) for integer
+    outputs: ``bits=1`` is the parity. Integer noise on the answer's grid makes these bits
+    (nearly) uniform whatever the answer; noise on a coarser grid (a multiple of 2^b) passes the
+    answer's own low bits through untouched."""
+    bits = check_positive_int(bits, "bits")
+    if bits > 52:
+        raise ValueError(f"bits must be at most 52 (exact in float64), got {bits}")
+    modulus = float(2 ** bits)
+
+    def project(x):
+        column = np.asarray(x[:, i], dtype=np.float64)
+        if not np.all(column == np.rint(column)):
+            raise ValueError(f"integer_low_bits_projection({i}) needs integer outputs")
+        return np.mod(column, modulus)
+    return project
+
+
 def grid_residue_projection(i: int, grid: float) -> Projection:
     """(x_i / grid) mod 1: zero for outputs on the grid; the fractional part of an exact value
     that integer (or grid) noise did not cover otherwise (grid = 1 for integer noise)."""
@@ -576,28 +627,45 @@ class ReleaseLayout:
             out[sample, k * (1 + len(self.values)) + position] = rank
         return out
 
-    def projections(self, *, pairs: bool = True, low_bits: int = 0,
-                    grid: float = None) -> dict[str, Projection]:
-        """Per-key indicators and values, and the joint and low-order-bit projections:
-        "i released and j not", value differences, "i emitted before j" (with order features),
-        the low ``low_bits`` bits and the residue modulo ``grid`` of every value."""
+    def projections(self, *, pairs: bool = True, values: bool = True, integer_bits: int = 0,
+                    mantissa_bits: int = 0, grid: float = None) -> dict[str, Projection]:
+        """Projections for :class:`DPTester`, by family:
+
+        * per key: its release indicator, and (``values``) each released value;
+        * ``pairs``: "i released and j not" for every ordered pair of keys, x_i - x_j for every
+          pair of keys and value column (``values``), and "i emitted before j" (with order
+          features);
+        * low-order bits of every value (``values``): x mod 2^``integer_bits`` for integer
+          outputs, the last ``mantissa_bits`` bits of the float64 representation, the residue
+          modulo ``grid``; a key that is not released projects to -1 there.
+
+        k keys give O(k^2) pair projections: keep layouts small (the keys a neighbouring change
+        touches and a few others).
+        """
         names = self.names()
         k = len(self.keys)
         indicators = list(range(k))
         value_index = {c: [k + i * len(self.values) + v for i in range(k)]
                        for v, c in enumerate(self.values)}
         projections: dict[str, Projection] = {names[i]: (lambda x, i=i: x[:, i]) for i in indicators}
-        for column in self.values:
-            for i in value_index[column]:
-                projections[names[i]] = lambda x, i=i: x[:, i]
-                if low_bits:
-                    projections[f"low{low_bits}bits({names[i]})"] = low_bits_projection(i, low_bits)
-                if grid:
-                    projections[f"residue({names[i]}, {grid:g})"] = grid_residue_projection(i, grid)
+        if values:
+            for column in self.values:
+                for i in value_index[column]:
+                    projections[names[i]] = lambda x, i=i: x[:, i]
+                    if integer_bits:
+                        projections[f"{names[i]} mod 2^{integer_bits}"] = self._released_only(
+                            integer_low_bits_projection(i, integer_bits), i)
+                    if mantissa_bits:
+                        projections[f"low{mantissa_bits}bits({names[i]})"] = self._released_only(
+                            low_bits_projection(i, mantissa_bits), i)
+                    if grid:
+                        projections[f"residue({names[i]}, {grid:g})"] = self._released_only(
+                            grid_residue_projection(i, grid), i)
         if pairs:
             projections.update(pairwise_projections(names, indicators=indicators))
-            for column in self.values:
-                projections.update(pairwise_projections(names, values=value_index[column]))
+            if values:
+                for column in self.values:
+                    projections.update(pairwise_projections(names, values=value_index[column]))
             if self.order:
                 base = k * (1 + len(self.values))
                 for i in range(k):
@@ -606,6 +674,27 @@ class ReleaseLayout:
                             lambda x, a=base + i, b=base + j:
                             ((x[:, a] >= 0) & (x[:, b] >= 0) & (x[:, a] < x[:, b])).astype(np.float64))
         return projections
+
+    def joint_projection(self, released: Sequence, dropped: Sequence = ()) -> dict[str, Projection]:
+        """"Keys ``released`` all released and keys ``dropped`` all not", named after them: the
+        event of a change that moves several keys (a substituted unit leaves its min(L0, L1)
+        keys and joins as many others; pairs of keys see only a share of its loss)."""
+        label = lambda keys: ",".join(",".join(map(str, self.keys[self.indicator(k)])) for k in keys)
+        name = f"released[{label(released)}] and not [{label(dropped)}]"
+        return {name: joint_indicator_projection([self.indicator(k) for k in released],
+                                                 [self.indicator(k) for k in dropped])}
+
+    def _released_only(self, project: Projection, column: int) -> Projection:
+        """``project`` on released values, -1 where the value is missing."""
+        missing = self.missing
+
+        def wrapped(x):
+            present = x[:, column] != missing
+            out = np.full(x.shape[0], -1.0)
+            if present.any():
+                out[present] = np.asarray(project(x[present]), dtype=np.float64)
+            return out
+        return wrapped
 
 
 def _check_claim(epsilon, delta) -> tuple[float, float]:
