@@ -28,8 +28,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transforms.ara import optimize as opt  # noqa: E402
-from transforms.ara import synthetic  # noqa: E402
+from pipelines import ara_optimize as opt  # noqa: E402
+from pipelines import ara_synthetic as synthetic  # noqa: E402
 
 EPSILONS = (1, 2, 4, 8, 16, 32, 64)
 

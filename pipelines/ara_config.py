@@ -2,7 +2,7 @@
 
 The ad tech's side: reads *historical* attributed conversions (CSV or Parquet with source_id,
 [order], dim_0..dim_{D-1}, [count], value), minimises the closed-form RMSRE_tau at the target
-epsilon (``transforms.ara.optimize``) and writes the configuration JSON that
+epsilon (``pipelines.ara_optimize``) and writes the configuration JSON that
 ``python -m pipelines.summary_reports --config`` uses, optionally with the output-domain file.
 Training data is the ad tech's own and is not released; the configuration is public.
 
@@ -17,9 +17,9 @@ import sys
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from transforms.ara import optimize as opt
+from pipelines import ara_optimize as opt
 from transforms.ara.summary import format_output_domain
-from transforms.ara.synthetic import ConversionData
+from pipelines.ara_synthetic import ConversionData
 
 
 def main(argv=None) -> int:

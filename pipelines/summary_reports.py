@@ -30,7 +30,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from transforms.ara.beam import (ROUNDING_PURPOSE, SUMMARY_PURPOSE, BoundContributions,
+from transforms.ara.beam import (ROUNDING_PURPOSE, SUMMARY_PURPOSE, BoundSourceContributions,
                                  EncodeConversions, ParseReports, ReadConversionBatches,
                                  Reconstruct, SummaryReport, batch_purpose,
                                  check_conversion_schema)
@@ -162,7 +162,7 @@ def build(pipeline, opts, config, keys, release_key):
                    | "ReadConversions" >> ReadConversionBatches(opts.input, opts.input_format)
                    | "ContributionVectors" >> EncodeConversions(
                        config, release_key, batch_purpose(ROUNDING_PURPOSE, opts.batch_id)))
-    contributions = reports | "ContributionBounding" >> BoundContributions(
+    contributions = reports | "ContributionBounding" >> BoundSourceContributions(
         opts.max_reports_per_source)
     domain = pipeline | "Domain" >> beam.Create([key_bytes(k) for k in keys])
     noisy = ({"contributions": contributions, "domain": domain}

@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from transforms.ara import optimize as opt
-from transforms.ara import synthetic
+from pipelines import ara_optimize as opt
+from pipelines import ara_synthetic as synthetic
 from transforms.ara.contribution import CONTRIBUTION_BUDGET
 from transforms.ara.hierarchy import tree_consistency
 

@@ -14,9 +14,9 @@ from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines import summary_reports as cli
-from transforms.ara import optimize as opt
-from transforms.ara import synthetic
-from transforms.ara.beam import (ROUNDING_PURPOSE, SUMMARY_PURPOSE, BoundContributions,
+from pipelines import ara_optimize as opt
+from pipelines import ara_synthetic as synthetic
+from transforms.ara.beam import (ROUNDING_PURPOSE, SUMMARY_PURPOSE, BoundSourceContributions,
                                  SummaryReport, batch_purpose)
 from transforms.ara.contribution import bound_contributions, contribution_vectors
 from transforms.ara.reports import AggregatableReport
@@ -153,7 +153,7 @@ def test_bound_and_summary_transforms():
     reports = [AggregatableReport("s", 0, ((1, 60000),)), AggregatableReport("s", 1, ((2, 6000),)),
                AggregatableReport("s", 2, ((2, 5536),)), AggregatableReport("t", 0, ((1, 9),))]
     with BeamTestPipeline(runner="FnApiRunner") as p:
-        out = p | beam.Create(reports) | BoundContributions(max_reports_per_source=2)
+        out = p | beam.Create(reports) | BoundSourceContributions(max_reports_per_source=2)
         assert_that(out, equal_to([(key_bytes(1), 60000), (key_bytes(1), 9)]))
     key = ReleaseKey.for_testing(1)
     expected = noisy_summary(np.array([5, 0]), [1, 3], 64.0, key, SUMMARY_PURPOSE)

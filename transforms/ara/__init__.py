@@ -10,9 +10,10 @@ The four algorithms of the summary-report model (Aksu et al., PoPETs 2024):
   discrete Laplace noise of scale 65,536 / epsilon; a batch is aggregated once (``registry``).
 * R, reconstruction (``summary.reconstruct``): the ad tech rescales by ``C_i / b_i``.
 
-``optimize`` chooses ``C_i`` and the budget split from training data, ``hierarchy`` makes nested
-slice estimates consistent, ``synthetic`` generates the paper's synthetic data, ``reports`` parses
-JSON aggregatable reports and ``beam`` wires everything into Beam PTransforms.
+``hierarchy`` makes nested slice estimates consistent, ``reports`` parses JSON aggregatable
+reports and ``beam`` wires everything into Beam PTransforms. The ad tech's tooling lives beside
+its jobs: ``pipelines.ara_optimize`` chooses ``C_i`` and the budget split from training data and
+``pipelines.ara_synthetic`` generates the paper's synthetic data.
 """
 from transforms.ara.contribution import (
     CONTRIBUTION_BUDGET,

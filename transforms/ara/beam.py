@@ -5,7 +5,7 @@ Python ints wider than 64 bits do not fit Beam's integer coder).
 
     conversions (pyarrow RecordBatches) --EncodeConversions (A)--> AggregatableReport
     JSON lines --ParseReports--> AggregatableReport
-    AggregatableReport --BoundContributions (C)--> (bucket, value)
+    AggregatableReport --BoundSourceContributions (C)--> (bucket, value)
     {"contributions", "domain"} --SummaryReport (S)--> (bucket, noisy sum)
     (bucket, noisy sum) --Reconstruct (R)--> (bucket, noisy sum, estimate)
 """
@@ -291,7 +291,7 @@ class _ApplyBudgetFn(beam.DoFn):
                     yield key_bytes(key), value
 
 
-class BoundContributions(beam.PTransform):
+class BoundSourceContributions(beam.PTransform):
     """Algorithm C: per source, keep reports in order while they fit in the 65,536 L1 budget.
 
     Reports beyond ``max_reports_per_source`` (by order) are dropped before bounding (counted),
@@ -370,7 +370,7 @@ class SummaryReport(beam.PTransform):
     without contributions gets sum 0; undeclared keys are dropped and counted) and adds discrete
     Laplace noise of scale 65,536 / epsilon from the bucket's keyed stream. Output:
     (16-byte key, noisy sum). Sensitivity 65,536 holds because the input went through
-    ``BoundContributions``.
+    ``BoundSourceContributions``.
     """
 
     def __init__(self, epsilon: float, release_key, purpose: str = SUMMARY_PURPOSE):
@@ -399,3 +399,14 @@ class Reconstruct(beam.PTransform):
         config = self.config
         return noisy | "Rescale" >> beam.Map(
             lambda kv: (kv[0], kv[1], kv[1] * config.scale_of_key(int.from_bytes(kv[0], "big"))))
+
+
+def __getattr__(name):
+    # Compatibility for code written before the rename (transforms.aggregate.BoundContributions
+    # is a different transform); remove once no caller uses the old name.
+    if name == "BoundContributions":
+        import warnings
+        warnings.warn("transforms.ara.beam.BoundContributions is now BoundSourceContributions",
+                      DeprecationWarning, stacklevel=2)
+        return BoundSourceContributions
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
