@@ -86,6 +86,7 @@ class ConversionData:
         data for the optimiser; the release pipeline counts such rows instead).
         """
         import pyarrow.compute as pc
+        from transforms.privacy_units import canonical_unit_ids
         dims = tuple(int(d) for d in dimensions)
         names = table.column_names
         needed = ["source_id", "value"] + [f"dim_{d}" for d in range(len(dims))]
@@ -102,11 +103,13 @@ class ConversionData:
         feats = np.stack([floats(f"dim_{d}", 0) for d in range(len(dims))], axis=1) \
             if dims else np.zeros((n, 0))
         value, count, order = floats("value", 0), floats("count", 1), floats("order", 0)
-        src = np.asarray(pc.is_valid(table["source_id"]))
+        # One canonical form before grouping: 7, 7.0 and "7" are one source (refused otherwise).
+        canonical = canonical_unit_ids(table["source_id"], "source_id")
+        src = np.asarray(pc.is_valid(canonical))
         ok = src & np.isfinite(value) & np.isfinite(count) & np.isfinite(order) \
             & np.isfinite(feats).all(axis=1)
         ok &= ((feats >= 0) & (feats < np.asarray(dims))).all(axis=1) & (feats == np.floor(feats)).all(axis=1)
-        sources = np.asarray([str(x) for x in table["source_id"].to_pylist()], dtype=object)
+        sources = np.asarray(canonical.to_pylist(), dtype=object)
         _, source_index = np.unique(sources[ok].astype(str), return_inverse=True)
         return cls(source_id=source_index.astype(np.int64), order=order[ok].astype(np.int64),
                    features=feats[ok].astype(np.int64), count=count[ok], value=value[ok],

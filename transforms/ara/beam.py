@@ -56,6 +56,8 @@ def check_conversion_schema(schema, config: ContributionConfig) -> None:
     for col in conversion_columns(config, has_count_column="count" in names):
         if col not in names:
             raise ValueError(f"conversions input lacks column {col!r} (has {sorted(names)})")
+    from transforms.privacy_units import check_unit_type
+    check_unit_type(schema.field("source_id").type, "source_id")
     numeric = [c for c in conversion_columns(config, "count" in names) if c != "source_id"]
     for col in numeric:
         t = schema.field(col).type
@@ -114,6 +116,7 @@ class _EncodeConversionsFn(beam.DoFn):
         import pyarrow as pa
         import pyarrow.compute as pc
         from transforms.noise import RandomStreams
+        from transforms.privacy_units import canonical_unit_ids
         cfg = self.config
         n = batch.num_rows
         if n == 0:
@@ -125,7 +128,9 @@ class _EncodeConversionsFn(beam.DoFn):
         def column(name):
             return batch.column(names.index(name))
 
-        valid = np.asarray(pc.is_valid(column("source_id")))
+        # One canonical form before any grouping or hashing: 7, 7.0 and "7" are one source.
+        source_ids = canonical_unit_ids(column("source_id"), "source_id")
+        valid = np.asarray(pc.is_valid(source_ids))
         dims = []
         for d in range(len(cfg.slice_dimensions)):
             col = column(f"dim_{d}")
@@ -140,7 +145,7 @@ class _EncodeConversionsFn(beam.DoFn):
             valid &= np.isfinite(v)
             values.append(v)
         self.null_rows.inc(int((~valid).sum()))
-        features = np.stack(dims, axis=1)
+        features = np.stack(dims, axis=1) if dims else np.zeros((n, 0))
         integral = (features == np.floor(features)).all(axis=1)
         in_range = valid & integral & cfg.valid_feature_rows(features)
         self.range_rows.inc(int((valid & ~in_range).sum()))
@@ -150,7 +155,7 @@ class _EncodeConversionsFn(beam.DoFn):
         values = np.stack(values, axis=1)[rows]
         negative = values < 0
         self.negative.inc(int(negative.sum()))
-        sources = [str(s) for s in column("source_id").take(pa.array(rows)).to_pylist()]
+        sources = source_ids.take(pa.array(rows)).to_pylist()
         if "order" in names:
             order = np.asarray(pc.fill_null(column("order").cast(pa.int64()), 0))[rows]
         else:
@@ -182,6 +187,8 @@ class EncodeConversions(beam.PTransform):
     Randomized rounding uses the keyed stream of lane (source_id, order, query index) under the
     release key and ``purpose``, so re-runs with the same key reproduce and batching does not
     matter.
+    Source ids are canonicalised first (``transforms.privacy_units``: ``7``, ``7.0`` and ``"7"``
+    are one source); a source_id column that cannot be canonicalised fails the job naming it.
     Row faults (documented rule): rows with a null source/feature/measure, a NaN or infinite
     measure, or a fractional feature or one outside its declared dimension, are dropped and
     counted; negative measures are clipped to 0 by algorithm A and counted.
@@ -192,6 +199,9 @@ class EncodeConversions(beam.PTransform):
         self.config, self.release_key, self.purpose = config, release_key, purpose
 
     def expand(self, batches):
+        # One application per key and purpose: applied again (other input) the same lanes would
+        # round the same way, and the difference of two outputs would carry no rounding noise.
+        self.release_key.claim(self.purpose, owner=type(self).__name__)
         return batches | "Encode" >> beam.ParDo(
             _EncodeConversionsFn(self.config, self.release_key, self.purpose))
 
@@ -379,6 +389,8 @@ class SummaryReport(beam.PTransform):
         self.release_key, self.purpose = release_key, purpose
 
     def expand(self, inputs):
+        # Same key and purpose on other input would repeat every bucket's noise: refused.
+        self.release_key.claim(self.purpose, owner=type(self).__name__)
         sums = inputs["contributions"] | "SumPerBucket" >> beam.CombinePerKey(_SumAndCount())
         domain = inputs["domain"] | "Declared" >> beam.Map(lambda k: (k, True))
         return ({"sums": sums, "domain": domain}

@@ -241,6 +241,7 @@ def bound_contributions(source_ids: np.ndarray, report_totals: np.ndarray,
                         budget: int = CONTRIBUTION_BUDGET) -> np.ndarray:
     """Algorithm C: which reports the browser keeps (boolean mask).
 
+    Source ids are canonicalised (``transforms.privacy_units``) unless they are integers already.
     Reports of one source are taken in ``order`` (ties by position); a report is kept when its
     total fits in what is left of the source's budget, otherwise it is dropped whole and the
     budget is unchanged (a later, smaller report may still fit). So the kept totals of every
@@ -249,6 +250,13 @@ def bound_contributions(source_ids: np.ndarray, report_totals: np.ndarray,
     source_ids = np.asarray(source_ids)
     if source_ids.shape[0] == 0:
         return np.zeros(0, dtype=bool)
+    if not np.issubdtype(source_ids.dtype, np.integer):
+        # One canonical form before grouping: 7, 7.0 and "7" are one source.
+        from transforms.privacy_units import canonical_unit_column
+        source_ids = np.asarray(canonical_unit_column(source_ids.tolist(), "source_id")
+                                .to_pylist(), dtype=object)
+        if any(s is None for s in source_ids):
+            raise ValueError("source_ids must not be null")
     _, src = np.unique(source_ids, return_inverse=True)
     return bound_ranked_contributions(src, rank_within_source(src, order), report_totals, budget)
 
