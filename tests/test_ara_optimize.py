@@ -45,20 +45,31 @@ def test_generator_is_seeded_and_has_the_published_shape():
     assert (a.order[per_source.cumsum()[:-1][per_source[1:] > 0]] == 0).all()
 
 
-def test_power_law_sampler_exponent_and_range():
+def test_impressions_follow_the_published_generators_power_law():
+    # Oracle: the published generator's transformation (Clauset et al. eq. D.6, x_min = 1,
+    # truncated at x_max by drawing r below r_max), then slice size x + 1.
     rng = np.random.default_rng(0)
-    x = synthetic.sample_power_law(rng, 2.5, 1000, 400_000)
-    assert x.min() >= 1 and x.max() <= 1000
-    # P(x) proportional to x^-a: check the ratios the presets are defined by
-    p1 = (x == 1).mean()
-    assert (x == 2).mean() / p1 == pytest.approx(2 ** -2.5, rel=0.03)
-    assert (x == 4).mean() / p1 == pytest.approx(4 ** -2.5, rel=0.1)
-    p = synthetic.PRESETS["adtech_travel"]
-    y = synthetic.sample_power_law(rng, p.power_law_exponent, 180, 400_000)
-    assert (y == 2).mean() / (y == 1).mean() == pytest.approx(p.rate_of_size_2 / p.rate_of_size_1,
-                                                               rel=0.03)
+    a, x_max, n = 2.5, 1000, 400_000
+    r_max = 1 - ((x_max + 0.5) / 0.5) ** (1 - a)
+    oracle = np.floor(0.5 * (1 - rng.uniform(0, r_max, n)) ** (-1 / (a - 1)) + 0.5) + 1
+    ours = synthetic.sample_impressions_per_slice(rng, a, x_max, n)
+    assert ours.min() >= 2 and ours.max() <= x_max + 1
+    for size in (2, 3, 5):
+        assert (ours == size).mean() == pytest.approx((oracle == size).mean(), rel=0.03, abs=1e-3)
+    pmf = synthetic.published_impressions_pmf(a, x_max)
+    assert pmf.sum() == pytest.approx(1.0) and (ours == 2).mean() == pytest.approx(pmf[0], rel=0.01)
     with pytest.raises(ValueError):
-        synthetic.sample_power_law(rng, 0.0, 10, 5)
+        synthetic.published_impressions_pmf(1.0, 10)
+
+
+@pytest.mark.parametrize("name", sorted(synthetic.PRESETS))
+def test_generated_statistics_match_the_published_generator(name):
+    expected = synthetic.PRESETS[name].expected_statistics()
+    stats = [synthetic.dataset_statistics(synthetic.generate(name, seed)) for seed in (1, 2, 3)]
+    assert all(s["slices"] == expected["slices"] for s in stats)  # every slice has >= 2 impressions
+    for field in ("impressions", "conversions", "value_mean"):
+        mean = np.mean([s[field] for s in stats])
+        assert mean == pytest.approx(expected[field], rel=0.12), field
 
 
 # --- error model -----------------------------------------------------------------------------
