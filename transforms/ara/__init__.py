@@ -11,12 +11,18 @@ The four algorithms of the summary-report model (Aksu et al., PoPETs 2024):
 * R, reconstruction (``summary.reconstruct``): the ad tech rescales by ``C_i / b_i``.
 
 ``hierarchy`` makes nested slice estimates consistent, ``reports`` parses JSON aggregatable
-reports and ``beam`` wires everything into Beam PTransforms. The ad tech's tooling lives beside
+reports and ``beam`` wires everything into Beam PTransforms. The count can be a query of its own
+or be derived from padded value buckets (``contribution``: encodings).
+
+Event-level reports: ``event_level`` (a source's output states and the API's k-ary randomized
+response), ``event_debias`` (unbiased aggregate conversion counts and their variance) and
+``event_beam`` (PTransforms over Arrow tables). The ad tech's tooling lives beside
 its jobs: ``pipelines.ara_optimize`` chooses ``C_i`` and the budget split from training data and
 ``pipelines.ara_synthetic`` generates the paper's synthetic data.
 """
 from transforms.ara.contribution import (
     CONTRIBUTION_BUDGET,
+    ENCODINGS,
     ContributionConfig,
     bound_contributions,
     contribution_vectors,
@@ -25,6 +31,7 @@ from transforms.ara.contribution import (
 
 __all__ = [
     "CONTRIBUTION_BUDGET",
+    "ENCODINGS",
     "ContributionConfig",
     "bound_contributions",
     "contribution_vectors",

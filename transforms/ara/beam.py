@@ -16,7 +16,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from transforms.ara.contribution import (CONTRIBUTION_BUDGET, ContributionConfig,
-                                         bound_contributions, contribution_vectors)
+                                         bound_contributions)
 from transforms.ara.reports import FAULTS, AggregatableReport, ReportFault, parse_report
 from transforms.ara.summary import (add_summary_noise, bucket_streams, check_summary_epsilon,
                                     key_bytes)
@@ -111,6 +111,7 @@ class _EncodeConversionsFn(beam.DoFn):
         self.range_rows = _counter("conversion_rows_dropped_feature_out_of_range")
         self.negative = _counter("conversion_values_negative_clipped_to_zero")
         self.reports = _counter("reports_encoded")
+        self.count_not_one = _counter("conversion_rows_count_not_one_counted_once_by_padding")
 
     def process(self, batch):
         import pyarrow as pa
@@ -162,21 +163,25 @@ class _EncodeConversionsFn(beam.DoFn):
             order = np.zeros(rows.size, dtype=np.int64)
         codes = cfg.slice_codes(features[rows].astype(np.int64))
         q = cfg.n_queries
-        # One keyed uniform per (report, query): rounding does not depend on batching.
+        # One keyed uniform per (report, level, bucket column): rounding does not depend on
+        # batching.
         lanes = [(s, int(o), j) for s, o in zip(sources, order.tolist()) for j in range(q)]
         uniforms = RandomStreams.for_keys(self.release_key, self.purpose, lanes).uniform_float()
-        budgets = cfg.budget_array
-        contrib = contribution_vectors(values, cfg.clip_array, budgets,
-                                       uniforms.reshape((rows.size,) + budgets.shape))
-        measure_bits = [m << 96 for m in range(len(cfg.measures))]
+        pad = cfg.padding_measure
+        if pad is not None and "count" in names:
+            self.count_not_one.inc(int((values[:, pad] != 1).sum()))
+        columns = cfg.columns
+        contrib = cfg.contributions(values, uniforms.reshape(
+            (rows.size, len(cfg.prefixes), len(columns))))
+        column_bits = [c << 96 for c in columns]
         for i in range(rows.size):
             items = []
             for l, p in enumerate(cfg.prefixes):
                 base = (p << 64) | int(codes[i, l])
-                for m in range(len(cfg.measures)):
-                    v = int(contrib[i, l, m])
+                for j, bits in enumerate(column_bits):
+                    v = int(contrib[i, l, j])
                     if v:
-                        items.append((measure_bits[m] | base, v))
+                        items.append((bits | base, v))
             self.reports.inc()
             yield AggregatableReport(sources[i], int(order[i]), tuple(items))
 
@@ -400,8 +405,24 @@ class SummaryReport(beam.PTransform):
                 | "Noise" >> beam.ParDo(_AddNoiseFn(self.epsilon, self.release_key, self.purpose)))
 
 
+def _reconstruct_slice(element, config: ContributionConfig):
+    _, rows = element
+    rows = sorted(rows)
+    estimates = config.reconstruct_estimates([int.from_bytes(k, "big") for k, _ in rows],
+                                             [v for _, v in rows])
+    for (key, noisy), estimate in zip(rows, estimates.tolist()):
+        yield key, noisy, None if estimate != estimate else estimate  # NaN -> null
+
+
 class Reconstruct(beam.PTransform):
-    """Algorithm R: (key, noisy sum) -> (key, noisy sum, noisy sum x C / b of the key's query)."""
+    """Algorithm R: (key, noisy sum) -> (key, noisy sum, estimate of the key's query).
+
+    ``separate`` and value buckets: noisy sum x C / b. With ``padding`` the padding bucket's
+    estimate is its slice's count, C x (sum of the slice's main buckets) / B_l, and a split
+    measure's main bucket carries the value estimate of both its parts (the overflow bucket's
+    estimate is null) -- ``ContributionConfig.reconstruct_estimates`` -- so the buckets of a
+    slice (one per column) are grouped first; an estimate needing an undeclared bucket is null.
+    """
 
     def __init__(self, config: ContributionConfig):
         super().__init__()
@@ -409,8 +430,19 @@ class Reconstruct(beam.PTransform):
 
     def expand(self, noisy):
         config = self.config
-        return noisy | "Rescale" >> beam.Map(
-            lambda kv: (kv[0], kv[1], kv[1] * config.scale_of_key(int.from_bytes(kv[0], "big"))))
+        if config.padding_measure is None:
+            return noisy | "Rescale" >> beam.Map(
+                lambda kv: (kv[0], kv[1],
+                            kv[1] * config.scale_of_key(int.from_bytes(kv[0], "big"))))
+
+        def slice_of(kv):
+            level, _, code = config.query_of_key(int.from_bytes(kv[0], "big"))
+            return (level, code), kv
+
+        return (noisy
+                | "BySlice" >> beam.Map(slice_of)
+                | "GroupSlice" >> beam.GroupByKey()
+                | "Rescale" >> beam.FlatMap(_reconstruct_slice, config))
 
 
 def __getattr__(name):
