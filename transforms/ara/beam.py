@@ -444,13 +444,3 @@ class Reconstruct(beam.PTransform):
                 | "GroupSlice" >> beam.GroupByKey()
                 | "Rescale" >> beam.FlatMap(_reconstruct_slice, config))
 
-
-def __getattr__(name):
-    # Compatibility for code written before the rename (transforms.aggregate.BoundContributions
-    # is a different transform); remove once no caller uses the old name.
-    if name == "BoundContributions":
-        import warnings
-        warnings.warn("transforms.ara.beam.BoundContributions is now BoundSourceContributions",
-                      DeprecationWarning, stacklevel=2)
-        return BoundSourceContributions
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
