@@ -99,6 +99,24 @@ def summary_reports(tmp) -> dict:
         return {"adtech_real_estate": _text_digest(handle.read())}
 
 
+def event_level_reports(tmp) -> dict:
+    from pipelines.event_level_reports import main
+
+    sample = os.path.join(SAMPLE, "event_level")
+    target = os.path.join(tmp, "event")
+    assert main(["--sources", os.path.join(sample, "sources.csv"),
+                 "--conversions", os.path.join(sample, "conversions.csv"),
+                 "--epsilon", "3", "--batch_id", "sample", "--trigger_data_cardinality", "2",
+                 "--report_windows", "2", "--max_reports", "2", "--value_edges", "20",
+                 "--window_ends", "2,30", "--group_by", "campaign", "--output", target,
+                 "--testing_seed", str(SEED)]) == 0
+    out = {}
+    for name in ("reports.csv", "estimates.csv"):
+        with open(_only(f"{target}/**/{name}")) as handle:
+            out[name] = _text_digest(handle.read())
+    return out
+
+
 def dp_aggregate(tmp) -> dict:
     import apache_beam as beam
     import numpy as np
@@ -131,7 +149,8 @@ def dp_aggregate(tmp) -> dict:
 
 
 JOBS = {"centralnotice": centralnotice, "reach_frequency": reach_frequency,
-        "summary_reports": summary_reports, "dp_aggregate": dp_aggregate}
+        "summary_reports": summary_reports, "dp_aggregate": dp_aggregate,
+        "event_level_reports": event_level_reports}
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))

@@ -114,10 +114,9 @@ def _column(table, name: str, required: bool = True):
 def _integral(column, n: int, fill: float = np.nan) -> np.ndarray:
     import pyarrow as pa
     import pyarrow.compute as pc
-    if column is None:
-        return np.full(n, fill)
-    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
-            or pa.types.is_null(column.type)):
+    if column is None or pa.types.is_null(column.type):
+        return np.full(n, fill)  # absent (the release layer's null-typed optional column)
+    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
         raise ValueError("conversions columns trigger_data, window, order, value and delay must "
                          "be numeric")
     return np.asarray(pc.fill_null(column.cast(pa.float64()), np.nan))
