@@ -22,8 +22,17 @@ training data (``pipelines.ara_event_tuning``; epsilon <= 14, the API's limit), 
 reports optimised for the count query alone. Exact test errors, and the event-level randomizer
 run for real with a testing key.
 
-Prints tables, writes ``benchmarks/out/summary_reports.png``; last line:
-``optimized_below_baseline=K/N median_baseline_over_optimized=X median_separate_over_chosen=Y``.
+The published method (Aksu et al.; seed 003: per-query clip and budget share by SLSQP on the
+exact RMSRE_tau) was measured 10-58% below this project's separate-count configuration in every
+cell, mainly because it spends no budget share on a count of its own; in one query model the two
+optimizers agree to 0.5% (issue 14). ``padding`` is this optimizer with counts derived from the
+value contributions (no count share), ``chosen`` the better encoding on training data, so
+``separate/chosen`` per preset is the gap the encoding choice closes. The paper publishes no
+per-cell numbers to compare with directly; its generator's presets are the ones used here.
+
+Prints tables, writes ``benchmarks/out/summary_reports.png``; per-preset summary lines, then the
+last line: ``optimized_below_baseline=K/N median_baseline_over_optimized=X
+median_separate_over_chosen=Y separate_over_chosen[PRESET]=Z ...``.
 """
 from __future__ import annotations
 
@@ -167,13 +176,27 @@ def main(argv=None) -> int:
         _plot(args, results, hier)
         print(f"plot: {args.plot}")
     print(f"elapsed: {time.time() - start:.1f} s")
+    print("Per preset (medians over its epsilons; goal: chosen <= best encoding in every cell, "
+          "separate/chosen >= 1.111 -- chosen at least 10% below separate -- in the median cell)")
+    per_preset = {}
+    for name in args.presets:
+        rows = [r for (p, _), r in results.items() if p == name]
+        per_preset[name] = statistics.median(r["separate"] / r["chosen"] for r in rows)
+        print(f"  {name:<19} chosen_at_most_best_encoding="
+              f"{sum(r['chosen'] <= r['best_encoding'] for r in rows)}/{len(rows)} "
+              f"optimized_below_baseline={sum(r['chosen'] < r['baseline'] for r in rows)}/"
+              f"{len(rows)} median_baseline_over_optimized="
+              f"{statistics.median(r['baseline'] / r['chosen'] for r in rows):.3f} "
+              f"median_separate_over_chosen={per_preset[name]:.3f} encodings="
+              f"{','.join(sorted({r['encoding'] for r in rows}))}")
     at_most = sum(r["chosen"] <= r["best_encoding"] for r in results.values())
     print(f"chosen_at_most_best_encoding={at_most}/{len(results)}")
     below = sum(r["chosen"] < r["baseline"] for r in results.values())
     ratio = statistics.median(r["baseline"] / r["chosen"] for r in results.values())
     separate = statistics.median(r["separate"] / r["chosen"] for r in results.values())
     print(f"optimized_below_baseline={below}/{len(results)} "
-          f"median_baseline_over_optimized={ratio:.3f} median_separate_over_chosen={separate:.3f}")
+          f"median_baseline_over_optimized={ratio:.3f} median_separate_over_chosen={separate:.3f} "
+          + " ".join(f"separate_over_chosen[{name}]={v:.3f}" for name, v in per_preset.items()))
     return 0
 
 
