@@ -186,3 +186,20 @@ def test_a_release_is_charged_once_by_its_content(tmp_path, capsys):
                     + argv[argv.index("--batch_id") + 2:]) == 2
     assert "already charged as release 'event_level_reports/b1'" in capsys.readouterr().err
     assert (tmp_path / "ledger.json").read_bytes() == ledger
+
+
+def test_help_lists_the_request_and_release_flags(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        job.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--sources", "--conversions", "--epsilon", "--max_reports", "--value_edges",
+                   "--group_by", "--testing_seed", "--ledger"):
+        assert option in out
+
+
+def test_a_run_without_ledger_is_refused_unless_it_is_a_testing_run(tmp_path, capsys):
+    sources, conversions = _write(tmp_path / "in")
+    assert job.main(_argv(tmp_path, sources, conversions, **{"--testing_seed": None})) == 2
+    assert "--testing_seed" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
