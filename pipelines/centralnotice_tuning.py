@@ -92,24 +92,24 @@ def _align_dates(table: pa.Table) -> pa.Table:
 
 
 def read_table(path: str) -> pa.Table:
-    """A Parquet or CSV file (local or gs://; chosen by extension)."""
-    if path.endswith(".parquet"):
+    """A Parquet or CSV file (local or gs://; chosen by extension). Downloaded bytes are copied
+    into Arrow's memory before parsing: Arrow threads left holding Python bytes abort the process
+    at exit (rc 134; see pipelines.release.arrow_files)."""
+    if not path.endswith((".parquet", ".csv")):
+        raise ValueError(f"input must end in .parquet or .csv, got {path!r}")
+    fmt = "parquet" if path.endswith(".parquet") else "csv"
+    if path.startswith("gs://"):
+        from accounting import gcs
+        from pipelines.release.arrow_files import arrow_owned, table_from_buffer
+
+        return table_from_buffer(arrow_owned(gcs.blob(path).download_as_bytes()), fmt)
+    if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        if path.startswith("gs://"):
-            from accounting import gcs
+        return pq.read_table(path)  # a path: Arrow opens the file itself, no Python object involved
+    from pyarrow import csv as pacsv
 
-            return pq.read_table(pa.BufferReader(gcs.blob(path).download_as_bytes()))
-        return pq.read_table(path)
-    if path.endswith(".csv"):
-        from pyarrow import csv as pacsv
-
-        if path.startswith("gs://"):
-            from accounting import gcs
-
-            return pacsv.read_csv(pa.BufferReader(gcs.blob(path).download_as_bytes()))
-        return pacsv.read_csv(path)
-    raise ValueError(f"input must end in .parquet or .csv, got {path!r}")
+    return pacsv.read_csv(path)
 
 
 def aggregate_impressions(impressions: pa.Table) -> pa.Table:

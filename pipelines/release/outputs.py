@@ -51,18 +51,18 @@ def encode(table: pa.Table, spec: OutputSpec) -> bytes:
 
 
 def decode(data: bytes, spec: OutputSpec) -> pa.Table:
-    """Read a released file back (for the public summary)."""
-    if spec.format == "parquet":
-        import pyarrow.parquet as pq
+    """Read a released file back (for the public summary).
 
-        return pq.read_table(io.BytesIO(data))
-    if spec.format == "csv":
-        from pyarrow import csv as pacsv
+    Parsed from an Arrow-owned copy of ``data``, never from the Python bytes: this read is often
+    a job's last act, and Arrow threads still holding a Python object at interpreter exit abort
+    the process with rc 134 after a complete release (see :mod:`pipelines.release.arrow_files`)."""
+    if spec.format in ("parquet", "csv"):
+        from pipelines.release.arrow_files import arrow_owned, table_from_buffer
 
-        if not data.strip():
+        if spec.format == "csv" and not data.strip():
             return spec.schema.empty_table()
-        return pacsv.read_csv(io.BytesIO(data), convert_options=pacsv.ConvertOptions(
-            column_types={f.name: f.type for f in spec.schema}))
+        types = {f.name: f.type for f in spec.schema} if spec.format == "csv" else None
+        return table_from_buffer(arrow_owned(data), spec.format, column_types=types)
     rows = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
     return pa.Table.from_pylist(rows, schema=spec.schema) if rows else spec.schema.empty_table()
 
