@@ -17,7 +17,8 @@ or be derived from padded value buckets (``contribution``: encodings).
 
 Event-level reports: ``event_level`` (a source's output states and the API's k-ary randomized
 response), ``event_debias`` (unbiased aggregate conversion counts and their variance) and
-``event_beam`` (PTransforms over Arrow tables). The ad tech's tooling lives beside
+``event_beam`` (PTransforms over Arrow tables; the job is
+``pipelines.event_level_reports``). The ad tech's tooling lives beside
 its jobs: ``pipelines.ara_optimize`` chooses ``C_i`` and the budget split from training data and
 ``pipelines.ara_synthetic`` generates the paper's synthetic data.
 """
