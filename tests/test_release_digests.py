@@ -80,7 +80,7 @@ def reach_frequency(tmp) -> dict:
 
 def summary_reports(tmp) -> dict:
     from pipelines import summary_reports
-    from transforms.ara import optimize, synthetic
+    from pipelines import ara_optimize as optimize, ara_synthetic as synthetic
 
     data = synthetic.generate("adtech_real_estate", 3, scale=0.03)
     conversions = os.path.join(tmp, "conv.parquet")
@@ -97,6 +97,24 @@ def summary_reports(tmp) -> dict:
         "--testing_seed", str(SEED)]) == 0
     with open(_only(f"{target}/**/*.csv")) as handle:
         return {"adtech_real_estate": _text_digest(handle.read())}
+
+
+def event_level_reports(tmp) -> dict:
+    from pipelines.event_level_reports import main
+
+    sample = os.path.join(SAMPLE, "event_level")
+    target = os.path.join(tmp, "event")
+    assert main(["--sources", os.path.join(sample, "sources.csv"),
+                 "--conversions", os.path.join(sample, "conversions.csv"),
+                 "--epsilon", "3", "--batch_id", "sample", "--trigger_data_cardinality", "2",
+                 "--report_windows", "2", "--max_reports", "2", "--value_edges", "20",
+                 "--window_ends", "2,30", "--group_by", "campaign", "--output", target,
+                 "--testing_seed", str(SEED)]) == 0
+    out = {}
+    for name in ("reports.csv", "estimates.csv"):
+        with open(_only(f"{target}/**/{name}")) as handle:
+            out[name] = _text_digest(handle.read())
+    return out
 
 
 def dp_aggregate(tmp) -> dict:
@@ -131,7 +149,8 @@ def dp_aggregate(tmp) -> dict:
 
 
 JOBS = {"centralnotice": centralnotice, "reach_frequency": reach_frequency,
-        "summary_reports": summary_reports, "dp_aggregate": dp_aggregate}
+        "summary_reports": summary_reports, "dp_aggregate": dp_aggregate,
+        "event_level_reports": event_level_reports}
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))
