@@ -296,7 +296,7 @@ def shuffle_result(partial, spec: SplitAndMix) -> pa.Table:
         raise ValueError(f"only {clients} clients reported but the noise was split over "
                          f"{spec.num_clients}: the sum would carry less noise than planned")
     estimate = spec.estimate(total & (spec.modulus - 1), clients)
-    std = float(np.sqrt(clients * spec.noise_bits_per_client / 4.0))
+    std = float(np.sqrt(spec.noise_variance(clients)))
     return pa.table({"estimate": [estimate], "std": [std], "clients": [clients],
                      "messages": [messages]})
 

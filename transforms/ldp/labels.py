@@ -150,11 +150,16 @@ def label_indices(randomizer: LabelRandomizer, column) -> tuple[np.ndarray, np.n
         column = column.combine_chunks()
     if not isinstance(column, pa.Array):
         column = pa.array(column)
+    declared = pa.array(list(randomizer.labels))
     try:
-        value_set = pa.array(list(randomizer.labels)).cast(column.type)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
+        value_set = declared.cast(column.type)
+        faithful = (value_set.cast(declared.type).equals(declared)
+                    and len(pc.unique(value_set)) == len(declared))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        faithful = False
+    if not faithful:
         raise ValueError(f"the declared labels {list(randomizer.labels)!r} do not fit the label "
-                         f"column's type {column.type}") from err
+                         f"column's type {column.type}")
     index = pc.index_in(column, value_set=value_set)
     valid = index.is_valid().to_numpy(zero_copy_only=False)
     return index.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64), valid

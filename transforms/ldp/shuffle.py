@@ -4,18 +4,22 @@ shuffling, and the error of each trust model at the same epsilon (pure numpy/sci
 Seed ``000_015430204a1d6d17.txt`` ("Summation in Shuffle DP Model", split-and-mix). Each of n
 clients holds an integer x_i in [0, B].
 
-Protocol (:class:`SplitAndMix`). Client i adds its noise share Z_i ~ Binomial(k, 1/2) (the
-popcount of k secure random bits: exact), and splits z_i = x_i + Z_i into m shares, m - 1 of them
-uniform in Z_q and the last one z_i minus their sum mod q (q a power of two above n·(B + k)).
-A secure shuffler mixes all n·m shares; the analyzer adds them mod q, which is exactly
-sum_i x_i + Z with Z ~ Binomial(n·k, 1/2), and subtracts the public mean n·k/2.
+Protocol (:class:`SplitAndMix`). Client i adds its noise share Z_i ~ Binomial(k, rho) -- k
+exact Bernoulli(rho) trials, rho = T/2^32 on the grid (rho = 1/2: the popcount of k secure random
+bits) -- and splits z_i = x_i + Z_i into m shares, m - 1 of them uniform in Z_q and the last one
+z_i minus their sum mod q (q a power of two above n·(B + k)). A secure shuffler mixes all n·m
+shares; the analyzer adds them mod q, which is exactly sum_i x_i + Z with Z ~ Binomial(n·k, rho),
+and subtracts the public mean n·k·rho. k and rho are the least noise that meets the target:
+k = 1 and the smallest grid rho when n clients suffice, else rho = 1/2 and the fewest k. (So the
+total noise does not grow with n, as it would with a whole fair coin per client.)
 
 Privacy, stated and derived here:
 
-1. *Ideal sum.* sum x_i + Binomial(N, 1/2), N = n·k, changing one client's value by up to B:
+1. *Ideal sum.* sum x_i + Binomial(N, rho), N = n·k, changing one client's value by up to B:
    the (epsilon, delta_noise) guarantee is computed exactly from the binomial's hockey-stick
-   divergence, delta(eps) = sum_y max(0, P(y) - e^eps P(y - B)) (:func:`binomial_delta`;
-   shifting a symmetric binomial by B is the worst case; no asymptotic formula is used).
+   divergences in both directions, delta(eps) = max over s = +-B of
+   sum_y max(0, P(y) - e^eps P(y - s)) (:func:`binomial_delta`; the largest shift is the worst
+   case for this log-concave law; no asymptotic formula is used).
 2. *Secure summation from shuffling* (Ishai, Kushilevitz, Ostrovsky & Sahai, FOCS 2006; the
    analysis of Balle, Bell, Gascón & Nissim, "Improved Summation from Shuffling", 2019): with
    m > (2·sigma + log2 q) / log2(n / e) + 2 messages per client, the shuffled shares of any two
@@ -49,7 +53,7 @@ import pyarrow as pa
 from scipy import stats
 
 from accounting.validation import check_delta, check_epsilon, check_positive_int
-from transforms.ldp.randomness import RandomSource
+from transforms.ldp.randomness import TWO32, RandomSource, u32_stream
 
 SHARE_COLUMN = "share"
 
@@ -98,20 +102,27 @@ def local_epsilon_for(epsilon: float, n: int, delta: float) -> Optional[float]:
 
 # ------------------------------------------------------------------------------ binomial noise
 
-def binomial_delta(trials: int, sensitivity: int, epsilon: float) -> float:
-    """delta(epsilon) of adding Binomial(trials, 1/2) to an integer sum of sensitivity ``B``."""
+def binomial_delta(trials: int, sensitivity: int, epsilon: float, probability: float = 0.5) -> float:
+    """delta(epsilon) of adding Binomial(trials, probability) to an integer sum that one client
+    can move by up to ``sensitivity`` (both directions; exact up to tails below 1e-300)."""
     trials = check_positive_int(trials, "trials")
     shift = check_positive_int(sensitivity, "sensitivity")
-    sd = math.sqrt(trials) / 2
-    lo = max(0, int(trials / 2 - 40 * sd) - shift)
-    hi = min(trials + shift, int(trials / 2 + 40 * sd) + shift + 1)
+    if not 0 < probability <= 0.5:
+        raise ValueError("probability must be in (0, 1/2]")
+    mean = trials * probability
+    sd = math.sqrt(trials * probability * (1 - probability))
+    lo = max(0, int(mean - 40 * sd - 40)) - shift
+    hi = min(trials, int(mean + 40 * sd + 40)) + shift
     y = np.arange(lo, hi + 1, dtype=np.float64)
-    log_p = stats.binom.logpmf(y, trials, 0.5)
-    log_q = stats.binom.logpmf(y - shift, trials, 0.5)
-    with np.errstate(invalid="ignore", over="ignore"):
-        gap = np.exp(log_p) * -np.expm1(np.minimum(log_q + epsilon - log_p, 700.0))
-    gap = np.where(np.isneginf(log_p), 0.0, gap)
-    return float(np.sum(np.clip(gap, 0.0, None)))
+    log_p = stats.binom.logpmf(y, trials, probability)
+    worst = 0.0
+    for s in (shift, -shift):
+        log_q = stats.binom.logpmf(y - s, trials, probability)
+        with np.errstate(invalid="ignore", over="ignore"):
+            gap = np.exp(log_p) * -np.expm1(np.minimum(log_q + epsilon - log_p, 700.0))
+        gap = np.where(np.isneginf(log_p), 0.0, gap)
+        worst = max(worst, float(np.sum(np.clip(gap, 0.0, None))))
+    return worst
 
 
 def binomial_trials_for(epsilon: float, delta: float, sensitivity: int) -> int:
@@ -135,6 +146,24 @@ def binomial_trials_for(epsilon: float, delta: float, sensitivity: int) -> int:
         else:
             low = mid
     return high
+
+
+def binomial_share_for(num_clients: int, epsilon: float, delta: float,
+                       sensitivity: int) -> tuple[int, int]:
+    """Per-client noise Binomial(k, T/2^32): the (k, T) with the least total variance meeting
+    (epsilon, delta) when all ``num_clients`` clients add a share."""
+    n = check_positive_int(num_clients, "num_clients")
+    trials = binomial_trials_for(epsilon, delta, sensitivity)
+    if trials > n:
+        return -(-trials // n), 1 << 31
+    low, high = 1, 1 << 31  # grid thresholds: rho = T / 2^32; high meets the target
+    while high - low > 1:
+        mid = (low + high) // 2
+        if binomial_delta(n, sensitivity, epsilon, mid / TWO32) <= delta:
+            high = mid
+        else:
+            low = mid
+    return 1, high
 
 
 # ------------------------------------------------------------------------------ split-and-mix
@@ -169,7 +198,8 @@ class SplitAndMix:
     epsilon: float
     delta: float
     sigma: float = 40.0
-    noise_bits_per_client: int = field(init=False)
+    noise_trials_per_client: int = field(init=False)
+    noise_threshold: int = field(init=False)
     modulus_bits: int = field(init=False)
     messages: int = field(init=False)
     noise_delta: float = field(init=False)
@@ -184,23 +214,35 @@ class SplitAndMix:
         shuffle_delta = (1 + math.exp(epsilon)) * 2.0 ** -self.sigma
         if shuffle_delta >= delta / 2:
             raise ValueError(f"delta {delta:g} is too small for sigma {self.sigma}: raise sigma")
-        trials = binomial_trials_for(epsilon, delta - shuffle_delta, bound)
-        k = -(-trials // n)
+        k, threshold = binomial_share_for(n, epsilon, delta - shuffle_delta, bound)
         q_bits = max(2, (n * (bound + k)).bit_length() + 1)
         if q_bits > 63:
             raise ValueError("the sum does not fit 63 bits")
-        object.__setattr__(self, "noise_bits_per_client", k)
+        object.__setattr__(self, "noise_trials_per_client", k)
+        object.__setattr__(self, "noise_threshold", threshold)
         object.__setattr__(self, "modulus_bits", q_bits)
         object.__setattr__(self, "messages", ikos_messages(n, q_bits, self.sigma))
-        object.__setattr__(self, "noise_delta", binomial_delta(n * k, bound, epsilon))
+        object.__setattr__(self, "noise_delta",
+                           binomial_delta(n * k, bound, epsilon, threshold / TWO32))
 
     @property
     def modulus(self) -> int:
         return 1 << self.modulus_bits
 
     @property
+    def noise_probability(self) -> float:
+        return self.noise_threshold / TWO32
+
+    @property
     def noise_trials(self) -> int:
-        return self.num_clients * self.noise_bits_per_client
+        return self.num_clients * self.noise_trials_per_client
+
+    def noise_mean(self, num_clients: int) -> float:
+        return num_clients * self.noise_trials_per_client * self.noise_probability
+
+    def noise_variance(self, num_clients: int) -> float:
+        rho = self.noise_probability
+        return num_clients * self.noise_trials_per_client * rho * (1 - rho)
 
     @property
     def total_delta(self) -> float:
@@ -208,8 +250,8 @@ class SplitAndMix:
 
     @property
     def variance(self) -> float:
-        """Var of the estimated sum: Binomial(N, 1/2) has variance N/4."""
-        return self.noise_trials / 4.0
+        """Var of the estimated sum with the planned clients: N rho (1 - rho)."""
+        return self.noise_variance(self.num_clients)
 
     def encode(self, values, *, source: RandomSource, ids) -> np.ndarray:
         """``(n, m)`` uint64 shares of each client's noisy value (client side)."""
@@ -218,13 +260,22 @@ class SplitAndMix:
                                                                or values.max() > self.value_bound)):
             raise ValueError(f"values must be integers in [0, {self.value_bound}]")
         n = values.size
-        noise_words = -(-self.noise_bits_per_client // 64)
+        k = self.noise_trials_per_client
+        if self.noise_threshold == 1 << 31:  # fair coins: popcount of k random bits
+            noise_words = -(-k // 64)
+        else:  # k uniforms of 32 bits against the threshold
+            noise_words = -(-k // 2)
         words = source.words(ids, noise_words + self.messages - 1, "split-and-mix")
-        noise_part = words[:, :noise_words].copy()
-        spare = noise_words * 64 - self.noise_bits_per_client
-        if spare:
-            noise_part[:, -1] >>= np.uint64(spare)  # keep exactly k random bits
-        noise = _popcount(noise_part).sum(axis=1)
+        noise_part = words[:, :noise_words]
+        if self.noise_threshold == 1 << 31:
+            noise_part = noise_part.copy()
+            spare = noise_words * 64 - k
+            if spare:
+                noise_part[:, -1] >>= np.uint64(spare)  # keep exactly k random bits
+            noise = _popcount(noise_part).sum(axis=1)
+        else:
+            uniforms = u32_stream(np.ascontiguousarray(noise_part))[:, :k]
+            noise = (uniforms < np.uint32(self.noise_threshold)).sum(axis=1)
         mask = np.uint64(self.modulus - 1)
         shares = np.empty((n, self.messages), dtype=np.uint64)
         shares[:, :-1] = words[:, noise_words:] & mask
@@ -239,16 +290,17 @@ class SplitAndMix:
 
     def estimate(self, share_sum: int, num_clients: int) -> float:
         """The estimated sum of values from the sum of all shares mod q and the client count."""
-        return float(int(share_sum) % self.modulus) - num_clients * self.noise_bits_per_client / 2
+        return float(int(share_sum) % self.modulus) - self.noise_mean(num_clients)
 
     def describe(self) -> dict:
         return {
-            "protocol": "split-and-mix (IKOS 2006) with distributed Binomial(k, 1/2) noise",
+            "protocol": "split-and-mix (IKOS 2006) with distributed Binomial(k, rho) noise",
             "num_clients": self.num_clients, "value_bound": self.value_bound,
             "epsilon": self.epsilon, "delta_target": self.delta,
             "delta_noise": self.noise_delta, "delta_secure_sum": self.total_delta - self.noise_delta,
             "delta_total": self.total_delta, "sigma": self.sigma,
-            "noise_bits_per_client": self.noise_bits_per_client,
+            "noise_trials_per_client": self.noise_trials_per_client,
+            "noise_probability": self.noise_probability,
             "noise_trials_total": self.noise_trials, "modulus": f"2^{self.modulus_bits}",
             "messages_per_client": self.messages, "estimate_std": math.sqrt(self.variance),
             "model": ("shuffle model: a trusted shuffler hides which share came from whom; the "
@@ -271,8 +323,8 @@ def compare_models(num_clients: int, value_bound: int, epsilon: float, delta: fl
              "epsilon": epsilon, "delta": 0.0, "mse": _dlap_variance(epsilon, bound)}]
     sam = SplitAndMix(num_clients=n, value_bound=bound, epsilon=epsilon, delta=delta, sigma=sigma)
     rows.append({"model": "shuffle, split-and-mix", "mechanism":
-                 f"{sam.messages} shares/client, Binomial({sam.noise_bits_per_client}, 1/2) "
-                 "noise/client", "epsilon": epsilon, "delta": sam.total_delta,
+                 f"{sam.messages} shares/client, Binomial({sam.noise_trials_per_client}, "
+                 f"{sam.noise_probability:.3g}) noise/client", "epsilon": epsilon, "delta": sam.total_delta,
                  "mse": sam.variance})
     e0 = local_epsilon_for(epsilon, n, delta)
     if e0 is not None:
