@@ -214,7 +214,7 @@ def _shuffle_sum(spec, clients, last_value, seed):
 
 
 def test_split_and_mix_sum_is_epsilon_delta_dp_and_fewer_clients_than_planned_are_caught():
-    tester = DPTester(n_samples=40_000)
+    tester = DPTester(n_samples=20_000)
     spec = SplitAndMix(num_clients=20, value_bound=8, epsilon=EPSILON, delta=1e-3, sigma=20)
     assert tester.run(_shuffle_sum(spec, 20, 0, 1), _shuffle_sum(spec, 20, 8, 2),
                       epsilon=EPSILON, delta=spec.total_delta).passed

@@ -128,9 +128,10 @@ def test_metrics_on_hand_computed_rankings():
 
 
 def test_beam_pem_runs_all_rounds_in_one_pipeline_and_matches_the_in_memory_rounds():
-    plan = PEMPlan(oracle="grr", epsilon=5.0, value_bits=12, top_k=4, bits_per_round=3)
-    sim = simulate.Simulation(distribution=simulate.poisson(5), num_clients=20_000, seed=7,
-                              batch_size=5000)
+    plan = PEMPlan(oracle="grr", epsilon=5.0, value_bits=8, top_k=4, bits_per_round=3)
+    assert plan.rounds == 2
+    sim = simulate.Simulation(distribution=simulate.poisson(5), num_clients=8000, seed=7,
+                              batch_size=2000)
     source = KeyedRandomness.for_testing(8, "clients")
     reports = [client_reports(plan, sim.values(ids), source=source, ids=ids)
                for ids in sim.id_batches()]
