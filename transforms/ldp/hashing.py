@@ -32,6 +32,7 @@ width precomputed per report. :func:`support_counts` evaluates it blockwise so t
 from __future__ import annotations
 
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
@@ -42,6 +43,7 @@ HASH_BITS = 16
 WORD_BITS = 32
 MAX_BUCKETS = 1 << HASH_BITS
 _BLOCK_ELEMENTS = 1 << 18  # reports x candidates per block (1 MB of uint32 temporaries)
+_MAX_BLOCK_ROWS = (1 << 16) - 1
 
 
 def digits_for_bits(value_bits: int) -> int:
@@ -110,23 +112,31 @@ def support_counts(a: np.ndarray, b: np.ndarray, y: np.ndarray, candidates: np.n
     width = width.astype(np.uint32)
     digits = value_digits(candidates, k)  # (k, C)
     cand_block = max(1, min(candidates.size, 4096))
-    rows = max(1, _BLOCK_ELEMENTS // cand_block)
+    rows = max(1, min(_MAX_BLOCK_ROWS, _BLOCK_ELEMENTS // cand_block))
     tasks = [(r0, min(n, r0 + rows), c0, min(candidates.size, c0 + cand_block))
              for c0 in range(0, candidates.size, cand_block) for r0 in range(0, n, rows)]
 
+    local = threading.local()
+
+    def buffers(m, c):
+        if getattr(local, "shape", None) != (m, c):
+            local.acc = np.empty((m, c), dtype=np.uint32)
+            local.tmp = np.empty((m, c), dtype=np.uint32)
+            local.hit = np.empty((m, c), dtype=bool)
+            local.shape = (m, c)
+        return local.acc, local.tmp, local.hit
+
     def run(task):
         r0, r1, c0, c1 = task
-        m, c = r1 - r0, c1 - c0
-        acc = np.empty((m, c), dtype=np.uint32)
+        acc, tmp, hit = buffers(r1 - r0, c1 - c0)
         np.multiply(a[r0:r1, 0, None], digits[0, None, c0:c1], out=acc)
-        if k > 1:
-            tmp = np.empty_like(acc)
-            for i in range(1, k):
-                np.multiply(a[r0:r1, i, None], digits[i, None, c0:c1], out=tmp)
-                np.add(acc, tmp, out=acc)
+        for i in range(1, k):
+            np.multiply(a[r0:r1, i, None], digits[i, None, c0:c1], out=tmp)
+            np.add(acc, tmp, out=acc)
         np.add(acc, shifted_b[r0:r1, None], out=acc)
-        hit = np.less(acc, width[r0:r1, None])
-        return c0, c1, np.add.reduce(hit.view(np.uint8), axis=0, dtype=np.int64)
+        np.less(acc, width[r0:r1, None], out=hit)
+        # rows per block < 2^16: a uint16 column sum cannot overflow
+        return c0, c1, np.add.reduce(hit.view(np.uint8), axis=0, dtype=np.uint16)
 
     workers = threads if threads is not None else min(2, len(tasks))
     if workers > 1 and len(tasks) > 1:

@@ -19,11 +19,11 @@ import pyarrow as pa
 
 from transforms.ldp import hashing
 from transforms.ldp.oracles import GRR, OLH, Oracle, UnaryEncoding
-from transforms.ldp.randomness import (RandomSource, SystemRandomness, retry_u32, u32_stream,
-                                       uniform_below)
+from transforms.ldp.randomness import (RandomSource, SystemRandomness, bernoulli_bytes,
+                                       retry_u32, u32_stream, uniform_below)
 from transforms.ldp.reports import report_schema, unary_width
 
-_UNARY_CHUNK_CELLS = 1 << 23  # clients x domain bits per chunk (32 MB of uint32 uniforms)
+_UNARY_CHUNK_CELLS = 1 << 23  # clients x domain bits per chunk (8 MB of random bytes)
 
 
 def client_values(values, domain_size: int, name: str = "value") -> np.ndarray:
@@ -110,23 +110,29 @@ def _grr(oracle: GRR, v: np.ndarray, source: RandomSource, ids) -> np.ndarray:
 
 
 def _unary(oracle: UnaryEncoding, v: np.ndarray, source: RandomSource, ids) -> pa.Array:
-    """SUE / OUE / RAPPOR: one 32-bit uniform per domain bit per client (ceil(d/2) words)."""
+    """SUE / OUE / RAPPOR: one exact Bernoulli per domain bit per client, from one random byte
+    per bit (refined with 24 more bits on the 1/256 of ties): ceil(d/8) words per client."""
     d = oracle.domain_size
     width = unary_width(d)
     n = v.size
     out = np.empty((n, width), dtype=np.uint8)
     rows = max(1, _UNARY_CHUNK_CELLS // d)
     ids_is_count = isinstance(ids, int)
-    zero_t = np.uint32(oracle.zero_threshold) if oracle.zero_threshold < (1 << 32) else None
+    stage = oracle.oracle_name
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
-        chunk_ids = (r1 - r0) if ids_is_count else ids[r0:r1]
-        words = source.words(chunk_ids, -(-d // 2), oracle.oracle_name)
-        u = u32_stream(words)[:, :d]
-        bits = u < zero_t if zero_t is not None else np.ones(u.shape, dtype=bool)
-        rows_idx = np.arange(r1 - r0)
+        m = r1 - r0
+        chunk_ids = m if ids_is_count else ids[r0:r1]
+        u8 = source.words(chunk_ids, -(-d // 8), stage).view(np.uint8)[:, :d]
+        row_index = np.broadcast_to(np.arange(m)[:, None], (m, d))
+        col_index = np.broadcast_to(np.arange(d, dtype=np.uint64)[None, :], (m, d))
+        bits = bernoulli_bytes(source, chunk_ids, u8, oracle.zero_threshold, stage,
+                               row_index, col_index)
         own = v[r0:r1].astype(np.intp)
-        bits[rows_idx, own] = u[rows_idx, own] < np.uint64(oracle.one_threshold)
+        local = np.arange(m)
+        bits[local, own] = bernoulli_bytes(source, chunk_ids, u8[local, own].copy(),
+                                           oracle.one_threshold, stage, local,
+                                           own.astype(np.uint64))
         out[r0:r1] = np.packbits(bits, axis=1, bitorder="little")
     buffer = pa.py_buffer(out.tobytes())
     return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, buffer])

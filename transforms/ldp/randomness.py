@@ -61,6 +61,11 @@ class RandomSource:
         """
         raise NotImplementedError
 
+    def word_at(self, ids, index: np.ndarray, stage: str) -> np.ndarray:
+        """Word ``index[i]`` of record ``ids[i]``'s ``stage`` stream (uint64, one per pair): the
+        same word :meth:`words` would return at that position."""
+        raise NotImplementedError
+
     def describe(self) -> str:
         raise NotImplementedError
 
@@ -118,15 +123,27 @@ class KeyedRandomness(RandomSource):
         streams = RandomStreams.for_keys(self.release_key, purpose, keys)
         return np.stack([streams.draw(), streams.draw()], axis=1)
 
+    @staticmethod
+    def _bases(ids) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.asarray(ids)
+        if ids.ndim == 2 and ids.shape[1] == 2 and ids.dtype == np.uint64:
+            return ids[:, 0], ids[:, 1]
+        base1 = record_ids(ids)
+        return np.zeros_like(base1), base1
+
+    def word_at(self, ids, index, stage: str) -> np.ndarray:
+        base0, base1 = self._bases(ids)
+        index = np.asarray(index, dtype=np.uint64)
+        if base1.size == 0:
+            return np.zeros(0, dtype=np.uint64)
+        RandomStreams, purpose = self._streams(stage)
+        seeds = np.stack([base0 ^ index, base1], axis=1)
+        return RandomStreams(self.release_key, purpose, seeds).draw()
+
     def words(self, ids, count: int, stage: str) -> np.ndarray:
         if count < 0:
             raise ValueError("count must not be negative")
-        ids = np.asarray(ids)
-        if ids.ndim == 2 and ids.shape[1] == 2 and ids.dtype == np.uint64:
-            base0, base1 = ids[:, 0], ids[:, 1]
-        else:
-            base1 = record_ids(ids)
-            base0 = np.zeros_like(base1)
+        base0, base1 = self._bases(ids)
         n = base1.size
         if n == 0 or count == 0:
             return np.zeros((n, count), dtype=np.uint64)
@@ -150,6 +167,9 @@ class SystemRandomness(RandomSource):
         raw = os.urandom(8 * n * count)
         return np.frombuffer(raw, dtype=np.uint64).reshape(n, count).copy()
 
+    def word_at(self, ids, index, stage: str) -> np.ndarray:
+        return self.words(len(np.asarray(index)), 1, stage)[:, 0]
+
     def describe(self) -> str:
         return "operating-system CSPRNG (os.urandom)"
 
@@ -166,6 +186,30 @@ def u32_stream(words: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(words).view(np.uint32).reshape(words.shape[0], -1) \
         if np.little_endian else \
         np.stack(halves(words), axis=-1).reshape(words.shape[0], -1).astype(np.uint32)
+
+
+def bernoulli_bytes(source: RandomSource, ids, u8: np.ndarray, threshold: int, stage: str,
+                    rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """Exact Bernoulli(threshold / 2^32) from a byte per draw, refined only on ties.
+
+    A 32-bit uniform is the byte ``u8`` (its top 8 bits) followed by 24 more bits; those are
+    needed only when the byte equals the threshold's top byte (probability 1/256), and are then
+    word ``col`` of the record's ``stage/refine`` stream (so each (record, position) has one
+    fixed uniform). ``rows``/``cols`` locate each byte of ``u8`` (any shape) in the batch.
+    """
+    high, low = threshold >> 24, threshold & 0xFFFFFF
+    if high >= 256:  # threshold = 2^32: always
+        return np.ones(u8.shape, dtype=bool)
+    out = u8 < np.uint8(high)
+    tie = np.nonzero(u8 == np.uint8(high))
+    if low and tie[0].size:
+        tie_rows, tie_cols = rows[tie], cols[tie]
+        chosen = tie_rows if isinstance(ids, int) else np.asarray(ids)[tie_rows]
+        if isinstance(ids, int):
+            chosen = tie_rows.size
+        refine = source.word_at(chosen, tie_cols, f"{stage}/refine") & _U64(0xFFFFFF)
+        out[tie] = refine < _U64(low)
+    return out
 
 
 def threshold_floor(probability: float) -> int:
@@ -193,18 +237,32 @@ def uniform_below(u32: np.ndarray, bound, redraw: Callable[[np.ndarray, int], np
     from ``redraw(positions, round)`` until accepted.
     """
     u32 = np.asarray(u32, dtype=np.uint64)
-    bound = np.broadcast_to(np.asarray(bound, dtype=np.uint64), u32.shape)
-    if bound.size and (bound.min() < 1 or bound.max() > TWO32):
-        raise ValueError("uniform_below: bound must be in [1, 2^32]")
-    limit = (_U64(TWO32) // bound) * bound
-    out = u32 % bound
-    pending = np.nonzero(u32 >= limit)[0]
+    if np.ndim(bound) == 0:
+        # One bound for every record: scalar division (numpy's fast constant-divisor path).
+        b = int(bound)
+        if not 1 <= b <= TWO32:
+            raise ValueError("uniform_below: bound must be in [1, 2^32]")
+        scalar_limit = _U64((TWO32 // b) * b)
+        out = u32 % _U64(b)
+        pending = np.nonzero(u32 >= scalar_limit)[0]
+        limit = None
+    else:
+        bound = np.broadcast_to(np.asarray(bound, dtype=np.uint64), u32.shape)
+        if bound.size and (bound.min() < 1 or bound.max() > TWO32):
+            raise ValueError("uniform_below: bound must be in [1, 2^32]")
+        limit = (_U64(TWO32) // bound) * bound
+        out = u32 % bound
+        pending = np.nonzero(u32 >= limit)[0]
     for round_ in range(1, MAX_RETRY_ROUNDS + 1):
         if not pending.size:
             return out
         fresh = np.asarray(redraw(pending, round_), dtype=np.uint64)
-        ok = fresh < limit[pending]
-        out[pending[ok]] = fresh[ok] % bound[pending[ok]]
+        if limit is None:
+            ok = fresh < scalar_limit
+            out[pending[ok]] = fresh[ok] % _U64(b)
+        else:
+            ok = fresh < limit[pending]
+            out[pending[ok]] = fresh[ok] % bound[pending[ok]]
         pending = pending[~ok]
     if pending.size:  # probability < 2^-32 per round: a broken source, not bad luck
         raise RuntimeError("uniform_below: random source keeps returning rejected values")
