@@ -10,6 +10,8 @@ project. Tasks (written by local_dp.py, arrays in .npy files next to TASKS.json)
   estimates of every value and the aggregation time.
 * ``own_olh``: pure-ldp's own OLH client (xxhash with a random seed per user) and server on the
   given true values, ``runs`` times; return every run's estimates and the client/server times.
+* ``timing``: pure-ldp's client (``privatise`` per value) and server (``aggregate`` per report,
+  then every estimate) for GRR, OUE or OLH on the given values; return both times.
 """
 import json
 import os
@@ -68,6 +70,31 @@ def own_olh(task, folder):
             "buckets": int(server.g)}
 
 
+def timing(task, folder):
+    from pure_ldp.frequency_oracles.direct_encoding import DEClient, DEServer
+    from pure_ldp.frequency_oracles.local_hashing import LHClient, LHServer
+    from pure_ldp.frequency_oracles.unary_encoding import UEClient, UEServer
+
+    values = np.load(os.path.join(folder, task["values"]))
+    d, epsilon, oracle = task["d"], task["epsilon"], task["oracle"]
+    if oracle == "grr":
+        client, server = DEClient(epsilon, d), DEServer(epsilon, d)
+    elif oracle == "oue":
+        client, server = UEClient(epsilon, d, use_oue=True), UEServer(epsilon, d, use_oue=True)
+    else:
+        client, server = LHClient(epsilon, d, use_olh=True), LHServer(epsilon, d, use_olh=True)
+    items = (values + 1).tolist()
+    start = time.perf_counter()
+    reports = [client.privatise(v) for v in items]
+    client_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    for report in reports:
+        server.aggregate(report)
+    server.check_and_update_estimates()
+    return {"client_seconds": client_seconds, "server_seconds": time.perf_counter() - start,
+            "reports": len(items)}
+
+
 def main():
     tasks_path, results_path = sys.argv[1], sys.argv[2]
     folder = os.path.dirname(os.path.abspath(tasks_path))
@@ -76,7 +103,7 @@ def main():
     import pure_ldp  # noqa: F401  (fail early, with the import error, if the venv is broken)
     results = []
     for task in tasks:
-        run = same_reports if task["kind"] == "same_reports" else own_olh
+        run = {"same_reports": same_reports, "own_olh": own_olh, "timing": timing}[task["kind"]]
         results.append(run(task, folder))
     with open(results_path, "w") as handle:
         json.dump(results, handle)
