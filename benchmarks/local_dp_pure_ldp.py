@@ -100,7 +100,7 @@ def main():
     folder = os.path.dirname(os.path.abspath(tasks_path))
     with open(tasks_path) as handle:
         tasks = json.load(handle)
-    import pure_ldp  # noqa: F401  (fail early, with the import error, if the venv is broken)
+    import pure_ldp  # noqa: F401  (fail early with the import error if the venv is broken)
     results = []
     for task in tasks:
         run = {"same_reports": same_reports, "own_olh": own_olh, "timing": timing}[task["kind"]]

@@ -29,7 +29,6 @@ from typing import Optional
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from transforms.ldp.oracles import OLH, Oracle, UnaryEncoding, oracle_from_metadata
 
@@ -227,7 +226,3 @@ def _checked(column: pa.Array, bound: int, dtype) -> tuple[np.ndarray, np.ndarra
     if bad.any():
         values = np.where(bad, 0, values)
     return values.astype(dtype), bad
-
-
-def null_mask(column: pa.Array) -> np.ndarray:
-    return pc.is_null(column).to_numpy(zero_copy_only=False)
