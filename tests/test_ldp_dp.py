@@ -112,6 +112,40 @@ def test_dp_tester_catches_grr_that_ignores_the_domain_size():
     assert not result.passed and result.epsilon_lower_bound > EPSILON
 
 
+def _broken_binary_rr(value, seed):
+    """Bug: 'otherwise report a fair coin' -- the true bit also comes out of the coin, so the
+    keep probability is p + (1-p)/2, not p."""
+    def sample(n):
+        words = _source(seed).words(np.arange(n), 1, "binary_rr")[:, 0]
+        keep = (words & np.uint64(0xFFFFFFFF)) < np.uint64(
+            threshold_floor(math.exp(EPSILON) / (1 + math.exp(EPSILON))))
+        coin = (words >> np.uint64(63)).astype(np.int64)
+        return np.where(keep, value, coin)
+    return sample
+
+
+def test_dp_tester_catches_binary_rr_whose_lie_is_a_fair_coin():
+    result = _check(_broken_binary_rr(0, 1), _broken_binary_rr(1, 2))
+    assert not result.passed and result.epsilon_lower_bound > EPSILON
+
+
+def _broken_oue(value, seed, d):
+    """Bug: OUE's q, but the client's own bit kept with SUE's 1 - q instead of 1/2 (spends
+    2 epsilon: p(1-q)/((1-p)q) = ((1-q)/q)^2)."""
+    def sample(n):
+        u = u32_stream(_source(seed).words(np.arange(n), -(-d // 2), "oue"))[:, :d]
+        q = threshold_floor(1 / (math.exp(EPSILON) + 1))
+        bits = u < q
+        bits[:, value] = u[:, value] >= q
+        return np.stack([bits[:, 0], bits[:, 4]], axis=1).astype(np.int64)
+    return sample
+
+
+def test_dp_tester_catches_oue_with_the_symmetric_keep_probability():
+    result = _check(_broken_oue(0, 1, 6), _broken_oue(4, 2, 6), projections=PAIRS)
+    assert not result.passed and result.epsilon_lower_bound > EPSILON
+
+
 def _broken_sue(value, seed, d):
     """Bug: every bit flipped as randomized response at epsilon instead of epsilon/2 (a one-hot
     vector differs in two bits, so the report spends 2 epsilon)."""
@@ -125,7 +159,8 @@ def _broken_sue(value, seed, d):
     return sample
 
 
-def test_dp_tester_catches_unary_encoding_at_the_per_bit_epsilon():
+def test_dp_tester_catches_sue_or_rappor_at_the_per_bit_epsilon():
+    """Basic RAPPOR is SUE with f = 2/(1 + e^{eps/2}); the classic bug is f from eps itself."""
     result = _check(_broken_sue(0, 1, 6), _broken_sue(4, 2, 6), projections=PAIRS)
     assert not result.passed and result.epsilon_lower_bound > EPSILON
 

@@ -44,7 +44,7 @@ def test_system_randomness_needs_no_ids_and_is_not_reproducible():
     oracle = make_oracle("grr", epsilon=0.5, domain_size=50)
     values = np.zeros(2000, dtype=np.int64)
     a = randomize(oracle, values, source=SystemRandomness())
-    b = randomize(oracle, values, source=SystemRandomness())
+    b = randomize(oracle, values)  # the default: the OS CSPRNG, as on a client device
     assert a.num_rows == 2000 and not a.equals(b)
     with pytest.raises(ValueError, match="needs one integer id per client"):
         randomize(oracle, values, source=KeyedRandomness.for_testing(1))

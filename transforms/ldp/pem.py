@@ -33,7 +33,7 @@ from transforms.ldp import hashing
 from transforms.ldp.estimators import SupportCounts, count_support, estimate_table
 from transforms.ldp.oracles import Oracle, check_local_epsilon, make_oracle
 from transforms.ldp.randomizers import randomize
-from transforms.ldp.randomness import RandomSource, retry_u32, uniform_below
+from transforms.ldp.randomness import RandomSource, SystemRandomness, retry_u32, uniform_below
 from transforms.ldp.reports import report_arrays, report_fields
 
 PEM_METADATA_KEY = b"ldp.pem"
@@ -168,8 +168,15 @@ def assign_groups(source: RandomSource, ids, rounds: int) -> np.ndarray:
                          retry_u32(source, ids, "pem/group")).astype(np.uint16)
 
 
-def client_reports(plan: PEMPlan, values, *, source: RandomSource, ids, groups=None) -> pa.Table:
-    """Each client's PEM report: its group's prefix through its group's oracle."""
+def client_reports(plan: PEMPlan, values, *, source: Optional[RandomSource] = None, ids=None,
+                   groups=None) -> pa.Table:
+    """Each client's PEM report: its group's prefix through its group's oracle (randomness from
+    ``source``, by default the OS CSPRNG; keyed sources need integer ``ids``)."""
+    source = SystemRandomness() if source is None else source
+    if ids is None:
+        if not isinstance(source, SystemRandomness):
+            raise ValueError("keyed randomness needs one integer id per client (ids=...)")
+        ids = np.arange(len(values), dtype=np.uint64)
     values = np.asarray(values, dtype=np.uint64)
     if values.size and int(values.max()) >> plan.value_bits:
         raise ValueError(f"values must be below 2^{plan.value_bits}")

@@ -54,26 +54,30 @@ def client_values(values, domain_size: int, name: str = "value") -> np.ndarray:
 
 
 def _ids_for(source: RandomSource, ids, n: int):
+    if isinstance(source, SystemRandomness):
+        return n  # the OS CSPRNG does not use ids
     if ids is None:
-        if not isinstance(source, SystemRandomness):
-            raise ValueError("keyed randomness needs one integer id per client (ids=...): the "
-                             "id makes each client's report independent of batching")
-        return n
+        raise ValueError("keyed randomness needs one integer id per client (ids=...): the "
+                         "id makes each client's report independent of batching")
     ids = np.asarray(ids)
     if len(ids) != n:
         raise ValueError(f"got {len(ids)} ids for {n} values")
     return ids
 
 
-def randomize(oracle: Oracle, values, *, source: RandomSource, ids=None,
+def randomize(oracle: Oracle, values, *, source: Optional[RandomSource] = None, ids=None,
               extra: Optional[dict] = None) -> pa.Table:
     """Randomize one value per client with ``oracle``; returns the report table.
 
+    ``source``: where the bits come from -- by default the OS CSPRNG (a client device); keyed
+    streams (:class:`KeyedRandomness`, with ``ids``) for simulations and server-side use,
+    ``KeyedRandomness.for_testing(seed)`` for tests.
     ``extra``: columns to carry into the report table unchanged (e.g. ``{"group": groups}``).
     """
     if not isinstance(oracle, Oracle):
         raise TypeError(f"oracle must be an Oracle, got {type(oracle).__name__}")
     v = client_values(values, oracle.domain_size)
+    source = SystemRandomness() if source is None else source
     record_ids = _ids_for(source, ids, v.size)
     if isinstance(oracle, UnaryEncoding):
         columns = {"bits": _unary(oracle, v, source, record_ids)}
