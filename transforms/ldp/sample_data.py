@@ -92,7 +92,7 @@ def shuffle_shares(path: str, *, spec: Optional[SplitAndMix] = None, clients: in
     values = np.random.default_rng(seed).integers(0, spec.value_bound + 1, clients)
     shares = spec.encode(values, source=KeyedRandomness.for_testing(seed, "sample-shares"),
                          ids=np.arange(clients))
-    return write_table(shares_table(shares), path)
+    return write_table(shares_table(shares, spec), path)
 
 
 def training_rows(path: str, *, rows: int = 2000, labels: Sequence = ("no", "yes"),

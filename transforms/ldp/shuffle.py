@@ -56,6 +56,7 @@ from accounting.validation import check_delta, check_epsilon, check_positive_int
 from transforms.ldp.randomness import TWO32, RandomSource, u32_stream
 
 SHARE_COLUMN = "share"
+SHARES_METADATA_KEY = b"ldp.split_and_mix"
 
 
 # ---------------------------------------------------------------------------- amplification
@@ -292,6 +293,14 @@ class SplitAndMix:
         """The estimated sum of values from the sum of all shares mod q and the client count."""
         return float(int(share_sum) % self.modulus) - self.noise_mean(num_clients)
 
+    def metadata(self) -> str:
+        """The protocol parameters as JSON (the shares' schema metadata)."""
+        import json
+
+        return json.dumps({"num_clients": self.num_clients, "value_bound": self.value_bound,
+                           "epsilon": self.epsilon, "delta": self.delta, "sigma": self.sigma},
+                          sort_keys=True)
+
     def describe(self) -> dict:
         return {
             "protocol": "split-and-mix (IKOS 2006) with distributed Binomial(k, rho) noise",
@@ -346,8 +355,27 @@ def compare_models(num_clients: int, value_bound: int, epsilon: float, delta: fl
     return rows
 
 
-def shares_table(shares: np.ndarray) -> pa.Table:
+def shares_table(shares: np.ndarray, spec: Optional[SplitAndMix] = None) -> pa.Table:
     """Shares as the shuffler would hand them over: one column, in sorted order (the sorted
-    multiset carries exactly what a uniformly random order would)."""
-    return pa.table({SHARE_COLUMN: pa.array(np.sort(np.asarray(shares).reshape(-1)), pa.uint64())})
+    multiset carries exactly what a uniformly random order would). With ``spec``, the schema's
+    ``ldp.split_and_mix`` metadata says which protocol parameters made them (an aggregator
+    configured otherwise refuses them: :func:`check_shares_schema`)."""
+    table = pa.table({SHARE_COLUMN: pa.array(np.sort(np.asarray(shares).reshape(-1)), pa.uint64())})
+    if spec is not None:
+        table = table.replace_schema_metadata({SHARES_METADATA_KEY: spec.metadata().encode()})
+    return table
+
+
+def check_shares_schema(spec: SplitAndMix, schema: pa.Schema) -> None:
+    """Raise ValueError if ``schema`` cannot hold ``spec``'s shares (column, type, parameters)."""
+    declared = (schema.metadata or {}).get(SHARES_METADATA_KEY)
+    if declared is not None and declared.decode() != spec.metadata():
+        raise ValueError(f"these shares were made with split-and-mix parameters "
+                         f"{declared.decode()}, not {spec.metadata()}")
+    if SHARE_COLUMN not in schema.names:
+        raise ValueError(f"shuffled shares need a {SHARE_COLUMN!r} column; the input has "
+                         f"{schema.names}")
+    if not pa.types.is_integer(schema.field(SHARE_COLUMN).type):
+        raise ValueError(f"column {SHARE_COLUMN!r} must be an unsigned integer, got "
+                         f"{schema.field(SHARE_COLUMN).type}")
 
