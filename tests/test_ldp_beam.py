@@ -10,7 +10,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from accounting.keys import KeyReuseError, ReleaseKey
 from transforms.ldp import KeyedRandomness, make_oracle, simulate
 from transforms.ldp.beam import NAMESPACE, EstimateFrequencies, RandomizeReports
-from transforms.ldp.estimators import (candidate_values, count_support, estimate_frequencies,
+from transforms.ldp.estimators import (SupportCounts, candidate_values, count_support, estimate_frequencies,
                                        estimate_table)
 from transforms.ldp.randomizers import randomize
 
@@ -46,8 +46,9 @@ def test_malformed_reports_are_dropped_and_counted_never_released():
     bad = pa.table({"report": pa.array([3, 11, None, 99], pa.int64())})
     values = candidate_values(oracle)
     counts = count_support(oracle, good, values)
-    counts.support[3] += 1  # the one valid report of the bad batch
-    counts.n += 1
+    one = np.zeros_like(counts.support)
+    one[3] = 1  # the one valid report of the bad batch
+    counts = counts.merge(SupportCounts(n=1, support=one))
     expected = estimate_table(oracle, values, counts)
     p = TestPipeline()
     out = p | beam.Create([good, bad]) | EstimateFrequencies(oracle)

@@ -68,7 +68,7 @@ def test_rounds_on_known_counts_pick_the_true_heavy_hitters():
     truth[0b0110] = 30
     truth[0b0001] = 20
     support = np.round(truth * p + (n - truth) * q).astype(np.int64)
-    est = round_estimates(plan, 0, candidates, SupportCounts(n, support))
+    est = round_estimates(plan, 0, candidates, SupportCounts(n=n, support=support))
     assert top_k(est, 2).column("value").to_pylist() == [0b1011, 0b0110]
     nxt = next_candidates(plan, 0, est)
     assert nxt.tolist() == sorted([(0b0110 << 3) | i for i in range(8)]

@@ -76,7 +76,7 @@ class SumSupportFn(beam.CombineFn):
 
     def add_input(self, accumulator, counts):
         if accumulator is None:
-            return SupportCounts(counts.n, counts.support.copy())
+            return SupportCounts(n=counts.n, support=counts.support.copy())
         return accumulator.merge(counts)
 
     def merge_accumulators(self, accumulators):
@@ -84,7 +84,7 @@ class SumSupportFn(beam.CombineFn):
         for acc in accumulators:
             if acc is None:
                 continue
-            merged = SupportCounts(acc.n, acc.support.copy()) if merged is None else merged.merge(acc)
+            merged = SupportCounts(n=acc.n, support=acc.support.copy()) if merged is None else merged.merge(acc)
         return merged
 
     def extract_output(self, accumulator):

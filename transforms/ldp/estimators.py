@@ -46,7 +46,7 @@ def candidate_values(oracle: Oracle, candidates=None) -> np.ndarray:
     return values
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class SupportCounts:
     """Mergeable partial aggregate: n reports, and the support count of each candidate."""
 
@@ -55,15 +55,15 @@ class SupportCounts:
 
     @classmethod
     def empty(cls, size: int) -> "SupportCounts":
-        return cls(0, np.zeros(size, dtype=np.int64))
+        return cls(n=0, support=np.zeros(size, dtype=np.int64))
 
     def merge(self, other: "SupportCounts") -> "SupportCounts":
-        """In-place sum (``self`` is modified and returned)."""
+        """The sum of both; ``self``'s support array is reused (added into in place), so use
+        only the returned value afterwards."""
         if other.support.shape != self.support.shape:
             raise ValueError("support counts over different candidate sets cannot be merged")
-        self.n += other.n
-        self.support += other.support
-        return self
+        np.add(self.support, other.support, out=self.support)
+        return SupportCounts(n=self.n + other.n, support=self.support)
 
 
 def count_support(oracle: Oracle, reports, candidates: np.ndarray, *,
@@ -78,7 +78,7 @@ def count_support(oracle: Oracle, reports, candidates: np.ndarray, *,
                                          oracle.buckets, threads=threads)
     else:
         support = _value_support(oracle, arrays.report, candidates)
-    return SupportCounts(arrays.n, support)
+    return SupportCounts(n=arrays.n, support=support)
 
 
 def _is_full_domain(oracle: Oracle, candidates: np.ndarray) -> bool:

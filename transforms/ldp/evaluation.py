@@ -32,7 +32,7 @@ def relevance(truth: np.ndarray, k: int) -> dict:
     return {int(v): k - i for i, v in enumerate(truth[:k])}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TopKScores:
     f1: float
     ncr: float

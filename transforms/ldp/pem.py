@@ -268,7 +268,7 @@ def heavy_hitters(plan: PEMPlan, reports) -> tuple[pa.Table, list[pa.Table]]:
     for r in range(plan.rounds):
         counts = SupportCounts.empty(candidates.size)
         for arrays in per_round[r]:
-            counts.merge(round_support(plan, r, arrays, candidates))
+            counts = counts.merge(round_support(plan, r, arrays, candidates))
         estimates = round_estimates(plan, r, candidates, counts, total)
         rounds.append(estimates)
         if r + 1 < plan.rounds:

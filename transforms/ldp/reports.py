@@ -105,7 +105,7 @@ def _width_hint(oracle, expected, actual) -> str:
     return ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ReportArrays:
     """Validated numpy views of a report batch (rows with faults already removed)."""
 
@@ -161,7 +161,7 @@ def report_arrays(oracle: Oracle, batch, *, on_invalid: str = "raise") -> Report
         values["bits"] = raw
     elif isinstance(oracle, OLH):
         column = _column(table, "hash_a")
-        flat = column.values if not column.offset else column.flatten()
+        flat = column.flatten()  # respects a slice's offset and length
         a = _integers(flat, 0, (1 << 32) - 1, "hash_a").astype(np.uint32)
         values["hash_a"] = a.reshape(n_rows, oracle.digits) if n_rows else a.reshape(0, oracle.digits)
         b_col = _column(table, "hash_b")
