@@ -275,3 +275,20 @@ def test_label_export_refuses_the_same_labels_under_another_id(tmp_path, inputs,
     assert label_dp.main([*base, "--dataset_id", "d2"]) == 2
     assert "already charged" in capsys.readouterr().err
     assert glob.glob(str(tmp_path / "out" / "label_dp" / "d2")) == []
+
+
+def test_malformed_reports_count_towards_the_dropped_rows_rule(tmp_path, capsys):
+    from transforms.ldp.reports import report_schema
+
+    schema = pa.schema([pa.field("report", pa.uint32())],
+                       metadata=report_schema(make_oracle("grr", epsilon=1.0, domain_size=10)).metadata)
+    path = str(tmp_path / "bad.parquet")
+    pq.write_table(pa.table({"report": pa.array([1, 99, 99, 99, None, 5, 99, 99, 8, 1],
+                                                pa.uint32())}, schema=schema), path)
+    argv = ["--input", path, "--oracle", "grr", "--epsilon", "1", "--domain_size", "10",
+            "--collection_id", "c", "--output", str(tmp_path / "out"), "--testing_seed", "1"]
+    assert ldp_frequencies.main(argv) == 3
+    err = capsys.readouterr().err
+    assert "6 of 10 eligible rows dropped" in err and "reports_dropped_out_of_domain=5" in err
+    assert not glob.glob(str(tmp_path / "out" / "testing-not-a-release" / "ldp_frequencies" / "c"
+                             / "*.csv"))
