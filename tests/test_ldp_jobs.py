@@ -292,3 +292,16 @@ def test_malformed_reports_count_towards_the_dropped_rows_rule(tmp_path, capsys)
     assert "6 of 10 eligible rows dropped" in err and "reports_dropped_out_of_domain=5" in err
     assert not glob.glob(str(tmp_path / "out" / "testing-not-a-release" / "ldp_frequencies" / "c"
                              / "*.csv"))
+
+
+def test_bundled_sample_is_what_the_generator_makes(tmp_path):
+    from pipelines import ldp_data
+
+    for path in ldp_data.generate_sample(str(tmp_path)):
+        bundled = os.path.join(ldp_data.SAMPLE_DIR, os.path.basename(path))
+        if path.endswith(".parquet"):
+            assert pq.read_table(path).equals(pq.read_table(bundled))
+            assert pq.read_schema(path).metadata == pq.read_schema(bundled).metadata
+        else:
+            with open(path, "rb") as new, open(bundled, "rb") as old:
+                assert new.read() == old.read()
