@@ -23,6 +23,8 @@ from transforms.ldp.pem import PEMPlan
 from transforms.ldp.randomness import KeyedRandomness
 from transforms.ldp.shuffle import SplitAndMix, shares_table
 
+from release_testkit import assert_no_secret, secrets_of
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = 7
 JOBS = {"ldp_frequencies": (ldp_frequencies, ["--oracle", "--candidates", "--collection_id"]),
@@ -273,7 +275,16 @@ def test_label_export_refuses_the_same_labels_under_another_id(tmp_path, inputs,
             "--key_store", str(tmp_path / "keys")]
     assert label_dp.main([*base, "--dataset_id", "d1"]) == 0
     assert label_dp.main([*base, "--dataset_id", "d2"]) == 2
-    assert "already charged" in capsys.readouterr().err
+    printed = capsys.readouterr()
+    assert "already charged" in printed.err
+    secrets = secrets_of([tmp_path / "keys"])
+    assert secrets  # the export's randomness is keyed by a stored release key
+    assert_no_secret(secrets, texts=[printed.out, printed.err],
+                     roots=[tmp_path / "out", tmp_path / "reports"])
+    record = BudgetLedger(str(tmp_path / "ledger.json"), str(tmp_path / "keys")).get("label_dp/d1")
+    assert record["content_key"].startswith("multiset-sha256:labels:")
+    (measure,) = record["measures"]
+    assert measure["noise"] is None and "one example's label" in measure["neighbouring"]
     assert glob.glob(str(tmp_path / "out" / "label_dp" / "d2")) == []
 
 
