@@ -142,6 +142,20 @@ class ShuffleSumJob(Job):
                                                  for row in models]},
             guarantee_covers="the clients' values summed in this collection (shuffle model)")]
 
+    def public_summary(self, request, planned, tables):
+        """Rows released, and the error of each trust model at this epsilon (public: from the
+        protocol's parameters only)."""
+        out = super().public_summary(request, planned, tables)
+        out["error_by_trust_model"] = planned.parameters["error_by_trust_model"]
+        return out
+
+    def report_lines(self, summary):
+        lines = ["  error of the sum at this epsilon, by trust model (RMSE):"]
+        for row in summary.get("error_by_trust_model", []):
+            rmse = "n/a" if row.get("rmse") is None else f"{row['rmse']:.4g}"
+            lines.append(f"    {row['model']}: {rmse} ({row['mechanism']})")
+        return lines
+
     def build(self, pipeline, request, inputs, release):
         from transforms.ldp.beam import ShuffleSum
 

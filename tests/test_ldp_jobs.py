@@ -212,7 +212,7 @@ def test_heavy_hitter_neighbours(tmp_path, inputs):
     # Later rounds' candidates are post-processing of the reports: they may differ, by design.
 
 
-def test_shuffle_sum_neighbours(tmp_path):
+def test_shuffle_sum_neighbours(tmp_path, capsys):
     spec = SplitAndMix(num_clients=40, value_bound=5, epsilon=1.0, delta=1e-6)
     values = np.random.default_rng(1).integers(0, 6, 41)
     shares = spec.encode(values, source=KeyedRandomness.for_testing(2, "clients"),
@@ -228,6 +228,8 @@ def test_shuffle_sum_neighbours(tmp_path):
             _testing_output(tmp_path / name, "shuffle_sum", "c1", "sum.csv"),
             convert_options=pacsv.ConvertOptions(column_types=shuffle_sum.SCHEMA))
     assert out["all"].schema == out["minus_one"].schema and out["all"].num_rows == 1
+    printed = capsys.readouterr().out
+    assert "by trust model" in printed and "    local: " in printed  # beside the local model
     k, rho = spec.noise_trials_per_client, spec.noise_probability
     diff = out["all"].column("estimate")[0].as_py() - out["minus_one"].column("estimate")[0].as_py()
     # One client adds x + Binomial(k, rho) - k rho: within [-k rho, B + k (1 - rho)].
