@@ -6,7 +6,9 @@
 
 Input: Parquet report files of one oracle (``transforms/ldp/reports.py``: ``report``, ``bits``
 or ``hash_a``/``hash_b``/``report``; the schema's ``ldp.oracle`` metadata must match the declared
-``--oracle``/``--epsilon``/``--domain_size``). Checked before the charge.
+``--oracle``/``--epsilon``/``--domain_size``), checked before the charge. GRR and binary RR
+reports (one flat ``report`` column) may also be CSV: a value that is not an integer (binary RR:
+0/1/true/false) counts as a null report, dropped and counted.
 
 Output: release ``ldp_frequencies/<collection_id>`` (``estimates.csv``): one row per candidate
 value (``--candidates``, one integer per line, or the whole domain; OLH counts support against
@@ -24,6 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
@@ -38,14 +41,17 @@ OUTPUT = "estimates.csv"
 SCHEMA = pa.schema([("value", pa.uint64()), ("estimate", pa.float64()),
                     ("frequency", pa.float64()), ("std", pa.float64())])
 ORACLE_CHOICES = ["binary_rr", "grr", "sue", "oue", "rappor", "olh"]
+#: Oracles whose reports are one flat column, so CSV can carry them.
+FLAT_ORACLES = ("binary_rr", "grr")
 
 
 @dataclass(frozen=True, kw_only=True)
 class FrequenciesRequest:
     """One frequency-oracle aggregation (the CLI flags are these fields)."""
 
-    input: tuple = field(metadata={"help": "Parquet report files: paths, globs or folders, "
-                                           "comma-separated (local or gs://)"})
+    input: tuple = field(metadata={"help": "Parquet report files (GRR / binary RR: also CSV): "
+                                           "paths, globs or folders, comma-separated (local or "
+                                           "gs://)"})
     oracle: str = field(metadata={"choices": ORACLE_CHOICES,
                                   "help": "the oracle the clients used"})
     epsilon: float = field(metadata={"help": "the clients' local epsilon (as in the reports' "
@@ -92,6 +98,26 @@ def read_candidates(path: str, flag: str, domain_size: int) -> np.ndarray:
     return np.unique(np.asarray(values, dtype=np.uint64))
 
 
+def parse_text_reports(table: pa.Table) -> pa.Table:
+    """A flat report column read as text (CSV) -> int64; a value that is not an integer
+    (binary RR also: true/false) becomes null, which the estimator drops and counts."""
+    column = table.column("report")
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return table
+    words = {"true": 1, "false": 0}
+    values = []
+    for text in column.to_pylist():
+        text = None if text is None else text.strip().lower()
+        if text in words:
+            values.append(words[text])
+        elif text and (text.isdigit() or (text[0] == "-" and text[1:].isdigit())):
+            values.append(int(text) if len(text) < 19 else -1)  # out of any domain: dropped
+        else:
+            values.append(None)
+    return table.set_column(table.column_names.index("report"), "report",
+                            pa.array(values, pa.int64()))
+
+
 class FrequenciesJob(Job):
     name = NAME
     request_type = FrequenciesRequest
@@ -117,13 +143,15 @@ class FrequenciesJob(Job):
         self._candidates(request, oracle)
         from transforms.ldp.reports import check_schema
 
-        ldp_release.check_files(self.inputs(request)[0], lambda s: check_schema(oracle, s))
+        ldp_release.check_files(self.inputs(request)[0], lambda s: check_schema(oracle, s),
+                                text_ok=request.oracle in FLAT_ORACLES)
 
     def inputs(self, request):
         from transforms.ldp.reports import report_fields
 
         columns = {f.name: "any" for f in report_fields(oracle_of(request))}
-        return [InputSpec(name="reports", paths=request.input, format="parquet",
+        fmt = None if request.oracle in FLAT_ORACLES else "parquet"
+        return [InputSpec(name="reports", paths=request.input, format=fmt,
                           columns=columns, flag="--input")]
 
     def dropped_rows(self, counters):
@@ -152,7 +180,10 @@ class FrequenciesJob(Job):
 
         oracle = oracle_of(request)
         candidates = self._candidates(request, oracle)
-        return {OUTPUT: inputs["reports"] | release.label("Estimate") >> EstimateFrequencies(
+        reports = inputs["reports"]
+        if request.oracle in FLAT_ORACLES:
+            reports = reports | release.label("ParseText") >> beam.Map(parse_text_reports)
+        return {OUTPUT: reports | release.label("Estimate") >> EstimateFrequencies(
             oracle, candidates=candidates)}
 
 

@@ -16,9 +16,10 @@ neighbouring relation says so: *replace one client's value* (its report's law ch
 e^epsilon). The ledger scope is the report collection (``ldp-collection:<id>``), budgeted at that
 epsilon: one collection's reports are released once.
 
-**Checks before the charge.** Report files must be Parquet (unary and OLH reports hold binary and
-list columns); their footers are read before the ledger is touched and checked against the
-declared oracle (the schema's ``ldp.oracle`` / ``ldp.pem`` metadata, column types and widths).
+**Checks before the charge.** Report files are Parquet (unary and OLH reports hold binary and
+list columns; flat GRR / binary RR reports may also be CSV); Parquet footers are read before the
+ledger is touched and checked against the declared oracle (the schema's ``ldp.oracle`` /
+``ldp.pem`` metadata, column types and widths).
 Messages name the file and the column, never a report.
 
 **Dropped reports.** A null or out-of-domain report depends only on its own client, so dropping
@@ -55,9 +56,10 @@ def collection_scope(collection_id: str, epsilon: float) -> Scope:
                              "local epsilon)")
 
 
-def parquet_schemas(spec: InputSpec) -> dict:
+def parquet_schemas(spec: InputSpec, *, text_ok: bool = False) -> dict:
     """{file: Arrow schema (with metadata), row count} of a Parquet input, after the release
-    layer's preflight (which refuses unreadable files by name)."""
+    layer's preflight (which refuses unreadable files by name). ``text_ok``: CSV files are
+    allowed too (flat reports; preflight checked their header) and skipped here."""
     import pyarrow.parquet as pq
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
@@ -65,6 +67,8 @@ def parquet_schemas(spec: InputSpec) -> dict:
     resolved = preflight(spec)
     out = {}
     for path in resolved.files:
+        if resolved.formats[path] == "csv" and text_ok:
+            continue
         if resolved.formats[path] != "parquet":
             raise ReleaseRefused(f"{spec.label}: {path} is not Parquet; client reports are read "
                                  "from Parquet files only")
@@ -74,10 +78,10 @@ def parquet_schemas(spec: InputSpec) -> dict:
     return out
 
 
-def check_files(spec: InputSpec, check: Callable) -> dict:
-    """Run ``check(schema)`` on every file of ``spec``; a ValueError becomes a refusal naming
-    the file (the checks' messages name columns and types, never values)."""
-    schemas = parquet_schemas(spec)
+def check_files(spec: InputSpec, check: Callable, *, text_ok: bool = False) -> dict:
+    """Run ``check(schema)`` on every Parquet file of ``spec``; a ValueError becomes a refusal
+    naming the file (the checks' messages name columns and types, never values)."""
+    schemas = parquet_schemas(spec, text_ok=text_ok)
     for path, (schema, _) in schemas.items():
         try:
             check(schema)

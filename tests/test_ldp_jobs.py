@@ -318,3 +318,20 @@ def test_bundled_sample_is_what_the_generator_makes(tmp_path):
         else:
             with open(path, "rb") as new, open(bundled, "rb") as old:
                 assert new.read() == old.read()
+
+
+def test_flat_reports_may_be_csv(tmp_path, grr_reports, capsys):
+    _, table = grr_reports
+    path = str(tmp_path / "reports.csv")
+    lines = ["report"] + [str(v) for v in table.column("report").to_pylist()] + ["x", "-3"]
+    with open(path, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    assert ldp_frequencies.main(_freq_args(path, tmp_path / "out",
+                                           **{"--testing_seed": str(SEED)})) == 0
+    printed = capsys.readouterr().out  # "x" is no integer, -3 is outside the domain
+    assert "ldp.reports_dropped_null=1, ldp.reports_dropped_out_of_domain=1" in printed
+    released = pacsv.read_csv(_testing_output(tmp_path / "out", "ldp_frequencies", "c1",
+                                              "estimates.csv"))
+    expected = estimate_frequencies(make_oracle("grr", epsilon=1.5, domain_size=8), table)
+    np.testing.assert_allclose(released.column("estimate").to_numpy(),
+                               expected.column("estimate").to_numpy(), rtol=1e-12)
