@@ -209,6 +209,15 @@ def test_heavy_hitter_neighbours(tmp_path, inputs):
     first = {k: v["rounds.csv"].filter(pa.compute.equal(v["rounds.csv"].column("round"), 0))
              for k, v in out.items()}
     assert first["all"].column("value").to_pylist() == first["minus_one"].column("value").to_pylist()
+    # Round 0's estimate is N (S/n0 - q)/(p - q), scaled from group 0 (n0 clients) to all N: one
+    # client fewer moves it by at most (1 + (N - 1)/(n0 - 1))/(p - q) (N drops by one; if the
+    # client was in group 0, n0 and S drop too and S/n0 moves by at most 1/(n0 - 1)).
+    groups = pq.read_table(inputs["pem"]).column("group").to_numpy()
+    N, n0 = groups.size, int((groups == 0).sum())
+    plan = PEMPlan(oracle="grr", epsilon=3.0, value_bits=8, top_k=3)
+    p, q = plan.oracle_for_round(0).support_probabilities()
+    diff = first["all"].column("estimate").to_numpy() - first["minus_one"].column("estimate").to_numpy()
+    assert np.abs(diff).max() <= (1 + (N - 1) / (n0 - 1)) / (p - q) + 1e-9
     # Later rounds' candidates are post-processing of the reports: they may differ, by design.
 
 
