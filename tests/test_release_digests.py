@@ -148,9 +148,47 @@ def dp_aggregate(tmp) -> dict:
     return {"keyset": _table_digest(table)}
 
 
+def local_dp(tmp) -> dict:
+    """The four local/shuffle-DP jobs on their bundled samples (pipelines/sample_data/ldp)."""
+    from pipelines import label_dp, ldp_frequencies, ldp_heavy_hitters, shuffle_sum
+
+    data = os.path.join(SAMPLE, "ldp")
+    runs = {
+        "ldp_frequencies": (ldp_frequencies, [
+            "--input", os.path.join(data, "reports_oue.parquet"), "--oracle", "oue",
+            "--epsilon", "2", "--domain_size", "32", "--collection_id", "sample"]),
+        "ldp_heavy_hitters": (ldp_heavy_hitters, [
+            "--input", os.path.join(data, "pem_reports.parquet"), "--epsilon", "4",
+            "--value_bits", "16", "--top_k", "9", "--collection_id", "sample"]),
+        "shuffle_sum": (shuffle_sum, [
+            "--input", os.path.join(data, "shares.parquet"), "--num_clients", "1000",
+            "--value_bound", "10", "--epsilon", "1", "--delta", "1e-6",
+            "--collection_id", "sample"]),
+        "label_dp": (label_dp, [
+            "--input", os.path.join(data, "training.csv"), "--labels", "no,yes",
+            "--epsilon", "2", "--features", "feature_1,feature_2", "--dataset_id", "sample"]),
+    }
+    out = {}
+    for name, (module, argv) in runs.items():
+        target = os.path.join(tmp, name)
+        assert module.main([*argv, "--output", target, "--testing_seed", str(SEED)]) == 0
+        for path in sorted(glob.glob(f"{target}/testing-not-a-release/{name}/**/*.*",
+                                     recursive=True)):
+            base = os.path.basename(path)
+            if base == "RELEASE.json":
+                continue
+            if base.endswith(".parquet"):
+                out[f"{name}/{base}"] = _table_digest(pq.read_table(path))
+            else:
+                with open(path) as handle:
+                    out[f"{name}/{base}"] = _text_digest(handle.read())
+    return out
+
+
 JOBS = {"centralnotice": centralnotice, "reach_frequency": reach_frequency,
         "summary_reports": summary_reports, "dp_aggregate": dp_aggregate,
-        "event_level_reports": event_level_reports}
+        "event_level_reports": event_level_reports,
+        "local_dp": local_dp}
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))
