@@ -16,7 +16,7 @@ from transforms.lark.masks import blinding, mask_labels
 from transforms.lark.model import (LogisticModel, clipped_gradient_floats, deterministic_exp,
                                    sigmoid)
 from transforms.lark.params import AggregationParams, GradientParams
-from transforms.lark.randomness import BrowserRandomness, words
+from transforms.lark.randomness import BrowserRandomness, RecordDraws, words
 from transforms.lark.reports import LarkInputError, hex_to_ids, ids_to_hex, uint64_column
 from transforms.lark.ring import FixedPoint, RingOverflowError, sum_fits
 from transforms.lark.sharing import recover, share, share_from_words
@@ -26,6 +26,10 @@ R = BrowserRandomness.for_testing
 
 def _streams(n, seed=1, purpose="t"):
     return R(seed).streams(purpose, pa.table({"i": np.arange(n)}))
+
+
+def _draws(n, seed=1):
+    return RecordDraws(n, streams=_streams(n, seed))
 
 
 def _agg_params(**kw):
@@ -120,7 +124,7 @@ def test_masks_sum_to_one_and_zero_and_order_is_random():
     fake_flags = np.zeros(n, bool)
     fake_flags[:100] = True
     for num_helpers in (2, 3):
-        m = mask_labels(labels, num_labels=2, num_helpers=num_helpers, streams=_streams(n),
+        m = mask_labels(labels, num_labels=2, num_helpers=num_helpers, draws=_draws(n),
                         strictly_fake=fake_flags)
         sum_a, sum_b = recover(m.mask_a), recover(m.mask_b)
         real_is_a = (m.label_a == labels)
@@ -130,10 +134,10 @@ def test_masks_sum_to_one_and_zero_and_order_is_random():
         assert np.array_equal(sum_a, expected_a) and np.array_equal(sum_b, expected_b)
         assert 0.45 < real_is_a.mean() < 0.55  # the order of real and fake is random
     multi = mask_labels(np.array([0] * 3000 + [2] * 10), num_labels=4, num_helpers=2,
-                        streams=_streams(3010, 3))
+                        draws=_draws(3010, 3))
     fake = np.where(multi.label_a == np.array([0] * 3000 + [2] * 10), multi.label_b, multi.label_a)
     assert set(fake[:3000].tolist()) == {1, 2, 3} and set(fake[3000:].tolist()) == {0}
-    blinds = blinding(500, 4, 3, _streams(500, 4))
+    blinds = blinding(500, 4, 3, _draws(500, 4))
     assert not recover(blinds).any() and blinds[0].any()
 
 
@@ -356,7 +360,7 @@ def test_one_helpers_shares_are_independent_of_the_values(helper):
 def test_masks_are_independent_of_which_label_is_real():
     n = 20000
     labels = np.random.default_rng(3).integers(0, 2, n)
-    m = mask_labels(labels, num_labels=2, num_helpers=2, streams=_streams(n, 8))
+    m = mask_labels(labels, num_labels=2, num_helpers=2, draws=_draws(n, 8))
     real_is_a = m.label_a == labels
     for h in range(2):
         as_unit = lambda s: (s >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
@@ -425,3 +429,95 @@ def test_conversion_generator_shapes():
     assert t.num_rows == 1000 and set(t.column("batch_id").to_pylist()) == {"batch-000", "batch-001"}
     values = t.column("value").to_numpy()
     assert values.min() >= 0 and values.max() <= 100
+
+
+def test_secure_and_keyed_randomness():
+    params = _agg_params(k=0)
+    records = _records(["a", "b", "a"], [1, 2, 3])
+    secure = aggregation_reports(records, params)  # default: the OS CSPRNG
+    assert BrowserRandomness.secure().mode == "secure" and not BrowserRandomness.secure().is_testing
+    out, _ = _run_helpers(secure, params)
+    assert combine_aggregation(out, params).column("value").to_pylist() == [4, 2]
+    assert secure[0].column("share_value") != aggregation_reports(records, params)[0] \
+        .column("share_value")
+    # keyed: a record's report depends on its content only, not on the table it comes in
+    keyed = BrowserRandomness.keyed(ReleaseKey.for_testing(7))
+    alone = aggregation_reports(records.slice(1, 1), params, randomness=keyed)[1]
+    together = aggregation_reports(records, params, randomness=keyed)[1]
+    assert alone.to_pylist()[0] == together.to_pylist()[1]
+    changed = records.set_column(3, "value", pa.array([1.0, 5.0, 3.0]))
+    other = aggregation_reports(changed, params, randomness=keyed)[1]
+    assert other.to_pylist()[1]["share_value"] != together.to_pylist()[1]["share_value"]
+    assert other.to_pylist()[1]["report_id"] != together.to_pylist()[1]["report_id"]
+    with pytest.raises(TypeError):
+        BrowserRandomness(None, "keyed")
+
+
+def test_reports_read_back_from_csv_text(tmp_path):
+    import pyarrow.csv as pacsv
+    params = _agg_params(k=0, fraction_bits=4, lower=-10, upper=10)
+    records = _records(["a", "a", "b"], [-1.25, 2.5, 9.0])
+    reports = aggregation_reports(records, params, randomness=R(3))
+    texts = []
+    for h, table in enumerate(reports):
+        path = tmp_path / f"h{h}.csv"
+        pacsv.write_csv(table, path)
+        texts.append(pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(
+            column_types={c: pa.string() for c in table.column_names})))
+    out, _ = _run_helpers(texts, params)
+    assert combine_aggregation(out, params).column("value").to_pylist() == [1.25, 9.0]
+
+
+def test_ring_bincount_wraps_and_many_batches_compact():
+    rng = np.random.default_rng(4)
+    values = rng.integers(0, 2 ** 64, size=(5000, 2), dtype=np.uint64)
+    groups = rng.integers(0, 7, 5000)
+    got = H.ring_bincount(groups, values, 7)
+    for g in range(7):
+        for j in range(2):
+            assert int(got[g, j]) == sum(int(v) for v in values[groups == g, j]) % 2 ** 64
+    params = _agg_params(k=0)
+    n = 300
+    batches = [f"b{i % 50:02d}" for i in range(n)]
+    keys = [f"k{(i * 7) % 200:03d}" for i in range(n)]
+    records = pa.table({"record_id": np.arange(n), "batch_id": batches, "key": keys,
+                        "value": np.arange(n, dtype=np.float64) % 100})
+    reports = aggregation_reports(records, params, randomness=R(1))
+    parts, _ = H.aggregation_partials(reports[0], params, 0)
+    assert len(parts) == 50 and sum(p.num_reports for p in parts) == n
+    outputs = []
+    for h in range(2):
+        for part in H.aggregation_partials(reports[h], params, h)[0]:
+            outputs.append(H.release_aggregation(part, params, helper=h, release_key=None)[0])
+    combined = combine_aggregation(outputs, params)
+    want = records.group_by(["batch_id", "key"]).aggregate([("value", "sum")]).sort_by(
+        [("batch_id", "ascending"), ("key", "ascending")])
+    assert combined.column("value").to_pylist() == want.column("value_sum").to_pylist()
+
+
+def test_masked_training_without_noise_is_clipped_central_training_exactly():
+    from transforms.lark.training import TrainingConfig, minibatches, train_masked
+    x, y, _ = classification_data(1200, num_features=5, seed=8)
+    config = TrainingConfig(epochs=2, batch_size=200, k=20, epsilon=None, clip_norm=0.5)
+    masked = train_masked(x, y, config, randomness=R(5))
+    params = config.gradient_params(5)
+    model = LogisticModel.zeros(5, config.feature_scale, config.feature_offset)
+    for epoch in range(2):
+        for rows in minibatches(1200, 200, epoch, 0):
+            units = H.clear_gradient_units(model, params, x[rows], y[rows])
+            model = model.with_vector(model.vector() - config.learning_rate
+                                      * np.ldexp(units.astype(np.float64), -16) / len(rows))
+    assert masked.steps == 12 and np.array_equal(masked.model.vector(), model.vector())
+
+
+def test_noisy_masked_training_learns():
+    from transforms.lark.training import TrainingConfig, train_masked
+    x, y, _ = classification_data(3000, num_features=10, seed=9)
+    xt, yt, _ = classification_data(2000, num_features=10, seed=10)
+    config = TrainingConfig(epochs=3, batch_size=250, k=50, epsilon=1.0, clip_norm=1.0)
+    result = train_masked(x, y, config, randomness=R(6),
+                          helper_keys=[ReleaseKey.for_testing(1), ReleaseKey.for_testing(2)])
+    assert result.epsilon_total == 3.0 and result.suppressed_steps == 0
+    assert result.model.accuracy(xt, yt) > 0.85  # majority class: ~0.75
+    with pytest.raises(ValueError, match="own key"):
+        train_masked(x, y, config, helper_keys=[ReleaseKey.for_testing(1)] * 2)

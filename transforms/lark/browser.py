@@ -1,9 +1,10 @@
 """The browser side (the map step): records in, one Arrow table of reports per helper out.
 
 Pure numpy/pyarrow, importable without Beam. Randomness comes from a
-:class:`~transforms.lark.randomness.BrowserRandomness` (secure by default); each record's stream
-is keyed by its content, and the draws are made in a fixed order -- report id, then masks or
-shares, then blinding -- so a record's reports do not depend on the other records of its table.
+:class:`~transforms.lark.randomness.BrowserRandomness` (the OS CSPRNG by default); in its keyed
+modes each record's stream is keyed by its content and the draws are made in a fixed order --
+report id, then masks or shares, then blinding -- so a record's reports do not depend on the
+other records of its table.
 
 Aggregation records (Algorithm 1): ``record_id``, ``key``, the value columns and optionally
 ``batch_id`` (otherwise the ``batch_id`` argument). Values are clipped to the declared
@@ -25,7 +26,7 @@ import pyarrow.compute as pc
 from transforms.lark.local_dp import LocalFeatureNoise, check_byte_features
 from transforms.lark.masks import blinding, check_labels, mask_labels
 from transforms.lark.params import AggregationParams
-from transforms.lark.randomness import BrowserRandomness, words
+from transforms.lark.randomness import BrowserRandomness
 from transforms.lark.reports import (LarkInputError, blind_columns, feature_columns,
                                      ids_to_hex, require_columns, share_column)
 from transforms.lark.sharing import check_num_helpers, share_from_words
@@ -81,10 +82,10 @@ def aggregation_reports(records: pa.Table, params: AggregationParams, *,
         raise LarkInputError("key must not be missing")
     lanes = pa.table({"record_id": records.column("record_id"), "key": keys,
                       **{f"v{j}": pa.array(ring[:, j]) for j in range(ring.shape[1])}})
-    streams = randomness.streams(SHARE_PURPOSE, lanes)
-    report_ids = ids_to_hex(words(streams, 2))
     d, num_helpers = params.dimension, params.num_helpers
-    uniform = words(streams, (num_helpers - 1) * d).reshape(n, num_helpers - 1, d)
+    drawn = randomness.records(SHARE_PURPOSE, lanes).words(2 + (num_helpers - 1) * d)
+    report_ids = ids_to_hex(drawn[:, :2])
+    uniform = drawn[:, 2:].reshape(n, num_helpers - 1, d)
     shares = share_from_words(ring, np.moveaxis(uniform, 1, 0))
     batch_ids = _batch_ids(records, batch_id)
     return [pa.table({"batch_id": batch_ids, "report_id": report_ids,
@@ -117,12 +118,12 @@ def gradient_reports(records: pa.Table, *, num_features: int, num_helpers: int =
             raise LarkInputError("fake must be a boolean column without missing values")
         fake = fake_col.to_numpy(zero_copy_only=False).astype(bool)
         lane_columns["fake"] = fake_col
-    streams = randomness.streams(GRADIENT_PURPOSE, pa.table(lane_columns))
-    id_words = words(streams, 2)
+    draws = randomness.records(GRADIENT_PURPOSE, pa.table(lane_columns))
+    id_words = draws.words(2)
     report_ids = ids_to_hex(id_words)
     masked = mask_labels(labels, num_labels=num_labels, num_helpers=num_helpers,
-                         streams=streams, strictly_fake=fake)
-    blinds = blinding(n, num_features + 1, num_helpers, streams)
+                         draws=draws, strictly_fake=fake)
+    blinds = blinding(n, num_features + 1, num_helpers, draws)
     if local_noise is not None:
         feature_lanes = pa.table({
             "id_hi": pa.array(np.repeat(id_words[:, 0], num_features)),

@@ -86,45 +86,39 @@ def _check_helper(table: pa.Table, helper: int, stats: ParseStats) -> np.ndarray
     return ok
 
 
-def _group(batch_ids: pa.Array, keys: Optional[pa.Array]):
-    """Row order grouping rows by (batch, key); start offsets of each group; their labels."""
-    b = pc.dictionary_encode(batch_ids).combine_chunks() if isinstance(batch_ids, pa.ChunkedArray) \
-        else pc.dictionary_encode(batch_ids)
-    b_codes = b.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    b_names = np.asarray(b.dictionary.to_pylist(), dtype=object)
-    if keys is None:
-        k_codes = np.zeros_like(b_codes)
-        k_names = np.asarray([GRADIENT_KEY], dtype=object)
-    else:
-        k = pc.dictionary_encode(keys)
-        k_codes = k.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        k_names = np.asarray(k.dictionary.to_pylist(), dtype=object)
-    combined = b_codes * len(k_names) + k_codes
-    order = np.argsort(combined, kind="stable")
-    sorted_codes = combined[order]
-    starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]]) \
-        if len(order) else np.zeros(0, dtype=np.int64)
-    group_codes = sorted_codes[starts]
-    return order, starts, b_names[group_codes // len(k_names)], k_names[group_codes % len(k_names)]
+def _codes(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Dictionary codes of a string column, renumbered so that codes follow sorted names."""
+    encoded = pc.dictionary_encode(column)
+    names = np.asarray(encoded.dictionary.to_pylist(), dtype=object)
+    rank = np.argsort(names.astype(str), kind="stable")
+    inverse = np.empty(len(names), dtype=np.int64)
+    inverse[rank] = np.arange(len(names))
+    codes = inverse[encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)]
+    return codes, names[rank]
 
 
-def _partials(batch_names, key_names, counts, sums, ids_by_batch) -> list[BatchPartial]:
-    out = []
-    for batch in sorted(set(batch_names.tolist())):
-        sel = np.flatnonzero(batch_names == batch)
-        keys = key_names[sel]
-        order = np.argsort(keys.astype(str), kind="stable")
-        out.append(BatchPartial(batch_id=batch, keys=keys[order], counts=counts[sel][order],
-                                sums=sums[sel][order], ids=ids_by_batch[batch]))
+def ring_bincount(groups: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
+    """Per-group sums mod 2^64 of uint64 rows (n, d), in O(n): each 32-bit half is summed with
+    ``np.bincount`` in float64, exact for up to 2^21 rows per pass (2^32 * 2^21 = 2^53)."""
+    out = np.zeros((size, values.shape[1]), dtype=np.uint64)
+    low_mask, shift = np.uint64(0xFFFFFFFF), np.uint64(32)
+    for start in range(0, len(groups), 1 << 21):
+        g = groups[start:start + (1 << 21)]
+        v = values[start:start + (1 << 21)]
+        for j in range(values.shape[1]):
+            low = np.bincount(g, (v[:, j] & low_mask).astype(np.float64), size)
+            high = np.bincount(g, (v[:, j] >> shift).astype(np.float64), size)
+            out[:, j] += low.astype(np.uint64) + (high.astype(np.uint64) << shift)
     return out
 
 
-def _ids_by_batch(batch_ids: pa.Array, ids: np.ndarray) -> dict:
-    names = np.asarray(batch_ids.to_pylist(), dtype=object)
-    out = {}
-    for batch in set(names.tolist()):
-        out[batch] = ids[names == batch]
-    return out
+def _rows_by_batch(b_codes: np.ndarray, b_names: np.ndarray) -> dict:
+    """Row indices of each batch (no sort when the table holds one batch)."""
+    if len(b_names) == 1:
+        return {b_names[0]: slice(None)}
+    order = np.argsort(b_codes, kind="stable")
+    bounds = np.searchsorted(b_codes[order], np.arange(len(b_names) + 1))
+    return {b_names[i]: order[bounds[i]:bounds[i + 1]] for i in range(len(b_names))}
 
 
 # --------------------------------------------------------------------------- Algorithm 2
@@ -156,10 +150,28 @@ def aggregation_partials(table: pa.Table, params: AggregationParams,
         ids, shares = ids[ok], shares[ok]
     if len(ids) == 0:
         return [], stats
-    order, starts, batch_names, key_names = _group(batch_ids, keys)
-    counts = np.diff(np.r_[starts, len(order)]).astype(np.int64)
-    sums = np.add.reduceat(shares[order], starts, axis=0, dtype=np.uint64)
-    return _partials(batch_names, key_names, counts, sums, _ids_by_batch(batch_ids, ids)), stats
+    b_codes, b_names = _codes(batch_ids)
+    k_codes, k_names = _codes(keys)
+    groups = b_codes * len(k_names) + k_codes  # ordered by batch, then key
+    size = len(b_names) * len(k_names)
+    if size > 4 * len(groups) + 4096:  # many batches x keys: compact to the groups present
+        present, groups = np.unique(groups, return_inverse=True)
+    else:
+        present = None
+    counts = np.bincount(groups, minlength=present.size if present is not None else size)
+    sums = ring_bincount(groups, shares, len(counts))
+    occupied = np.flatnonzero(counts)
+    codes = occupied if present is None else present[occupied]
+    counts, sums = counts[occupied].astype(np.int64), sums[occupied]
+    batch_of, key_of = codes // len(k_names), codes % len(k_names)
+    rows = _rows_by_batch(b_codes, b_names)
+    partials = []
+    for b, batch in enumerate(b_names):
+        sel = batch_of == b
+        if sel.any():
+            partials.append(BatchPartial(batch_id=batch, keys=k_names[key_of[sel]],
+                                         counts=counts[sel], sums=sums[sel], ids=ids[rows[batch]]))
+    return partials, stats
 
 
 # --------------------------------------------------------------------------- Algorithm 3
@@ -242,16 +254,17 @@ def gradient_partials(table: pa.Table, params: GradientParams, model: LogisticMo
         masks = {k: v[ok] for k, v in masks.items()}
     if len(ids) == 0:
         return [], stats
-    order, starts, batch_names, key_names = _group(batch_ids, None)
-    ends = np.r_[starts[1:], len(order)]
-    sums = np.empty((len(starts), dim), dtype=np.uint64)
-    for g, (s, e) in enumerate(zip(starts, ends)):
-        rows = order[s:e]
-        sums[g] = masked_gradient_sum(model, params, features[rows], labels["label_a"][rows],
-                                      labels["label_b"][rows], masks["mask_a"][rows],
-                                      masks["mask_b"][rows], blinds[rows])
-    counts = (ends - starts).astype(np.int64)
-    return _partials(batch_names, key_names, counts, sums, _ids_by_batch(batch_ids, ids)), stats
+    b_codes, b_names = _codes(batch_ids)
+    partials = []
+    for batch, rows in _rows_by_batch(b_codes, b_names).items():
+        batch_ids_rows = ids[rows]
+        total = masked_gradient_sum(model, params, features[rows], labels["label_a"][rows],
+                                    labels["label_b"][rows], masks["mask_a"][rows],
+                                    masks["mask_b"][rows], blinds[rows])
+        partials.append(BatchPartial(batch_id=batch, keys=np.asarray([GRADIENT_KEY], dtype=object),
+                                     counts=np.asarray([len(batch_ids_rows)], dtype=np.int64),
+                                     sums=total[None, :], ids=batch_ids_rows))
+    return partials, stats
 
 
 # --------------------------------------------------------------------------- merge and release

@@ -24,9 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transforms.lark.randomness import words
+from transforms.lark.randomness import RecordDraws
 from transforms.lark.sharing import check_num_helpers, share_from_words
-from transforms.noise import RandomStreams
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +52,7 @@ def check_labels(labels, num_labels: int) -> np.ndarray:
     return labels
 
 
-def fake_labels(labels: np.ndarray, num_labels: int, streams: RandomStreams) -> np.ndarray:
+def fake_labels(labels: np.ndarray, num_labels: int, draws: RecordDraws) -> np.ndarray:
     """y_bar per record: 0 for y != 0, uniform on {1, ..., L-1} for y = 0 (exactly uniform)."""
     labels = check_labels(labels, num_labels)
     fake = np.zeros_like(labels)
@@ -62,22 +61,23 @@ def fake_labels(labels: np.ndarray, num_labels: int, streams: RandomStreams) -> 
         if num_labels == 2:
             fake[zero] = 1
         else:
-            fake[zero] = 1 + streams.randint(np.uint64(num_labels - 1), zero).astype(np.int64)
+            fake[zero] = 1 + draws.streams.randint(np.uint64(num_labels - 1),
+                                                   zero).astype(np.int64)
     return fake
 
 
-def mask_labels(labels, *, num_labels: int, num_helpers: int, streams: RandomStreams,
+def mask_labels(labels, *, num_labels: int, num_helpers: int, draws: RecordDraws,
                 strictly_fake=None) -> MaskedLabels:
-    """Fake labels, random order and mask shares for each record (one lane of ``streams`` per
-    record). ``strictly_fake``: optional booleans, records whose both masks share 0."""
+    """Fake labels, random order and mask shares for each record (``draws``: one independent
+    source per record). ``strictly_fake``: optional booleans, records whose both masks share 0."""
     num_helpers = check_num_helpers(num_helpers)
     labels = check_labels(labels, num_labels)
     n = labels.size
-    if streams.size != n:
-        raise ValueError(f"{n} labels but {streams.size} random streams")
-    fake = fake_labels(labels, num_labels, streams)
-    real_first = (streams.draw() & np.uint64(1)).astype(bool)
-    w = words(streams, 2 * (num_helpers - 1))  # (n, 2 (H-1))
+    if draws.size != n:
+        raise ValueError(f"{n} labels but random draws for {draws.size} records")
+    fake = fake_labels(labels, num_labels, draws)
+    w = draws.words(2 * num_helpers - 1)  # (n, 2 (H-1) + 1)
+    real_first = (w[:, -1] & np.uint64(1)).astype(bool)
     real_target = np.ones(n, dtype=np.uint64)
     if strictly_fake is not None:
         strictly_fake = np.asarray(strictly_fake, dtype=bool)
@@ -85,7 +85,8 @@ def mask_labels(labels, *, num_labels: int, num_helpers: int, streams: RandomStr
             raise ValueError("strictly_fake needs one flag per record")
         real_target[strictly_fake] = 0
     real_masks = share_from_words(real_target, w[:, :num_helpers - 1].T)
-    fake_masks = share_from_words(np.zeros(n, dtype=np.uint64), w[:, num_helpers - 1:].T)
+    fake_masks = share_from_words(np.zeros(n, dtype=np.uint64),
+                                  w[:, num_helpers - 1:2 * (num_helpers - 1)].T)
     label_a = np.where(real_first, labels, fake)
     label_b = np.where(real_first, fake, labels)
     mask_a = tuple(np.where(real_first, r, f) for r, f in zip(real_masks, fake_masks))
@@ -94,12 +95,12 @@ def mask_labels(labels, *, num_labels: int, num_helpers: int, streams: RandomStr
 
 
 def blinding(num_records: int, dimension: int, num_helpers: int,
-             streams: RandomStreams) -> list[np.ndarray]:
+             draws: RecordDraws) -> list[np.ndarray]:
     """Per helper, a (num_records, dimension) uint64 blinding matrix; all helpers' sum to 0."""
     num_helpers = check_num_helpers(num_helpers)
-    if streams.size != num_records:
-        raise ValueError(f"{num_records} records but {streams.size} random streams")
-    w = words(streams, (num_helpers - 1) * dimension).reshape(num_records, num_helpers - 1,
-                                                             dimension)
+    if draws.size != num_records:
+        raise ValueError(f"{num_records} records but random draws for {draws.size}")
+    w = draws.words((num_helpers - 1) * dimension).reshape(num_records, num_helpers - 1,
+                                                           dimension)
     return share_from_words(np.zeros((num_records, dimension), dtype=np.uint64),
                             np.moveaxis(w, 1, 0))

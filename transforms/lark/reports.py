@@ -107,13 +107,17 @@ def hex_to_ids(column) -> tuple[np.ndarray, np.ndarray]:
     valid = np.asarray(pc.fill_null(pc.equal(pc.utf8_length(column), REPORT_ID_HEX), False))
     if not valid.any():
         return words, valid
-    good = column.filter(pa.array(valid))
-    chars = np.frombuffer(_fixed_width_bytes(good, REPORT_ID_HEX), dtype=np.uint8)
-    values = _HEX_VALUE[chars].reshape(-1, 32)
-    ok = np.all(values != 255, axis=1)
-    nibbles = np.where(values == 255, 0, values).astype(np.uint8)
-    raw = (nibbles[:, 0::2] << 4) | nibbles[:, 1::2]
+    good = column.filter(pa.array(valid)) if not valid.all() else column
     index = np.nonzero(valid)[0]
+    data = _fixed_width_bytes(good, REPORT_ID_HEX)
+    try:  # the fast path: every id is hex
+        raw = np.frombuffer(bytes.fromhex(data.decode("ascii")), dtype=np.uint8).reshape(-1, 16)
+        ok = np.ones(len(index), dtype=bool)
+    except ValueError:
+        values = _HEX_VALUE[np.frombuffer(data, dtype=np.uint8)].reshape(-1, 32)
+        ok = np.all(values != 255, axis=1)
+        nibbles = np.where(values == 255, 0, values).astype(np.uint8)
+        raw = (nibbles[:, 0::2] << 4) | nibbles[:, 1::2]
     words[index] = raw.view(">u8").reshape(-1, 2).astype(np.uint64)
     valid[index[~ok]] = False
     return words, valid
@@ -145,7 +149,10 @@ def sort_ids(ids: np.ndarray) -> np.ndarray:
     """Rows of (n, 2) uint64 ids in lexicographic order."""
     if len(ids) == 0:
         return ids.reshape(0, 2)
-    order = np.lexsort((ids[:, 1], ids[:, 0]))
+    order = np.argsort(ids[:, 0])
+    first = ids[order, 0]
+    if np.any(first[1:] == first[:-1]):  # ties in the first word: order by both
+        order = np.lexsort((ids[:, 1], ids[:, 0]))
     return ids[order]
 
 
