@@ -21,6 +21,7 @@ finds the batch absent from every helper.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -37,8 +38,8 @@ from transforms.lark.reports import (LarkInputError, aggregation_output_schema, 
                                      require_columns, share_column, sort_ids, string_column,
                                      uint64_column)
 from transforms.lark.ring import ring_sum
-from transforms.noise import RandomStreams
-from transforms.noise.mechanisms import sample_units
+from transforms.noise import RandomStreams, sample_units
+
 
 AGGREGATION_NOISE_PURPOSE = "masked-lark/aggregation-noise"
 GRADIENT_NOISE_PURPOSE = "masked-lark/gradient-noise"
@@ -356,7 +357,6 @@ def release_aggregation(partial: BatchPartial, params: AggregationParams, *, hel
 
 
 def gradient_params_digest(params: GradientParams, model: LogisticModel) -> str:
-    import hashlib
     return hashlib.sha256(f"{params.digest()}:{model.digest()}".encode()).hexdigest()[:32]
 
 
