@@ -270,19 +270,22 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--records", type=int, default=None,
-                        help="records for the speed legs (default 2M, quick 400k)")
+                        help="records for the browser leg (default 1M, quick 400k)")
+    parser.add_argument("--helper_records", type=int, default=None,
+                        help="records for the helper leg (default 4M, quick 1M)")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                       "out", "masked_lark.png"))
     args = parser.parse_args(argv)
-    n = args.records or (400_000 if args.quick else 2_000_000)
+    n = args.records or (400_000 if args.quick else 1_000_000)
+    helper_n = args.helper_records or (1_000_000 if args.quick else 4_000_000)
     repeats = args.repeats or (1 if args.quick else 3)
 
     print(f"== browser side: shared values per second (bundles of {BUNDLE:,}, best of {repeats})")
     for name, _, rate in browser_speed(n, repeats):
         print(f"  {name:<44s} {rate / 1e6:8.2f} M values/s")
     print("== helper side: records per second (one helper, d=1, 10 batches, 1,000 keys)")
-    rows, helper_rate = helper_speed(n, repeats)
+    rows, helper_rate = helper_speed(helper_n, repeats)
     for name, rate in rows:
         print(f"  {name:<52s} " + ("" if rate != rate else f"{rate / 1e6:8.2f} M records/s"))
     exact = exact_without_noise()
