@@ -6,7 +6,9 @@ and what guarantee that buys. Sampling lives in :mod:`transforms.noise`, which o
 Mechanisms (all sampled as integers, so no floating-point attack applies, Mironov 2012):
 
 * ``DISCRETE_LAPLACE``: P[z] ∝ exp(-|z|/b) with b = Δ1/ε: ε-DP for integer queries whose
-  L1 sensitivity is Δ1 (reference.md §2). The sampler rounds b *up* to a multiple of 2^-20.
+  L1 sensitivity is Δ1 (Ghazi & Manurangsi, "Privacy in Web Advertising: Analytics &
+  Modeling", seed 000_015430204a1d6d17.txt; Canonne, Kamath & Steinke 2020). The sampler
+  rounds b *up* to a multiple of 2^-20.
 * ``LAPLACE``: real-valued queries. The true value is rounded to a power-of-two grid g far below
   the noise scale, and discrete Laplace noise is added in units of g. Rounding can move each of
   the L0 affected coordinates by up to g, so the sensitivity used is Δ1 + L0·g (in units an

@@ -11,7 +11,7 @@ generated with :mod:`pipelines.centralnotice_data` (heavy-tailed impressions per
 Zipf-heavy users), written as Parquet part files of ``--part-rows`` rows (as Spark writes a Hive
 table), and released twice with the same configuration:
 
-* ``ours``: ``python -m pipelines.centralnotice --release CAMPAIGN/DAY --testing-seed 1`` (same
+* ``ours``: ``python -m pipelines.centralnotice --release CAMPAIGN/DAY --testing_seed 1`` (same
   mechanics and noise path as a real release, minus the ledger) on the DirectRunner profile
   (the in-process FnApiRunner: one worker, so one core, unless Beam options say otherwise);
 * ``tumult``: ``benchmarks/centralnotice_tumult/algorithms.py`` -- Algorithms 1 and 2 written with
@@ -209,7 +209,7 @@ def ours_argv(info: dict, out_dir: Path, runner: str, extra: list[str]) -> list[
     p = info["paths"]
     return [sys.executable, "-m", "pipelines.centralnotice", "--config", p["campaigns.json"],
             "--impressions", p["impressions"], "--clicks", p["clicks"],
-            "--release", info["release"], "--output", str(out_dir), "--testing-seed", "1",
+            "--release", info["release"], "--output", str(out_dir), "--testing_seed", "1",
             "--runner", runner, *extra]
 
 
@@ -332,7 +332,7 @@ def main(argv=None) -> int:
         ours = run_leg("ours (Beam " + args.runner + ")", ours_argv(info, tmp / "ours", args.runner, beam_extra),
                        log=tmp / "ours.log")
         results.append(ours)
-        ours_out = tmp / "ours" / info["release"] / "centralnotice.parquet"
+        ours_out = tmp / "ours" / "testing-not-a-release" / info["release"] / "centralnotice.parquet"
         tumult, reason = None, None
         if not args.skip_tumult:
             reason = tumult_unavailable()

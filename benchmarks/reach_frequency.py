@@ -43,7 +43,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from accounting.keys import ReleaseKey  # noqa: E402
 from transforms.sketches.beam import SketchUnionFn  # noqa: E402
 from transforms.sketches.dp import (ReachFrequencyBudget, SketchStatistics,  # noqa: E402
-                                    add_global_noise, add_helper_share)
+                                    add_global_noise, add_helper_share,
+                                    helper_keys_for_testing)
 from transforms.sketches.estimators import (estimate_reach, frequency_distribution,  # noqa: E402
                                             shuffle_distance)
 from transforms.sketches.fingerprint import FingerprintSalt  # noqa: E402
@@ -84,8 +85,8 @@ def simulate_run(n: int, run: int, config: SketchConfig, budget: ReachFrequencyB
     scope = ("union", "")
     if helpers:
         noisy = stats
-        for h in range(helpers):
-            noisy = add_helper_share(noisy, release_key, h, helpers, budget, campaign, scope)
+        for helper_key in helper_keys_for_testing(release_key, helpers).values():
+            noisy = add_helper_share(noisy, helper_key, helpers, budget, campaign, scope)
     else:
         noisy = add_global_noise(stats, budget, release_key, campaign, scope)
     reach = estimate_reach(noisy.active_registers, config)

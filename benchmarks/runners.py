@@ -90,7 +90,7 @@ def centralnotice_args(data: Path, out: Path) -> list[str]:
     return ["--config", str(data / "campaigns.json"),
             "--impressions", str(data / "impressions.parquet"),
             "--clicks", str(data / "clicks.parquet"), "--release", release,
-            "--output", str(out), "--testing-seed", "7"]
+            "--output", str(out), "--testing_seed", "7"]
 
 
 JOBS = {
@@ -104,7 +104,7 @@ JOBS = {
                               "**/centralnotice.parquet"),
     "reach_frequency": BenchJob(
         "pipelines.reach_frequency", write_impressions,
-        lambda data, out: ["--input", str(data), "--output", str(out / "rf.jsonl"),
+        lambda data, out: ["--input", str(data), "--output", str(out),
                            "--campaigns", "c1,c2", "--publishers", "pub_a,pub_b,pub_c",
                            "--epsilon", "1.0986", "--testing_seed", "7"],
         "rf.jsonl"),

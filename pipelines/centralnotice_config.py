@@ -9,7 +9,8 @@ Schema (all fields required unless marked optional)::
 
     {
       "version": 1,
-      "accountant": "basic" | "zcdp",            # optional, default "basic" (see accounting.ledger)
+      "accountant": "basic" | "zcdp" | "pld",    # optional, default "basic" (accounting.guarantee)
+      "unit_budget_per_period": {"epsilon": 2, "delta": 1e-6},   # optional: see below
       "protected_countries_file": "protected_countries.txt",  # optional; relative to this file
       "protected_countries": ["XX", ...],        # optional; merged with the file
       "campaigns": [{
@@ -46,7 +47,12 @@ protection list) x projects x dates -- is public, fixed by the configuration, ne
 
 The whole schedule must fit the budget: every release is charged both measures, and the
 configuration is refused if the campaign total (composed with the chosen accountant) or a
-period's budget cannot pay for all scheduled releases.
+period's budget cannot pay for all scheduled releases. The ledger charges each release to the
+scopes ``campaign:<id>`` (the campaign total) and ``period:<id>:<day>`` (per_period) and, when
+``unit_budget_per_period`` is set, ``unit-period:<day>`` for every day it covers: one budget for
+a person's loss on a day across *all* campaigns (a user clicking banners of two campaigns on
+one day is in both releases, whose losses compose). Guarantees are composed by
+:func:`accounting.guarantee.compose` everywhere (this check, the ledger and the reports).
 """
 from __future__ import annotations
 
@@ -62,9 +68,13 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
-from accounting import gcs
+from accounting import gcs, guarantee
+from accounting.budget import PrivacyBudget
 from accounting.calibration import NoiseKind, NoiseSpec, calibrate, calibrate_zcdp
-from accounting.ledger import ACCOUNTANTS, Budget, CampaignBudget, Charge
+from accounting.ledger import Scope
+from accounting.measures import Measure
+from accounting.sensitivity import ContributionBounds, Neighbouring, Sensitivities, count_sensitivity
+from pipelines.release.names import check_segment
 
 CONFIG_VERSION = 1
 KEY_COLUMNS = ("campaign_id", "banner_id", "country", "project", "date")
@@ -184,10 +194,17 @@ def _noise(value, path: str) -> NoiseKind:
         raise ConfigError(path, str(err))
 
 
-def _budget(value, path: str) -> Budget:
+def _budget(value, path: str) -> PrivacyBudget:
     data = _obj(value, path, ["epsilon"], ["delta"])
-    return Budget(_real(data["epsilon"], f"{path}.epsilon", positive=True),
-                  _real(data.get("delta", 0.0), f"{path}.delta", below_one=True))
+    return PrivacyBudget(epsilon=_real(data["epsilon"], f"{path}.epsilon", positive=True),
+                         delta=_real(data.get("delta", 0.0), f"{path}.delta", below_one=True))
+
+
+def _segment(value, path: str) -> str:
+    try:
+        return check_segment(value, "campaign id")
+    except ValueError as err:
+        raise ConfigError(path, str(err))
 
 
 # --------------------------------------------------------------------------- the schema
@@ -259,9 +276,10 @@ class CampaignConfig:
     schedule: str  # "daily" or "campaign"
     impressions: ImpressionsPrivacy
     clicks: ClicksPrivacy
-    campaign_total: Budget
-    per_period: Optional[Budget]
+    campaign_total: PrivacyBudget
+    per_period: Optional[PrivacyBudget]
     protected_countries: frozenset = field(default_factory=frozenset)
+    unit_per_period: Optional[PrivacyBudget] = None
 
     def dates(self) -> list[_dt.date]:
         days = (self.end_date - self.start_date).days + 1
@@ -302,12 +320,42 @@ class CampaignConfig:
     def noise_specs(self) -> dict[str, NoiseSpec]:
         return {"impressions": self.impressions.noise_spec(), "clicks": self.clicks.noise_spec()}
 
-    def charges(self) -> list[Charge]:
-        """What one release of this campaign spends (both measures, for the budget ledger)."""
-        return [Charge.from_spec(spec, name) for name, spec in self.noise_specs().items()]
+    def measures(self) -> list[Measure]:
+        """What one release of this campaign spends: both measures, with their neighbouring
+        relations and sensitivities stated (the ledger charges exactly these)."""
+        imp, clk = self.impressions, self.clicks
+        specs = self.noise_specs()
+        k = float(imp.k)
+        relation = ("(Geo, Project, k)-DP: add/remove k impressions of one (geo, project) per period"
+                    if imp.neighbouring == "period" else
+                    "(Geo, Project, Campaign, k)-DP: add/remove k impressions over the campaign")
+        measures = [Measure.of_noise("impressions", specs["impressions"],
+                                     Sensitivities(l0=1, linf=k, l1=k, l2=k), neighbouring=relation,
+                                     description=f"Algorithm 1, blocks of k={imp.k}")]
+        if clk.neighbouring == "row":
+            sens = Sensitivities(l0=1, linf=1.0, l1=1.0, l2=1.0)
+            relation, text = "add/remove one click", "Algorithm 2, row-DP"
+        else:
+            m = clk.max_clicks_per_user
+            sens = count_sensitivity(ContributionBounds(m, m, max_contributions=m))
+            relation = f"add/remove one user's clicks (at most {m} per {clk.bound_per})"
+            text = "Algorithm 2, user-DP"
+        measures.append(Measure.of_noise("clicks", specs["clicks"], sens, neighbouring=relation,
+                                         description=text))
+        return measures
 
-    def campaign_budget(self) -> CampaignBudget:
-        return CampaignBudget(self.campaign_total, self.per_period)
+    def scopes(self, release: "ScheduledRelease") -> list[Scope]:
+        """The ledger budgets one release is charged to (see the module docstring)."""
+        out = [Scope(name=f"campaign:{self.campaign_id}", budget=self.campaign_total,
+                     description="the campaign's total")]
+        if self.per_period is not None:
+            out += [Scope(name=f"period:{self.campaign_id}:{p}", budget=self.per_period,
+                          description="one period of the campaign") for p in release.periods]
+        if self.unit_per_period is not None:
+            out += [Scope(name=f"unit-period:{p}", budget=self.unit_per_period,
+                          description="one person's loss on this day across all campaigns")
+                    for p in release.periods]
+        return out
 
     def releases(self) -> list[ScheduledRelease]:
         """The release schedule: one per date (``daily``) or one for the whole campaign."""
@@ -387,7 +435,8 @@ def _clicks(value, path: str) -> ClicksPrivacy:
                          release_threshold=_real(data["release_threshold"], f"{path}.release_threshold"))
 
 
-def _campaign(value, path: str, protected: frozenset, accountant: str) -> CampaignConfig:
+def _campaign(value, path: str, protected: frozenset, accountant: str,
+              unit_per_period: Optional[PrivacyBudget]) -> CampaignConfig:
     data = _obj(value, path, ["campaign_id", "banners", "countries", "projects", "start_date",
                               "end_date", "schedule", "privacy"])
     start = _date(data["start_date"], f"{path}.start_date")
@@ -401,7 +450,7 @@ def _campaign(value, path: str, protected: frozenset, accountant: str) -> Campai
     impressions = _impressions(privacy["impressions"], f"{path}.privacy.impressions")
     clicks = _clicks(privacy["clicks"], f"{path}.privacy.clicks")
     campaign = CampaignConfig(
-        campaign_id=_ident(data["campaign_id"], f"{path}.campaign_id"),
+        campaign_id=_segment(data["campaign_id"], f"{path}.campaign_id"),
         banners=_list(data["banners"], f"{path}.banners", _ident),
         countries=_list(data["countries"], f"{path}.countries", _country),
         projects=_list(data["projects"], f"{path}.projects", _project),
@@ -409,7 +458,7 @@ def _campaign(value, path: str, protected: frozenset, accountant: str) -> Campai
         schedule=_choice(data["schedule"], f"{path}.schedule", ("daily", "campaign")),
         impressions=impressions, clicks=clicks,
         campaign_total=_budget(budget["campaign_total"], f"{path}.privacy.budget.campaign_total"),
-        per_period=per_period, protected_countries=protected)
+        per_period=per_period, protected_countries=protected, unit_per_period=unit_per_period)
     if clicks.bound_per == "campaign" and campaign.schedule == "daily":
         raise ConfigError(f"{path}.privacy.clicks.bound_per",
                           '"campaign" needs schedule "campaign": a daily release sees one day and '
@@ -422,29 +471,27 @@ def _campaign(value, path: str, protected: frozenset, accountant: str) -> Campai
 
 
 def _check_schedule_fits(campaign: CampaignConfig, path: str, accountant: str) -> None:
-    """Refuse a configuration whose own schedule would run out of budget."""
+    """Refuse a configuration whose own schedule would run out of budget (composed exactly as
+    the ledger will compose it: accounting.guarantee.fits with the config's accountant)."""
     try:
-        charges = campaign.charges()
+        measures = campaign.measures()
     except ValueError as err:
         raise ConfigError(f"{path}.privacy", f"cannot calibrate noise: {err}")
-    compose = ACCOUNTANTS[accountant]
     releases = campaign.releases()
-    total = compose(charges * len(releases), campaign.campaign_total)
-    budget = campaign.campaign_total
-    if total.epsilon > budget.epsilon * (1 + 1e-9) or total.delta > budget.delta * (1 + 1e-9) + 1e-18:
-        raise ConfigError(
-            f"{path}.privacy.budget.campaign_total",
-            f"{len(releases)} scheduled release(s) spend (epsilon={total.epsilon:.6g}, "
-            f"delta={total.delta:.3g}) with the {accountant!r} accountant, more than "
-            f"(epsilon={budget.epsilon:g}, delta={budget.delta:g})")
+    checks = [("campaign_total", campaign.campaign_total, measures * len(releases),
+               f"{len(releases)} scheduled release(s) spend")]
     if campaign.per_period is not None:
-        one = compose(charges, campaign.per_period)
-        per = campaign.per_period
-        if one.epsilon > per.epsilon * (1 + 1e-9) or one.delta > per.delta * (1 + 1e-9) + 1e-18:
-            raise ConfigError(
-                f"{path}.privacy.budget.per_period",
-                f"one release spends (epsilon={one.epsilon:.6g}, delta={one.delta:.3g}), more than "
-                f"(epsilon={per.epsilon:g}, delta={per.delta:g})")
+        checks.append(("per_period", campaign.per_period, measures, "one release spends"))
+    if campaign.unit_per_period is not None:
+        checks.append(("unit_budget_per_period", campaign.unit_per_period, measures,
+                       "one release spends"))
+    for name, budget, charged, what in checks:
+        ok, spent = guarantee.fits(charged, budget.epsilon, budget.delta, accountant)
+        if not ok:
+            where = name if name == "unit_budget_per_period" else f"{path}.privacy.budget.{name}"
+            raise ConfigError(where, f"{what} (epsilon={spent.epsilon:.6g}, delta={spent.delta:.3g}) "
+                                     f"with the {accountant!r} accountant, more than "
+                                     f"(epsilon={budget.epsilon:g}, delta={budget.delta:g})")
 
 
 def read_text(path: str) -> str:
@@ -477,10 +524,13 @@ def parse_protected_countries(text: str, source: str = "protected countries") ->
 def parse_config(data: Any, source: str = "<config>") -> CentralNoticeConfig:
     """Validate a parsed JSON configuration (``source`` resolves a relative protection-list file)."""
     top = _obj(data, "", ["version", "campaigns"],
-               ["accountant", "protected_countries_file", "protected_countries"])
+               ["accountant", "protected_countries_file", "protected_countries",
+                "unit_budget_per_period"])
     if top["version"] != CONFIG_VERSION:
         raise ConfigError("version", f"must be {CONFIG_VERSION}, got {top['version']!r}")
-    accountant = _choice(top.get("accountant", "basic"), "accountant", sorted(ACCOUNTANTS))
+    accountant = _choice(top.get("accountant", "basic"), "accountant", guarantee.ACCOUNTANTS)
+    unit = None if top.get("unit_budget_per_period") is None else \
+        _budget(top["unit_budget_per_period"], "unit_budget_per_period")
     protected = set(_list(top.get("protected_countries", []), "protected_countries", _country,
                           non_empty=False))
     if "protected_countries_file" in top:
@@ -494,7 +544,7 @@ def parse_config(data: Any, source: str = "<config>") -> CentralNoticeConfig:
             raise ConfigError("protected_countries_file", f"cannot read {path}: {err}")
         protected |= parse_protected_countries(text, path)
     protected = frozenset(protected)
-    campaigns = _list(top["campaigns"], "campaigns", lambda v, p: _campaign(v, p, protected, accountant))
+    campaigns = _list(top["campaigns"], "campaigns", lambda v, p: _campaign(v, p, protected, accountant, unit))
     ids = [c.campaign_id for c in campaigns]
     for i, cid in enumerate(ids):
         if cid in ids[:i]:

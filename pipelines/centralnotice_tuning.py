@@ -8,8 +8,9 @@ half-width, and the expected share of keys suppressed by the release threshold:
 
     share suppressed = mean over the keyset of P(true value + noise <= threshold),
 
-computed exactly from the noise distribution (discrete Laplace in closed form; discrete
-Gaussian by summing its mass function; real-valued kinds on their grid / by the normal CDF).
+computed exactly from the noise distribution (:mod:`accounting.distributions`: discrete Laplace
+in closed form; discrete Gaussian by summing its mass function; real-valued kinds on their grid /
+by the normal CDF).
 With ``--impressions`` / ``--clicks`` the true values per key come from those files (historic
 or synthetic data; keys without rows are 0). Without them the report gives the share of
 *empty* keys (true value 0) that would be released spuriously, P(noise > threshold).
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import functools
 import math
 import os
 import sys
@@ -42,66 +42,14 @@ from typing import Optional, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from scipy import special
 
-from accounting.calibration import NoiseKind, NoiseSpec, calibrate, calibrate_zcdp
+from accounting.calibration import NoiseSpec, calibrate, calibrate_zcdp
+from accounting.distributions import noise_cdf, noise_sf
 from pipelines.centralnotice_config import KEY_COLUMNS, CampaignConfig, load_config
 from transforms.impressions_split import clean_impressions, sum_duplicates
 
-#: Beyond this many sigmas the discrete Gaussian's mass is below double precision.
-_TAIL_SIGMAS = 40
-#: Above this sigma the discrete Gaussian CDF is taken from the continuity-corrected normal CDF
-#: (they differ by far less than the rounding of a reported share).
-_EXACT_SIGMA_LIMIT = 2000.0
 
-
-@functools.lru_cache(maxsize=64)
-def _discrete_gaussian_cdf(sigma: float) -> tuple[int, np.ndarray]:
-    """(half width h, CDF over the integers -h..h) of the discrete Gaussian with parameter sigma."""
-    half = int(math.ceil(_TAIL_SIGMAS * sigma)) + 1
-    support = np.arange(-half, half + 1, dtype=np.float64)
-    mass = np.exp(-support ** 2 / (2 * sigma ** 2))
-    cdf = np.cumsum(mass) / mass.sum()
-    return half, cdf
-
-
-# --------------------------------------------------------------------------- noise distribution
-
-def noise_cdf(spec: NoiseSpec, x) -> np.ndarray:
-    """P(noise <= x), elementwise, for the noise ``spec`` describes (in output units)."""
-    x = np.asarray(x, dtype=np.float64)
-    units = np.floor(x / spec.granularity + 1e-9)  # noise is an integer number of grid units
-    if spec.kind.is_gaussian:
-        sigma = spec.unit_scale
-        if spec.kind is NoiseKind.GAUSSIAN or sigma > _EXACT_SIGMA_LIMIT:
-            # Grid far below sigma (or huge sigma): the continuous CDF at the grid point.
-            return special.ndtr((units + 0.5) / sigma)
-        half, cdf = _discrete_gaussian_cdf(float(sigma))
-        index = np.clip(units + half, -1, 2 * half).astype(np.int64)
-        return np.where(index < 0, 0.0, cdf[np.clip(index, 0, 2 * half)])
-    # Discrete Laplace with p = exp(-1/b) in grid units:
-    # P(Z <= m) = 1 - p^(m+1)/(1+p) for m >= 0, p^(-m)/(1+p) for m < 0.
-    log_p = -1.0 / spec.unit_scale
-    log1p_p = math.log1p(math.exp(log_p))
-    with np.errstate(over="ignore", invalid="ignore"):
-        upper = -np.expm1((units + 1) * log_p - log1p_p)
-        lower = np.exp(-units * log_p - log1p_p)
-    return np.where(units >= 0, upper, lower)
-
-
-def noise_sf(spec: NoiseSpec, x) -> np.ndarray:
-    """P(noise > x), computed directly in the tail (so tiny probabilities keep their precision)."""
-    x = np.asarray(x, dtype=np.float64)
-    units = np.floor(x / spec.granularity + 1e-9)
-    if spec.kind.is_gaussian:
-        sigma = spec.unit_scale
-        if spec.kind is NoiseKind.GAUSSIAN or sigma > _EXACT_SIGMA_LIMIT:
-            return special.ndtr(-(units + 0.5) / sigma)
-        # Symmetry: P(Z > m) = P(Z < -m) = P(Z <= -m - 1).
-        return noise_cdf(spec, (-units - 1) * spec.granularity)
-    # Discrete Laplace: P(Z > m) = P(Z <= -m - 1) by symmetry, in closed form as above.
-    return noise_cdf(spec, (-units - 1) * spec.granularity)
-
+# --------------------------------------------------------------------------- suppression
 
 def spurious_rate(spec: NoiseSpec, threshold: float) -> float:
     """P(noise > threshold): an empty key released."""
@@ -144,24 +92,24 @@ def _align_dates(table: pa.Table) -> pa.Table:
 
 
 def read_table(path: str) -> pa.Table:
-    """A Parquet or CSV file (local or gs://; chosen by extension)."""
-    if path.endswith(".parquet"):
+    """A Parquet or CSV file (local or gs://; chosen by extension). Downloaded bytes are copied
+    into Arrow's memory before parsing: Arrow threads left holding Python bytes abort the process
+    at exit (rc 134; see pipelines.release.arrow_files)."""
+    if not path.endswith((".parquet", ".csv")):
+        raise ValueError(f"input must end in .parquet or .csv, got {path!r}")
+    fmt = "parquet" if path.endswith(".parquet") else "csv"
+    if path.startswith("gs://"):
+        from accounting import gcs
+        from pipelines.release.arrow_files import arrow_owned, table_from_buffer
+
+        return table_from_buffer(arrow_owned(gcs.blob(path).download_as_bytes()), fmt)
+    if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        if path.startswith("gs://"):
-            from accounting import gcs
+        return pq.read_table(path)  # a path: Arrow opens the file itself, no Python object involved
+    from pyarrow import csv as pacsv
 
-            return pq.read_table(pa.BufferReader(gcs.blob(path).download_as_bytes()))
-        return pq.read_table(path)
-    if path.endswith(".csv"):
-        from pyarrow import csv as pacsv
-
-        if path.startswith("gs://"):
-            from accounting import gcs
-
-            return pacsv.read_csv(pa.BufferReader(gcs.blob(path).download_as_bytes()))
-        return pacsv.read_csv(path)
-    raise ValueError(f"input must end in .parquet or .csv, got {path!r}")
+    return pacsv.read_csv(path)
 
 
 def aggregate_impressions(impressions: pa.Table) -> pa.Table:

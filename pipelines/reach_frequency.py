@@ -1,331 +1,260 @@
 """Cross-publisher reach and frequency from impression logs with LiquidLegions sketches.
 
-Input: impression rows (publisher, campaign, virtual person id), Parquet or CSV, local paths or
-gs:// patterns. Output: JSON lines, one per campaign and scope (each declared publisher and the
-union of all publishers): the noisy reach, the frequency distribution 1..K (the last bin is
-"K or more"), k-reach and k+ reach.
-
     python -m pipelines.reach_frequency \\
-        --input 'pipelines/sample_data/reach_frequency/impressions.csv' \\
-        --output /tmp/reach_frequency.jsonl \\
-        --campaigns c1,c2 --publishers pub_a,pub_b,pub_c --epsilon 1.0986
+        --input pipelines/sample_data/reach_frequency/impressions.csv \\
+        --campaigns c1,c2 --publishers pub_a,pub_b,pub_c --epsilon 1.0986 \\
+        --output out/rf --ledger private/ledger.json --key_store private/keys
+
+Input: impression rows (publisher, campaign, virtual person id), Parquet or CSV, local or gs://.
+Each declared campaign is its own release ``<release_prefix>/<campaign>``, published by the
+release layer (:mod:`pipelines.release`) as ``reach_frequency.jsonl``: one JSON object per scope
+-- each declared publisher and the union of all publishers -- with the noisy reach, the
+frequency distribution 1..K (the last bin is "K or more"), k-reach and k+ reach, sorted by
+(scope, publisher). All campaigns of a run are charged in one ledger transaction (all or
+nothing) and computed in one pass over the rows.
 
 Privacy: the privacy unit is a virtual person of a campaign; ``--epsilon`` is the total for one
 campaign, split over its (publishers + 1) scopes x (reach, frequency) by sequential composition
-(see transforms/sketches/dp.py for the sensitivities). The released campaigns and publishers are
-the declared ones, never read from the data. Noise comes from a fresh secret release key unless
-``--release_key_file`` names a stored one; ``--testing_seed`` (non-secret) is for tests only.
-With ``--ledger``/``--key_store`` every campaign is charged in the budget ledger
-(accounting.ledger) before any output and its noise comes from the ledger's key for it, so a
-re-run on the same input reproduces the release and spends nothing. Any extra arguments are Beam pipeline options (default: the DirectRunner profile, see runners/).
+(see transforms/sketches/dp.py for the sensitivities). Released campaigns and publishers are
+the declared ones, never read from the data. Distributed noise (``--num_helpers n``): n helper
+stages each add a Polya share drawn from a key of its own (no party holds every share).
+
+Row rules (operator counters): rows with a missing or non-integer id (``--id_type int``), or a
+missing publisher or campaign, are dropped; rows of undeclared publishers are dropped; rows of
+undeclared campaigns are skipped (they belong to no release of this run).
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
-import logging
-import os
 import sys
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
 
 import apache_beam as beam
 import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
-from apache_beam.io import fileio
-from apache_beam.io.filesystems import FileSystems
 
+from accounting.budget import PrivacyBudget
 from accounting.calibration import NoiseKind
-from accounting.ledger import (Budget, BudgetLedger, CampaignBudget, Charge, LedgerError,
-                               input_digest)
+from accounting.ledger import Scope
+from accounting.measures import Measure
 from accounting.sensitivity import Neighbouring
-from runners.profiles import pipeline_options_for
-from accounting.keys import ReleaseKey
-from transforms.sketches.beam import PUBLISHER, UNION, ReachFrequency
-from transforms.sketches.dp import ReachFrequencyBudget
+from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
+                               ReleaseRefused, cli)
+from pipelines.release import run as run_release
+from pipelines.release.names import check_release_id, check_segment
+from transforms.sketches.beam import (PUBLISHER, UNION, BuildSketches, ReleaseReachFrequency,
+                                      UnionAcrossPublishers)
+from transforms.sketches.dp import (HISTOGRAM_SENSITIVITY, REACH_SENSITIVITY,
+                                    ReachFrequencyBudget)
 from transforms.sketches.impressions import IdType, ImpressionColumns
 from transforms.sketches.liquid_legions import SketchConfig
 
-_LOG = logging.getLogger(__name__)
-_CSV_BLOCK_BYTES = 8 << 20
+NAME = "reach_frequency"
+OUTPUT = "reach_frequency.jsonl"
 
 
-class ReachFrequencyOptions:
-    """Job flags of the reach and frequency release (``--help`` lists them).
-
-    A plain argparse group, deliberately not a ``PipelineOptions`` subclass: Beam adds the flags
-    of every subclass to one parser, so generic job flags (``--input``, ``--output``) of two
-    pipelines imported in one process would conflict. Everything not parsed here goes to Beam.
-    """
-
-    @classmethod
-    def _add_argparse_args(cls, parser):
-        io = parser.add_argument_group("input and output (--input, --output required)")
-        io.add_argument("--input",
-                        help="file pattern of impression logs (local path or gs://...)")
-        io.add_argument("--input_format", choices=["parquet", "csv"], default=None,
-                        help="default: from the file extension of --input")
-        io.add_argument("--output",
-                        help="output file (JSON lines; local path or gs://...)")
-        io.add_argument("--publisher_column", default="publisher")
-        io.add_argument("--campaign_column", default="campaign")
-        io.add_argument("--id_column", default="vid", help="virtual person id column")
-        io.add_argument("--id_type", choices=[t.value for t in IdType], default="int",
-                        help="int: 64-bit integer ids (rows whose id is not an integer are "
-                             "dropped and counted); string: the id's text")
-        domain = parser.add_argument_group("released keys (public, never read from data)")
-        domain.add_argument("--campaigns", help="comma-separated campaign ids (required)")
-        domain.add_argument("--publishers",
-                            help="comma-separated publisher ids (required; each gets its own "
-                                 "release, also when it has no rows)")
-        sketch = parser.add_argument_group("sketch")
-        sketch.add_argument("--num_registers", type=int, default=100_000, help="m")
-        sketch.add_argument("--decay_rate", type=float, default=10.0,
-                            help="a (0: uniform registers, a one-hash Bloom filter with counts)")
-        sketch.add_argument("--max_frequency", type=int, default=10,
-                            help="K: frequencies 1..K are released, the last bin is 'K or more'")
-        sketch.add_argument("--sketch_salt", default="",
-                            help="secret shared by the publishers, mixed into every campaign's "
-                                 "fingerprint salt (at most 64 bytes)")
-        privacy = parser.add_argument_group("privacy")
-        privacy.add_argument("--epsilon", type=float,
-                             help="total epsilon per campaign, all scopes and measures (required)")
-        privacy.add_argument("--delta", type=float, default=0.0,
-                             help="total delta per campaign (discrete_gaussian only)")
-        privacy.add_argument("--noise_kind", default="discrete_laplace",
-                             choices=["discrete_laplace", "discrete_gaussian"])
-        privacy.add_argument("--reach_budget_fraction", type=float, default=0.5,
-                             help="share of each scope's budget spent on reach (rest: frequency)")
-        privacy.add_argument("--neighbouring", default="add_remove",
-                             choices=["add_remove", "substitute"],
-                             help="add/remove one person, or replace one (doubles sensitivity)")
-        privacy.add_argument("--num_helpers", type=int, default=0,
-                             help="0: global noise; n >= 1: n simulated helper stages each add "
-                                  "a Polya-difference share (discrete_laplace only)")
-        privacy.add_argument("--release_key_file", default=None,
-                             help="stored secret release key (default: a fresh secret key)")
-        privacy.add_argument("--save_release_key", default=None,
-                             help="store the fresh secret key in this new file (owner-only), "
-                                  "so that a re-run reproduces the same release")
-        privacy.add_argument("--testing_seed", type=int, default=None,
-                             help="NON-SECRET key from a seed, for tests and demos only")
-        ledger = parser.add_argument_group(
-            "budget ledger (optional): each campaign's release is charged in "
-            "accounting.ledger.BudgetLedger before any output, and its noise comes from the key "
-            "the ledger stores for it")
-        ledger.add_argument("--ledger", default=None, help="ledger file (local or gs://)")
-        ledger.add_argument("--key_store", default=None,
-                            help="where the ledger keeps release keys (required with --ledger)")
-        ledger.add_argument("--release_id", default="reach_frequency",
-                            help="ledger id prefix: campaign c is charged as <release_id>/<c>")
-        ledger.add_argument("--campaign_budget_epsilon", type=float, default=None,
-                            help="each campaign's total budget in the ledger (default: --epsilon)")
-        ledger.add_argument("--campaign_budget_delta", type=float, default=None,
-                            help="each campaign's total delta in the ledger (default: --delta)")
-        ledger.add_argument("--periods", default="flight",
-                            help="comma-separated periods the impressions cover")
-        ledger.add_argument("--new_release", action="store_true",
-                            help="charge a new version (fresh key) when the input changed")
+def output_schema() -> pa.Schema:
+    return pa.schema([("campaign", pa.string()), ("scope", pa.string()),
+                      ("publisher", pa.string()), ("reach", pa.float64()),
+                      ("max_frequency", pa.int64()), ("frequency", pa.list_(pa.float64())),
+                      ("k_reach", pa.list_(pa.float64())), ("k_plus_reach", pa.list_(pa.float64())),
+                      ("noise", pa.string()), ("epsilon_reach", pa.float64()),
+                      ("epsilon_frequency", pa.float64())])
 
 
-def _csv_list(text: str, name: str) -> list[str]:
-    values = [v.strip() for v in (text or "").split(",") if v.strip()]
-    if not values:
-        raise ValueError(f"--{name}: give at least one name")
-    return values
+@dataclass(frozen=True, kw_only=True)
+class ReachFrequencyRequest:
+    """One reach & frequency run (the CLI flags are these fields)."""
+
+    input: tuple = field(metadata={"help": "impression logs: paths, globs or folders, "
+                                           "comma-separated (local or gs://)"})
+    campaigns: tuple = field(metadata={"help": "comma-separated campaign ids (public: each is a "
+                                               "release, also without rows)"})
+    publishers: tuple = field(metadata={"help": "comma-separated publisher ids (public: each gets "
+                                                "its own scope, also without rows)"})
+    epsilon: float = field(metadata={"help": "total epsilon per campaign, all scopes and measures"})
+    input_format: Optional[str] = field(default=None, metadata={
+        "help": "csv or parquet (default: from the file names)", "choices": ["csv", "parquet"]})
+    publisher_column: str = field(default="publisher", metadata={"help": "publisher column"})
+    campaign_column: str = field(default="campaign", metadata={"help": "campaign column"})
+    id_column: str = field(default="vid", metadata={"help": "virtual person id column"})
+    id_type: str = field(default="int", metadata={
+        "choices": [t.value for t in IdType],
+        "help": "int: 64-bit integer ids (7, 7.0 and \"7\" are one person; other rows dropped); "
+                "string: the id's canonical text"})
+    num_registers: int = field(default=100_000, metadata={"help": "sketch registers m"})
+    decay_rate: float = field(default=10.0, metadata={
+        "help": "a (0: uniform registers, a one-hash Bloom filter with counts)"})
+    max_frequency: int = field(default=10, metadata={
+        "help": "K: frequencies 1..K are released, the last bin is 'K or more'"})
+    sketch_salt: str = field(default="", metadata={
+        "help": "secret shared by the publishers, mixed into every campaign's fingerprint salt "
+                "(at most 64 bytes)"})
+    delta: float = field(default=0.0, metadata={"help": "total delta per campaign "
+                                                       "(discrete_gaussian only)"})
+    noise_kind: str = field(default="discrete_laplace", metadata={
+        "choices": ["discrete_laplace", "discrete_gaussian"], "help": "noise of every statistic"})
+    reach_budget_fraction: float = field(default=0.5, metadata={
+        "help": "share of each scope's budget spent on reach (rest: frequency)"})
+    neighbouring: str = field(default="add_remove", metadata={
+        "choices": ["add_remove", "substitute"],
+        "help": "add/remove one person, or replace one (doubles sensitivity)"})
+    num_helpers: int = field(default=0, metadata={
+        "help": "0: global noise; n >= 1: n helper stages each add a Polya share from a key of "
+                "its own (discrete_laplace only)"})
+    release_prefix: str = field(default="reach_frequency", metadata={
+        "help": "release ids are PREFIX/<campaign>"})
+    campaign_budget_epsilon: Optional[float] = field(default=None, metadata={
+        "help": "each campaign's total budget in the ledger (default: --epsilon)"})
+    campaign_budget_delta: Optional[float] = field(default=None, metadata={
+        "help": "each campaign's total delta in the ledger (default: --delta, plus distributed "
+                "noise's sampler slack with --num_helpers)"})
+    options: ReleaseOptions = field(metadata={"cli": False})
 
 
-def _input_format(opts) -> str:
-    if opts.input_format:
-        return opts.input_format
-    lowered = opts.input.lower().rstrip("*")
-    if ".parquet" in lowered or lowered.endswith(".pq"):
-        return "parquet"
-    if ".csv" in lowered:
-        return "csv"
-    raise ValueError("--input_format: cannot tell from --input; pass parquet or csv")
-
-
-def check_input(pattern: str, fmt: str, columns: ImpressionColumns) -> list[str]:
-    """Fail before any work when no file matches or the first file lacks a column."""
-    matches = FileSystems.match([pattern])[0].metadata_list
-    if not matches:
-        raise ValueError(f"--input: no files match {pattern!r}")
-    first = sorted(m.path for m in matches)[0]
-    with FileSystems.open(first) as handle:
-        if fmt == "parquet":
-            names = pq.read_schema(handle).names
-        else:
-            names = pacsv.open_csv(handle).schema.names
-    missing = [c for c in columns.names() if c not in names]
-    if missing:
-        raise ValueError(f"--input: {first} has no column(s) {missing} (columns: {names}); "
-                         f"set --publisher_column/--campaign_column/--id_column")
-    return [m.path for m in matches]
-
-
-class _CsvBatches(beam.DoFn):
-    """A matched CSV file -> pyarrow RecordBatches of the three columns, read as text."""
-
-    def __init__(self, columns: list[str]):
-        self._columns = columns
-
-    def process(self, readable_file):
-        # Only an empty field is missing: Arrow's default null markers include "NA" and "null".
-        convert = pacsv.ConvertOptions(column_types={c: pa.string() for c in self._columns},
-                                       include_columns=self._columns, null_values=[""],
-                                       strings_can_be_null=True)
-        with readable_file.open() as handle:
-            reader = pacsv.open_csv(handle, read_options=pacsv.ReadOptions(
-                block_size=_CSV_BLOCK_BYTES), convert_options=convert)
-            for batch in reader:
-                if batch.num_rows:
-                    yield batch
-
-
-class ReadImpressionBatches(beam.PTransform):
-    """File pattern -> PCollection of Arrow tables/batches holding the three columns."""
-
-    def __init__(self, pattern: str, fmt: str, columns: ImpressionColumns):
-        super().__init__()
-        self._pattern, self._fmt, self._columns = pattern, fmt, columns
-
-    def expand(self, pbegin):
-        names = self._columns.names()
-        if self._fmt == "parquet":
-            return pbegin | "ReadParquet" >> beam.io.ReadFromParquetBatched(self._pattern,
-                                                                            columns=names)
-        return (pbegin
-                | "MatchCsv" >> fileio.MatchFiles(self._pattern)
-                | "OpenCsv" >> fileio.ReadMatches()
-                | "ReadCsv" >> beam.ParDo(_CsvBatches(names)))
-
-
-def _release_key(opts) -> ReleaseKey:
-    sources = [opts.release_key_file, opts.save_release_key, opts.testing_seed, opts.ledger]
-    if sum(s is not None for s in sources) > 1:
-        raise ValueError("--release_key_file, --save_release_key, --testing_seed, --ledger: "
-                         "give at most one")
-    if opts.testing_seed is not None:
-        _LOG.warning("using a NON-SECRET testing release key (--testing_seed); not for releases")
-        return ReleaseKey.for_testing(opts.testing_seed)
-    if opts.release_key_file:
-        return ReleaseKey.load(opts.release_key_file)
-    key = ReleaseKey.generate()
-    if opts.save_release_key:
-        if os.path.exists(opts.save_release_key):
-            raise ValueError(f"--save_release_key: {opts.save_release_key} exists; not "
-                             f"overwriting a release secret")
-        key.save(opts.save_release_key)
-    return key
-
-
-def _ledger_config(opts, config, budget, campaigns, publishers) -> dict:
-    """Everything that shapes the release, hashed into the ledger's input digest."""
-    return {"pipeline": "reach_frequency", "num_registers": config.num_registers,
-            "decay_rate": config.decay_rate, "max_frequency": opts.max_frequency,
-            "campaigns": campaigns, "publishers": sorted(set(publishers)),
-            "columns": [opts.publisher_column, opts.campaign_column, opts.id_column],
-            "id_type": opts.id_type, "noise_kind": budget.kind.value,
-            "num_helpers": opts.num_helpers, "neighbouring": budget.neighbouring.name,
-            "reach_fraction": budget.reach_fraction,
-            "sketch_salt": hashlib.sha256(opts.sketch_salt.encode()).hexdigest()}
-
-
-def _charge_ledger(opts, files, config, budget, campaigns, publishers):
-    """One ledger reservation per campaign; returns (ledger, {campaign: reservation})."""
-    if not opts.key_store:
-        raise ValueError("--key_store: required with --ledger")
-    periods = _csv_list(opts.periods, "periods")
-    campaign_budget = CampaignBudget(Budget(
-        opts.epsilon if opts.campaign_budget_epsilon is None else opts.campaign_budget_epsilon,
-        opts.delta if opts.campaign_budget_delta is None else opts.campaign_budget_delta))
-    scopes = [UNION] + [f"{PUBLISHER}:{p}" for p in sorted(set(publishers))]
-    charges = [Charge.from_spec(spec, f"{scope}/{measure}") for scope in scopes
-               for measure, spec in (("reach", budget.reach_spec()),
-                                     ("frequency", budget.histogram_spec()))]
-    digest = input_digest(files, _ledger_config(opts, config, budget, campaigns, publishers))
-    ledger = BudgetLedger(opts.ledger, opts.key_store)
-    reservations = {}
-    for campaign in campaigns:
-        reservations[campaign] = ledger.begin(
-            f"{opts.release_id}/{campaign}", charges, digest, campaign=campaign,
-            periods=periods, budget=campaign_budget, new_release=opts.new_release,
-            metadata={"pipeline": "reach_frequency"})
-    return ledger, reservations
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.reach_frequency",
-        description=__doc__.split("\n\n")[0] + " Extra arguments go to Beam (e.g. --runner).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ReachFrequencyOptions._add_argparse_args(parser)
-    return parser
-
-
-def run(argv=None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    opts, beam_argv = build_parser().parse_known_args(argv)  # --help and errors before Beam
-    pipeline_options = pipeline_options_for(beam_argv)  # runner profiles (DirectRunner -> FnApiRunner)
-    # Validate everything before reading data.
-    for name in ("input", "output", "campaigns", "publishers", "epsilon"):
-        if getattr(opts, name) is None:
-            raise ValueError(f"--{name} is required")
-    columns = ImpressionColumns(opts.publisher_column, opts.campaign_column, opts.id_column)
-    campaigns = _csv_list(opts.campaigns, "campaigns")
-    publishers = _csv_list(opts.publishers, "publishers")
-    config = SketchConfig(opts.num_registers, opts.decay_rate)
-    budget = ReachFrequencyBudget(
-        epsilon=opts.epsilon, num_publishers=len(set(publishers)),
-        reach_fraction=opts.reach_budget_fraction, delta=opts.delta,
-        kind=NoiseKind.parse(opts.noise_kind),
-        neighbouring=Neighbouring.ADD_REMOVE if opts.neighbouring == "add_remove"
+def _budget(request) -> ReachFrequencyBudget:
+    return ReachFrequencyBudget(
+        epsilon=request.epsilon, num_publishers=len(set(request.publishers)),
+        reach_fraction=request.reach_budget_fraction, delta=request.delta,
+        kind=NoiseKind.parse(request.noise_kind),
+        neighbouring=Neighbouring.ADD_REMOVE if request.neighbouring == "add_remove"
         else Neighbouring.SUBSTITUTE)
-    if len(opts.sketch_salt.encode()) > 64:
-        raise ValueError("--sketch_salt: at most 64 bytes")
-    if opts.max_frequency < 1:
-        raise ValueError(f"--max_frequency: must be >= 1, got {opts.max_frequency}")
-    if opts.num_helpers < 0 or (opts.num_helpers and budget.kind is not
-                                NoiseKind.DISCRETE_LAPLACE):
-        raise ValueError("--num_helpers: must be >= 0, and > 0 only with discrete_laplace noise")
-    fmt = _input_format(opts)
-    files = check_input(opts.input, fmt, columns)
-    # Last step before work: a saved key or a ledger charge is never left by a failed start.
-    key = _release_key(opts)
-    ledger, reservations = None, {}
-    if opts.ledger:
-        ledger, reservations = _charge_ledger(opts, files, config, budget, campaigns, publishers)
-        key = {c: r.key for c, r in reservations.items()}
-    transform = ReachFrequency(config, budget, key, max_frequency=opts.max_frequency,
-                               num_helpers=opts.num_helpers, columns=columns,
-                               id_type=opts.id_type, campaigns=campaigns, publishers=publishers,
-                               shared_secret=opts.sketch_salt.encode())
-    _LOG.info("reach_frequency: %d input file(s); per scope reach %s, frequency %s; campaign "
-              "total %s", len(files), budget.reach_spec().describe(),
-              budget.histogram_spec().describe(), budget.total())
-
-    with beam.Pipeline(options=pipeline_options) as p:
-        (p
-         | "ReadImpressions" >> ReadImpressionBatches(opts.input, fmt, columns)
-         | "ReachFrequency" >> transform
-         | "AllRows" >> beam.combiners.ToList()
-         | "Sorted" >> beam.FlatMap(lambda rows: sorted(
-             rows, key=lambda r: (r["campaign"], r["scope"] != "union", r["publisher"] or "")))
-         | "ToJson" >> beam.Map(json.dumps)
-         | "Write" >> beam.io.WriteToText(opts.output, shard_name_template="", num_shards=1))
-    for reservation in reservations.values():
-        ledger.commit(reservation, opts.output)
 
 
-def main(argv=None) -> int:
-    logging.basicConfig(level=os.environ.get("LOGLEVEL", "WARNING"))
-    try:
-        run(argv)
-    except (ValueError, LedgerError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+def _measures(request, budget: ReachFrequencyBudget) -> list[Measure]:
+    relation = Neighbouring.ADD_REMOVE if request.neighbouring == "add_remove" else \
+        Neighbouring.SUBSTITUTE
+    factor = relation.factor
+    # Distributed noise charges its sampler's total-variation slack as extra delta per statistic.
+    specs = budget.charged_specs(request.num_helpers, request.max_frequency)
+    out = []
+    for scope in [UNION] + [f"{PUBLISHER}:{p}" for p in sorted(set(request.publishers))]:
+        out.append(Measure.of_noise(f"{scope}/reach", specs["reach"],
+                                    REACH_SENSITIVITY.scaled(factor), neighbouring=relation,
+                                    description="active registers of the scope's sketch"))
+        out.append(Measure.of_noise(f"{scope}/frequency", specs["frequency"],
+                                    HISTOGRAM_SENSITIVITY.scaled(factor), neighbouring=relation,
+                                    description="frequency histogram of the scope's sketch"))
+    return out
+
+
+class ReachFrequencyJob(Job):
+    name = NAME
+    request_type = ReachFrequencyRequest
+    description = __doc__.split("\n\n")[0]
+
+    def check(self, request) -> None:
+        try:
+            for campaign in request.campaigns:
+                check_segment(campaign, "campaign")
+            check_release_id(request.release_prefix, "--release_prefix")
+            if not request.campaigns or not request.publishers:
+                raise ValueError("--campaigns and --publishers need at least one name each")
+            if len(request.sketch_salt.encode()) > 64:
+                raise ValueError("--sketch_salt: at most 64 bytes")
+            if request.max_frequency < 1:
+                raise ValueError(f"--max_frequency must be >= 1, got {request.max_frequency}")
+            if request.num_helpers < 0 or (request.num_helpers and
+                                           request.noise_kind != "discrete_laplace"):
+                raise ValueError("--num_helpers must be >= 0, and > 0 only with discrete_laplace")
+            SketchConfig(request.num_registers, request.decay_rate)
+            _budget(request)
+        except ValueError as err:
+            raise ReleaseRefused(str(err))
+
+    def inputs(self, request):
+        columns = {request.publisher_column: "text", request.campaign_column: "text",
+                   request.id_column: "id"}
+        return [InputSpec(name="impressions", paths=request.input, format=request.input_format,
+                          columns=columns, flag="--input")]
+
+    def plan(self, request):
+        budget = _budget(request)
+        total = PrivacyBudget(
+            epsilon=request.epsilon if request.campaign_budget_epsilon is None
+            else request.campaign_budget_epsilon,
+            delta=budget.total(request.num_helpers, request.max_frequency).delta
+            if request.campaign_budget_delta is None else request.campaign_budget_delta)
+        config = {"num_registers": request.num_registers, "decay_rate": request.decay_rate,
+                  "max_frequency": request.max_frequency, "publishers": sorted(set(request.publishers)),
+                  "columns": [request.publisher_column, request.campaign_column, request.id_column],
+                  "id_type": request.id_type, "noise_kind": request.noise_kind,
+                  "num_helpers": request.num_helpers, "neighbouring": request.neighbouring,
+                  "reach_fraction": request.reach_budget_fraction, "epsilon": request.epsilon,
+                  "delta": request.delta,
+                  "sketch_salt": hashlib.sha256(request.sketch_salt.encode()).hexdigest()}
+        output = OutputSpec(name=OUTPUT, sort_by=["scope", "publisher"], schema=output_schema(),
+                            noisy=["reach", "frequency", "k_reach", "k_plus_reach"],
+                            description="one row per scope: the union and each declared publisher")
+        keys = ("release",) + tuple(f"helper-{i}" for i in range(request.num_helpers))
+        measures = _measures(request, budget)
+        return [PlannedRelease(
+            release_id=f"{request.release_prefix}/{campaign}", measures=measures,
+            scopes=[Scope(name=f"campaign:{campaign}", budget=total,
+                          description="the campaign's total")],
+            outputs=[output], accountant="basic", key_names=keys,
+            config={**config, "campaign": campaign},
+            parameters={"campaign": campaign, **{k: v for k, v in config.items()
+                                                 if k != "sketch_salt"}},
+            guarantee_covers="one campaign: every scope's reach and frequency, composed")
+            for campaign in sorted(set(request.campaigns))]
+
+    def build_all(self, pipeline, request, inputs, releases):
+        by_campaign = {r.planned.config["campaign"]: r for r in releases}
+        config, budget = SketchConfig(request.num_registers, request.decay_rate), _budget(request)
+        campaigns = sorted(by_campaign)
+        scoped = (inputs["impressions"]
+                  | "BuildSketches" >> BuildSketches(
+                      config, columns=ImpressionColumns(request.publisher_column,
+                                                        request.campaign_column, request.id_column),
+                      id_type=request.id_type, campaigns=campaigns, publishers=request.publishers,
+                      shared_secret=request.sketch_salt.encode())
+                  | "UnionAcrossPublishers" >> UnionAcrossPublishers())
+        if not request.num_helpers:
+            rows = scoped | "Release" >> ReleaseReachFrequency(
+                config, budget, {c: by_campaign[c].key for c in campaigns},
+                max_frequency=request.max_frequency)
+        else:
+            # Each campaign is its own release with its own helper keys (reserved in the ledger
+            # as helper-0..n-1): one helper chain per campaign, each stage holding one key.
+            rows = [scoped
+                    | by_campaign[c].label("Sketches") >> beam.Filter(
+                        lambda kv, c=c: kv[0][0] == c)
+                    | by_campaign[c].label("Release") >> ReleaseReachFrequency(
+                        config, budget, {c: by_campaign[c].key},
+                        max_frequency=request.max_frequency, num_helpers=request.num_helpers,
+                        helper_keys={name: key for name, key in by_campaign[c].keys.items()
+                                     if name.startswith("helper-")})
+                    for c in campaigns] | "AllCampaigns" >> beam.Flatten()
+        out = {}
+        for campaign, release in by_campaign.items():
+            out[release.release_id] = {OUTPUT: (
+                rows
+                | release.label("Rows") >> beam.Filter(lambda r, c=campaign: r["campaign"] == c)
+                | release.label("Table") >> beam.combiners.ToList()
+                | release.label("Arrow") >> beam.Map(
+                    lambda rows: pa.Table.from_pylist(rows, schema=output_schema())))}
+        return out
+
+    def dropped_rows(self, counters: Mapping[str, int]) -> Mapping[str, dict]:
+        read = counters.get("rows_read", 0)
+        reasons = {name: counters[name] for name in ("rows_missing_id", "rows_missing_key")
+                   if counters.get(name)}
+        dropped = sum(reasons.values())
+        return {"impressions": {"eligible": read, "dropped": dropped,
+                                "share": dropped / read if read else 0.0, "reasons": reasons}}
+
+
+JOB = ReachFrequencyJob()
+
+
+def run(request: ReachFrequencyRequest):
+    """Make one release per declared campaign (Python API); see pipelines.release.run."""
+    return run_release(JOB, request)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return cli.main(JOB, argv)
 
 
 if __name__ == "__main__":

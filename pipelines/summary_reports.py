@@ -1,204 +1,390 @@
 """ARA summary reports on Beam: contribution vectors (A), bounding (C), summary (S), reconstruction (R).
 
-Inputs (``--input_format``):
+    python -m pipelines.summary_reports --input conv.parquet --config config.json --epsilon 8 \\
+        --batch_id 2026-11-21 --output out/ara --ledger private/ledger.json \\
+        --key_store private/keys
+
+Inputs (``--input_format``, default from the file names):
   csv / parquet  attributed conversions: columns source_id, [order], dim_0..dim_{D-1}, and one
                  column per measure of ``--config`` (``count`` may be absent: 1 per row);
                  algorithm A encodes them with the configuration (clip thresholds, budgets).
   reports        JSON lines of cleartext aggregatable reports (see transforms/ara/reports.py).
 
-Output (``--output`` prefix, one CSV shard): ``bucket,noisy_sum[,estimate]`` per declared bucket
-(hex key; ``estimate`` = algorithm R when ``--config`` is given). The output domain is
-``--output_domain`` (one key per line), or for conversions, every bucket of the configuration.
+Output: release ``summary_reports/<batch_id>`` (``summary.csv``): ``bucket,noisy_sum[,estimate]``
+per declared bucket (hex key; ``estimate`` = algorithm R when ``--config`` is given), sorted by
+bucket. The output domain is ``--output_domain`` (one key per line), or for conversions, every
+bucket of the configuration.
 
 Privacy: one source (impression) contributes at most 65,536 in L1 (algorithm C, re-applied here),
 each declared bucket gets DLap(65,536 / epsilon): the summary is epsilon-DP w.r.t. adding or
-removing a source. ``--batch_id`` is claimed in ``--batch_registry_dir`` before the run; a second
-aggregation of the same batch is refused.
-
-Example:
-  python -m pipelines.summary_reports --input conv.parquet --input_format parquet \\
-      --config config.json --epsilon 8 --output out/summary --batch_id 2026-11-21 \\
-      --batch_registry_dir ~/ara-batches --release_key_file ~/keys/release.key
+removing a source. A batch is aggregated at most once, and "the batch" is its content: a digest of
+the set of reports (or conversion rows), independent of file names, order and the ``--batch_id``
+label, is recorded in the ledger; the same content under another id is refused.
 """
 from __future__ import annotations
 
-import argparse
-import logging
+import hashlib
+import json
 import sys
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from accounting.budget import PrivacyBudget
+from accounting.calibration import calibrate
+from accounting.ledger import Scope
+from accounting.measures import Measure
+from accounting.sensitivity import Sensitivities
+from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
+                               ReleaseRefused, cli, storage)
+from pipelines.release import run as run_release
+from pipelines.release.names import check_segment
 from transforms.ara.beam import (ROUNDING_PURPOSE, SUMMARY_PURPOSE, BoundContributions,
-                                 EncodeConversions, ParseReports, ReadConversionBatches,
-                                 Reconstruct, SummaryReport, batch_purpose,
-                                 check_conversion_schema)
-from transforms.ara.contribution import ContributionConfig
-from transforms.ara.registry import BatchAlreadyAggregated, BatchRegistry
+                                 EncodeConversions, ParseReports, Reconstruct, SummaryReport,
+                                 batch_purpose)
+from transforms.ara.contribution import CONTRIBUTION_BUDGET, ContributionConfig
 from transforms.ara.summary import check_summary_epsilon, key_bytes, parse_output_domain
 
-
-REQUIRED = ("input", "input_format", "epsilon", "output", "batch_id", "batch_registry_dir")
-
-
-def argument_parser() -> argparse.ArgumentParser:
-    """The job's own arguments. They are deliberately not a PipelineOptions subclass: Beam adds
-    every subclass's flags to one parser, so generic names (--input, --output) defined by two
-    pipelines imported in one process would conflict. Beam's options (--runner, ...) pass
-    through to PipelineOptions."""
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.summary_reports", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    add = parser.add_argument
-    add("--input", required=True, help="input file pattern")
-    add("--input_format", required=True, choices=["csv", "parquet", "reports"],
-        help="conversions (csv/parquet) or JSON-lines aggregatable reports")
-    add("--config", default=None,
-        help="contribution configuration JSON (clip thresholds, budgets, slice dimensions; "
-             "see python -m pipelines.ara_config); required for conversions, enables "
-             "reconstruction for reports")
-    add("--output_domain", default=None,
-        help="declared bucket keys, one per line (decimal or 0x hex); required for reports")
-    add("--epsilon", required=True, type=float,
-        help="privacy budget of this summary report (0 < epsilon <= 64)")
-    add("--output", required=True, help="output path prefix")
-    add("--batch_id", required=True, help="id of this report batch: aggregated at most once")
-    add("--batch_registry_dir", required=True,
-        help="local directory recording aggregated batch ids")
-    add("--release_key_file", default=None,
-        help="hex release key (ReleaseKey.save); default: a fresh secret key")
-    add("--testing_seed", type=int, default=None,
-        help="TESTING ONLY: derive a public, non-secret key from this seed")
-    add("--max_reports_per_source", type=int, default=1024,
-        help="reports kept per source before budget bounding (memory bound)")
-    add("--runner", default=None,
-        help="Beam runner (default: FnApiRunner, in-process); other Beam pipeline options "
-             "(e.g. --flink_master, --project) are passed through")
-    return parser
+NAME = "summary_reports"
+OUTPUT = "summary.csv"
+#: The aggregation service's largest epsilon per batch: the budget of a batch's ledger scope.
+MAX_EPSILON = 64.0
 
 
-def parse_args(argv) -> tuple[argparse.Namespace, PipelineOptions]:
-    """(job arguments, Beam pipeline options); argparse exits with a usage error on bad flags."""
-    opts, beam_args = argument_parser().parse_known_args(argv)
-    options = PipelineOptions(beam_args)
-    # DirectRunner would first try to download Prism; run in-process unless told otherwise.
-    options.view_as(StandardOptions).runner = opts.runner or "FnApiRunner"
-    return opts, options
+@dataclass(frozen=True, kw_only=True)
+class SummaryReportsRequest:
+    """One summary-report batch (the CLI flags are these fields)."""
+
+    input: tuple = field(metadata={"help": "conversions or reports: paths, globs or folders, "
+                                           "comma-separated (local or gs://)"})
+    epsilon: float = field(metadata={"help": "privacy budget of this summary report "
+                                             "(0 < epsilon <= 64)"})
+    batch_id: str = field(metadata={"help": "a label for this batch (its release id is "
+                                            "summary_reports/BATCH_ID); the batch itself is "
+                                            "identified by its content"})
+    input_format: Optional[str] = field(default=None, metadata={
+        "choices": ["csv", "parquet", "reports"],
+        "help": "conversions (csv/parquet) or JSON-lines aggregatable reports (default: from "
+                "the file names; .jsonl means reports)"})
+    config: Optional[str] = field(default=None, metadata={
+        "help": "contribution configuration JSON (clip thresholds, budgets, slice dimensions; "
+                "see python -m pipelines.ara_config); required for conversions, enables "
+                "reconstruction for reports"})
+    output_domain: Optional[str] = field(default=None, metadata={
+        "help": "declared bucket keys, one per line (decimal or 0x hex); required for reports"})
+    max_reports_per_source: int = field(default=1024, metadata={
+        "help": "reports kept per source before budget bounding (memory bound)"})
+    options: ReleaseOptions = field(metadata={"cli": False})
 
 
 def _read_text(path: str) -> str:
-    with FileSystems.open(path) as f:
-        return f.read().decode("utf-8")
+    data = storage.read_bytes(storage.absolute(path))
+    if data is None:
+        raise ReleaseRefused(f"{path} does not exist")
+    return data.decode("utf-8")
 
 
-def _first_match(pattern: str) -> str:
-    matches = FileSystems.match([pattern])[0].metadata_list
-    if not matches:
-        raise ValueError(f"--input {pattern!r} matches no file")
-    return sorted(m.path for m in matches)[0]
+def _format(request) -> str:
+    if request.input_format:
+        return request.input_format
+    name = request.input[0].lower() if request.input else ""
+    if ".jsonl" in name or ".ndjson" in name or name.endswith(".json"):
+        return "reports"
+    return "parquet" if (".parquet" in name or name.endswith(".pq")) else "csv"
 
 
-def _input_schema(pattern: str, fmt: str):
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-    from apache_beam.io.filesystem import CompressionTypes
-    path = _first_match(pattern)
-    if fmt == "parquet":
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            return pq.ParquetFile(f).schema_arrow
-    with FileSystems.open(path) as f:
-        return pacsv.open_csv(f).schema
+def _schema(with_estimate: bool) -> pa.Schema:
+    fields = [("bucket", pa.string()), ("noisy_sum", pa.int64())]
+    return pa.schema(fields + ([("estimate", pa.float64())] if with_estimate else []))
 
 
-def _release_key(opts):
-    from accounting.keys import ReleaseKey
-    if opts.release_key_file and opts.testing_seed is not None:
-        raise ValueError("give --release_key_file or --testing_seed, not both")
-    if opts.release_key_file:
-        return ReleaseKey.load(opts.release_key_file)
-    if opts.testing_seed is not None:
-        logging.warning("--testing_seed: noise derived from a PUBLIC seed; not a private release")
-        return ReleaseKey.for_testing(opts.testing_seed)
-    return ReleaseKey.generate()
+class _NumericColumns(beam.DoFn):
+    """Conversion rows read as text (CSV) -> numeric columns; a value that does not parse is
+    null (algorithm A then drops the row, counted by its rule). A ``count`` column the file does
+    not have (the release layer's null-typed column) is removed: algorithm A counts 1 per row."""
+
+    def __init__(self, columns: Sequence[str]):
+        self._columns = list(columns)
+
+    def process(self, table: pa.Table):
+        if "count" in table.column_names and pa.types.is_null(table.column("count").type):
+            table = table.drop_columns(["count"])  # absent from the file: 1 per row
+        for name in self._columns:
+            if name not in table.column_names:
+                continue
+            column = table.column(name)
+            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                try:
+                    parsed = pc.cast(column, pa.float64())
+                except pa.ArrowInvalid:
+                    parsed = pa.array([_to_float(v) for v in column.to_pylist()], pa.float64())
+                if name == "order":
+                    parsed = pc.cast(pc.fill_null(parsed, 0), pa.int64(), safe=False)
+                table = table.set_column(table.column_names.index(name), name, parsed)
+        yield table
 
 
-def _format_row(row) -> str:
-    key = f"{int.from_bytes(row[0], 'big'):#034x}"
-    return ",".join([key] + [repr(x) if isinstance(x, float) else str(x) for x in row[1:]])
-
-
-def validate(opts) -> tuple[ContributionConfig | None, list[int]]:
-    """Every check that can fail before data is read; returns (config, declared keys)."""
-    for name in REQUIRED:
-        if getattr(opts, name, None) is None:
-            raise ValueError(f"--{name} is required")
-    check_summary_epsilon(opts.epsilon)
-    if opts.max_reports_per_source < 1:
-        raise ValueError("--max_reports_per_source must be positive")
-    config = ContributionConfig.from_json(_read_text(opts.config)) if opts.config else None
-    if opts.input_format in ("csv", "parquet"):
-        if config is None:
-            raise ValueError("--config is required for conversions input")
-        check_conversion_schema(_input_schema(opts.input, opts.input_format), config)
-    elif not opts.output_domain:
-        raise ValueError("--output_domain is required for reports input")
-    if opts.output_domain:
-        keys = parse_output_domain(_read_text(opts.output_domain)).keys
-    else:
-        keys = config.output_domain()
-    if config is not None:
-        for k in keys:
-            config.scale_of_key(k)  # every declared bucket must belong to a configured query
-    return config, keys
-
-
-def build(pipeline, opts, config, keys, release_key):
-    if opts.input_format == "reports":
-        reports = (pipeline | "ReadReports" >> beam.io.ReadFromText(opts.input)
-                   | "ParseReports" >> ParseReports())
-    else:
-        reports = (pipeline
-                   | "ReadConversions" >> ReadConversionBatches(opts.input, opts.input_format)
-                   | "ContributionVectors" >> EncodeConversions(
-                       config, release_key, batch_purpose(ROUNDING_PURPOSE, opts.batch_id)))
-    contributions = reports | "ContributionBounding" >> BoundContributions(
-        opts.max_reports_per_source)
-    domain = pipeline | "Domain" >> beam.Create([key_bytes(k) for k in keys])
-    noisy = ({"contributions": contributions, "domain": domain}
-             | "SummaryReport" >> SummaryReport(
-                 opts.epsilon, release_key, batch_purpose(SUMMARY_PURPOSE, opts.batch_id)))
-    if config is not None:
-        rows = noisy | "Reconstruct" >> Reconstruct(config)
-        header = "bucket,noisy_sum,estimate"
-    else:
-        rows = noisy | "AsRows" >> beam.Map(lambda kv: (kv[0], kv[1]))
-        header = "bucket,noisy_sum"
-    return (rows | "Format" >> beam.Map(_format_row)
-            | "Write" >> beam.io.WriteToText(opts.output, file_name_suffix=".csv",
-                                            num_shards=1, header=header))
-
-
-def run(opts: argparse.Namespace, options: PipelineOptions) -> None:
-    config, keys = validate(opts)
-    release_key = _release_key(opts)
-    BatchRegistry(opts.batch_registry_dir).claim(
-        opts.batch_id, epsilon=opts.epsilon, output=opts.output, input=opts.input,
-        release_key_fingerprint=release_key.fingerprint(), declared_buckets=len(keys))
-    with beam.Pipeline(options=options) as p:
-        build(p, opts, config, keys, release_key)
-
-
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    opts, options = parse_args(argv)
-    logging.getLogger().setLevel(logging.INFO)
+def _to_float(value):
     try:
-        run(opts, options)
-    except (ValueError, BatchAlreadyAggregated) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if np.isfinite(number) else None
+
+
+def _content_digest(resolved) -> str:
+    """An order-independent digest of a batch's content: the sum mod 2^256 of each report's (or
+    conversion row's) SHA-256, over its canonical form -- file names, order, compression and
+    formatting do not change it, adding or removing a report does. ``resolved``: the
+    preflighted inputs (read as the pipeline reads them, one file at a time)."""
+    total, kind = 0, "conversions"
+    for inp in resolved:
+        for path in inp.files:
+            kind = "reports" if inp.formats[path] == "jsonl" else kind
+            try:
+                total += _file_digest(path, inp)
+            except (pa.ArrowException, UnicodeDecodeError, OSError, EOFError) as err:
+                # The whole batch is read here, before any charge: a file that cannot be read
+                # (invalid UTF-8, a corrupt Parquet page) is refused (never echoing its content).
+                compression = inp.compression[path]
+                raise ReleaseRefused(
+                    f"{inp.spec.label}: {path} could not be read ({type(err).__name__}: not valid "
+                    f"{inp.formats[path]}" + (f" in {compression}" if compression else "")
+                    + "); nothing was charged")
+    return f"multiset-sha256:{kind}:{total % (1 << 256):064x}"
+
+
+def _file_digest(path: str, inp) -> int:
+    total = 0
+    if inp.formats[path] == "jsonl":
+        for row in _report_lines(path, inp.compression[path]):
+            try:
+                canonical = json.dumps(json.loads(row), sort_keys=True, separators=(",", ":"))
+            except ValueError:
+                canonical = row
+            total += int.from_bytes(hashlib.sha256(canonical.encode()).digest(), "big")
+        return total
+    for table in _conversion_tables(path, inp):
+        names = sorted(table.column_names)
+        columns = [table.column(n).to_pylist() for n in names]
+        for values in zip(*columns):
+            row = json.dumps([[n, _canonical_value(n, v)] for n, v in zip(names, values)],
+                             separators=(",", ":"))
+            total += int.from_bytes(hashlib.sha256(row.encode()).digest(), "big")
+    return total
+
+
+def _report_lines(path: str, compression):
+    from pipelines.release.inputs import open_input
+
+    with open_input(path, compression) as handle:
+        for raw in handle:
+            text = raw.decode("utf-8", errors="replace").strip()
+            if text:
+                yield text
+
+
+def _canonical_value(name: str, value):
+    """A conversion field as the same JSON value whatever file format carried it."""
+    from transforms.privacy_units import canonical_unit_id
+
+    if name == "source_id":
+        return canonical_unit_id(value, "source_id")
+    if isinstance(value, str):
+        parsed = _to_float(value)
+        if parsed is None:
+            return value.strip() or None
+        value = parsed
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = float(value)
+        return int(value) if value.is_integer() else repr(value)
+    return value
+
+
+def _conversion_tables(path: str, inp):
+    """A conversions file's rows in batches, every column of the file (CSV as text, only an empty
+    field missing, as the pipeline reads it)."""
+    from pipelines.release.inputs import open_input
+
+    if inp.formats[path] == "parquet":
+        import pyarrow.parquet as pq
+
+        with open_input(path) as handle:
+            for batch in pq.ParquetFile(handle).iter_batches(batch_size=65536, use_threads=False):
+                yield pa.Table.from_batches([batch])
+        return
+    from pyarrow import csv as pacsv
+
+    header = list(inp.present[path])
+    with open_input(path, inp.compression[path]) as handle:
+        reader = pacsv.open_csv(handle, read_options=pacsv.ReadOptions(use_threads=False),
+                                parse_options=pacsv.ParseOptions(
+                                    invalid_row_handler=lambda row: "skip"),
+                                convert_options=pacsv.ConvertOptions(
+                                    column_types={c: pa.string() for c in header},
+                                    null_values=[""], strings_can_be_null=True))
+        for batch in reader:
+            yield pa.Table.from_batches([batch])
+
+
+#: Counters of the ARA transforms (namespace ``ara``) that drop a row or report for a fault of
+#: its own; the others are bounding rules (a source's budget, --max_reports_per_source).
+_FAULT_COUNTERS = ("ara.conversion_rows_dropped_", "ara.reports_dropped_")
+_BOUNDING_COUNTERS = ("ara.reports_dropped_source_budget_exhausted",
+                      "ara.reports_dropped_over_max_reports_per_source")
+
+
+class SummaryReportsJob(Job):
+    name = NAME
+    request_type = SummaryReportsRequest
+    description = __doc__.split("\n\n")[0]
+    counter_namespaces = ("ara",)
+
+    def dropped_rows(self, counters):
+        """Rows read (and malformed CSV lines) are eligible; conversion rows and reports the ARA
+        transforms drop for a fault are dropped (bounding a source's contributions is not)."""
+        from pipelines.release.counters import dropped_share
+
+        faults = {k: v for k, v in counters.items()
+                  if v and k.startswith(_FAULT_COUNTERS) and k not in _BOUNDING_COUNTERS}
+        out = {}
+        for name, share in dropped_share(counters).items():
+            dropped = share["dropped"] + sum(faults.values())
+            out[name] = {"eligible": share["eligible"], "dropped": dropped,
+                         "share": dropped / share["eligible"] if share["eligible"] > 0 else 0.0,
+                         "reasons": {**share["reasons"], **faults}}
+        return out
+
+    def _config(self, request) -> Optional[ContributionConfig]:
+        if not request.config:
+            return None
+        try:
+            return ContributionConfig.from_json(_read_text(request.config))
+        except (ValueError, KeyError, TypeError) as err:
+            raise ReleaseRefused(f"--config {request.config}: {err}")
+
+    def _keys(self, request, config) -> list[int]:
+        if request.output_domain:
+            try:
+                return parse_output_domain(_read_text(request.output_domain)).keys
+            except ValueError as err:
+                raise ReleaseRefused(f"--output_domain {request.output_domain}: {err}")
+        return config.output_domain()
+
+    def check(self, request) -> None:
+        try:
+            check_segment(request.batch_id, "--batch_id")
+            check_summary_epsilon(request.epsilon)
+        except ValueError as err:
+            raise ReleaseRefused(str(err))
+        if request.max_reports_per_source < 1:
+            raise ReleaseRefused("--max_reports_per_source must be positive")
+        fmt = _format(request)
+        config = self._config(request)
+        if fmt != "reports" and config is None:
+            raise ReleaseRefused("--config is required for conversions input")
+        if fmt == "reports" and not request.output_domain:
+            raise ReleaseRefused("--output_domain is required for reports input")
+        if config is not None:
+            for key in self._keys(request, config):
+                try:
+                    config.scale_of_key(key)
+                except (ValueError, KeyError):
+                    raise ReleaseRefused("--output_domain declares a bucket that belongs to no "
+                                         "query of --config")
+
+    def inputs(self, request):
+        fmt = _format(request)
+        if fmt == "reports":
+            return [InputSpec(name="reports", paths=request.input, format="jsonl", columns={},
+                              flag="--input")]
+        config = self._config(request)
+        columns = {"source_id": "id",
+                   **{f"dim_{d}": "number" for d in range(len(config.slice_dimensions))},
+                   **{m: "number" for m in config.measures if m != "count"}}
+        optional = {"order": "integer" if fmt == "parquet" else "any"}
+        if "count" in config.measures:
+            optional["count"] = "number"
+        return [InputSpec(name="conversions", paths=request.input, format=fmt, columns=columns,
+                          optional=optional, flag="--input")]
+
+    def plan(self, request):
+        config = self._config(request)
+        keys = self._keys(request, config)
+        spec = calibrate("discrete_laplace", epsilon=request.epsilon,
+                         l1_sensitivity=CONTRIBUTION_BUDGET)
+        measure = Measure.of_noise(
+            "summary", spec, Sensitivities(l0=CONTRIBUTION_BUDGET, linf=CONTRIBUTION_BUDGET,
+                                           l1=CONTRIBUTION_BUDGET, l2=CONTRIBUTION_BUDGET),
+            neighbouring="add/remove one source: its reports, at most 65,536 in L1 contributions",
+            description="algorithm S: discrete Laplace per declared bucket")
+        return [PlannedRelease(
+            release_id=f"{NAME}/{request.batch_id}", measures=[measure],
+            scopes=[Scope(name=f"ara-batch:{request.batch_id}",
+                          budget=PrivacyBudget(epsilon=MAX_EPSILON),
+                          description="one batch (aggregated once; epsilon <= 64)")],
+            outputs=[OutputSpec(name=OUTPUT, sort_by=["bucket"], schema=_schema(config is not None),
+                                noisy=["noisy_sum"] + (["estimate"] if config else []),
+                                description="one row per declared bucket (hex key)")],
+            config={"format": _format(request), "epsilon": request.epsilon,
+                    "contribution_config": None if config is None else json.loads(config.to_json()),
+                    "buckets": [f"{k:#034x}" for k in keys],
+                    "max_reports_per_source": request.max_reports_per_source},
+            parameters={"epsilon": request.epsilon, "declared_buckets": len(keys),
+                        "contribution_budget": CONTRIBUTION_BUDGET},
+            guarantee_covers="one batch of reports: every declared bucket's noisy sum")]
+
+    def content_key(self, request, planned, inputs):
+        return _content_digest([inputs[name] for name in sorted(inputs)])
+
+    def build(self, pipeline, request, inputs, release):
+        config = self._config(request)
+        keys = self._keys(request, config)
+        key, batch = release.key, request.batch_id
+        if _format(request) == "reports":
+            reports = (inputs["reports"]
+                       | release.label("Lines") >> beam.FlatMap(lambda t: t.column("line").to_pylist())
+                       | release.label("ParseReports") >> ParseReports())
+        else:
+            numeric = [c for c in ["order", "count", *config.measures,
+                                   *[f"dim_{d}" for d in range(len(config.slice_dimensions))]]]
+            reports = (inputs["conversions"]
+                       | release.label("Numeric") >> beam.ParDo(_NumericColumns(numeric))
+                       | release.label("ContributionVectors") >> EncodeConversions(
+                           config, key, batch_purpose(ROUNDING_PURPOSE, batch)))
+        contributions = reports | release.label("ContributionBounding") >> BoundContributions(
+            request.max_reports_per_source)
+        domain = pipeline | release.label("Domain") >> beam.Create([key_bytes(k) for k in keys])
+        noisy = ({"contributions": contributions, "domain": domain}
+                 | release.label("SummaryReport") >> SummaryReport(
+                     request.epsilon, key, batch_purpose(SUMMARY_PURPOSE, batch)))
+        if config is not None:
+            rows = noisy | release.label("Reconstruct") >> Reconstruct(config)
+        else:
+            rows = noisy | release.label("AsRows") >> beam.Map(lambda kv: (kv[0], kv[1]))
+        schema = _schema(config is not None)
+        table = (rows
+                 | release.label("All") >> beam.combiners.ToList()
+                 | release.label("Arrow") >> beam.Map(lambda rows: pa.Table.from_pylist(
+                     [dict(zip(schema.names, (f"{int.from_bytes(r[0], 'big'):#034x}", *r[1:])))
+                      for r in rows], schema=schema)))
+        return {OUTPUT: table}
+
+
+JOB = SummaryReportsJob()
+
+
+def run(request: SummaryReportsRequest):
+    """Aggregate one batch (Python API); see pipelines.release.run."""
+    return run_release(JOB, request)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return cli.main(JOB, argv)
 
 
 if __name__ == "__main__":

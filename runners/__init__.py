@@ -6,7 +6,8 @@
   binary, fetched once (``python -m runners.fetch all``) and found by the profiles;
 * :mod:`runners.harness` — run a pipeline main on a runner and read back its output (tests and
   benchmarks), and a worker pool for ``--environment_type=EXTERNAL``;
-* :mod:`runners.demo_release` — a small DP release used to check a runner end to end;
+* :mod:`runners.demo_release` — a runner check (noisy counts from a public testing seed; never a
+  release: releases go through the jobs on the release layer);
 * ``airflow_dag.py``, ``cron.example``, ``daily_release.sh`` — scheduling examples.
 
 See runners/README.md.

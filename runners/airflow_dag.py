@@ -58,7 +58,7 @@ def centralnotice_options(campaign: str) -> dict:
         "clicks": f"{DATA_ROOT}/{{{{ ds }}}}/clicks/",
         "output": OUTPUT_ROOT,
         "ledger": LEDGER,
-        "key-store": KEY_STORE,
+        "key_store": KEY_STORE,
         **RUNNER_OPTIONS,
     }
 

@@ -44,7 +44,7 @@ for campaign in "${campaigns[@]}"; do
   cmd=("$python" -m pipelines.centralnotice
        --config="$config" --release="$campaign/$day"
        --impressions="$data/$day/impressions/" --clicks="$data/$day/clicks/"
-       --output="$output" --ledger="$ledger" --key-store="$key_store"
+       --output="$output" --ledger="$ledger" --key_store="$key_store"
        --runner="$runner" "${runner_args[@]}")
   if [[ -n "${BEAM_DP_DRY_RUN:-}" ]]; then
     printf '%q ' "${cmd[@]}"; echo

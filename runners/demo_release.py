@@ -1,20 +1,28 @@
-"""A small DP release that takes a runner through a whole job: noisy row counts per public key.
+"""A runner check, never a release: noisy row counts per public key from a public testing seed.
 
     python -m runners.demo_release --input rows.csv --key_column campaign \
-        --keys a,b,c --epsilon 1 --output out.csv --release_key_file key.bin [--runner ...]
+        --keys a,b,c --epsilon 1 --output out.csv --testing_seed 7 [--runner ...]
+
+It takes a runner through a whole small DP computation (read, count, noise, write) so that the
+runner's result can be compared with the in-process engine's. Its noise comes from a public seed,
+so its output protects nothing and must not be published: real releases are made by the jobs
+under ``pipelines/`` on the release layer (ledger charge, a fresh secret key bound to the input
+digest, atomic publication). There is deliberately no option for a secret or stored key here: a
+key used outside the ledger could be applied to changed input, and a fresh key per run would let
+repeated runs be averaged.
 
 Privacy: neighbouring datasets differ by one row (add/remove). Every row counts towards exactly one
 key of a key list that is public (given on the command line, not read from the data), so the
 vector of counts has L1 sensitivity 1 and discrete Laplace noise calibrated by
 :func:`accounting.calibration.calibrate` makes the release ε-DP. Public keys without rows are
-released too (a noisy zero), so the released key set says nothing about the data. Rows whose key
+released too (a noisy zero), so the released key set says nothing about the data, and lines are
+written sorted by key, so their order says nothing either. Rows whose key
 is not public, or that have too few columns, are dropped and counted in Beam metrics (operator
 logs only, never in the output).
 
 Noise comes from streams keyed by (release key, "count", key)
 (:class:`transforms.noise.RandomStreams`): a given key file gives the same release on every runner, however the runner bundles and orders
-the data — which is what ``tests/test_runners.py`` checks. ``--testing_seed`` replaces the secret
-key by a public one and is for tests only; with neither option a fresh secret key is drawn.
+the data — which is what ``tests/test_runners.py`` checks.
 """
 from __future__ import annotations
 
@@ -68,13 +76,15 @@ class KeyOfRow(beam.DoFn):
 
 
 class AddCountNoise(beam.DoFn):
-    """Adds keyed integer noise to a batch of (key, count) pairs in one vectorised call."""
+    """Adds keyed integer noise to all (key, count) pairs in one vectorised call, and emits them
+    sorted by key: the output order is public (see :mod:`transforms.release`)."""
 
     def __init__(self, spec, release_key: ReleaseKey):
         self._spec = spec
         self._release_key = release_key
 
     def process(self, batch):
+        batch = sorted(batch)
         keys = [key for key, _ in batch]
         counts = np.fromiter((count for _, count in batch), dtype=np.int64, count=len(batch))
         streams = RandomStreams.for_keys(self._release_key, PURPOSE, keys)
@@ -101,7 +111,7 @@ class NoisyCountsPerKey(beam.PTransform):
         return ((counts, zeros)
                 | "All" >> beam.Flatten()
                 | "Count" >> beam.CombinePerKey(sum)
-                | "Batch" >> beam.BatchElements(min_batch_size=1, max_batch_size=4096)
+                | "Gather" >> beam.combiners.ToList()   # the public keys: a short list
                 | "Noise" >> beam.ParDo(AddCountNoise(self._spec, self._release_key)))
 
 
@@ -112,10 +122,8 @@ def parse_args(argv=None):
     parser.add_argument("--key_column", required=True)
     parser.add_argument("--keys", required=True, help="comma-separated public keys")
     parser.add_argument("--epsilon", type=float, required=True)
-    key = parser.add_mutually_exclusive_group()
-    key.add_argument("--release_key_file", help="the release's secret key (ReleaseKey.save)")
-    key.add_argument("--testing_seed", type=int,
-                     help="TESTS ONLY: a public, seeded key instead of a secret one")
+    parser.add_argument("--testing_seed", type=int, required=True,
+                        help="the public seed of the noise (a runner check is never a release)")
     return parser.parse_known_args(argv)
 
 
@@ -128,12 +136,7 @@ def build(pipeline: beam.Pipeline, args) -> None:
     if not keys:
         raise ValueError("--keys must name at least one public key")
     spec = calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=args.epsilon, l1_sensitivity=1)
-    if args.release_key_file:
-        release_key = ReleaseKey.load(args.release_key_file)
-    elif args.testing_seed is not None:
-        release_key = ReleaseKey.for_testing(args.testing_seed)
-    else:
-        release_key = ReleaseKey.generate()
+    release_key = ReleaseKey.for_testing(args.testing_seed)
     (pipeline
      | "Read" >> beam.io.ReadFromText(args.input, skip_header_lines=1)
      | "Release" >> NoisyCountsPerKey(header.index(args.key_column), keys, spec, release_key)

@@ -14,7 +14,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from accounting.budget import PrivacyBudget
 from accounting.dp_tester import DPTester
 from accounting.sensitivity import ContributionBounds
-from transforms.aggregate import DPAggregate
+from transforms.aggregate import BoundingConfig, DPAggregate
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Count, Mean, PrivacyUnitCount, Sum
 from accounting.keys import ReleaseKey
@@ -118,11 +118,14 @@ def test_thresholds_suppress_keys_or_values():
     rows = [{"user": f"u{i}", "country": "DE", "v": 1.0} for i in range(200)]
     rows += [{"user": "a", "country": "FR", "v": 1.0}]
     keyset = PublicKeyset.from_keys(["DE", "FR", "IT"], ["country"])
+    key = ReleaseKey.for_testing(8)  # one key object drives one release: derive one per release
     common = dict(privacy_unit="user", keys=["country"], value="v", bounds=BOUNDS,
-                  budget=PrivacyBudget(epsilon=2.0), keyset=keyset, release_key=ReleaseKey.for_testing(8))
-    by_key = _run(rows, DPAggregate(metrics=[Count(threshold=50)], **common))
+                  budget=PrivacyBudget(epsilon=2.0), keyset=keyset)
+    by_key = _run(rows, DPAggregate(metrics=[Count(threshold=50)], release_key=key.derive("by key"),
+                                    **common))
     assert [r["country"] for r in by_key] == ["DE"]
-    by_value = _run(rows, DPAggregate(metrics=[Count(threshold=50), Sum()], threshold_mode="value", **common))
+    by_value = _run(rows, DPAggregate(metrics=[Count(threshold=50), Sum()], threshold_mode="value",
+                                      release_key=key.derive("by value"), **common))
     got = {r["country"]: r for r in by_value}
     assert set(got) == {"DE", "FR", "IT"} and got["FR"]["count"] is None and got["DE"]["count"] > 50
 
@@ -249,10 +252,11 @@ def test_keyset_from_files(tmp_path):
 def test_a_unit_with_millions_of_rows_stays_bounded_in_memory():
     """Each batch sends at most L0 * Linf rows of a unit; the shard re-bounds as rows accumulate."""
     from transforms import aggregate, bounding
+    from transforms.partials import key_partials
 
     bounds = ContributionBounds(max_partitions=3, max_contributions_per_partition=2)
-    config = aggregate.BoundingConfig("user", ["k"], None, bounds, None, ReleaseKey.for_testing(1),
-                                      False, 4, False, 0.0)
+    config = aggregate.BoundingConfig(unit="user", keys=["k"], value=None, bounds=bounds,
+                                      release_key=ReleaseKey.for_testing(1), num_shards=4)
     prepare = aggregate._PrepareAndBound(config)
     rows = bounding.BoundedRows(3, 2, min_rows=50)
     largest = 0
@@ -265,7 +269,7 @@ def test_a_unit_with_millions_of_rows_stays_bounded_in_memory():
             largest = max(largest, rows.rows)
     bounded = rows.result()
     assert bounded.num_rows == 6 and largest <= 2 * 50
-    partials = bounding.key_partials(bounded, ["k"], has_value=False)
+    partials = key_partials(bounded, ["k"], has_value=False)
     assert sum(partials.column("count").to_pylist()) == 6 and partials.num_rows == 3
 
 
@@ -291,3 +295,14 @@ def test_beam_rows_input_equals_dict_input():
         source = p | beam.Create(rows) | beam.Map(lambda r: beam.Row(**r))
         _collect(source | make(), directory)
     assert _read(directory) == _run(rows, make())
+
+
+def test_bounding_config_is_a_frozen_keyword_only_value():
+    bounds = ContributionBounds(max_partitions=1, max_contributions_per_partition=1)
+    config = BoundingConfig(unit="u", keys=["k"], value=None, bounds=bounds,
+                            release_key=ReleaseKey.for_testing(1))
+    assert config.keys == ("k",) and config.num_shards == 32
+    with pytest.raises(TypeError):
+        BoundingConfig("u", ["k"], None, bounds, ReleaseKey.for_testing(1))
+    with pytest.raises(AttributeError):
+        config.num_shards = 2

@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 from scipy import stats
 
 from transforms import bounding
+from transforms.partials import key_partials, sum_partials
 from accounting.keys import ReleaseKey
 
 KEY = ReleaseKey.for_testing(11)
@@ -20,7 +21,7 @@ def _table(rows):
 
 
 def _prepared(rows, key=KEY):
-    return bounding.prioritize(_table(rows), "unit", ["k"], key)
+    return bounding.prioritize(_table(rows), "unit", ["k"], key, "__value")
 
 
 rows_strategy = st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 6),
@@ -101,9 +102,31 @@ def test_priorities_are_secret_and_reproducible():
 def test_key_partials_and_sum():
     rows = [("a", 1, 2.0), ("a", 1, 3.0), ("b", 1, 1.0), ("b", 2, 4.0)]
     bounded = bounding.bound(_prepared(rows), 5, 5)
-    partials = bounding.key_partials(bounded, ["k"], has_value=True, midpoint=1.0)
+    partials = key_partials(bounded, ["k"], has_value=True, midpoint=1.0)
     got = {r["k"]: r for r in partials.to_pylist()}
     assert got[1]["count"] == 3 and got[1]["units"] == 2 and got[1]["sum"] == 6.0 and got[1]["nsum"] == 3.0
     assert got[2]["count"] == 1 and got[2]["units"] == 1
-    total = bounding.sum_partials([partials, partials], ["k"])
+    total = sum_partials([partials, partials], ["k"])
     assert {r["k"]: r["count"] for r in total.to_pylist()} == {1: 6, 2: 2}
+
+
+def _kept(batches, l0, linf, l1, key=KEY):
+    """Prioritize each batch on its own, bound it, re-bound the union, then the total bound."""
+    bounded = [bounding.bound(_prepared(b, key), l0, linf) for b in batches]
+    union = bounding.bound(pa.concat_tables(bounded), l0, linf)
+    union = bounding.bound_total(union, l1)
+    return collections.Counter(zip(union.column("k").to_pylist(), union.column("__value").to_pylist()))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10 ** 6), cut=st.integers(1, 59))
+def test_kept_rows_do_not_depend_on_batching_or_order(seed, cut):
+    """Issue 10 point 5: priorities from row content only. The same rows cut into other batches,
+    in another order, keep the same rows when Linf and L1 bind (duplicates included)."""
+    rng = np.random.default_rng(seed)
+    rows = [("u", int(rng.integers(0, 4)), float(rng.integers(0, 6))) for _ in range(60)]
+    whole = _kept([rows], 3, 2, 4)
+    shuffled = [rows[i] for i in rng.permutation(len(rows))]
+    assert _kept([shuffled[cut:], shuffled[:cut]], 3, 2, 4) == whole
+    assert _kept([[r] for r in reversed(rows)], 3, 2, 4) == whole
+    assert sum(whole.values()) == 4

@@ -20,8 +20,8 @@ CLICKS = count_sensitivity(ContributionBounds(2, 3))  # user-DP clicks, L2 = 3 s
 def test_split_of_an_approximate_budget():
     budget = PrivacyBudget(epsilon=1.0, delta=1e-7)
     shares = budget.split({"impressions": 1, "clicks": 3}, needs_delta=["clicks"])
-    assert shares["impressions"] == BudgetShare("impressions", 0.25, 0.25, 0.0)
-    assert shares["clicks"] == BudgetShare("clicks", 0.75, 0.75, 1e-7)
+    assert shares["impressions"] == BudgetShare(name="impressions", fraction=0.25, epsilon=0.25, delta=0.0)
+    assert shares["clicks"] == BudgetShare(name="clicks", fraction=0.75, epsilon=0.75, delta=1e-7)
     assert composition.sequential([(s.epsilon, s.delta) for s in shares.values()]) == \
         pytest.approx((1.0, 1e-7))
 
@@ -128,7 +128,7 @@ def test_zcdp_plan_combines_gaussian_and_laplace_measures():
     clk = plan.add_calibrated("clicks", "discrete_gaussian", shares["clicks"],
                               count_sensitivity(ContributionBounds(1, 1)))
     assert imp.noise.epsilon == pytest.approx(math.sqrt(2 * 0.005))
-    assert imp.rho == pytest.approx(0.005)
+    assert imp.rho is None and imp.zcdp_rho == pytest.approx(0.005)  # pure: epsilon^2/2
     assert clk.rho == pytest.approx(0.01)
     assert clk.noise.scale == pytest.approx(1 / math.sqrt(0.02))
     zcdp = plan.guarantee("zcdp")
@@ -136,7 +136,7 @@ def test_zcdp_plan_combines_gaussian_and_laplace_measures():
     # which dp_accounting's RDP accountant (dense orders) reproduces from the measures' rhos.
     whole = budget.as_epsilon_delta().epsilon
     orders = [1 + 10 ** (x / 100) for x in range(-200, 500)]
-    rdp = composition.rdp_epsilon([dp_accounting.ZCDpEvent(imp.rho), clk.dp_event()], 1e-7,
+    rdp = composition.rdp_epsilon([dp_accounting.ZCDpEvent(imp.zcdp_rho), clk.dp_event()], 1e-7,
                                   orders=orders)
     assert rdp == pytest.approx(whole, rel=1e-3)
     # Converting only the Gaussian part and adding the small pure epsilon is better here.
@@ -149,20 +149,20 @@ def test_zcdp_plan_combines_gaussian_and_laplace_measures():
 def test_plan_refuses_overspending_and_duplicates():
     budget = PrivacyBudget(epsilon=1.0)
     plan = ReleasePlan(budget)
-    plan.add(Measure("a", calibrate("laplace", epsilon=0.6, l1_sensitivity=1.0),
+    plan.add(Measure.of_noise("a", calibrate("laplace", epsilon=0.6, l1_sensitivity=1.0),
                      count_sensitivity(ContributionBounds(1, 1))))
     with pytest.raises(ValueError, match="epsilon"):
-        plan.add(Measure("b", calibrate("laplace", epsilon=0.6, l1_sensitivity=1.0),
+        plan.add(Measure.of_noise("b", calibrate("laplace", epsilon=0.6, l1_sensitivity=1.0),
                          count_sensitivity(ContributionBounds(1, 1))))
     with pytest.raises(ValueError, match="already"):
-        plan.add(Measure("a", calibrate("laplace", epsilon=0.1, l1_sensitivity=1.0),
+        plan.add(Measure.of_noise("a", calibrate("laplace", epsilon=0.1, l1_sensitivity=1.0),
                          count_sensitivity(ContributionBounds(1, 1))))
     with pytest.raises(ValueError, match="delta"):
-        plan.add(Measure("g", calibrate("gaussian", epsilon=0.1, delta=1e-9, l2_sensitivity=1.0),
+        plan.add(Measure.of_noise("g", calibrate("gaussian", epsilon=0.1, delta=1e-9, l2_sensitivity=1.0),
                          count_sensitivity(ContributionBounds(1, 1))))
     zplan = ReleasePlan(PrivacyBudget.zcdp(0.01))
     with pytest.raises(ValueError, match="rho"):
-        zplan.add(Measure("a", calibrate("laplace", epsilon=0.5, l1_sensitivity=1.0),
+        zplan.add(Measure.of_noise("a", calibrate("laplace", epsilon=0.5, l1_sensitivity=1.0),
                           count_sensitivity(ContributionBounds(1, 1))))
 
 
@@ -181,7 +181,7 @@ def test_guarantee_arguments_are_checked():
     with pytest.raises(ValueError, match="no measures"):
         ReleasePlan(PrivacyBudget(epsilon=1.0)).guarantee()
     pure = ReleasePlan(PrivacyBudget(epsilon=1.0))
-    pure.add(Measure("a", calibrate("laplace", epsilon=0.5, l1_sensitivity=1.0),
+    pure.add(Measure.of_noise("a", calibrate("laplace", epsilon=0.5, l1_sensitivity=1.0),
                      count_sensitivity(ContributionBounds(1, 1))))
     assert pure.guarantee("zcdp") == pytest.approx((0.5, 0.0))
 

@@ -53,7 +53,7 @@ def test_zcdp_conversion():
     tight = zcdp_to_epsilon(rho, delta)
     assert tight <= classic
     assert zcdp_delta(rho, tight) <= delta * (1 + 1e-6)
-    # Wikimedia's pageviews: rho = 0.015 is "about epsilon 1" at delta 1e-7 (reference.md §1):
+    # Wikimedia's pageviews: rho = 0.015 is "about epsilon 1" at delta 1e-7 (Wikimedia's published pageview release):
     # that is the classic conversion; the tight one gives about 0.85.
     assert classic == pytest.approx(1.0, abs=0.01)
     assert 0.8 < tight < 0.9

@@ -71,7 +71,8 @@ P = C + ["privacy"]
     (C + ["countries"], ["RU"], r"countries: every country is on the country protection list"),
     (C + ["projects"], ["Wikipedia"], r"projects\[0\]: must be a project name"),
     (C + ["banners"], [], r"banners: must not be empty"),
-    (C + ["campaign_id"], "a/b", r"campaign_id: must be a non-empty identifier"),
+    (C + ["campaign_id"], "a/b", r"campaign_id: campaign id 'a/b' is not a valid name"),
+    (C + ["campaign_id"], "..", r"campaign_id: campaign id '..' is not a valid name"),
     (C + ["start_date"], "2026-13-01", r"start_date: must be an ISO date"),
     (C + ["end_date"], "2026-10-01", r"end_date: 2026-10-01 is before start_date"),
     (C + ["schedule"], "weekly", r"schedule: must be one of \['daily', 'campaign'\]"),
@@ -116,15 +117,18 @@ def test_valid_config_measures_charges_and_schedule():
     assert campaign.clicks.sensitivity == 5
     assert campaign.clicks.noise_spec() == calibrate_zcdp(
         NoiseKind.DISCRETE_GAUSSIAN, rho=0.01, l2_sensitivity=5, delta_for_reporting=1e-9)
-    charges = campaign.charges()
-    assert [c.label for c in charges] == ["impressions", "clicks"]
-    assert charges[1].rho == 0.01 and charges[0].epsilon == 0.5
+    measures = campaign.measures()
+    assert [m.name for m in measures] == ["impressions", "clicks"]
+    assert measures[1].rho == 0.01 and measures[0].epsilon == 0.5
+    assert measures[1].sensitivities.l2 == 5 and "user" in measures[1].neighbouring
     releases = campaign.releases()
     assert [r.release_id for r in releases] == ["C1/2026-11-01", "C1/2026-11-02", "C1/2026-11-03"]
     assert releases[1].periods == ("2026-11-02",) and releases[1].dates == (dt.date(2026, 11, 2),)
     once = parse_config(_with(C + ["schedule"], "campaign")).campaigns[0].releases()
     assert len(once) == 1 and once[0].periods == ("2026-11-01", "2026-11-02", "2026-11-03")
-    assert campaign.campaign_budget().total.epsilon == 5
+    scopes = campaign.scopes(releases[1])
+    assert [s.name for s in scopes] == ["campaign:C1", "period:C1:2026-11-02"]
+    assert scopes[0].budget.epsilon == 5
     with pytest.raises(KeyError, match="no campaign"):
         config.campaign("nope")
 

@@ -1,7 +1,8 @@
-"""The CentralNotice release pipeline end to end (FnApiRunner): exactness in testing mode, the
-ledger (idempotent re-runs, changed input, budget refusals), thresholds, row rules with their
-Beam counters, job-level errors before any work, gs:// through the storage emulator, user-DP
-bounding."""
+"""The CentralNotice job end to end on the release layer (in-process engine): exact per-key sums
+and counts in testing mode (the public testing key's noise regenerated and subtracted), user-DP
+bounding, noise scale vs sensitivities, thresholds and null semantics, row rules with their
+counters, header-only inputs, job-level refusals before any charge, the ledger (identical
+re-runs, changed input, --new_release, budget refusals), gs:// through the storage emulator."""
 from __future__ import annotations
 
 import collections
@@ -10,29 +11,32 @@ import datetime as dt
 import json
 import os
 
-import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv  # noqa: F401  (pa.csv)
 import pyarrow.parquet as pq
 import pytest
 from gcs_emulator import storage_emulator
+from release_testkit import (CN_CLK_HEADER as CLK_HEADER, CN_IMP_HEADER as IMP_HEADER, LOW,
+                             cn_config as config_dict, read_json, write_csv)
 
 from accounting import gcs
-from accounting.keystore import KeyRef
-from accounting.ledger import BudgetLedger
-from pipelines.centralnotice import (KEYS, CentralNoticeRelease, ReadTables, WriteOutput,
-                                     main)
-from pipelines.centralnotice_config import parse_config
 from accounting.keys import ReleaseKey
+from accounting.ledger import BudgetLedger
+from pipelines.centralnotice import KEYS, CentralNoticeRequest, main, run
+from pipelines.centralnotice_config import parse_config
+from pipelines.release import ReleaseOptions
+from transforms.noise import RandomStreams, add_noise
 
 CAMPAIGN = "C1"
 DAY1, DAY2 = dt.date(2026, 11, 1), dt.date(2026, 11, 2)
 RELEASE1 = f"{CAMPAIGN}/{DAY1.isoformat()}"
 BANNERS = ["C1_dsk", "C1_mob"]
-COUNTRIES = ["DE", "FR", "RU"]  # RU is on the protection list
 RELEASED_COUNTRIES = ["DE", "FR"]
 PROJECTS = ["de.wikipedia", "fr.wikipedia"]
+SEED = 17
+USER_CLICKS = {"noise": "discrete_laplace", "epsilon": 1.0, "neighbouring": "user",
+               "max_clicks_per_user": 3, "bound_per": "period", "release_threshold": LOW}
 
 
 def keyset(dates):
@@ -41,35 +45,6 @@ def keyset(dates):
 
 
 KEYSET_DAY1 = keyset([DAY1])
-LOW = -1e9  # a threshold that suppresses nothing
-
-IMP_HEADER = ["campaign_id", "banner_id", "country", "project", "date", "impressions"]
-CLK_HEADER = ["campaign_id", "banner_id", "country", "project", "date", "user_id"]
-
-
-def campaign_dict(*, clicks=None, budget=None, impressions=None, end=DAY2, schedule="daily",
-                  countries=COUNTRIES):
-    return {
-        "campaign_id": CAMPAIGN, "banners": list(BANNERS), "countries": list(countries),
-        "projects": list(PROJECTS), "start_date": DAY1.isoformat(), "end_date": end.isoformat(),
-        "schedule": schedule,
-        "privacy": {
-            "impressions": {"k": 10, "epsilon": 1.0, "noise": "discrete_laplace",
-                            "neighbouring": "period", "release_threshold": LOW,
-                            **(impressions or {})},
-            "clicks": clicks or {"noise": "discrete_laplace", "epsilon": 1.0, "neighbouring": "row",
-                                 "release_threshold": LOW},
-            "budget": budget or {"campaign_total": {"epsilon": 8.0}, "per_period": {"epsilon": 4.0}},
-        },
-    }
-
-
-def config_dict(**campaign):
-    return {"version": 1, "protected_countries": ["RU"], "campaigns": [campaign_dict(**campaign)]}
-
-
-USER_CLICKS = {"noise": "discrete_laplace", "epsilon": 1.0, "neighbouring": "user",
-               "max_clicks_per_user": 3, "bound_per": "period", "release_threshold": LOW}
 
 
 def write_config(tmp_path, data, name="campaigns.json") -> str:
@@ -78,44 +53,45 @@ def write_config(tmp_path, data, name="campaigns.json") -> str:
     return str(path)
 
 
-def write_csv(path, header, rows) -> str:
-    """Rows as CSV text; a row given as a str is written verbatim (malformed lines)."""
-    lines = [",".join(header)]
-    for row in rows:
-        lines.append(row if isinstance(row, str) else ",".join("" if v is None else str(v) for v in row))
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
+def make_request(config, imp, clk, out, *, release=None, seed=SEED, **options):
+    return CentralNoticeRequest(
+        config=config, impressions=tuple(imp if isinstance(imp, list) else [imp]),
+        clicks=tuple(clk if isinstance(clk, list) else [clk]), release=release,
+        first_releases=release is None, num_shards=2,
+        options=ReleaseOptions(output=str(out), testing_seed=seed, **options))
 
 
-def released(path) -> dict:
-    """{(banner, country, project, date): (impressions, clicks)} of an output Parquet file."""
-    table = pq.read_table(str(path))
+def released_table(outcome) -> pa.Table:
+    table = pq.read_table(os.path.join(outcome.folder, "centralnotice.parquet"))
     assert table.column_names == KEYS + ["impressions", "clicks"]
-    rows = table.to_pylist()
-    assert all(r["campaign_id"] == CAMPAIGN for r in rows)
-    return {(r["banner_id"], r["country"], r["project"], r["date"].isoformat()):
-            (r["impressions"], r["clicks"]) for r in rows}
+    return table
 
 
-def run_transform(campaign, dates, imp_paths, clk_paths, out, *, fmt="csv", testing=True, key=None):
-    """The pipeline of ``run_release`` around CentralNoticeRelease (no ledger); returns the
-    released rows and the Beam counters {(namespace, name): total}."""
-    need_user = campaign.clicks.neighbouring == "user"
-    transform = CentralNoticeRelease(campaign, dates, key or ReleaseKey.for_testing(1), testing=testing,
-                                     num_shards=2)
-    p = beam.Pipeline(runner="FnApiRunner")
-    imp = (p | "ImpFiles" >> beam.Create(imp_paths)
-           | "ReadImp" >> beam.ParDo(ReadTables(fmt, KEYS + ["impressions"], "impressions")))
-    clk = (p | "ClkFiles" >> beam.Create(clk_paths)
-           | "ReadClk" >> beam.ParDo(ReadTables(fmt, KEYS + (["user_id"] if need_user else []), "clicks")))
-    ((imp, clk) | "Release" >> transform | "Gather" >> beam.combiners.ToList()
-     | "Write" >> beam.ParDo(WriteOutput(str(out), "parquet")))
-    result = p.run()
-    result.wait_until_finish()
-    counters = collections.Counter()
-    for metric in result.metrics().query()["counters"]:
-        counters[(metric.key.metric.namespace, metric.key.metric.name)] += metric.committed
-    return released(out), counters
+def noise_of(campaign, table_keys: pa.Table, seed=SEED) -> dict:
+    """The noise the public testing key draws for each measure at these keys (regenerated:
+    anyone can, which is why a testing run is never a release)."""
+    key = ReleaseKey.for_testing(seed)
+    specs = {m.name: m.noise for m in campaign.measures()}
+    zeros = np.zeros(table_keys.num_rows, dtype=np.int64)
+    return {name: add_noise(specs[name], zeros, RandomStreams.for_keys(
+        key, f"centralnotice/{campaign.campaign_id}/{name}", table_keys)) for name in specs}
+
+
+def denoised(outcome, campaign, seed=SEED) -> dict:
+    """{(banner, country, project, date): (impressions, clicks)} with the testing noise removed."""
+    table = released_table(outcome)
+    assert set(table.column("campaign_id").to_pylist()) == {campaign.campaign_id}
+    noise = noise_of(campaign, table.select(KEYS), seed)
+    imp = table.column("impressions").to_numpy() - noise["impressions"]
+    clk = table.column("clicks").to_numpy() - noise["clicks"]
+    rows = table.select(KEYS[1:]).to_pylist()
+    return {(r["banner_id"], r["country"], r["project"], r["date"].isoformat()): (int(i), int(c))
+            for r, i, c in zip(rows, imp, clk)}
+
+
+def counters_of(result) -> dict:
+    (outcome,) = result.releases
+    return {k: v for k, v in outcome.report["counters"].items() if v}
 
 
 def random_rows(rng, n, *, value):
@@ -145,23 +121,27 @@ def test_help_and_schedule(capsys, tmp_path):
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     for option in ("--config", "--impressions", "--clicks", "--release", "--output", "--ledger",
-                   "--key-store", "--new-release", "--testing-seed"):
+                   "--key_store", "--new_release", "--testing_seed", "--list_releases",
+                   "--allow_dropped_rows", "--max_dropped_fraction", "Exit codes"):
         assert option in text
     config = write_config(tmp_path, config_dict())
-    assert main(["--config", config, "--list-releases"]) == 0
-    assert capsys.readouterr().out.split() == [RELEASE1, f"{CAMPAIGN}/{DAY2.isoformat()}"]
+    for flag in ("--list_releases", "--list-releases"):
+        assert main(["--config", config, flag]) == 0
+        assert capsys.readouterr().out.split() == [RELEASE1, f"{CAMPAIGN}/{DAY2.isoformat()}"]
 
 
 # --------------------------------------------------------------------------- exactness (testing mode)
 
 @pytest.mark.parametrize("fmt, dates", [("csv", [DAY1]), ("parquet", [DAY1]), ("csv", [DAY1, DAY2])])
 def test_testing_mode_releases_exact_per_key_sums_and_counts(tmp_path, fmt, dates):
-    """One day (daily schedule) or the whole campaign (schedule "campaign")."""
+    """One day (daily schedule) or the whole campaign (schedule "campaign"): with the public
+    testing key's noise subtracted, every keyset key holds its exact sum and count."""
     rng = np.random.default_rng(5)
     imp_rows = random_rows(rng, 400, value=lambda i: int(rng.integers(0, 5000)))
     imp_rows.append(("C1", "C1_dsk", "DE", "de.wikipedia", DAY1.isoformat(), 10 ** 12))  # stays exact
     clk_rows = random_rows(rng, 600, value=lambda i: f"u{i}")
-    campaign = parse_config(config_dict(schedule="daily" if len(dates) == 1 else "campaign")).campaigns[0]
+    data = config_dict(schedule="daily" if len(dates) == 1 else "campaign")
+    campaign = parse_config(data).campaigns[0]
     assert list(campaign.releases()[0].dates) == dates
     if fmt == "csv":
         imp = [write_csv(tmp_path / "imp.csv", IMP_HEADER, imp_rows[:200]),
@@ -177,7 +157,12 @@ def test_testing_mode_releases_exact_per_key_sums_and_counts(tmp_path, fmt, date
         pq.write_table(table(imp_rows, IMP_HEADER, pa.int64()), tmp_path / "imp.parquet", row_group_size=150)
         pq.write_table(table(clk_rows, CLK_HEADER, pa.string()), tmp_path / "clk.parquet")
         imp, clk = [str(tmp_path / "imp.parquet")], [str(tmp_path / "clk.parquet")]
-    got, counters = run_transform(campaign, dates, imp, clk, tmp_path / "out.parquet", fmt=fmt)
+    result = run(make_request(write_config(tmp_path, data), imp, clk, tmp_path / "out"))
+    (outcome,) = result.releases
+    assert outcome.status == "testing"
+    assert outcome.folder.startswith(str(tmp_path / "out" / "testing-not-a-release"))
+    assert read_json(os.path.join(outcome.folder, "RELEASE.json"))["testing"] is True
+    got = denoised(outcome, campaign)
 
     want_imp, want_clk = collections.Counter(), collections.Counter()
     for row in imp_rows:
@@ -192,24 +177,25 @@ def test_testing_mode_releases_exact_per_key_sums_and_counts(tmp_path, fmt, date
     assert got[empty] == (0, 0)
     assert got[("C1_dsk", "DE", "de.wikipedia", DAY1.isoformat())][0] > 10 ** 12
     # Rows were really there to be filtered out (the test data covers every rule).
-    assert counters[("centralnotice", "impressions_rows_other_releases")] > 0
-    assert counters[("centralnotice", "impressions_rows_outside_keyset")] > 0
-    assert counters[("centralnotice", "impressions_rows_protected_country")] > 0
-    assert counters[("centralnotice", "clicks_rows_protected_country")] > 0
-    assert counters[("centralnotice", "impressions_rows_read")] == len(imp_rows)
-    assert counters[("centralnotice", "clicks_rows_read")] == len(clk_rows)
-    assert counters[("dp_release", "keys_released")] == len(keyset(dates))
+    counters = counters_of(result)
+    assert counters["impressions.skipped.other_release"] > 0
+    assert counters["impressions.dropped.outside_keyset"] > 0
+    assert counters["impressions.excluded.protected_country"] > 0
+    assert counters["clicks.excluded.protected_country"] > 0
+    assert counters["impressions.read"] == len(imp_rows)
+    assert counters["clicks.read"] == len(clk_rows)
+    assert outcome.marker["summary"]["keys"]["released"] == len(keyset(dates))
 
 
 @pytest.mark.parametrize("bound_per, dates", [("period", [DAY1]), ("campaign", [DAY1, DAY2])])
 def test_user_dp_bounds_each_user_to_m_clicks(tmp_path, bound_per, dates):
-    """Testing mode, user-DP with m = 3: users within the bound are counted exactly, a user with
-    50 clicks on one key adds m, a user spread over 4 keys (over both days of a per-campaign
-    release) adds m in total. Integer user ids and null user ids in Parquet."""
+    """User-DP with m = 3: users within the bound are counted exactly, a user with 50 clicks on
+    one key adds m, a user spread over 4 keys (over both days of a per-campaign release) adds m
+    in total. Integer user ids and null user ids in Parquet."""
     m = USER_CLICKS["max_clicks_per_user"]
-    campaign = parse_config(config_dict(clicks={**USER_CLICKS, "bound_per": bound_per},
-                                        schedule="daily" if len(dates) == 1 else "campaign")).campaigns[0]
-    assert list(campaign.releases()[0].dates) == dates
+    data = config_dict(clicks={**USER_CLICKS, "bound_per": bound_per},
+                       schedule="daily" if len(dates) == 1 else "campaign")
+    campaign = parse_config(data).campaigns[0]
     rng = np.random.default_rng(3)
     keys = [("C1",) + key for key in keyset(dates)]
     rows, want = [], collections.Counter()
@@ -233,9 +219,9 @@ def test_user_dp_bounds_each_user_to_m_clicks(tmp_path, bound_per, dates):
     pq.write_table(pa.table({"campaign_id": ["C1"], "banner_id": ["C1_dsk"], "country": ["DE"],
                              "project": ["de.wikipedia"], "date": pa.array([DAY1], pa.date32()),
                              "impressions": [5]}), tmp_path / "imp.parquet")
-    got, counters = run_transform(campaign, dates, [str(tmp_path / "imp.parquet")],
-                                  [str(tmp_path / "clicks.parquet")], tmp_path / "out.parquet",
-                                  fmt="parquet")
+    result = run(make_request(write_config(tmp_path, data), str(tmp_path / "imp.parquet"),
+                                 str(tmp_path / "clicks.parquet"), tmp_path / "out"))
+    got = denoised(result.releases[0], campaign)
     assert sorted(got) == sorted(keyset(dates))
     clicks = {key: value[1] for key, value in got.items()}
     assert clicks[heavy[1:]] == want[heavy[1:]]  # the heavy user adds exactly m, not 50
@@ -244,10 +230,10 @@ def test_user_dp_bounds_each_user_to_m_clicks(tmp_path, bound_per, dates):
     assert len({key[4] for key in spread}) == len(dates)  # the spread user covers every day
     others = [k for k in keyset(dates) if k not in excess]
     assert {k: clicks[k] for k in others} == {k: want[k] for k in others}
-    assert counters[("centralnotice", "clicks_dropped_missing_user")] == 7
+    assert counters_of(result)["clicks.dropped.missing_user"] == 7
 
 
-def _wide_campaign(n_banners, n_countries, n_projects, **kw):
+def _wide_config(n_banners, n_countries, n_projects, **kw):
     """A campaign with a large keyset (for looking at the noise across keys)."""
     from pipelines.centralnotice_config import ISO_3166_ALPHA2
 
@@ -256,7 +242,7 @@ def _wide_campaign(n_banners, n_countries, n_projects, **kw):
     raw["banners"] = [f"C1_b{i}" for i in range(n_banners)]
     raw["countries"] = [c for c in ISO_3166_ALPHA2 if c != "RU"][:n_countries]
     raw["projects"] = [f"p{i}.wikipedia" for i in range(n_projects)]
-    return parse_config(data).campaigns[0]
+    return data
 
 
 def discrete_laplace_std(scale):
@@ -264,17 +250,23 @@ def discrete_laplace_std(scale):
     return float(np.sqrt(2 * np.exp(-t)) / (1 - np.exp(-t)))
 
 
+def _pure_noise(tmp_path, data, seed):
+    imp = write_csv(tmp_path / "imp.csv", IMP_HEADER, [])
+    clk = write_csv(tmp_path / "clk.csv", CLK_HEADER, [])
+    result = run(make_request(write_config(tmp_path, data), imp, clk, tmp_path / "o",
+                                 release=RELEASE1, seed=seed))
+    table = released_table(result.releases[0])
+    return parse_config(data).campaigns[0], table
+
+
 def test_noise_scale_follows_the_sensitivities(tmp_path):
     """No data, real noise from a (testing) key over 2,000 keys: impressions noise has the spread
     of discrete Laplace(k / epsilon) = (10), user-DP clicks of discrete Laplace(m / epsilon) = (3),
     both centred, and the two measures draw independent noise."""
-    campaign = _wide_campaign(8, 25, 10, clicks=USER_CLICKS)
-    imp = write_csv(tmp_path / "imp.csv", IMP_HEADER, [])
-    clk = write_csv(tmp_path / "clk.csv", CLK_HEADER, [])
-    got, _ = run_transform(campaign, [DAY1], [imp], [clk], tmp_path / "o.parquet", testing=False,
-                           key=ReleaseKey.for_testing(11))
-    assert len(got) == campaign.keyset_size([DAY1]) == 2000
-    noise = np.array(list(got.values()), dtype=float)
+    campaign, table = _pure_noise(tmp_path, _wide_config(8, 25, 10, clicks=USER_CLICKS), 11)
+    assert table.num_rows == campaign.keyset_size([DAY1]) == 2000
+    noise = np.stack([table.column("impressions").to_numpy(),
+                      table.column("clicks").to_numpy()], axis=1).astype(float)
     for column, scale in ((0, 10 / 1.0), (1, 3 / 1.0)):
         values = noise[:, column]
         assert np.all(values == np.round(values))  # integer noise for integer counts
@@ -299,14 +291,12 @@ def test_noise_distributions_over_100k_keys(tmp_path):
     rho, m, k = 0.02, USER_CLICKS["max_clicks_per_user"], 10
     clicks = {"noise": "discrete_gaussian", "rho": rho, "delta": 1e-9, "neighbouring": "user",
               "max_clicks_per_user": m, "bound_per": "period", "release_threshold": LOW}
-    campaign = _wide_campaign(25, 100, 40, clicks=clicks,
-                              budget={"campaign_total": {"epsilon": 20.0, "delta": 1e-6}})
-    imp = write_csv(tmp_path / "imp.csv", IMP_HEADER, [])
-    clk = write_csv(tmp_path / "clk.csv", CLK_HEADER, [])
-    got, _ = run_transform(campaign, [DAY1], [imp], [clk], tmp_path / "o.parquet", testing=False,
-                           key=ReleaseKey.for_testing(12))
-    assert len(got) == 100_000
-    noise = np.array(list(got.values()), dtype=np.int64)
+    data = _wide_config(25, 100, 40, clicks=clicks,
+                        budget={"campaign_total": {"epsilon": 20.0, "delta": 1e-6}})
+    _, table = _pure_noise(tmp_path, data, 12)
+    assert table.num_rows == 100_000
+    noise = np.stack([table.column("impressions").to_numpy(),
+                      table.column("clicks").to_numpy()], axis=1).astype(np.int64)
     critical = 1.63 / np.sqrt(len(noise))
     support = np.arange(-400, 401)
 
@@ -327,27 +317,46 @@ def test_noise_distributions_over_100k_keys(tmp_path):
 # --------------------------------------------------------------------------- thresholds
 
 def test_values_not_above_threshold_are_null_and_keys_with_both_null_are_not_released(tmp_path):
-    campaign = parse_config(config_dict(impressions={"release_threshold": 100},
-                                        clicks={"noise": "discrete_laplace", "epsilon": 1.0,
-                                                "neighbouring": "row", "release_threshold": 5}
-                                        )).campaigns[0]
-    d = DAY1.isoformat()
-    a, b, c, e = KEYSET_DAY1[:4]  # the other keys have no data: (0, 0), both suppressed
-    imp = [("C1",) + a + (101,), ("C1",) + b + (100,), ("C1",) + c + (500,), ("C1",) + e + (50,)]
-    clk = [("C1",) + a + ("u",)] * 6 + [("C1",) + b + ("u",)] * 9 + [("C1",) + c + ("u",)] * 5 \
-        + [("C1",) + e + ("u",)] * 2
-    got, counters = run_transform(campaign, [DAY1], [write_csv(tmp_path / "i.csv", IMP_HEADER, imp)],
-                                  [write_csv(tmp_path / "c.csv", CLK_HEADER, clk)], tmp_path / "o.parquet")
-    assert got == {a: (101, 6), b: (None, 9), c: (500, None)}
-    assert all(key[3] == d for key in got)
-    assert counters[("dp_release", "keys_suppressed_by_threshold")] == len(KEYSET_DAY1) - 3
-    assert counters[("dp_release", "keys_released")] == 3
+    data = config_dict(impressions={"release_threshold": 100},
+                       clicks={"noise": "discrete_laplace", "epsilon": 1.0, "neighbouring": "row",
+                               "release_threshold": 5})
+    campaign = parse_config(data).campaigns[0]
+    a, b, c, e = KEYSET_DAY1[:4]
+    imp = [("C1",) + a + (1010,), ("C1",) + b + (60,), ("C1",) + c + (500,), ("C1",) + e + (50,)]
+    clk = [("C1",) + a + ("u",)] * 30 + [("C1",) + b + ("u",)] * 40 + [("C1",) + e + ("u",)] * 2
+    result = run(make_request(write_config(tmp_path, data),
+                                 write_csv(tmp_path / "i.csv", IMP_HEADER, imp),
+                                 write_csv(tmp_path / "c.csv", CLK_HEADER, clk), tmp_path / "o",
+                                 release=RELEASE1))
+    exact = {key: (0, 0) for key in KEYSET_DAY1}
+    exact.update({a: (1010, 30), b: (60, 40), c: (500, 0), e: (50, 2)})
+    keys = pa.table({"campaign_id": ["C1"] * len(KEYSET_DAY1),
+                     **{name: [k[i] for k in KEYSET_DAY1] for i, name in enumerate(KEYS[1:4])},
+                     "date": pa.array([DAY1] * len(KEYSET_DAY1), pa.date32())})
+    noise = noise_of(campaign, keys)
+    want = {}
+    for i, key in enumerate(KEYSET_DAY1):
+        imp_value = exact[key][0] + int(noise["impressions"][i])
+        clk_value = exact[key][1] + int(noise["clicks"][i])
+        row = (imp_value if imp_value > 100 else None, clk_value if clk_value > 5 else None)
+        if row != (None, None):  # a key with both values suppressed is not released
+            want[key] = row
+    table = released_table(result.releases[0])
+    got = {(r["banner_id"], r["country"], r["project"], r["date"].isoformat()):
+           (r["impressions"], r["clicks"]) for r in table.to_pylist()}
+    assert got == want
+    assert {a, b, c} <= set(got) and got[a][0] is not None and got[b][0] is None  # a null, not 0
+    assert got[c][1] is None
+    summary = result.releases[0].marker["summary"]["keys"]
+    assert summary["released"] == len(want) and summary["not_released"] == 8 - len(want)
+    assert summary["impressions_suppressed"] == sum(v[0] is None for v in want.values())
 
 
 # --------------------------------------------------------------------------- bad input
 
 def test_row_level_faults_follow_the_rules_and_are_counted(tmp_path):
-    campaign = parse_config(config_dict(clicks=USER_CLICKS)).campaigns[0]
+    data = config_dict(clicks=USER_CLICKS)
+    campaign = parse_config(data).campaigns[0]
     d, d2 = DAY1.isoformat(), DAY2.isoformat()
     key = ("C1", "C1_dsk", "DE", "de.wikipedia", d)
     other = ("C1", "C1_mob", "FR", "de.wikipedia", d)
@@ -371,46 +380,63 @@ def test_row_level_faults_follow_the_rules_and_are_counted(tmp_path):
            ("C1", "C1_dsk", "", "de.wikipedia", d, "u3"),         # missing country
            ("C1", "C1_dsk", "DE", "de.wikipedia", "2026-12-25", "u3"),
            f"C1,C1_dsk,DE,de.wikipedia,{d},u4,extra"]             # malformed
-    got, counters = run_transform(campaign, [DAY1], [write_csv(tmp_path / "i.csv", IMP_HEADER, imp)],
-                                  [write_csv(tmp_path / "c.csv", CLK_HEADER, clk)], tmp_path / "o.parquet")
+    # More than half of the eligible impression rows are faulty: published only on request.
+    result = run(make_request(write_config(tmp_path, data),
+                                 write_csv(tmp_path / "i.csv", IMP_HEADER, imp),
+                                 write_csv(tmp_path / "c.csv", CLK_HEADER, clk), tmp_path / "o",
+                                 release=RELEASE1, allow_dropped_rows=True))
     want = {k: (0, 0) for k in KEYSET_DAY1}
     want[key[1:]] = (42, 2)
     want[other[1:]] = (7, 1)
-    assert got == want
-    cn = {name: n for (ns, name), n in counters.items() if ns == "centralnotice"}
-    assert cn == {
-        "impressions_rows_read": 14, "impressions_malformed_csv_lines": 2,
-        "impressions_dropped_negative": 1, "impressions_dropped_fractional": 1,
-        "impressions_dropped_missing": 1, "impressions_dropped_unparseable": 1,
-        "impressions_dropped_missing_key": 2, "impressions_rows_other_releases": 3,
-        "impressions_rows_outside_keyset": 1, "impressions_rows_protected_country": 1,
-        "clicks_rows_read": 8, "clicks_malformed_csv_lines": 1, "clicks_dropped_missing_user": 2,
-        "clicks_dropped_missing_key": 1,
-        "clicks_rows_other_releases": 1, "clicks_rows_outside_keyset": 1,
+    assert denoised(result.releases[0], campaign) == want
+    assert counters_of(result) == {
+        "impressions.read": 14, "impressions.dropped.malformed_csv_line": 2,
+        "impressions.dropped.negative": 1, "impressions.dropped.fractional": 1,
+        "impressions.dropped.missing": 1, "impressions.dropped.unparseable": 1,
+        "impressions.dropped.missing_key": 2, "impressions.skipped.other_release": 3,
+        "impressions.dropped.outside_keyset": 1, "impressions.excluded.protected_country": 1,
+        "clicks.read": 8, "clicks.dropped.malformed_csv_line": 1,
+        "clicks.dropped.missing_user": 2, "clicks.dropped.missing_or_unparseable_key": 1,
+        "clicks.skipped.other_release": 1, "clicks.dropped.outside_keyset": 1,
     }
+    report = result.releases[0].report
+    assert report["dropped_rule_overridden"] is True
+    assert report["dropped_rows"]["impressions"]["eligible"] == 14 - 3 + 2
+    assert report["dropped_rows"]["impressions"]["dropped"] == 9
+    text = open(os.path.join(os.path.dirname(result.releases[0].report_path), "report.txt")).read()
+    assert "--allow_dropped_rows" in text and "impressions.dropped.unparseable=1" in text
+    # Raw-data facts stay with the operator: the released marker has none of them.
+    assert "dropped" not in json.dumps(result.releases[0].marker)
 
 
 def test_csv_values_that_look_like_null_markers_are_data(tmp_path):
     """Namibia is "NA"; a user may be called "null": only an empty field is missing in CSV."""
-    campaign = parse_config(config_dict(countries=["NA", "DE"], clicks=USER_CLICKS)).campaigns[0]
+    data = config_dict(countries=["NA", "DE"], clicks=USER_CLICKS)
+    campaign = parse_config(data).campaigns[0]
     d = DAY1.isoformat()
     namibia = ("C1", "C1_dsk", "NA", "de.wikipedia", d)
-    imp = [namibia + (120,), namibia + ("",), namibia + ("NaN",)]
+    imp = [namibia + (120,), namibia + ("",), namibia + ("NaN",)] + [namibia + (1,)] * 3
     clk = [namibia + ("NA",), namibia + ("null",), namibia + ("nan",), namibia + ("",)]
-    got, counters = run_transform(campaign, [DAY1], [write_csv(tmp_path / "i.csv", IMP_HEADER, imp)],
-                                  [write_csv(tmp_path / "c.csv", CLK_HEADER, clk)], tmp_path / "o.parquet")
-    assert got[namibia[1:]] == (120, 3)
+    result = run(make_request(write_config(tmp_path, data),
+                                 write_csv(tmp_path / "i.csv", IMP_HEADER, imp),
+                                 write_csv(tmp_path / "c.csv", CLK_HEADER, clk), tmp_path / "o",
+                                 release=RELEASE1))
+    got = denoised(result.releases[0], campaign)
+    assert got[namibia[1:]] == (123, 3)
     assert len(got) == len(BANNERS) * 2 * len(PROJECTS)
-    assert counters[("centralnotice", "impressions_dropped_missing")] == 1
-    assert counters[("centralnotice", "impressions_dropped_unparseable")] == 1
-    assert counters[("centralnotice", "clicks_dropped_missing_user")] == 1
+    counters = counters_of(result)
+    assert counters["impressions.dropped.missing"] == 1
+    assert counters["impressions.dropped.unparseable"] == 1
+    assert counters["clicks.dropped.missing_user"] == 1
 
 
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
 def test_header_only_inputs_release_pure_noise(tmp_path, capsys, fmt):
-    """Empty inputs are not an error: every keyset key is released with noise only. (The CSV
-    impressions header starts with a UTF-8 byte-order mark, as spreadsheet exports write it.)"""
-    config = write_config(tmp_path, config_dict())
+    """Empty inputs are not an error (no eligible row, so nothing was dropped): every keyset key
+    is released with noise only. (The CSV impressions header starts with a UTF-8 byte-order
+    mark, as spreadsheet exports write it.)"""
+    data = config_dict()
+    campaign = parse_config(data).campaigns[0]
     if fmt == "csv":
         imp = write_csv(tmp_path / "imp.csv", ["\ufeff" + IMP_HEADER[0]] + IMP_HEADER[1:], [])
         assert (tmp_path / "imp.csv").read_bytes().startswith(b"\xef\xbb\xbfcampaign_id,")
@@ -421,25 +447,30 @@ def test_header_only_inputs_release_pure_noise(tmp_path, capsys, fmt):
         pq.write_table(pa.table({**keys, "impressions": pa.array([], pa.int64())}), imp)
         pq.write_table(pa.table({**keys, "user_id": pa.array([], pa.string())}), clk)
     out = tmp_path / "out"
-    assert main(["--config", config, "--impressions", imp, "--clicks", clk, "--release", RELEASE1,
-                 "--output", str(out), "--testing-seed", "3"]) == 0
-    got = released(out / CAMPAIGN / DAY1.isoformat() / "centralnotice.parquet")
-    assert sorted(got) == sorted(KEYSET_DAY1)
-    values = np.array(list(got.values()), dtype=float)
-    assert np.any(values != 0)  # noise was drawn for every key, none of it from data
-    report = json.loads((out / CAMPAIGN / DAY1.isoformat() / "report.json").read_text())
-    assert report["status"].startswith("NOT A RELEASE")
-    assert report["keys"] == {"keyset": 8, "released": 8, "suppressed": 0,
-                              "impressions_suppressed": 0, "clicks_suppressed": 0}
+    assert main(["--config", write_config(tmp_path, data), "--impressions", imp, "--clicks", clk,
+                 "--release", RELEASE1, "--output", str(out), "--testing_seed", str(SEED)]) == 0
+    assert "(testing)" in capsys.readouterr().out
+    folder = out / "testing-not-a-release" / CAMPAIGN / DAY1.isoformat()
+    table = pq.read_table(folder / "centralnotice.parquet")
+    assert table.num_rows == len(KEYSET_DAY1)
+    noise = noise_of(campaign, table.select(KEYS))
+    assert table.column("impressions").to_numpy().tolist() == noise["impressions"].tolist()
+    assert table.column("clicks").to_numpy().tolist() == noise["clicks"].tolist()
+    assert np.any(noise["impressions"] != 0)  # noise was drawn for every key, none of it data
+    marker = read_json(folder / "RELEASE.json")
+    assert marker["status"].startswith("TESTING - NOT A RELEASE")
+    assert marker["summary"]["keys"] == {"keyset": 8, "released": 8, "not_released": 0,
+                                         "impressions_suppressed": 0, "clicks_suppressed": 0}
 
 
 @pytest.mark.parametrize("args, message", [
     (["--release", "C1/2026-12-01"], "not scheduled"),
     (["--campaign", "C1", "--date", "2026-12-01"], "outside campaign"),
-    (["--campaign", "C9", "--date", "2026-11-01"], "no campaign 'C9'"),
+    (["--campaign", "C9", "--date", "2026-11-01"], "C9"),
     ([], "name the release"),
-    (["--release", RELEASE1, "--ledger", "LEDGER"], "--key-store"),
-    (["--release", RELEASE1, "--impressions", "NOWHERE/*.csv"], "no input files match"),
+    (["--release", RELEASE1, "--ledger", "LEDGER"], "--key_store"),
+    (["--release", RELEASE1, "--impressions", "NOWHERE/*.csv"], "matches no file"),
+    (["--release", RELEASE1, "--num_shards", "0"], "--num_shards"),
 ])
 def test_bad_invocation_fails_before_any_work(tmp_path, capsys, args, message):
     config = write_config(tmp_path, config_dict())
@@ -447,6 +478,8 @@ def test_bad_invocation_fails_before_any_work(tmp_path, capsys, args, message):
     clk = write_csv(tmp_path / "clk.csv", CLK_HEADER, [])
     args = [str(tmp_path / a) if a in ("LEDGER", "NOWHERE/*.csv") else a for a in args]
     argv = ["--config", config, "--impressions", imp, "--clicks", clk, "--output", str(tmp_path / "out")]
+    if "--ledger" not in args:  # a testing run: refused for the invocation itself
+        argv += ["--testing_seed", "1"]
     assert main(argv + args) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and not (tmp_path / "LEDGER").exists()
@@ -470,6 +503,7 @@ def _with_path(data, path, value):
      "campaigns[0].privacy.clicks.max_clicks_per_user"),
     ((("campaigns", 0, "countries", 1), "UK"), "campaigns[0].countries[1]"),
     ((("campaigns", 0, "schedule"), ...), "campaigns[0].schedule"),
+    ((("campaigns", 0, "campaign_id"), ".."), "campaigns[0].campaign_id"),
     (None, "not valid JSON"),
 ])
 def test_bad_config_fails_before_any_work(tmp_path, capsys, change, message):
@@ -483,7 +517,7 @@ def test_bad_config_fails_before_any_work(tmp_path, capsys, change, message):
     out = tmp_path / "out"
     assert main(["--config", config, "--impressions", imp, "--clicks", clk, "--release", RELEASE1,
                  "--output", str(out), "--ledger", str(tmp_path / "ledger.json"),
-                 "--key-store", str(tmp_path / "keys")]) == 2
+                 "--key_store", str(tmp_path / "keys")]) == 2
     assert message in capsys.readouterr().err
     assert not out.exists() and not (tmp_path / "ledger.json").exists() and not (tmp_path / "keys").exists()
 
@@ -491,7 +525,7 @@ def test_bad_config_fails_before_any_work(tmp_path, capsys, change, message):
 @pytest.mark.parametrize("clicks, beam_args, message", [
     ({**USER_CLICKS, "bound_per": "campaign"}, [], "cannot bound a user"),  # daily release
     (None, ["--runner", "DataflowRunner", "--project", "p", "--region", "r"], "temp_location"),
-    (None, ["--num-shards", "-1"], "--num-shards"),
+    (None, ["--dry_run", "True"], "--testing_seed"),  # a release is never only translated
 ])
 def test_impossible_run_is_refused_before_the_ledger_charges(tmp_path, capsys, clicks, beam_args, message):
     """A plan that cannot keep its guarantee, or Beam options that cannot run, are refused before
@@ -516,9 +550,7 @@ def test_missing_column_fails_before_any_work(tmp_path, capsys, which, column, u
     imp = write_csv(tmp_path / "imp.csv", headers["impressions"], [])
     clk = write_csv(tmp_path / "clk.csv", headers["clicks"], [])
     out = tmp_path / "out"
-    assert main(["--config", config, "--impressions", imp, "--clicks", clk, "--release", RELEASE1,
-                 "--output", str(out), "--ledger", str(tmp_path / "ledger.json"),
-                 "--key-store", str(tmp_path / "keys")]) == 2
+    assert main(_release_args(config, imp, clk, out, tmp_path)) == 2
     err = capsys.readouterr().err
     assert f"--{which}" in err and repr(column) in err
     assert not out.exists() and not (tmp_path / "ledger.json").exists()
@@ -529,7 +561,7 @@ def test_missing_column_fails_before_any_work(tmp_path, capsys, which, column, u
 def _release_args(config, imp, clk, out, tmp_path, *extra):
     return ["--config", config, "--impressions", imp, "--clicks", clk, "--release", RELEASE1,
             "--output", str(out), "--ledger", str(tmp_path / "ledger.json"),
-            "--key-store", str(tmp_path / "keys"), *extra]
+            "--key_store", str(tmp_path / "keys"), "--num_shards", "2", *extra]
 
 
 def _inputs(tmp_path, extra_impressions=0):
@@ -547,112 +579,125 @@ def test_release_rerun_changed_input_and_new_release(tmp_path, capsys):
     config = write_config(tmp_path, config_dict())
     imp, clk = _inputs(tmp_path)
     out = tmp_path / "out"
-    output = out / CAMPAIGN / DAY1.isoformat() / "centralnotice.parquet"
+    folder = out / CAMPAIGN / DAY1.isoformat() / "v1"
+    output = folder / "centralnotice.parquet"
     ledger = BudgetLedger(str(tmp_path / "ledger.json"), str(tmp_path / "keys"))
 
     assert main(_release_args(config, imp, clk, out, tmp_path)) == 0
     first = output.read_bytes()
-    spent = ledger.spent(CAMPAIGN)
+    spent = ledger.spent(f"campaign:{CAMPAIGN}")
     assert spent.epsilon == pytest.approx(2.0)
-    report = json.loads((output.parent / "report.json").read_text())
-    fingerprint = report["budget"]["key_fingerprint"]
+    marker = read_json(folder / "RELEASE.json")
+    fingerprints = marker["key_fingerprints"]
+    assert marker["guarantee"]["epsilon"] == pytest.approx(2.0) and marker["guarantee"]["delta"] == 0
+    assert marker["ledger_id"] == ledger.ledger_id() and marker["version"] == 1
+    assert ledger.get(RELEASE1)["state"] == "committed"
     exact = {key: (1000 + 10 * i, i) for i, key in enumerate(KEYSET_DAY1)}
-    noisy = released(output)
+    table = pq.read_table(output)
+    noisy = {(r["banner_id"], r["country"], r["project"], r["date"].isoformat()):
+             (r["impressions"], r["clicks"]) for r in table.to_pylist()}
     assert sorted(noisy) == sorted(exact) and noisy != exact  # real noise, same keys
-    assert report["release_guarantee"] == {"epsilon": pytest.approx(2.0), "delta": 0.0}
+    report = read_json(tmp_path / "reports" / CAMPAIGN / DAY1.isoformat() / "v1" / "report.json")
+    assert report["status"] == "released" and report["counters"]["impressions.read"] == 8
+    assert {s["name"]: s["spent"]["epsilon"] for s in report["ledger"]["scopes"]} == {
+        f"campaign:{CAMPAIGN}": pytest.approx(2.0), f"period:{CAMPAIGN}:{DAY1}": pytest.approx(2.0)}
 
     # Unchanged input: the same key, identical bytes, nothing more spent (however it is sharded).
-    assert main(_release_args(config, imp, clk, out, tmp_path, "--num-shards", "5")) == 0
+    capsys.readouterr()
+    assert main(_release_args(config, imp, clk, out, tmp_path, "--num_shards", "5")) == 0
+    assert "(reproduced)" in capsys.readouterr().out
     assert output.read_bytes() == first
-    assert ledger.spent(CAMPAIGN) == spent
+    assert ledger.spent(f"campaign:{CAMPAIGN}") == spent
     assert ledger.get(RELEASE1)["runs"] == 2
-    assert json.loads((output.parent / "report.json").read_text())["budget"]["key_fingerprint"] == fingerprint
 
     # Changed input: refused, nothing written, nothing spent.
     imp, clk = _inputs(tmp_path, extra_impressions=5)
     ledger_bytes = (tmp_path / "ledger.json").read_bytes()
-    capsys.readouterr()
     assert main(_release_args(config, imp, clk, out, tmp_path)) == 2
     err = capsys.readouterr().err
-    assert "changed" in err.lower() or "input is now" in err
-    assert "--new-release" in err
+    assert "input is now" in err and "new_release" in err
     assert output.read_bytes() == first and (tmp_path / "ledger.json").read_bytes() == ledger_bytes
-    assert not (output.parent / "centralnotice.parquet.incomplete").exists()
+    assert not (out / CAMPAIGN / DAY1.isoformat() / "v2").exists()
 
-    # --new-release: a new version with a fresh key, charged afresh.
-    assert main(_release_args(config, imp, clk, out, tmp_path, "--new-release")) == 0
-    version2 = output.parent / "v2" / output.name
-    report = json.loads((version2.parent / "report.json").read_text())
-    assert report["release_id"] == RELEASE1 + "#2"
-    assert report["budget"]["key_fingerprint"] != fingerprint
-    assert ledger.spent(CAMPAIGN).epsilon == pytest.approx(4.0)
-    assert version2.read_bytes() != first
+    # --new_release: a new version with a fresh key, charged afresh.
+    assert main(_release_args(config, imp, clk, out, tmp_path, "--new_release")) == 0
+    version2 = out / CAMPAIGN / DAY1.isoformat() / "v2"
+    marker2 = read_json(version2 / "RELEASE.json")
+    assert marker2["versioned_id"] == RELEASE1 + "#2" and marker2["version"] == 2
+    assert marker2["key_fingerprints"] != fingerprints
+    assert ledger.spent(f"campaign:{CAMPAIGN}").epsilon == pytest.approx(4.0)
+    assert (version2 / "centralnotice.parquet").read_bytes() != first
     assert output.read_bytes() == first  # version 1's published files are left as they were
     assert ledger.get(RELEASE1)["output_path"] == str(version2)
 
 
 @pytest.mark.parametrize("budget, scope", [
-    ({"campaign_total": {"epsilon": 2.0}}, "campaign budget"),
-    ({"campaign_total": {"epsilon": 10.0}, "per_period": {"epsilon": 2.0}}, "per-period budget"),
+    ({"campaign_total": {"epsilon": 2.0}}, f"campaign:{CAMPAIGN}"),
+    ({"campaign_total": {"epsilon": 10.0}, "per_period": {"epsilon": 2.0}},
+     f"period:{CAMPAIGN}:{DAY1.isoformat()}"),
 ])
 def test_release_beyond_the_budget_is_refused_before_any_output(tmp_path, capsys, budget, scope):
     # One-day campaign whose budget pays for exactly one release (each costs epsilon 1 + 1).
-    config = write_config(tmp_path, config_dict(budget=budget, end=DAY1))
+    config = write_config(tmp_path, config_dict(budget=budget, end=DAY1.isoformat()))
     imp, clk = _inputs(tmp_path)
     assert main(_release_args(config, imp, clk, tmp_path / "out", tmp_path)) == 0
     ledger = BudgetLedger(str(tmp_path / "ledger.json"), str(tmp_path / "keys"))
-    spent = ledger.spent(CAMPAIGN)
+    ledger_bytes = (tmp_path / "ledger.json").read_bytes()
     keys_before = sorted(os.listdir(tmp_path / "keys"))
     imp, clk = _inputs(tmp_path, extra_impressions=7)
     capsys.readouterr()
-    assert main(_release_args(config, imp, clk, tmp_path / "out2", tmp_path, "--new-release")) == 2
-    assert scope in capsys.readouterr().err
-    assert not (tmp_path / "out2").exists()
-    assert ledger.spent(CAMPAIGN) == spent
+    assert main(_release_args(config, imp, clk, tmp_path / "out", tmp_path, "--new_release")) == 2
+    err = capsys.readouterr().err
+    assert scope in err and "over its budget" in err and "Nothing was charged" in err
+    assert not (tmp_path / "out" / CAMPAIGN / DAY1.isoformat() / "v2").exists()
+    assert (tmp_path / "ledger.json").read_bytes() == ledger_bytes
     assert sorted(os.listdir(tmp_path / "keys")) == keys_before
 
 
 # --------------------------------------------------------------------------- gs://
 
 def test_release_on_gcs_through_the_storage_emulator(tmp_path):
-    """Config, inputs (a Parquet "directory" and a CSV glob), output, ledger and keys on gs://."""
+    """Config, inputs (a Parquet "directory" and a CSV glob), output, ledger and keys on gs://:
+    a release, an identical re-run, and a testing run giving the same bytes as the local files."""
     pytest.importorskip("gcp_storage_emulator.server")
 
     config = write_config(tmp_path, config_dict())
     imp, clk = _inputs(tmp_path)
     imp_table = pa.csv.read_csv(imp, convert_options=pa.csv.ConvertOptions(
         column_types={"date": pa.date32(), "impressions": pa.int64()}))
-    pq.write_table(imp_table, tmp_path / "imp.parquet")
+    pq.write_table(imp_table.slice(0, 5), tmp_path / "imp-0.parquet")
+    pq.write_table(imp_table.slice(5), tmp_path / "imp-1.parquet")
     with storage_emulator("cn-release") as bucket:
-        for name, path in (("in/campaigns.json", config), ("in/imp/part-0.parquet", tmp_path / "imp.parquet"),
-                           ("in/clk-0.csv", clk)):
+        for name, path in (("in/campaigns.json", config), ("in/imp/a/part-0.parquet", tmp_path / "imp-0.parquet"),
+                           ("in/imp/part-1.parquet", tmp_path / "imp-1.parquet"),
+                           ("in/imp/_SUCCESS", config), ("in/clk-0.csv", clk)):
             gcs.blob(f"gs://{bucket}/{name}").upload_from_filename(str(path))
         args = ["--config", f"gs://{bucket}/in/campaigns.json", "--impressions", f"gs://{bucket}/in/imp/",
                 "--clicks", f"gs://{bucket}/in/clk-*.csv", "--release", RELEASE1,
-                "--output", f"gs://{bucket}/releases", "--ledger", f"gs://{bucket}/ledger.json",
-                "--key-store", f"gs://{bucket}/keys"]
-        assert main(args) == 0
-        name = f"gs://{bucket}/releases/{RELEASE1}/centralnotice.parquet"
-        first = gcs.blob(name).download_as_bytes()
-        report = json.loads(gcs.blob(f"gs://{bucket}/releases/{RELEASE1}/report.json").download_as_bytes())
-        assert report["keys"]["keyset"] == len(KEYSET_DAY1) and report["budget"]["key_fingerprint"]
-        ledger = BudgetLedger(f"gs://{bucket}/ledger.json", f"gs://{bucket}/keys")
-        assert ledger.get(RELEASE1)["state"] == "committed" and ledger.get(RELEASE1)["output_path"] == name
-        spent = ledger.spent(CAMPAIGN)
+                "--output", f"gs://{bucket}/releases", "--num_shards", "2"]
+        real = args + ["--ledger", f"gs://{bucket}/private/ledger.json",
+                       "--key_store", f"gs://{bucket}/private/keys"]
+        assert main(real) == 0
+        folder = f"gs://{bucket}/releases/{RELEASE1}/v1"
+        first = gcs.blob(f"{folder}/centralnotice.parquet").download_as_bytes()
+        marker = json.loads(gcs.blob(f"{folder}/RELEASE.json").download_as_bytes())
+        assert marker["summary"]["keys"]["keyset"] == len(KEYSET_DAY1)
+        ledger = BudgetLedger(f"gs://{bucket}/private/ledger.json", f"gs://{bucket}/private/keys")
+        assert ledger.get(RELEASE1)["state"] == "committed" and ledger.get(RELEASE1)["output_path"] == folder
+        spent = ledger.spent(f"campaign:{CAMPAIGN}")
         assert spent.epsilon == pytest.approx(2.0)
-        assert main(args) == 0
-        assert gcs.blob(name).download_as_bytes() == first
-        assert ledger.spent(CAMPAIGN) == spent and ledger.get(RELEASE1)["runs"] == 2
-        assert not gcs.blob(name + ".incomplete").exists()
-        release_key = ledger.key_store.load(KeyRef.from_json(ledger.get(RELEASE1)["key_ref"]))
-    (tmp_path / "gcs.parquet").write_bytes(first)
-    got = released(tmp_path / "gcs.parquet")
-    assert sorted(got) == sorted(KEYSET_DAY1)
-    exact = {key: (1000 + 10 * i, i) for i, key in enumerate(KEYSET_DAY1)}
-    assert got != exact  # noisy
-    # The local CSV copies released with the stored key give the same bytes: every gs:// input
-    # was read, and nothing else.
-    campaign = parse_config(config_dict()).campaigns[0]
-    run_transform(campaign, [DAY1], [imp], [clk], tmp_path / "local.parquet", testing=False,
-                  key=release_key)
-    assert (tmp_path / "local.parquet").read_bytes() == first
+        report = json.loads(gcs.blob(f"gs://{bucket}/private/reports/{RELEASE1}/v1/report.json")
+                            .download_as_bytes())
+        assert report["counters"]["impressions.read"] == 8 and report["counters"]["clicks.read"] == 28
+        assert main(real) == 0
+        assert gcs.blob(f"{folder}/centralnotice.parquet").download_as_bytes() == first
+        assert ledger.spent(f"campaign:{CAMPAIGN}") == spent and ledger.get(RELEASE1)["runs"] == 2
+        assert main(args + ["--testing_seed", str(SEED)]) == 0
+        testing = gcs.blob(f"gs://{bucket}/releases/testing-not-a-release/{RELEASE1}/centralnotice.parquet"
+                           ).download_as_bytes()
+    # Every gs:// input was read, and nothing else: the local files give the same testing bytes.
+    local = make_request(config, imp, clk, tmp_path / "local", release=RELEASE1)
+    (outcome,) = run(local).releases
+    with open(os.path.join(outcome.folder, "centralnotice.parquet"), "rb") as handle:
+        assert handle.read() == testing
+    assert pq.read_table(pa.BufferReader(first)).num_rows == len(KEYSET_DAY1)

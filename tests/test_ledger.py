@@ -1,4 +1,4 @@
-"""The budget ledger: local file (flock + atomic replace) and GCS (generation preconditions).
+"""The budget ledger: scopes, reserve / take over / publish / commit, local file and GCS.
 
 GCS tests run against ``gcp-storage-emulator`` started in-process on a free port
 (``tests/gcs_emulator.py``), which adds the documented GCS rule for ``ifGenerationMatch`` on
@@ -16,169 +16,193 @@ import numpy as np
 import pytest
 from gcs_emulator import storage_emulator
 
+from accounting.budget import PrivacyBudget
 from accounting.calibration import NoiseKind, calibrate, calibrate_zcdp
 from accounting.keystore import KeyRef, KeyStore
-from accounting.ledger import (BudgetExceededError, BudgetLedger, Budget, CampaignBudget, Charge,
-                               ChangedInputError, LedgerConflict, LedgerError, _GcsStore,
-                               input_digest, release_id_for)
-from accounting.keys import ReleaseKey
+from accounting.ledger import (BudgetExceededError, BudgetLedger, ChangedInputError,
+                               ContentAlreadyReleased, LedgerConflict, LedgerError,
+                               ReleaseRequest, Scope, input_digest)
+from accounting.ledger.stores import GcsStore
+from accounting.measures import Measure
+from accounting.sensitivity import Sensitivities
 from transforms.noise import RandomStreams, add_noise
 
 CAMPAIGN = "c2026_fundraising_en"
-BUDGET = CampaignBudget(total=Budget(3.0, 0.0), per_period=Budget(1.0, 0.0))
+ONE = Sensitivities(l0=1, linf=1.0, l1=1.0, l2=1.0)
+
+
+def _measures(eps=1.0):
+    return [Measure.of_noise("impressions", calibrate("discrete_laplace", epsilon=eps / 2,
+                                                      l1_sensitivity=1), ONE),
+            Measure.of_noise("clicks", calibrate("discrete_laplace", epsilon=eps / 2,
+                                                 l1_sensitivity=1), ONE)]
+
+
+def _scopes(day, total=3.0, per_period=1.0):
+    return [Scope(name=f"campaign:{CAMPAIGN}", budget=PrivacyBudget(epsilon=total)),
+            Scope(name=f"period:{CAMPAIGN}:{day}", budget=PrivacyBudget(epsilon=per_period))]
+
+
+def _request(day="2026-11-20", digest=None, eps=1.0, **kw):
+    return ReleaseRequest(release_id=f"{CAMPAIGN}/{day}", measures=_measures(eps),
+                          input_digest=digest or f"sha256:{day}", scopes=_scopes(day), **kw)
 
 
 def _ledger(tmp_path, **kw) -> BudgetLedger:
     return BudgetLedger(str(tmp_path / "ledger.json"), str(tmp_path / "keys"), **kw)
 
 
-def _charge(eps=1.0):
-    return [Charge(eps * 0.5, label="impressions"), Charge(eps * 0.5, label="clicks")]
-
-
-def _release_outputs(key: ReleaseKey) -> bytes:
-    """What a release writes: noisy counts drawn from the release key (as the pipeline does)."""
+def _release_outputs(key) -> bytes:
+    """What a release writes: noisy counts drawn from the release key (as a pipeline does)."""
     spec = calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=0.5, l1_sensitivity=100)
-    keys = [(CAMPAIGN, "banner_a", country, "en.wikipedia", "2026-11-20") for country in ("DE", "FR", "US")]
+    keys = [(CAMPAIGN, "banner_a", c, "en.wikipedia", "2026-11-20") for c in ("DE", "FR", "US")]
     values = np.array([123456, 789, 0], dtype=np.int64)
     return add_noise(spec, values, RandomStreams.for_keys(key, "impressions", keys)).tobytes()
 
 
+def _published(ledger, reservation, path="/out/x"):
+    ledger.begin_publish(reservation)
+    return ledger.commit(reservation, path, {"x.parquet": "sha256:00"})
+
+
 # --------------------------------------------------------------------------- local ledger
 
-def test_record_commit_and_no_secret_in_ledger(tmp_path):
+def test_reserve_publish_commit_and_no_secret_in_the_ledger(tmp_path):
     ledger = _ledger(tmp_path)
-    rid = release_id_for(CAMPAIGN, "2026-11-20")
-    res = ledger.begin(rid, _charge(), "sha256:aaa", campaign=CAMPAIGN, periods=["2026-11-20"],
-                       budget=BUDGET, metadata={"k": 100})
-    assert not res.resumed and not res.committed and res.version == 1 and res.versioned_id == rid
-    record = ledger.get(rid)
-    assert record["state"] == "charged" and record["output_path"] is None
-    assert record["charges"] == [c.to_json() for c in _charge()]
-    assert record["campaign"] == CAMPAIGN and record["periods"] == ["2026-11-20"]
-    assert record["input_digest"] == "sha256:aaa" and record["metadata"] == {"k": 100}
-    assert record["key_ref"]["fingerprint"] == res.key.fingerprint() and record["charged_at"]
-    # The key lives in the key store as a 0600 file; the ledger holds only its reference.
-    key_path = record["key_ref"]["uri"]
-    assert stat.S_IMODE(os.stat(key_path).st_mode) == 0o600
-    assert KeyStore(str(tmp_path / "keys")).load(KeyRef.from_json(record["key_ref"])) == res.key
-    ledger_text = (tmp_path / "ledger.json").read_text()
-    assert res.key.secret_bytes().hex() not in ledger_text
-
-    done = ledger.commit(res, "/out/2026-11-20")
-    assert done["state"] == "committed" and done["output_path"] == "/out/2026-11-20"
-    assert done["committed_at"] >= done["charged_at"]
-    assert ledger.spent(CAMPAIGN).epsilon == pytest.approx(1.0)
-    assert ledger.spent(CAMPAIGN, "2026-11-20").epsilon == pytest.approx(1.0)
-    assert ledger.spent(CAMPAIGN, "2026-11-21").epsilon == 0
+    [res] = ledger.reserve(_request(metadata={"k": 100}))
+    assert (res.version, res.resumed, res.taken_over, res.state) == (1, False, False, "reserved")
+    record = ledger.get(res.release_id)
+    assert record["measures"] == [m.to_json() for m in _measures()]
+    assert record["scopes"] == [s.name for s in _scopes("2026-11-20")]
+    assert record["keys"]["release"]["fingerprint"] == res.key.fingerprint()
+    assert record["metadata"] == {"k": 100} and record["state"] == "reserved"
+    assert ledger.begin_publish(res)["state"] == "publishing"
+    committed = ledger.commit(res, "/out/x", {"x.parquet": "sha256:ab"})
+    assert committed["state"] == "committed" and committed["files"] == {"x.parquet": "sha256:ab"}
+    text = (tmp_path / "ledger.json").read_text()
+    assert res.key.secret_bytes().hex() not in text
+    key_file = KeyRef.from_json(record["keys"]["release"]).uri
+    assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
+    assert ledger.ledger_id() == json.loads(text)["ledger_id"]
 
 
-def test_refuses_over_campaign_budget_before_anything_is_written(tmp_path):
+def test_scopes_refuse_over_budget_before_anything_is_stored(tmp_path):
     ledger = _ledger(tmp_path)
     for day in ("2026-11-20", "2026-11-21", "2026-11-22"):
-        ledger.commit(ledger.begin(release_id_for(CAMPAIGN, day), _charge(), f"sha256:{day}",
-                                   campaign=CAMPAIGN, periods=[day], budget=BUDGET), f"/out/{day}")
-    before = (tmp_path / "ledger.json").read_bytes()
-    keys_before = sorted(os.listdir(tmp_path / "keys"))
-    with pytest.raises(BudgetExceededError, match="over the campaign budget") as err:
-        ledger.begin(release_id_for(CAMPAIGN, "2026-11-23"), _charge(), "sha256:x",
-                     campaign=CAMPAIGN, periods=["2026-11-23"], budget=BUDGET)
-    assert err.value.scope == f"campaign:{CAMPAIGN}"
-    assert (tmp_path / "ledger.json").read_bytes() == before
-    assert sorted(os.listdir(tmp_path / "keys")) == keys_before  # no orphan key left behind
-    # Another campaign has its own budget.
-    ledger.begin(release_id_for("other", "2026-11-23"), _charge(), "sha256:x", campaign="other",
-                 periods=["2026-11-23"], budget=BUDGET)
+        ledger.reserve(_request(day))
+    with pytest.raises(BudgetExceededError, match=f"campaign:{CAMPAIGN}") as err:
+        ledger.reserve(_request("2026-11-23"))
+    assert err.value.scope == f"campaign:{CAMPAIGN}" and "Nothing was charged" in str(err.value)
+    assert len(ledger.records()) == 3 and len(os.listdir(tmp_path / "keys")) == 3
+    with pytest.raises(BudgetExceededError, match="period"):
+        _ledger(tmp_path / "b").reserve(_request(eps=1.5))
 
 
-def test_refuses_over_period_budget(tmp_path):
+def test_several_releases_are_charged_all_or_nothing(tmp_path):
     ledger = _ledger(tmp_path)
-    ledger.begin("c/2026-11-20/desktop", _charge(0.6), "sha256:1", campaign=CAMPAIGN,
-                 periods=["2026-11-20"], budget=BUDGET)
-    with pytest.raises(BudgetExceededError, match="per-period budget") as err:
-        ledger.begin("c/2026-11-20/mobile", _charge(0.6), "sha256:2", campaign=CAMPAIGN,
-                     periods=["2026-11-20"], budget=BUDGET)
-    assert err.value.scope == f"period:{CAMPAIGN}:2026-11-20"
-    ledger.begin("c/2026-11-20/mobile", _charge(0.4), "sha256:2", campaign=CAMPAIGN,
-                 periods=["2026-11-20"], budget=BUDGET)
-    # A per-campaign release covering several days is checked against each of them.
-    with pytest.raises(BudgetExceededError, match="2026-11-20"):
-        ledger.begin("c/campaign", _charge(0.1), "sha256:3", campaign=CAMPAIGN,
-                     periods=["2026-11-19", "2026-11-20"], budget=BUDGET)
-    assert ledger.spent(CAMPAIGN).epsilon == pytest.approx(1.0)
-
-
-def test_idempotent_rerun_reuses_key_and_spends_nothing(tmp_path):
-    ledger = _ledger(tmp_path)
-    rid = release_id_for(CAMPAIGN, "2026-11-20")
-    args = dict(campaign=CAMPAIGN, periods=["2026-11-20"], budget=BUDGET)
-    first = ledger.begin(rid, _charge(), "sha256:same", **args)
-    out_first = _release_outputs(first.key)
-    ledger.commit(first, "/out/a")
-    again = _ledger(tmp_path).begin(rid, _charge(), "sha256:same", **args)
-    assert again.resumed and again.committed and again.versioned_id == rid
-    assert again.key == first.key and again.key_ref == first.key_ref
-    assert _release_outputs(again.key) == out_first  # byte-for-byte reproduction
-    assert ledger.spent(CAMPAIGN).epsilon == pytest.approx(1.0)
-    assert len(ledger.records()) == 1 and ledger.get(rid)["runs"] == 2
+    ledger.reserve(_request("2026-11-20"))
+    with pytest.raises(BudgetExceededError):  # 2 fit, the third is over the campaign total
+        ledger.reserve([_request("2026-11-21"), _request("2026-11-22"), _request("2026-11-23")])
+    assert [r["release_id"] for r in ledger.records()] == [f"{CAMPAIGN}/2026-11-20"]
     assert len(os.listdir(tmp_path / "keys")) == 1
-    # Same id and input with different privacy parameters is not a re-run.
-    with pytest.raises(LedgerError, match="privacy parameters cannot change"):
-        ledger.begin(rid, _charge(0.5), "sha256:same", **args)
+    both = ledger.reserve([_request("2026-11-21"), _request("2026-11-22")])
+    assert [r.version for r in both] == [1, 1] and ledger.spent(f"campaign:{CAMPAIGN}").epsilon == 3
 
 
-def test_changed_input_refused_unless_new_release(tmp_path):
+def test_rerun_on_the_same_input_reuses_keys_and_spends_nothing(tmp_path):
     ledger = _ledger(tmp_path)
-    rid = release_id_for(CAMPAIGN, "2026-11-20")
-    args = dict(campaign=CAMPAIGN, budget=CampaignBudget(Budget(3.0), Budget(2.0)))
-    first = ledger.begin(rid, _charge(), "sha256:old", periods=["2026-11-20"], **args)
-    ledger.commit(first, "/out/v1")
-    with pytest.raises(ChangedInputError, match="new_release=True"):
-        ledger.begin(rid, _charge(), "sha256:new", periods=["2026-11-20"], **args)
-    assert ledger.spent(CAMPAIGN).epsilon == pytest.approx(1.0)
-    second = ledger.begin(rid, _charge(), "sha256:new", periods=["2026-11-20"], new_release=True, **args)
-    assert second.version == 2 and second.versioned_id == rid + "#2" and not second.resumed
-    assert second.key_ref.fingerprint != first.key_ref.fingerprint
-    assert _release_outputs(second.key) != _release_outputs(first.key)
-    assert ledger.spent(CAMPAIGN).epsilon == pytest.approx(2.0)
-    assert ledger.get(rid)["versioned_id"] == rid + "#2" and ledger.get(rid, 1)["state"] == "committed"
-    assert ledger.get(rid)["supersedes"] == rid
-    # The new version is now the one re-runs find.
-    assert ledger.begin(rid, _charge(), "sha256:new", periods=["2026-11-20"], **args).resumed
+    [first] = ledger.reserve(_request())
+    _published(ledger, first)
+    [again] = _ledger(tmp_path).reserve(_request())
+    assert again.resumed and again.committed and again.key == first.key
+    assert _release_outputs(again.key) == _release_outputs(first.key)
+    assert ledger.spent(f"campaign:{CAMPAIGN}").epsilon == pytest.approx(1.0)
+    assert ledger.get(first.release_id)["runs"] == 2
 
 
-def _crash_after_charge(ledger_path, keys_path, release_id):
-    ledger = BudgetLedger(ledger_path, keys_path)
-    ledger.begin(release_id, _charge(), "sha256:crash", campaign=CAMPAIGN, periods=["2026-11-20"],
-                 budget=BUDGET)
-    os._exit(17)  # dies after charging, before writing outputs or committing
+def test_published_release_on_changed_input_needs_a_new_version(tmp_path):
+    ledger = _ledger(tmp_path)
+    [first] = ledger.reserve(_request(eps=0.5))
+    _published(ledger, first)
+    with pytest.raises(ChangedInputError, match="leak the difference"):
+        ledger.reserve(_request(digest="sha256:changed", eps=0.5))
+    [second] = ledger.reserve(_request(digest="sha256:changed", eps=0.5), new_release=True)
+    assert second.version == 2 and second.versioned_id.endswith("#2") and second.key != first.key
+    assert ledger.spent(f"campaign:{CAMPAIGN}").epsilon == pytest.approx(1.0)
 
 
-def test_crash_between_charge_and_commit_then_resume(tmp_path):
-    rid = release_id_for(CAMPAIGN, "2026-11-20")
+def test_an_unpublished_reservation_is_taken_over_without_spending_again(tmp_path):
+    ledger = _ledger(tmp_path)
+    [failed] = ledger.reserve(_request(digest="sha256:broken-file"))
+    [fixed] = _ledger(tmp_path).reserve(_request(digest="sha256:fixed-file"))
+    assert fixed.taken_over and fixed.version == 1 and fixed.key != failed.key
+    record = ledger.get(fixed.release_id)
+    assert record["input_digest"] == "sha256:fixed-file"
+    assert record["takeovers"][0]["input_digest"] == "sha256:broken-file"
+    assert ledger.spent(f"campaign:{CAMPAIGN}").epsilon == pytest.approx(1.0)
+    # The old run's reservation no longer matches: it cannot publish.
+    with pytest.raises(LedgerError, match="taken over"):
+        ledger.begin_publish(failed)
+    # Corrected parameters may come with a take-over, if they fit.
+    [smaller] = ledger.reserve(_request(digest="sha256:again", eps=0.4))
+    assert smaller.taken_over and ledger.spent(f"campaign:{CAMPAIGN}").epsilon == pytest.approx(0.4)
+    # --new_release on an unpublished reservation is a take-over too: never charged twice.
+    [same] = ledger.reserve(_request(digest="sha256:more", eps=0.4), new_release=True)
+    assert same.taken_over and same.version == 1
+
+
+def test_parameters_cannot_change_once_publication_started(tmp_path):
+    ledger = _ledger(tmp_path)
+    [res] = ledger.reserve(_request())
+    ledger.begin_publish(res)
+    with pytest.raises(LedgerError, match="privacy parameters"):
+        ledger.reserve(_request(eps=0.5))
+
+
+def test_content_is_released_once_under_any_id(tmp_path):
+    ledger = _ledger(tmp_path)
+    ledger.reserve(_request("2026-11-20", content_key="sha256:reports"))
+    with pytest.raises(ContentAlreadyReleased, match="2026-11-20"):
+        ledger.reserve(_request("2026-11-21", content_key="sha256:reports"))
+    ledger.reserve(_request("2026-11-20", content_key="sha256:reports"))  # its own re-run is fine
+
+
+def test_symlinked_ledger_stays_one_ledger(tmp_path):
+    real = tmp_path / "shared" / "ledger.json"
+    real.parent.mkdir()
+    link = tmp_path / "ledger.json"
+    first = BudgetLedger(str(real), str(tmp_path / "keys"))
+    first.reserve(_request("2026-11-20"))
+    os.symlink(real, link)
+    BudgetLedger(str(link), str(tmp_path / "keys")).reserve(_request("2026-11-21"))
+    assert link.is_symlink() and len(first.records()) == 2
+
+
+def _crash_after_reserve(ledger_path, keys_path):
+    BudgetLedger(ledger_path, keys_path).reserve(_request(digest="sha256:crash"))
+    os._exit(17)  # dies after charging, before writing outputs
+
+
+def test_crash_after_reserve_then_resume_or_take_over(tmp_path):
     proc = multiprocessing.get_context("fork").Process(
-        target=_crash_after_charge, args=(str(tmp_path / "ledger.json"), str(tmp_path / "keys"), rid))
+        target=_crash_after_reserve, args=(str(tmp_path / "ledger.json"), str(tmp_path / "keys")))
     proc.start()
     proc.join(30)
     assert proc.exitcode == 17
     ledger = _ledger(tmp_path)
-    record = ledger.get(rid)
-    assert record["state"] == "charged"  # stays spent: noise may have been drawn
-    assert ledger.spent(CAMPAIGN).epsilon == pytest.approx(1.0)
-    res = ledger.begin(rid, _charge(), "sha256:crash", campaign=CAMPAIGN, periods=["2026-11-20"],
-                       budget=BUDGET)
-    assert res.resumed and not res.committed
-    assert res.key.fingerprint() == record["key_ref"]["fingerprint"]
-    assert ledger.spent(CAMPAIGN).epsilon == pytest.approx(1.0)
-    assert ledger.commit(res, "/out/resumed")["state"] == "committed"
+    record = ledger.get(f"{CAMPAIGN}/2026-11-20")
+    assert record["state"] == "reserved"  # stays spent: never refunded
+    [res] = ledger.reserve(_request(digest="sha256:crash"))
+    assert res.resumed and res.key.fingerprint() == record["keys"]["release"]["fingerprint"]
+    assert ledger.spent(f"campaign:{CAMPAIGN}").epsilon == pytest.approx(1.0)
+    assert _published(ledger, res)["state"] == "committed"
 
 
 def _race(ledger_path, keys_path, day, barrier, results):
     ledger = BudgetLedger(ledger_path, keys_path)
     barrier.wait()
     try:
-        ledger.begin(release_id_for(CAMPAIGN, day), _charge(), f"sha256:{day}", campaign=CAMPAIGN,
-                     periods=[day], budget=BUDGET)
+        ledger.reserve(_request(day))
         results.put((day, "ok"))
     except BudgetExceededError:
         results.put((day, "refused"))
@@ -200,87 +224,96 @@ def test_concurrent_releases_exactly_the_budget_allowed_succeed(tmp_path):
         p.join(30)
     assert sorted(outcomes.values()) == ["ok"] * 3 + ["refused"] * 4, outcomes
     ledger = _ledger(tmp_path)
-    assert sorted(r["periods"][0] for r in ledger.records()) == sorted(
-        d for d, o in outcomes.items() if o == "ok")
-    assert ledger.spent(CAMPAIGN).epsilon == pytest.approx(3.0)
+    assert ledger.spent(f"campaign:{CAMPAIGN}").epsilon == pytest.approx(3.0)
     assert len(os.listdir(tmp_path / "keys")) == 3
 
 
-def test_testing_keys_refused(tmp_path):
-    ledger = _ledger(tmp_path)
-    with pytest.raises(LedgerError, match="testing key"):
-        ledger.begin("r", _charge(), "sha256:1", campaign=CAMPAIGN, periods=["d"], budget=BUDGET,
-                     key=ReleaseKey.for_testing(7))
-    assert not (tmp_path / "ledger.json").exists()
-    with pytest.raises(ValueError, match="testing key"):
-        KeyStore(str(tmp_path / "keys")).save(ReleaseKey.for_testing(7), "r")
-    # An operator-supplied secret key is accepted and stored.
-    own = ReleaseKey.generate()
-    assert ledger.begin("r", _charge(), "sha256:1", campaign=CAMPAIGN, periods=["d"], budget=BUDGET,
-                        key=own).key == own
-
-
 def test_key_fingerprint_checked_on_load(tmp_path):
-    store = KeyStore(str(tmp_path / "keys"))
-    ref = store.save(ReleaseKey.generate(), "r")
-    with pytest.raises(ValueError, match="fingerprint"):
-        store.load(KeyRef(ref.uri, "0" * 16))
-
-
-def test_budget_increase_needs_set_budget(tmp_path):
     ledger = _ledger(tmp_path)
-    ledger.begin("a", _charge(), "sha256:1", campaign=CAMPAIGN, periods=["d1"], budget=BUDGET)
-    bigger = CampaignBudget(Budget(10.0), Budget(1.0))
-    with pytest.raises(LedgerError, match="allow_increase"):
-        ledger.begin("b", _charge(), "sha256:2", campaign=CAMPAIGN, periods=["d2"], budget=bigger)
-    ledger.set_budget(CAMPAIGN, bigger, allow_increase=True)
-    ledger.begin("b", _charge(), "sha256:2", campaign=CAMPAIGN, periods=["d2"], budget=bigger)
-    # A lower budget is accepted (more conservative) and binds from now on.
-    smaller = CampaignBudget(Budget(2.5), Budget(1.0))
-    with pytest.raises(BudgetExceededError):
-        ledger.begin("c", _charge(), "sha256:3", campaign=CAMPAIGN, periods=["d3"], budget=smaller)
-    assert ledger.snapshot()["campaigns"][CAMPAIGN]["total"]["epsilon"] == 10.0  # refusal writes nothing
-    ledger.begin("c", _charge(0.5), "sha256:3", campaign=CAMPAIGN, periods=["d3"], budget=smaller)
-    assert ledger.snapshot()["campaigns"][CAMPAIGN]["total"]["epsilon"] == 2.5
+    [res] = ledger.reserve(_request())
+    uri = res.key_refs["release"].uri
+    os.chmod(uri, 0o600)
+    with open(uri, "w") as handle:
+        handle.write("00" * 32 + "\n")
+    with pytest.raises(ValueError, match="fingerprint"):
+        ledger.reserve(_request())
 
 
-def test_zcdp_accountant_composes_rho(tmp_path):
-    # Per day: impressions pure eps=0.2 + clicks Gaussian rho=0.005; campaign budget (2, 1e-6).
-    clicks = Charge.from_spec(calibrate_zcdp(NoiseKind.GAUSSIAN, rho=0.005, l2_sensitivity=1,
-                                             delta_for_reporting=1e-7), "clicks")
-    assert clicks.rho == 0.005 and clicks.delta == 1e-7
-    budget = CampaignBudget(Budget(2.0, 1e-6))
-    # Basic composition counts each day as (0.2 + 0.48, 1e-7): 2 days fit; zCDP composes the
-    # rhos and converts once: 4 days fit (1.70 <= 2 < 2.01).
-    for accountant, expected in (("basic", 2), ("zcdp", 4)):
-        ledger = BudgetLedger(str(tmp_path / f"{accountant}.json"), str(tmp_path / "keys"),
-                              accountant=accountant)
-        ok = 0
-        for day in range(6):
+def test_a_scope_budget_increase_needs_set_budget(tmp_path):
+    ledger = _ledger(tmp_path)
+    ledger.reserve(_request())
+    bigger = [Scope(name=f"campaign:{CAMPAIGN}", budget=PrivacyBudget(epsilon=9.0))]
+    request = ReleaseRequest(release_id="x", measures=_measures(), input_digest="sha256:x",
+                             scopes=bigger)
+    with pytest.raises(LedgerError, match="larger"):
+        ledger.reserve(request)
+    ledger.set_budget(bigger[0], allow_increase=True)
+    ledger.reserve(request)
+    assert ledger.scope_budget(f"campaign:{CAMPAIGN}").epsilon == 9.0
+
+
+@pytest.mark.parametrize("accountant", ["zcdp", "pld"])
+def test_tighter_accountants_fit_more_gaussian_releases(tmp_path, accountant):
+    clicks = calibrate_zcdp(NoiseKind.DISCRETE_GAUSSIAN, rho=0.01, l2_sensitivity=1.0,
+                            delta_for_reporting=1e-7)
+    measures = [Measure.of_noise("clicks", clicks, ONE)]
+    scope = [Scope(name="campaign:z", budget=PrivacyBudget(epsilon=2.0, delta=1e-6))]
+    counts = {}
+    for name in ("basic", accountant):
+        ledger = BudgetLedger(str(tmp_path / f"{name}.json"), str(tmp_path / "keys"), accountant=name)
+        n = 0
+        while n < 60:
             try:
-                ledger.begin(f"r{day}", [Charge(0.2, label="impressions"), clicks], "sha256:1",
-                             campaign=CAMPAIGN, periods=[f"d{day}"], budget=budget)
-                ok += 1
+                ledger.reserve(ReleaseRequest(release_id=f"r{n}", measures=measures,
+                                              input_digest=f"sha256:{n}", scopes=scope))
             except BudgetExceededError:
                 break
-        assert ok == expected, accountant
+            n += 1
+        counts[name] = n
+    assert counts[accountant] > counts["basic"] >= 1, counts
     with pytest.raises(LedgerError, match="accountant"):
-        BudgetLedger(str(tmp_path / "zcdp.json"), str(tmp_path / "keys")).records()
+        BudgetLedger(str(tmp_path / "basic.json"), str(tmp_path / "keys"), accountant=accountant).snapshot()
 
 
-def test_input_digest(tmp_path):
-    (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "a.csv").write_bytes(b"x" * 3_000_000)
-    (tmp_path / "in" / "b.csv").write_bytes(b"campaign_id\nc1\n")
-    config = {"k": 100, "epsilon": 1.0}
-    d = input_digest([str(tmp_path / "in")], config, chunk_size=1 << 16)
-    assert d.startswith("sha256:") and len(d) == 71
-    assert d == input_digest([str(tmp_path / "in" / "*.csv")], {"epsilon": 1.0, "k": 100})
-    assert d != input_digest([str(tmp_path / "in")], {"k": 50, "epsilon": 1.0})
-    (tmp_path / "in" / "b.csv").write_bytes(b"campaign_id\nc2\n")
-    assert d != input_digest([str(tmp_path / "in")], config)
-    with pytest.raises(FileNotFoundError, match="missing"):
-        input_digest([str(tmp_path / "missing")], config)
+def test_a_broken_ledger_file_is_refused_not_replaced(tmp_path):
+    (tmp_path / "ledger.json").write_text("{}")
+    with pytest.raises(LedgerError, match="not a"):
+        _ledger(tmp_path).reserve(_request())
+    (tmp_path / "ledger.json").write_text("")
+    with pytest.raises(LedgerError, match="not valid JSON"):
+        _ledger(tmp_path).reserve(_request())
+    assert (tmp_path / "ledger.json").read_text() == ""
+
+
+def test_a_v1_ledger_is_read_with_its_charges_and_pinned_releases(tmp_path):
+    v1 = {"format": "beam-dp-release/budget-ledger/v1", "accountant": "basic",
+          "campaigns": {CAMPAIGN: {"total": {"epsilon": 3.0, "delta": 0.0},
+                                   "per_period": {"epsilon": 1.0, "delta": 0.0}}},
+          "latest": {f"{CAMPAIGN}/2026-11-20": f"{CAMPAIGN}/2026-11-20"},
+          "releases": {f"{CAMPAIGN}/2026-11-20": {
+              "release_id": f"{CAMPAIGN}/2026-11-20", "version": 1, "campaign": CAMPAIGN,
+              "periods": ["2026-11-20"], "charges": [{"label": "impressions", "epsilon": 1.0}],
+              "input_digest": "sha256:old", "state": "charged",
+              "key_ref": {"uri": "/nowhere", "fingerprint": "ab"}}}}
+    (tmp_path / "ledger.json").write_text(json.dumps(v1))
+    ledger = _ledger(tmp_path)
+    assert ledger.spent(f"campaign:{CAMPAIGN}").epsilon == pytest.approx(1.0)
+    with pytest.raises(ChangedInputError):  # charged under v1: pinned, not taken over
+        ledger.reserve(_request(digest="sha256:new"))
+
+
+def test_input_digest_covers_contents_and_config(tmp_path):
+    def chunks(path):
+        data = open(path, "rb").read()
+        return len(data), iter([data[:3], data[3:]])
+
+    (tmp_path / "a.csv").write_bytes(b"campaign_id\nc1\n")
+    files = [str(tmp_path / "a.csv")]
+    d = input_digest(files, {"k": 1}, open_chunks=chunks)
+    assert d.startswith("sha256:") and d == input_digest(files, {"k": 1}, open_chunks=chunks)
+    assert d != input_digest(files, {"k": 2}, open_chunks=chunks)
+    (tmp_path / "a.csv").write_bytes(b"campaign_id\nc2\n")
+    assert d != input_digest(files, {"k": 1}, open_chunks=chunks)
 
 
 # --------------------------------------------------------------------------- GCS (emulator)
@@ -306,55 +339,33 @@ def test_gcs_emulator_enforces_generation_preconditions(gcs_bucket):
     assert gcs.blob(f"gs://{gcs_bucket}/precondition/x").download_as_bytes() == b"1"
 
 
-def test_gcs_record_rerun_changed_input_and_budget(gcs_bucket):
+def test_gcs_reserve_rerun_take_over_and_budget(gcs_bucket):
     ledger = _gcs_ledger(gcs_bucket, "basic")
-    rid = release_id_for(CAMPAIGN, "2026-11-20")
-    args = dict(campaign=CAMPAIGN, periods=["2026-11-20"], budget=BUDGET)
-    first = ledger.begin(rid, _charge(), "sha256:v1", **args)
-    assert first.key_ref.uri.startswith(f"gs://{gcs_bucket}/basic/keys/")
-    ledger.commit(first, f"gs://{gcs_bucket}/out/2026-11-20")
-    again = _gcs_ledger(gcs_bucket, "basic").begin(rid, _charge(), "sha256:v1", **args)
+    [first] = ledger.reserve(_request())
+    assert first.key_refs["release"].uri.startswith(f"gs://{gcs_bucket}/basic/keys/")
+    _published(ledger, first, f"gs://{gcs_bucket}/out/2026-11-20")
+    [again] = _gcs_ledger(gcs_bucket, "basic").reserve(_request())
     assert again.resumed and again.committed and again.key == first.key
-    assert _release_outputs(again.key) == _release_outputs(first.key)
     with pytest.raises(ChangedInputError):
-        ledger.begin(rid, _charge(), "sha256:v2", **args)
-    with pytest.raises(BudgetExceededError, match="per-period"):
-        ledger.begin(rid, _charge(), "sha256:v2", new_release=True, **args)
-    assert ledger.spent(CAMPAIGN).epsilon == pytest.approx(1.0)
-    record = ledger.get(rid)
-    assert record["state"] == "committed" and record["output_path"].endswith("2026-11-20")
+        ledger.reserve(_request(digest="sha256:v2"))
+    with pytest.raises(BudgetExceededError, match="period"):
+        ledger.reserve(_request(digest="sha256:v2"), new_release=True)
+    [other] = ledger.reserve(_request("2026-11-21", digest="sha256:broken"))
+    [fixed] = ledger.reserve(_request("2026-11-21", digest="sha256:fixed"))
+    assert fixed.taken_over and ledger.spent(f"campaign:{CAMPAIGN}").epsilon == pytest.approx(2.0)
     assert first.key.secret_bytes().hex() not in json.dumps(ledger.snapshot())
-    with pytest.raises(LedgerError, match="testing key"):
-        ledger.begin("t", _charge(), "sha256:t", campaign=CAMPAIGN, periods=["x"], budget=BUDGET,
-                     key=ReleaseKey.for_testing(1))
-
-
-def test_gcs_crash_between_charge_and_commit_then_resume(gcs_bucket):
-    rid = release_id_for(CAMPAIGN, "2026-11-21")
-    args = dict(campaign=CAMPAIGN, periods=["2026-11-21"], budget=BUDGET)
-    crashed = _gcs_ledger(gcs_bucket, "crash").begin(rid, _charge(), "sha256:c", **args)
-    del crashed  # the run dies here: no outputs, no commit
-    ledger = _gcs_ledger(gcs_bucket, "crash")
-    assert ledger.get(rid)["state"] == "charged"
-    res = ledger.begin(rid, _charge(), "sha256:c", **args)
-    assert res.resumed and not res.committed
-    assert ledger.spent(CAMPAIGN).epsilon == pytest.approx(1.0)
-    assert ledger.commit(res, "gs://out/x")["state"] == "committed"
 
 
 def test_gcs_stale_generation_write_is_rejected(gcs_bucket):
     uri = f"gs://{gcs_bucket}/conflict/ledger.json"
     ledger_a = BudgetLedger(uri, f"gs://{gcs_bucket}/conflict/keys")
-    ledger_a.begin("r1", _charge(), "sha256:1", campaign=CAMPAIGN, periods=["d1"], budget=BUDGET)
-    writer_a = _GcsStore(uri)
+    ledger_a.reserve(_request("2026-11-20"))
+    writer_a = GcsStore(uri)
     data, generation = writer_a.read_with_generation()
-    # Writer B commits a release in between ...
-    BudgetLedger(uri, f"gs://{gcs_bucket}/conflict/keys").begin(
-        "r2", _charge(), "sha256:2", campaign=CAMPAIGN, periods=["d2"], budget=BUDGET)
-    # ... so A's write based on the old generation must fail and leave B's record in place.
+    BudgetLedger(uri, f"gs://{gcs_bucket}/conflict/keys").reserve(_request("2026-11-21"))
     with pytest.raises(LedgerConflict):
         writer_a.write_if_generation(data, generation)
-    assert {r["release_id"] for r in ledger_a.records()} == {"r1", "r2"}
+    assert len(ledger_a.records()) == 2
 
 
 def test_gcs_concurrent_releases_exactly_the_budget_allowed_succeed(gcs_bucket):
@@ -368,8 +379,7 @@ def test_gcs_concurrent_releases_exactly_the_budget_allowed_succeed(gcs_bucket):
         ledgers.append(ledger)
         barrier.wait()
         try:
-            ledger.begin(release_id_for(CAMPAIGN, day), _charge(), f"sha256:{day}",
-                         campaign=CAMPAIGN, periods=[day], budget=BUDGET)
+            ledger.reserve(_request(day))
             outcomes[day] = "ok"
         except BudgetExceededError:
             outcomes[day] = "refused"
@@ -382,23 +392,7 @@ def test_gcs_concurrent_releases_exactly_the_budget_allowed_succeed(gcs_bucket):
     for t in threads:
         t.join(60)
     assert sorted(outcomes.values()) == ["ok"] * 3 + ["refused"] * 3, outcomes
-    # The writers really raced: some writes hit a stale generation and were retried.
     assert sum(ledger._store.conflicts for ledger in ledgers) >= 1
     ledger = BudgetLedger(uri, f"gs://{gcs_bucket}/race/keys")
     assert len(ledger.records()) == 3
-    assert ledger.spent(CAMPAIGN).epsilon == pytest.approx(3.0)
-
-
-def test_gcs_input_digest_matches_local(gcs_bucket, tmp_path):
-    from accounting import gcs
-
-    files = {"impressions/part-0.csv": b"a,b\n1,2\n" * 1000, "impressions/part-1.csv": b"z" * 70_000}
-    for name, content in files.items():
-        (tmp_path / name.split("/")[1]).write_bytes(content)
-        gcs.blob(f"gs://{gcs_bucket}/digest/{name}").upload_from_string(content)
-    config = {"campaign": CAMPAIGN}
-    local = input_digest([str(tmp_path)], config)
-    assert input_digest([f"gs://{gcs_bucket}/digest/impressions/"], config, chunk_size=1 << 15) == local
-    assert input_digest([f"gs://{gcs_bucket}/digest/impressions/part-*.csv"], config) == local
-    with pytest.raises(FileNotFoundError):
-        input_digest([f"gs://{gcs_bucket}/digest/nothing.csv"], config)
+    assert ledger.spent(f"campaign:{CAMPAIGN}").epsilon == pytest.approx(3.0)

@@ -22,7 +22,8 @@ def _within(observed, expected, n, z=5.0):
 
 
 def test_discrete_laplace_worked_example():
-    # Δ = 1, ε = ln(4/3): P[0] = 1/7, P[±1] = 3/28 (reference.md §2).
+    # Δ = 1, ε = ln(4/3): P[0] = 1/7, P[±1] = 3/28
+    # (Ghazi & Manurangsi's tutorial, seed 000_015430204a1d6d17.txt).
     spec = calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=math.log(4 / 3), l1_sensitivity=1)
     z = add_noise(spec, np.zeros(N, dtype=np.int64), RandomStreams.for_range(ReleaseKey.for_testing(1), "t", N))
     assert z.dtype == np.int64

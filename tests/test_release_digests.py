@@ -59,7 +59,7 @@ def centralnotice(tmp) -> dict:
         assert main(["--config", config,
                      "--impressions", os.path.join(SAMPLE, "centralnotice", "impressions.csv"),
                      "--clicks", os.path.join(SAMPLE, "centralnotice", "clicks.csv"),
-                     "--release", release, "--output", target, "--testing-seed", str(SEED)]) == 0
+                     "--release", release, "--output", target, "--testing_seed", str(SEED)]) == 0
         out[release] = _table_digest(pq.read_table(_only(f"{target}/**/centralnotice.parquet")))
     return out
 
@@ -71,9 +71,11 @@ def reach_frequency(tmp) -> dict:
     assert main(["--input", os.path.join(SAMPLE, "reach_frequency", "impressions.csv"),
                  "--output", target, "--campaigns", "c1,c2", "--publishers", "pub_a,pub_b,pub_c",
                  "--epsilon", "1.0986", "--testing_seed", str(SEED)]) == 0
-    path = _only(f"{target}/**/*.jsonl") if os.path.isdir(target) else target
-    with open(path) as handle:
-        return {"c1,c2": _text_digest(handle.read())}
+    out = {}
+    for campaign in ("c1", "c2"):
+        with open(_only(f"{target}/**/{campaign}/reach_frequency.jsonl")) as handle:
+            out[campaign] = _text_digest(handle.read())
+    return out
 
 
 def summary_reports(tmp) -> dict:
@@ -91,8 +93,8 @@ def summary_reports(tmp) -> dict:
     target = os.path.join(tmp, "ara")
     assert summary_reports.main([
         "--input", conversions, "--input_format", "parquet", "--config", config,
-        "--epsilon", "8", "--output", os.path.join(target, "summary"), "--batch_id", "digest",
-        "--batch_registry_dir", os.path.join(tmp, "registry"), "--testing_seed", str(SEED)]) == 0
+        "--epsilon", "8", "--output", target, "--batch_id", "digest",
+        "--testing_seed", str(SEED)]) == 0
     with open(_only(f"{target}/**/*.csv")) as handle:
         return {"adtech_real_estate": _text_digest(handle.read())}
 

@@ -69,7 +69,7 @@ SAMPLE_DATA = REPO_ROOT / "pipelines" / "sample_data"
 
 def reach_frequency_args(inputs: Path, out: Path) -> list[str]:
     return ["--input", str(SAMPLE_DATA / "reach_frequency" / "impressions.csv"),
-            "--output", str(out / "reach_frequency.jsonl"), "--campaigns", "c1,c2",
+            "--output", str(out), "--campaigns", "c1,c2",
             "--publishers", "pub_a,pub_b,pub_c", "--epsilon", "1.0986",
             "--num_registers", "20000", "--testing_seed", "7"]
 
@@ -85,9 +85,9 @@ def centralnotice_args(inputs: Path, out: Path) -> list[str]:
 JOBS = [
     JobCase("demo_release", "runners.demo_release", demo_args, "counts.csv"),
     JobCase("centralnotice", "pipelines.centralnotice", centralnotice_args,
-            "C2026_000_fr/2026-11-26/centralnotice.csv"),
+            "testing-not-a-release/C2026_000_fr/2026-11-26/centralnotice.csv"),
     JobCase("reach_frequency", "pipelines.reach_frequency", reach_frequency_args,
-            "reach_frequency.jsonl"),
+            "testing-not-a-release/reach_frequency/*/reach_frequency.jsonl"),
 ]
 
 
@@ -416,7 +416,7 @@ def test_cron_wrapper_builds_one_release_per_campaign():
 @pytest.mark.runners
 def test_cron_wrapper_releases_a_day_and_a_rerun_reproduces_it(tmp_path):
     """The wrapper runs the real CentralNotice release on the sample data, with a ledger; a
-    second run of the same day reproduces the release byte for byte."""
+    second run of the same day leaves the published release and the ledger as they were."""
     import subprocess
 
     sample = SAMPLE_DATA / "centralnotice"
@@ -431,11 +431,23 @@ def test_cron_wrapper_releases_a_day_and_a_rerun_reproduces_it(tmp_path):
                BEAM_DP_KEY_STORE=str(tmp_path / "keys"), BEAM_DP_PYTHON=sys.executable,
                PYTHONPATH=str(REPO_ROOT))
     script = str(REPO_ROOT / "runners" / "daily_release.sh")
-    release = tmp_path / "releases" / "C2026_000_fr" / day / "centralnotice.parquet"
+    release_dir = tmp_path / "releases" / "C2026_000_fr" / day
     subprocess.run(["bash", script, day], env=env, cwd=REPO_ROOT, check=True,
                    capture_output=True, timeout=300)
-    first = release.read_bytes()
-    subprocess.run(["bash", script, day], env=env, cwd=REPO_ROOT, check=True,
-                   capture_output=True, timeout=300)
-    assert release.read_bytes() == first
-    assert "C2026_000_fr/2026-11-26" in (tmp_path / "ledger.json").read_text()
+    # Releases are published once, as version directories; the first run publishes v1.
+    assert sorted(p.name for p in release_dir.iterdir()) == ["v1"]
+    first = (release_dir / "v1" / "centralnotice.parquet").read_bytes()
+    def charges():
+        ledger = json.loads((tmp_path / "ledger.json").read_text())
+        return {release_id: (entry["charged_at"], entry["measures"], entry["files"])
+                for release_id, entry in ledger["releases"].items()}
+
+    charged = charges()
+    assert list(charged) == ["C2026_000_fr/2026-11-26"]
+    rerun = subprocess.run(["bash", script, day], env=env, cwd=REPO_ROOT, check=True,
+                           capture_output=True, text=True, timeout=300)
+    assert "(reproduced)" in rerun.stdout
+    # The rerun charges nothing and publishes nothing new: the same bytes, still one version.
+    assert sorted(p.name for p in release_dir.iterdir()) == ["v1"]
+    assert (release_dir / "v1" / "centralnotice.parquet").read_bytes() == first
+    assert charges() == charged

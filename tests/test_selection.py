@@ -40,11 +40,13 @@ def test_single_unit_key_is_rarely_released(strategy):
 
 def test_plan_mean_reuses_count_and_splits_budget():
     bounds = ContributionBounds(2, 3, min_value=0, max_value=10)
-    plan, refs, _ = plan_measures([Count(), Mean()], bounds, PrivacyBudget(epsilon=1.0))
-    assert set(refs) == {"count", "mean.normalized_sum"}
+    plan, measures, _ = plan_measures([Count(), Mean()], bounds, PrivacyBudget(epsilon=1.0))
+    assert set(measures) == {"count", "mean.normalized_sum"}
+    assert measures["mean.normalized_sum"].partial == "nsum" and not measures["mean.normalized_sum"].integer
+    assert measures["count"].spec == plan.measures[0].noise  # one measure type, calibrated
     assert sum(m.noise.epsilon for m in plan.measures) == pytest.approx(1.0)
-    plan, refs, _ = plan_measures([Mean(), PrivacyUnitCount()], bounds, PrivacyBudget(epsilon=1.0))
-    assert set(refs) == {"mean.normalized_sum", "mean.count", "privacy_unit_count"}
+    plan, measures, _ = plan_measures([Mean(), PrivacyUnitCount()], bounds, PrivacyBudget(epsilon=1.0))
+    assert set(measures) == {"mean.normalized_sum", "mean.count", "privacy_unit_count"}
     nsum = next(m for m in plan.measures if m.name == "mean.normalized_sum")
     assert nsum.sensitivities.l1 == 2 * 3 * 5  # L0 * Linf * half-range
     with pytest.raises(ValueError, match="integer values"):
@@ -55,7 +57,7 @@ def test_plan_mean_reuses_count_and_splits_budget():
 
 def test_plan_with_selection_and_gaussian():
     bounds = ContributionBounds(4, 1)
-    plan, refs, share = plan_measures([Count(noise="discrete_gaussian")], bounds,
+    plan, measures, share = plan_measures([Count(noise="discrete_gaussian")], bounds,
                                       PrivacyBudget(epsilon=1.0, delta=1e-6),
                                       selection_weight=1.0, selection_needs_delta=True)
     assert share.epsilon == pytest.approx(0.5) and share.delta > 0

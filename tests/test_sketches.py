@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from transforms.privacy_units import UnitIdError
 from transforms.sketches.estimators import (estimate_reach, expected_active_registers,
                                             frequency_distribution, k_plus_reach, k_reach,
                                             shuffle_distance)
@@ -82,7 +83,7 @@ def test_register_formula_matches_the_reference():
     u = np.array([0.0, 0.25, 0.5, 0.999999])
     fps = (u * 2.0 ** 64).astype(np.uint64)
     a = 10.0
-    x = 1 - np.log(np.exp(a) + u * (1 - np.exp(a))) / a  # reference.md section 3
+    x = 1 - np.log(np.exp(a) + u * (1 - np.exp(a))) / a  # LiquidLegions register (WFA any-sketch)
     assert np.array_equal(cfg.registers_of(fps), np.floor(x * cfg.num_registers).astype(int))
 
 
@@ -275,8 +276,25 @@ def test_int_and_string_id_rules():
     assert ok.tolist() == [True, False, True] and ids[0].as_py() == "12"
     ok, _ = normalise_ids(pa.array(["a", " ", ""]), "string")
     assert ok.tolist() == [True, False, False]
-    with pytest.raises(TypeError, match="id column"):
+    with pytest.raises(UnitIdError, match="person id"):  # a type that cannot hold ids
         normalise_ids(pa.array([True]), "int")
+
+
+@pytest.mark.parametrize("id_type", ["int", "string"])
+def test_one_person_whatever_the_id_type_of_the_column(id_type):
+    """7 (int64), 7.0 (float64, pandas' integer column with a null), "7", " +007 " and "７" are
+    one person: one register with 5 impressions, not five people."""
+    batches = [pa.table({"publisher": ["p"], "campaign": ["c"], "vid": pa.array([7], pa.int64())}),
+               pa.table({"publisher": ["p", "p"], "campaign": ["c", "c"],
+                         "vid": pa.array([7.0, None], pa.float64())}),
+               pa.table({"publisher": ["p"] * 3, "campaign": ["c"] * 3, "vid": ["7", " +007 ", "７"]})]
+    sketches = [dict(partial_sketches(b, config=CFG, salt_of=_salt_of, id_type=id_type)[0])[("c", "p")]
+                for b in batches]
+    merged = sketches[0].copy()
+    for sketch in sketches[1:]:
+        merged.merge_in_place(sketch)
+    assert merged.active_registers() == 1
+    assert merged.frequency_histogram(10).tolist() == [0, 0, 0, 0, 1, 0, 0, 0, 0, 0]
 
 
 def test_int_ids_read_as_text_or_numbers_give_the_same_sketch():

@@ -10,9 +10,10 @@ from accounting.dp_tester import DPTester
 from accounting.sensitivity import Neighbouring
 from accounting.keys import ReleaseKey
 from transforms.noise import RandomStreams, add_noise
-from transforms.sketches.dp import (NOISE_PURPOSE, ReachFrequencyBudget, SketchStatistics,
-                                    add_global_noise, add_helper_share, helper_shares,
-                                    output_keys, polya_share)
+from transforms.sketches.dp import (NOISE_PURPOSE, SHARE_PURPOSE, ReachFrequencyBudget,
+                                    SketchStatistics, add_global_noise, add_helper_share,
+                                    distributed_noise_delta, helper_shares, output_keys,
+                                    polya_difference, polya_table, helper_keys_for_testing)
 from transforms.sketches.fingerprint import FingerprintSalt
 from transforms.sketches.liquid_legions import LiquidLegionsSketch, SketchConfig
 
@@ -170,60 +171,110 @@ def _discrete_laplace_pmf(k, scale):
     return (1 - p) / (1 + p) * p ** np.abs(k)
 
 
-@pytest.mark.parametrize("helpers", [1, 3, 10])
-def test_sum_of_polya_shares_is_two_sided_geometric(helpers):
-    scale, n = 2.5, 200_000
-    rng = np.random.default_rng(helpers)
-    total = sum(polya_share(rng, helpers, scale, n) for _ in range(helpers))
+def _dlap_chisquare(total, scale):
     support = np.arange(-12, 13)
     observed = np.array([np.sum(total == k) for k in support] +
                         [np.sum(total < -12) + np.sum(total > 12)])
     pmf = _discrete_laplace_pmf(support, scale)
-    expected = n * np.r_[pmf, 1 - pmf.sum()]
-    assert stats.chisquare(observed, expected).pvalue > 1e-4
+    return stats.chisquare(observed, total.size * np.r_[pmf, 1 - pmf.sum()]).pvalue
+
+
+def _shares(helper_keys, table, lanes):
+    """Each helper's Polya-difference share for ``lanes`` output keys, from its own key."""
+    return [polya_difference(RandomStreams.for_range(key, SHARE_PURPOSE, lanes), table)
+            for key in helper_keys]
+
+
+@pytest.mark.parametrize("helpers", [1, 3, 10])
+def test_sum_of_helper_shares_is_discrete_laplace(helpers):
+    """Exact integers from keyed streams: the sum of n helpers' shares, each from its own key,
+    matches discrete Laplace (chi-square, seeded by testing keys)."""
+    scale, lanes = 2.5, 100_000
+    table = polya_table(helpers, scale)
+    shares = _shares([ReleaseKey.for_testing(100 + h) for h in range(helpers)], table, lanes)
+    assert all(s.dtype == np.int64 for s in shares)
+    assert _dlap_chisquare(sum(shares), scale) > 1e-4
     # No helper knows the total: one share carries only 1/n of the variance.
     p = math.exp(-1 / scale)
-    one = polya_share(rng, helpers, scale, n)
-    assert one.var() == pytest.approx(2 * p / (1 - p) ** 2 / helpers, rel=0.05)
+    assert shares[0].var() == pytest.approx(2 * p / (1 - p) ** 2 / helpers, rel=0.05)
 
 
 def test_a_wrong_share_shape_is_detected():
     """Control for the test above: shares of Polya(1, p) from 3 helpers are not DLap(b)."""
-    scale, n, rng = 2.5, 200_000, np.random.default_rng(9)
-    total = sum(polya_share(rng, 1, scale, n) for _ in range(3))
-    support = np.arange(-12, 13)
-    observed = np.array([np.sum(total == k) for k in support] +
-                        [np.sum(total < -12) + np.sum(total > 12)])
-    pmf = _discrete_laplace_pmf(support, scale)
-    assert stats.chisquare(observed, n * np.r_[pmf, 1 - pmf.sum()]).pvalue < 1e-6
+    scale = 2.5
+    shares = _shares([ReleaseKey.for_testing(200 + h) for h in range(3)], polya_table(1, scale),
+                     100_000)
+    assert _dlap_chisquare(sum(shares), scale) < 1e-6
 
 
-def test_helper_shares_are_keyed_and_sum_to_the_calibrated_noise():
+def test_polya_table_is_the_exact_cdf_in_integers_with_a_stated_tv_bound():
+    n, scale = 3, 7.5
+    table = polya_table(n, scale)
+    p = math.exp(-1 / scale)
+    cdf = stats.nbinom.cdf(np.arange(table.size), 1 / n, 1 - p)
+    np.testing.assert_allclose(table.thresholds.astype(float) / 2 ** 64, cdf, rtol=0, atol=1e-13)
+    assert table.thresholds.dtype == np.uint64 and np.all(np.diff(table.thresholds.astype(float)) >= 0)
+    assert stats.nbinom.sf(table.size - 1, 1 / n, 1 - p) < 2 ** -59     # truncated past 2^-60
+    assert table.tv_per_draw == pytest.approx((table.size + 2) * 2.0 ** -64 + 2.0 ** -60)
+    assert table.tv_per_value == 2 * n * table.tv_per_draw
+    assert table.tv_per_value < 1e-15
+
+
+def test_distributed_noise_delta_is_charged():
+    budget = ReachFrequencyBudget(epsilon=1.0, num_publishers=2)
+    assert budget.total().delta == 0.0
+    charged = budget.charged_specs(num_helpers=3, max_frequency=5)
+    extra = charged["frequency"].delta
+    assert extra == pytest.approx(distributed_noise_delta(budget.histogram_spec(), 3, 5))
+    assert 0 < charged["reach"].delta < extra < 1e-12
+    total = budget.total(num_helpers=3, max_frequency=5)
+    assert total.epsilon == pytest.approx(budget.total().epsilon)
+    assert total.delta == pytest.approx(3 * (charged["reach"].delta + extra))
+
+
+def test_helper_shares_come_from_each_helpers_own_key():
     budget = ReachFrequencyBudget(epsilon=1.0, num_publishers=1)  # scale 4 per statistic
+    keys = helper_keys_for_testing(KEY, 3)
     zero = SketchStatistics(0, np.zeros(2, np.int64))
     totals = []
     for campaign in range(600):
         s = zero
-        for h in range(3):
-            s = add_helper_share(s, KEY, h, 3, budget, f"c{campaign}", UNION)
+        for key in keys.values():
+            s = add_helper_share(s, key, 3, budget, f"c{campaign}", UNION)
         totals.append(s.active_registers)
-    scale = budget.reach_spec().scale
-    p = math.exp(-1 / scale)
-    totals = np.array(totals)
+    p = math.exp(-1 / budget.reach_spec().unit_scale)
     # Variance of DLap(4) is ~31.5; the sample variance of 600 draws is within +-25%.
-    assert totals.var() == pytest.approx(2 * p / (1 - p) ** 2, rel=0.25)
-    a = helper_shares(KEY, 0, 3, budget, "c1", UNION, 2)
-    assert helper_shares(KEY, 0, 3, budget, "c1", UNION, 2).active_registers == a.active_registers
-    shares = {helper_shares(KEY, h, 3, budget, "c1", UNION, 50).histogram.tobytes()
-              for h in range(3)}
-    assert len(shares) == 3
+    assert np.var(totals) == pytest.approx(2 * p / (1 - p) ** 2, rel=0.25)
+    first = helper_shares(keys["helper0"], 3, budget, "c1", UNION, 50)
+    again = helper_shares(keys["helper0"], 3, budget, "c1", UNION, 50)               # reproducible
+    assert again.active_registers == first.active_registers
+    assert again.histogram.tobytes() == first.histogram.tobytes()
+    other = helper_shares(ReleaseKey.for_testing(77), 3, budget, "c1", UNION, 50)
+    assert other.histogram.tobytes() != first.histogram.tobytes()                  # keyed
+    with pytest.raises(ValueError, match="own ReleaseKey"):
+        helper_keys_for_testing(ReleaseKey.generate(), 3)
+
+
+def test_distributed_release_needs_one_key_per_helper():
+    from transforms.sketches.beam import ReleaseReachFrequency
+
+    budget = ReachFrequencyBudget(epsilon=1.0, num_publishers=1)
+    config = SketchConfig(100, 10.0)
+    with pytest.raises(ValueError, match="own ReleaseKey"):
+        ReleaseReachFrequency(config, budget, ReleaseKey.generate(), max_frequency=3, num_helpers=2)
+    shared = ReleaseKey.generate()
+    with pytest.raises(ValueError, match="key of its own"):
+        ReleaseReachFrequency(config, budget, ReleaseKey.generate(), max_frequency=3,
+                              helper_keys={"a": shared, "b": shared})
+    release = ReleaseReachFrequency(config, budget, ReleaseKey.generate(), max_frequency=3,
+                                    helper_keys={"a": ReleaseKey.generate(), "b": ReleaseKey.generate()})
+    assert release.guarantee().delta > 0
 
 
 def test_distributed_noise_needs_discrete_laplace():
     budget = ReachFrequencyBudget(epsilon=1.0, delta=1e-6, num_publishers=1,
                                   kind=NoiseKind.DISCRETE_GAUSSIAN)
     with pytest.raises(ValueError, match="discrete_laplace"):
-        helper_shares(KEY, 0, 2, budget, "c", UNION, 3)
-    with pytest.raises(ValueError, match="helper"):
-        helper_shares(KEY, 2, 2, ReachFrequencyBudget(epsilon=1.0, num_publishers=1), "c",
-                      UNION, 3)
+        helper_shares(KEY, 2, budget, "c", UNION, 3)
+    with pytest.raises(ValueError, match="discrete Laplace"):
+        distributed_noise_delta(budget.histogram_spec(), 2, 3)

@@ -1,4 +1,5 @@
-"""The ARA summary-report Beam pipeline end to end (FnApiRunner), against the pure algorithms."""
+"""The ARA summary-report job end to end on the release layer (in-process engine), against the
+pure algorithms; the batch is released once by its content; row and report faults counted."""
 import csv
 import glob
 import json
@@ -8,12 +9,15 @@ import sys
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from accounting.ledger import BudgetLedger
 from pipelines import summary_reports as cli
+from pipelines.release import ReleaseOptions
 from transforms.ara import optimize as opt
 from transforms.ara import synthetic
 from transforms.ara.beam import (ROUNDING_PURPOSE, SUMMARY_PURPOSE, BoundContributions,
@@ -28,20 +32,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = 42
 
 
-def _read_output(prefix):
-    files = glob.glob(prefix + "*.csv")
-    assert len(files) == 1
-    with open(files[0]) as f:
+def _read_output(out, batch="batch-A", *, testing=True):
+    folder = os.path.join(str(out), "testing-not-a-release", "summary_reports", batch) if testing \
+        else os.path.join(str(out), "summary_reports", batch, "v1")
+    with open(os.path.join(folder, "summary.csv")) as f:
         rows = list(csv.reader(f))
     return rows[0], {int(r[0], 16): r[1:] for r in rows[1:]}
 
 
 def _args(tmp_path, **over):
-    args = {"--epsilon": "8", "--output": str(tmp_path / "out" / "summary"),
-            "--batch_id": "batch-A", "--batch_registry_dir": str(tmp_path / "registry"),
+    args = {"--epsilon": "8", "--output": str(tmp_path / "out"), "--batch_id": "batch-A",
             "--testing_seed": str(SEED)}
     args.update(over)
-    return [x for kv in args.items() for x in kv if x is not None]
+    return [x for flag, value in args.items() if value is not None for x in (flag, value)]
+
+
+def _release_args(tmp_path, **over):
+    return _args(tmp_path, **{"--testing_seed": None, "--ledger": str(tmp_path / "ledger.json"),
+                              "--key_store": str(tmp_path / "keys"), **over})
 
 
 @pytest.fixture(scope="module")
@@ -91,16 +99,40 @@ def test_conversions_pipeline_matches_pure_algorithms(tmp_path, conversions, fmt
     path = path.replace(".parquet", f".{fmt}")
     argv = _args(tmp_path, **{"--input": path, "--input_format": fmt, "--config": config_path})
     assert cli.main(argv) == 0
-    header, rows = _read_output(str(tmp_path / "out" / "summary"))
+    header, rows = _read_output(tmp_path / "out")
     assert header == ["bucket", "noisy_sum", "estimate"]
     expected = _expected_from_conversions(data, config, 8.0)
     assert {k: int(v[0]) for k, v in rows.items()} == expected
+    assert list(rows) == sorted(rows)  # public order: by bucket
     for k, (noisy, estimate) in rows.items():
         assert float(estimate) == pytest.approx(int(noisy) * config.scale_of_key(k))
-    # the batch is claimed: a second aggregation is refused and leaves the output alone
-    before = os.path.getmtime(glob.glob(str(tmp_path / "out" / "summary*"))[0])
-    assert cli.main(argv) == 2
-    assert os.path.getmtime(glob.glob(str(tmp_path / "out" / "summary*"))[0]) == before
+
+
+def test_a_batch_is_released_once_by_its_content(tmp_path, conversions, capsys):
+    """A real release; its re-run reproduces it spending nothing; the same reports under another
+    label, or in another file format, are refused with the ledger unchanged."""
+    data, path, config, config_path = conversions
+    argv = _release_args(tmp_path, **{"--input": path, "--config": config_path})
+    assert cli.main(argv) == 0
+    header, first = _read_output(tmp_path / "out", testing=False)
+    marker = json.load(open(tmp_path / "out" / "summary_reports" / "batch-A" / "v1" / "RELEASE.json"))
+    assert marker["key_fingerprints"]["release"] != ReleaseKey.for_testing(SEED).fingerprint()
+    ledger = BudgetLedger(str(tmp_path / "ledger.json"), str(tmp_path / "keys"))
+    record = ledger.get("summary_reports/batch-A")
+    assert record["state"] == "committed" and record["content_key"].startswith("multiset-sha256:")
+    spent = ledger.spent("ara-batch:batch-A")
+    assert spent.epsilon == pytest.approx(8.0)
+    assert cli.main(argv) == 0
+    assert _read_output(tmp_path / "out", testing=False)[1] == first
+    assert ledger.spent("ara-batch:batch-A") == spent and ledger.get("summary_reports/batch-A")["runs"] == 2
+    ledger_bytes = (tmp_path / "ledger.json").read_bytes()
+    capsys.readouterr()
+    for label, source in (("batch-B", path), ("batch-C", path.replace(".parquet", ".csv"))):
+        assert cli.main(_release_args(tmp_path, **{"--input": source, "--config": config_path,
+                                                   "--batch_id": label})) == 2
+        assert "already charged as release 'summary_reports/batch-A'" in capsys.readouterr().err
+        assert (tmp_path / "ledger.json").read_bytes() == ledger_bytes
+        assert not (tmp_path / "out" / "summary_reports" / label).exists()
 
 
 def test_reports_pipeline_with_bad_input_unknown_and_empty_buckets(tmp_path):
@@ -125,28 +157,28 @@ def test_reports_pipeline_with_bad_input_unknown_and_empty_buckets(tmp_path):
     reports.write_text("\n".join(lines) + "\n")
     domain = tmp_path / "domain.txt"
     domain.write_text(f"0x10\n{big}\n0x20  # declared, never contributed\n")
-    argv = _args(tmp_path, **{"--input": str(reports), "--input_format": "reports",
-                              "--output_domain": str(domain), "--epsilon": "4"})
-    opts, _ = cli.parse_args(argv)
-    config, keys = cli.validate(opts)
-    p = beam.Pipeline(runner="FnApiRunner")
-    cli.build(p, opts, config, keys, ReleaseKey.for_testing(SEED))
-    result = p.run()
-    result.wait_until_finish()
-    header, rows = _read_output(str(tmp_path / "out" / "summary"))
+    request = cli.SummaryReportsRequest(
+        input=(str(reports),), input_format="reports", output_domain=str(domain), epsilon=4.0,
+        batch_id="batch-A", options=ReleaseOptions(output=str(tmp_path / "out"), testing_seed=SEED))
+    (outcome,) = cli.run(request).releases
+    header, rows = _read_output(tmp_path / "out")
     assert header == ["bucket", "noisy_sum"] and sorted(rows) == [0x10, 0x20, big]
     true = {0x10: 40000 + 5536 + 3, big: 20000, 0x20: 0}
     expected = noisy_summary(np.array([true[k] for k in sorted(true)]), sorted(true), 4.0,
                              ReleaseKey.for_testing(SEED),
                              batch_purpose(SUMMARY_PURPOSE, "batch-A"))
     assert [int(rows[k][0]) for k in sorted(true)] == expected.tolist()
-    counters = {c.key.metric.name: c.committed for c in result.metrics().query()["counters"]}
-    assert counters["reports_dropped_malformed_json"] == 1
-    assert counters["reports_dropped_bad_bucket_key"] == 1
-    assert counters["reports_dropped_negative_value"] == 1
-    assert counters["reports_dropped_source_budget_exhausted"] == 1
-    assert counters["unknown_bucket_contributions_dropped"] == 1
-    assert counters["declared_buckets_without_contributions"] == 1
+    counters = outcome.report["counters"]
+    assert counters["reports.read"] == 7  # non-blank lines
+    assert counters["ara.reports_dropped_malformed_json"] == 1
+    assert counters["ara.reports_dropped_bad_bucket_key"] == 1
+    assert counters["ara.reports_dropped_negative_value"] == 1
+    assert counters["ara.reports_dropped_source_budget_exhausted"] == 1
+    assert counters["ara.unknown_bucket_contributions_dropped"] == 1
+    assert counters["ara.declared_buckets_without_contributions"] == 1
+    # Faults count towards the dropped-rows rule; bounding a source's budget does not.
+    assert outcome.report["dropped_rows"]["reports"]["dropped"] == 3
+    assert outcome.report["dropped_rows"]["reports"]["eligible"] == 7
 
 
 def test_bound_and_summary_transforms():
@@ -166,26 +198,25 @@ def test_bound_and_summary_transforms():
                                    (key_bytes(3), int(expected[1]))]))
 
 
-def test_bad_parameters_fail_before_claiming_the_batch(tmp_path, conversions):
+def test_bad_parameters_fail_before_claiming_the_batch(tmp_path, conversions, capsys):
     data, path, config, config_path = conversions
     table = pq.read_table(path).drop(["dim_1"])
     bad = str(tmp_path / "bad.parquet")
     pq.write_table(table, bad)
-    reg = tmp_path / "registry"
-    argv = _args(tmp_path, **{"--input": bad, "--input_format": "parquet",
-                              "--config": config_path})
-    assert cli.main(argv) == 2 and not reg.exists()
-    wrong_type = str(tmp_path / "wrong_type.csv")
-    with open(wrong_type, "w") as f:
-        f.write("source_id,dim_0,dim_1,value\ns,0,1,cheap\n")
-    argv = _args(tmp_path, **{"--input": wrong_type, "--input_format": "csv",
-                              "--config": config_path})
-    assert cli.main(argv) == 2 and not reg.exists()
-    argv = _args(tmp_path, **{"--input": path, "--input_format": "parquet",
-                              "--config": config_path, "--epsilon": "65"})
-    assert cli.main(argv) == 2 and not reg.exists()
-    argv = _args(tmp_path, **{"--input": path, "--input_format": "reports"})
-    assert cli.main(argv) == 2 and not reg.exists()  # reports need an output domain
+    wrong_type = str(tmp_path / "wrong_type.parquet")
+    pq.write_table(pq.read_table(path).set_column(
+        table.column_names.index("dim_0"), "dim_0", pa.array(["x"] * table.num_rows)), wrong_type)
+    cases = [({"--input": bad, "--config": config_path}, "no column 'dim_1'"),
+             ({"--input": wrong_type, "--config": config_path}, "'dim_0' has type string"),
+             ({"--input": path, "--config": config_path, "--epsilon": "65"}, "epsilon"),
+             ({"--input": path, "--input_format": "reports"}, "--output_domain"),
+             ({"--input": path}, "--config is required"),
+             ({"--input": path, "--config": config_path, "--batch_id": "../x"}, "not a valid name")]
+    for over, message in cases:
+        assert cli.main(_release_args(tmp_path, **over)) == 2, over
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "ledger.json").exists() and not (tmp_path / "keys").exists()
+        assert not (tmp_path / "out").exists()
 
 
 def test_help_runs():
@@ -211,22 +242,29 @@ def test_conversion_row_faults_are_counted_not_fatal(tmp_path):
         "s4,0,1,1,\n")        # null value: dropped, counted
     argv = _args(tmp_path, **{"--input": str(tmp_path / "conv.csv"), "--input_format": "csv",
                               "--config": str(tmp_path / "config.json")})
-    opts, _ = cli.parse_args(argv)
-    cfg, keys = cli.validate(opts)
-    p = beam.Pipeline(runner="FnApiRunner")
-    cli.build(p, opts, cfg, keys, ReleaseKey.for_testing(SEED))
-    result = p.run()
-    result.wait_until_finish()
-    counters = {c.key.metric.name: c.committed for c in result.metrics().query()["counters"]}
-    assert counters["conversion_rows"] == 5
-    assert counters["conversion_rows_dropped_null_or_nonfinite"] == 2
-    assert counters["conversion_rows_dropped_feature_out_of_range"] == 1
-    assert counters["conversion_values_negative_clipped_to_zero"] == 1
+    # 3 of 5 rows dropped: over the default 50 %, so the run says so and publishes nothing ...
+    assert cli.main(argv) == 3
+    assert not (tmp_path / "out" / "testing-not-a-release" / "summary_reports").exists()
+    # ... unless the operator raises the share deliberately.
+    (outcome,) = cli.run(cli.JOB.request_type(
+        input=(str(tmp_path / "conv.csv"),), input_format="csv", config=str(tmp_path / "config.json"),
+        epsilon=8.0, batch_id="batch-A",
+        options=ReleaseOptions(output=str(tmp_path / "out"), testing_seed=SEED,
+                               max_dropped_fraction=0.75))).releases
+    counters = outcome.report["counters"]
+    assert counters["ara.conversion_rows"] == 5
+    assert counters["ara.conversion_rows_dropped_null_or_nonfinite"] == 2
+    assert counters["ara.conversion_rows_dropped_feature_out_of_range"] == 1
+    assert counters["ara.conversion_values_negative_clipped_to_zero"] == 1
+    assert outcome.report["dropped_rows"]["conversions"] == {
+        "eligible": 5, "dropped": 3, "share": 0.6, "reasons": {
+            "ara.conversion_rows_dropped_null_or_nonfinite": 2,
+            "ara.conversion_rows_dropped_feature_out_of_range": 1}}
     valid = synthetic.ConversionData(
         source_id=np.array(["s1", "s1"]), order=np.array([0, 1]),
         features=np.array([[0, 1], [1, 2]]), count=np.array([1, 1]),
         value=np.array([10.0, -5.0]), dimensions=(2, 3))
-    _, rows = _read_output(str(tmp_path / "out" / "summary"))
+    _, rows = _read_output(tmp_path / "out")
     assert {k: int(v[0]) for k, v in rows.items()} == _expected_from_conversions(valid, config, 8.0)
     assert len(rows) == len(config.output_domain()) == 2 * (1 + 6)
 

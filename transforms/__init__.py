@@ -1,5 +1,5 @@
 """Beam PTransforms of the DP release toolkit (see README.md).
 
-Importing the package makes Arrow tables pickle compactly (see :mod:`transforms.arrow_pickle`).
+Arrow tables move between stages through a registered Beam coder
+(:mod:`transforms.arrow_coder`), declared by the transforms' output types.
 """
-from transforms import arrow_pickle  # noqa: F401  (registers the compact Arrow reducers)

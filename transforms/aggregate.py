@@ -24,11 +24,24 @@ Data flow (every step works on Arrow batches; only bounded partials are shuffled
    selection. Noise is drawn per key from the release key and the measure's name, and release
    thresholds (post-processing) suppress keys.
 
+Privacy units: every id is first mapped to its canonical form
+(:mod:`transforms.privacy_units`: integers, integral floats and integer-like text are one
+unit, text is NFKC-normalised, lower-cased and stripped), before any hashing, for Arrow and
+dict / Row input alike; a unit column whose type cannot hold ids is refused by
+:func:`check_schema` before the pipeline runs, and a value without a canonical form (7.5, a
+boolean in dict rows) fails the job with :class:`~transforms.privacy_units.UnitIdError`.
+
 Row rules (each counted in Beam metrics under namespace ``dp_aggregate``, which reach the
-operator's logs and never the release): a null privacy unit, a null key component or a null /
+operator's logs and never the release): a null (or NaN) privacy unit, a null key component or a null /
 NaN / infinite value drops the row; values outside the clamping range are clamped (counted as
 ``clamped_below_min`` / ``clamped_above_max``); rows whose key is outside the public keyset, or
 excluded from it, are dropped.
+
+Keys: every random choice derives from ``release_key``. A key object drives each purpose once
+(:meth:`accounting.keys.ReleaseKey.claim`): one ``DPAggregate`` applied twice, or two transforms
+given the same key object, raise :class:`~accounting.keys.KeyReuseError` at pipeline
+construction, because the same noise on other input would cancel in the difference. Give each
+release a fresh key (the ledger issues one), or ``key.derive(label)`` for a second aggregation.
 
 Testing mode (``testing=True``) is for users' own unit tests: bounding as in a release, no noise,
 and it refuses a secret release key, so it cannot make a real release.
@@ -36,7 +49,8 @@ and it refuses a secret release key, so it cannot make a real release.
 from __future__ import annotations
 
 import functools
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -50,14 +64,19 @@ from apache_beam.utils.windowed_value import WindowedValue
 from accounting.budget import PrivacyBudget
 from accounting.composition import EpsDelta, sequential
 from accounting.sensitivity import ContributionBounds, Neighbouring
+from transforms import arrow_coder  # noqa: F401  (registers the Arrow table coder)
 from transforms import bounding
+from transforms.privacy_units import canonical_unit_column, canonical_unit_ids, check_unit_type
+from transforms.partials import key_partials, routing_hash, shard_of, split_by_shard
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Metric, MetricKind, is_integer_range, mean_from_noisy, plan_measures
 from accounting.keys import ReleaseKey
-from transforms.release import NoisyMeasure, NoisyRelease, OutputColumn, keyset_tables
+from transforms.release import NoisyRelease, OutputColumn, keyset_tables
 from transforms.selection import PrivateSelection, Selector
 
 NAMESPACE = "dp_aggregate"
+#: What bounding claims of its release key (ReleaseKey.claim): the priorities' sub-keys.
+BOUNDING_PURPOSE = "bounding"
 #: Rows buffered per Arrow batch when the input is dicts / Rows.
 DICT_BATCH_ROWS = 20_000
 #: Rows held by a bounding accumulator before it re-bounds them.
@@ -66,27 +85,34 @@ COMPACT_ROWS = 200_000
 
 # --------------------------------------------------------------------------- configuration
 
+@dataclass(frozen=True, kw_only=True)
 class BoundingConfig:
-    """What contribution bounding needs (picklable; shared by the DoFns of one DPAggregate).
+    """What contribution bounding needs (picklable; shared by the DoFns of one transform).
 
     unit / keys / value: column names (value None for counts only); bounds: the contribution
-    bounds; keyset: rows outside it are dropped before bounding; release_key: derives the
-    secret priorities; num_shards: unit and key shards; integer_values: integer sums;
-    midpoint: centre of the clamping range (for normalized sums).
+    bounds; release_key: derives the secret priorities; keyset: rows outside it are dropped
+    before bounding (a PCollection keyset is kept as its columns and exclusions only);
+    num_shards: unit and key shards; integer_values: integer sums; midpoint: centre of the
+    clamping range (for normalized sums).
     """
 
-    def __init__(self, unit, keys, value, bounds, keyset, release_key, testing, num_shards,
-                 integer_values, midpoint):
-        self.unit = unit
-        self.keys = list(keys)
-        self.value = value
-        self.bounds = bounds
-        self.keyset = keyset if keyset is None or keyset.in_memory else keyset.without_source()
-        self.release_key = release_key
-        self.testing = testing
-        self.num_shards = num_shards
-        self.integer_values = integer_values
-        self.midpoint = midpoint
+    unit: str
+    keys: tuple
+    value: Optional[str]
+    bounds: ContributionBounds
+    release_key: ReleaseKey
+    keyset: Optional[PublicKeyset] = None
+    num_shards: int = 32
+    integer_values: bool = False
+    midpoint: float = 0.0
+
+    def __post_init__(self):
+        keys = (self.keys,) if isinstance(self.keys, str) else tuple(self.keys)
+        object.__setattr__(self, "keys", keys)
+        if self.keyset is not None and not self.keyset.in_memory:
+            object.__setattr__(self, "keyset", self.keyset.without_source())
+        if not isinstance(self.release_key, ReleaseKey):
+            raise TypeError("release_key must be a ReleaseKey")
 
 
 def _is_numeric(typ: pa.DataType) -> bool:
@@ -94,7 +120,8 @@ def _is_numeric(typ: pa.DataType) -> bool:
 
 
 def check_schema(schema: pa.Schema, unit: str, keys: Sequence[str], value: Optional[str]) -> None:
-    """Raise ValueError naming the first missing or mistyped column."""
+    """Raise ValueError naming the first missing or mistyped column (a privacy-unit column that
+    cannot hold ids raises :class:`~transforms.privacy_units.UnitIdError`, a ValueError)."""
     names = set(schema.names)
     for role, column in [("privacy unit", unit)] + [("key", k) for k in keys] + \
             ([("value", value)] if value else []):
@@ -103,6 +130,7 @@ def check_schema(schema: pa.Schema, unit: str, keys: Sequence[str], value: Optio
         typ = schema.field(column).type
         if pa.types.is_nested(typ) or pa.types.is_map(typ):
             raise ValueError(f"{role} column {column!r} has unsupported type {typ}")
+    check_unit_type(schema.field(unit).type, unit)
     if value and not (_is_numeric(schema.field(value).type) or pa.types.is_null(schema.field(value).type)):
         raise ValueError(f"value column {value!r} must be numeric, got {schema.field(value).type}")
 
@@ -110,10 +138,15 @@ def check_schema(schema: pa.Schema, unit: str, keys: Sequence[str], value: Optio
 # --------------------------------------------------------------------------- DoFns
 
 class _ToArrowTables(beam.DoFn):
-    """Pass Arrow batches through; buffer dicts / Rows into Arrow tables."""
+    """Pass Arrow batches through; buffer dicts / Rows into Arrow tables.
 
-    def __init__(self, columns: Sequence[str]):
+    The privacy-unit column of dict rows may mix types (7, 7.0, "7"): it is built with
+    :func:`~transforms.privacy_units.canonical_unit_column`, one canonical id per row.
+    """
+
+    def __init__(self, columns: Sequence[str], unit: str):
         self._columns = list(columns)
+        self._unit = unit
 
     def start_bundle(self):
         self._rows = []
@@ -136,7 +169,9 @@ class _ToArrowTables(beam.DoFn):
         for name in self._columns:
             if name not in rows[0]:
                 raise ValueError(f"input rows have no column {name!r} (keys: {sorted(rows[0])})")
-            columns[name] = pa.array([r.get(name) for r in rows], from_pandas=True)
+            values = [r.get(name) for r in rows]
+            columns[name] = canonical_unit_column(values, name) if name == self._unit else \
+                pa.array(values, from_pandas=True)
         return pa.table(columns)
 
     def finish_bundle(self):
@@ -163,6 +198,9 @@ class _PrepareAndBound(beam.DoFn):
         self._count("rows_read", table.num_rows)
         columns = [c.unit, *c.keys] + ([c.value] if c.value else [])
         table = table.select(columns)
+        # One canonical id per privacy unit before any hashing (7, 7.0 and "7" are one unit);
+        # NaN is no id. Raises UnitIdError (naming the column) for a value without a canonical form.
+        table = table.set_column(0, c.unit, canonical_unit_ids(table.column(c.unit), c.unit))
         valid = pc.is_valid(table.column(c.unit)).to_numpy(zero_copy_only=False)
         self._count("dropped_null_privacy_unit", (~valid).sum())
         key_valid = np.ones(table.num_rows, dtype=bool)
@@ -189,7 +227,7 @@ class _PrepareAndBound(beam.DoFn):
             else:
                 # A PCollection keyset is too large to hold; its sorted key hashes (a side input)
                 # pre-filter rows, and the exact join before release removes the rare collision.
-                hashes = bounding.routing_hash(table.select(c.keys))
+                hashes = routing_hash(table.select(c.keys))
                 position = np.minimum(np.searchsorted(keyset_hashes, hashes), max(len(keyset_hashes) - 1, 0))
                 inside = (keyset_hashes[position] == hashes) if len(keyset_hashes) else \
                     np.zeros(table.num_rows, dtype=bool)
@@ -204,10 +242,11 @@ class _PrepareAndBound(beam.DoFn):
             self._count("clamped_above_max", (values > high).sum())
             table = table.drop_columns([c.value]).append_column(
                 bounding.VALUE, pa.array(np.clip(values, low, high)))
-        table = bounding.prioritize(table, c.unit, c.keys, c.release_key).drop_columns([c.unit])
+        table = bounding.prioritize(table, c.unit, c.keys, c.release_key,
+                                   bounding.VALUE if c.value else None).drop_columns([c.unit])
         table = bounding.bound(table, c.bounds.max_partitions, c.bounds.max_contributions_per_partition)
-        shards = bounding.shard_of(table.column(bounding.UNIT).to_numpy(), c.num_shards)
-        yield from bounding.split_by_shard(table, shards)
+        shards = shard_of(table.column(bounding.UNIT).to_numpy(), c.num_shards)
+        yield from split_by_shard(table, shards)
 
 
 class _BoundUnitShard(beam.DoFn):
@@ -233,7 +272,7 @@ class _BoundUnitShard(beam.DoFn):
             return
         if c.bounds.max_contributions is not None:
             bounded = bounding.bound_total(bounded, c.bounds.max_contributions)
-        yield bounding.key_partials(bounded, c.keys, has_value=c.value is not None,
+        yield key_partials(bounded, c.keys, has_value=c.value is not None,
                                     midpoint=c.midpoint, integer_sum=c.integer_values)
 
 
@@ -257,11 +296,13 @@ class _SortedUnionFn(beam.CombineFn):
         return np.unique(np.concatenate(accumulator)) if accumulator else np.zeros(0, dtype=np.uint64)
 
 
-class BoundContributions(beam.PTransform):
+class BoundedKeyPartials(beam.PTransform):
     """Rows -> exact per-key partials (count, units, sum, nsum) of the bounded contributions.
 
     Steps 1 and 2 of DPAggregate, usable alone by pipelines that release through
-    :class:`~transforms.release.NoisyRelease` with measures of their own.
+    :class:`~transforms.release.NoisyRelease` with measures of their own (CentralNotice's
+    user-DP clicks). Not to be confused with ARA's on-device contribution bounding
+    (:mod:`transforms.ara`), which drops reports beyond an L1 budget.
     """
 
     def __init__(self, config: "BoundingConfig", keyset_pcollection=None, label=None):
@@ -271,19 +312,23 @@ class BoundContributions(beam.PTransform):
 
     def expand(self, pcoll):
         c = self._c
+        # One application per key object: the same priorities on other input would keep rows
+        # chosen by the same secret, and two transforms must not share a stream.
+        c.release_key.claim(BOUNDING_PURPOSE, owner=f"{type(self).__name__} {self.label!r}")
         columns = [c.unit, *c.keys] + ([c.value] if c.value else [])
         side = {}
         if self._keyset_pcollection is not None:
             hashes = (self._keyset_pcollection
-                      | "KeysetTables" >> beam.Map(keyset_tables, c.keys)
-                      | "KeysetHashes" >> beam.Map(lambda t: bounding.routing_hash(t))
+                      | "KeysetTables" >> beam.Map(keyset_tables, list(c.keys)).with_output_types(pa.Table)
+                      | "KeysetHashes" >> beam.Map(lambda t: routing_hash(t))
                       | "SortedHashes" >> beam.CombineGlobally(_SortedUnionFn()))
             side["keyset_hashes"] = beam.pvalue.AsSingleton(hashes)
         return (pcoll
-                | "ToArrow" >> beam.ParDo(_ToArrowTables(columns))
+                | "ToArrow" >> beam.ParDo(_ToArrowTables(columns, c.unit)).with_output_types(pa.Table)
                 | "PrepareAndBound" >> beam.ParDo(_PrepareAndBound(c), **side)
+                .with_output_types(Tuple[int, pa.Table])
                 | "GroupByUnitShard" >> beam.GroupByKey()
-                | "BoundUnitShards" >> beam.ParDo(_BoundUnitShard(c)))
+                | "BoundUnitShards" >> beam.ParDo(_BoundUnitShard(c)).with_output_types(pa.Table))
 
 
 # --------------------------------------------------------------------------- the transform
@@ -319,6 +364,9 @@ class DPAggregate(beam.PTransform):
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         metrics = list(metrics)
+        clash = sorted({m.column for m in metrics} & set(keys))
+        if clash:
+            raise ValueError(f"metric names {clash} are key columns: give the metrics other names")
         needs_value = any(m.needs_value for m in metrics)
         if needs_value and not value:
             raise ValueError("sum and mean metrics need a value column (value=...)")
@@ -340,19 +388,20 @@ class DPAggregate(beam.PTransform):
         self.testing = testing
         self.release_key = release_key
         self.selection = selection
-        self.plan, self.refs, selection_share = plan_measures(
+        self.plan, self.measures, selection_share = plan_measures(
             metrics, bounds, budget, neighbouring=neighbouring,
             selection_weight=selection.weight if selection else 0.0,
             selection_needs_delta=selection is not None, integer_values=integer_values)
         self.selector = None
         if selection is not None:
-            self.selector = Selector(selection, selection_share.epsilon, selection_share.delta,
-                                     bounds.max_partitions)
+            self.selector = Selector.for_bounds(selection, selection_share.epsilon,
+                                                selection_share.delta, bounds, neighbouring)
         low_high = bounds.value_range() if needs_value else (0.0, 0.0)
         self.keyset = keyset
-        self._config = BoundingConfig(privacy_unit, keys, value if needs_value else None, bounds, keyset,
-                               release_key, testing, num_shards, integer_values,
-                               (low_high[0] + low_high[1]) / 2)
+        self._config = BoundingConfig(unit=privacy_unit, keys=keys, value=value if needs_value else None,
+                                      bounds=bounds, release_key=release_key, keyset=keyset,
+                                      num_shards=num_shards, integer_values=integer_values,
+                                      midpoint=(low_high[0] + low_high[1]) / 2)
         self._metrics = metrics
         self._output = output
         self._threshold_mode = threshold_mode
@@ -372,7 +421,7 @@ class DPAggregate(beam.PTransform):
             s = self.selector
             total = self.guarantee()
             text += (f"\nkey selection: {s.selection.strategy.value}, epsilon={s.epsilon:g}, "
-                     f"delta={s.delta:g}, L0={s.max_partitions}"
+                     f"delta={s.delta:g}, keys moved by one neighbouring change={s.max_partitions}"
                      f"\nwhole release with key selection: epsilon={total.epsilon:g}, delta={total.delta:g}")
         if self.testing:
             text += "\nTESTING MODE: no noise is added; this is not a release."
@@ -392,17 +441,17 @@ class DPAggregate(beam.PTransform):
                 low, high = self._config.bounds.value_range()
                 nsum, count = f"{metric.column}.normalized_sum", count_name or f"{metric.column}.count"
                 derive = functools.partial(_mean_output, nsum=nsum, count=count, low=low, high=high)
-                outputs.append(OutputColumn(metric.column, derive=derive, threshold=metric.threshold))
+                outputs.append(OutputColumn(name=metric.column, derive=derive, threshold=metric.threshold))
             else:
-                outputs.append(OutputColumn(metric.column, measure=metric.column, threshold=metric.threshold))
+                outputs.append(OutputColumn(name=metric.column, measure=metric.column,
+                                            threshold=metric.threshold))
         return outputs
 
     def expand(self, pcoll):
         c = self._config
         keyset_pcollection = None if self.keyset is None or self.keyset.in_memory else self.keyset.pcollection
-        partials = pcoll | "BoundContributions" >> BoundContributions(c, keyset_pcollection)
-        specs = {m.name: m.noise for m in self.plan.measures}
-        measures = [NoisyMeasure(name, ref.partial, specs[name], ref.integer) for name, ref in self.refs.items()]
+        partials = pcoll | "BoundContributions" >> BoundedKeyPartials(c, keyset_pcollection)
+        measures = list(self.measures.values())
         partial_types = {"count": pa.int64(), "units": pa.int64()}
         if c.value:
             partial_types.update(sum=pa.int64() if c.integer_values else pa.float64(), nsum=pa.float64())

@@ -1,25 +1,30 @@
 """Contribution bounding on Arrow tables, by keyed random priorities (pure: no Beam).
 
 Each row gets three secret 64-bit values derived from the release key (AES PRF, see
-:mod:`transforms.noise.streams`):
+:mod:`transforms.noise.prf`), each a function of the row's *content* only:
 
-* ``__unit``: a hash of the privacy unit (groups a unit's rows; never the raw id);
-* ``__pair``: a hash of (unit, key), which is also the key's priority within its unit;
-* ``__row``: the row's priority, from the pair hash, the row's position in its batch and a tag of
-  the batch's contents.
+* ``__unit``: a PRF of the (canonical) privacy unit (groups a unit's rows; never the raw id);
+* ``__pair``: a PRF of (unit, key), which is also the key's priority within its unit;
+* ``__row``: the row's priority, a PRF of (unit, key, value): one AES block of the pair's
+  128-bit secret seed with the value's 64 bits folded in, under its own sub-key.
 
 Bounding keeps, per unit, the L0 keys of smallest pair priority and, per (unit, key), the Linf
-rows of smallest row priority. Because priorities are uniform and independent, the kept subset is
-a uniformly random one (no bias towards first rows or small keys); because they are global, the
-operation is *mergeable*: ``bound(concat(bound(A), bound(B))) == bound(A ∪ B)``. So each batch is
-bounded before the shuffle (a unit with ten million rows never sits in memory: every batch sends
-at most L0·Linf of its rows) and the partial results are re-bounded as they meet. The optional
-total bound L1 (rows per unit) is not mergeable in that way and is applied once, after all of a
-unit's partials have met.
+rows of smallest row priority (and, optionally, the L1 rows of smallest row priority per unit).
+Priorities of distinct rows are independent and uniform (no bias towards first rows or small
+keys). Byte-identical rows (same unit, key and clamped value) share a priority: they are
+interchangeable, so a tie between them may break either way and the kept *multiset* is the same.
+Hence:
 
-Rows of one unit that are byte-identical within the same position of byte-identical batches share
-a priority; with Parquet input, batches are row groups, so priorities (hence the kept rows) are
-the same on every runner.
+* bounding is independent of batching, bundling, row order, file layout and runner: the kept
+  rows are a function of the rows and the release key only;
+* it is *mergeable*: ``bound(concat(bound(A), bound(B))) == bound(A ∪ B)`` (as multisets). So
+  each batch is bounded before the shuffle (a unit with ten million rows never sits in memory:
+  every batch sends at most L0·Linf of its rows) and partial results are re-bounded as they
+  meet. The optional total bound L1 (:func:`bound_total`) is applied once, after all of a
+  unit's partials have met.
+
+Vectorised: per batch, one CBC-MAC pass per distinct unit and per distinct (unit, key), and one
+AES call for all row priorities.
 """
 from __future__ import annotations
 
@@ -31,20 +36,14 @@ import pyarrow.compute as pc
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from accounting.keys import ReleaseKey
-from transforms.noise.streams import cbc_mac, encode_keys
+from transforms.noise.encoding import encode_keys
+from transforms.noise.prf import cbc_mac, mac_words
 
 UNIT = "__unit"
 PAIR = "__pair"
 ROW = "__row"
 VALUE = "__value"
 INTERNAL = (UNIT, PAIR, ROW, VALUE)
-
-# Routing keys to shards needs no secrecy, only a fixed, well-spread hash.
-_PUBLIC_ROUTING_KEY = bytes(range(32))
-
-
-def _words(mac: np.ndarray) -> np.ndarray:
-    return mac.view(np.uint64).reshape(-1, 2)
 
 
 def _distinct(table: pa.Table, columns: Sequence[str]):
@@ -67,22 +66,31 @@ def _keyed_hash(release_key: ReleaseKey, purpose: str, table: pa.Table, columns:
     """PRF (AES CBC-MAC) of each row's values in ``columns``, computed once per distinct value."""
     codes, first = _distinct(table, columns)
     mac = cbc_mac(release_key.derive(purpose).secret_bytes(), encode_keys(table.select(list(columns)).take(first)))
-    return _words(mac)[codes]
+    return mac_words(mac)[codes]
+
+
+def _value_words(table: pa.Table, value_column: Optional[str]) -> np.ndarray:
+    """The 64 bits of each row's value (float64, -0.0 as 0.0); zeros without a value column."""
+    if value_column is None:
+        return np.zeros(table.num_rows, dtype=np.uint64)
+    values = pc.cast(table.column(value_column), pa.float64()).to_numpy(zero_copy_only=False)
+    return (np.asarray(values, dtype=np.float64) + 0.0).view(np.uint64)
 
 
 def prioritize(table: pa.Table, unit_column: str, key_columns: Sequence[str],
-               release_key: ReleaseKey) -> pa.Table:
-    """Add the secret ``__unit``, ``__pair`` and ``__row`` columns to a batch of rows."""
-    n = table.num_rows
+               release_key: ReleaseKey, value_column: Optional[str] = None) -> pa.Table:
+    """Add the secret ``__unit``, ``__pair`` and ``__row`` columns to a batch of rows.
+
+    ``unit_column`` must hold canonical ids (:mod:`transforms.privacy_units`); ``value_column``
+    (the clamped value, if any) enters the row priority, so identical rows share one.
+    """
     unit_words = _keyed_hash(release_key, "bound:unit", table, [unit_column])
     pair_words = _keyed_hash(release_key, "bound:pair", table, [unit_column, *key_columns])
-    # The batch tag separates identical rows in different batches; it depends only on content.
-    tag = np.bitwise_xor.reduce(pair_words[:, 0] * np.uint64(0x9E3779B97F4A7C15)) if n else np.uint64(0)
-    # Row priority: AES under its own sub-key of (pair seed XOR (position, tag)) -- one block per
-    # row; distinct rows give distinct inputs except with probability ~2^-128 (seeds are secret).
+    # Row priority: AES under its own sub-key of (pair seed XOR value bits, pair seed). Distinct
+    # (pair, value) give distinct blocks except with probability ~2^-128 (the seeds are secret
+    # and uniform), and AES is a permutation, so distinct rows get independent priorities.
     block = pair_words.copy()
-    block[:, 0] ^= np.arange(n, dtype=np.uint64)
-    block[:, 1] ^= tag ^ np.uint64(n)
+    block[:, 0] ^= _value_words(table, value_column)
     encryptor = Cipher(algorithms.AES(release_key.derive("bound:row").secret_bytes()), modes.ECB()).encryptor()
     row_words = np.frombuffer(encryptor.update(block.tobytes()), dtype=np.uint64).reshape(-1, 2)
     return table.append_column(UNIT, pa.array(unit_words[:, 0])) \
@@ -167,64 +175,3 @@ class BoundedRows:
             return None
         self._compact()
         return self._tables[0]
-
-
-def routing_hash(keys: pa.Table) -> np.ndarray:
-    """A public 64-bit hash of each key (for sharding; the same for data and keysets)."""
-    return _words(cbc_mac(_PUBLIC_ROUTING_KEY, encode_keys(keys)))[:, 0]
-
-
-def shard_of(hashes: np.ndarray, num_shards: int) -> np.ndarray:
-    return (hashes % np.uint64(num_shards)).astype(np.int64)
-
-
-def split_by_shard(table: pa.Table, shards: np.ndarray):
-    """Yield (shard, sub-table) for each shard present, vectorised (one ``take`` per shard)."""
-    if table.num_rows == 0:
-        return
-    order = np.argsort(shards, kind="stable")
-    sorted_shards = shards[order]
-    boundaries = np.flatnonzero(np.diff(sorted_shards)) + 1
-    starts = np.concatenate([[0], boundaries])
-    ends = np.concatenate([boundaries, [len(order)]])
-    for start, end in zip(starts, ends):
-        yield int(sorted_shards[start]), table.take(pa.array(order[start:end]))
-
-
-def key_partials(bounded: pa.Table, key_columns: Sequence[str], *, has_value: bool,
-                 midpoint: float = 0.0, integer_sum: bool = False) -> pa.Table:
-    """Exact per-key partial aggregates of bounded rows: count, units, and sum / nsum."""
-    aggregations = [([], "count_all"), (PAIR, "count_distinct")]
-    table = bounded
-    if has_value:
-        value = table.column(VALUE)
-        if integer_sum:
-            table = table.append_column("__ivalue", pc.cast(value, pa.int64()))
-            aggregations.append(("__ivalue", "sum"))
-        else:
-            aggregations.append((VALUE, "sum"))
-        table = table.append_column("__nvalue", pc.subtract(value, pa.scalar(midpoint)))
-        aggregations.append(("__nvalue", "sum"))
-    grouped = table.group_by(list(key_columns), use_threads=False).aggregate(aggregations)
-    columns = {k: grouped.column(k) for k in key_columns}
-    columns["count"] = grouped.column("count_all").cast(pa.int64())
-    columns["units"] = grouped.column(f"{PAIR}_count_distinct").cast(pa.int64())
-    if has_value:
-        columns["sum"] = grouped.column("__ivalue_sum" if integer_sum else f"{VALUE}_sum")
-        columns["nsum"] = grouped.column("__nvalue_sum")
-    return pa.table(columns)
-
-
-def sum_partials(tables: Sequence[pa.Table], key_columns: Sequence[str]) -> pa.Table:
-    """Merge per-key partials (sums of every partial column)."""
-    tables = [t for t in tables if t.num_rows]
-    if not tables:
-        return None
-    if len(tables) == 1:
-        return tables[0]
-    table = pa.concat_tables(tables, promote_options="permissive")
-    value_columns = [c for c in table.column_names if c not in key_columns]
-    grouped = table.group_by(list(key_columns), use_threads=False).aggregate(
-        [(c, "sum") for c in value_columns])
-    return pa.table({**{k: grouped.column(k) for k in key_columns},
-                     **{c: grouped.column(f"{c}_sum") for c in value_columns}})

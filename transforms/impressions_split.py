@@ -2,7 +2,8 @@
 
 The CentralNotice impressions table is pre-aggregated: a row says "n impressions of this banner
 in this (country, project, date)", with no user attached. Algorithm 1 of the Wikimedia
-feasibility report (reference.md section 1) states the guarantee by splitting every row into
+feasibility report ("Differential privacy/Active/CentralNotice/Feasibility report" on
+Meta-Wiki; seed 001_4177a0bca025ff82.txt) states the guarantee by splitting every row into
 ``floor(n / k)`` blocks of exactly ``k`` impressions plus one remainder block of ``n mod k``, and
 treating each block as a privacy unit: the noisy per-key sum with clamping bounds ``[0, k]`` then
 protects any ``k`` impressions per (geo, project) and period with sensitivity ``k``.

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms.noise.streams import encode_keys
+from transforms.noise.encoding import encode_keys
 
 #: Keys per batch when a keyset is materialised for the final join.
 KEYSET_BATCH_ROWS = 50_000
@@ -80,7 +80,11 @@ class PublicKeyset:
 
     @classmethod
     def cross_product(cls, dimensions: Mapping[str, Sequence]) -> "PublicKeyset":
-        """Every combination of per-dimension values (never materialised as a whole)."""
+        """Every combination of per-dimension values (never materialised as a whole).
+
+        The one way to build a cross-product keyset in this project (jobs included): workers
+        build each batch from offsets (:meth:`batch_at`); :meth:`to_table` materialises it.
+        """
         if not dimensions:
             raise ValueError("cross_product needs at least one dimension")
         dims = {c: pc.unique(pa.array(list(v))) for c, v in dimensions.items()}
@@ -186,6 +190,19 @@ class PublicKeyset:
                 columns[name] = values[i].take(pa.array((flat // stride) % sizes[i]))
             chunk = pa.table(columns)
         return chunk.filter(pa.array(~self.excluded_mask(chunk)))
+
+    def to_table(self) -> pa.Table:
+        """The whole in-memory keyset (exclusions applied) as one table, in keyset order.
+
+        A cross product's order is row-major over its dimensions in the order given (the last
+        dimension varies fastest), each dimension's values in first-occurrence order.
+        """
+        tables = list(self.batches())
+        if not tables:
+            schema = self.schema()
+            return schema.empty_table() if schema is not None else \
+                pa.table({c: pa.array([], pa.string()) for c in self.columns})
+        return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
     def batches(self, max_rows: int = KEYSET_BATCH_ROWS) -> Iterable[pa.Table]:
         """The whole keyset (exclusions applied) as tables of at most ``max_rows`` keys."""

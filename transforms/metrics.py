@@ -16,10 +16,12 @@ from typing import Optional, Sequence
 
 from accounting.budget import PrivacyBudget, ReleasePlan
 from accounting.calibration import NoiseKind
+from accounting.composition import sequential
 from accounting.sensitivity import (ContributionBounds, Neighbouring, count_sensitivity,
                                     mean_sensitivity, privacy_unit_count_sensitivity,
                                     sum_sensitivity)
 from accounting.validation import check_epsilon, check_finite
+from transforms.release import SELECTION_PURPOSE, NoisyMeasure
 
 
 class MetricKind(str, enum.Enum):
@@ -44,6 +46,8 @@ class Metric:
     noise: the mechanism (default: discrete Laplace for counts, Laplace for sums and means).
     threshold: release threshold; a key whose noisy value is not above it is suppressed
       (post-processing). weight: this metric's share of the budget, relative to the others.
+    name: the output column (default: the kind); ``key_selection`` and names containing ``.``
+      are reserved for internal measures (:func:`check_metric_name`).
     """
 
     kind: MetricKind
@@ -85,34 +89,28 @@ def PrivacyUnitCount(**kwargs) -> Metric:
     return Metric(MetricKind.PRIVACY_UNIT_COUNT, **kwargs)
 
 
-@dataclass(frozen=True)
-class MeasureRef:
-    """A noisy measure drawn per key: which partial it noises and with which spec."""
-
-    name: str          # unique purpose label: also derives the noise streams
-    partial: str       # column of the exact per-key partials: count, sum, nsum, units
-    integer: bool      # integer answers and integer noise
-
-
 def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget: PrivacyBudget,
                   *, neighbouring=Neighbouring.ADD_REMOVE, selection_weight: float = 0.0,
                   selection_needs_delta: bool = False, integer_values: bool = False):
     """Split ``budget`` among the measures the metrics need and calibrate each.
 
-    Returns ``(plan, refs, selection_share)``: the ReleasePlan, a mapping measure name ->
-    :class:`MeasureRef`, and the budget share for private key selection (or None).
+    Returns ``(plan, measures, selection_share)``: the ReleasePlan, a mapping measure name ->
+    calibrated :class:`~transforms.release.NoisyMeasure` (partial columns: count, units, sum,
+    nsum), and the budget share for private key selection (or None).
     """
     if not metrics:
         raise ValueError("metrics must name at least one metric")
     columns = [m.column for m in metrics]
     if len(set(columns)) != len(columns):
         raise ValueError(f"metric columns must be unique, got {columns}")
+    for column in columns:
+        check_metric_name(column)
     has_count = any(m.kind is MetricKind.COUNT for m in metrics)
-    weights, kinds, sens, refs, descriptions = {}, {}, {}, {}, {}
+    weights, kinds, sens, partials, descriptions = {}, {}, {}, {}, {}
 
     def measure(name, weight, kind, sensitivities, partial, integer, description):
         weights[name], kinds[name], sens[name] = weight, kind, sensitivities
-        refs[name] = MeasureRef(name, partial, integer)
+        partials[name] = (partial, integer)
         descriptions[name] = description
 
     for m in metrics:
@@ -140,16 +138,52 @@ def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget:
                 measure(f"{m.column}.count", share, count_kind, mean.count, "count", True,
                         "rows per key, for the mean")
     if selection_weight:
-        weights["key_selection"] = selection_weight
+        weights[SELECTION_PURPOSE] = selection_weight
     needs_delta = [n for n, k in kinds.items() if k.is_gaussian]
     if selection_weight and selection_needs_delta:
-        needs_delta.append("key_selection")
+        needs_delta.append(SELECTION_PURPOSE)
     shares = budget.split(weights, needs_delta=needs_delta)
     plan = ReleasePlan(budget)
     for name in kinds:
         plan.add_calibrated(name, kinds[name], shares[name], sens[name],
                             neighbouring=neighbouring, description=descriptions[name])
-    return plan, refs, shares.get("key_selection")
+    specs = {m.name: m.noise for m in plan.measures}
+    measures = {name: NoisyMeasure(name=name, partial=partial, spec=specs[name], integer=integer)
+                for name, (partial, integer) in partials.items()}
+    selection_share = shares.get(SELECTION_PURPOSE)
+    if selection_share is not None:
+        check_within_budget(plan, (selection_share.epsilon, selection_share.delta))
+    return plan, measures, selection_share
+
+
+def check_metric_name(column: str) -> str:
+    """Refuse a metric name that could collide with an internal measure or stream.
+
+    Internal names: private selection's stream and budget share (``key_selection``) and the
+    measures a mean derives (``<name>.normalized_sum``, ``<name>.count``); so ``key_selection``
+    and any name containing ``.`` are reserved.
+    """
+    if not isinstance(column, str) or not column.strip():
+        raise ValueError(f"a metric name must be a non-empty string, got {column!r}")
+    if column == SELECTION_PURPOSE or "." in column:
+        raise ValueError(f"metric name {column!r} is reserved: {SELECTION_PURPOSE!r} is private "
+                         "key selection's, and names with '.' are derived measures' (a mean's "
+                         "'<name>.count' and '<name>.normalized_sum')")
+    return column
+
+
+def check_within_budget(plan: ReleasePlan, selection) -> None:
+    """The measures (basic composition, or the zCDP budget's conversion) plus private key
+    selection's (epsilon, delta), composed sequentially, must fit the declared budget."""
+    budget = plan.budget
+    measures = plan.guarantee("zcdp" if budget.is_zcdp else "basic")
+    total = sequential([measures, tuple(selection)])
+    declared = budget.as_epsilon_delta() if budget.is_zcdp else budget
+    tolerance = 1 + 1e-9
+    if total.epsilon > declared.epsilon * tolerance or total.delta > declared.delta * tolerance:
+        raise ValueError(f"the release with key selection spends epsilon={total.epsilon:g}, "
+                         f"delta={total.delta:g}, beyond the declared budget "
+                         f"epsilon={declared.epsilon:g}, delta={declared.delta:g}")
 
 
 def mean_from_noisy(nsum, count, low: float, high: float):

@@ -6,9 +6,19 @@ partial columns; a key may appear in many tables). The stage
 1. routes partials to key shards by a public hash of the key and sums them (a CombineFn);
 2. chooses the released keys: a public keyset (left join, so keys without rows get zeros and
    no key outside the keyset survives), or private key selection over the keys seen;
-3. draws each measure's noise per key from the release key and the measure's name;
+3. draws each measure's noise per key from the release key and the measure's name (each name
+   once per key object: :meth:`accounting.keys.ReleaseKey.claim` at construction);
 4. computes the output columns (a measure, or a mean from two measures) and applies release
    thresholds, which are post-processing.
+
+**Output order** (the rule for every released table, file and list of this project; other
+modules refer here). Nothing but noisy values and public information may shape an output, and
+the order of rows is part of an output: a table emitted "keys with rows first" (a left join's
+natural order) tells which keys had data. So every released table is sorted by its key columns
+(ascending), whatever the data, in keyset and in private-selection mode alike; which keys share
+one emitted table is decided by the public routing hash of the key. A PCollection has no order:
+a sink that gathers several tables (or records) into one file sorts the union by the key
+columns, never by arrival order.
 
 :class:`~transforms.aggregate.DPAggregate` feeds it bounded partials; pipelines whose privacy
 unit is not a row-owning person (CentralNotice impressions, split into blocks of k) feed it
@@ -17,7 +27,7 @@ their own partials with their own noise specs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -26,25 +36,39 @@ import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
 from accounting.calibration import NoiseSpec
-from transforms import bounding
+from transforms.partials import routing_hash, shard_of, split_by_shard, sum_partials
+from transforms.arrow_coder import table_list_coder
 from transforms.keyset import PublicKeyset, rows_to_table
 from accounting.keys import ReleaseKey
 from transforms.noise import RandomStreams, add_noise
 
 NAMESPACE = "dp_release"
+#: The stream purpose of private key selection's random decisions: a name no measure can take
+#: (DPAggregate refuses it as a metric name; NoisyRelease refuses it as a measure name).
+SELECTION_PURPOSE = "key_selection"
 
 
-@dataclass(frozen=True)
+def noise_purpose(name: str) -> str:
+    """The key claim (ReleaseKey.claim) of the noise stream labelled ``name``."""
+    return f"noise:{name}"
+
+
+@dataclass(frozen=True, kw_only=True)
 class NoisyMeasure:
-    """A noisy answer drawn per key: the partial column it noises and how."""
+    """A noisy answer drawn per key: the partial column it noises and how.
 
-    name: str                   # unique per release: also labels the noise streams
-    partial: str                # partial column holding the exact answer
-    spec: Optional[NoiseSpec]   # None only in testing mode
+    name: unique per release; it also labels the measure's noise streams. partial: the partial
+    column holding the exact answer. spec: the calibrated noise (None only in testing mode).
+    integer: integer answers and integer noise.
+    """
+
+    name: str
+    partial: str
+    spec: Optional[NoiseSpec] = None
     integer: bool = True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OutputColumn:
     """A released column: one measure, or ``derive(noisy measures) -> array``."""
 
@@ -57,34 +81,58 @@ class OutputColumn:
         return noisy[self.measure] if self.derive is None else self.derive(noisy)
 
 
+#: Tags of the keyset join's two inputs.
+_KEYSET, _TOTALS = 0, 1
+_SHARD_TABLE = Tuple[int, pa.Table]
+_TAGGED = Tuple[int, Tuple[int, pa.Table]]
+
+
+def _tagged(element, tag):
+    shard, table = element
+    if table is not None and table.num_rows:
+        yield shard, (tag, table)
+
+
 def _route_by_key(table, key_columns, num_shards):
     if table is None or table.num_rows == 0:
         return
-    shards = bounding.shard_of(bounding.routing_hash(table.select(key_columns)), num_shards)
-    yield from bounding.split_by_shard(table, shards)
+    shards = shard_of(routing_hash(table.select(key_columns)), num_shards)
+    yield from split_by_shard(table, shards)
 
 
 class _SumPartialsFn(beam.CombineFn):
-    """Per key shard: sum the per-key partials."""
+    """Per key shard: sum the per-key partials (accumulator: a list of non-empty tables)."""
 
     def __init__(self, key_columns):
         self._keys = list(key_columns)
+
+    def _summed(self, tables):
+        total = sum_partials(tables, self._keys)
+        return [] if total is None else [total]
 
     def create_accumulator(self):
         return []
 
     def add_input(self, accumulator, table):
-        accumulator.append(table)
+        if table is not None and table.num_rows:
+            accumulator.append(table)
         if len(accumulator) > 64:
-            accumulator = [bounding.sum_partials(accumulator, self._keys)]
+            accumulator = self._summed(accumulator)
         return accumulator
 
     def merge_accumulators(self, accumulators):
-        tables = [t for acc in accumulators for t in acc if t is not None]
-        return [bounding.sum_partials(tables, self._keys)] if tables else []
+        return self._summed([t for acc in accumulators for t in acc])
 
     def extract_output(self, accumulator):
-        return bounding.sum_partials(accumulator, self._keys) if accumulator else None
+        return sum_partials(accumulator, self._keys) if accumulator else None
+
+    def get_accumulator_coder(self):
+        return table_list_coder()
+
+
+def sorted_by_keys(table: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """``table`` in the public release order: ascending by the key columns (module docstring)."""
+    return table.sort_by([(k, "ascending") for k in keys]) if table.num_rows > 1 else table
 
 
 def keyset_tables(element, columns) -> pa.Table:
@@ -144,15 +192,17 @@ class _NoiseAndRelease(beam.DoFn):
 
     def process(self, element):
         _, value = element
-        if isinstance(value, dict):  # keyset join: {"keyset": [tables], "totals": [table]}
-            keysets = [t for t in value["keyset"] if t is not None and t.num_rows]
-            totals = [t for t in value["totals"] if t is not None and t.num_rows]
+        if self._s.keyset is not None:  # the keyset join: (tag, table) pairs
+            keysets, totals = [], []
+            for tag, table in value:
+                if table.num_rows:
+                    (keysets if tag == _KEYSET else totals).append(table)
             if not keysets:
                 return
             keys = pa.concat_tables(keysets, promote_options="permissive").select(self._s.keys)
             keys = keys.group_by(list(self._s.keys), use_threads=False).aggregate([])  # distinct
             if totals:
-                total = self._s.keyset.cast_like(bounding.sum_partials(totals, self._s.keys))
+                total = self._s.keyset.cast_like(sum_partials(totals, self._s.keys))
                 joined = keys.join(total, keys=self._s.keys, join_type="left outer", use_threads=False)
                 zeros = self._zeros(joined)
                 table = pa.table({name: pc.coalesce(joined.column(name), zeros.column(name))
@@ -164,7 +214,7 @@ class _NoiseAndRelease(beam.DoFn):
             table = value
             if table is None or not table.num_rows:
                 return
-            streams = RandomStreams.for_keys(self._s.release_key, "key_selection", table.select(self._s.keys))
+            streams = RandomStreams.for_keys(self._s.release_key, SELECTION_PURPOSE, table.select(self._s.keys))
             keep = self._s.selector.keep(table.column("units").to_numpy(zero_copy_only=False), streams)
             Metrics.counter(NAMESPACE, "keys_selected").inc(int(keep.sum()))
             table = table.filter(pa.array(keep))
@@ -204,6 +254,7 @@ class _NoiseAndRelease(beam.DoFn):
         if suppress.any():
             Metrics.counter(NAMESPACE, "keys_suppressed_by_threshold").inc(int(suppress.sum()))
             result = result.filter(pa.array(~suppress))
+        result = sorted_by_keys(result, self._s.keys)  # public order (see the module docstring)
         Metrics.counter(NAMESPACE, "keys_released").inc(result.num_rows)
         if result.num_rows:
             yield result
@@ -230,6 +281,10 @@ class NoisyRelease(beam.PTransform):
             raise ValueError(f"threshold_mode must be 'key' or 'value', got {threshold_mode!r}")
         if not testing and any(m.spec is None for m in measures):
             raise ValueError("every measure needs a noise spec outside testing mode")
+        names = [m.name for m in measures]
+        if len(set(names)) != len(names) or SELECTION_PURPOSE in names:
+            raise ValueError(f"measure names must be unique and not {SELECTION_PURPOSE!r} (they "
+                             f"label the noise streams), got {names}")
         if selector is not None and "units" not in partial_types:
             raise ValueError("private key selection needs a 'units' partial column")
         self._keys = list(keys)
@@ -241,22 +296,34 @@ class NoisyRelease(beam.PTransform):
                                           threshold_mode)
 
     def expand(self, partials):
+        owner = f"{type(self).__name__} {self.label!r}"
+        for m in self._settings.measures:
+            self._settings.release_key.claim(noise_purpose(m.name), owner=owner)
+        if self._settings.selector is not None:
+            self._settings.release_key.claim(noise_purpose(SELECTION_PURPOSE), owner=owner)
         keyset = self._keyset
         worker_keyset = self._settings.keyset
         totals = (partials
                   | "RouteByKey" >> beam.FlatMap(_route_by_key, self._keys, self._num_shards)
+                  .with_output_types(_SHARD_TABLE)
                   | "SumPerKeyShard" >> beam.CombinePerKey(_SumPartialsFn(self._keys)))
         release = _NoiseAndRelease(self._settings)
         if keyset is None:
-            return totals | "SelectNoiseAndRelease" >> beam.ParDo(release)
+            return totals | "SelectNoiseAndRelease" >> beam.ParDo(release).with_output_types(pa.Table)
         if keyset.in_memory:
             keys = (partials.pipeline
                     | "KeysetChunks" >> beam.Create(keyset.chunk_starts())
                     | "RouteKeyset" >> beam.ParDo(_RouteKeyset(worker_keyset, self._keys,
-                                                               self._num_shards, False)))
+                                                               self._num_shards, False))
+                    .with_output_types(_SHARD_TABLE))
         else:
             keys = keyset.pcollection | "RouteKeyset" >> beam.ParDo(
-                _RouteKeyset(worker_keyset, self._keys, self._num_shards, True))
-        return ({"keyset": keys, "totals": totals}
-                | "JoinKeyset" >> beam.CoGroupByKey()
-                | "NoiseAndRelease" >> beam.ParDo(release))
+                _RouteKeyset(worker_keyset, self._keys, self._num_shards, True)) \
+                .with_output_types(_SHARD_TABLE)
+        # The keyset join: both sides tagged, one GroupByKey (typed, so tables use the Arrow coder).
+        tagged = (keys | "TagKeyset" >> beam.FlatMap(_tagged, _KEYSET).with_output_types(_TAGGED),
+                  totals | "TagTotals" >> beam.FlatMap(_tagged, _TOTALS).with_output_types(_TAGGED))
+        return (tagged
+                | "FlattenKeysetAndTotals" >> beam.Flatten()
+                | "JoinKeyset" >> beam.GroupByKey()
+                | "NoiseAndRelease" >> beam.ParDo(release).with_output_types(pa.Table))

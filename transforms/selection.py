@@ -2,8 +2,12 @@
 
 Releasing a key that only one privacy unit contributed to would reveal that unit, so without a
 public keyset the set of released keys must itself be differentially private. Each strategy
-decides per key from its exact number of (bounded) privacy units n; a unit touches at most L0
-keys, and each strategy spends (epsilon, delta) of the budget:
+decides per key from its exact number of (bounded) privacy units n. Below, L0 is the number of
+keys whose n one neighbouring change can move, each by one (:func:`changed_keys`): a bounded
+unit touches at most min(L0, L1) keys, so adding or removing it moves that many; *replacing* it
+(``Neighbouring.SUBSTITUTE``) removes it from up to min(L0, L1) keys and adds its replacement to
+up to as many others, so 2·min(L0, L1) keys move and every strategy is calibrated for twice the
+keys. Each strategy spends (epsilon, delta) of the budget:
 
 * ``TRUNCATED_GEOMETRIC``: the optimal keep-probabilities of Desfontaines, Voss, Gipson &
   Mandayam (PETS 2022), for (epsilon/L0, delta/L0) per key:
@@ -23,9 +27,10 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from accounting.calibration import NoiseKind, calibrate
+from accounting.distributions import discrete_gaussian_quantile, discrete_gaussian_upper_tail
+from accounting.sensitivity import ContributionBounds, Neighbouring, privacy_unit_count_sensitivity
 from accounting.validation import check_delta, check_epsilon, check_positive_int
 from transforms.noise import RandomStreams, add_noise
 
@@ -64,8 +69,24 @@ def truncated_geometric_probabilities(epsilon: float, delta: float, max_partitio
     return np.asarray(pi)
 
 
+def changed_keys(bounds: ContributionBounds, neighbouring=Neighbouring.ADD_REMOVE) -> int:
+    """Keys whose privacy-unit count one neighbouring change moves (each by one): min(L0, L1)
+    under add/remove, twice that under substitution."""
+    return privacy_unit_count_sensitivity(bounds, neighbouring).l0
+
+
 class Selector:
-    """Vectorised keep/drop decisions for one release (pure: no Beam)."""
+    """Vectorised keep/drop decisions for one release (pure: no Beam).
+
+    ``max_partitions``: the number of keys one neighbouring change moves (:func:`changed_keys`;
+    L0 under add/remove, 2·L0 under substitution), not the bounds' L0 itself.
+    """
+
+    @classmethod
+    def for_bounds(cls, selection: PrivateSelection, epsilon: float, delta: float,
+                   bounds: ContributionBounds, neighbouring=Neighbouring.ADD_REMOVE) -> "Selector":
+        """A selector calibrated for ``bounds`` under the stated neighbouring relation."""
+        return cls(selection, epsilon, delta, changed_keys(bounds, neighbouring))
 
     def __init__(self, selection: PrivateSelection, epsilon: float, delta: float, max_partitions: int):
         self.selection = selection
@@ -84,7 +105,7 @@ class Selector:
         else:
             self.noise = calibrate(NoiseKind.DISCRETE_GAUSSIAN, epsilon=epsilon, delta=delta / 2,
                                    l2_sensitivity=math.sqrt(max_partitions), l0=max_partitions)
-            self.threshold = _discrete_gaussian_quantile(self.noise.scale, delta / (2 * max_partitions))
+            self.threshold = discrete_gaussian_quantile(self.noise.scale, delta / (2 * max_partitions))
 
     def keep(self, units: np.ndarray, streams: RandomStreams) -> np.ndarray:
         """Boolean mask of keys to release given their exact privacy-unit counts."""
@@ -105,33 +126,5 @@ class Selector:
             if gap < 0:
                 return 1 - (p ** (-gap)) / (1 + p)
             return p ** (gap + 1) / (1 + p)
-        tail = _discrete_gaussian_tail(self.noise.scale)
         m = math.floor(self.threshold - n) + 1  # need Z >= m
-        return float(tail(m))
-
-
-def _discrete_gaussian_tail(sigma: float):
-    """z -> P(Z >= z) for Z ~ N_Z(0, sigma^2), by exact summation over |z| <= 40 sigma + 10."""
-    half = int(40 * sigma) + 10
-    support = np.arange(-half, half + 1)
-    weights = np.exp(-(support.astype(float) ** 2) / (2 * sigma ** 2))
-    upper = np.cumsum(weights[::-1])[::-1] / weights.sum()
-
-    def tail(z: int) -> float:
-        if z <= -half:
-            return 1.0
-        if z > half:
-            return 0.0
-        return float(upper[z + half])
-    return tail
-
-
-def _discrete_gaussian_quantile(sigma: float, target: float) -> int:
-    """Smallest integer m with P(1 + Z > m) = P(Z >= m) <= target."""
-    tail = _discrete_gaussian_tail(sigma)
-    m = max(1, int(stats.norm.isf(target) * sigma) - 2)
-    while tail(m) > target:
-        m += 1
-    while m > 1 and tail(m - 1) <= target:
-        m -= 1
-    return m
+        return float(discrete_gaussian_upper_tail(self.noise.scale, m))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from accounting.calibration import NoiseKind, NoiseSpec
+from accounting.calibration import NoiseSpec
 from transforms.noise.samplers import discrete_gaussian, discrete_laplace
 from transforms.noise.streams import RandomStreams
 

@@ -10,6 +10,11 @@
 
 Every (campaign, scope) is keyed as ``(campaign, (scope_kind, publisher))`` with scope kind
 "publisher" or "union" (publisher "" for the union).
+
+Output order (the rule of :mod:`transforms.release`): the released records are one per declared
+(campaign, scope), a set fixed by the declared campaigns and publishers, never by the data; a
+sink that writes them to one file sorts them by :func:`release_order` (campaign, the union
+first, then publishers by name), never by arrival order.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from accounting.keys import ReleaseKey
+from transforms.keyset import PublicKeyset
 from transforms.sketches import dp
 from transforms.sketches.estimators import (estimate_reach, frequency_distribution, k_plus_reach,
                                             k_reach)
@@ -28,7 +34,8 @@ from transforms.sketches.impressions import IdType, ImpressionColumns, partial_s
 from transforms.sketches.liquid_legions import LiquidLegionsSketch, SketchConfig
 
 __all__ = ["SketchUnionFn", "BuildSketches", "UnionAcrossPublishers", "ReleaseKeys",
-           "ReleaseReachFrequency", "ReachFrequency", "PUBLISHER", "UNION", "estimate_record"]
+           "ReleaseReachFrequency", "ReachFrequency", "PUBLISHER", "UNION", "estimate_record",
+           "release_order", "declared_keys"]
 
 PUBLISHER = "publisher"
 UNION = "union"
@@ -105,6 +112,12 @@ class _SketchBatches(beam.DoFn):
         yield from sketches
 
 
+def declared_keys(campaigns, publishers) -> list[tuple[str, str]]:
+    """Every declared (campaign, publisher): the public keyset of the per-publisher sketches."""
+    keyset = PublicKeyset.cross_product({"campaign": list(campaigns), "publisher": list(publishers)})
+    return [(row["campaign"], row["publisher"]) for row in keyset.to_table().to_pylist()]
+
+
 class BuildSketches(beam.PTransform):
     """PCollection of pyarrow Tables/RecordBatches -> ((campaign, publisher), sketch).
 
@@ -131,8 +144,7 @@ class BuildSketches(beam.PTransform):
         config, secret = self._config, self._secret
         identities = (
             batches.pipeline
-            | "DeclaredKeys" >> beam.Create([(c, p) for c in self._campaigns
-                                             for p in self._publishers])
+            | "DeclaredKeys" >> beam.Create(declared_keys(self._campaigns, self._publishers))
             | "EmptySketches" >> beam.Map(
                 lambda key: (key, LiquidLegionsSketch.empty(config, _salt(key[0], secret)))))
         partials = (partials, identities) | "WithDeclaredKeys" >> beam.Flatten()
@@ -176,6 +188,11 @@ def estimate_record(campaign: str, scope: tuple[str, str], noisy: dp.SketchStati
     }
 
 
+def release_order(record: dict) -> tuple:
+    """Sort key of released records: campaign, then the union scope, then publishers by name."""
+    return (record["campaign"], record["scope"] != UNION, record["publisher"] or "")
+
+
 class _Statistics(beam.DoFn):
     def __init__(self, max_frequency):
         self._k = max_frequency
@@ -197,16 +214,14 @@ class _GlobalNoise(beam.DoFn):
 
 
 class _HelperShare(beam.DoFn):
-    """Helper i of n: adds its Polya-difference share; it never sees the others' shares."""
+    """One helper: adds its Polya-difference share from its own key; it never sees the others'."""
 
-    def __init__(self, helper, num_helpers, budget, release_keys):
-        self._helper, self._n = helper, num_helpers
-        self._budget, self._keys = budget, release_keys
+    def __init__(self, helper_key, num_helpers, budget):
+        self._key, self._n, self._budget = helper_key, num_helpers, budget
 
     def process(self, element):
         (campaign, scope), stats = element
-        yield (campaign, scope), dp.add_helper_share(stats, self._keys.for_campaign(campaign),
-                                                     self._helper, self._n, self._budget,
+        yield (campaign, scope), dp.add_helper_share(stats, self._key, self._n, self._budget,
                                                      campaign, scope)
 
 
@@ -230,40 +245,76 @@ class ReleaseKeys:
     def for_campaign(self, campaign: str) -> ReleaseKey:
         return self._default if self._default is not None else self._by_campaign[campaign]
 
+    def any_key(self) -> ReleaseKey:
+        """The default key, or the first campaign's (for testing-only derivations)."""
+        return self._default if self._default is not None else \
+            self._by_campaign[min(self._by_campaign)]
+
+    def claim(self, purpose: str, owner: str) -> None:
+        """Claim ``purpose`` once on every distinct key object (see ReleaseKey.claim): a
+        transform holding these keys cannot be applied twice."""
+        keys = [self._default] if self._default is not None else list(self._by_campaign.values())
+        for key in {id(k): k for k in keys}.values():
+            key.claim(purpose, owner=owner)
+
 
 class ReleaseReachFrequency(beam.PTransform):
     """(campaign, scope) sketches -> released dicts (see :func:`estimate_record`).
 
-    ``num_helpers = 0``: global noise by one trusted aggregator; ``num_helpers = n >= 1``: n
-    helper stages each add a Polya share (their sum is the same discrete Laplace noise).
-    ``release_key``: one key, or a mapping campaign -> key.
+    Global noise by one trusted aggregator (the default), or distributed noise: one stage per
+    helper, each adding a Polya share drawn from the helper's own key (``helper_keys``: helper
+    name -> ReleaseKey; their sum is the same discrete Laplace noise, within the total-variation
+    bound of :mod:`transforms.sketches.dp`, whose extra delta :meth:`guarantee` includes).
+    ``num_helpers = n`` without ``helper_keys`` is for tests only: it derives the helpers' keys
+    from a *testing* release key and refuses a secret one. ``release_key``: one key, or a
+    mapping campaign -> key (global noise).
     """
 
     def __init__(self, config: SketchConfig, budget: dp.ReachFrequencyBudget,
                  release_key: ReleaseKey | Mapping[str, ReleaseKey], *, max_frequency: int,
-                 num_helpers: int = 0):
+                 num_helpers: int = 0, helper_keys: Mapping[str, ReleaseKey] = None):
         super().__init__()
         keys = release_key if isinstance(release_key, ReleaseKeys) else ReleaseKeys(release_key)
         if isinstance(num_helpers, bool) or int(num_helpers) != num_helpers or num_helpers < 0:
             raise ValueError(f"num_helpers: must be an integer >= 0, got {num_helpers!r}")
-        if num_helpers and budget.kind.value != "discrete_laplace":
+        if helper_keys is not None:
+            if not isinstance(helper_keys, Mapping) or not helper_keys or \
+                    not all(isinstance(k, ReleaseKey) for k in helper_keys.values()):
+                raise TypeError("helper_keys: a non-empty mapping helper name -> ReleaseKey")
+            if num_helpers not in (0, len(helper_keys)):
+                raise ValueError(f"num_helpers: {num_helpers} but {len(helper_keys)} helper keys")
+            if len({id(k) for k in helper_keys.values()}) != len(helper_keys) or \
+                    len(set(helper_keys.values())) != len(helper_keys):
+                raise ValueError("helper_keys: every helper needs a key of its own")
+            helper_keys = {str(h): helper_keys[h] for h in sorted(helper_keys, key=str)}
+        elif num_helpers:
+            helper_keys = dp.helper_keys_for_testing(keys.any_key(), int(num_helpers))
+        if helper_keys and budget.kind.value != "discrete_laplace":
             raise ValueError("num_helpers: distributed Polya noise needs discrete_laplace noise")
         if isinstance(max_frequency, bool) or int(max_frequency) != max_frequency \
                 or max_frequency < 1:
             raise ValueError(f"max_frequency: must be an integer >= 1, got {max_frequency!r}")
         self._config, self._budget, self._keys = config, budget, keys
-        self._k, self._n = int(max_frequency), int(num_helpers)
+        self._helpers = helper_keys or {}
+        self._k, self._n = int(max_frequency), len(self._helpers)
+
+    def guarantee(self):
+        """Each campaign's (epsilon, delta), distributed noise's sampler slack included."""
+        return self._budget.total(self._n, self._k)
 
     def expand(self, scoped_sketches):
+        owner = f"{type(self).__name__} {self.label!r}"
         stats = scoped_sketches | "Statistics" >> beam.ParDo(_Statistics(self._k))
         if self._n == 0:
+            self._keys.claim(dp.NOISE_PURPOSE, owner)
             noisy = stats | "GlobalNoise" >> beam.ParDo(_GlobalNoise(self._budget, self._keys))
             mode = "global"
         else:
             noisy = stats
-            for i in range(self._n):
+            for i, (name, key) in enumerate(self._helpers.items()):
+                key.claim(dp.SHARE_PURPOSE, owner)
                 noisy = noisy | f"Helper{i}AddsShare" >> beam.ParDo(
-                    _HelperShare(i, self._n, self._budget, self._keys))
+                    _HelperShare(key, self._n, self._budget))
             mode = f"distributed/{self._n}"
         config, budget = self._config, self._budget
         return noisy | "Estimate" >> beam.MapTuple(
@@ -275,7 +326,8 @@ class ReachFrequency(beam.PTransform):
 
     def __init__(self, config: SketchConfig, budget: dp.ReachFrequencyBudget,
                  release_key: ReleaseKey | Mapping[str, ReleaseKey], *, max_frequency: int,
-                 num_helpers: int = 0, columns: ImpressionColumns = ImpressionColumns(),
+                 num_helpers: int = 0, helper_keys: Mapping[str, ReleaseKey] = None,
+                 columns: ImpressionColumns = ImpressionColumns(),
                  id_type: IdType | str = IdType.INT, campaigns: Iterable[str],
                  publishers: Iterable[str], shared_secret: bytes = b""):
         super().__init__()
@@ -290,7 +342,11 @@ class ReachFrequency(beam.PTransform):
                                     shared_secret=shared_secret)
         self._release = ReleaseReachFrequency(config, budget, keys,
                                               max_frequency=max_frequency,
-                                              num_helpers=num_helpers)
+                                              num_helpers=num_helpers, helper_keys=helper_keys)
+
+    def guarantee(self):
+        """Each campaign's (epsilon, delta) (see ReleaseReachFrequency.guarantee)."""
+        return self._release.guarantee()
 
     def expand(self, batches):
         return (batches

@@ -34,15 +34,34 @@ Distributed noise (discrete Laplace only): n helpers each add X_i - Y_i with X_i
 Polya(1/n, p), p = exp(-1/b). Polya (negative binomial with real shape r) is infinitely divisible:
 the sum of n Polya(1/n, p) is Polya(1, p) = Geometric, so the total noise is the difference of two
 geometrics, i.e. the two-sided geometric = discrete Laplace with scale b, while each helper
-knows only its own share. The shares are *simulated* here: each helper draws from a numpy
-Generator (``RandomStreams.generator()``) keyed from its own sub-key of the release key and the
-output key; numpy's negative binomial is a floating-point gamma-Poisson sampler, acceptable for a
-simulation of the protocol (the global mode uses the exact integer samplers).
+knows only its own share.
+
+* Keys: each helper draws from its *own* :class:`~accounting.keys.ReleaseKey` (a mapping helper
+  -> key), never from sub-keys of one common key: whoever held a common parent key would know
+  every share, hence the total noise. Lanes are keyed by the output key (campaign, scope,
+  measure, bin), so shares reproduce per output key whatever the bundling.
+* Sampler (:class:`PolyaTable`): an inverse-CDF table of Polya(1/n, p) computed in 50-digit
+  decimal arithmetic, with integer thresholds ``T_k = floor(2^64 F(k))`` on 64-bit uniforms from
+  the helper's keyed stream: a draw is the number of thresholds at or below the uniform. The
+  table stops at the first K with ``1 - F(K) < 2^-60`` (the remaining mass goes to K). No
+  floating point touches a sample.
+* Distance to the exact law: each threshold is within 2^-64 of ``2^64 F(k)`` (the decimal
+  computation adds less than 2^-120), so one draw is within total variation
+  ``eta_draw <= (K + 2) 2^-64 + 2^-60`` of Polya(1/n, p); a noisy value adds 2n independent
+  draws, so its noise is within ``eta = 2 n eta_draw`` of the exact discrete Laplace, and a
+  statistic of d values within ``d eta``. If the exact mechanism is (epsilon, delta)-DP, one
+  whose output law is within TV ``t`` of it for every input is
+  ``(epsilon, delta + (1 + e^epsilon) t)``-DP (apply the TV bound on both neighbours). So each
+  statistic's delta grows by ``(1 + e^epsilon) d eta`` (:func:`distributed_noise_delta`), which
+  composes like any delta; :meth:`ReachFrequencyBudget.charged_specs` and
+  :meth:`ReachFrequencyBudget.total` include it, so the job charges it (typically ~1e-15).
 """
 from __future__ import annotations
 
+import decimal
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -55,7 +74,8 @@ from accounting.keys import ReleaseKey
 from transforms.noise import RandomStreams, add_noise
 
 __all__ = ["SketchStatistics", "ReachFrequencyBudget", "REACH_SENSITIVITY",
-           "HISTOGRAM_SENSITIVITY", "output_keys", "add_global_noise", "polya_share",
+           "HISTOGRAM_SENSITIVITY", "output_keys", "add_global_noise", "PolyaTable",
+           "polya_table", "polya_difference", "distributed_noise_delta", "helper_keys_for_testing",
            "helper_shares", "add_helper_share", "NOISE_PURPOSE", "SHARE_PURPOSE"]
 
 NOISE_PURPOSE = "reach-frequency/noise"
@@ -124,9 +144,23 @@ class ReachFrequencyBudget:
     def histogram_spec(self) -> NoiseSpec:
         return self._spec(1.0 - self.reach_fraction, HISTOGRAM_SENSITIVITY, coordinates=2)
 
-    def total(self) -> EpsDelta:
-        """Sequential composition of every noisy statistic of one campaign."""
-        specs = [self.reach_spec(), self.histogram_spec()] * self.num_scopes
+    def charged_specs(self, num_helpers: int = 0, max_frequency: int = None) -> dict[str, NoiseSpec]:
+        """The specs a release charges per scope ({"reach", "frequency"}): the calibrated ones,
+        with distributed noise's extra delta (module docstring) when ``num_helpers`` > 0."""
+        specs = {"reach": self.reach_spec(), "frequency": self.histogram_spec()}
+        if num_helpers:
+            if max_frequency is None:
+                raise ValueError("distributed noise: max_frequency (histogram bins) is needed "
+                                 "to state its delta")
+            sizes = {"reach": 1, "frequency": int(max_frequency)}
+            specs = {name: replace(spec, delta=spec.delta + distributed_noise_delta(
+                spec, num_helpers, sizes[name])) for name, spec in specs.items()}
+        return specs
+
+    def total(self, num_helpers: int = 0, max_frequency: int = None) -> EpsDelta:
+        """Sequential composition of every noisy statistic of one campaign (with distributed
+        noise's extra delta when ``num_helpers`` > 0)."""
+        specs = list(self.charged_specs(num_helpers, max_frequency).values()) * self.num_scopes
         return sequential([(s.epsilon, s.delta) for s in specs])
 
 
@@ -152,48 +186,118 @@ def add_global_noise(stats: SketchStatistics, budget: ReachFrequencyBudget,
 
 # --------------------------------------------------------------------------- distributed noise
 
-def polya_share(rng: np.random.Generator, num_helpers: int, scale: float, size: int) -> np.ndarray:
-    """One helper's share: Polya(1/n, p) - Polya(1/n, p), p = exp(-1/scale), int64[size].
+#: The Polya table stops where the remaining mass is below 2^-POLYA_TAIL_BITS.
+POLYA_TAIL_BITS = 60
+#: Largest table (entries) the exact sampler builds: refuse larger scales.
+MAX_POLYA_TABLE = 1 << 24
+_TWO64 = 1 << 64
 
-    numpy's ``negative_binomial(r, q)`` counts failures before r successes of probability q,
-    P(k) = Gamma(k + r) / (k! Gamma(r)) q^r (1 - q)^k: the Polya(r, p) law with q = 1 - p.
+
+@dataclass(frozen=True, kw_only=True)
+class PolyaTable:
+    """Integer inverse-CDF thresholds of Polya(1/n, p), p = exp(-1/unit_scale) (module docstring).
+
+    ``thresholds[k] = floor(2^64 F(k))`` for k < K; a draw from a uniform 64-bit word u is the
+    number of thresholds <= u (K when all are).
     """
+
+    num_helpers: int
+    unit_scale: float
+    thresholds: np.ndarray = field(repr=False, compare=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.thresholds)
+
+    @property
+    def tv_per_draw(self) -> float:
+        """A bound on the total variation distance of one draw to the exact Polya(1/n, p)."""
+        return (self.size + 2) * 2.0 ** -64 + 2.0 ** -POLYA_TAIL_BITS
+
+    @property
+    def tv_per_value(self) -> float:
+        """A bound on the TV distance of the summed shares of one value to discrete Laplace."""
+        return 2 * self.num_helpers * self.tv_per_draw
+
+    def draw(self, streams: RandomStreams) -> np.ndarray:
+        """One Polya(1/n, p) draw per lane of ``streams`` (int64)."""
+        return np.searchsorted(self.thresholds, streams.draw(), side="right").astype(np.int64)
+
+
+@functools.lru_cache(maxsize=32)
+def polya_table(num_helpers: int, unit_scale: float) -> PolyaTable:
+    """The inverse-CDF table of Polya(1/num_helpers, exp(-1/unit_scale)), in exact integers."""
     n = check_positive_int(num_helpers, "num_helpers")
-    if not scale > 0:
-        raise ValueError(f"scale must be positive, got {scale!r}")
-    q = -math.expm1(-1.0 / scale)  # 1 - p, accurate for large scales
-    return (rng.negative_binomial(1.0 / n, q, size).astype(np.int64)
-            - rng.negative_binomial(1.0 / n, q, size).astype(np.int64))
+    if not unit_scale > 0:
+        raise ValueError(f"scale must be positive, got {unit_scale!r}")
+    context = decimal.Context(prec=50)
+    one = decimal.Decimal(1)
+    p = context.exp(context.divide(-one, decimal.Decimal(unit_scale)))   # unit_scale: exact float
+    r = context.divide(one, decimal.Decimal(n))
+    mass = context.exp(context.multiply(r, context.ln(context.subtract(one, p))))  # P(0) = (1-p)^r
+    cdf = mass
+    tail = context.power(decimal.Decimal(2), -POLYA_TAIL_BITS)
+    two64 = decimal.Decimal(_TWO64)
+    thresholds = []
+    k = 0
+    while context.subtract(one, cdf) >= tail:
+        thresholds.append(int(context.multiply(cdf, two64).to_integral_value(decimal.ROUND_FLOOR)))
+        # P(k + 1) = P(k) p (k + r) / (k + 1)
+        mass = context.divide(context.multiply(context.multiply(mass, p), context.add(r, k)), k + 1)
+        cdf = context.add(cdf, mass)
+        k += 1
+        if k > MAX_POLYA_TABLE:
+            raise ValueError(f"distributed noise: scale {unit_scale:g} needs more than "
+                             f"{MAX_POLYA_TABLE} table entries; use global noise or more budget")
+    return PolyaTable(num_helpers=n, unit_scale=float(unit_scale),
+                      thresholds=np.array(thresholds, dtype=np.uint64))
 
 
-def helper_shares(release_key: ReleaseKey, helper: int, num_helpers: int,
-                  budget: ReachFrequencyBudget, campaign: str, scope: tuple[str, str],
-                  num_bins: int) -> SketchStatistics:
-    """Helper ``helper``'s shares for one sketch's reach and histogram.
+def polya_difference(streams: RandomStreams, table: PolyaTable) -> np.ndarray:
+    """One helper's share per lane: X - Y with X, Y ~ Polya(1/n, p) from the helper's stream."""
+    return table.draw(streams) - table.draw(streams)
 
-    The helper's Generator is keyed by its own sub-key of the release key and by the output key,
-    so shares reproduce per output key whatever the bundling (see the module docstring on why a
-    numpy Generator is acceptable for this simulation).
-    """
+
+def distributed_noise_delta(spec: NoiseSpec, num_helpers: int, num_values: int) -> float:
+    """The delta a statistic of ``num_values`` noisy values adds when its discrete Laplace noise
+    is the sum of ``num_helpers`` table-sampled Polya shares: (1 + e^eps) * d * eta."""
+    if spec.kind is not NoiseKind.DISCRETE_LAPLACE:
+        raise ValueError("distributed noise: Polya shares sum to discrete Laplace noise only")
+    table = polya_table(num_helpers, spec.unit_scale)
+    return (1 + math.exp(spec.epsilon)) * num_values * table.tv_per_value
+
+
+def helper_keys_for_testing(release_key: ReleaseKey, num_helpers: int) -> dict[str, ReleaseKey]:
+    """TESTS ONLY: n helper keys derived from one public testing key (a real deployment gives
+    each helper a key of its own; one parent key would reveal every share)."""
+    if not release_key.is_testing:
+        raise ValueError("helper keys derived from one key let its holder know every share: give "
+                         "each helper its own ReleaseKey (helper_keys={name: key})")
+    n = check_positive_int(num_helpers, "num_helpers")
+    return {f"helper{i}": release_key.derive(f"helper/{i}/of/{n}") for i in range(n)}
+
+
+def helper_shares(helper_key: ReleaseKey, num_helpers: int, budget: ReachFrequencyBudget,
+                  campaign: str, scope: tuple[str, str], num_bins: int) -> SketchStatistics:
+    """One helper's shares for one sketch's reach and histogram, from the helper's own key."""
     if budget.kind is not NoiseKind.DISCRETE_LAPLACE:
         raise ValueError("distributed noise: Polya shares sum to discrete Laplace noise only; "
                          "use kind=discrete_laplace")
-    if not 0 <= helper < num_helpers:
-        raise ValueError(f"helper must be in [0, {num_helpers}), got {helper!r}")
-    kind, publisher = scope
-    streams = RandomStreams.for_keys(release_key.derive(f"helper/{helper}/of/{num_helpers}"),
-                                     SHARE_PURPOSE, [(str(campaign), kind, publisher)])
-    rng = streams.generator()
-    reach = polya_share(rng, num_helpers, budget.reach_spec().scale, 1)
-    hist = polya_share(rng, num_helpers, budget.histogram_spec().scale, num_bins)
+    if not isinstance(helper_key, ReleaseKey):
+        raise TypeError("helper_key must be the helper's own ReleaseKey")
+    reach_streams = RandomStreams.for_keys(helper_key, SHARE_PURPOSE,
+                                           output_keys(campaign, scope, "reach", 1))
+    hist_streams = RandomStreams.for_keys(helper_key, SHARE_PURPOSE,
+                                          output_keys(campaign, scope, "frequency", num_bins))
+    reach = polya_difference(reach_streams, polya_table(num_helpers, budget.reach_spec().unit_scale))
+    hist = polya_difference(hist_streams, polya_table(num_helpers, budget.histogram_spec().unit_scale))
     return SketchStatistics(int(reach[0]), hist)
 
 
-def add_helper_share(stats: SketchStatistics, release_key: ReleaseKey, helper: int,
-                     num_helpers: int, budget: ReachFrequencyBudget, campaign: str,
+def add_helper_share(stats: SketchStatistics, helper_key: ReleaseKey, num_helpers: int,
+                     budget: ReachFrequencyBudget, campaign: str,
                      scope: tuple[str, str]) -> SketchStatistics:
-    """The statistics after helper ``helper`` has added its share."""
-    share = helper_shares(release_key, helper, num_helpers, budget, campaign, scope,
-                          len(stats.histogram))
+    """The statistics after the helper holding ``helper_key`` has added its share."""
+    share = helper_shares(helper_key, num_helpers, budget, campaign, scope, len(stats.histogram))
     return SketchStatistics(stats.active_registers + share.active_registers,
                             np.asarray(stats.histogram, np.int64) + share.histogram)

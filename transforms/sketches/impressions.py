@@ -7,15 +7,19 @@ the same key from different batches merge into exactly the sketch of all their r
 Row rules (each dropped row is counted in :class:`RowCounts`, which goes to operator metrics,
 never into a release):
 
-* missing person id: null, empty/blank string, or (for ``IdType.INT``) not an integer in the
-  int64 range -> dropped, ``missing_id``;
+* missing person id: null, NaN, empty/blank text, a non-integral number, or (for
+  ``IdType.INT``) not an integer in the int64 range -> dropped, ``missing_id``;
 * missing campaign or publisher (null or empty) -> dropped, ``missing_key``;
 * campaign or publisher not in the declared domain (when one is given) -> dropped,
   ``undeclared_key``: the set of released keys is public and never read from the data.
 
-Id types: ``IdType.INT`` fingerprints the 64-bit integer; ``IdType.STRING`` fingerprints the
-UTF-8 text (integers are first written in decimal). Every publisher of a campaign must use the
-same id type or the same person gets two fingerprints.
+Person ids are privacy units: each is put in its canonical form first
+(:mod:`transforms.privacy_units`), so ``7`` (int64), ``7.0`` (float64), ``"7"``, ``" +007 "``
+and ``"７"`` are one person, and ``"Alice"`` and ``"alice"`` too; a column whose type cannot hold
+ids (booleans, dates, binary, nested) is refused. Id types: ``IdType.INT`` fingerprints the
+canonical integer (rows whose id is not an integer in the int64 range are ``missing_id``);
+``IdType.STRING`` fingerprints the canonical text. The id type is one setting per job, so every
+publisher of a campaign uses the same one.
 """
 from __future__ import annotations
 
@@ -27,12 +31,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from transforms.privacy_units import canonical_unit_ids, check_unit_type
 from transforms.sketches.fingerprint import FingerprintSalt, fingerprint
 from transforms.sketches.liquid_legions import LiquidLegionsSketch, SketchConfig
 
 __all__ = ["IdType", "ImpressionColumns", "RowCounts", "normalise_ids", "partial_sketches"]
 
-_INT_PATTERN = r"^\s*[+-]?[0-9]+\s*$"
+_INT_PATTERN = r"^-?[0-9]+$"  # a canonical integer id
 
 
 class IdType(str, enum.Enum):
@@ -77,18 +82,18 @@ def _as_array(column) -> pa.Array:
 
 
 def _parse_int_strings(text: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(valid mask, int64 values) of decimal strings; out-of-range values are invalid."""
+    """(valid mask, int64 values) of canonical decimal strings; out-of-range values are invalid."""
     valid = pc.fill_null(pc.match_substring_regex(text, _INT_PATTERN), False)
     valid = valid.to_numpy(zero_copy_only=False)
     values = np.zeros(len(text), np.int64)
     rows = np.flatnonzero(valid)
     if rows.size:
-        stripped = pc.utf8_trim_whitespace(text.take(pa.array(rows)))
+        digits = text.take(pa.array(rows))
         try:
-            values[rows] = pc.cast(stripped, pa.int64()).to_numpy(zero_copy_only=False)
+            values[rows] = pc.cast(digits, pa.int64()).to_numpy(zero_copy_only=False)
         except (pa.ArrowInvalid, OverflowError):
             # Some value overflows int64: parse this batch's valid rows one by one.
-            for i, s in zip(rows, stripped.to_pylist()):
+            for i, s in zip(rows, digits.to_pylist()):
                 v = int(s)
                 if -2 ** 63 <= v < 2 ** 63:
                     values[i] = v
@@ -97,41 +102,49 @@ def _parse_int_strings(text: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return valid, values
 
 
+def canonical_person_ids(column) -> pa.Array:
+    """Canonical ids (:mod:`transforms.privacy_units`) of a person-id column, null where a row
+    has no usable id (null, NaN, a non-integral or inexact number): those rows are dropped and
+    counted by the caller. A column *type* that cannot hold ids raises UnitIdError."""
+    column = _as_array(column)
+    typ = column.type
+    check_unit_type(typ, "person id")
+    if pa.types.is_floating(typ):
+        values = pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False)
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(values) | (np.floor(values) != values) | (np.abs(values) >= 2.0 ** 53)
+        if bad.any():
+            column = pa.array(np.where(bad, 0.0, values), pa.float64(), mask=bad)
+    elif pa.types.is_decimal(typ):
+        integral = pc.match_substring_regex(pc.cast(column, pa.string()), r"^[+-]?[0-9]+(\.0*)?$")
+        column = pc.if_else(pc.fill_null(integral, False), column, pa.scalar(None, typ))
+    return canonical_unit_ids(column, "person id")
+
+
 def normalise_ids(column, id_type: IdType | str):
-    """(valid mask, ids) of an id column: int64 numpy ids or an Arrow string array."""
+    """(valid mask, ids) of an id column: int64 numpy ids or an Arrow string array.
+
+    Every id is first put in its canonical form (so 7, 7.0, "7", " +007 " and fullwidth "７"
+    are one person under either id type); ``IdType.INT`` then needs the canonical form to be an
+    integer in the int64 range, ``IdType.STRING`` a non-empty text.
+    """
     column = _as_array(column)
     id_type = IdType(id_type)
     typ = column.type
-    present = np.ones(len(column), bool) if not column.null_count else \
-        column.is_valid().to_numpy(zero_copy_only=False)
+    if id_type is IdType.INT and pa.types.is_integer(typ):  # fast path: already canonical
+        present = np.ones(len(column), bool) if not column.null_count else \
+            column.is_valid().to_numpy(zero_copy_only=False)
+        if pa.types.is_uint64(typ):
+            big = pc.fill_null(pc.greater(column, pa.scalar(2 ** 63 - 1, pa.uint64())), True)
+            present &= ~big.to_numpy(zero_copy_only=False)
+        return present, pc.fill_null(column, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    ids = canonical_person_ids(column)
+    present = ids.is_valid().to_numpy(zero_copy_only=False)
     if id_type is IdType.INT:
-        if pa.types.is_integer(typ):
-            if pa.types.is_uint64(typ):
-                big = pc.fill_null(pc.greater(column, pa.scalar(2 ** 63 - 1, pa.uint64())), True)
-                present &= ~big.to_numpy(zero_copy_only=False)
-            values = pc.fill_null(column, 0).to_numpy(zero_copy_only=False).astype(np.int64)
-            return present, values
-        if pa.types.is_floating(typ):
-            vals = pc.fill_null(column, np.nan).to_numpy(zero_copy_only=False).astype(np.float64)
-            with np.errstate(invalid="ignore"):
-                ok = np.isfinite(vals) & (vals == np.floor(vals)) & (np.abs(vals) < 2.0 ** 63)
-            return present & ok, np.where(ok, vals, 0).astype(np.int64)
-        if pa.types.is_string(typ) or pa.types.is_large_string(typ):
-            valid, values = _parse_int_strings(column)
-            return present & valid, values
-        raise TypeError(f"id column: cannot read {typ} as integer ids")
-    if pa.types.is_integer(typ):
-        column = pc.cast(column, pa.large_string())
-    elif pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
-        column = pc.cast(column, pa.large_binary())
-    elif not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
-        raise TypeError(f"id column: cannot read {typ} as string ids")
-    if pa.types.is_large_binary(column.type):
-        nonblank = pc.greater(pc.binary_length(column), 0)
-    else:
-        nonblank = pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(column)), 0)
-    present &= pc.fill_null(nonblank, False).to_numpy(zero_copy_only=False)
-    return present, column
+        valid, values = _parse_int_strings(ids)
+        return present & valid, values
+    nonblank = pc.fill_null(pc.greater(pc.utf8_length(ids), 0), False)
+    return present & nonblank.to_numpy(zero_copy_only=False), ids
 
 
 def _key_codes(column, declared: Optional[frozenset]):

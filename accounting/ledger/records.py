@@ -1,0 +1,205 @@
+"""What the budget ledger stores: its format, budget scopes, release records and their states.
+
+A ledger is one JSON document::
+
+    {"format": "beam-dp-release/budget-ledger/v2", "ledger_id": "<random hex>",
+     "accountant": "basic" | "zcdp" | "pld",
+     "scopes":   {scope name: {"epsilon": .., "delta": ..}},      # recorded budgets
+     "releases": {versioned id: record},  "latest": {release id: versioned id},
+     "content":  {content key: versioned id}}
+
+A record holds the release id and version, the measures it spends (:class:`Measure` JSON: the
+mechanism, its noise and its cost), the scopes charged, the input digest, *references* to its
+keys (location and public fingerprint -- never a key), its state and history. States:
+
+* ``reserved``: charged; nothing has been published. Outputs, if any, are in private staging.
+* ``publishing``: publication has started; the key and input are pinned from here on.
+* ``committed``: published and recorded.
+
+The ``ledger_id`` is drawn once, when the ledger is created: published releases and output roots
+carry it, so a ledger that was deleted, replaced or mistyped is recognised as not theirs.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import secrets
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+from accounting.budget import PrivacyBudget
+from accounting.keys import ReleaseKey
+from accounting.keystore import KeyRef
+from accounting.measures import Measure
+
+FORMAT = "beam-dp-release/budget-ledger/v2"
+FORMAT_V1 = "beam-dp-release/budget-ledger/v1"
+RESERVED, PUBLISHING, COMMITTED = "reserved", "publishing", "committed"
+STATES = (RESERVED, PUBLISHING, COMMITTED)
+
+
+class LedgerError(RuntimeError):
+    """A release the ledger refuses (nothing was spent)."""
+
+
+class BudgetExceededError(LedgerError):
+    def __init__(self, message, *, scope: str, spent, requested, budget):
+        super().__init__(message)
+        self.scope, self.spent, self.requested, self.budget = scope, spent, requested, budget
+
+
+class ChangedInputError(LedgerError):
+    """The release id was published for a different input digest (a new version is needed)."""
+
+
+class ContentAlreadyReleased(LedgerError):
+    """The same content (e.g. the same set of reports) was already released under another id."""
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scope:
+    """A budget scope: every release charged to it, composed, must fit ``budget``.
+
+    Names are conventions of the jobs, e.g. ``campaign:C1`` (a campaign's total),
+    ``period:C1:2026-11-26`` (one campaign-day), ``unit-period:2026-11-26`` (one privacy unit's
+    loss on a day across all campaigns).
+    """
+
+    name: str
+    budget: PrivacyBudget
+    description: str = ""
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a scope needs a non-empty name, got {self.name!r}")
+        if not isinstance(self.budget, PrivacyBudget) or self.budget.is_zcdp:
+            raise ValueError(f"scope {self.name!r}: a ledger budget is an (epsilon, delta) "
+                             "PrivacyBudget (zCDP releases are converted by the zcdp accountant)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReleaseRequest:
+    """What one release asks of the ledger.
+
+    ``key_names``: the independent secret keys the release needs (one by default; e.g. one per
+    helper when no single party may know every noise share). ``content_key``: a digest of the
+    released content that may be released only once under any id (e.g. a set of reports).
+    """
+
+    release_id: str
+    measures: Sequence[Measure]
+    input_digest: str
+    scopes: Sequence[Scope]
+    key_names: Sequence[str] = ("release",)
+    content_key: Optional[str] = None
+    metadata: Mapping = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not isinstance(self.release_id, str) or not self.release_id or "#" in self.release_id:
+            raise ValueError(f"release_id must be a non-empty string without '#', got {self.release_id!r}")
+        if not self.measures or not all(isinstance(m, Measure) for m in self.measures):
+            raise ValueError(f"release {self.release_id!r}: measures must be a non-empty sequence "
+                             "of Measures")
+        if not isinstance(self.input_digest, str) or not self.input_digest:
+            raise ValueError("input_digest must be a non-empty string")
+        if not self.scopes or not all(isinstance(s, Scope) for s in self.scopes):
+            raise ValueError(f"release {self.release_id!r}: scopes must be a non-empty sequence "
+                             "of Scopes")
+        names = [s.name for s in self.scopes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"release {self.release_id!r}: scope names repeat: {names}")
+        if not self.key_names or len(set(self.key_names)) != len(self.key_names) or \
+                not all(isinstance(k, str) and k for k in self.key_names):
+            raise ValueError(f"release {self.release_id!r}: key_names must be distinct names")
+        object.__setattr__(self, "measures", tuple(self.measures))
+        object.__setattr__(self, "scopes", tuple(self.scopes))
+        object.__setattr__(self, "key_names", tuple(self.key_names))
+
+    def measures_json(self) -> list:
+        return [m.to_json() for m in self.measures]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A charged release: draw all its randomness from ``keys``, publish, then commit.
+
+    ``resumed``: the release was already charged for this input (an earlier run crashed or is
+    being repeated); nothing more was spent. ``taken_over``: an earlier run charged it for other
+    input but published nothing; this run takes the reservation over with fresh keys, spending
+    nothing more. ``state``: the record's state when this run obtained it.
+    """
+
+    release_id: str
+    version: int
+    versioned_id: str
+    keys: Mapping[str, ReleaseKey] = field(repr=False)
+    key_refs: Mapping[str, KeyRef]
+    record: dict = field(repr=False, compare=False)
+    ledger_id: str = ""
+    resumed: bool = False
+    taken_over: bool = False
+    state: str = RESERVED
+
+    @property
+    def key(self) -> ReleaseKey:
+        """The release's key when it has one named ``release`` (the usual case)."""
+        return self.keys["release"]
+
+    @property
+    def committed(self) -> bool:
+        return self.state == COMMITTED
+
+
+def versioned_id(release_id: str, version: int) -> str:
+    return release_id if version == 1 else f"{release_id}#{version}"
+
+
+def empty_state(accountant: str) -> dict:
+    return {"format": FORMAT, "ledger_id": secrets.token_hex(16), "accountant": accountant,
+            "scopes": {}, "releases": {}, "latest": {}, "content": {}, "created_at": now(),
+            "updated_at": None}
+
+
+def upgrade_v1(state: dict) -> dict:
+    """A v1 ledger (campaign budgets, charges) as v2 (scopes, measures), keeping every charge.
+
+    v1 campaign totals become ``campaign:<id>`` scopes and per-period budgets
+    ``period:<id>:<period>`` scopes; charges become measures with mechanism ``recorded``; a v1
+    record still ``charged`` (outputs may exist) becomes ``publishing``, so it is pinned to its
+    key and input. The ledger gets its id now and keeps it from the next write on.
+    """
+    out = empty_state(state.get("accountant", "basic"))
+    out["created_at"] = state.get("created_at")
+    campaigns = state.get("campaigns", {})
+    for campaign, budget in campaigns.items():
+        out["scopes"][f"campaign:{campaign}"] = dict(budget["total"])
+    for vid, record in state.get("releases", {}).items():
+        campaign = record["campaign"]
+        per_period = (campaigns.get(campaign) or {}).get("per_period")
+        scopes = [f"campaign:{campaign}"]
+        for period in record.get("periods", []):
+            if per_period is not None:
+                name = f"period:{campaign}:{period}"
+                out["scopes"][name] = dict(per_period)
+                scopes.append(name)
+        measures = [Measure(name=c.get("label") or f"charge{i}", mechanism="recorded",
+                            epsilon=c["epsilon"], delta=c.get("delta", 0.0), rho=c.get("rho"),
+                            neighbouring="as recorded by a v1 ledger").to_json()
+                    for i, c in enumerate(record["charges"])]
+        out["releases"][vid] = {
+            "release_id": record["release_id"], "version": record["version"],
+            "versioned_id": vid, "measures": measures, "scopes": scopes,
+            "input_digest": record["input_digest"], "keys": {"release": record["key_ref"]},
+            "content_key": None, "state": COMMITTED if record["state"] == "committed" else PUBLISHING,
+            "output_path": record.get("output_path"), "files": {},
+            "charged_at": record.get("charged_at"), "committed_at": record.get("committed_at"),
+            "last_run_at": record.get("last_run_at"), "runs": record.get("runs", 1),
+            "supersedes": record.get("supersedes"), "takeovers": [],
+            "metadata": {**record.get("metadata", {}), "campaign": campaign,
+                         "periods": record.get("periods", [])},
+        }
+    out["latest"] = dict(state.get("latest", {}))
+    return out

@@ -1,0 +1,158 @@
+"""Where a budget ledger lives: a local JSON file or one ``gs://`` object, updated transactionally.
+
+Both stores offer ``transact(update)``: read the current bytes (None if the ledger does not exist
+yet), let ``update`` decide ``(result, new bytes or None)``, and write the new bytes only if
+nobody else wrote in between.
+
+* Local: the read-check-write runs under an exclusive ``fcntl.flock`` on ``<ledger>.lock``, and
+  the new ledger replaces the old atomically (temporary file, fsync, ``os.replace``, fsync of the
+  directory). The path is resolved (symbolic links followed) first: replacing a link would turn
+  it into a regular file and fork the ledger into two that each show part of the spend.
+* GCS: the object is read with its generation and written with ``if_generation_match``; a 412
+  (another writer won) re-reads and re-runs ``update``, so two concurrent releases can never both
+  spend the last share. (GCS allows about one write per second to one object; the client retries
+  429s, so heavy contention only slows the ledger down.)
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import random
+import tempfile
+import time
+
+from accounting import gcs
+
+
+class LedgerConflict(RuntimeError):
+    """Another writer changed the ledger object (a generation precondition failed)."""
+
+
+class LedgerStoreError(RuntimeError):
+    """The store gave up (too many conflicting writers)."""
+
+
+class LocalStore:
+    """Read-modify-write of a local JSON file under an exclusive flock, replaced atomically."""
+
+    def __init__(self, path: str):
+        self.path = os.path.realpath(os.path.abspath(path))
+        self.lock_path = self.path + ".lock"
+
+    def transact(self, update):
+        directory = os.path.dirname(self.path)
+        os.makedirs(directory, exist_ok=True)
+        with open(self.lock_path, "a+") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                try:
+                    with open(self.path, "rb") as handle:
+                        data = handle.read()
+                except FileNotFoundError:
+                    data = None
+                result, new_data = update(data)
+                if new_data is not None:
+                    self._replace(directory, new_data)
+                return result
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def _replace(self, directory: str, data: bytes) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(self.path) + ".", suffix=".tmp",
+                                   dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
+            raise
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        except OSError as err:  # some file systems cannot fsync a directory
+            if err.errno not in (errno.EINVAL, errno.EBADF):
+                raise
+        finally:
+            os.close(dir_fd)
+
+    def read(self):
+        try:
+            with open(self.path, "rb") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return None
+
+
+class GcsStore:
+    """Optimistic concurrency on one GCS object: read with generation, write if it still matches."""
+
+    def __init__(self, uri: str, max_attempts: int = 100):
+        bucket, name = gcs.split_gcs_uri(uri)
+        if not name or name.endswith("/"):
+            raise ValueError(f"ledger URI must name an object, got {uri!r}")
+        self.uri = uri
+        self.max_attempts = max_attempts
+        self.conflicts = 0
+
+    def read_with_generation(self):
+        """``(bytes or None, generation)``; generation 0 means the object does not exist."""
+        from google.api_core import exceptions
+
+        bucket, name = gcs.split_gcs_uri(self.uri)
+        blob = gcs.client().bucket(bucket).get_blob(name)
+        if blob is None:
+            return None, 0
+        generation = int(blob.generation)  # downloading may reset blob.generation from headers
+        try:
+            data = blob.download_as_bytes(if_generation_match=generation)
+        except (exceptions.PreconditionFailed, exceptions.NotFound):
+            raise LedgerConflict(f"{self.uri} changed while being read")
+        return data, generation
+
+    def write_if_generation(self, data: bytes, generation: int) -> None:
+        """Write ``data`` only if the object is still at ``generation`` (0: must not exist)."""
+        from google.api_core import exceptions
+
+        try:
+            gcs.blob(self.uri).upload_from_string(data, content_type="application/json",
+                                                  if_generation_match=generation)
+        except exceptions.PreconditionFailed:
+            raise LedgerConflict(f"{self.uri} was changed by another writer (generation "
+                                 f"{generation} no longer current)")
+
+    def transact(self, update):
+        delay = 0.05
+        for _ in range(self.max_attempts):
+            try:
+                data, generation = self.read_with_generation()
+                result, new_data = update(data)
+                if new_data is not None:
+                    self.write_if_generation(new_data, generation)
+                return result
+            except LedgerConflict:
+                self.conflicts += 1
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 2.0)
+        raise LedgerStoreError(f"gave up updating {self.uri} after {self.max_attempts} conflicting attempts")
+
+    def read(self):
+        for _ in range(self.max_attempts):
+            try:
+                return self.read_with_generation()[0]
+            except LedgerConflict:  # replaced while being read: read the new version
+                self.conflicts += 1
+        raise LedgerStoreError(f"could not read a stable version of {self.uri}")
+
+
+
+
+def store_for(path: str, max_attempts: int = 100):
+    """The store of a ledger path (``gs://bucket/object`` or a local file)."""
+    return GcsStore(path, max_attempts) if gcs.is_gcs(path) else LocalStore(path)

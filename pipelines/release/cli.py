@@ -1,0 +1,137 @@
+"""One command-line convention for every job, derived from its typed request.
+
+Each field of a job's request dataclass (and of :class:`ReleaseOptions`) is a flag in Beam's
+underscore style (``--key_store``, ``--testing_seed``, ``--new_release``); the dashed spelling
+(``--key-store``) is accepted as an alias. ``help`` comes from the field's metadata, the type
+from its annotation (``bool`` is a switch; ``tuple`` a comma-separated list). Arguments the job
+does not know are Beam pipeline options and go to the runner profile (``runners/profiles.py``).
+So the CLI is a thin layer over the Python API: ``main(argv)`` parses a request and calls the
+same ``run(request)`` a Python caller would.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+import typing
+from typing import Optional, Sequence
+
+from pipelines.release import lifecycle, report
+from pipelines.release.errors import (EXIT_INTERNAL, EXIT_RELEASED, ReleaseFailed,
+                                      ReleaseRefused)
+from pipelines.release.job import Job, ReleaseOptions
+
+_LOG = logging.getLogger(__name__)
+
+
+def _base_type(annotation):
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _base_type(args[0])
+    return origin or annotation
+
+
+def _fields(cls):
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name == "options" or not f.metadata.get("cli", True):
+            continue
+        yield f, _base_type(hints[f.name])
+
+
+def _csv(text: str) -> tuple:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def add_arguments(group, cls) -> list[str]:
+    """Flags for every field of ``cls``; returns the flag names."""
+    flags = []
+    for f, typ in _fields(cls):
+        flag = f"--{f.name}"
+        kwargs = {"help": f.metadata.get("help", ""), "dest": f.name}
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if typ is bool:
+            kwargs["action"] = "store_true"
+        else:
+            kwargs["type"] = _csv if typ is tuple else typ
+            kwargs["metavar"] = f.metadata.get("metavar", f.name.upper())
+        if required:
+            kwargs["required"] = True
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            kwargs["default"] = default
+            if typ is not bool and default not in (None, (), ""):
+                kwargs["help"] += f" (default: {','.join(default) if typ is tuple else default})"
+        group.add_argument(flag, **kwargs)
+        flags.append(flag)
+    return flags
+
+
+def build_parser(job: Job) -> tuple[argparse.ArgumentParser, list[str]]:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m pipelines.{job.name}", description=job.description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Other arguments are Beam pipeline options (e.g. --runner PrismRunner; default: "
+               "the in-process engine); see runners/README.md. Exit codes: 0 released (or an "
+               "identical re-run), 2 refused before any charge, 3 failed after the reservation "
+               "(nothing published; a corrected re-run takes the reservation over).")
+    flags = add_arguments(parser.add_argument_group(f"{job.name}"), job.request_type)
+    flags += add_arguments(parser.add_argument_group("release (every job)"), ReleaseOptions)
+    return parser, flags
+
+
+def normalise(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """Dashed spellings of the job's own flags become the underscore ones."""
+    known = {f.replace("_", "-"): f for f in flags}
+    out = []
+    for token in argv:
+        name, eq, value = token.partition("=")
+        if name in known:
+            token = known[name] + (eq + value if eq else "")
+        out.append(token)
+    return out
+
+
+def parse_request(job: Job, argv: Sequence[str]):
+    parser, flags = build_parser(job)
+    args, beam_args = parser.parse_known_args(normalise(argv, flags))
+    values = vars(args)
+    release = {f.name: values[f.name] for f, _ in _fields(ReleaseOptions)}
+    options = ReleaseOptions(**release, pipeline_args=tuple(beam_args))
+    own = {f.name: values[f.name] for f, _ in _fields(job.request_type)}
+    return job.request_type(**own, options=options)
+
+
+def main(job: Job, argv: Optional[Sequence[str]] = None) -> int:
+    """Parse, run, print the summary; the exit code says what happened (see errors)."""
+    logging.basicConfig(level=os.environ.get("LOGLEVEL", "WARNING"))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        request = parse_request(job, argv)
+        result = lifecycle.run(job, request)
+    except (ReleaseRefused, ReleaseFailed) as err:
+        print(f"{job.name}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except ValueError as err:  # invalid parameters found while building the request
+        print(f"{job.name}: error: {err}", file=sys.stderr)
+        return ReleaseRefused.exit_code
+    except Exception as err:  # noqa: BLE001 -- the scheduler must see a failure
+        _LOG.debug("internal error", exc_info=True)
+        print(f"{job.name}: internal error ({type(err).__name__}); nothing new was published. "
+              "Re-run with LOGLEVEL=DEBUG for the traceback", file=sys.stderr)
+        return EXIT_INTERNAL
+    for outcome in result.releases:
+        if outcome.report is not None:
+            print(report.text(job, outcome.report), end="")
+        else:
+            print(f"{job.name}: {outcome.status} {outcome.versioned_id} -> {outcome.folder}")
+        if outcome.report_path:
+            print(f"  operator report: {outcome.report_path}")
+    for warning in result.warnings:
+        print(f"{job.name}: warning: {warning}", file=sys.stderr)
+    return EXIT_RELEASED

@@ -1,0 +1,33 @@
+"""How a release run ends when it does not publish, and the exit code a scheduler sees.
+
+* :class:`ReleaseRefused` -- exit 2: refused before any charge (bad flags, configuration or
+  input, a budget or ownership refusal). Nothing was charged and nothing was published.
+* :class:`ReleaseFailed` -- exit 3: failed after the reservation (a fault found while computing,
+  too many dropped rows, a publication conflict). Nothing was published; the reservation stays
+  charged and a corrected re-run takes it over without spending again.
+
+Exit 0 means released (or an identical re-run); any other code means nothing new was published,
+with one stated exception: a run of several releases whose publication fails part-way (an I/O
+fault after the checks that precede every publication) exits 3 naming the releases that are out;
+re-running the same command reproduces those byte for byte and publishes the rest. After a
+release is published, a failing ledger commit or operator report is a warning (exit 0): the budget
+was charged at the reservation, and the next run of the same command completes the record.
+"""
+from __future__ import annotations
+
+EXIT_RELEASED = 0
+EXIT_INTERNAL = 1
+EXIT_REFUSED = 2
+EXIT_FAILED = 3
+
+
+class ReleaseRefused(ValueError):
+    """Refused before any budget was charged (exit 2)."""
+
+    exit_code = EXIT_REFUSED
+
+
+class ReleaseFailed(RuntimeError):
+    """Failed after the reservation; nothing was published (exit 3)."""
+
+    exit_code = EXIT_FAILED

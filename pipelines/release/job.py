@@ -1,0 +1,239 @@
+"""What a job gives the release layer, and what the release layer gives a job.
+
+A job is a :class:`Job` subclass with a frozen, keyword-only request type (its parameters plus an
+``options: ReleaseOptions`` field). It declares its inputs (:class:`~pipelines.release.inputs.
+InputSpec`), plans its releases (:class:`PlannedRelease`: id, measures, budget scopes, outputs,
+configuration) and builds the Beam graph of one release from Arrow-table PCollections and the
+release's keys (:class:`ReleaseContext`). Everything else -- preflight, ledger, keys, staging,
+publication, reports, the CLI -- is the release layer's.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+import pyarrow as pa
+
+from accounting import guarantee
+from accounting.keys import ReleaseKey
+from accounting.ledger import Scope
+from accounting.measures import Measure
+from pipelines.release import names
+from pipelines.release.errors import ReleaseRefused
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReleaseOptions:
+    """The options every job shares (the CLI's ``--output``, ``--ledger``, ...)."""
+
+    output: str = field(metadata={"help": "output root (local or gs://): a release is published "
+                                          "under OUTPUT/<release id>/v<version>/"})
+    ledger: Optional[str] = field(default=None, metadata={
+        "help": "budget ledger file (local or gs://); required for a release"})
+    key_store: Optional[str] = field(default=None, metadata={
+        "help": "where release keys are kept (local folder or gs:// prefix, private); required "
+                "for a release"})
+    testing_seed: Optional[int] = field(default=None, metadata={
+        "help": "NOT A RELEASE: a public, non-secret key from this seed; no ledger; output goes "
+                "under OUTPUT/testing-not-a-release/"})
+    new_release: bool = field(default=False, metadata={
+        "help": "the input of a published release changed: charge a new version with a fresh key"})
+    report_dir: Optional[str] = field(default=None, metadata={
+        "help": "where the operator's report.json/report.txt go (default: reports/ beside the "
+                "ledger; they hold raw-data counts, keep them private)"})
+    staging_dir: Optional[str] = field(default=None, metadata={
+        "help": "private staging root (default: OUTPUT/.staging; must not be public)"})
+    max_dropped_fraction: float = field(default=0.5, metadata={
+        "help": "refuse to publish when more than this share of an input's eligible rows was "
+                "dropped by the row rules (all dropped is always refused)"})
+    allow_dropped_rows: bool = field(default=False, metadata={
+        "help": "publish even when the dropped-rows rule would refuse (the report says so)"})
+    pipeline_args: tuple = field(default=(), metadata={"cli": False})
+
+    def __post_init__(self):
+        if not isinstance(self.output, str) or not self.output:
+            raise ReleaseRefused("--output is required")
+        if self.testing_seed is not None:
+            if isinstance(self.testing_seed, bool) or not isinstance(self.testing_seed, int):
+                raise ReleaseRefused("--testing_seed must be an integer")
+            if self.ledger or self.key_store or self.new_release:
+                raise ReleaseRefused("--testing_seed makes no release: give it without --ledger, "
+                                     "--key_store and --new_release")
+        elif not (self.ledger and self.key_store):
+            raise ReleaseRefused("a release needs --ledger and --key_store (or --testing_seed "
+                                 "for a run that is not a release)")
+        if not (isinstance(self.max_dropped_fraction, (int, float))
+                and 0 <= self.max_dropped_fraction < 1):
+            raise ReleaseRefused("--max_dropped_fraction must be in [0, 1)")
+        object.__setattr__(self, "pipeline_args", tuple(self.pipeline_args))
+
+    @property
+    def testing(self) -> bool:
+        return self.testing_seed is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputSpec:
+    """One released file: its name (the extension gives the format: .parquet, .csv, .jsonl), the
+    public order of its rows, its schema, and which columns hold noisy values."""
+
+    name: str
+    sort_by: Sequence[str]
+    schema: pa.Schema
+    noisy: Sequence[str] = ()
+    description: str = ""
+
+    def __post_init__(self):
+        names.check_segment(self.name, "output file name")
+        if not self.name.endswith((".parquet", ".csv", ".jsonl")):
+            raise ValueError(f"output {self.name!r}: use .parquet, .csv or .jsonl")
+        missing = [c for c in [*self.sort_by, *self.noisy] if c not in self.schema.names]
+        if missing:
+            raise ValueError(f"output {self.name!r}: {missing} not in its schema")
+        object.__setattr__(self, "sort_by", tuple(self.sort_by))
+        object.__setattr__(self, "noisy", tuple(self.noisy))
+
+    @property
+    def format(self) -> str:
+        return self.name.rsplit(".", 1)[1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannedRelease:
+    """One release a run makes.
+
+    ``measures``: what it spends (each states mechanism, neighbouring relation, sensitivity and
+    cost); ``scopes``: the ledger budgets it is charged to; ``accountant``: how its measures are
+    composed in reports and in the ledger; ``config``: everything that shapes the release,
+    hashed with the input files into the digest its keys are bound to; ``parameters``: the
+    public parameters stated in the published release metadata; ``inputs``: the inputs it reads
+    (default: all); ``key_names``: independent keys it needs.
+    """
+
+    release_id: str
+    measures: Sequence[Measure]
+    scopes: Sequence[Scope]
+    outputs: Sequence[OutputSpec]
+    config: Mapping[str, Any]
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    accountant: str = "basic"
+    inputs: Optional[Sequence[str]] = None
+    key_names: Sequence[str] = ("release",)
+    guarantee_covers: str = ""
+
+    def __post_init__(self):
+        names.check_release_id(self.release_id)
+        if not self.measures:
+            raise ValueError(f"release {self.release_id!r} has no measures")
+        guarantee.check_accountant(self.accountant)
+        object.__setattr__(self, "measures", tuple(self.measures))
+        object.__setattr__(self, "scopes", tuple(self.scopes))
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+        object.__setattr__(self, "key_names", tuple(self.key_names))
+
+    def guarantee(self):
+        """This release's (epsilon, delta) at the delta its measures declare."""
+        return guarantee.compose(self.measures, self.accountant)
+
+    def guarantee_json(self) -> dict:
+        g = self.guarantee()
+        rho = [m.rho for m in self.measures if m.rho is not None]
+        return {"accountant": self.accountant, "epsilon": g.epsilon, "delta": g.delta,
+                "rho_of_zcdp_measures": math.fsum(rho) if rho else None,
+                "covers": self.guarantee_covers or "this release (its measures composed)",
+                "ledger_scopes": [{"name": s.name, "epsilon": s.budget.epsilon,
+                                   "delta": s.budget.delta, "description": s.description}
+                                  for s in self.scopes]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReleaseContext:
+    """What ``Job.build`` gets for one release: its plan, keys and mode."""
+
+    planned: PlannedRelease
+    keys: Mapping[str, ReleaseKey] = field(repr=False)
+    versioned_id: str
+    testing: bool
+
+    @property
+    def release_id(self) -> str:
+        return self.planned.release_id
+
+    @property
+    def key(self) -> ReleaseKey:
+        return self.keys["release"]
+
+    def label(self, name: str) -> str:
+        """A transform label unique to this release (one pipeline may build several)."""
+        return f"{name}[{self.release_id}]"
+
+    def counters(self, job: str, input_name: str):
+        """Row counters of ``input_name`` for this release (see pipelines.release.counters)."""
+        from pipelines.release.counters import RowCounters
+
+        return RowCounters(job, input_name, release_id=self.release_id)
+
+
+class Job:
+    """Base class of a job (see the module docstring). Subclasses set ``name`` and
+    ``request_type`` and implement ``inputs``, ``plan`` and ``build``."""
+
+    name: str = ""
+    request_type: type = None
+    description: str = ""
+    #: Counter namespaces of library transforms the job uses that count raw-data facts in a
+    #: namespace of their own (e.g. ``("ara",)``): read into the run's counters as
+    #: ``<namespace>.<name>`` (see pipelines.release.counters.query).
+    counter_namespaces: Sequence[str] = ()
+
+    def check(self, request) -> None:
+        """Job-level validation before any work (raise ReleaseRefused / ValueError)."""
+
+    def inputs(self, request) -> Sequence:
+        raise NotImplementedError
+
+    def plan(self, request) -> Sequence[PlannedRelease]:
+        raise NotImplementedError
+
+    def build(self, pipeline, request, inputs: Mapping[str, Any],
+              release: ReleaseContext) -> Mapping[str, Any]:
+        """The Beam graph of one release: {output file name: PCollection of released tables}.
+
+        ``inputs``: {input name: PCollection of Arrow tables with the declared columns}. Label
+        transforms with ``release.label(...)``: one pipeline may build several releases.
+        """
+        raise NotImplementedError
+
+    def build_all(self, pipeline, request, inputs: Mapping[str, Any],
+                  releases: Sequence[ReleaseContext]) -> Mapping[str, Mapping[str, Any]]:
+        """{release id: outputs} of every release of the run; by default ``build`` per release.
+        Override when the releases share one computation (e.g. one pass over the rows)."""
+        out = {}
+        for release in releases:
+            wanted = {n: inputs[n] for n in (release.planned.inputs or sorted(inputs))}
+            out[release.release_id] = self.build(pipeline, request, wanted, release)
+        return out
+
+    def content_key(self, request, planned: PlannedRelease, inputs: Mapping[str, Any]):
+        """A digest of content that may be released only once under any id (default: none).
+        ``inputs``: {input name: its preflighted ``ResolvedInput`` (files, formats, compression,
+        columns)}; read files with ``pipelines.release.inputs.open_input``."""
+        return None
+
+    def dropped_rows(self, counters: Mapping[str, int]) -> Mapping[str, dict]:
+        """Per input: eligible rows, dropped rows, share and ``reasons`` (the counters that
+        dropped them): the dropped-rows rule's input. The default reads the counter convention
+        of pipelines.release.counters; a job whose transforms count otherwise overrides it."""
+        from pipelines.release.counters import dropped_share
+
+        return dropped_share(counters)
+
+    def public_summary(self, request, planned: PlannedRelease,
+                       tables: Mapping[str, pa.Table]) -> dict:
+        """Public facts of the released tables for the release metadata (e.g. keys released)."""
+        return {name: {"rows": table.num_rows} for name, table in tables.items()}
+
+    def report_lines(self, summary: Mapping) -> list[str]:
+        """Extra lines for the operator's report.txt."""
+        return []

@@ -1,0 +1,230 @@
+"""Publication is owned: where releases go, their markers, and atomic, never-overwriting publication.
+
+Layout under ``--output`` (OUTPUT)::
+
+    OUTPUT/.ledger-binding.json              which ledger (id and path) owns this output root
+    OUTPUT/<release id>/v<N>/<files>         a published release version ...
+    OUTPUT/<release id>/v<N>/RELEASE.json    ... and its marker (public metadata), written last
+    OUTPUT/.staging/<release id>/v<N>.<attempt>/   private staging (default --staging_dir)
+    OUTPUT/testing-not-a-release/<release id>/     testing runs (--testing_seed) only
+
+Rules:
+
+* A folder is a published release exactly when its marker exists. The marker names the release
+  (id, version, job), the ledger that charged it, its keys' public fingerprints, a keyed binding
+  to its input digest (verifiable by the key holder only: a plain digest of raw data would let
+  anyone test a guess of the input), the guarantee and the files with their digests.
+* A run never writes into a folder that holds another release's marker; a published release is
+  never replaced by different bytes (a re-run that reproduces it exactly is a no-op).
+* Testing runs write only under ``testing-not-a-release/``; a real release refuses that prefix
+  and a testing run refuses a path inside a real release.
+* The output root is bound to one ledger on its first release. A root whose binding names
+  another ledger, or whose ledger is missing, or that holds release markers without a binding,
+  is refused, naming both files: a deleted, emptied, replaced or mistyped ledger must never
+  re-charge and re-release a published day with a fresh key (new noise on top of the published
+  noise lets averaging remove it). Every marker of the release id must be in the ledger too.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Mapping, Optional
+
+from pipelines.release import names, storage
+from pipelines.release.errors import ReleaseFailed, ReleaseRefused
+
+MARKER = "RELEASE.json"
+BINDING = ".ledger-binding.json"
+TESTING_PREFIX = "testing-not-a-release"
+STAGING = ".staging"
+MARKER_FORMAT = "beam-dp-release/release/v1"
+
+
+def release_folder(output: str, release_id: str, version: int, testing: bool) -> str:
+    parts = names.release_path(release_id)
+    if testing:
+        return storage.join(output, TESTING_PREFIX, *parts)
+    return storage.join(output, *parts, f"v{version}")
+
+
+def staging_folder(root: str, release_id: str, version: int, attempt: str) -> str:
+    return storage.join(root, *names.release_path(release_id), f"v{version}.{attempt}")
+
+
+def staging_attempts(root: str, release_id: str, version: int) -> list[str]:
+    """Staging folders of earlier attempts at this release version (to delete)."""
+    base = storage.join(root, *names.release_path(release_id))
+    prefix = storage.join(base, f"v{version}.")
+    return sorted({path[:path.index("/", len(prefix))] for path in storage.list_files(base)
+                   if path.startswith(prefix) and "/" in path[len(prefix):]})
+
+
+def marker_bytes(marker: Mapping) -> bytes:
+    return (json.dumps(marker, indent=1, sort_keys=True, default=str) + "\n").encode("utf-8")
+
+
+def read_marker(folder: str) -> Optional[dict]:
+    data = storage.read_bytes(storage.join(folder, MARKER))
+    return None if data is None else json.loads(data.decode("utf-8"))
+
+
+# --------------------------------------------------------------------------- ownership checks
+
+def check_output_root(output: str, testing: bool) -> None:
+    """Refuse an output root inside the testing prefix (for a release) or inside a release."""
+    parts = output.replace("gs://", "", 1).split("/")
+    if not testing and TESTING_PREFIX in parts:
+        raise ReleaseRefused(f"--output {output} is inside a {TESTING_PREFIX}/ folder: a release "
+                             "never goes there")
+    if storage.is_gcs(output):
+        return
+    folder = output
+    while True:
+        if os.path.isfile(os.path.join(folder, MARKER)):
+            raise ReleaseRefused(f"--output {output} is inside the published release "
+                                 f"{folder} ({MARKER}): choose the output root, not a release")
+        up = os.path.dirname(folder)
+        if up == folder:
+            return
+        folder = up
+
+
+def _real_markers(output: str) -> list[str]:
+    return [p for p in storage.list_files(output)
+            if p.endswith("/" + MARKER) and f"/{TESTING_PREFIX}/" not in p and f"/{STAGING}/" not in p]
+
+
+def check_binding(output: str, ledger) -> Optional[dict]:
+    """Refuse a missing or replaced ledger next to existing releases; returns the binding."""
+    from accounting.ledger import LedgerError
+
+    path = storage.join(output, BINDING)
+    data = storage.read_bytes(path)
+    try:
+        ledger_id = ledger.ledger_id()
+    except LedgerError as err:
+        if data is None and not _real_markers(output):
+            raise
+        raise ReleaseRefused(
+            f"output root {output} holds published releases (ledger binding {path}), but the "
+            f"ledger cannot be read: {err}. Refusing to charge anything for published releases")
+    if data is not None:
+        try:
+            binding = json.loads(data.decode("utf-8"))
+            binding["ledger_id"], binding["ledger"]
+        except (UnicodeDecodeError, ValueError, TypeError, KeyError):
+            raise ReleaseRefused(f"{path} is not a ledger binding (it records which ledger owns "
+                                 f"the releases under {output}); refusing to charge {ledger.path}")
+        if ledger_id is None:
+            raise ReleaseRefused(
+                f"output root {output} holds releases charged by ledger {binding['ledger_id']} "
+                f"(recorded in {path}, ledger path {binding['ledger']}), but the ledger "
+                f"{ledger.path} does not exist: deleted or mistyped? Refusing to charge a new "
+                "ledger for published releases")
+        if ledger_id != binding["ledger_id"]:
+            raise ReleaseRefused(
+                f"output root {output} belongs to ledger {binding['ledger_id']} (recorded in "
+                f"{path}, ledger path {binding['ledger']}); {ledger.path} is another ledger "
+                f"({ledger_id}): replaced? Refusing")
+        return binding
+    markers = _real_markers(output)
+    if markers:
+        raise ReleaseRefused(
+            f"output root {output} holds published releases (e.g. {markers[0]}) but no ledger "
+            f"binding ({path}); refusing to charge ledger {ledger.path} for them")
+    return None
+
+
+def bind(output: str, ledger) -> None:
+    """Record the output root's ledger (first release); a concurrent first run binds once."""
+    path = storage.join(output, BINDING)
+    body = json.dumps({"ledger_id": ledger.ledger_id(), "ledger": ledger.path}, indent=1,
+                      sort_keys=True).encode("utf-8") + b"\n"
+    if not storage.write_bytes(path, body, exclusive=True):
+        check_binding(output, ledger)
+
+
+def check_markers_in_ledger(output: str, release_id: str, ledger) -> None:
+    """Every published version of ``release_id`` under ``output`` must be in the ledger."""
+    base = storage.join(output, *names.release_path(release_id))
+    for path in storage.list_files(base):
+        if not path.endswith("/" + MARKER):
+            continue
+        marker = json.loads(storage.read_bytes(path).decode("utf-8"))
+        if marker.get("testing"):
+            continue
+        record = ledger.get(marker["release_id"], marker["version"])
+        fingerprints = None if record is None else \
+            {n: k["fingerprint"] for n, k in record["keys"].items()}
+        if record is None or fingerprints != marker.get("key_fingerprints"):
+            raise ReleaseRefused(
+                f"{path} is a published release that ledger {ledger.path} does not hold (or "
+                "holds with other keys); refusing to release it again")
+
+
+# --------------------------------------------------------------------------- publish
+
+def _same(staged: dict, published: dict) -> bool:
+    return staged == published
+
+
+def digests(folder: str) -> dict[str, str]:
+    """{file name: sha256} of every file in a folder."""
+    prefix = folder.rstrip("/") + "/"
+    return {path[len(prefix):]: storage.sha256_of(path) for path in storage.list_files(folder)}
+
+
+def check_publishable(staging: str, final: str, *, testing: bool) -> str:
+    """``"new"``, ``"identical"`` (a re-run reproduced it) or ``"resume"`` (a crashed GCS
+    publication to complete); raises ReleaseFailed if it would replace different bytes."""
+    if testing:
+        return "new"
+    existing = storage.list_files(final)
+    if not existing:
+        return "new"
+    staged, published = digests(staging), digests(final)
+    if MARKER in published:
+        if _same(staged, published):
+            return "identical"
+        changed = sorted(n for n in set(staged) | set(published) if staged.get(n) != published.get(n))
+        raise ReleaseFailed(f"{final} is published with other bytes ({', '.join(changed)}); a "
+                            "published release is never replaced (did the code or the "
+                            "configuration change? a new version needs --new_release)")
+    for name, digest in published.items():  # a crashed publication: what is there must match
+        if staged.get(name) != digest:
+            raise ReleaseFailed(f"{final} holds a partly published release with other bytes "
+                                f"({name}); refusing to complete it")
+    return "resume"
+
+
+def publish(staging: str, final: str, *, testing: bool) -> str:
+    """Move a staged release into place (see the module docstring); returns the outcome."""
+    outcome = check_publishable(staging, final, testing=testing)
+    if outcome == "identical":
+        storage.delete_tree(staging)
+        return outcome
+    if testing:
+        storage.delete_tree(final)
+    if not storage.is_gcs(final) and not storage.is_gcs(staging) and outcome == "new":
+        storage.fsync_tree(staging)
+        try:
+            storage.rename_dir(staging, final)
+            return outcome
+        except OSError:  # a concurrent run of the same release got there first
+            if not os.path.isdir(final):
+                raise
+        outcome = check_publishable(staging, final, testing=testing)  # raises if different
+        if outcome == "identical":
+            storage.delete_tree(staging)
+            return outcome
+    # GCS (or across file systems): files first, the marker last; never overwrite.
+    prefix = staging.rstrip("/") + "/"
+    files = sorted(storage.list_files(staging), key=lambda p: p.endswith("/" + MARKER))
+    for path in files:
+        target = storage.join(final, path[len(prefix):])
+        data = storage.read_bytes(path)
+        if not storage.write_bytes(target, data, exclusive=not testing):
+            if storage.read_bytes(target) != data:
+                raise ReleaseFailed(f"{target} appeared with other bytes during publication")
+    storage.delete_tree(staging)
+    return outcome

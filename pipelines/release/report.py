@@ -1,0 +1,136 @@
+"""What a release says about itself: the public marker and the operator's report.
+
+* The **marker** (``RELEASE.json``, published with the release) holds public information only:
+  the release's id, version and job; its guarantee (accountant, epsilon, delta, what it covers,
+  the ledger scopes); every measure with its mechanism, neighbouring relation, sensitivity and
+  noise; public parameters; the files with their digests; public facts of the released tables
+  (e.g. keys released); the keys' fingerprints and a keyed binding to the input. It is
+  deterministic (no clock), so an identical re-run reproduces it byte for byte.
+* The **operator report** (``report.json`` and ``report.txt``, in ``--report_dir``, by default
+  beside the ledger) adds what only the operator may see: row counters (raw-data facts), the
+  dropped-rows rule, the ledger state of every scope (spent and remaining), the input digest and
+  timings. It is never published.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Mapping, Optional
+
+from accounting.ledger import keyed_binding
+from pipelines.release import names, publish, storage
+
+
+def _finite(value):
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def marker(job, request, context, version: int, files: Mapping[str, str], tables, *,
+           ledger=None, reservation=None) -> dict:
+    p = context.planned
+    out = {
+        "format": publish.MARKER_FORMAT, "job": job.name, "release_id": p.release_id,
+        "version": version, "versioned_id": context.versioned_id, "testing": context.testing,
+        "status": "TESTING - NOT A RELEASE (public testing key)" if context.testing else "released",
+        "guarantee": p.guarantee_json(),
+        "measures": [m.to_dict() for m in p.measures],
+        "parameters": dict(p.parameters),
+        "outputs": {spec.name: {"sha256": files[spec.name], "rows": tables[spec.name].num_rows,
+                                "sorted_by": list(spec.sort_by), "noisy_columns": list(spec.noisy),
+                                "columns": {f.name: str(f.type) for f in spec.schema},
+                                "description": spec.description}
+                    for spec in p.outputs},
+        "summary": job.public_summary(request, p, tables),
+        "key_fingerprints": {n: k.fingerprint() for n, k in sorted(context.keys.items())},
+    }
+    if reservation is not None:
+        out["ledger_id"] = reservation.ledger_id
+        key = reservation.keys.get("release") or reservation.keys[sorted(reservation.keys)[0]]
+        out["input_binding"] = keyed_binding(key.secret_bytes(), reservation.record["input_digest"])
+    return json.loads(json.dumps(out, default=str))
+
+
+def operator_report(job, context, marker: Mapping, status: str, folder: str, counters, shares,
+                    ledger, reservation, started: float, *, dropped_rule_overridden: bool) -> dict:
+    out = {"marker": dict(marker), "status": status, "folder": folder,
+           "counters": dict(counters), "dropped_rows": shares,
+           "dropped_rule_overridden": dropped_rule_overridden,
+           "seconds": round(time.time() - started, 3)}
+    if ledger is not None and reservation is not None:
+        scopes = []
+        for scope in context.planned.scopes:
+            spent = ledger.spent(scope.name)
+            budget = ledger.scope_budget(scope.name)
+            scopes.append({"name": scope.name, "description": scope.description,
+                           "budget": {"epsilon": budget.epsilon, "delta": budget.delta},
+                           "spent": {"epsilon": _finite(spent.epsilon), "delta": spent.delta},
+                           "remaining": {"epsilon": _finite(max(budget.epsilon - spent.epsilon, 0.0)),
+                                         "delta": max(budget.delta - spent.delta, 0.0)}})
+        out["ledger"] = {"path": ledger.path, "accountant": ledger.accountant, "scopes": scopes,
+                         "input_digest": reservation.record["input_digest"],
+                         "resumed": reservation.resumed, "taken_over": reservation.taken_over,
+                         "runs": reservation.record.get("runs")}
+    return out
+
+
+def text(job, report: Mapping) -> str:
+    m = report["marker"]
+    g = m["guarantee"]
+    lines = [f"{job.name} release {m['versioned_id']} ({report['status']})",
+             f"  published at: {report['folder']}",
+             f"  guarantee: epsilon={g['epsilon']:.4g}, delta={g['delta']:.3g} "
+             f"({g['accountant']} composition); covers {g['covers']}"]
+    for measure in m["measures"]:
+        noise = f", scale {measure['noise_scale']:.4g}, std {measure['std']:.4g}, 95% " \
+                f"+/-{measure['ci95_halfwidth']:.4g}" if "noise_scale" in measure else ""
+        lines.append(f"  {measure['name']}: {measure['mechanism']}{noise}; {measure['neighbouring']}"
+                     + (f"; {measure['description']}" if measure.get("description") else ""))
+    for name, output in m["outputs"].items():
+        lines.append(f"  {name}: {output['rows']} rows")
+    lines.extend(job.report_lines(m.get("summary", {})))
+    ledger = report.get("ledger")
+    if ledger:
+        for scope in ledger["scopes"]:
+            spent, budget = scope["spent"]["epsilon"], scope["budget"]["epsilon"]
+            lines.append(f"  budget {scope['name']}: spent epsilon="
+                         f"{'inf' if spent is None else f'{spent:.4g}'} of {budget:g}")
+        if ledger["resumed"]:
+            lines.append("  (re-run of a charged release: nothing more was spent)")
+        if ledger["taken_over"]:
+            lines.append("  (took over an unpublished reservation: nothing more was spent)")
+    rows = {k: v for k, v in report["counters"].items() if v}
+    if rows:
+        lines.append("  rows (operator only): " + ", ".join(f"{k}={v}" for k, v in rows.items()))
+    if report.get("dropped_rule_overridden"):
+        lines.append("  WARNING: published despite the dropped-rows rule (--allow_dropped_rows)")
+    return "\n".join(lines) + "\n"
+
+
+def _folder(root: str, release_id: str, version: int) -> str:
+    return storage.join(root, *names.release_path(release_id), f"v{version}")
+
+
+def write(report: Mapping, root: str, release_id: str, version: int, job) -> str:
+    """The operator report of a published release. A failure record of an earlier attempt at
+    this version (a run that published nothing and was then taken over) moves into it as
+    ``earlier_failure``, so the folder never shows a failure beside a release that succeeded."""
+    folder = _folder(root, release_id, version)
+    path = storage.join(folder, "report.json")
+    stale = storage.join(folder, "failure.json")
+    earlier = storage.read_bytes(stale)
+    if earlier is not None:
+        report = {**report, "earlier_failure": json.loads(earlier.decode("utf-8"))}
+    storage.write_bytes(path, (json.dumps(report, indent=1, sort_keys=True, default=str) + "\n")
+                        .encode("utf-8"))
+    storage.write_bytes(storage.join(folder, "report.txt"), text(job, report).encode("utf-8"))
+    if earlier is not None:
+        storage.delete_file(stale)
+    return path
+
+
+def write_failure(body: Mapping, root: str, release_id: str, version: int) -> str:
+    path = storage.join(_folder(root, release_id, version), "failure.json")
+    storage.write_bytes(path, (json.dumps(body, indent=1, sort_keys=True, default=str) + "\n")
+                        .encode("utf-8"))
+    return path

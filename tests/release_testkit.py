@@ -1,0 +1,110 @@
+"""Helpers shared by the job and release-layer tests: small inputs, a small CentralNotice
+configuration, and the checks every release test needs (published bytes unchanged, no secret
+anywhere, the ledger untouched)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Iterable, Mapping
+
+CN_CAMPAIGN = "C1"
+CN_DAY1, CN_DAY2 = "2026-11-01", "2026-11-02"
+CN_RELEASE1 = f"{CN_CAMPAIGN}/{CN_DAY1}"
+CN_BANNERS = ["C1_dsk", "C1_mob"]
+CN_COUNTRIES = ["DE", "FR", "RU"]  # RU is on the protection list
+CN_PROJECTS = ["de.wikipedia", "fr.wikipedia"]
+CN_IMP_HEADER = ["campaign_id", "banner_id", "country", "project", "date", "impressions"]
+CN_CLK_HEADER = ["campaign_id", "banner_id", "country", "project", "date", "user_id"]
+LOW = -1e9  # a release threshold that suppresses nothing
+
+
+def cn_campaign(*, clicks=None, budget=None, impressions=None, end=CN_DAY2, schedule="daily",
+                countries=CN_COUNTRIES, campaign_id=CN_CAMPAIGN) -> dict:
+    return {
+        "campaign_id": campaign_id, "banners": list(CN_BANNERS), "countries": list(countries),
+        "projects": list(CN_PROJECTS), "start_date": CN_DAY1, "end_date": end,
+        "schedule": schedule,
+        "privacy": {
+            "impressions": {"k": 10, "epsilon": 1.0, "noise": "discrete_laplace",
+                            "neighbouring": "period", "release_threshold": LOW,
+                            **(impressions or {})},
+            "clicks": clicks or {"noise": "discrete_laplace", "epsilon": 1.0,
+                                 "neighbouring": "row", "release_threshold": LOW},
+            "budget": budget or {"campaign_total": {"epsilon": 8.0}, "per_period": {"epsilon": 4.0}},
+        },
+    }
+
+
+def cn_config(**campaign) -> dict:
+    return {"version": 1, "protected_countries": ["RU"], "campaigns": [cn_campaign(**campaign)]}
+
+
+def write_json(path, data) -> str:
+    path = str(path)
+    with open(path, "w") as handle:
+        json.dump(data, handle)
+    return path
+
+
+def write_csv(path, header, rows) -> str:
+    """Rows as CSV text; a row given as a str is written verbatim (malformed lines)."""
+    lines = [",".join(header)]
+    for row in rows:
+        lines.append(row if isinstance(row, str) else
+                     ",".join("" if v is None else str(v) for v in row))
+    with open(str(path), "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return str(path)
+
+
+def files_under(root) -> dict[str, bytes]:
+    """{relative path: bytes} of every file below ``root`` (symlinks followed)."""
+    out = {}
+    root = str(root)
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as handle:
+                out[os.path.relpath(path, root)] = handle.read()
+    return out
+
+
+def published(root) -> dict[str, bytes]:
+    """The published files under an output root: release folders holding a marker."""
+    files = files_under(root) if os.path.isdir(str(root)) else {}
+    folders = {os.path.dirname(p) for p in files if os.path.basename(p) == "RELEASE.json"
+               and not p.startswith(("testing-not-a-release", ".staging"))}
+    return {p: b for p, b in files.items() if os.path.dirname(p) in folders}
+
+
+def secrets_of(key_stores: Iterable) -> set[str]:
+    """The secret hex of every key stored under the given key store folders."""
+    found = set()
+    for store in key_stores:
+        if not os.path.isdir(str(store)):
+            continue
+        for data in files_under(store).values():
+            found.update(m.decode().lower() for m in re.findall(rb"[0-9a-fA-F]{32,}", data))
+    return found
+
+
+def assert_no_secret(secrets: set[str], texts: Iterable[str] = (), roots: Iterable = ()) -> None:
+    """No secret key (hex, or its raw bytes) in any text or any file under ``roots``."""
+    blobs = [t.encode("utf-8", "replace") for t in texts]
+    for root in roots:
+        if os.path.isdir(str(root)):
+            blobs.extend(files_under(root).values())
+        elif os.path.isfile(str(root)):
+            with open(str(root), "rb") as handle:
+                blobs.append(handle.read())
+    for secret in secrets:
+        raw = bytes.fromhex(secret) if len(secret) % 2 == 0 else None
+        for blob in blobs:
+            assert secret.encode() not in blob.lower(), "a secret key appears in an output"
+            assert raw is None or raw not in blob, "a secret key's bytes appear in an output"
+
+
+def read_json(path) -> Mapping:
+    with open(str(path)) as handle:
+        return json.load(handle)

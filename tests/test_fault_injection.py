@@ -1,0 +1,905 @@
+"""Fault injection: what a hostile or careless operator does to a release, and what must happen.
+
+Each job gets a small workspace with one release already published under a ledger (built once
+per test process, restored before every case). A case is one line of :data:`CASES`:
+
+    Case(id, job, fixture, command change, expected outcome)
+
+* ``fixture``: a function of :data:`FIXTURES` that breaks the workspace (writes a bad input,
+  deletes the ledger, ...); ``None`` leaves it as it is;
+* ``change``: how the command differs from the job's release command :data:`BASE`
+  (``--flag value`` replaces or adds a flag, ``--flag`` adds a switch, ``-flag`` removes one;
+  ``{ws}`` is the workspace, ``{key}`` a stored secret key file);
+* ``expect``: :func:`refused` (exit 2: the problem named, nothing charged), :func:`failed`
+  (exit 3: after the reservation, nothing published, the rule or fault named), :func:`released`
+  or :func:`reproduced` (exit 0), optionally followed by a check of :data:`THEN` (e.g. a
+  corrected re-run takes the reservation over without spending again).
+
+Every case asserts, besides its own outcome: the ledger file is unchanged on every refusal (and
+no key was stored); no published file was replaced by different bytes (and a failed run
+published nothing); no secret key appears in any output, report, ledger or message.
+
+Kill points inside the publish step (a forked child running a job's ``main`` with a function
+patched to ``os._exit`` at that point) and concurrent runs are checked at the end.
+"""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import json
+import multiprocessing
+import os
+import shlex
+import shutil
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from release_testkit import (CN_CLK_HEADER, CN_IMP_HEADER, assert_no_secret, cn_campaign,
+                             cn_config, files_under, published, read_json, secrets_of,
+                             write_csv, write_json)
+
+from pipelines import centralnotice, reach_frequency, summary_reports
+
+MAINS = {"cn": centralnotice.main, "rf": reach_frequency.main, "sr": summary_reports.main}
+PRIVATE = "{ws}/private"
+BASE = {
+    "cn": "--config {ws}/c.json --impressions {ws}/imp.csv --clicks {ws}/clk.csv "
+          "--release C1/2026-11-01 --num_shards 2",
+    "rf": "--input {ws}/imp.csv --campaigns c1 --publishers pub_a,pub_b --epsilon 0.6 "
+          "--campaign_budget_epsilon 1.0 --num_registers 2000 --release_prefix rf",
+    "sr": "--input {ws}/conv.csv --config {ws}/config.json --epsilon 8 --batch_id A",
+}
+COMMON = f" --output {{ws}}/out --ledger {PRIVATE}/ledger.json --key_store {PRIVATE}/keys"
+
+
+# --------------------------------------------------------------------------- workspaces
+
+def _cn_rows(day="2026-11-01", n=12, value=lambda i: 100 + 7 * i):
+    keys = [(b, c, p) for b in ("C1_dsk", "C1_mob") for c in ("DE", "FR") for p in
+            ("de.wikipedia", "fr.wikipedia")]
+    return [("C1",) + keys[i % len(keys)] + (day, value(i)) for i in range(n)]
+
+
+def _cn_inputs(ws, name="imp.csv", rows=None):
+    rows = rows if rows is not None else _cn_rows() + _cn_rows("2026-11-02")
+    return write_csv(ws / name, CN_IMP_HEADER, rows)
+
+
+def _build_cn(ws):
+    write_json(ws / "c.json", cn_config())
+    _cn_inputs(ws)
+    clicks = [r[:5] + (f"u{i % 5}",) for i, r in enumerate(_cn_rows() + _cn_rows("2026-11-02"))]
+    write_csv(ws / "clk.csv", CN_CLK_HEADER, clicks)
+
+
+def _rf_rows(campaigns=("c1", "c2"), n=240, vid=lambda i: i % 60):
+    return [(("pub_a", "pub_b")[i % 2], campaigns[i % len(campaigns)], vid(i)) for i in range(n)]
+
+
+def _build_rf(ws):
+    write_csv(ws / "imp.csv", ["publisher", "campaign", "vid"], _rf_rows())
+
+
+SR_CONFIG = {"measures": ["count", "value"], "clip_thresholds": [1.0, 20.0],
+             "slice_dimensions": [2, 3], "prefixes": [0, 2],
+             "budgets": [[1000, 2000], [3000, 4000]], "reports_per_source": 2}
+SR_HEADER = ["source_id", "order", "dim_0", "dim_1", "value"]
+
+
+def _sr_rows(n=40, start=0, value=lambda i: f"{i % 20}.5"):
+    return [(f"s{i}", 0, i % 2, i % 3, value(i)) for i in range(start, start + n)]
+
+
+def _build_sr(ws):
+    from transforms.ara.contribution import ContributionConfig
+
+    (ws / "config.json").write_text(ContributionConfig(
+        measures=tuple(SR_CONFIG["measures"]), clip_thresholds=tuple(SR_CONFIG["clip_thresholds"]),
+        slice_dimensions=tuple(SR_CONFIG["slice_dimensions"]), prefixes=tuple(SR_CONFIG["prefixes"]),
+        budgets=tuple(map(tuple, SR_CONFIG["budgets"])),
+        reports_per_source=SR_CONFIG["reports_per_source"]).to_json())
+    write_csv(ws / "conv.csv", SR_HEADER, _sr_rows())
+
+
+BUILD = {"cn": _build_cn, "rf": _build_rf, "sr": _build_sr}
+
+
+def base_argv(job: str, ws) -> list[str]:
+    return shlex.split((BASE[job] + COMMON).format(ws=ws))
+
+
+def run_main(job: str, argv) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = MAINS[job](list(argv))
+        except SystemExit as exit_info:  # argparse
+            code = exit_info.code
+    return code, out.getvalue(), err.getvalue()
+
+
+class Workspace:
+    """One job's workspace: built (with one published release) once per test process, then
+    restored byte for byte before each case (the ledger and binding hold absolute paths, so the
+    workspace keeps its path)."""
+
+    _built: dict = {}
+
+    def __init__(self, job, root):
+        self.job, self.path = job, root / job
+        self.path.mkdir(parents=True)
+        BUILD[job](self.path)
+        code, out, err = run_main(job, base_argv(job, self.path))
+        assert code == 0, err
+        self._snapshot = {rel: (data, os.stat(self.path / rel).st_mode)
+                          for rel, data in files_under(self.path).items()}
+
+    @classmethod
+    def get(cls, job, factory):
+        if job not in cls._built:
+            cls._built[job] = cls(job, factory.mktemp("fault-workspaces"))
+        ws = cls._built[job]
+        ws.restore()
+        return ws
+
+    def restore(self):
+        shutil.rmtree(self.path)
+        for rel, (data, mode) in self._snapshot.items():
+            target = self.path / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            os.chmod(target, mode)
+
+    @property
+    def ledger(self):
+        return self.path / "private" / "ledger.json"
+
+    @property
+    def keys(self):
+        return self.path / "private" / "keys"
+
+    def key_file(self) -> str:
+        return str(sorted(self.keys.iterdir())[0])
+
+
+def charged(ledger_path) -> float:
+    """Total epsilon the ledger has charged (every record, whatever its state)."""
+    try:
+        state = read_json(ledger_path)
+    except FileNotFoundError:
+        return 0.0
+    except ValueError:  # an emptied ledger
+        return None
+    return sum(m["epsilon"] for r in state["releases"].values() for m in r["measures"])
+
+
+# --------------------------------------------------------------------------- fixtures: break something
+
+def _write_gz(path, text):
+    with gzip.open(path, "wt") as handle:
+        handle.write(text)
+
+
+def _csv_text(header, rows):
+    return "\n".join([",".join(header)] + [",".join(map(str, r)) for r in rows]) + "\n"
+
+
+def _corrupt_page(path, table, column):
+    """Write ``table`` as Parquet, then overwrite the header of one data page of ``column`` in
+    the second row group (the footer stays valid: only a full read finds it)."""
+    pq.write_table(table, path, row_group_size=max(1, table.num_rows // 3), compression="zstd",
+                   use_dictionary=False)
+    meta = pq.ParquetFile(path).metadata.row_group(1).column(table.column_names.index(column))
+    data = bytearray(open(path, "rb").read())
+    for i in range(meta.data_page_offset, meta.data_page_offset + 16):
+        data[i] = 0xFF
+    open(path, "wb").write(bytes(data))
+
+
+def _cn_table(rows):
+    import datetime as dt
+
+    cols = list(zip(*rows))
+    return pa.table({"campaign_id": list(cols[0]), "banner_id": list(cols[1]),
+                     "country": list(cols[2]), "project": list(cols[3]),
+                     "date": pa.array([dt.date.fromisoformat(d) for d in cols[4]], pa.date32()),
+                     "impressions": pa.array([(i * 7919) % 100003 for i in range(len(rows))], pa.int64())})
+
+
+def cn_corrupt_page(ws):
+    _corrupt_page(ws / "imp.parquet", _cn_table(_cn_rows("2026-11-02", 3000)), "impressions")
+
+
+def fix_cn_corrupt_page(ws):
+    pq.write_table(_cn_table(_cn_rows("2026-11-02", 3000)), ws / "imp.parquet")
+
+
+def cn_us_dates(ws):
+    _cn_inputs(ws, "bad.csv", [r[:4] + ("11/02/2026", r[5]) for r in _cn_rows("2026-11-02")])
+
+
+def fix_cn_us_dates(ws):
+    _cn_inputs(ws, "bad.csv", _cn_rows("2026-11-02"))
+
+
+def cn_thousands(ws):
+    (ws / "bad.csv").write_text(",".join(CN_IMP_HEADER) + "\n" + "".join(
+        f'C1,C1_dsk,DE,de.wikipedia,2026-11-02,"1,{i:03d}"\n' for i in range(12)))
+
+
+def cn_most_dropped(ws):
+    good = _cn_rows("2026-11-02", 4)
+    _cn_inputs(ws, "bad.csv", good + [r[:5] + ("n/a",) for r in _cn_rows("2026-11-02", 6)])
+
+
+def cn_directory(ws):
+    """Impressions in a folder with subfolders, a _SUCCESS marker and a hidden partial file."""
+    (ws / "dir" / "sub" / "deeper").mkdir(parents=True)
+    _cn_inputs(ws / "dir", "a.csv", _cn_rows("2026-11-02", 4))
+    _cn_inputs(ws / "dir" / "sub", "b.csv", _cn_rows("2026-11-02", 5))
+    _cn_inputs(ws / "dir" / "sub" / "deeper", "c.csv", _cn_rows("2026-11-02", 6))
+    (ws / "dir" / "_SUCCESS").write_text("")
+    (ws / "dir" / ".partial.csv").write_text("not,a,csv\n")
+
+
+def rf_directory(ws):
+    (ws / "dir" / "x" / "y").mkdir(parents=True)
+    write_csv(ws / "dir" / "a.csv", ["publisher", "campaign", "vid"], _rf_rows(("c2",), 30))
+    write_csv(ws / "dir" / "x" / "y" / "b.csv", ["publisher", "campaign", "vid"],
+              _rf_rows(("c2",), 30, vid=lambda i: 100 + i))
+
+
+CN_HEADER_SPACES = "campaign_id, banner_id,country,project,date,impressions\n"
+FIXTURES: dict[str, Callable] = {
+    "cn_header_spaces": lambda ws: (ws / "bad.csv").write_text(CN_HEADER_SPACES),
+    "cn_gzip_named_csv": lambda ws: _write_gz(ws / "bad.csv", _csv_text(CN_IMP_HEADER, _cn_rows("2026-11-02"))),
+    "cn_gzip": lambda ws: _write_gz(ws / "imp.csv.gz", _csv_text(CN_IMP_HEADER, _cn_rows("2026-11-02"))),
+    "cn_corrupt_page": cn_corrupt_page,
+    "cn_bad_footer": lambda ws: (fix_cn_corrupt_page(ws), (ws / "imp.parquet").write_bytes(
+        (ws / "imp.parquet").read_bytes()[:-20])),
+    "cn_int64_date": lambda ws: pq.write_table(_cn_table(_cn_rows("2026-11-02")).set_column(
+        4, "date", pa.array([20261102] * 12, pa.int64())), ws / "imp.parquet"),
+    "cn_bool_impressions": lambda ws: pq.write_table(_cn_table(_cn_rows("2026-11-02")).set_column(
+        5, "impressions", pa.array([True] * 12)), ws / "imp.parquet"),
+    "cn_no_impressions_column": lambda ws: write_csv(ws / "bad.csv", CN_IMP_HEADER[:5], []),
+    "cn_empty_file": lambda ws: (ws / "bad.csv").write_bytes(b""),
+    "cn_not_utf8": lambda ws: (ws / "bad.csv").write_bytes(b"\xff\xfe\x00c\x00a"),
+    "cn_us_dates": cn_us_dates,
+    "cn_thousands": cn_thousands,
+    "cn_most_dropped": cn_most_dropped,
+    "cn_header_only": lambda ws: write_csv(ws / "bad.csv", CN_IMP_HEADER, []),
+    "cn_directory": lambda ws: cn_directory(ws),
+    "cn_campaign_dotdot": lambda ws: write_json(ws / "c.json", {
+        "version": 1, "campaigns": [cn_campaign(campaign_id="..")]}),
+    "cn_campaign_slash": lambda ws: write_json(ws / "c.json", {
+        "version": 1, "campaigns": [cn_campaign(campaign_id="C1/x")]}),
+    "cn_changed_input": lambda ws: _cn_inputs(ws, rows=_cn_rows() + _cn_rows("2026-11-02") + [
+        ("C1", "C1_dsk", "DE", "de.wikipedia", "2026-11-01", 5)]),
+    "cn_lower_period_budget": lambda ws: (FIXTURES["cn_changed_input"](ws), write_json(
+        ws / "c.json", cn_config(budget={"campaign_total": {"epsilon": 8.0},
+                                         "per_period": {"epsilon": 3.0}}))),
+    "cn_stale_staging": lambda ws: (ws / "out" / ".staging" / "C1" / "2026-11-02" / "v1.dead").mkdir(
+        parents=True) or (ws / "out" / ".staging" / "C1" / "2026-11-02" / "v1.dead" / "x").write_text("old"),
+    "cn_tampered_release": lambda ws: (ws / "out" / "C1" / "2026-11-01" / "v1" / "centralnotice.parquet"
+                                       ).write_bytes(b"PAR1 not the published bytes"),
+    # ledger and output root
+    "ledger_deleted": lambda ws: ws.ledger.unlink(),
+    "ledger_emptied": lambda ws: ws.ledger.write_bytes(b""),
+    "ledger_replaced": lambda ws: (ws.ledger.unlink(), _fresh_ledger(ws)),
+    "ledger_forgot_release": lambda ws: _forget_releases(ws),
+    "ledger_symlinked": lambda ws: _symlink_ledger(ws),
+    "binding_deleted": lambda ws: (ws.path / "out" / ".ledger-binding.json").unlink(),
+    "binding_garbage": lambda ws: (ws.path / "out" / ".ledger-binding.json").write_text("[]"),
+    # reach & frequency
+    "rf_ids_unparseable": lambda ws: write_csv(ws / "bad.csv", ["publisher", "campaign", "vid"],
+                                               _rf_rows(("c2",), 60, vid=lambda i: f"x{i}")),
+    "rf_header_spaces": lambda ws: (ws / "bad.csv").write_text("publisher,campaign, vid\npub_a,c2,1\n"),
+    "rf_gzip_named_csv": lambda ws: _write_gz(ws / "bad.csv", _csv_text(["publisher", "campaign", "vid"],
+                                                                        _rf_rows(("c2",), 20))),
+    "rf_bool_id": lambda ws: pq.write_table(pa.table({"publisher": ["pub_a"], "campaign": ["c2"],
+                                                      "vid": [True]}), ws / "bad.parquet"),
+    "rf_corrupt_page": lambda ws: _corrupt_page(ws / "imp.parquet", _rf_table(), "vid"),
+    "rf_directory": lambda ws: rf_directory(ws),
+    "rf_changed_input": lambda ws: write_csv(ws / "imp.csv", ["publisher", "campaign", "vid"],
+                                             _rf_rows(n=242)),
+    # summary reports
+    "sr_bad_value_deep": lambda ws: (ws / "big.csv").write_text(
+        "source_id,order,dim_0,dim_1,value,note\n"
+        + "".join(f"b{i},0,{i % 2},{i % 3},{i % 20},{'n' * 2500}\n" for i in range(450))
+        + "b999,0,1,1,oops,x\n"),
+    "sr_not_utf8_deep": lambda ws: (ws / "big.csv").write_bytes(
+        ("source_id,order,dim_0,dim_1,value,note\n"
+         + "".join(f"b{i},0,{i % 2},{i % 3},{i % 20},{'n' * 2500}\n" for i in range(450))).encode()
+        + b"b999,0,1,1,3\xff\xfe,x\n"),
+    "sr_domain": lambda ws: (ws / "domain.txt").write_text("0x10\n"),
+    "sr_reordered_gz": lambda ws: _write_gz(ws / "again.csv.gz", _csv_text(
+        ["value", "dim_1", "source_id", "dim_0", "order"],
+        [(r[4], r[3], r[0], r[2], r[1]) for r in reversed(_sr_rows())])),
+    "sr_other_batch": lambda ws: write_csv(ws / "conv2.csv", SR_HEADER, _sr_rows(start=100)),
+    "sr_all_values_bad": lambda ws: write_csv(ws / "conv2.csv", SR_HEADER,
+                                              _sr_rows(start=100, value=lambda i: '"1,5"')),
+    "sr_source_ids_missing": lambda ws: write_csv(ws / "conv2.csv", SR_HEADER,
+                                                  [("",) + r[1:] for r in _sr_rows(start=100)]),
+    "sr_header_spaces": lambda ws: (ws / "conv2.csv").write_text("source_id ,order,dim_0,dim_1,value\n"),
+    "sr_changed_config": lambda ws: (ws / "config.json").write_text(json.dumps(
+        {**json.loads((ws / "config.json").read_text()), "clip_thresholds": [1.0, 10.0]})),
+}
+FIXES: dict[str, Callable] = {
+    "cn_corrupt_page": fix_cn_corrupt_page,
+    "cn_us_dates": fix_cn_us_dates,
+    "cn_thousands": fix_cn_us_dates,
+    "rf_corrupt_page": lambda ws: pq.write_table(_rf_table(), ws / "imp.parquet"),
+    "rf_ids_unparseable": lambda ws: write_csv(ws / "bad.csv", ["publisher", "campaign", "vid"],
+                                               _rf_rows(("c2",), 60)),
+    "sr_all_values_bad": lambda ws: write_csv(ws / "conv2.csv", SR_HEADER, _sr_rows(start=100)),
+}
+
+
+def _rf_table():
+    rows = _rf_rows(("c2",), 3000, vid=lambda i: i)
+    return pa.table({"publisher": [r[0] for r in rows], "campaign": [r[1] for r in rows],
+                     "vid": pa.array([r[2] for r in rows], pa.int64())})
+
+
+def _fresh_ledger(ws):
+    from accounting.budget import PrivacyBudget
+    from accounting.ledger import BudgetLedger, Scope
+
+    BudgetLedger(str(ws.ledger), str(ws.keys)).set_budget(Scope(name="x", budget=PrivacyBudget(epsilon=1)))
+
+
+def _forget_releases(ws):
+    """An older copy of the ledger: same ledger id, without the published release's record."""
+    state = read_json(ws.ledger)
+    state["releases"], state["latest"], state["content"] = {}, {}, {}
+    ws.ledger.write_text(json.dumps(state))
+
+
+def _symlink_ledger(ws):
+    real = ws.path / "private" / "real" / "ledger.json"
+    real.parent.mkdir()
+    ws.ledger.rename(real)
+    ws.ledger.symlink_to(real)
+
+
+# --------------------------------------------------------------------------- follow-up checks
+
+def then_takeover(ws, case, argv, charged_after):
+    """The corrected input (a new digest) takes the reservation over: released, nothing more
+    spent, a fresh key stored."""
+    keys = len(list(ws.keys.iterdir()))
+    FIXES[case.fixture](ws.path)
+    code, out, err = run_main(case.job, argv)
+    assert code == 0, err
+    assert "took over an unpublished reservation: nothing more was spent" in out
+    assert charged(ws.ledger) == pytest.approx(charged_after)
+    assert len(list(ws.keys.iterdir())) == keys + 1
+
+
+def then_reproduce(ws, case, argv, charged_after):
+    """Running it again reproduces every published byte and spends nothing."""
+    before = published(ws.path / "out")
+    code, out, err = run_main(case.job, argv)
+    assert code == 0 and "(reproduced)" in out, err
+    assert published(ws.path / "out") == before
+    assert charged(ws.ledger) == pytest.approx(charged_after)
+
+
+def then_rerun_writable(ws, case, argv, charged_after):
+    """Nothing was consumed: the same batch with a writable output is released."""
+    fixed = [str(ws.path / "out") if a.startswith(str(ws.path / "conv.csv")) else a for a in argv]
+    code, out, err = run_main(case.job, fixed)
+    assert code == 0 and "(released)" in out, err
+
+
+def then_symlink_kept(ws, case, argv, charged_after):
+    real = ws.path / "private" / "real" / "ledger.json"
+    assert ws.ledger.is_symlink() and os.path.realpath(ws.ledger) == str(real)
+    assert set(read_json(real)["latest"]) == {"C1/2026-11-01", "C1/2026-11-02"}
+    then_reproduce(ws, case, argv, charged_after)
+
+
+def then_directory_digest(ws, case, argv, charged_after):
+    """Every file below the folder was read (and no hidden one), and the digest covers exactly
+    those: the same files listed one by one reproduce the release; a changed file in a
+    subfolder is a changed input."""
+    report = read_json(ws.path / "private" / "reports" / "C1" / "2026-11-02" / "v1" / "report.json")
+    assert report["counters"]["impressions.read"] == 4 + 5 + 6
+    files = ",".join(str(ws.path / "dir" / p) for p in ("a.csv", "sub/b.csv", "sub/deeper/c.csv"))
+    listed = [files if a == str(ws.path / "dir") else a for a in argv]
+    code, out, err = run_main(case.job, listed)
+    assert code == 0 and "(reproduced)" in out, err
+    _cn_inputs(ws.path / "dir" / "sub" / "deeper", "c.csv", _cn_rows("2026-11-02", 7))
+    code, out, err = run_main(case.job, argv)
+    assert code == 2 and "input is now" in err
+
+
+def then_rf_directory(ws, case, argv, charged_after):
+    report = read_json(ws.path / "private" / "reports" / "rf" / "c2" / "v1" / "report.json")
+    assert report["counters"]["rows_read"] == 60
+
+
+def then_staging_cleaned(ws, case, argv, charged_after):
+    assert not (ws.path / "out" / ".staging" / "C1" / "2026-11-02" / "v1.dead").exists()
+    assert not any((ws.path / "out" / ".staging" / "C1" / "2026-11-02").iterdir())
+
+
+def then_overridden(ws, case, argv, charged_after):
+    reports = [read_json(p) for p in (ws.path / "private" / "reports").rglob("report.json")]
+    assert any(r["dropped_rule_overridden"] for r in reports)
+
+
+def then_new_version(ws, case, argv, charged_after):
+    marker = read_json(ws.path / "out" / "C1" / "2026-11-01" / "v2" / "RELEASE.json")
+    assert marker["versioned_id"] == "C1/2026-11-01#2"
+
+
+def then_testing_prefix(ws, case, argv, charged_after):
+    markers = list((ws.path / "out" / "testing-not-a-release").rglob("RELEASE.json"))
+    assert markers and all(read_json(m)["testing"] for m in markers)
+
+
+THEN = {"takeover": then_takeover, "reproduce": then_reproduce, "symlink": then_symlink_kept,
+        "directory": then_directory_digest, "rf_directory": then_rf_directory,
+        "staging": then_staging_cleaned, "overridden": then_overridden,
+        "new_version": then_new_version, "testing": then_testing_prefix,
+        "writable": then_rerun_writable}
+
+
+# --------------------------------------------------------------------------- the table
+
+@dataclass(frozen=True)
+class Expect:
+    code: int
+    says: tuple = ()
+    spend: str = "same"          # "same" or "more" (epsilon charged by the ledger)
+    then: Optional[str] = None
+
+
+def refused(*says, then=None):
+    return Expect(2, says, "same", then)
+
+
+def failed(*says, spend="more", then=None):
+    return Expect(3, says, spend, then)
+
+
+def released(*says, spend="more", then=None):
+    return Expect(0, ("(released)",) + says if spend == "more" else says, spend, then)
+
+
+def reproduced(*says, then=None):
+    return Expect(0, ("(reproduced)",) + says, "same", then)
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    job: str
+    fixture: Optional[str]
+    change: str
+    expect: Expect
+
+
+TESTING = "--testing_seed 1 -ledger -key_store"
+DAY2 = "--release C1/2026-11-02"
+CASES = [
+    # ---- CentralNotice: re-runs, testing seeds, output roots
+    Case("cn-rerun", "cn", None, "", reproduced(then="reproduce")),
+    Case("cn-rerun-other-sharding", "cn", None, "--num_shards 5", reproduced()),
+    Case("cn-next-day", "cn", None, DAY2, released("C1/2026-11-02")),
+    Case("cn-testing-into-published-folder", "cn", None,
+         f"{TESTING} --output {{ws}}/out/C1/2026-11-01/v1",
+         refused("inside the published release {ws}/out/C1/2026-11-01/v1")),
+    Case("cn-testing-into-release-subfolder", "cn", None,
+         f"{TESTING} --output {{ws}}/out/C1/2026-11-01/v1/x", refused("inside the published release")),
+    Case("cn-testing-beside-releases", "cn", None, TESTING,
+         released("(testing)", spend="same", then="testing")),
+    Case("cn-testing-seed-with-ledger", "cn", None, "--testing_seed 1",
+         refused("--testing_seed makes no release")),
+    Case("cn-release-into-testing-prefix", "cn", None, "--output {ws}/out/testing-not-a-release",
+         refused("a release never goes there")),
+    Case("cn-output-inside-release", "cn", None, "--output {ws}/out/C1/2026-11-01/v1",
+         refused("choose the output root, not a release")),
+    Case("cn-output-unwritable", "cn", None, f"{DAY2} --output {{ws}}/c.json/out",
+         refused("--output: cannot write {ws}/c.json/out", "is not a folder")),
+    Case("cn-dry-run-release", "cn", None, "--dry_run True", refused("--testing_seed")),
+    # ---- the ledger: deleted, mistyped, emptied, replaced, older, symlinked, binding
+    Case("cn-ledger-deleted", "cn", "ledger_deleted", "",
+         refused("{ws}/out/.ledger-binding.json", "{ws}/private/ledger.json does not exist")),
+    Case("cn-ledger-mistyped", "cn", None, "--ledger {ws}/private/Ledger.json",
+         refused("{ws}/out/.ledger-binding.json", "{ws}/private/Ledger.json does not exist")),
+    Case("cn-ledger-emptied", "cn", "ledger_emptied", DAY2,
+         refused("{ws}/out/.ledger-binding.json", "{ws}/private/ledger.json is not valid JSON")),
+    Case("cn-ledger-replaced", "cn", "ledger_replaced", DAY2,
+         refused("{ws}/out/.ledger-binding.json", "is another ledger")),
+    Case("cn-ledger-older-copy", "cn", "ledger_forgot_release", "",
+         refused("{ws}/out/C1/2026-11-01/v1/RELEASE.json is a published release that ledger "
+                 "{ws}/private/ledger.json does not hold")),
+    Case("cn-ledger-is-a-folder", "cn", None, "--ledger {ws}/private",
+         refused("--ledger {ws}/private is a folder")),
+    Case("cn-key-store-is-a-file", "cn", None, f"{DAY2} --key_store {{ws}}/c.json",
+         refused("--key_store: cannot write {ws}/c.json")),
+    Case("cn-ledger-symlinked", "cn", "ledger_symlinked", DAY2, released(then="symlink")),
+    Case("cn-binding-deleted", "cn", "binding_deleted", DAY2,
+         refused("holds published releases", "no ledger binding")),
+    Case("cn-binding-garbage", "cn", "binding_garbage", DAY2,
+         refused("{ws}/out/.ledger-binding.json is not a ledger binding")),
+    # ---- input faults found before any charge
+    Case("cn-header-with-spaces", "cn", "cn_header_spaces", f"{DAY2} --impressions {{ws}}/bad.csv",
+         refused("--impressions: {ws}/bad.csv: header field 2 is column 'banner_id' with "
+                 "surrounding spaces")),
+    Case("cn-gzip-named-csv", "cn", "cn_gzip_named_csv", f"{DAY2} --impressions {{ws}}/bad.csv",
+         refused("{ws}/bad.csv is gzip-compressed but its name does not say so")),
+    Case("cn-gzip-named-gz", "cn", "cn_gzip", f"{DAY2} --impressions {{ws}}/imp.csv.gz",
+         released("impressions.read=12")),
+    Case("cn-parquet-bad-footer", "cn", "cn_bad_footer", f"{DAY2} --impressions {{ws}}/imp.parquet",
+         refused("{ws}/imp.parquet is not a readable Parquet file")),
+    Case("cn-int64-date", "cn", "cn_int64_date", f"{DAY2} --impressions {{ws}}/imp.parquet",
+         refused("column 'date' has type int64, not a usable date column")),
+    Case("cn-bool-impressions", "cn", "cn_bool_impressions", f"{DAY2} --impressions {{ws}}/imp.parquet",
+         refused("column 'impressions' has type bool, not a usable number column")),
+    Case("cn-missing-column", "cn", "cn_no_impressions_column", f"{DAY2} --impressions {{ws}}/bad.csv",
+         refused("{ws}/bad.csv has no column 'impressions'")),
+    Case("cn-empty-file", "cn", "cn_empty_file", f"{DAY2} --impressions {{ws}}/bad.csv",
+         refused("{ws}/bad.csv has no column")),
+    Case("cn-not-utf8", "cn", "cn_not_utf8", f"{DAY2} --impressions {{ws}}/bad.csv",
+         refused("does not start with a UTF-8 CSV header")),
+    Case("cn-nothing-matches", "cn", None, f"{DAY2} --impressions {{ws}}/nope/*.csv",
+         refused("--impressions: '{ws}/nope/*.csv' matches no file")),
+    Case("cn-key-file-as-input", "cn", None, f"{DAY2} --impressions {{key}}",
+         refused("--impressions: cannot tell the format of {key}")),
+    Case("cn-key-file-as-csv", "cn", None, f"{DAY2} --impressions {{key}} --input_format csv",
+         refused("{key} has no column")),
+    Case("cn-key-file-as-parquet", "cn", None, f"{DAY2} --impressions {{key}} --input_format parquet",
+         refused("{key} is not a readable Parquet file")),
+    Case("cn-campaign-dotdot", "cn", "cn_campaign_dotdot", "--release ../2026-11-01",
+         refused("campaign id '..' is not a valid name")),
+    Case("cn-campaign-with-slash", "cn", "cn_campaign_slash", "--release C1/x/2026-11-01",
+         refused("is not a valid name")),
+    Case("cn-unscheduled-release", "cn", None, "--release C1/2026-12-01", refused("not scheduled")),
+    # ---- changed input, versions, budgets
+    Case("cn-changed-input", "cn", "cn_changed_input", "",
+         refused("the input is now", "new_release")),
+    Case("cn-changed-input-new-release", "cn", "cn_changed_input", "--new_release",
+         released(then="new_version")),
+    Case("cn-new-release-over-budget", "cn", "cn_lower_period_budget", "--new_release",
+         refused("scope 'period:C1:2026-11-01'", "over its budget", "Nothing was charged")),
+    Case("cn-tampered-published-file", "cn", "cn_tampered_release", "",
+         failed("is published with other bytes (centralnotice.parquet)", spend="same")),
+    # ---- deep faults: after the reservation, nothing published, taken over when corrected
+    Case("cn-corrupt-parquet-page", "cn", "cn_corrupt_page", f"{DAY2} --impressions {{ws}}/imp.parquet",
+         failed("the computation failed (--impressions: {ws}/imp.parquet could not be read in full",
+                "takes it over without spending again", then="takeover")),
+    Case("cn-all-us-dates", "cn", "cn_us_dates", f"{DAY2} --impressions {{ws}}/bad.csv",
+         failed("refusing to publish", "impressions: 12 of 12 eligible rows dropped",
+                "impressions.dropped.missing_key=12", then="takeover")),
+    Case("cn-all-us-dates-allowed", "cn", "cn_us_dates", f"{DAY2} --impressions {{ws}}/bad.csv "
+         "--allow_dropped_rows", released("published despite the dropped-rows rule", then="overridden")),
+    Case("cn-thousands-separators", "cn", "cn_thousands", f"{DAY2} --impressions {{ws}}/bad.csv",
+         failed("refusing to publish", "12 of 12 eligible rows dropped",
+                "impressions.dropped.unparseable=12", then="takeover")),
+    Case("cn-thousands-allowed-dashed", "cn", "cn_thousands", f"{DAY2} --impressions {{ws}}/bad.csv "
+         "--allow-dropped-rows", released("impressions.dropped.unparseable=12")),
+    Case("cn-most-rows-dropped", "cn", "cn_most_dropped", f"{DAY2} --impressions {{ws}}/bad.csv",
+         failed("refusing to publish", "6 of 10 eligible rows dropped", "more than 50%")),
+    Case("cn-most-rows-dropped-share-raised", "cn", "cn_most_dropped",
+         f"{DAY2} --impressions {{ws}}/bad.csv --max_dropped_fraction 0.7", released()),
+    Case("cn-header-only-input", "cn", "cn_header_only", f"{DAY2} --impressions {{ws}}/bad.csv",
+         released()),
+    # ---- folders, stale staging, spellings
+    Case("cn-directory-input", "cn", "cn_directory", f"{DAY2} --impressions {{ws}}/dir",
+         released(then="directory")),
+    Case("cn-stale-staging-removed", "cn", "cn_stale_staging", DAY2, released(then="staging")),
+    Case("cn-dashed-flags", "cn", None, "dashed", reproduced()),
+    Case("cn-dashed-flags-testing", "cn", None, f"dashed {TESTING}", released("(testing)", spend="same")),
+    # ---- reach & frequency
+    Case("rf-rerun", "rf", None, "", reproduced(then="reproduce")),
+    Case("rf-second-campaign-over-budget", "rf", None, "--campaigns c2,c1 --new_release",
+         refused("scope 'campaign:c1'", "Nothing was charged")),
+    Case("rf-both-campaigns-fit", "rf", None, "--campaigns c1,c2", released("rf/c2", spend="more")),
+    Case("rf-testing-into-published-folder", "rf", None, f"{TESTING} --output {{ws}}/out/rf/c1/v1",
+         refused("inside the published release")),
+    Case("rf-testing-beside-releases", "rf", None, TESTING,
+         released("(testing)", spend="same", then="testing")),
+    Case("rf-ledger-deleted", "rf", "ledger_deleted", "", refused("{ws}/out/.ledger-binding.json",
+                                                                  "does not exist")),
+    Case("rf-ledger-replaced", "rf", "ledger_replaced", "", refused("is another ledger")),
+    Case("rf-campaign-dotdot", "rf", None, "--campaigns ..", refused("campaign '..' is not a valid name")),
+    Case("rf-campaign-escapes", "rf", None, "--campaigns c1,../../etc", refused("is not a valid name")),
+    Case("rf-release-prefix-escapes", "rf", None, "--release_prefix ../x", refused("is not a valid name")),
+    Case("rf-ids-unparseable", "rf", "rf_ids_unparseable", "--campaigns c2 --input {ws}/bad.csv",
+         failed("refusing to publish", "60 of 60 eligible rows dropped", "rows_missing_id=60",
+                then="takeover")),
+    Case("rf-ids-unparseable-allowed", "rf", "rf_ids_unparseable",
+         "--campaigns c2 --input {ws}/bad.csv --allow_dropped_rows", released(then="overridden")),
+    Case("rf-header-with-spaces", "rf", "rf_header_spaces", "--campaigns c2 --input {ws}/bad.csv",
+         refused("header field 3 is column 'vid' with surrounding spaces")),
+    Case("rf-gzip-named-csv", "rf", "rf_gzip_named_csv", "--campaigns c2 --input {ws}/bad.csv",
+         refused("gzip-compressed but its name does not say so")),
+    Case("rf-bool-ids", "rf", "rf_bool_id", "--campaigns c2 --input {ws}/bad.parquet",
+         refused("column 'vid' has type bool, not a usable id column")),
+    Case("rf-corrupt-parquet-page", "rf", "rf_corrupt_page", "--campaigns c2 --input {ws}/imp.parquet",
+         failed("the computation failed (--input: {ws}/imp.parquet could not be read in full",
+                then="takeover")),
+    Case("rf-key-file-as-input", "rf", None, "--campaigns c2 --input {key} --input_format csv",
+         refused("{key} has no column")),
+    Case("rf-directory-input", "rf", "rf_directory", "--campaigns c2 --input {ws}/dir",
+         released(then="rf_directory")),
+    Case("rf-changed-input", "rf", "rf_changed_input", "", refused("the input is now")),
+    Case("rf-dashed-flags", "rf", None, "dashed", reproduced()),
+    # ---- summary reports
+    Case("sr-rerun", "sr", None, "", reproduced(then="reproduce")),
+    Case("sr-same-reports-other-label", "sr", None, "--batch_id B",
+         refused("already charged as release 'summary_reports/A'")),
+    Case("sr-same-reports-reordered-gzipped", "sr", "sr_reordered_gz",
+         "--batch_id C --input {ws}/again.csv.gz", refused("already charged as release 'summary_reports/A'")),
+    Case("sr-same-label-changed-config", "sr", "sr_changed_config", "", refused("the input is now")),
+    Case("sr-other-batch", "sr", "sr_other_batch", "--batch_id B --input {ws}/conv2.csv", released()),
+    Case("sr-bad-value-after-first-mb", "sr", "sr_bad_value_deep", "--batch_id D --input {ws}/big.csv",
+         released("ara.conversion_rows_dropped_null_or_nonfinite=1")),
+    Case("sr-not-utf8-after-first-mb", "sr", "sr_not_utf8_deep", "--batch_id D --input {ws}/big.csv",
+         refused("--input: {ws}/big.csv could not be read")),
+    Case("sr-unwritable-output", "sr", "sr_other_batch",
+         "--batch_id B --input {ws}/conv2.csv --output {ws}/conv.csv/out",
+         refused("--output: cannot write {ws}/conv.csv/out", then="writable")),
+    Case("sr-all-values-bad", "sr", "sr_all_values_bad", "--batch_id B --input {ws}/conv2.csv",
+         failed("refusing to publish", "40 of 40 eligible rows dropped",
+                "ara.conversion_rows_dropped_null_or_nonfinite=40", then="takeover")),
+    Case("sr-all-source-ids-missing", "sr", "sr_source_ids_missing", "--batch_id B --input {ws}/conv2.csv",
+         failed("refusing to publish", "40 of 40 eligible rows dropped")),
+    Case("sr-batch-id-dotdot", "sr", None, "--batch_id ..", refused("--batch_id '..' is not a valid name")),
+    Case("sr-header-with-spaces", "sr", "sr_header_spaces", "--batch_id B --input {ws}/conv2.csv",
+         refused("header field 1 is column 'source_id' with surrounding spaces")),
+    Case("sr-key-file-as-conversions", "sr", None, "--batch_id B --input {key} --input_format csv",
+         refused("{key} has no column")),
+    Case("sr-key-file-as-reports", "sr", "sr_domain",
+         "--batch_id B --input {key} --input_format reports --output_domain {ws}/domain.txt -config",
+         refused("{key}: the first line is not JSON")),
+    Case("sr-epsilon-over-64", "sr", None, "--batch_id B --epsilon 65", refused("epsilon")),
+    Case("sr-testing-into-published-folder", "sr", None,
+         f"{TESTING} --output {{ws}}/out/summary_reports/A/v1", refused("inside the published release")),
+    Case("sr-ledger-deleted", "sr", "ledger_deleted", "", refused("does not exist: deleted or mistyped")),
+    Case("sr-dashed-flags", "sr", None, "dashed", reproduced()),
+]
+
+
+def command(case: Case, ws: Workspace) -> list[str]:
+    """The job's release command with the case's change applied (see the module docstring)."""
+    argv = base_argv(case.job, ws.path)
+    flags: dict = {}
+    i = 0
+    while i < len(argv):
+        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            flags[argv[i]], i = argv[i + 1], i + 2
+        else:
+            flags[argv[i]], i = None, i + 1
+    tokens = shlex.split(case.change.format(ws=ws.path, key=ws.key_file() if "{key}" in case.change else ""))
+    dashed = "dashed" in tokens
+    tokens = [t for t in tokens if t != "dashed"]
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if not token.startswith("--"):
+            flags.pop("-" + token, None)
+            i += 1
+        elif i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):
+            flags[token], i = tokens[i + 1], i + 2
+        else:
+            flags[token], i = None, i + 1
+    out = []
+    for flag, value in flags.items():
+        out.append(flag.replace("_", "-") if dashed else flag)
+        if value is not None:
+            out.append(value)
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_fault(case: Case, tmp_path_factory):
+    ws = Workspace.get(case.job, tmp_path_factory)
+    if case.fixture:
+        FIXTURES[case.fixture](ws if case.fixture.startswith(("ledger", "binding")) else ws.path)
+    argv = command(case, ws)
+    ledger_before = ws.ledger.read_bytes() if ws.ledger.exists() else None
+    keys_before = sorted(os.listdir(ws.keys))
+    published_before = published(ws.path / "out")
+    charged_before = charged(os.path.realpath(ws.ledger))
+
+    code, out, err = run_main(case.job, argv)
+
+    subs = {"{ws}": str(ws.path), "{key}": ws.key_file()}
+    message = err if case.expect.code else out
+    assert code == case.expect.code, f"exit {code}: {err or out}"
+    for text in case.expect.says:
+        for placeholder, value in subs.items():
+            text = text.replace(placeholder, value)
+        assert text in message, f"{text!r} not in {message!r}"
+    after = published(ws.path / "out")
+    # No published file is ever replaced by different bytes; a run that did not release
+    # published nothing.
+    assert {p: after.get(p) for p in published_before} == published_before
+    if case.expect.code != 0:
+        assert after == published_before
+    charged_after = charged(os.path.realpath(ws.ledger))
+    if case.expect.code == 2:  # refused: nothing charged, nothing stored
+        assert (ws.ledger.read_bytes() if ws.ledger.exists() else None) == ledger_before
+        assert sorted(os.listdir(ws.keys)) == keys_before
+    if case.expect.spend == "same":
+        assert charged_after == (charged_before if charged_before is None
+                                 else pytest.approx(charged_before))
+    else:
+        assert charged_after > charged_before
+    # No secret anywhere: messages, outputs, reports, the ledger.
+    secrets = secrets_of([ws.keys])
+    assert_no_secret(secrets, [out, err], [ws.path / "out", ws.path / "private" / "reports",
+                                           os.path.realpath(ws.ledger)])
+    if case.expect.then:
+        THEN[case.expect.then](ws, case, argv, charged_after)
+        assert_no_secret(secrets_of([ws.keys]), [], [ws.path / "out", ws.path / "private" / "reports"])
+
+
+def test_the_table_covers_every_job_with_sixty_cases_or_more():
+    per_job = {job: sum(c.job == job for c in CASES) for job in MAINS}
+    assert sum(per_job.values()) >= 60 and min(per_job.values()) >= 15, per_job
+    assert len({c.id for c in CASES}) == len(CASES)
+    assert all(c.fixture is None or c.fixture in FIXTURES for c in CASES)
+    assert all(c.expect.then is None or c.expect.then in THEN for c in CASES)
+    assert all(c.fixture in FIXES for c in CASES if c.expect.then == "takeover")
+
+
+# --------------------------------------------------------------------------- kill points in the publish step
+
+def _die_after(module, name, *, when=lambda *a, **k: True):
+    """Patch ``module.name`` (in a forked child only) to run, then kill the process like kill -9."""
+    real = getattr(module, name)
+
+    def dying(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if when(*args, **kwargs):
+            os._exit(137)
+        return result
+
+    setattr(module, name, dying)
+
+
+def _run_killed(job, argv, patch):
+    def child():
+        patch()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            MAINS[job](argv)
+        os._exit(0)
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    process.join(120)
+    return process.exitcode
+
+
+def _kill_begin_publish():
+    from accounting.ledger import machine
+
+    _die_after(machine.BudgetLedger, "begin_publish")
+
+
+def _kill_after_rename():
+    from pipelines.release import storage
+
+    _die_after(storage, "rename_dir")
+
+
+def _kill_after_commit():
+    from accounting.ledger import machine
+
+    _die_after(machine.BudgetLedger, "commit")
+
+
+def _kill_before_publishing():
+    from pipelines.release import publish
+
+    _die_after(publish, "check_publishable", when=lambda staging, final, **kw: True)
+
+
+@pytest.mark.parametrize("kill, state, visible", [
+    (_kill_before_publishing, "reserved", False),   # staged, checked, not yet pinned
+    (_kill_begin_publish, "publishing", False),     # pinned, nothing published
+    (_kill_after_rename, "publishing", True),       # published, not committed
+    (_kill_after_commit, "committed", True),        # committed, no operator report yet
+], ids=["before-begin-publish", "after-begin-publish", "after-rename", "after-commit"])
+def test_kill_inside_the_publish_step_then_rerun(tmp_path_factory, kill, state, visible):
+    ws = Workspace.get("cn", tmp_path_factory)
+    argv = base_argv("cn", ws.path) + ["--release", "C1/2026-11-02"]
+    charged_before = charged(ws.ledger)
+    assert _run_killed("cn", argv, kill) == 137
+    record = read_json(ws.ledger)["releases"]["C1/2026-11-02"]
+    assert record["state"] == state
+    folder = ws.path / "out" / "C1" / "2026-11-02" / "v1"
+    assert (folder / "RELEASE.json").exists() == visible
+    killed = published(ws.path / "out")
+    charged_after_kill = charged(ws.ledger)
+    assert charged_after_kill > charged_before
+    code, out, err = run_main("cn", argv)
+    assert code == 0, err
+    assert ("(reproduced)" if visible else "(released)") in out
+    after = published(ws.path / "out")
+    assert {p: after[p] for p in killed} == killed  # what was published stays byte for byte
+    assert read_json(folder / "RELEASE.json")["key_fingerprints"] == {
+        n: k["fingerprint"] for n, k in record["keys"].items()}  # the pinned / reserved keys
+    assert read_json(ws.ledger)["releases"]["C1/2026-11-02"]["state"] == "committed"
+    assert charged(ws.ledger) == pytest.approx(charged_after_kill)  # no extra spend
+    assert (ws.path / "private" / "reports" / "C1" / "2026-11-02" / "v1" / "report.json").exists()
+    assert not list((ws.path / "out" / ".staging").rglob("*.parquet"))  # no attempt survives
+
+
+def test_kill_between_gcs_objects_then_rerun(tmp_path):
+    """A publication to gs:// writes objects one by one, the marker last: killed after the
+    first object, the folder is not a release; the re-run completes it with identical bytes
+    and spends nothing more."""
+    pytest.importorskip("gcp_storage_emulator.server")
+    from gcs_emulator import storage_emulator
+
+    from accounting import gcs
+
+    _build_cn(tmp_path)
+    with storage_emulator("kill") as bucket:
+        argv = shlex.split(BASE["cn"].format(ws=tmp_path)) + [
+            "--output", f"gs://{bucket}/out", "--ledger", f"gs://{bucket}/private/ledger.json",
+            "--key_store", f"gs://{bucket}/private/keys"]
+        final = f"gs://{bucket}/out/C1/2026-11-01/v1/"
+
+        def kill():
+            from pipelines.release import storage
+
+            _die_after(storage, "write_bytes", when=lambda path, data, **kw: path.startswith(final))
+
+        assert _run_killed("cn", argv, kill) == 137
+        objects = gcs.list_objects(final)
+        assert [o.rsplit("/", 1)[1] for o in objects] == ["centralnotice.parquet"]  # marker last
+        first = gcs.blob(objects[0]).download_as_bytes()
+        ledger = json.loads(gcs.blob(f"gs://{bucket}/private/ledger.json").download_as_bytes())
+        assert ledger["releases"]["C1/2026-11-01"]["state"] == "publishing"
+        spent = sum(m["epsilon"] for m in ledger["releases"]["C1/2026-11-01"]["measures"])
+        code, out, err = run_main("cn", argv)
+        assert code == 0 and "(released)" in out, err
+        assert [o.rsplit("/", 1)[1] for o in gcs.list_objects(final)] == ["RELEASE.json",
+                                                                         "centralnotice.parquet"]
+        assert gcs.blob(final + "centralnotice.parquet").download_as_bytes() == first
+        ledger = json.loads(gcs.blob(f"gs://{bucket}/private/ledger.json").download_as_bytes())
+        assert ledger["releases"]["C1/2026-11-01"]["state"] == "committed"
+        assert sum(m["epsilon"] for r in ledger["releases"].values() for m in r["measures"]) == spent
+        code, out, err = run_main("cn", argv)
+        assert code == 0 and "(reproduced)" in out, err
+
+
+def test_concurrent_runs_of_one_release_publish_it_once(tmp_path_factory):
+    """Two runs of the same new release at once: one key, one charge, one publication; each run
+    either publishes, reproduces it, or stops without publishing anything else."""
+    ws = Workspace.get("cn", tmp_path_factory)
+    argv = base_argv("cn", ws.path) + ["--release", "C1/2026-11-02"]
+    charged_before = charged(ws.ledger)
+
+    def child():
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            code = MAINS["cn"](argv)
+        os._exit(code)
+
+    ctx = multiprocessing.get_context("fork")
+    processes = [ctx.Process(target=child) for _ in range(2)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(120)
+    codes = sorted(p.exitcode for p in processes)
+    assert codes[0] == 0 and codes[1] in (0, 3), codes
+    record = read_json(ws.ledger)["releases"]["C1/2026-11-02"]
+    assert record["state"] == "committed"
+    assert charged(ws.ledger) == pytest.approx(charged_before + 2.0)  # charged once
+    assert len(list(ws.keys.iterdir())) == 2  # one key for the new release
+    marker = read_json(ws.path / "out" / "C1" / "2026-11-02" / "v1" / "RELEASE.json")
+    assert marker["key_fingerprints"]["release"] == record["keys"]["release"]["fingerprint"]
+    code, out, err = run_main("cn", argv)
+    assert code == 0 and "(reproduced)" in out, err

@@ -1,0 +1,161 @@
+"""Canonical encoding of output keys: the bytes a key is known by to the PRF and to routing.
+
+A key is a tuple of components (a scalar key is the 1-tuple of itself). Each component is
+written with a one-byte type tag and a fixed-width or length-prefixed body, so the encoding is
+injective: two keys share bytes only if they are equal component by component and type by type.
+Python values (:func:`encode_key`) and Arrow key columns (:func:`encode_keys`, vectorised column
+by column in Arrow and numpy) give the same bytes.
+
+Tags: ``N`` null, ``B`` boolean, ``I`` integer (sign byte and 16-byte big-endian magnitude),
+``F`` float64 (big-endian IEEE; -0.0 as 0.0; NaN refused), ``S`` text (UTF-8), ``Y`` bytes,
+``D`` date and ``E`` datetime (ISO text), each variable-length body with a 4-byte length; a key
+is ``T``, its component count (4 bytes), then its components.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import numbers
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+_U64 = np.uint64
+
+
+def _encode_component(value, out: bytearray) -> None:
+    if value is None:
+        out += b"N"
+    elif isinstance(value, (bool, np.bool_)):
+        out += b"B" + (b"\x01" if value else b"\x00")
+    elif isinstance(value, numbers.Integral):
+        value = int(value)
+        magnitude = -value if value < 0 else value
+        if magnitude >= 1 << 128:
+            raise ValueError(f"integer key component {value} is wider than 128 bits")
+        out += b"I" + (b"\x01" if value < 0 else b"\x00") + magnitude.to_bytes(16, "big")
+    elif isinstance(value, numbers.Real):
+        value = float(value)
+        if math.isnan(value):
+            raise ValueError("a key component must not be NaN")
+        out += b"F" + np.array([value + 0.0], dtype=">f8").tobytes()
+    elif isinstance(value, str):
+        raw = value.encode("utf-8")
+        out += b"S" + len(raw).to_bytes(4, "big") + raw
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        out += b"Y" + len(raw).to_bytes(4, "big") + raw
+    elif isinstance(value, _dt.datetime):
+        raw = value.isoformat().encode()
+        out += b"E" + len(raw).to_bytes(4, "big") + raw
+    elif isinstance(value, _dt.date):
+        raw = value.isoformat().encode()
+        out += b"D" + len(raw).to_bytes(4, "big") + raw
+    else:
+        raise TypeError(f"unsupported key component type {type(value).__name__}")
+
+
+def encode_key(key) -> bytes:
+    """Canonical bytes of one key; a scalar is the 1-tuple of itself."""
+    parts = key if isinstance(key, tuple) else (key,)
+    out = bytearray(b"T" + len(parts).to_bytes(4, "big"))
+    for part in parts:
+        _encode_component(part, out)
+    return bytes(out)
+
+
+def binary_rows(matrix: np.ndarray) -> pa.Array:
+    """Rows of a (n, w) uint8 matrix as an Arrow large_binary array."""
+    n, width = matrix.shape
+    buffer = pa.py_buffer(np.ascontiguousarray(matrix, dtype=np.uint8).tobytes())
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, buffer]).cast(pa.large_binary())
+
+
+def join_binary(arrays: Sequence[pa.Array]) -> pa.Array:
+    """Row-wise concatenation of binary arrays (vectorised in Arrow)."""
+    if len(arrays) == 1:
+        return arrays[0]
+    return pc.binary_join_element_wise(*arrays, pa.scalar(b"", pa.large_binary()))
+
+
+def be_bytes(values: np.ndarray, width: int) -> np.ndarray:
+    """Big-endian bytes of unsigned integers, shape (n, width)."""
+    return values.astype(f">u{width}").view(np.uint8).reshape(-1, width)
+
+
+def _python_components(column: pa.Array) -> pa.Array:
+    return pa.array([encode_key((v,))[5:] for v in column.to_pylist()], pa.large_binary())
+
+
+def _encode_arrow_column(column: pa.Array) -> pa.Array:
+    """The canonical component encoding of every value of one key column (as in encode_key)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    n = len(column)
+    typ = column.type
+    if column.null_count:
+        return _python_components(column)
+    if pa.types.is_integer(typ):
+        values = column.to_numpy(zero_copy_only=False)
+        if pa.types.is_signed_integer(typ):
+            values = values.astype(np.int64)
+            negative = values < 0
+            magnitude = np.where(negative, (-(values + 1)).astype(_U64) + _U64(1), values.astype(_U64))
+        else:
+            negative = np.zeros(n, dtype=bool)
+            magnitude = values.astype(_U64)
+        head = np.zeros((n, 10), dtype=np.uint8)
+        head[:, 0] = ord("I")
+        head[:, 1] = negative
+        return binary_rows(np.hstack([head, be_bytes(magnitude, 8)]))
+    if pa.types.is_boolean(typ):
+        matrix = np.empty((n, 2), dtype=np.uint8)
+        matrix[:, 0] = ord("B")
+        matrix[:, 1] = column.to_numpy(zero_copy_only=False)
+        return binary_rows(matrix)
+    if pa.types.is_floating(typ):
+        values = column.to_numpy(zero_copy_only=False).astype(np.float64)
+        if np.isnan(values).any():
+            raise ValueError("a key component must not be NaN")
+        matrix = np.empty((n, 9), dtype=np.uint8)
+        matrix[:, 0] = ord("F")
+        matrix[:, 1:] = (values + 0.0).astype(">f8").view(np.uint8).reshape(-1, 8)  # -0.0 -> 0.0
+        return binary_rows(matrix)
+    if pa.types.is_date(typ):
+        text = pc.strftime(column.cast(pa.date32()).cast(pa.timestamp("s")), format="%Y-%m-%d")
+        return _encode_varlen(text, b"D")
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        return _encode_varlen(column, b"S")
+    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ) or pa.types.is_fixed_size_binary(typ):
+        return _encode_varlen(column, b"Y")
+    return _python_components(column)
+
+
+def _encode_varlen(column: pa.Array, tag: bytes) -> pa.Array:
+    values = column.cast(pa.large_binary())
+    lengths = pc.binary_length(values).to_numpy(zero_copy_only=False)
+    head = np.empty((len(values), 5), dtype=np.uint8)
+    head[:, 0] = tag[0]
+    head[:, 1:] = be_bytes(lengths.astype(np.uint32), 4)
+    return join_binary([binary_rows(head), values])
+
+
+def encode_keys(keys) -> pa.Array:
+    """Canonical encodings (large_binary) of many keys: Python keys or Arrow key columns.
+
+    Arrow tables are encoded column by column in Arrow/numpy; the bytes equal
+    :func:`encode_key` of the corresponding Python tuples.
+    """
+    if isinstance(keys, (pa.Table, pa.RecordBatch)):
+        n = keys.num_rows
+        head = np.empty((n, 5), dtype=np.uint8)
+        head[:, 0] = ord("T")
+        head[:, 1:] = be_bytes(np.full(n, keys.num_columns, dtype=np.uint32), 4)
+        return join_binary([binary_rows(head)] + [_encode_arrow_column(c) for c in keys.columns])
+    if isinstance(keys, (pa.Array, pa.ChunkedArray)):
+        return encode_keys(pa.table({"k": keys}))
+    return pa.array([encode_key(k) for k in keys], pa.large_binary())

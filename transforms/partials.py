@@ -1,0 +1,85 @@
+"""Routing and per-key partial sums (pure: no Beam): what happens after contribution bounding.
+
+* :func:`routing_hash` / :func:`shard_of` / :func:`split_by_shard`: a public 64-bit hash of a
+  key (no secrecy needed, only a fixed well-spread hash, the same for data and keysets) routes
+  rows and keys to shards, one vectorised ``take`` per shard;
+* :func:`key_partials`: bounded rows (see :mod:`transforms.bounding`) -> exact per-key partial
+  aggregates (count, distinct units, sum, normalized sum);
+* :func:`sum_partials`: merge partial tables of the same keys (associative and commutative, so a
+  CombineFn may apply it in any order).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from transforms.bounding import PAIR, VALUE
+from transforms.noise.encoding import encode_keys
+from transforms.noise.prf import cbc_mac, mac_words
+
+# Routing keys to shards needs no secrecy, only a fixed, well-spread hash.
+_PUBLIC_ROUTING_KEY = bytes(range(32))
+
+
+def routing_hash(keys: pa.Table) -> np.ndarray:
+    """A public 64-bit hash of each key (for sharding; the same for data and keysets)."""
+    return mac_words(cbc_mac(_PUBLIC_ROUTING_KEY, encode_keys(keys)))[:, 0]
+
+
+def shard_of(hashes: np.ndarray, num_shards: int) -> np.ndarray:
+    return (hashes % np.uint64(num_shards)).astype(np.int64)
+
+
+def split_by_shard(table: pa.Table, shards: np.ndarray):
+    """Yield (shard, sub-table) for each shard present, vectorised (one ``take`` per shard)."""
+    if table.num_rows == 0:
+        return
+    order = np.argsort(shards, kind="stable")
+    sorted_shards = shards[order]
+    boundaries = np.flatnonzero(np.diff(sorted_shards)) + 1
+    starts = np.concatenate([[0], boundaries])
+    ends = np.concatenate([boundaries, [len(order)]])
+    for start, end in zip(starts, ends):
+        yield int(sorted_shards[start]), table.take(pa.array(order[start:end]))
+
+
+def key_partials(bounded: pa.Table, key_columns: Sequence[str], *, has_value: bool,
+                 midpoint: float = 0.0, integer_sum: bool = False) -> pa.Table:
+    """Exact per-key partial aggregates of bounded rows: count, units, and sum / nsum."""
+    aggregations = [([], "count_all"), (PAIR, "count_distinct")]
+    table = bounded
+    if has_value:
+        value = table.column(VALUE)
+        if integer_sum:
+            table = table.append_column("__ivalue", pc.cast(value, pa.int64()))
+            aggregations.append(("__ivalue", "sum"))
+        else:
+            aggregations.append((VALUE, "sum"))
+        table = table.append_column("__nvalue", pc.subtract(value, pa.scalar(midpoint)))
+        aggregations.append(("__nvalue", "sum"))
+    grouped = table.group_by(list(key_columns), use_threads=False).aggregate(aggregations)
+    columns = {k: grouped.column(k) for k in key_columns}
+    columns["count"] = grouped.column("count_all").cast(pa.int64())
+    columns["units"] = grouped.column(f"{PAIR}_count_distinct").cast(pa.int64())
+    if has_value:
+        columns["sum"] = grouped.column("__ivalue_sum" if integer_sum else f"{VALUE}_sum")
+        columns["nsum"] = grouped.column("__nvalue_sum")
+    return pa.table(columns)
+
+
+def sum_partials(tables: Sequence[pa.Table], key_columns: Sequence[str]) -> pa.Table:
+    """Merge per-key partials (sums of every partial column)."""
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return None
+    if len(tables) == 1:
+        return tables[0]
+    table = pa.concat_tables(tables, promote_options="permissive")
+    value_columns = [c for c in table.column_names if c not in key_columns]
+    grouped = table.group_by(list(key_columns), use_threads=False).aggregate(
+        [(c, "sum") for c in value_columns])
+    return pa.table({**{k: grouped.column(k) for k in key_columns},
+                     **{c: grouped.column(f"{c}_sum") for c in value_columns}})
