@@ -90,6 +90,7 @@ class TrainingResult:
     suppressed_steps: int = 0
     epsilon_total: Optional[float] = None
     history: list = field(default_factory=list)  # training accuracy after each epoch
+    suppressed_by_epoch: list = field(default_factory=list)  # steps below k, per epoch
 
 
 def minibatches(num_records: int, batch_size: int, epoch: int, seed: int) -> list[np.ndarray]:
@@ -123,9 +124,11 @@ def train_masked(features: np.ndarray, labels: np.ndarray, config: TrainingConfi
                  helper_keys: Optional[Sequence[ReleaseKey]] = None,
                  randomness: Optional[BrowserRandomness] = None,
                  helpers: Optional[HelperRelease] = None,
-                 evaluate: Optional[tuple] = None) -> TrainingResult:
+                 evaluate: Optional[tuple] = None,
+                 start: Optional[LogisticModel] = None) -> TrainingResult:
     """Masked LARk training (see the module docstring). ``evaluate``: (features, labels) whose
-    accuracy is recorded after each epoch."""
+    accuracy is recorded after each epoch; ``start``: the initial model (default zeros with
+    the configuration's feature standardisation)."""
     n, d = features.shape
     params = config.gradient_params(d)
     helpers = helpers or in_process_helpers(params, helper_keys)
@@ -134,9 +137,13 @@ def train_masked(features: np.ndarray, labels: np.ndarray, config: TrainingConfi
                                randomness=randomness or BrowserRandomness.secure(),
                                batch_id="unassigned")
     reports = [r.drop(["batch_id"]) for r in reports]
-    model = LogisticModel.zeros(d, config.feature_scale, config.feature_offset)
+    model = start or LogisticModel.zeros(d, config.feature_scale, config.feature_offset)
+    if model.num_features != d:
+        raise ValueError(f"the initial model has {model.num_features} weights, the records "
+                         f"{d} features")
     result = TrainingResult(model=model, epsilon_total=config.total_epsilon())
     for epoch in range(config.epochs):
+        result.suppressed_by_epoch.append(0)
         for step, rows in enumerate(minibatches(n, config.batch_size, epoch, config.seed)):
             batch_id = f"epoch-{epoch:04d}/step-{step:06d}"
             indices = pa.array(rows)
@@ -149,6 +156,7 @@ def train_masked(features: np.ndarray, labels: np.ndarray, config: TrainingConfi
                 outputs.append(out)
             if any(o is None for o in outputs):
                 result.suppressed_steps += 1
+                result.suppressed_by_epoch[-1] += 1
                 continue
             combined = combine_gradients(outputs, params, gradient_params_digest(params, model))
             gradient = gradient_vector(combined, batch_id, params.dimension)
@@ -160,9 +168,10 @@ def train_masked(features: np.ndarray, labels: np.ndarray, config: TrainingConfi
     return result
 
 
-def _central(features, labels, config: TrainingConfig, gradient_of, evaluate) -> TrainingResult:
+def _central(features, labels, config: TrainingConfig, gradient_of, evaluate,
+             start: Optional[LogisticModel] = None) -> TrainingResult:
     n, d = features.shape
-    model = LogisticModel.zeros(d, config.feature_scale, config.feature_offset)
+    model = start or LogisticModel.zeros(d, config.feature_scale, config.feature_offset)
     result = TrainingResult(model=model)
     for epoch in range(config.epochs):
         for step, rows in enumerate(minibatches(n, config.batch_size, epoch, config.seed)):
@@ -176,14 +185,15 @@ def _central(features, labels, config: TrainingConfig, gradient_of, evaluate) ->
     return result
 
 
-def train_central(features, labels, config: TrainingConfig, *, evaluate=None) -> TrainingResult:
+def train_central(features, labels, config: TrainingConfig, *, evaluate=None,
+                  start: Optional[LogisticModel] = None) -> TrainingResult:
     """The same descent on the clear data: no clipping, no noise, no masking."""
     return _central(features, labels, config,
-                    lambda m, x, y, _: m.gradients(x, y).sum(axis=0), evaluate)
+                    lambda m, x, y, _: m.gradients(x, y).sum(axis=0), evaluate, start)
 
 
 def train_central_dp(features, labels, config: TrainingConfig, *, release_key: ReleaseKey,
-                     evaluate=None) -> TrainingResult:
+                     evaluate=None, start: Optional[LogisticModel] = None) -> TrainingResult:
     """A trusted curator: per-record L1 clipping to psi and one Laplace draw per coordinate per
     step, calibrated to the same relation (L1 sensitivity 2 psi) and epsilon as one helper."""
     if config.epsilon is None:
@@ -197,6 +207,6 @@ def train_central_dp(features, labels, config: TrainingConfig, *, release_key: R
         lanes = pa.table({"batch_id": [batch_id] * clipped.size,
                           "coordinate": np.arange(clipped.size)})
         return add_noise(spec, clipped, RandomStreams.for_keys(key, "central-dp-sgd", lanes))
-    result = _central(features, labels, config, gradient_of, evaluate)
+    result = _central(features, labels, config, gradient_of, evaluate, start)
     result.epsilon_total = config.total_epsilon()
     return result
