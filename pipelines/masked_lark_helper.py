@@ -196,6 +196,15 @@ class HelperJob(Job):
         if bool(np.any(np.all(ids[1:] == ids[:-1], axis=1))):
             raise ReleaseRefused(f"--input: batch {request.batch_id!r} holds a report id twice "
                                  "(a replayed report); nothing was charged")
+        params = self._params(request)
+        if not params.batch_fits(len(ids)):
+            raise ReleaseRefused(f"--input: batch {request.batch_id!r} has {len(ids)} reports, "
+                                 "more than the ring holds with these bounds and noise; split it "
+                                 "(nothing was charged)")
+        if not isinstance(params, AggregationParams) and len(ids) <= params.k:
+            raise ReleaseRefused(f"--input: batch {request.batch_id!r} has {len(ids)} reports, "
+                                 f"at most k = {params.k}: nothing would be released (nothing "
+                                 "was charged)")
         digest = hashlib.sha256(ids.tobytes() + model.encode()).hexdigest()
         return f"masked-lark-reports:helper-{request.helper}:{digest}"
 

@@ -126,10 +126,11 @@ def _matrix(table: pa.Table, num_features: int, where: str):
         if column.null_count:
             raise ReleaseRefused(f"{where}: column {name!r} has missing values")
         out[:, j] = column.to_numpy()
-    try:
-        features = check_byte_features(out[:, :-1])
-    except ValueError:
-        raise ReleaseRefused(f"{where}: feature columns must hold integers 0..255")
+    for j, name in enumerate(feature_columns(num_features)):
+        column = out[:, j]
+        if np.any((column != np.floor(column)) | (column < 0) | (column > 255)):
+            raise ReleaseRefused(f"{where}: column {name!r} must hold integers 0..255 (bytes)")
+    features = check_byte_features(out[:, :-1])
     labels = out[:, -1]
     if not np.all((labels == 0) | (labels == 1)):
         raise ReleaseRefused(f"{where}: column 'label' must hold 0 or 1")
@@ -146,12 +147,8 @@ class _Train:
         from transforms.lark.training import train_central, train_central_dp, train_masked
 
         d = self.params.num_features
-        table = pa.concat_tables([t.select(["record_id", *feature_columns(d), "label"])
-                                  .cast(pa.schema([("record_id", pa.string())]
-                                                  + [(c, pa.string()) for c in
-                                                     [*feature_columns(d), "label"]]))
-                                  for t in tables]) if tables else None
-        if table is None or table.num_rows == 0:
+        table = _as_text(tables, d)
+        if table.num_rows == 0:
             raise ReleaseRefused("--input holds no records")
         features, labels = _matrix(table, d, "--input")
         config = _config(self.request, self.params, self.model)
@@ -187,6 +184,39 @@ class _Train:
         return out
 
 
+def _as_text(tables, num_features: int) -> pa.Table:
+    names = ["record_id", *feature_columns(num_features), "label"]
+    schema = pa.schema([(c, pa.string()) for c in names])
+    parts = [t.select(names).cast(schema) for t in tables if t.num_rows]
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def _read_records(spec, num_features: int) -> pa.Table:
+    """Every file of an input (preflighted) as text columns, as the pipeline reads them."""
+    from pyarrow import csv as pacsv
+
+    from pipelines.release.inputs import open_input, preflight
+
+    resolved, tables = preflight(spec), []
+    names = ["record_id", *feature_columns(num_features), "label"]
+    for path in resolved.files:
+        try:
+            if resolved.formats[path] == "parquet":
+                import pyarrow.parquet as pq
+
+                with open_input(path) as handle:
+                    tables.append(pq.read_table(handle, columns=names, use_threads=False))
+            else:
+                with open_input(path, resolved.compression[path]) as handle:
+                    tables.append(pacsv.read_csv(handle, read_options=pacsv.ReadOptions(
+                        use_threads=False), convert_options=pacsv.ConvertOptions(
+                        include_columns=names, column_types={c: pa.string() for c in names},
+                        null_values=[""], strings_can_be_null=True)))
+        except (pa.ArrowException, UnicodeDecodeError, OSError, EOFError) as err:
+            raise ReleaseRefused(f"{spec.label} {path} could not be read ({type(err).__name__})")
+    return _as_text(tables, num_features)
+
+
 def _model_table(model) -> pa.Table:
     names = [f"w_{j}" for j in range(model.num_features)] + ["bias"]
     return pa.table({"coordinate": pa.array(np.arange(model.dimension, dtype=np.int32)),
@@ -219,6 +249,14 @@ class TrainJob(Job):
         if request.test_input is not None and not request.options.testing:
             raise ReleaseRefused("--test_input (the comparison with non-private training) is "
                                  "for testing mode only: give --testing_seed")
+        # The records are held in memory by the driver anyway: read and check them before any
+        # charge (messages name the flag and the column, never a value).
+        for spec in self.inputs(request):
+            table = _read_records(spec, params.num_features)
+            _matrix(table, params.num_features, spec.label)
+            if spec.name == "records" and table.num_rows < request.batch_size:
+                raise ReleaseRefused(f"--input has fewer records than --batch_size: no step "
+                                     "would be taken")
 
     def inputs(self, request):
         d = self._params(request).num_features
@@ -304,12 +342,7 @@ class TrainJob(Job):
 def _train_with_test(tables, train: _Train, test_tables):
     if test_tables is not None:
         d = train.params.num_features
-        table = pa.concat_tables([t.select(["record_id", *feature_columns(d), "label"])
-                                  .cast(pa.schema([("record_id", pa.string())]
-                                                  + [(c, pa.string()) for c in
-                                                     [*feature_columns(d), "label"]]))
-                                  for t in test_tables])
-        train.test_tables = _matrix(table, d, "--test_input")
+        train.test_tables = _matrix(_as_text(test_tables, d), d, "--test_input")
     return train(tables)
 
 

@@ -260,3 +260,19 @@ def test_help(module, capsys):
         module.main(["--help"])
     assert exit_info.value.code == 0
     assert "--testing_seed" in capsys.readouterr().out
+
+
+def test_training_input_is_checked_before_any_charge(tmp_path, capsys):
+    secret = "777"
+    bad = write_csv(tmp_path / "bad.csv", ["record_id", "x_0", "x_1", "x_2", "x_3", "label"],
+                    [[1, 10, 20, 30, 40, 1], [2, 10, 20, 30, secret, 0]])
+    args = ["--params", os.path.join(SAMPLE, "gradient_params.json"),
+            "--model", os.path.join(SAMPLE, "model.json"), "--model_id", "m",
+            "--output", str(tmp_path / "out")] + _release_args(tmp_path, "server")
+    assert masked_lark_train.main(["--input", bad] + args) == 2
+    err = capsys.readouterr().err
+    assert "x_3" in err and "0..255" in err and secret not in err
+    assert masked_lark_train.main(["--input", os.path.join(SAMPLE, "train.csv"),
+                                   "--batch_size", "1000"] + args) == 2
+    assert "--batch_size" in capsys.readouterr().err
+    assert not (tmp_path / "server").exists()
