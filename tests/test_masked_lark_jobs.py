@@ -276,3 +276,61 @@ def test_training_input_is_checked_before_any_charge(tmp_path, capsys):
                                    "--batch_size", "1000"] + args) == 2
     assert "--batch_size" in capsys.readouterr().err
     assert not (tmp_path / "server").exists()
+
+
+def test_gradient_chain_through_the_jobs_equals_the_clear_clipped_gradient(tmp_path):
+    """Algorithm 3 end to end on the jobs without noise: browsers (real and fake labels, masks,
+    blinding) -> each helper with the model -> the ad server equals the clear clipped gradient
+    sum exactly in units of 2^-f; a neighbouring record moves it by at most 2 psi in L1."""
+    from transforms.lark.helper import clear_gradient_units
+    from transforms.lark.model import LogisticModel
+    from transforms.lark.params import GradientParams
+
+    rng = np.random.default_rng(3)
+    n, d = 40, 3
+    features = rng.integers(0, 256, size=(n, d))
+    labels = rng.integers(0, 2, size=n)
+    model_obj = {"weights": [0.5, -0.25, 0.125], "bias": 0.1, "feature_scale": 1 / 32,
+                 "feature_offset": 128}
+    model_path = tmp_path / "model.json"
+    model_path.write_text(json.dumps(model_obj))
+    params_obj = {"kind": "gradient", "num_features": d, "clip_norm": 1.0, "epsilon": None,
+                  "k": 10, "fraction_bits": 16, "num_helpers": 2}
+    params_path = tmp_path / "params.json"
+    params_path.write_text(json.dumps(params_obj))
+    model = LogisticModel.from_json(model_obj)
+    params = GradientParams(**{k: v for k, v in params_obj.items() if k != "kind"})
+
+    def chain(feats, labs, tag):
+        records = write_csv(tmp_path / f"{tag}.csv", ["record_id", "x_0", "x_1", "x_2", "label"],
+                            [[i, *feats[i], labs[i]] for i in range(n)])
+        out = tmp_path / tag
+        assert masked_lark_share.main(["--input", records, "--params", str(params_path),
+                                       "--batch_id", "g1", "--output", str(out / "share"),
+                                       "--testing_seed", "5"]) == 0
+        files = []
+        for h in (0, 1):
+            reports = _testing(out / "share", "masked_lark_share/g1",
+                               f"reports_helper_{h}.parquet")
+            assert masked_lark_helper.main([
+                "--input", reports, "--params", str(params_path), "--model", str(model_path),
+                "--helper", str(h), "--batch_id", "g1", "--output", str(out / f"h{h}"),
+                "--testing_seed", "5"]) == 0
+            files.append(_testing(out / f"h{h}", f"masked_lark_helper/g1/helper-{h}",
+                                  f"helper_{h}.parquet"))
+        assert masked_lark_combine.main([
+            "--helper_outputs", ",".join(files), "--params", str(params_path), "--model",
+            str(model_path), "--batch_id", "g1", "--output", str(out / "server"),
+            "--testing_seed", "5"]) == 0
+        with open(_testing(out / "server", "masked_lark_combine/g1", "gradient.csv")) as handle:
+            rows = list(csv.DictReader(handle))
+        assert [int(r["coordinate"]) for r in rows] == list(range(d + 1))
+        return np.array([float(r["gradient"]) for r in rows])
+
+    got = chain(features, labels, "a")
+    want = clear_gradient_units(model, params, features, labels) * 2.0 ** -16
+    np.testing.assert_array_equal(got, want)
+    neighbour_f, neighbour_l = features.copy(), labels.copy()
+    neighbour_f[7], neighbour_l[7] = 255 - features[7], 1 - labels[7]
+    moved = chain(neighbour_f, neighbour_l, "b")
+    assert 0 < np.abs(moved - got).sum() <= 2 * params.clip_norm + 1e-12
