@@ -176,7 +176,12 @@ def test_bad_inputs_are_refused_before_any_charge(exact, tmp_path, capsys):
     other = str(tmp_path / "other_batch.parquet")
     t = pq.read_table(helper_files[1])
     pq.write_table(t.set_column(1, "batch_digest", pa.array(["0" * 64] * t.num_rows)), other)
+    replayed = str(tmp_path / "replayed.parquet")
+    r0 = pq.read_table(reports0)
+    pq.write_table(pa.concat_tables([r0, r0.slice(5, 1)]), replayed)
     cases = [
+        (masked_lark_helper, ["--input", replayed, "--params", params, "--helper", "0",
+                              "--batch_id", "b1"], ["report id twice"]),
         (masked_lark_helper, ["--input", bad_csv, "--params", params, "--helper", "0",
                               "--batch_id", "b1"], ["reports.csv", "share_value"]),
         (masked_lark_helper, ["--input", reports0, "--params", params, "--helper", "1",
