@@ -1,4 +1,4 @@
-"""The Masked LARk ad server's combine: every helper's release of a batch in, decoded noisy sums out.
+"""The Masked LARk ad server's combine: each helper's release of a batch in, decoded noisy sums.
 
     python -m pipelines.masked_lark_combine --batch_id b1 \\
         --helper_outputs out/h0/.../helper_0.parquet,out/h1/.../helper_1.parquet \\

@@ -147,7 +147,8 @@ class HelperJob(Job):
         kind = "aggregation" if isinstance(params, AggregationParams) else "gradient"
         return [Measure.of_noise(f"helper-{request.helper}/{kind}", params.noise_spec(),
                                  params.sensitivities(), neighbouring=params.relation,
-                                 description=f"{MECHANISM}; per released "
+                                 description=f"{MECHANISM}; noise in fixed-point units "
+                                             f"of 2^-{params.fraction_bits}; per released "
                                              f"{'key' if kind == 'aggregation' else 'batch'}: "
                                              f"{params.dimension} coordinate(s)")]
 
@@ -158,7 +159,8 @@ class HelperJob(Job):
         aggregation = isinstance(params, AggregationParams)
         schema = (aggregation_output_schema(params.value_columns) if aggregation
                   else gradient_output_schema())
-        scope = request.budget_scope or f"masked-lark-batch:{request.batch_id}/{key_name(request.helper)}"
+        scope = (request.budget_scope
+                 or f"masked-lark-batch:{request.batch_id}/{key_name(request.helper)}")
         scopes = [Scope(name=scope, budget=PrivacyBudget(
             epsilon=request.budget_epsilon or params.epsilon),
             description="this helper's spend on the batch's reports")] if measures else []
@@ -176,6 +178,8 @@ class HelperJob(Job):
             parameters={"helper": request.helper, "params_digest": params.digest(),
                         "model_digest": None if model is None else model.digest(),
                         "epsilon": params.epsilon, "k": params.k,
+                        "noise_scale_per_helper": None if params.epsilon is None else
+                        params.noise_spec().scale * 2.0 ** -params.fraction_bits,
                         "num_helpers": params.num_helpers},
             spends_nothing="" if measures else
             "testing only: exact sums (epsilon null), never a release",

@@ -45,7 +45,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from accounting.budget import PrivacyBudget
-from accounting.keys import ReleaseKey
 from accounting.ledger import Scope
 from accounting.measures import Measure
 from pipelines.masked_lark_config import load_model, load_params, params_to_json
@@ -168,7 +167,8 @@ class _Train:
                    schema=TRAINING_SCHEMA)}
         if self.test_tables is not None:
             x_test, y_test = self.test_tables
-            rows = [("central_clear", None, train_central(features, labels, config, start=self.model).model),
+            clear = train_central(features, labels, config, start=self.model).model
+            rows = [("central_clear", None, clear),
                     ("masked_helpers", config.epsilon, result.model)]
             if config.epsilon is not None:
                 central_dp = train_central_dp(features, labels, config,
@@ -277,8 +277,9 @@ class TrainJob(Job):
             measures = [Measure.of_noise(
                 f"epoch-{e}/helper-noise", params.noise_spec(), params.sensitivities(),
                 neighbouring=params.relation,
-                description=f"{MECHANISM}; the epoch's steps use disjoint minibatches "
-                            "(parallel composition)") for e in range(config.epochs)]
+                description=f"{MECHANISM}; noise in fixed-point units of "
+                            f"2^-{params.fraction_bits}; the epoch's steps use disjoint "
+                            "minibatches (parallel composition)") for e in range(config.epochs)]
         if config.local_noise is not None:
             measures.append(Measure(
                 name="local_feature_noise", mechanism="discrete_laplace (local, per feature)",

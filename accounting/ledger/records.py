@@ -106,7 +106,8 @@ class ReleaseRequest:
                              "Measures")
         if not isinstance(self.input_digest, str) or not self.input_digest:
             raise ValueError("input_digest must be a non-empty string")
-        if (self.measures and not self.scopes) or not all(isinstance(s, Scope) for s in self.scopes):
+        if (self.measures and not self.scopes) or \
+                not all(isinstance(s, Scope) for s in self.scopes):
             raise ValueError(f"release {self.release_id!r}: scopes must be a non-empty sequence "
                              "of Scopes (empty only for a release that spends nothing)")
         names = [s.name for s in self.scopes]
