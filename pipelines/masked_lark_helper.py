@@ -196,8 +196,8 @@ class HelperJob(Job):
         if len(ids) == 0:
             raise ReleaseRefused(f"--input has no reports of batch {request.batch_id!r}; "
                                  "nothing was charged")
-        ids = np.ascontiguousarray(ids[_id_order(ids)])
-        if bool(np.any(np.all(ids[1:] == ids[:-1], axis=1))):
+        words = _sorted_id_words(ids)
+        if bool(np.any(words[1:] == words[:-1])) and _has_duplicate(ids):
             raise ReleaseRefused(f"--input: batch {request.batch_id!r} holds a report id twice "
                                  "(a replayed report); nothing was charged")
         params = self._params(request)
@@ -209,7 +209,7 @@ class HelperJob(Job):
             raise ReleaseRefused(f"--input: batch {request.batch_id!r} has {len(ids)} reports, "
                                  f"at most k = {params.k}: nothing would be released (nothing "
                                  "was charged)")
-        digest = hashlib.sha256(ids.tobytes() + model.encode()).hexdigest()
+        digest = hashlib.sha256(words.tobytes() + model.encode()).hexdigest()
         return f"masked-lark-reports:helper-{request.helper}:{digest}"
 
     def build(self, pipeline, request, inputs, release):
@@ -239,14 +239,22 @@ class HelperJob(Job):
                             "share": dropped / read if read else 0.0, "reasons": reasons}}
 
 
-def _id_order(ids: np.ndarray) -> np.ndarray:
-    """The order sorting report ids (n, 2) by (high, low) word: ids are random, so sorting by
-    the high word alone suffices unless two share it (then the full lexicographic sort)."""
-    order = np.argsort(ids[:, 0], kind="stable")
-    high = ids[order, 0]
-    if bool(np.any(high[1:] == high[:-1])):
-        return np.lexsort((ids[:, 1], ids[:, 0]))
-    return order
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _sorted_id_words(ids: np.ndarray) -> np.ndarray:
+    """One 64-bit word per report id (n, 2) -- high ^ (low * an odd constant), a bijection of
+    the low word mixed into the high -- sorted: the order-independent identity of the report
+    set (equal sets give equal words; distinct ids collide with probability ~n^2 / 2^65)."""
+    with np.errstate(over="ignore"):
+        words = ids[:, 0] ^ (ids[:, 1] * _MIX)
+    return np.sort(words)
+
+
+def _has_duplicate(ids: np.ndarray) -> bool:
+    """Exact check (run only when two mixed words tie)."""
+    ordered = ids[np.lexsort((ids[:, 1], ids[:, 0]))]
+    return bool(np.any(np.all(ordered[1:] == ordered[:-1], axis=1)))
 
 
 def _scan_reports(resolved, batch_id: str, helper: int) -> np.ndarray:
