@@ -25,8 +25,15 @@ Privacy: the reports are not a statistic; the job spends nothing (its guarantee 
 compose([]) = (0, 0)) -- the helpers' releases carry the guarantee. With
 ``--local_noise_epsilon e`` (gradients; Section 4.2.3) every byte feature gets discrete Laplace
 noise with scale 255 / e before sharing: the features of a record are (d * e)-local-DP against
-every party, charged to the scope ``masked-lark-local-features:<batch_id>``. Randomness is the
-OS CSPRNG (fresh per run, as browsers have); ``--testing_seed`` makes it reproducible.
+every party, charged to the scope ``masked-lark-local-features:<batch_id>``.
+
+Randomness: each record's report id, shares, masks and blinding come from an AES stream keyed by
+the run's release key (reserved in the ledger, kept in ``--key_store``) and the record's
+content, so a re-run reproduces the published bytes and the helpers -- who never see the key
+-- get uniform shares. Whoever holds that key and one helper's reports can test guesses of a
+record's values: the key store stays with the party that holds the records (the browsers' side
+of the simulation), never with a helper. Real browsers draw from their OS CSPRNG
+(``transforms.lark.randomness.BrowserRandomness.secure``).
 """
 from __future__ import annotations
 
@@ -189,9 +196,9 @@ class ShareJob(Job):
 
     def build(self, pipeline, request, inputs, release):
         params = self._params(request)
-        # Browsers draw from the OS CSPRNG; only a testing run is reproducible (its public key).
-        randomness = (BrowserRandomness.keyed(release.key) if release.testing
-                      else BrowserRandomness.secure())
+        # Keyed by the run's ledger key (see the module docstring): a re-run reproduces the
+        # published bytes, as the release layer requires.
+        randomness = BrowserRandomness.keyed(release.key)
         if isinstance(params, AggregationParams):
             share = ShareRecords(randomness=randomness, aggregation=params,
                                  batch_id=request.batch_id)

@@ -140,6 +140,11 @@ def test_noisy_helpers_charge_their_own_ledgers_and_combine_spends_nothing(exact
         assert ledger.spent(f"masked-lark-batch:b1/helper-{h}").epsilon == pytest.approx(1.0)
         helper_files.append(os.path.join(str(tmp_path / f"h{h}"), "masked_lark_helper", "b1",
                                          f"helper-{h}", "v1", f"helper_{h}.parquet"))
+    capsys.readouterr()
+    assert masked_lark_helper.main(["--input", reports, "--params", params, "--helper", "1",
+                                    "--batch_id", "b1", "--output", str(tmp_path / "h1")]
+                                   + _release_args(tmp_path, "helper1")) == 0
+    assert "(reproduced)" in capsys.readouterr().out  # same key, same noise: charged once
     # the same reports under another batch id: refused by their content, nothing charged
     table = pq.read_table(_testing(base / "share", "masked_lark_share/b1",
                                    "reports_helper_0.parquet"))
