@@ -344,3 +344,25 @@ def test_gradient_chain_through_the_jobs_equals_the_clear_clipped_gradient(tmp_p
     neighbour_f[7], neighbour_l[7] = 255 - features[7], 1 - labels[7]
     moved = chain(neighbour_f, neighbour_l, "b")
     assert 0 < np.abs(moved - got).sum() <= 2 * params.clip_norm + 1e-12
+
+
+def test_a_release_without_measures_must_say_why():
+    from accounting.calibration import calibrate
+    from accounting.measures import Measure
+    from accounting.sensitivity import Sensitivities
+    from pipelines.release import OutputSpec, PlannedRelease
+
+    out = [OutputSpec(name="x.csv", sort_by=["a"], schema=pa.schema([("a", pa.int64())]))]
+    with pytest.raises(ValueError, match="spends_nothing"):
+        PlannedRelease(release_id="r/1", measures=[], scopes=[], outputs=out, config={})
+    zero = PlannedRelease(release_id="r/1", measures=[], scopes=[], outputs=out, config={},
+                          spends_nothing="post-processing")
+    assert tuple(zero.guarantee()) == (0.0, 0.0)
+    assert "post-processing" in zero.guarantee_json()["covers"]
+    measure = Measure.of_noise("m", calibrate("discrete_laplace", epsilon=1.0, l1_sensitivity=1),
+                               Sensitivities(l0=1, linf=1, l1=1, l2=1))
+    with pytest.raises(ValueError, match="spends_nothing"):
+        PlannedRelease(release_id="r/1", measures=[measure], scopes=[], outputs=out, config={},
+                       spends_nothing="post-processing")
+    with pytest.raises(ValueError, match="no scopes"):
+        PlannedRelease(release_id="r/1", measures=[measure], scopes=[], outputs=out, config={})
