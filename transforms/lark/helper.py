@@ -22,7 +22,7 @@ finds the batch absent from every helper.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -47,7 +47,7 @@ GRADIENT_KEY = ""
 _CHUNK = 1 << 16
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class BatchPartial:
     """What a helper has summed of one batch so far: keys (sorted), counts, ring sums, ids."""
 
@@ -62,13 +62,14 @@ class BatchPartial:
         return int(self.counts.sum())
 
 
-@dataclass
 class ParseStats:
-    """Row faults of one table (raw-data facts: for the operator's counters only)."""
+    """Row faults of one table (raw-data facts: for the operator's counters only); an
+    accumulator filled while a table is parsed, not a value object."""
 
-    reports: int = 0
-    malformed: int = 0
-    faults: dict = field(default_factory=dict)
+    __slots__ = ("reports", "malformed", "faults")
+
+    def __init__(self, reports: int = 0):
+        self.reports, self.malformed, self.faults = reports, 0, {}
 
     def drop(self, name: str, mask: np.ndarray) -> None:
         bad = int((~mask).sum())
@@ -290,7 +291,7 @@ def merge_partials(partials) -> BatchPartial:
                         ids=np.concatenate([p.ids for p in partials]))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BatchOutcome:
     """What happened to one batch (for the operator's counters and report)."""
 
@@ -325,9 +326,10 @@ def _screen(partial: BatchPartial, params) -> tuple[Optional[np.ndarray], BatchO
     ids = sort_ids(partial.ids)
     total = partial.num_reports
     if count_duplicates(ids):
-        return None, BatchOutcome(partial.batch_id, total, "duplicate_reports")
+        return None, BatchOutcome(batch_id=partial.batch_id, reports=total,
+                                  status="duplicate_reports")
     if not params.batch_fits(total):
-        return None, BatchOutcome(partial.batch_id, total, "overflow")
+        return None, BatchOutcome(batch_id=partial.batch_id, reports=total, status="overflow")
     return ids, None
 
 
@@ -339,8 +341,8 @@ def release_aggregation(partial: BatchPartial, params: AggregationParams, *, hel
         return None, refused
     keep = partial.counts > params.k
     keys = partial.keys[keep]
-    outcome = BatchOutcome(partial.batch_id, partial.num_reports,
-                           "released" if keep.any() else "below_k",
+    outcome = BatchOutcome(batch_id=partial.batch_id, reports=partial.num_reports,
+                           status="released" if keep.any() else "below_k",
                            keys_released=int(keep.sum()), keys_suppressed=int((~keep).sum()))
     if not keep.any():
         return None, outcome
@@ -369,7 +371,8 @@ def release_gradient(partial: BatchPartial, params: GradientParams, model: Logis
         return None, refused
     total = partial.num_reports
     if total <= params.k:
-        return None, BatchOutcome(partial.batch_id, total, "below_k", keys_suppressed=1)
+        return None, BatchOutcome(batch_id=partial.batch_id, reports=total, status="below_k",
+                                  keys_suppressed=1)
     summed = partial.sums.sum(axis=0, dtype=np.uint64)
     noisy = summed + _noise(params, release_key, helper, GRADIENT_NOISE_PURPOSE,
                             partial.batch_id, np.asarray([GRADIENT_KEY], dtype=object),
@@ -382,4 +385,5 @@ def release_gradient(partial: BatchPartial, params: GradientParams, model: Logis
                       "num_helpers": np.full(dim, params.num_helpers, np.int32),
                       "coordinate": np.arange(dim, dtype=np.int32), "share": noisy},
                      schema=gradient_output_schema())
-    return table, BatchOutcome(partial.batch_id, total, "released", keys_released=1)
+    return table, BatchOutcome(batch_id=partial.batch_id, reports=total, status="released",
+                                 keys_released=1)

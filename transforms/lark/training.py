@@ -21,7 +21,8 @@ of models is allowed by it): ``TrainingConfig.total_epsilon``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -83,14 +84,17 @@ class TrainingConfig:
         return None if self.epsilon is None else self.epochs * self.epsilon
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class TrainingResult:
+    """The trained model and what happened: steps taken, steps suppressed by k-anonymity (in
+    all and per epoch), the per-report epsilon, and accuracy after each epoch (``evaluate``)."""
+
     model: LogisticModel
     steps: int = 0
     suppressed_steps: int = 0
     epsilon_total: Optional[float] = None
-    history: list = field(default_factory=list)  # training accuracy after each epoch
-    suppressed_by_epoch: list = field(default_factory=list)  # steps below k, per epoch
+    history: tuple = ()
+    suppressed_by_epoch: tuple = ()
 
 
 def minibatches(num_records: int, batch_size: int, epoch: int, seed: int) -> list[np.ndarray]:
@@ -141,9 +145,9 @@ def train_masked(features: np.ndarray, labels: np.ndarray, config: TrainingConfi
     if model.num_features != d:
         raise ValueError(f"the initial model has {model.num_features} weights, the records "
                          f"{d} features")
-    result = TrainingResult(model=model, epsilon_total=config.total_epsilon())
+    steps, suppressed, history = 0, [], []
     for epoch in range(config.epochs):
-        result.suppressed_by_epoch.append(0)
+        suppressed.append(0)
         for step, rows in enumerate(minibatches(n, config.batch_size, epoch, config.seed)):
             batch_id = f"epoch-{epoch:04d}/step-{step:06d}"
             indices = pa.array(rows)
@@ -155,34 +159,34 @@ def train_masked(features: np.ndarray, labels: np.ndarray, config: TrainingConfi
                 out, outcome = helpers(h, table, model, batch_id)
                 outputs.append(out)
             if any(o is None for o in outputs):
-                result.suppressed_steps += 1
-                result.suppressed_by_epoch[-1] += 1
+                suppressed[-1] += 1
                 continue
             combined = combine_gradients(outputs, params, gradient_params_digest(params, model))
             gradient = gradient_vector(combined, batch_id, params.dimension)
             model = model.with_vector(model.vector() - config.learning_rate * gradient / len(rows))
-            result.steps += 1
+            steps += 1
         if evaluate is not None:
-            result.history.append(model.accuracy(*evaluate))
-    result.model = model
-    return result
+            history.append(model.accuracy(*evaluate))
+    return TrainingResult(model=model, steps=steps, suppressed_steps=sum(suppressed),
+                          epsilon_total=config.total_epsilon(), history=tuple(history),
+                          suppressed_by_epoch=tuple(suppressed))
 
 
 def _central(features, labels, config: TrainingConfig, gradient_of, evaluate,
              start: Optional[LogisticModel] = None) -> TrainingResult:
     n, d = features.shape
     model = start or LogisticModel.zeros(d, config.feature_scale, config.feature_offset)
-    result = TrainingResult(model=model)
+    steps, history = 0, []
     for epoch in range(config.epochs):
         for step, rows in enumerate(minibatches(n, config.batch_size, epoch, config.seed)):
             batch_id = f"epoch-{epoch:04d}/step-{step:06d}"
             gradient = gradient_of(model, features[rows], labels[rows], batch_id)
             model = model.with_vector(model.vector() - config.learning_rate * gradient / len(rows))
-            result.steps += 1
+            steps += 1
         if evaluate is not None:
-            result.history.append(model.accuracy(*evaluate))
-    result.model = model
-    return result
+            history.append(model.accuracy(*evaluate))
+    return TrainingResult(model=model, steps=steps, history=tuple(history),
+                          suppressed_by_epoch=(0,) * config.epochs)
 
 
 def train_central(features, labels, config: TrainingConfig, *, evaluate=None,
@@ -208,5 +212,4 @@ def train_central_dp(features, labels, config: TrainingConfig, *, release_key: R
                           "coordinate": np.arange(clipped.size)})
         return add_noise(spec, clipped, RandomStreams.for_keys(key, "central-dp-sgd", lanes))
     result = _central(features, labels, config, gradient_of, evaluate, start)
-    result.epsilon_total = config.total_epsilon()
-    return result
+    return dataclasses.replace(result, epsilon_total=config.total_epsilon())
