@@ -182,13 +182,45 @@ def local_dp(tmp) -> dict:
             else:
                 with open(path) as handle:
                     out[f"{name}/{base}"] = _text_digest(handle.read())
+def masked_lark(tmp) -> dict:
+    """The sample through browsers, both helpers and the ad server; and the training driver."""
+    from pipelines import (masked_lark_combine, masked_lark_helper, masked_lark_share,
+                           masked_lark_train)
+
+    sample = os.path.join(SAMPLE, "masked_lark")
+    params = os.path.join(sample, "aggregation_params.json")
+    seed = ["--testing_seed", str(SEED)]
+    assert masked_lark_share.main(["--input", os.path.join(sample, "conversions.csv"),
+                                   "--params", params, "--batch_id", "b1",
+                                   "--output", os.path.join(tmp, "share")] + seed) == 0
+    out, helper_files = {}, []
+    for h in (0, 1):
+        reports = _only(f"{tmp}/share/**/reports_helper_{h}.parquet")
+        out[f"share/helper-{h}"] = _table_digest(pq.read_table(reports))
+        assert masked_lark_helper.main(["--input", reports, "--params", params, "--helper",
+                                        str(h), "--batch_id", "b1",
+                                        "--output", os.path.join(tmp, f"h{h}")] + seed) == 0
+        helper_files.append(_only(f"{tmp}/h{h}/**/helper_{h}.parquet"))
+        out[f"helper-{h}"] = _table_digest(pq.read_table(helper_files[-1]))
+    assert masked_lark_combine.main(["--helper_outputs", ",".join(helper_files), "--params",
+                                     params, "--batch_id", "b1",
+                                     "--output", os.path.join(tmp, "server")] + seed) == 0
+    with open(_only(f"{tmp}/server/**/aggregates.csv")) as handle:
+        out["combine"] = _text_digest(handle.read())
+    assert masked_lark_train.main(["--input", os.path.join(sample, "train.csv"),
+                                   "--params", os.path.join(sample, "gradient_params.json"),
+                                   "--model", os.path.join(sample, "model.json"),
+                                   "--model_id", "m1", "--epochs", "2",
+                                   "--output", os.path.join(tmp, "train")] + seed) == 0
+    with open(_only(f"{tmp}/train/**/model.csv")) as handle:
+        out["train/model"] = _text_digest(handle.read())
     return out
 
 
 JOBS = {"centralnotice": centralnotice, "reach_frequency": reach_frequency,
         "summary_reports": summary_reports, "dp_aggregate": dp_aggregate,
-        "event_level_reports": event_level_reports,
-        "local_dp": local_dp}
+        "event_level_reports": event_level_reports, "local_dp": local_dp,
+        "masked_lark": masked_lark}
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))

@@ -111,9 +111,13 @@ class PlannedRelease:
     """One release a run makes.
 
     ``measures``: what it spends (each states mechanism, neighbouring relation, sensitivity and
-    cost); ``scopes``: the ledger budgets it is charged to; ``accountant``: how its measures are
-    composed in reports and in the ledger; ``config``: everything that shapes the release,
-    hashed with the input files into the digest its keys are bound to; ``parameters``: the
+    cost); a release that spends nothing (post-processing of published releases, or a simulation
+    that publishes no statistic) has no measures, composes to (0, 0)
+    (``accounting.guarantee.compose([])``) and must say why in ``spends_nothing`` (its
+    ``scopes`` may then be empty); ``scopes``: the ledger budgets it is charged to;
+    ``accountant``: how its measures are composed in reports and in the ledger; ``config``:
+    everything that shapes the release, hashed with the input files into the digest its keys are
+    bound to; ``parameters``: the
     public parameters stated in the published release metadata; ``inputs``: the inputs it reads
     (default: all); ``key_names``: independent keys it needs.
     """
@@ -128,11 +132,17 @@ class PlannedRelease:
     inputs: Optional[Sequence[str]] = None
     key_names: Sequence[str] = ("release",)
     guarantee_covers: str = ""
+    spends_nothing: str = ""
 
     def __post_init__(self):
         names.check_release_id(self.release_id)
-        if not self.measures:
-            raise ValueError(f"release {self.release_id!r} has no measures")
+        if not self.measures and not self.spends_nothing:
+            raise ValueError(f"release {self.release_id!r} has no measures: a release that "
+                             "spends nothing says why in spends_nothing")
+        if self.measures and self.spends_nothing:
+            raise ValueError(f"release {self.release_id!r} has measures and spends_nothing")
+        if self.measures and not self.scopes:
+            raise ValueError(f"release {self.release_id!r} spends budget but has no scopes")
         guarantee.check_accountant(self.accountant)
         object.__setattr__(self, "measures", tuple(self.measures))
         object.__setattr__(self, "scopes", tuple(self.scopes))
@@ -148,7 +158,10 @@ class PlannedRelease:
         rho = [m.rho for m in self.measures if m.rho is not None]
         return {"accountant": self.accountant, "epsilon": g.epsilon, "delta": g.delta,
                 "rho_of_zcdp_measures": math.fsum(rho) if rho else None,
-                "covers": self.guarantee_covers or "this release (its measures composed)",
+                "covers": self.guarantee_covers or (
+                    f"nothing: this release spends no budget ({self.spends_nothing})"
+                    if self.spends_nothing else "this release (its measures composed)"),
+                **({"spends_nothing": self.spends_nothing} if self.spends_nothing else {}),
                 "ledger_scopes": [{"name": s.name, "epsilon": s.budget.epsilon,
                                    "delta": s.budget.delta, "description": s.description}
                                   for s in self.scopes]}
