@@ -182,6 +182,9 @@ def local_dp(tmp) -> dict:
             else:
                 with open(path) as handle:
                     out[f"{name}/{base}"] = _text_digest(handle.read())
+    return out
+
+
 def masked_lark(tmp) -> dict:
     """The sample through browsers, both helpers and the ad server; and the training driver."""
     from pipelines import (masked_lark_combine, masked_lark_helper, masked_lark_share,
