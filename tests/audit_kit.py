@@ -48,7 +48,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from accounting.audit import (AuditResult, AuditSpec, Bound, Change, Dataset, Release,
+from accounting.audit import (AuditResult, AuditSpec, Bound, Change, Dataset, Order, Release,
                               ReportRule, Table, TableRule, Units, audit)
 
 TESTING_FOLDER = "testing-not-a-release"
@@ -467,3 +467,87 @@ def _aggregate_audits() -> list[JobAudit]:
 
 for _entry in _aggregate_audits():
     register(_entry)
+
+
+# ---- ARA event-level reports (k-ary randomized response per source, estimates debiased) ------
+
+def _with_occurrence(table: Table, keys: Sequence[str]) -> Table:
+    """``table`` with an ``n`` column: the how-many-th row of its ``keys`` this is (a source may
+    send two identical noisy reports; the audit keys each row by (keys, n))."""
+    index = [table.index(k) for k in keys]
+    seen, rows = {}, []
+    for row in table.rows:
+        key = tuple(row[i] for i in index)
+        seen[key] = seen.get(key, 0) + 1
+        rows.append(tuple(row) + (str(seen[key]),))
+    return Table(columns=tuple(table.columns) + ("n",), rows=rows, types=None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _EventLevelJob(ReleaseLayerJob):
+    def __call__(self, dataset: Dataset, seed: int, exact: bool) -> Release:
+        import dataclasses
+
+        release = super().__call__(dataset, seed, exact)
+        tables = {name: (_with_occurrence(t, ("source_id", "window", "trigger_data"))
+                         if name.endswith("/reports.csv") else t)
+                  for name, t in release.tables.items()}
+        return dataclasses.replace(release, tables=tables)
+
+
+def _event_level_audit() -> JobAudit:
+    """One source's conversions added, removed or replaced (the registered sources are public and
+    fixed: the new source of an ADD / SUBSTITUTE neighbour is registered without conversions).
+
+    The exact mode keeps the randomized response (no noise-free variant: the randomness IS the
+    mechanism), but under one testing key every source's draws are the same in D and D' (keyed
+    per source), so the stated sensitivity of the estimates -- "one source moves its group's rows
+    by at most R / (1 - p), draws fixed" -- is checked exactly, and the noisy reports may differ
+    in that source's rows only (at most 2R report rows)."""
+    import itertools
+
+    from pipelines import event_level_reports as job
+
+    cells = list(itertools.product([0, 1], [0, 1]))            # (trigger_data, window), T = w = 2
+    units = Units(column="source_id", keys=("trigger_data", "window"), public_keys=cells,
+                  heavy_keys=2, heavy_rows=2)
+    n_units, new_source = 8, 8 + 1000          # accounting.audit's new unit id: max id + 1000
+    campaigns = {s: ("c1" if s % 2 else "c2") for s in [*range(1, n_units + 3), new_source]}
+
+    def datasets():
+        from accounting.audit import synthetic_dataset
+        d = synthetic_dataset(units, seed=13, n_units=n_units, batches=2)
+        return [Dataset(batches=d.batches, name=d.name, extra=campaigns)]
+
+    def write(dataset, folder):
+        files = rows_as_csv("conversions", ["source_id", "trigger_data", "window"])(dataset, folder)
+        sources = os.path.join(folder, "sources.csv")
+        with open(sources, "w") as handle:
+            handle.write("source_id,campaign\n")
+            handle.writelines(f"{s},{c}\n" for s, c in sorted(dataset.extra.items()))
+        return {**files, "sources": [sources]}
+
+    max_reports = 2
+    # the job's public order: per group, the values, then the all-values row (empty trigger_data)
+    estimates = [(c, t) for c in ("c1", "c2") for t in ("0", "1", "")]
+    return JobAudit(
+        name="event_level_reports",
+        job=_EventLevelJob(
+            module=job, write=write,
+            request=lambda files, options: job.EventLevelReportsRequest(
+                sources=tuple(files["sources"]), conversions=tuple(files["conversions"]),
+                epsilon=3.0, batch_id="audit", trigger_data_cardinality=2, report_windows=2,
+                max_reports=max_reports, group_by=("campaign",), options=options)),
+        units=units, datasets=datasets, relation="add_remove",
+        tables={"*/reports.csv": TableRule(keys=("source_id", "window", "trigger_data", "n"),
+                                           keys_private=True, changed_keys=2 * max_reports),
+                "*/estimates.csv": TableRule(keys=("campaign", "trigger_data"),
+                                             noisy=("estimate", "variance", "standard_error"),
+                                             public_keys=estimates, order=Order.PUBLIC)},
+        measures={"*/estimates.csv": {"estimate": "event_level_reports"}},
+        keys_private=True,         # the marker's row count of reports.csv is the noisy reports'
+        changes=(Change.ADD_HEAVY, Change.REMOVE_HEAVY, Change.REBATCH),
+        noisy_changes=(Change.REBATCH,))
+
+
+register(_event_level_audit())

@@ -29,7 +29,7 @@ from transforms.selection import PrivateSelection
 #: Every registered audit; test_every_job_is_audited keeps this in step with pipelines/.
 AUDITED = ["dp_aggregate/keyset", "dp_aggregate/selection", "dp_aggregate/selection/substitute",
            "dp_aggregate/keyset/dicts", "centralnotice", "reach_frequency",
-           "summary_reports"]
+           "summary_reports", "event_level_reports"]
 
 
 @pytest.mark.parametrize("name", AUDITED)
