@@ -257,6 +257,9 @@ class Change(str, enum.Enum):
     SUBSTITUTE_ALONE = "replace a lone unit by a unit alone in keys of its own"
     SUBSTITUTE_MIXED_IDS = "replace the heaviest unit by one with mixed id types across batches"
     SUBSTITUTE_SPREAD = "replace a lone unit by a heavy unit spread across every batch"
+    REPLACE_VALUES = ("keep every unit, id and key; replace the heaviest unit's values by other "
+                      "choices of Units.values (relations that fix the units: one example's "
+                      "label, one report's values)")
     REBATCH = "the same rows in other batches and another order (nothing may change)"
 
 
@@ -361,6 +364,21 @@ def _new_unit_id(dataset: Dataset, units: Units):
     return f"audit-new-unit-{len(ids)}"
 
 
+def _replaced_values(row: dict, units: Units) -> dict:
+    """``row`` with each of ``units.values``' columns set to another choice: the farthest number
+    from the current value, or the first other choice."""
+    out = dict(row)
+    for column, choices in units.values.items():
+        current = row.get(column)
+        others = [c for c in choices if not _same(c, current) and c != current]
+        if not others:
+            continue
+        numeric = isinstance(current, numbers.Real) and not isinstance(current, bool) and \
+            all(isinstance(c, numbers.Real) for c in others)
+        out[column] = max(others, key=lambda c: abs(float(c) - float(current))) if numeric else others[0]
+    return out
+
+
 def _spread(batches: list[list[dict]], rows: list[dict]) -> list[list[dict]]:
     """Insert ``rows`` one per batch (round robin), each in the middle of its batch."""
     batches = [list(b) for b in batches] or [[]]
@@ -420,6 +438,9 @@ def build_neighbours(dataset: Dataset, units: Units, changes: Sequence[Change],
             new = mixed(_without_unit(dataset, units, heaviest))
         elif change is Change.SUBSTITUTE_SPREAD and lone is not None and busiest:
             new = _spread(_without_unit(dataset, units, lone), units.new_rows(new_id, busiest[:h_keys], h_rows))
+        elif change is Change.REPLACE_VALUES and heaviest is not None and units.values:
+            new = [[_replaced_values(r, units) if _id_text(r.get(units.column)) == heaviest else r
+                    for r in b] for b in batches]
         elif change is Change.REBATCH and dataset.rows():
             rows = dataset.rows()
             order = rng.permutation(len(rows))

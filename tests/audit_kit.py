@@ -484,15 +484,27 @@ def _with_occurrence(table: Table, keys: Sequence[str]) -> Table:
 
 
 @dataclass(frozen=True, kw_only=True)
-class _EventLevelJob(ReleaseLayerJob):
+class AdaptedJob(ReleaseLayerJob):
+    """A ReleaseLayerJob whose released tables are read through ``adapt(name, table) -> table``
+    (typed key columns of a CSV, an occurrence column for tables that may repeat a row)."""
+
+    adapt: Callable[[str, Table], Table]
+
     def __call__(self, dataset: Dataset, seed: int, exact: bool) -> Release:
         import dataclasses
 
         release = super().__call__(dataset, seed, exact)
-        tables = {name: (_with_occurrence(t, ("source_id", "window", "trigger_data"))
-                         if name.endswith("/reports.csv") else t)
-                  for name, t in release.tables.items()}
-        return dataclasses.replace(release, tables=tables)
+        return dataclasses.replace(release, tables={name: self.adapt(name, table)
+                                                    for name, table in release.tables.items()})
+
+
+def typed_columns(table: Table, columns: Mapping[str, Callable]) -> Table:
+    """``table`` with the text of ``columns`` parsed (``{"value": int}``; empty text: None), so
+    that numeric keys are ordered as numbers."""
+    index = {table.index(c): parse for c, parse in columns.items()}
+    rows = [tuple((index[i](v) if v != "" else None) if i in index else v
+                  for i, v in enumerate(row)) for row in table.rows]
+    return Table(columns=table.columns, rows=rows, types=table.types)
 
 
 def _event_level_audit() -> JobAudit:
@@ -532,8 +544,10 @@ def _event_level_audit() -> JobAudit:
     estimates = [(c, t) for c in ("c1", "c2") for t in ("0", "1", "")]
     return JobAudit(
         name="event_level_reports",
-        job=_EventLevelJob(
+        job=AdaptedJob(
             module=job, write=write,
+            adapt=lambda name, t: (_with_occurrence(t, ("source_id", "window", "trigger_data"))
+                                   if name.endswith("/reports.csv") else t),
             request=lambda files, options: job.EventLevelReportsRequest(
                 sources=tuple(files["sources"]), conversions=tuple(files["conversions"]),
                 epsilon=3.0, batch_id="audit", trigger_data_cardinality=2, report_windows=2,
@@ -551,3 +565,202 @@ def _event_level_audit() -> JobAudit:
 
 
 register(_event_level_audit())
+
+
+# ---- Local and shuffle DP: the clients' randomizers run before the job ---------------------
+#
+# ldp_frequencies, ldp_heavy_hitters and shuffle_sum read what clients sent: reports already
+# randomized on each device (or noisy shares). A dataset here is the clients' true values, one
+# row per client ({"client", "value"}); writing it runs each client's randomizer, keyed by its id
+# under a fixed public testing source (as a device would, independently of the job and its key),
+# so a neighbour -- one client's value replaced, the relation these jobs state -- changes that
+# client's report only. The jobs add no randomness of their own ("no server-side randomness"):
+# their exact and noisy testing modes release the same bytes, and their plans state no
+# sensitivity (the guarantee is each report's local epsilon, or the shuffle-model analysis of
+# the noisy shares, not an additive mechanism over a bounded query). So these audits check
+# structure (files, schema, public rows and order, fixed columns, marker text) on a replaced
+# client and on REBATCH, in one mode; there is no exact sensitivity check to make.
+
+CLIENT_RANDOMNESS = 424242   # the simulated devices' testing seed (not the job's key)
+
+
+def client_units(domain: Sequence[int]) -> Units:
+    """One row per client: its value is its "key", so SUBSTITUTE_EMPTY_KEY replaces one client by
+    a client holding a value no one holds."""
+    return Units(column="client", keys=("value",), public_keys=[(v,) for v in domain],
+                 heavy_keys=1, heavy_rows=1)
+
+
+def clients_dataset(values: Sequence[int], batches: int = 2) -> Dataset:
+    rows = [{"client": i + 1, "value": int(v)} for i, v in enumerate(values)]
+    size = -(-len(rows) // batches)
+    return Dataset(batches=[rows[i:i + size] for i in range(0, len(rows), size)],
+                   name=f"clients(n={len(rows)})")
+
+
+def client_ids_values(batch) -> tuple:
+    import numpy as np
+
+    ids = np.array([int(float(r["client"])) for r in batch], dtype=np.int64)
+    return ids, np.array([int(r["value"]) for r in batch], dtype=np.int64)
+
+
+def clients_as_reports(input_name: str, encode: Callable) -> Callable:
+    """Each batch as one Parquet file of the reports ``encode(ids, values, source)`` returns."""
+    def write(dataset: Dataset, folder: str) -> dict:
+        from transforms.ldp.randomness import KeyedRandomness
+        from transforms.ldp.sample_data import write_table
+
+        paths = []
+        for i, batch in enumerate(dataset.batches):
+            ids, values = client_ids_values(batch)
+            source = KeyedRandomness.for_testing(CLIENT_RANDOMNESS, "audit-clients")
+            path = os.path.join(folder, f"{input_name}-{i:03d}.parquet")
+            write_table(encode(ids, values, source), path)
+            paths.append(path)
+        return {input_name: paths}
+    return write
+
+
+CLIENT_CHANGES = (Change.SUBSTITUTE_EMPTY_KEY, Change.REBATCH)
+
+
+def _ldp_frequencies_audit() -> JobAudit:
+    import numpy as np
+
+    from pipelines import ldp_frequencies as job
+    from transforms.ldp import make_oracle
+    from transforms.ldp.randomizers import randomize
+
+    domain = 8
+    oracle = make_oracle("grr", epsilon=1.5, domain_size=domain)
+    values = np.random.default_rng(3).integers(0, domain - 1, 40)       # value 7: no client
+    return JobAudit(
+        name="ldp_frequencies",
+        job=AdaptedJob(
+            module=job,
+            write=clients_as_reports("reports", lambda ids, values, source: randomize(
+                oracle, values, source=source, ids=ids.astype(np.uint64))),
+            adapt=lambda name, t: typed_columns(t, {"value": int}),
+            request=lambda files, options: job.FrequenciesRequest(
+                input=tuple(files["reports"]), oracle="grr", epsilon=1.5, domain_size=domain,
+                collection_id="audit", options=options)),
+        units=client_units(range(domain)), relation="substitute",
+        datasets=lambda: [clients_dataset(values)],
+        tables={"*/estimates.csv": TableRule(keys=("value",), noisy=("estimate", "frequency", "std"),
+                                             public_keys=[(v,) for v in range(domain)])},
+        changes=CLIENT_CHANGES, noisy_changes=())
+
+
+register(_ldp_frequencies_audit())
+
+
+def _ldp_heavy_hitters_audit() -> JobAudit:
+    import numpy as np
+
+    from pipelines import ldp_heavy_hitters as job
+    from transforms.ldp.pem import PEMPlan, client_reports
+
+    plan = PEMPlan(oracle="grr", epsilon=3.0, value_bits=8, top_k=3)
+    rng = np.random.default_rng(4)
+    popular = [17, 200, 33, 90]
+    values = np.where(rng.random(240) < 0.7, rng.choice(popular, 240), rng.integers(0, 256, 240))
+    return JobAudit(
+        name="ldp_heavy_hitters",
+        job=AdaptedJob(
+            module=job,
+            write=clients_as_reports("reports", lambda ids, values, source: client_reports(
+                plan, values, source=source, ids=ids.astype(np.uint64))),
+            adapt=lambda name, t: typed_columns(
+                t, {"rank": int, "round": int} if "rank" in t.columns else {"round": int, "value": int}),
+            request=lambda files, options: job.HeavyHittersRequest(
+                input=tuple(files["reports"]), oracle="grr", epsilon=3.0, value_bits=8, top_k=3,
+                collection_id="audit", options=options)),
+        units=client_units(range(256)), relation="substitute",
+        datasets=lambda: [clients_dataset(values)],
+        # ranks 1..k are public; each round's candidates are post-processing of the reports
+        tables={"*/heavy_hitters.csv": TableRule(
+                    keys=("rank",), noisy=("value", "estimate", "frequency", "std"),
+                    public_keys=[(r,) for r in range(1, 4)]),
+                "*/rounds.csv": TableRule(keys=("round", "value"),
+                                          noisy=("estimate", "frequency", "std"), keys_private=True)},
+        keys_private=True, changes=CLIENT_CHANGES, noisy_changes=())
+
+
+register(_ldp_heavy_hitters_audit())
+
+
+def _shuffle_sum_audit() -> JobAudit:
+    import numpy as np
+
+    from pipelines import shuffle_sum as job
+    from transforms.ldp.shuffle import SplitAndMix, shares_table
+
+    spec = SplitAndMix(num_clients=30, value_bound=5, epsilon=1.0, delta=1e-6)
+    values = np.random.default_rng(5).integers(0, 5, 30)                  # value 5: no client
+    return JobAudit(
+        name="shuffle_sum",
+        job=ReleaseLayerJob(
+            module=job,
+            write=clients_as_reports("shares", lambda ids, values, source: shares_table(
+                spec.encode(values, source=source, ids=ids), spec)),
+            request=lambda files, options: job.ShuffleSumRequest(
+                input=tuple(files["shares"]), num_clients=30, value_bound=5, epsilon=1.0,
+                delta=1e-6, collection_id="audit", options=options)),
+        units=client_units(range(6)), relation="substitute",
+        datasets=lambda: [clients_dataset(values)],
+        # one row: the estimate is noisy; std, clients and messages are public (the shuffler
+        # sees the counts) and must not move when one client's value is replaced
+        tables={"*/sum.csv": TableRule(keys=(), noisy=("estimate",))},
+        changes=CLIENT_CHANGES, noisy_changes=())
+
+
+register(_shuffle_sum_audit())
+
+
+def _label_dp_audit() -> JobAudit:
+    """Label DP: one example's label changed (ids and features are public and fixed): the
+    REPLACE_VALUES neighbour. The job randomizes server-side under its release key, each label
+    with randomness keyed by the key and the example id; the exact testing mode keeps the
+    randomized response (it IS the mechanism: there is no noise to switch off, and an identity
+    randomizer would audit a different job). Under one testing key every other example's draw is
+    the same in D and D', so the audit checks, besides structure, that the change stays on its
+    example: its randomized label only (label_unbiased of one example, by at most the span
+    1 / (1 - 2p) of its two values, p = 1 / (1 + e^epsilon)) and the randomized counts by one in
+    at most two labels. These bounds follow from the relation and the draw being fixed; the plan
+    states none (randomized response has no additive sensitivity)."""
+    import math
+
+    import numpy as np
+
+    from pipelines import label_dp as job
+
+    epsilon = 1.0
+    p = 1.0 / (1.0 + math.exp(epsilon))
+    rng = np.random.default_rng(8)
+    rows = [{"example_id": i, "feature_1": round(float(x), 3), "label": "yes" if x > 0 else "no"}
+            for i, x in enumerate(rng.normal(size=30))]
+    units = Units(column="example_id", keys=(), values={"label": ["no", "yes"]})
+    return JobAudit(
+        name="label_dp",
+        job=ReleaseLayerJob(
+            module=job, write=rows_as_csv("rows", ["example_id", "feature_1", "label"]),
+            request=lambda files, options: job.LabelDPRequest(
+                input=tuple(files["rows"]), labels=("no", "yes"), epsilon=epsilon,
+                features=("feature_1",), dataset_id="audit", options=options)),
+        units=units, relation="substitute",
+        datasets=lambda: [Dataset(batches=[rows[:15], rows[15:]], name="examples(n=30)")],
+        tables={"*/dataset.parquet": TableRule(
+                    keys=("example_id",), noisy=("label", "label_unbiased"),
+                    bounds={"label_unbiased": Bound(l0=1, linf=1.0 / (1.0 - 2.0 * p))},
+                    tolerance=1e-9 / (1.0 - 2.0 * p) + 1e-12,
+                    public_keys=sorted((str(r["example_id"]),) for r in rows)),
+                "*/debias.jsonl": TableRule(
+                    keys=("label_index",), noisy=("randomized_count", "estimated_count",
+                                                  "estimated_count_std"),
+                    bounds={"randomized_count": Bound(l0=2, linf=1, l1=2)},
+                    public_keys=[(0,), (1,)])},
+        changes=(Change.REPLACE_VALUES, Change.REBATCH), noisy_changes=())
+
+
+register(_label_dp_audit())

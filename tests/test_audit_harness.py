@@ -79,6 +79,11 @@ def test_neighbours_are_what_they_say():
     assert len({A._id_text(r["u"]) for r in removed}) == len({A._id_text(r["u"]) for r in rows}) - 1
     substituted = by[A.Change.SUBSTITUTE_EMPTY_KEY].rows()
     assert len({A._id_text(r["u"]) for r in substituted}) == len({A._id_text(r["u"]) for r in rows})
+    replaced = by[A.Change.REPLACE_VALUES]   # the same units, ids, keys and batches; one unit's values
+    assert [len(b) for b in replaced.batches] == [len(b) for b in data.batches]
+    changed = [(a, b) for a, b in zip(rows, replaced.rows()) if a != b]
+    assert changed and len({A._id_text(a["u"]) for a, _ in changed}) == 1
+    assert all(a["u"] == b["u"] and a["k"] == b["k"] and a["v"] != b["v"] for a, b in changed)
 
 
 def test_a_sound_release_passes_exact_and_noisy():
