@@ -764,3 +764,145 @@ def _label_dp_audit() -> JobAudit:
 
 
 register(_label_dp_audit())
+
+
+# ---- Masked LARk: browsers (share) -> each helper -> the ad server (combine); training -------
+
+LARK_PARAMS = {"kind": "aggregation", "value_columns": ["value"], "lower": 0.0, "upper": 10.0,
+               "epsilon": 1.0, "k": 5, "fraction_bits": 8, "num_helpers": 2}
+LARK_STAGES = ("share", "helpers", "combine")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LarkChain:
+    """share -> helper 0, helper 1 -> combine (up to ``last``), each run through the release
+    layer as its operator runs it, in the same testing mode; the release is every stage's,
+    names prefixed by the stage (share/, helper-0/, helper-1/, combine/). A dataset is the
+    browsers' records (record_id, key, value); the registered relation of every stage is the
+    helpers' "replace one report's values" (the batch's reports, keys and counts fixed)."""
+
+    last: str
+
+    def __call__(self, dataset: Dataset, seed: int, exact: bool) -> Release:
+        from pipelines import (masked_lark_combine, masked_lark_helper, masked_lark_share)
+        from pipelines.release import ReleaseOptions
+
+        folder = tempfile.mkdtemp(prefix="audit-lark-")
+        options = lambda name: ReleaseOptions(output=os.path.join(folder, name),  # noqa: E731
+                                              testing_seed=seed, exact_testing=exact)
+        released = lambda name: os.path.join(folder, name, TESTING_FOLDER)  # noqa: E731
+        try:
+            records = rows_as_csv("records", ["record_id", "key", "value"])(dataset, folder)
+            params = self._params(folder)
+            masked_lark_share.run(masked_lark_share.ShareRequest(
+                input=tuple(records["records"]), params=params, batch_id="b1",
+                options=options("share")))
+            stages = {"share": read_released(released("share"))}
+            if self.last != "share":
+                outputs = []
+                for h in (0, 1):
+                    reports = os.path.join(released("share"), "masked_lark_share", "b1",
+                                           masked_lark_share.output_name(h))
+                    masked_lark_helper.run(masked_lark_helper.HelperRequest(
+                        input=(reports,), params=params, helper=h, batch_id="b1",
+                        options=options(f"helper-{h}")))
+                    stages[f"helper-{h}"] = read_released(released(f"helper-{h}"))
+                    outputs.append(os.path.join(released(f"helper-{h}"), "masked_lark_helper",
+                                                "b1", f"helper-{h}",
+                                                masked_lark_helper.output_name(h)))
+                if self.last == "combine":
+                    masked_lark_combine.run(masked_lark_combine.CombineRequest(
+                        helper_outputs=tuple(outputs), params=params, batch_id="b1",
+                        options=options("combine")))
+                    stages["combine"] = read_released(released("combine"))
+            return Release(
+                tables={f"{s}/{n}": t for s, r in stages.items() for n, t in r.tables.items()},
+                files=[f"{s}/{n}" for s, r in stages.items() for n in r.files],
+                reports={f"{s}/{n}": v for s, r in stages.items() for n, v in r.reports.items()})
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    @staticmethod
+    def _params(folder: str) -> str:
+        path = os.path.join(folder, "params.json")
+        with open(path, "w") as handle:
+            json.dump(LARK_PARAMS, handle)
+        return path
+
+    def planned(self, dataset: Dataset) -> list:
+        """The helpers' plans (their Measures state the sensitivity of what combine decodes)."""
+        from pipelines import masked_lark_helper
+        from pipelines.release import ReleaseOptions
+
+        folder = tempfile.mkdtemp(prefix="audit-lark-plan-")
+        try:
+            params = self._params(folder)
+            return [p for h in (0, 1) for p in masked_lark_helper.JOB.plan(
+                masked_lark_helper.HelperRequest(
+                    input=(os.path.join(folder, "none.parquet"),), params=params, helper=h,
+                    batch_id="b1", options=ReleaseOptions(output=folder, testing_seed=0)))]
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _lark_records() -> list[Dataset]:
+    import numpy as np
+
+    rng = np.random.default_rng(21)
+    counts = {"A": 12, "B": 6, "C": 5}          # k = 5: A and B released, C (exactly k) not
+    rows, i = [], 0
+    for key, count in counts.items():
+        for _ in range(count):
+            rows.append({"record_id": i, "key": key, "value": float(rng.integers(0, 41)) / 4})
+            i += 1
+    order = rng.permutation(len(rows))
+    return [Dataset(batches=[[rows[j] for j in order[:12]], [rows[j] for j in order[12:]]],
+                    name="records(n=23)")]
+
+
+LARK_UNITS = Units(column="record_id", keys=("key",), values={"value": [0.0, 10.0]})
+# A report is keyed by its report id: uniformly random, drawn from the record's stream, which
+# the share job keys by the record's whole *content* (id and values: re-sharing another value
+# with the same first share would hand a helper the difference; transforms/lark/randomness.py).
+# So the replaced record's report gets a fresh id -- one report id gone, one new (changed_keys
+# = 2), every other report identical -- and the helpers' batch_digest (a hash of the batch's
+# report ids, which the ad server routes anyway) is as random as the ids: declared noisy. To
+# anyone without the browsers' key both are uniform whatever the values. The helper and the
+# report's key (public: the relation fixes it) must not move; the shares are uniform.
+_LARK_REPORTS = {"share/*/reports_helper_*.parquet": TableRule(
+    keys=("batch_id", "report_id"), noisy=("share_value",), keys_private=True, changed_keys=2)}
+# A helper releases the keys with more than k reports (fixed by the relation) in public order;
+# the params digest is public; its ring sums are uniform alone.
+_LARK_HELPERS = {"helper-*/helper_*.parquet": TableRule(keys=("batch_id", "key"),
+                                                         noisy=("batch_digest", "share_value"),
+                                                         public_keys=[("b1", "A"), ("b1", "B")])}
+
+
+def _lark_audits() -> list[JobAudit]:
+    """The browsers' job spends nothing (no local noise here) and is audited for structure; the
+    helpers' for structure in both modes (their output alone is uniform: nothing to bound); the
+    ad server's combine -- post-processing, spending nothing -- for structure and for the exact
+    sensitivity of what it decodes, which is what the helpers' measures state (one report's
+    values replaced moves one key's sum by at most U - L; exact mode: noise-free helper keys)."""
+    markers = {"*RELEASE.json": ReportRule(noisy_fields=MARKER_NOISY)}
+    return [
+        JobAudit(name="masked_lark_share", job=LarkChain(last="share"), units=LARK_UNITS,
+                 datasets=_lark_records, tables=_LARK_REPORTS, relation="substitute", reports=markers,
+                 changes=(Change.REPLACE_VALUES, Change.REBATCH), noisy_changes=()),
+        JobAudit(name="masked_lark_helper", job=LarkChain(last="helpers"), units=LARK_UNITS,
+                 datasets=_lark_records, tables={**_LARK_REPORTS, **_LARK_HELPERS},
+                 relation="substitute", reports=markers, changes=(Change.REPLACE_VALUES,),
+                 noisy_changes=(Change.REPLACE_VALUES, Change.REBATCH)),
+        JobAudit(name="masked_lark_combine", job=LarkChain(last="combine"), units=LARK_UNITS,
+                 datasets=_lark_records, relation="substitute", reports=markers,
+                 tables={**_LARK_REPORTS, **_LARK_HELPERS,
+                         "combine/*/aggregates.csv": TableRule(
+                             keys=("batch_id", "key"), noisy=("value",),
+                             public_keys=[("b1", "A"), ("b1", "B")])},
+                 measures={"combine/*/aggregates.csv": {"value": "helper-0/aggregation"}},
+                 changes=(Change.REPLACE_VALUES, Change.REBATCH), noisy_changes=()),
+    ]
+
+
+for _entry in _lark_audits():
+    register(_entry)
