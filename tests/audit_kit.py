@@ -906,3 +906,58 @@ def _lark_audits() -> list[JobAudit]:
 
 for _entry in _lark_audits():
     register(_entry)
+
+
+def _lark_train_audit() -> JobAudit:
+    """The training driver: one record's features and label replaced (the helpers' gradient
+    relation). Structure in both modes (coordinates and their names, steps and suppressed steps
+    per epoch: public, from the record count). Exact mode (noise-free helper keys): one epoch of
+    ONE step over all records, so the released model is theta - lr * gradient / n and moves by
+    the helpers' stated gradient sensitivity (GradientParams.sensitivities, the plan's measure)
+    times lr / n -- beyond one step the descent is not a stated bound, so the audit keeps one."""
+    import numpy as np
+
+    from pipelines import masked_lark_train as job
+    from transforms.lark.params import GradientParams
+
+    n, learning_rate = 12, 0.5
+    params = {"kind": "gradient", "num_features": 2, "clip_norm": 1.0, "epsilon": 1.0, "k": 5,
+              "fraction_bits": 16, "num_helpers": 2}
+    model = {"weights": [0.0, 0.0], "bias": 0.0, "feature_scale": 0.03125, "feature_offset": 128.0}
+    stated = GradientParams(**{k: v for k, v in params.items() if k != "kind"}).sensitivities()
+    scale = learning_rate / n
+    rng = np.random.default_rng(31)
+    rows = [{"record_id": i, "x_0": int(rng.integers(0, 256)), "x_1": int(rng.integers(0, 256)),
+             "label": int(rng.integers(0, 2))} for i in range(n)]
+    columns = ["record_id", "x_0", "x_1", "label"]
+
+    def write(dataset, folder):
+        files = rows_as_csv("records", columns)(dataset, folder)
+        for name, content in (("params", params), ("model", model)):
+            path = os.path.join(folder, f"{name}.json")
+            with open(path, "w") as handle:
+                json.dump(content, handle)
+            files[name] = [path]
+        return files
+
+    return JobAudit(
+        name="masked_lark_train",
+        job=ReleaseLayerJob(
+            module=job, write=write,
+            request=lambda files, options: job.TrainRequest(
+                input=tuple(files["records"]), params=files["params"][0],
+                model=files["model"][0], model_id="audit", epochs=1, batch_size=n,
+                learning_rate=learning_rate, options=options)),
+        units=Units(column="record_id", keys=(), values={"x_0": [0, 255], "x_1": [0, 255],
+                                                         "label": [0, 1]}),
+        relation="substitute",
+        datasets=lambda: [Dataset(batches=[rows[:6], rows[6:]], name=f"records(n={n})")],
+        tables={"*/model.csv": TableRule(
+                    keys=("coordinate",), noisy=("value",), public_keys=[("0",), ("1",), ("2",)],
+                    bounds={"value": Bound(l0=int(stated.l0), linf=stated.linf * scale,
+                                           l1=stated.l1 * scale)}),
+                "*/training.csv": TableRule(keys=("epoch",), public_keys=[("0",)])},
+        changes=(Change.REPLACE_VALUES, Change.REBATCH), noisy_changes=(Change.REPLACE_VALUES,))
+
+
+register(_lark_train_audit())

@@ -31,7 +31,7 @@ AUDITED = ["dp_aggregate/keyset", "dp_aggregate/selection", "dp_aggregate/select
            "dp_aggregate/keyset/dicts", "centralnotice", "reach_frequency",
            "summary_reports", "event_level_reports", "ldp_frequencies", "ldp_heavy_hitters",
            "shuffle_sum", "label_dp", "masked_lark_share", "masked_lark_helper",
-           "masked_lark_combine"]
+           "masked_lark_combine", "masked_lark_train"]
 
 
 @pytest.mark.parametrize("name", AUDITED)
