@@ -228,3 +228,23 @@ def test_exact_aggregate_job_uses_a_noise_free_key():
                    budget=PrivacyBudget(epsilon=1.0, delta=1e-3), selection=PrivateSelection())
     assert job.transform(ReleaseKey.for_testing(1), True).release_key.noise_free
     assert not job.transform(ReleaseKey.for_testing(1), False).release_key.noise_free
+
+
+def test_label_randomness_keyed_by_batch_position_is_caught(monkeypatch):
+    """label_dp with each label's draw keyed by its row's position in the batch instead of its
+    example id: the same examples in other batches get other labels (REBATCH), and a changed
+    label no longer stays on its example only when rows move."""
+    import transforms.ldp.beam as ldp_beam
+
+    real = ldp_beam.randomize_label_table
+
+    def positional(randomizer, table, *, label_column, id_column, source, unbiased_column=None):
+        index = table.column_names.index(id_column)
+        ids = table.column(index)
+        moved = table.set_column(index, id_column, pa.array(range(table.num_rows), pa.int64()))
+        out, undeclared = real(randomizer, moved, label_column=label_column, id_column=id_column,
+                               source=source, unbiased_column=unbiased_column)
+        return out.set_column(out.column_names.index(id_column), id_column, ids), undeclared
+
+    monkeypatch.setattr(ldp_beam, "randomize_label_table", positional)
+    _fails(audit_job("label_dp", changes=[Change.REBATCH]), "unchanged")
