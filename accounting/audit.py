@@ -18,7 +18,8 @@ the *same* public testing seed, and checks
   in at most ``l0`` keys; with keys released by one run only (private key selection, release
   thresholds), at most ``changed_keys`` keys differ in presence or value altogether.
 
-A ``REBATCH`` "neighbour" holds D's rows in other batches and another order: nothing at all may
+``REPLACE_VALUES`` keeps every unit, id and key and replaces one unit's values (relations that
+fix the units: one example's label, one report's values). A ``REBATCH`` "neighbour" holds D's rows in other batches and another order: nothing at all may
 change (bounding and noise must depend on row content and the key only, never on batching).
 
 The job is any callable ``job(dataset, seed, exact) -> Release``; the harness never runs Beam

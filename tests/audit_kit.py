@@ -37,6 +37,11 @@ column's :class:`~accounting.measures.Measure`), never re-typed here; the publis
 (RELEASE.json) is compared as a report with its noisy fields masked.
 
 DPAggregate (a transform, not a job) is audited through :class:`aggregate_kit.AggregateJob`.
+:class:`AdaptedJob` reads released tables through an adapter (CSV key columns parsed as
+numbers; an occurrence column where a table may repeat a row); :class:`LarkChain` audits the
+Masked LARk jobs as their operators chain them (share -> helpers -> combine). Relations that keep
+every unit and change one unit's values (label DP, Masked LARk reports) use the
+``Change.REPLACE_VALUES`` neighbour.
 """
 from __future__ import annotations
 
