@@ -865,7 +865,8 @@ def _lark_records() -> list[Dataset]:
                     name="records(n=23)")]
 
 
-LARK_UNITS = Units(column="record_id", keys=("key",), values={"value": [0.0, 10.0]})
+# 1000 is far beyond the declared [0, 10]: the browser must clip it (the helpers cannot)
+LARK_UNITS = Units(column="record_id", keys=("key",), values={"value": [0.0, 1000.0]})
 # A report is keyed by its report id: uniformly random, drawn from the record's stream, which
 # the share job keys by the record's whole *content* (id and values: re-sharing another value
 # with the same first share would hand a helper the difference; transforms/lark/randomness.py).

@@ -248,3 +248,22 @@ def test_label_randomness_keyed_by_batch_position_is_caught(monkeypatch):
 
     monkeypatch.setattr(ldp_beam, "randomize_label_table", positional)
     _fails(audit_job("label_dp", changes=[Change.REBATCH]), "unchanged")
+
+
+def test_lark_browser_without_clipping_is_caught(monkeypatch):
+    """Masked LARk browsers that share a value beyond [lower, upper] unclipped: the helpers cannot
+    see it (shares are uniform), and the decoded sum moves by more than the helpers' stated
+    sensitivity U - L (the combine audit's exact check)."""
+    import transforms.lark.browser as browser
+
+    class NoClip:
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        @staticmethod
+        def clip(values, lower, upper):
+            return values
+
+    monkeypatch.setattr(browser, "np", NoClip())
+    _fails(audit_job("masked_lark_combine", changes=[Change.REPLACE_VALUES]),
+           "sensitivity linf", "sensitivity l1")
