@@ -23,6 +23,11 @@ Anything given explicitly on the command line wins over a profile default. The p
   to that jar (``python -m runners.fetch flink``).
 * ``SparkRunner`` — ``--spark_master_url=local[2]``, LOOPBACK, ``--spark_job_server_jar`` from
   the cache (``python -m runners.fetch spark``).
+* ``DaskRunner`` — Beam's Dask runner (``apache_beam.runners.dask.dask_runner.DaskRunner``, which
+  Beam does not know by its short name) on the scheduler at ``--dask_client_address``, or on a
+  local cluster of ``--dask_local_workers`` worker processes (default 2) started and shut down
+  around the run (:mod:`runners.dask_cluster`). Beam counters are not collected by this runner:
+  see runners/README.md ("Dask").
 * ``DataflowRunner`` — requires ``--project``, ``--region`` and a ``gs://`` ``--temp_location``;
   ships this project to the workers with ``--setup_file`` (the repository's setup.py) unless a
   custom ``--sdk_container_image`` is given; ``--sdk_location=default`` (the container's SDK);
@@ -51,6 +56,7 @@ _ALIASES = {
     "flink": "FlinkRunner", "flinkrunner": "FlinkRunner",
     "spark": "SparkRunner", "sparkrunner": "SparkRunner",
     "dataflow": "DataflowRunner", "dataflowrunner": "DataflowRunner",
+    "dask": "DaskRunner", "daskrunner": "DaskRunner",
 }
 
 
@@ -187,6 +193,15 @@ def _check_dataflow(given) -> None:
         raise ValueError(f"DataflowRunner needs --temp_location on gs:// (got {temp!r})")
 
 
+def _dask_runner(_given) -> str:
+    from runners.dask_cluster import DASK_RUNNER
+    return DASK_RUNNER
+
+
+def _no_scheduler(given) -> bool:
+    return not (given.get("dask_client_address") or given.get("dask_scheduler_file"))
+
+
 def _direct_runner(given) -> str:
     return "PrismRunner" if given.get("prism_location") else "FnApiRunner"
 
@@ -252,6 +267,13 @@ PROFILES: dict[str, RunnerProfile] = {p.name: p for p in (
                   ("spark_job_server_jar", _spark_jar, "cached by `python -m runners.fetch spark`"),
                   ("jar_cache_dir", _jar_cache_dir, "where runners.fetch puts jars"),
                   _SPARK_LOOPBACK)),
+    RunnerProfile(
+        "DaskRunner",
+        "Beam's Dask runner on a Dask cluster: --dask_client_address, or a local cluster of "
+        "worker processes started and shut down around the run.",
+        choose_runner=_dask_runner,
+        defaults=(("dask_local_workers", _if(_no_scheduler, 2),
+                   "local cluster of 2 worker processes for the run (no scheduler given)"),)),
     RunnerProfile(
         "DataflowRunner",
         "Google Cloud Dataflow; this project is staged to the workers through setup.py.",
