@@ -31,6 +31,8 @@ setup(
         # virtualenvs of their own under benchmarks/.venvs/.
         "bench": ["matplotlib>=3.7"],
         "plot": ["matplotlib>=3.7"],
+        # `make lock`: requirements.lock compiled from this file.
+        "lock": ["uv>=0.5"],
         # The example DAG (runners/airflow_dag.py); large, so not part of "test".
         "airflow": ["apache-airflow>=3", "apache-airflow-providers-apache-beam>=6.3",
                     "apache-airflow-providers-google"],
