@@ -39,7 +39,7 @@ _DEFAULT_NOISE = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Metric:
     """One released column.
 
@@ -74,19 +74,19 @@ class Metric:
 
 
 def Count(**kwargs) -> Metric:
-    return Metric(MetricKind.COUNT, **kwargs)
+    return Metric(kind=MetricKind.COUNT, **kwargs)
 
 
 def Sum(**kwargs) -> Metric:
-    return Metric(MetricKind.SUM, **kwargs)
+    return Metric(kind=MetricKind.SUM, **kwargs)
 
 
 def Mean(**kwargs) -> Metric:
-    return Metric(MetricKind.MEAN, **kwargs)
+    return Metric(kind=MetricKind.MEAN, **kwargs)
 
 
 def PrivacyUnitCount(**kwargs) -> Metric:
-    return Metric(MetricKind.PRIVACY_UNIT_COUNT, **kwargs)
+    return Metric(kind=MetricKind.PRIVACY_UNIT_COUNT, **kwargs)
 
 
 def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget: PrivacyBudget,
