@@ -68,7 +68,7 @@ def local_cluster(workers: int = DEFAULT_LOCAL_WORKERS, threads_per_worker: int 
     memory = 0 if str(memory_limit) == "0" else memory_limit
     cluster = distributed.LocalCluster(
         n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
-        memory_limit=memory, dashboard_address=None, host="127.0.0.1")
+        memory_limit=memory, dashboard_address=":0", host="127.0.0.1")  # any free port
     try:
         yield cluster.scheduler_address
     finally:

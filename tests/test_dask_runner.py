@@ -11,29 +11,42 @@ Beam's Dask runner returns no metrics, so a release on it cannot check the dropp
 the release layer refuses it unless ``--allow_dropped_rows`` is given (tested below); the
 byte-identity runs pass that flag.
 
-Marker ``runners`` (``make test-runners``); select these with ``-k dask``.
+Engine tests: marker ``runners`` (``make test-runners``); select them with ``-k dask``.
 """
 from __future__ import annotations
 
-import os
+import contextlib
+import socket
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("distributed")
+from runners import dask_cluster, profiles
+from runners.harness import REPO_ROOT, RunnerCase, run_pipeline_main
 
-from runners import dask_cluster  # noqa: E402
-from runners.harness import REPO_ROOT, RunnerCase, run_pipeline_main  # noqa: E402
-
-pytestmark = pytest.mark.runners
+runners = pytest.mark.runners  # the engine tests (make test-runners); the profile test is quick
 
 SAMPLE = REPO_ROOT / "pipelines" / "sample_data"
 SEED = "20261123"
 DIRECT = RunnerCase("direct", "DirectRunner")
 
 
+def test_dask_profile_resolves_without_an_engine():
+    resolved = profiles.resolve(["--runner=dask"])
+    assert resolved.runner == dask_cluster.DASK_RUNNER
+    assert "--dask_local_workers=2" in resolved.argv
+    remote = profiles.resolve(["--runner=DaskRunner", "--dask_client_address=tcp://h:8786"])
+    assert not any(a.startswith("--dask_local_workers") for a in remote.argv)
+    options = profiles.pipeline_options_for(["--runner=dask", "--dask_local_workers=3"])
+    assert dask_cluster.is_dask(options)
+    assert options.view_as(dask_cluster.DaskClusterOptions).dask_local_workers == 3
+    assert not dask_cluster.is_dask(profiles.pipeline_options_for([]))
+    assert "### DaskRunner" in profiles.describe_profiles()
+
+
 @pytest.fixture(scope="module")
 def cluster():
+    pytest.importorskip("distributed")
     with dask_cluster.local_cluster(workers=2) as address:
         yield address
 
@@ -89,6 +102,7 @@ JOBS = {"centralnotice": ("pipelines.centralnotice", centralnotice_args),
         "summary_reports": ("pipelines.summary_reports", summary_reports_args)}
 
 
+@runners
 @pytest.mark.parametrize("job", sorted(JOBS))
 def test_job_releases_identical_bytes_on_dask(job, cluster, tmp_path):
     module, args = JOBS[job]
@@ -102,6 +116,7 @@ def test_job_releases_identical_bytes_on_dask(job, cluster, tmp_path):
         assert got[name] == expected[name], f"{job}: {name} differs on Dask"
 
 
+@runners
 def test_release_without_counters_is_refused(cluster, tmp_path):
     """No Beam counters from the runner never reads as "no rows dropped"."""
     from pipelines.centralnotice import main
@@ -153,6 +168,7 @@ def _dp_aggregate(target: str, dict_rows: bool = False):
     return build
 
 
+@runners
 def test_dp_aggregate_of_dict_rows_on_dask(cluster, tmp_path):
     """Dict rows are buffered into Arrow tables; the DaskRunner drops finish_bundle output, so
     on Dask DPAggregate converts them as they come: the same table, no row lost."""
@@ -164,19 +180,31 @@ def test_dp_aggregate_of_dict_rows_on_dask(cluster, tmp_path):
     assert Path(dask).read_bytes() == Path(local).read_bytes()
 
 
-def test_dp_aggregate_on_a_run_scoped_local_cluster(tmp_path):
+@runners
+def test_dp_aggregate_on_a_run_scoped_local_cluster(tmp_path, monkeypatch):
     """The profile without a scheduler: a local cluster of 2 worker processes is started for the
     run and shut down after it (client first); the table equals the in-process one."""
+    pytest.importorskip("distributed")
     from runners.profiles import pipeline_options_for
 
     local, dask = str(tmp_path / "local.parquet"), str(tmp_path / "dask.parquet")
     dask_cluster.run(pipeline_options_for(["--runner=FnApiRunner"]), _dp_aggregate(local))
+    started = []
+    real_local_cluster = dask_cluster.local_cluster
+
+    @contextlib.contextmanager
+    def recording(workers, *args):
+        with real_local_cluster(workers, *args) as address:
+            started.append((workers, address))
+            yield address
+
+    monkeypatch.setattr(dask_cluster, "local_cluster", recording)
     options = pipeline_options_for(["--runner=dask"])
-    assert options.view_as(dask_cluster.DaskClusterOptions).dask_local_workers == 2
     result = dask_cluster.run(options, _dp_aggregate(dask))
     assert result.client.status == "closed"
     assert Path(dask).read_bytes() == Path(local).read_bytes()
-    with pytest.raises(Exception):  # the scheduler is gone with the run
-        import distributed
-        distributed.Client(result.client.scheduler.address, timeout=2).close()
-    assert os.path.getsize(dask) > 0
+    [(workers, address)] = started
+    assert workers == 2
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    with pytest.raises(OSError):  # the scheduler is gone with the run
+        socket.create_connection((host, int(port)), timeout=2).close()
