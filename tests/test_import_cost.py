@@ -1,4 +1,4 @@
-"""A job's start-up pays only for what it uses: the transforms do not import dp_accounting.
+"""A job's start-up pays only for what it uses: transforms load no dp_accounting, no scipy.stats.
 
 dp_accounting takes about a second to import; only numerical accounting (PLD / RDP accountants in
 accounting.composition, the ledger's accountants) needs it, and imports it on use.
@@ -11,9 +11,10 @@ import sys
 from runners.harness import REPO_ROOT, project_env
 
 
-def test_dp_aggregate_import_does_not_load_dp_accounting():
+def test_dp_aggregate_import_loads_neither_dp_accounting_nor_scipy_stats():
     code = ("import sys, transforms.aggregate, accounting.composition, accounting.sensitivity\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'dp_accounting'))")
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'dp_accounting'"
+            " or m == 'scipy.stats'))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=project_env(),
                           capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
