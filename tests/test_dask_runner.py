@@ -24,7 +24,7 @@ import pytest
 from runners import dask_cluster, profiles
 from runners.harness import REPO_ROOT, RunnerCase, run_pipeline_main
 
-runners = pytest.mark.runners  # the engine tests (make test-runners); the profile test is quick
+on_engine = pytest.mark.runners  # the engine tests (make test-runners); the profile test is quick
 
 SAMPLE = REPO_ROOT / "pipelines" / "sample_data"
 SEED = "20261123"
@@ -102,7 +102,7 @@ JOBS = {"centralnotice": ("pipelines.centralnotice", centralnotice_args),
         "summary_reports": ("pipelines.summary_reports", summary_reports_args)}
 
 
-@runners
+@on_engine
 @pytest.mark.parametrize("job", sorted(JOBS))
 def test_job_releases_identical_bytes_on_dask(job, cluster, tmp_path):
     module, args = JOBS[job]
@@ -116,7 +116,7 @@ def test_job_releases_identical_bytes_on_dask(job, cluster, tmp_path):
         assert got[name] == expected[name], f"{job}: {name} differs on Dask"
 
 
-@runners
+@on_engine
 def test_release_without_counters_is_refused(cluster, tmp_path):
     """No Beam counters from the runner never reads as "no rows dropped"."""
     from pipelines.centralnotice import main
@@ -168,7 +168,7 @@ def _dp_aggregate(target: str, dict_rows: bool = False):
     return build
 
 
-@runners
+@on_engine
 def test_dp_aggregate_of_dict_rows_on_dask(cluster, tmp_path):
     """Dict rows are buffered into Arrow tables; the DaskRunner drops finish_bundle output, so
     on Dask DPAggregate converts them as they come: the same table, no row lost."""
@@ -180,7 +180,7 @@ def test_dp_aggregate_of_dict_rows_on_dask(cluster, tmp_path):
     assert Path(dask).read_bytes() == Path(local).read_bytes()
 
 
-@runners
+@on_engine
 def test_dp_aggregate_on_a_run_scoped_local_cluster(tmp_path, monkeypatch):
     """The profile without a scheduler: a local cluster of 2 worker processes is started for the
     run and shut down after it (client first); the table equals the in-process one."""
