@@ -22,7 +22,20 @@ import os
 import sys
 from typing import Sequence
 
-JOB_MODULES = ("pipelines.centralnotice", "pipelines.reach_frequency", "pipelines.summary_reports")
+def _job_modules() -> tuple[str, ...]:
+    """Every ``pipelines`` module that defines a release-layer job (a top-level ``JOB = ``)."""
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "pipelines")
+    found = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py"):
+            with open(os.path.join(folder, name), encoding="utf-8") as handle:
+                if any(line.startswith("JOB = ") for line in handle):
+                    found.append(f"pipelines.{name[:-3]}")
+    return tuple(found)
+
+
+JOB_MODULES = _job_modules()
 
 _INT = r"^-?[0-9]+$"
 _FLOAT = r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"

@@ -108,6 +108,8 @@ def run_pipeline(options, build) -> object:
     with dask_cluster.cluster_for_run(options) as options:
         pipeline = beam.Pipeline(options=options)
         build(pipeline)
+        if dask_cluster.is_dask(options):
+            dask_cluster.check_supported(pipeline)  # what the Dask runner would get wrong
         result = pipeline.run()
         try:
             state = result.wait_until_finish()
