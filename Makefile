@@ -5,15 +5,26 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 OUT    ?= out/demo
 
-.PHONY: setup demo test test-slow test-runners test-airflow fetch-runners clean
+.PHONY: setup lock demo test test-slow test-runners test-airflow fetch-runners clean
 
-$(STAMP): setup.py
+LOCK   := requirements.lock
+
+$(STAMP): setup.py $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test,plot]"
+	$(BIN)/pip install --quiet --constraint $(LOCK) -e ".[test,plot]"
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+## Regenerate the pinned dependency lock from setup.py (used by `make setup` and the Dockerfile):
+## every extra the container or CI installs, for CPython 3.11 on Linux x86-64 (the worker image).
+lock:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -e ".[lock]"
+	$(BIN)/uv pip compile setup.py --quiet --extra gcp --extra dask --extra test --extra plot \
+	    --python-version 3.11 --python-platform x86_64-manylinux_2_31 \
+	    --custom-compile-command "make lock" --output-file $(LOCK)
 
 ## Run the main job (CentralNotice release) on the bundled sample data with the DirectRunner.
 demo: setup

@@ -21,13 +21,18 @@ setup(
     ],
     extras_require={
         "gcp": ["apache-beam[gcp]>=2.60"],
+        # The Dask runner (runners/profiles.py, profile DaskRunner): a local or remote cluster.
+        "dask": ["dask[distributed]>=2024.4.2"],
         # gs:// tests run Beam's GCS IO against a local emulator.
         "test": ["apache-beam[gcp]>=2.60", "pytest>=7.4", "hypothesis>=6.80", "pytest-xdist>=3.3",
-                 "gcp-storage-emulator>=2024.8.3", "matplotlib>=3.7"],
+                 "gcp-storage-emulator>=2024.8.3", "matplotlib>=3.7",
+                 "dask[distributed]>=2024.4.2"],
         # PipelineDP and Tumult pin their own dependencies: the benchmarks install them in
         # virtualenvs of their own under benchmarks/.venvs/.
         "bench": ["matplotlib>=3.7"],
         "plot": ["matplotlib>=3.7"],
+        # `make lock`: requirements.lock compiled from this file.
+        "lock": ["uv>=0.5"],
         # The example DAG (runners/airflow_dag.py); large, so not part of "test".
         "airflow": ["apache-airflow>=3", "apache-airflow-providers-apache-beam>=6.3",
                     "apache-airflow-providers-google"],

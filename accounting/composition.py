@@ -20,12 +20,7 @@ from __future__ import annotations
 import math
 from typing import Iterable, NamedTuple, Sequence
 
-import dp_accounting
 import numpy as np
-from dp_accounting import pld as dp_pld
-from dp_accounting import rdp as dp_rdp
-from dp_accounting.privacy_accountant import NeighboringRelation
-from scipy import optimize
 
 from accounting.validation import (check_delta, check_epsilon, check_positive_int,
                                    check_probability, check_rho)
@@ -168,6 +163,8 @@ def _minimise_over_alpha(objective) -> float:
             v = float(objective(np.asarray(1.0 + math.exp(t))))
         return math.inf if math.isnan(v) else v
 
+    from scipy import optimize
+
     refined = optimize.minimize_scalar(scalar, bounds=(lo, hi), method="bounded",
                                        options={"xatol": 1e-10})
     return min(float(values[best]), float(refined.fun))
@@ -287,8 +284,28 @@ def poisson_subsampling(epsilon: float, delta: float, probability: float) -> Eps
 
 
 # ---------------------------------------------------------------- numerical accountants
+# dp_accounting takes about a second to import: it is imported when an accountant is used, so
+# that a job importing this module for closed-form composition does not pay for it.
+
+_LAZY = {"dp_accounting": ("dp_accounting", None),
+         "dp_pld": ("dp_accounting.pld", None), "dp_rdp": ("dp_accounting.rdp", None),
+         "NeighboringRelation": ("dp_accounting.privacy_accountant", "NeighboringRelation")}
+
+
+def __getattr__(name: str):
+    """``dp_accounting``, ``dp_pld``, ``dp_rdp`` and ``NeighboringRelation``, imported on use."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    module_name, attribute = _LAZY[name]
+    module = importlib.import_module(module_name)
+    return getattr(module, attribute) if attribute else module
+
 
 def _as_event(events) -> dp_accounting.DpEvent:
+    import dp_accounting
+
     if isinstance(events, dp_accounting.DpEvent):
         return events
     events = list(events)
@@ -308,8 +325,7 @@ def _composed(accountant: dp_accounting.PrivacyAccountant, events, name: str):
     return accountant.compose(event)
 
 
-def pld_accountant(events, *, neighboring_relation: NeighboringRelation =
-                   NeighboringRelation.ADD_OR_REMOVE_ONE,
+def pld_accountant(events, *, neighboring_relation: NeighboringRelation = None,
                    value_discretization_interval: float = 1e-4) -> dp_pld.PLDAccountant:
     """A ``dp_accounting`` PLDAccountant with ``events`` (a DpEvent or a list of them) composed.
 
@@ -317,6 +333,11 @@ def pld_accountant(events, *, neighboring_relation: NeighboringRelation =
     Koskela et al. 2020; Doroshenko et al. 2022 for the connect-the-dots discretisation used by
     dp_accounting). The reported epsilon is a pessimistic (valid) estimate.
     """
+    from dp_accounting import pld as dp_pld
+    from dp_accounting.privacy_accountant import NeighboringRelation
+
+    if neighboring_relation is None:
+        neighboring_relation = NeighboringRelation.ADD_OR_REMOVE_ONE
     accountant = dp_pld.PLDAccountant(neighboring_relation,
                                       value_discretization_interval=value_discretization_interval)
     return _composed(accountant, events, "PLD")
@@ -335,12 +356,16 @@ def pld_delta(events, epsilon: float, **kwargs) -> float:
 
 
 def rdp_accountant(events, *, orders: Sequence[float] | None = None,
-                   neighboring_relation: NeighboringRelation =
-                   NeighboringRelation.ADD_OR_REMOVE_ONE) -> dp_rdp.RdpAccountant:
+                   neighboring_relation: NeighboringRelation = None) -> dp_rdp.RdpAccountant:
     """A ``dp_accounting`` RdpAccountant (Renyi DP, Mironov 2017) with ``events`` composed.
 
     Unlike the PLD accountant it supports ``ZCDpEvent`` (rho-zCDP is (alpha, alpha rho)-RDP).
     """
+    from dp_accounting import rdp as dp_rdp
+    from dp_accounting.privacy_accountant import NeighboringRelation
+
+    if neighboring_relation is None:
+        neighboring_relation = NeighboringRelation.ADD_OR_REMOVE_ONE
     accountant = dp_rdp.RdpAccountant(orders, neighboring_relation)
     return _composed(accountant, events, "RDP")
 

@@ -14,8 +14,6 @@ import enum
 import math
 from dataclasses import dataclass
 
-from dp_accounting.privacy_accountant import NeighboringRelation
-
 from accounting.validation import check_finite, check_positive_int
 
 
@@ -26,8 +24,11 @@ class Neighbouring(str, enum.Enum):
     SUBSTITUTE = "replace one privacy unit"
 
     @property
-    def dp_accounting(self) -> NeighboringRelation:
-        """The matching ``dp_accounting`` NeighboringRelation."""
+    def dp_accounting(self) -> "NeighboringRelation":  # noqa: F821
+        """The matching ``dp_accounting`` NeighboringRelation (imported on use: dp_accounting
+        takes about a second to import and only accounting needs it)."""
+        from dp_accounting.privacy_accountant import NeighboringRelation
+
         if self is Neighbouring.ADD_REMOVE:
             return NeighboringRelation.ADD_OR_REMOVE_ONE
         return NeighboringRelation.REPLACE_ONE

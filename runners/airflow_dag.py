@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pendulum
 from airflow import DAG
@@ -47,6 +48,20 @@ PYTHON = os.environ.get("BEAM_DP_PYTHON", "python3")
 def release_id(campaign: str) -> str:
     """The ledger's name for one campaign's release of one day (templated on ``ds``)."""
     return f"{campaign}/{{{{ ds }}}}"
+
+
+DATAFLOW_JOB_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def dataflow_job_name(campaign: str) -> str:
+    """The job name of one campaign's daily release, as Dataflow accepts it: lowercase letters,
+    digits and dashes, starting with a letter, ending with a letter or digit (at most 63
+    characters here, leaving room for the unique suffix the Beam provider appends), e.g.
+    ``C2026_000_fr`` -> ``centralnotice-c2026-000-fr-{{ ds_nodash }}`` (8 digits once
+    rendered). Campaign ids are checked names (letters, digits, '.', '_', '-')."""
+    slug = re.sub(r"[^a-z0-9]+", "-", campaign.lower()).strip("-")
+    name = f"centralnotice-{slug}"[:63 - 9].rstrip("-")
+    return name + "-{{ ds_nodash }}"
 
 
 def centralnotice_options(campaign: str) -> dict:
@@ -82,4 +97,7 @@ with DAG(
             py_options=["-m"],  # run the installed module: python -m pipelines.centralnotice
             py_file=PIPELINE_MODULE,
             pipeline_options=centralnotice_options(campaign),
+            # The provider names a Dataflow job after dataflow_config["job_name"] (default: the
+            # task id, whose underscores and capitals Dataflow rejects).
+            dataflow_config={"job_name": dataflow_job_name(campaign)},
         )

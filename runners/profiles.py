@@ -23,6 +23,13 @@ Anything given explicitly on the command line wins over a profile default. The p
   to that jar (``python -m runners.fetch flink``).
 * ``SparkRunner`` — ``--spark_master_url=local[2]``, LOOPBACK, ``--spark_job_server_jar`` from
   the cache (``python -m runners.fetch spark``).
+* ``DaskRunner`` — Beam's Dask runner (``apache_beam.runners.dask.dask_runner.DaskRunner``, which
+  Beam does not know by its short name) on the scheduler at ``--dask_client_address``, or on a
+  local cluster of ``--dask_local_workers`` worker processes (default 2) started and shut down
+  around the run (:mod:`runners.dask_cluster`). Beam counters are not collected by this runner:
+  see runners/README.md ("Dask").
+* Remote Flink and Spark masters and Dataflow get ``--sdk_container_image`` from
+  ``$BEAM_DP_WORKER_IMAGE`` when it is set (the image the repository's Dockerfile builds).
 * ``DataflowRunner`` — requires ``--project``, ``--region`` and a ``gs://`` ``--temp_location``;
   ships this project to the workers with ``--setup_file`` (the repository's setup.py) unless a
   custom ``--sdk_container_image`` is given; ``--sdk_location=default`` (the container's SDK);
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -51,6 +59,7 @@ _ALIASES = {
     "flink": "FlinkRunner", "flinkrunner": "FlinkRunner",
     "spark": "SparkRunner", "sparkrunner": "SparkRunner",
     "dataflow": "DataflowRunner", "dataflowrunner": "DataflowRunner",
+    "dask": "DaskRunner", "daskrunner": "DaskRunner",
 }
 
 
@@ -172,6 +181,19 @@ def _jar_cache_dir(_given) -> str:
     return str(cache.jar_dir())
 
 
+WORKER_IMAGE_ENV = "BEAM_DP_WORKER_IMAGE"
+
+
+def _worker_image(local: Callable[[dict], bool] | None = None):
+    """``--sdk_container_image`` from $BEAM_DP_WORKER_IMAGE (the image the repository's
+    Dockerfile builds), for remote workers only: a local engine runs LOOPBACK workers."""
+    def default(given) -> str | None:
+        if local is not None and local(given):
+            return None
+        return os.environ.get(WORKER_IMAGE_ENV) or None
+    return default
+
+
 def _setup_file(given) -> str | None:
     if given.get("sdk_container_image") or given.get("worker_harness_container_image"):
         return None  # a custom container already holds the project
@@ -185,6 +207,15 @@ def _check_dataflow(given) -> None:
     temp = given.get("temp_location") or ""
     if not temp.startswith("gs://"):
         raise ValueError(f"DataflowRunner needs --temp_location on gs:// (got {temp!r})")
+
+
+def _dask_runner(_given) -> str:
+    from runners.dask_cluster import DASK_RUNNER
+    return DASK_RUNNER
+
+
+def _no_scheduler(given) -> bool:
+    return not (given.get("dask_client_address") or given.get("dask_scheduler_file"))
 
 
 def _direct_runner(given) -> str:
@@ -222,6 +253,9 @@ _LOCAL_ONLY = " (local master only)"
 _FLINK_LOOPBACK = (_LOOPBACK[0], _if(_local_flink, "LOOPBACK"), _LOOPBACK[2] + _LOCAL_ONLY)
 _SPARK_LOOPBACK = (_LOOPBACK[0], _if(_local_spark, "LOOPBACK"), _LOOPBACK[2] + _LOCAL_ONLY)
 
+_IMAGE_WHY = (f"${WORKER_IMAGE_ENV}: the worker image built from the repository's Dockerfile "
+              "(this project and its locked dependencies on Beam's SDK image)")
+
 PROFILES: dict[str, RunnerProfile] = {p.name: p for p in (
     RunnerProfile(
         "DirectRunner",
@@ -244,18 +278,29 @@ PROFILES: dict[str, RunnerProfile] = {p.name: p for p in (
                   ("flink_job_server_jar", _flink_jar, "cached by `python -m runners.fetch flink`"),
                   ("jar_cache_dir", _jar_cache_dir, "where runners.fetch puts jars"),
                   ("parallelism", _if(_local_flink, 2), "one task slot per core" + _LOCAL_ONLY),
-                  _FLINK_LOOPBACK)),
+                  _FLINK_LOOPBACK,
+                  ("sdk_container_image", _worker_image(_local_flink), _IMAGE_WHY))),
     RunnerProfile(
         "SparkRunner",
         "Local Spark through Beam's Spark 3 job server jar.",
         defaults=(("spark_master_url", "local[2]", "local Spark, two threads"),
                   ("spark_job_server_jar", _spark_jar, "cached by `python -m runners.fetch spark`"),
                   ("jar_cache_dir", _jar_cache_dir, "where runners.fetch puts jars"),
-                  _SPARK_LOOPBACK)),
+                  _SPARK_LOOPBACK,
+                  ("sdk_container_image", _worker_image(_local_spark), _IMAGE_WHY))),
+    RunnerProfile(
+        "DaskRunner",
+        "Beam's Dask runner on a Dask cluster: --dask_client_address, or a local cluster of "
+        "worker processes started and shut down around the run.",
+        choose_runner=_dask_runner,
+        defaults=(("dask_local_workers", _if(_no_scheduler, 2),
+                   "local cluster of 2 worker processes for the run (no scheduler given)"),)),
     RunnerProfile(
         "DataflowRunner",
         "Google Cloud Dataflow; this project is staged to the workers through setup.py.",
-        defaults=(("setup_file", _setup_file, "ships this project's packages to the workers"),
+        defaults=(("sdk_container_image", _worker_image(), _IMAGE_WHY),
+                  ("setup_file", _setup_file, "ships this project's packages to the workers "
+                   "(not with a worker image: it holds them)"),
                   ("sdk_location", "default", "the worker container's Beam SDK")),
         required=("project", "region", "temp_location"),
         check=_check_dataflow),

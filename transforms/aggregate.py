@@ -137,6 +137,14 @@ def check_schema(schema: pa.Schema, unit: str, keys: Sequence[str], value: Optio
 
 # --------------------------------------------------------------------------- DoFns
 
+def _runs_on_dask(pipeline) -> bool:
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    options = getattr(pipeline, "_options", None)
+    runner = (options.view_as(StandardOptions).runner if options is not None else None) or ""
+    return runner.rsplit(".", 1)[-1] == "DaskRunner"
+
+
 class _ToArrowTables(beam.DoFn):
     """Pass Arrow batches through; buffer dicts / Rows into Arrow tables.
 
@@ -144,9 +152,10 @@ class _ToArrowTables(beam.DoFn):
     :func:`~transforms.privacy_units.canonical_unit_column`, one canonical id per row.
     """
 
-    def __init__(self, columns: Sequence[str], unit: str):
+    def __init__(self, columns: Sequence[str], unit: str, batch_rows: int = DICT_BATCH_ROWS):
         self._columns = list(columns)
         self._unit = unit
+        self._batch_rows = batch_rows
 
     def start_bundle(self):
         self._rows = []
@@ -160,7 +169,7 @@ class _ToArrowTables(beam.DoFn):
             if not isinstance(element, dict):
                 element = element._asdict() if hasattr(element, "_asdict") else dict(element.__dict__)
             self._rows.append(element)
-            if len(self._rows) >= DICT_BATCH_ROWS:
+            if len(self._rows) >= self._batch_rows:
                 yield self._flush()
 
     def _flush(self):
@@ -323,8 +332,12 @@ class BoundedKeyPartials(beam.PTransform):
                       | "KeysetHashes" >> beam.Map(lambda t: routing_hash(t))
                       | "SortedHashes" >> beam.CombineGlobally(_SortedUnionFn()))
             side["keyset_hashes"] = beam.pvalue.AsSingleton(hashes)
+        # Beam's DaskRunner drops what finish_bundle emits: there, dict rows become one-row
+        # tables as they come (slower; give Arrow batches). Bounding never depends on batching.
+        batch_rows = 1 if _runs_on_dask(pcoll.pipeline) else DICT_BATCH_ROWS
         return (pcoll
-                | "ToArrow" >> beam.ParDo(_ToArrowTables(columns, c.unit)).with_output_types(pa.Table)
+                | "ToArrow" >> beam.ParDo(_ToArrowTables(columns, c.unit, batch_rows))
+                .with_output_types(pa.Table)
                 | "PrepareAndBound" >> beam.ParDo(_PrepareAndBound(c), **side)
                 .with_output_types(Tuple[int, pa.Table])
                 | "GroupByUnitShard" >> beam.GroupByKey()

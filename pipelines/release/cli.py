@@ -85,21 +85,31 @@ def build_parser(job: Job) -> tuple[argparse.ArgumentParser, list[str]]:
     return parser, flags
 
 
-def normalise(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
-    """Dashed spellings of the job's own flags become the underscore ones."""
+def normalise(argv: Sequence[str], flags: Sequence[str],
+              switches: Sequence[str] = ()) -> list[str]:
+    """Dashed spellings of the job's own flags become the underscore ones; a switch given as
+    ``--switch=true`` / ``--switch=false`` (how Dataflow Flex Templates pass parameters, see
+    runners/flex_template.py) becomes ``--switch`` / nothing."""
     known = {f.replace("_", "-"): f for f in flags}
     out = []
     for token in argv:
         name, eq, value = token.partition("=")
         if name in known:
-            token = known[name] + (eq + value if eq else "")
+            name = known[name]
+            token = name + (eq + value if eq else "")
+        if eq and name in switches and value.lower() in ("true", "false"):
+            if value.lower() == "true":
+                out.append(name)
+            continue  # any other value is left for argparse to refuse
         out.append(token)
     return out
 
 
 def parse_request(job: Job, argv: Sequence[str]):
     parser, flags = build_parser(job)
-    args, beam_args = parser.parse_known_args(normalise(argv, flags))
+    switches = [a.option_strings[0] for a in parser._actions
+                if a.option_strings and a.nargs == 0 and a.option_strings[0] in flags]
+    args, beam_args = parser.parse_known_args(normalise(argv, flags, switches))
     values = vars(args)
     release = {f.name: values[f.name] for f, _ in _fields(ReleaseOptions)}
     options = ReleaseOptions(**release, pipeline_args=tuple(beam_args))

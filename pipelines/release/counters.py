@@ -63,16 +63,21 @@ class RowCounters:
         self._inc(name, amount)
 
 
-def query(result, job: str, library: Sequence[str] = ()) -> dict[str, dict[str, int]]:
+def query(result, job: str, library: Sequence[str] = ()) -> dict[str, dict[str, int]] | None:
     """{namespace: {counter: value}} of the job's run-level and release-level namespaces
     (committed values, or attempted where a runner has no committed ones). Counters of the
     ``library`` namespaces (transforms the job uses that count in a namespace of their own, e.g.
-    ``ara``) are run-level counters named ``<namespace>.<name>``."""
+    ``ara``) are run-level counters named ``<namespace>.<name>``.
+
+    None when the runner's result has no metrics at all (Beam's DaskRunner raises
+    NotImplementedError): "no counters" must not read as "nothing dropped", so the caller
+    decides what a release without them may do (pipelines.release.lifecycle refuses it unless
+    the operator passes --allow_dropped_rows)."""
     out: dict[str, dict[str, int]] = {}
     try:
         counters = result.metrics().query()["counters"]
     except (NotImplementedError, AttributeError, KeyError):
-        return out
+        return None
     for counter in counters:
         ns, name = counter.key.metric.namespace, counter.key.metric.name
         if ns in library and ns != job:

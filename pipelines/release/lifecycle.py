@@ -101,10 +101,20 @@ def run_pipeline(options, build) -> object:
     import apache_beam as beam
     from apache_beam.runners.runner import PipelineState
 
-    pipeline = beam.Pipeline(options=options)
-    build(pipeline)
-    result = pipeline.run()
-    state = result.wait_until_finish()
+    from runners import dask_cluster
+
+    # A Dask run without a scheduler gets a local cluster for the length of the run; the Dask
+    # runner's client is closed before that cluster (runners/dask_cluster.py).
+    with dask_cluster.cluster_for_run(options) as options:
+        pipeline = beam.Pipeline(options=options)
+        build(pipeline)
+        if dask_cluster.is_dask(options):
+            dask_cluster.check_supported(pipeline)  # what the Dask runner would get wrong
+        result = pipeline.run()
+        try:
+            state = result.wait_until_finish()
+        finally:
+            dask_cluster.close_client(result)
     if state not in (None, PipelineState.DONE):
         raise RuntimeError(f"the pipeline ended in state {state}")
     return result
@@ -194,18 +204,27 @@ def run(job: Job, request) -> RunResult:
         storage.make_private_dir(staging[rid])
 
     def build(pipeline):
+        import apache_beam as beam
+
         read = {name: pipeline | f"Read[{name}]" >> release_inputs.ReadInput(r, job.name)
                 for name, r in resolved.items()}
         built = job.build_all(pipeline, request, read, contexts)
+        written = []
         for context in contexts:
             p = context.planned
             released = built[p.release_id]
             for spec in p.outputs:
                 if spec.name not in released:
                     raise ValueError(f"{job.name}: build() released no {spec.name!r}")
-                (released[spec.name]
-                 | f"Stage[{p.release_id}/{spec.name}]" >> release_outputs.WriteStaged(
-                     staging[p.release_id], spec))
+                written.append(
+                    released[spec.name]
+                    | f"Stage[{p.release_id}/{spec.name}]" >> release_outputs.WriteStaged(
+                        staging[p.release_id], spec))
+        # One leaf that depends on every staged write, applied last: Beam's DaskRunner computes
+        # only the last-applied transform's graph, so a write on any other branch would never
+        # run there (the publish step would then refuse: "was not written").
+        if len(written) > 1:
+            tuple(written) | "AllStaged" >> beam.Flatten()
 
     try:
         result = run_pipeline(pipeline_options, build)
@@ -225,6 +244,20 @@ def run(job: Job, request) -> RunResult:
     if translate_only:
         return RunResult(job=job.name, releases=[], counters={})
     all_counts = row_counters.query(result, job.name, job.counter_namespaces)
+    unchecked = None
+    if all_counts is None:
+        # e.g. Beam's DaskRunner: its result has no metrics, and counters incremented on its
+        # workers are lost. Without them the dropped-rows rule cannot be applied: refuse, unless
+        # the operator accepts publishing without the rule (runners/README.md, "Dask").
+        unchecked = (f"the runner returned no Beam counters ({type(result).__name__}.metrics() "
+                     "is not implemented), so the dropped-rows rule could not be checked")
+        if not options.allow_dropped_rows:
+            _write_failure(options, output, contexts, versions, unchecked)
+            raise ReleaseFailed(
+                f"{job.name}: refusing to publish: {unchecked}. Run on a runner that reports "
+                "counters, or pass --allow_dropped_rows to publish without the rule "
+                "(the operator report records it)")
+        all_counts = {}
     counts = {c.release_id: row_counters.of_release(all_counts, job.name, c.release_id)
               for c in contexts}
 
@@ -234,6 +267,8 @@ def run(job: Job, request) -> RunResult:
                 for rid, per_input in shares.items() for name, s in per_input.items()
                 if s["eligible"] > 0 and (s["dropped"] == s["eligible"]
                                           or s["share"] > options.max_dropped_fraction)]
+    if unchecked:
+        problems.append(unchecked)
     if problems and not options.allow_dropped_rows:
         reasons = "; ".join(f"{rid}: {_dropped_reasons(s)}" for rid, s in shares.items())
         _write_failure(options, output, contexts, versions, "; ".join(problems), all_counts)

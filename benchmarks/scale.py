@@ -1,0 +1,205 @@
+"""Public-keyset DPAggregate at Wikimedia scale: in process vs a Dask cluster of 1 and 2 workers.
+
+    python benchmarks/scale.py [--keys 10000000 --keys 30000000 --keys 125000000]
+                               [--rows_per_key 1.6] [--engines in_process,dask1,dask2]
+                               [--cn_peak_gb G]
+
+For each keyset size N the benchmark generates (once, cached under --work_dir) a public keyset of N
+integer keys and about ``rows_per_key x N`` rows (default 1.6: 200M rows at 125M keys) whose keys
+follow a Zipf law (exponent 1.1 over the key ranks, so most keys have no rows and are released as
+noisy zeros, as in a pageview release) and whose users are heavy-tailed; both as Parquet files of
+1M rows. Each leg runs in a fresh process (``--leg``): ``Create(files) -> read Arrow batches ->
+DPAggregate(count; L0=1, Linf=1; keyset from a PCollection; epsilon 1) -> count released keys``
+on the in-process FnApiRunner or on a local Dask cluster (runners.dask_cluster) of 1 or 2 worker
+processes. The parent measures, from process start (imports included), wall time, rows/s, keys/s
+and the peak memory of the whole process tree (the leg and every Dask scheduler, nanny and
+worker it starts: RSS summed over the tree, sampled every 0.1 s).
+
+Goals (issue 15): peak memory grows with the largest shard, not the keyset (<= 4 GB at 125M keys),
+>= 2M keys/s end to end, 2 Dask workers >= 1.6x faster than 1. The machine's cores may be shared:
+the table says how many were free (load average) when each leg ran.
+
+Last line: ``keys_125m_seconds=S peak_gb_125m=G dask_2_over_1=R cn_peak_gb=M`` (``nan`` for what
+was not measured: the largest size measured is then named on the line before; ``cn_peak_gb`` is
+taken from ``benchmarks/centralnotice.py`` via --cn_peak_gb, or nan).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+FILE_ROWS = 1_000_000
+ZIPF_EXPONENT = 1.1
+EPSILON = 1.0
+
+
+# --------------------------------------------------------------------------- data
+
+def generate(directory: str, keys: int, rows: int, seed: int = 0) -> list[str]:
+    """Rows files (user, key) and the keyset file; returns the row file paths."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(directory, exist_ok=True)
+    done = os.path.join(directory, ".complete")
+    files = [os.path.join(directory, f"rows-{i:05d}.parquet")
+             for i in range(math.ceil(rows / FILE_ROWS))]
+    if os.path.exists(done):
+        return files
+    rng = np.random.default_rng(seed)
+    for i, path in enumerate(files):
+        n = min(FILE_ROWS, rows - i * FILE_ROWS)
+        # Zipf over ranks 1..keys by rejection of numpy's unbounded sampler.
+        ranks = rng.zipf(ZIPF_EXPONENT, n)
+        ranks = np.where(ranks <= keys, ranks, rng.integers(1, keys + 1, n))
+        users = (rng.pareto(1.2, n) * 1000).astype(np.int64) % max(rows // 3, 1)
+        pq.write_table(pa.table({"user": users, "key": (ranks - 1).astype(np.int64)}), path)
+    for start in range(0, keys, 10 * FILE_ROWS):
+        stop = min(keys, start + 10 * FILE_ROWS)
+        pq.write_table(pa.table({"key": pa.array(np.arange(start, stop, dtype=np.int64))}),
+                       os.path.join(directory, f"keyset-{start // (10 * FILE_ROWS):05d}.parquet"))
+    open(done, "w").close()
+    return files
+
+
+# --------------------------------------------------------------------------- one leg (child)
+
+def _read(path: str):
+    import pyarrow.parquet as pq
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=250_000):
+        yield batch
+
+
+def leg(directory: str, engine: str) -> dict:
+    import glob
+
+    import apache_beam as beam
+
+    from accounting.budget import PrivacyBudget
+    from accounting.keys import ReleaseKey
+    from accounting.sensitivity import ContributionBounds
+    from runners import dask_cluster
+    from runners.profiles import pipeline_options_for
+    from transforms.aggregate import DPAggregate
+    from transforms.keyset import PublicKeyset
+    from transforms.metrics import Count
+
+    rows = sorted(glob.glob(os.path.join(directory, "rows-*.parquet")))
+    keysets = sorted(glob.glob(os.path.join(directory, "keyset-*.parquet")))
+    argv = ["--runner=FnApiRunner"] if engine == "in_process" else \
+        ["--runner=DaskRunner", f"--dask_local_workers={engine[-1]}"]
+    out = {}
+
+    def build(p):
+        keys = p | "KeysetFiles" >> beam.Create(keysets) | "ReadKeyset" >> beam.FlatMap(_read)
+        released = (p | "RowFiles" >> beam.Create(rows) | "ReadRows" >> beam.FlatMap(_read)
+                    | DPAggregate(privacy_unit="user", keys=["key"], metrics=[Count()],
+                                  bounds=ContributionBounds(max_partitions=1,
+                                                            max_contributions_per_partition=1),
+                                  keyset=PublicKeyset.from_pcollection(keys, ["key"]),
+                                  budget=PrivacyBudget(epsilon=EPSILON),
+                                  release_key=ReleaseKey.for_testing(1)))
+        (released | beam.Map(lambda t: t.num_rows) | beam.CombineGlobally(sum)
+         | beam.Map(lambda n: open(os.path.join(directory, f".released-{engine}"), "w")
+                    .write(str(n))))
+
+    dask_cluster.run(pipeline_options_for(argv), build)
+    with open(os.path.join(directory, f".released-{engine}")) as handle:
+        out["released_keys"] = int(handle.read())
+    return out
+
+
+# --------------------------------------------------------------------------- parent
+
+def _tree_rss(pid: int) -> int:
+    import psutil
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def run_leg(directory: str, engine: str, timeout: float) -> dict:
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    child = subprocess.Popen([sys.executable, __file__, "--leg", engine, "--work_dir", directory],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    peak = 0
+    while child.poll() is None:
+        peak = max(peak, _tree_rss(child.pid))
+        if time.perf_counter() - start > timeout:
+            child.kill()
+            raise TimeoutError(f"{engine} exceeded {timeout} s")
+        time.sleep(0.1)
+    seconds = time.perf_counter() - start
+    output = child.stdout.read()
+    if child.returncode != 0:
+        raise RuntimeError(f"{engine} failed with exit code {child.returncode}")
+    result = json.loads(output.strip().splitlines()[-1])
+    return {**result, "seconds": seconds, "peak_gb": peak / 2**30, "load": load}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keys", type=int, action="append")
+    parser.add_argument("--rows_per_key", type=float, default=1.6)
+    parser.add_argument("--engines", default="in_process,dask1,dask2")
+    parser.add_argument("--work_dir", default=os.path.join(tempfile.gettempdir(), "beam-dp-scale"))
+    parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--cn_peak_gb", type=float, default=float("nan"),
+                        help="peak GB of benchmarks/centralnotice.py, for the last line")
+    parser.add_argument("--leg", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.leg:
+        print(json.dumps(leg(args.work_dir, args.leg)))
+        return 0
+    sizes = args.keys or [10_000_000, 30_000_000, 125_000_000]
+    engines = args.engines.split(",")
+    print(f"{'keys':>12} {'rows':>12} {'engine':>10} {'seconds':>9} {'rows/s':>11} "
+          f"{'keys/s':>11} {'peak GB':>8} {'load':>5} {'released':>11}")
+    results = {}
+    for keys in sizes:
+        rows = int(keys * args.rows_per_key)
+        directory = os.path.join(args.work_dir, f"k{keys}_r{rows}")
+        generate(directory, keys, rows)
+        for engine in engines:
+            r = run_leg(directory, engine, args.timeout)
+            results[(keys, engine)] = r
+            print(f"{keys:>12,} {rows:>12,} {engine:>10} {r['seconds']:>9.1f} "
+                  f"{rows / r['seconds']:>11,.0f} {keys / r['seconds']:>11,.0f} "
+                  f"{r['peak_gb']:>8.2f} {r['load']:>5.1f} {r['released_keys']:>11,}", flush=True)
+            assert r["released_keys"] == keys, "a public keyset releases every key"
+    largest = max(sizes)
+    nan = float("nan")
+    big = results.get((125_000_000, "in_process"), {})
+    one, two = results.get((largest, "dask1")), results.get((largest, "dask2"))
+    ratio = one["seconds"] / two["seconds"] if one and two else nan
+    if largest != 125_000_000:
+        print(f"largest keyset measured: {largest:,} keys ({int(largest * args.rows_per_key):,} "
+              f"rows); dask_2_over_1 is at that size")
+    print(f"keys_125m_seconds={big.get('seconds', nan):.1f} peak_gb_125m={big.get('peak_gb', nan):.2f} "
+          f"dask_2_over_1={ratio:.2f} cn_peak_gb={args.cn_peak_gb:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

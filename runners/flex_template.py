@@ -1,0 +1,96 @@
+"""Dataflow Flex Template metadata for every job, generated from the job's CLI.
+
+    python -m runners.flex_template --output DIR        # DIR/<job>.metadata.json per job
+
+A Flex Template launches a job by running its ``main()`` in a launcher container, so a scheduled
+release reserves its key from the ledger at run time inside the launcher: nothing secret is staged
+with the template (a classic ``--template_location`` template would hold one release's key, which
+the release layer refuses). The metadata lists every flag of the job's own request and of the
+release layer (pipelines.release.cli, which derives them from the typed request dataclass) with
+its help text, whether it is optional, and a regex for its type; Beam's own options (``--runner``,
+``--project``, ...) are Dataflow's template parameters and are not listed. Dataflow passes
+parameters as ``--name=value``: a switch is passed as ``--name=true`` / ``--name=false``, which
+the job CLI accepts (pipelines.release.cli.normalise). ``tests/test_flex_template.py`` checks the
+metadata against each job's parser.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from typing import Sequence
+
+def _job_modules() -> tuple[str, ...]:
+    """Every ``pipelines`` module that defines a release-layer job (a top-level ``JOB = ``)."""
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "pipelines")
+    found = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py"):
+            with open(os.path.join(folder, name), encoding="utf-8") as handle:
+                if any(line.startswith("JOB = ") for line in handle):
+                    found.append(f"pipelines.{name[:-3]}")
+    return tuple(found)
+
+
+JOB_MODULES = _job_modules()
+
+_INT = r"^-?[0-9]+$"
+_FLOAT = r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
+_BOOL = r"^(true|false)$"
+
+
+def _regex(action: argparse.Action) -> list[str]:
+    if action.choices:
+        return ["^(" + "|".join(str(c) for c in action.choices) + ")$"]
+    if action.nargs == 0:  # a switch
+        return [_BOOL]
+    if action.type is int:
+        return [_INT]
+    if action.type is float:
+        return [_FLOAT]
+    return []
+
+
+def metadata(module: str) -> dict:
+    """The Flex Template metadata of the job in ``module`` (a pipelines module with ``JOB``)."""
+    from pipelines.release.cli import build_parser
+
+    job = importlib.import_module(module).JOB
+    parser, flags = build_parser(job)
+    by_flag = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
+    parameters = []
+    for flag in flags:
+        action = by_flag[flag]
+        entry = {"name": action.dest,
+                 "label": action.dest.replace("_", " ").capitalize(),
+                 "helpText": action.help or action.dest,
+                 "isOptional": not action.required}
+        regexes = _regex(action)
+        if regexes:
+            entry["regexes"] = regexes
+        parameters.append(entry)
+    return {"name": f"beam-dp-release {job.name}",
+            "description": (job.description or job.name).strip().splitlines()[0],
+            "parameters": parameters}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", required=True, help="folder for <job>.metadata.json")
+    args = parser.parse_args(argv)
+    os.makedirs(args.output, exist_ok=True)
+    for module in JOB_MODULES:
+        data = metadata(module)
+        path = os.path.join(args.output, f"{module.rsplit('.', 1)[1]}.metadata.json")
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=1)
+            handle.write("\n")
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

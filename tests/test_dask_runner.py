@@ -1,0 +1,274 @@
+"""Every job and DPAggregate on a real Dask cluster: released files byte-identical to in-process.
+
+The cluster is a ``distributed.LocalCluster`` of two worker *processes* (scheduler, nannies,
+workers), so elements, DoFns and side inputs are pickled across process boundaries as on a
+remote cluster. Each job runs twice with the same testing seed: on the embedded FnApiRunner (the
+DirectRunner profile) and with ``--runner=DaskRunner --dask_client_address=<cluster>``; every
+released file (data and RELEASE.json; not the operator reports, which hold timings) must be equal
+byte for byte.
+
+Beam's Dask runner returns no metrics, so a release on it cannot check the dropped-rows rule:
+the release layer refuses it unless ``--allow_dropped_rows`` is given (tested below); the
+byte-identity runs pass that flag.
+
+Engine tests: marker ``runners`` (``make test-runners``); select them with ``-k dask``.
+"""
+from __future__ import annotations
+
+import contextlib
+import socket
+from pathlib import Path
+
+import pytest
+
+from runners import dask_cluster, profiles
+from runners.harness import REPO_ROOT, RunnerCase, run_pipeline_main
+
+on_engine = pytest.mark.runners  # the engine tests (make test-runners); the profile test is quick
+
+SAMPLE = REPO_ROOT / "pipelines" / "sample_data"
+SEED = "20261123"
+DIRECT = RunnerCase("direct", "DirectRunner")
+
+
+def test_dask_profile_resolves_without_an_engine():
+    resolved = profiles.resolve(["--runner=dask"])
+    assert resolved.runner == dask_cluster.DASK_RUNNER
+    assert "--dask_local_workers=2" in resolved.argv
+    remote = profiles.resolve(["--runner=DaskRunner", "--dask_client_address=tcp://h:8786"])
+    assert not any(a.startswith("--dask_local_workers") for a in remote.argv)
+    options = profiles.pipeline_options_for(["--runner=dask", "--dask_local_workers=3"])
+    assert dask_cluster.is_dask(options)
+    assert options.view_as(dask_cluster.DaskClusterOptions).dask_local_workers == 3
+    assert not dask_cluster.is_dask(profiles.pipeline_options_for([]))
+    assert "### DaskRunner" in profiles.describe_profiles()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    pytest.importorskip("distributed")
+    with dask_cluster.local_cluster(workers=2) as address:
+        yield address
+
+
+def dask_argv(address: str) -> list[str]:
+    return RunnerCase("dask", "DaskRunner", (f"--dask_client_address={address}",)).argv()
+
+
+def released_files(root: Path) -> dict[str, bytes]:
+    """Every released file under ``root`` (relative path -> bytes), operator reports aside."""
+    files = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if path.is_file() and ".reports" not in rel.parts and ".staging" not in rel.parts:
+            files[str(rel)] = path.read_bytes()
+    assert files, f"nothing released under {root}"
+    return files
+
+
+def centralnotice_args(tmp: Path, out: Path) -> list[str]:
+    sample = SAMPLE / "centralnotice"
+    return ["--config", str(sample / "campaigns.json"),
+            "--impressions", str(sample / "impressions.csv"),
+            "--clicks", str(sample / "clicks.csv"), "--campaign", "C2026_000_fr",
+            "--date", "2026-11-26", "--output", str(out), "--testing_seed", SEED]
+
+
+def reach_frequency_args(tmp: Path, out: Path) -> list[str]:
+    return ["--input", str(SAMPLE / "reach_frequency" / "impressions.csv"), "--output", str(out),
+            "--campaigns", "c1,c2", "--publishers", "pub_a,pub_b,pub_c", "--epsilon", "1.0986",
+            "--testing_seed", SEED]
+
+
+def summary_reports_args(tmp: Path, out: Path) -> list[str]:
+    import pyarrow.parquet as pq
+
+    from pipelines import ara_optimize as optimize, ara_synthetic as synthetic
+
+    conversions, config = tmp / "conv.parquet", tmp / "ara_config.json"
+    if not config.exists():
+        data = synthetic.generate("adtech_real_estate", 3, scale=0.03)
+        pq.write_table(data.to_arrow(), conversions)
+        workload = optimize.workload_from_conversions(data)
+        params, _ = optimize.optimize_parameters(workload, 8.0, k_candidates=[3, 6])
+        config.write_text(params.to_config(workload).to_json())
+    return ["--input", str(conversions), "--input_format", "parquet", "--config", str(config),
+            "--epsilon", "8", "--output", str(out), "--batch_id", "dask",
+            "--testing_seed", SEED]
+
+
+def event_level_reports_args(tmp: Path, out: Path) -> list[str]:
+    sample = SAMPLE / "event_level"
+    return ["--sources", str(sample / "sources.csv"), "--conversions",
+            str(sample / "conversions.csv"), "--epsilon", "3", "--batch_id", "sample",
+            "--trigger_data_cardinality", "2", "--report_windows", "2", "--max_reports", "2",
+            "--value_edges", "20", "--window_ends", "2,30", "--group_by", "campaign",
+            "--output", str(out), "--testing_seed", SEED]
+
+
+LDP = SAMPLE / "ldp"
+LOCAL_DP_ARGS = {
+    "ldp_frequencies": ["--input", str(LDP / "reports_oue.parquet"), "--oracle", "oue",
+                        "--epsilon", "2", "--domain_size", "32", "--collection_id", "sample"],
+    "ldp_heavy_hitters": ["--input", str(LDP / "pem_reports.parquet"), "--epsilon", "4",
+                          "--value_bits", "16", "--top_k", "9", "--collection_id", "sample"],
+    "shuffle_sum": ["--input", str(LDP / "shares.parquet"), "--num_clients", "1000",
+                    "--value_bound", "10", "--epsilon", "1", "--delta", "1e-6",
+                    "--collection_id", "sample"],
+    "label_dp": ["--input", str(LDP / "training.csv"), "--labels", "no,yes", "--epsilon", "2",
+                 "--features", "feature_1,feature_2", "--dataset_id", "sample"],
+}
+
+
+def _local_dp(name: str):
+    return lambda tmp, out: LOCAL_DP_ARGS[name] + ["--output", str(out), "--testing_seed", SEED]
+
+
+def masked_lark_share_args(tmp: Path, out: Path) -> list[str]:
+    sample = SAMPLE / "masked_lark"
+    return ["--input", str(sample / "conversions.csv"), "--params",
+            str(sample / "aggregation_params.json"), "--batch_id", "b1", "--output", str(out),
+            "--testing_seed", SEED]
+
+
+def masked_lark_train_args(tmp: Path, out: Path) -> list[str]:
+    sample = SAMPLE / "masked_lark"
+    return ["--input", str(sample / "train.csv"), "--params",
+            str(sample / "gradient_params.json"), "--model", str(sample / "model.json"),
+            "--model_id", "m1", "--epochs", "2", "--output", str(out), "--testing_seed", SEED]
+
+
+JOBS = {"centralnotice": ("pipelines.centralnotice", centralnotice_args),
+        "reach_frequency": ("pipelines.reach_frequency", reach_frequency_args),
+        "summary_reports": ("pipelines.summary_reports", summary_reports_args),
+        "event_level_reports": ("pipelines.event_level_reports", event_level_reports_args),
+        **{name: (f"pipelines.{name}", _local_dp(name)) for name in LOCAL_DP_ARGS},
+        "masked_lark_share": ("pipelines.masked_lark_share", masked_lark_share_args),
+        "masked_lark_train": ("pipelines.masked_lark_train", masked_lark_train_args)}
+
+
+# Jobs whose pipelines hold a transform the DaskRunner runs wrongly without an error (their
+# released bytes differed): the release layer refuses them on Dask (dask_cluster.unsupported).
+REFUSED_ON_DASK = {"event_level_reports": "BatchElements",
+                   "ldp_heavy_hitters": "ParDo with tagged outputs",
+                   "masked_lark_share": "ParDo with tagged outputs"}
+
+
+@on_engine
+@pytest.mark.parametrize("job", sorted(REFUSED_ON_DASK))
+def test_job_the_dask_runner_would_get_wrong_is_refused(job, cluster, tmp_path):
+    module, args = JOBS[job]
+    with pytest.raises(RuntimeError, match="exit status 3"):
+        run_pipeline_main(module, args(tmp_path, tmp_path / "dask") + ["--allow_dropped_rows"],
+                          dask_argv(cluster))
+    [failure] = (tmp_path / "dask").rglob("failure.json")
+    assert "NotImplementedError" in failure.read_text()
+    assert REFUSED_ON_DASK[job] in failure.read_text()
+
+
+@on_engine
+@pytest.mark.parametrize("job", sorted(set(JOBS) - set(REFUSED_ON_DASK)))
+def test_job_releases_identical_bytes_on_dask(job, cluster, tmp_path):
+    module, args = JOBS[job]
+    local, dask = tmp_path / "in_process", tmp_path / "dask"
+    run_pipeline_main(module, args(tmp_path, local) + ["--allow_dropped_rows"], DIRECT.argv())
+    run_pipeline_main(module, args(tmp_path, dask) + ["--allow_dropped_rows"],
+                      dask_argv(cluster))
+    expected, got = released_files(local), released_files(dask)
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        assert got[name] == expected[name], f"{job}: {name} differs on Dask"
+
+
+@on_engine
+def test_release_without_counters_is_refused(cluster, tmp_path):
+    """No Beam counters from the runner never reads as "no rows dropped"."""
+    from pipelines.centralnotice import main
+
+    out = tmp_path / "refused"
+    assert main(centralnotice_args(tmp_path, out) + dask_argv(cluster)) not in (0, None)
+    assert not (out / "testing-not-a-release" / "C2026_000_fr").exists()  # staged, not published
+    failures = list(out.rglob("failure.json"))
+    assert failures and "dropped-rows rule could not be checked" in failures[0].read_text()
+
+
+def _dp_aggregate(target: str, dict_rows: bool = False):
+    """The DPAggregate of tests/test_release_digests.py, writing its table to ``target``; its
+    input is Arrow tables, or dicts (``dict_rows``: buffered into tables by the transform)."""
+    import apache_beam as beam
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from accounting.budget import PrivacyBudget
+    from accounting.keys import ReleaseKey
+    from accounting.sensitivity import ContributionBounds
+    from transforms.aggregate import DPAggregate
+    from transforms.keyset import PublicKeyset
+    from transforms.metrics import Count, Mean, PrivacyUnitCount, Sum
+
+    rng = np.random.default_rng(7)
+    n = 5000
+    rows = pa.table({"user": rng.integers(0, 400, n), "country": rng.choice(["DE", "FR", "US"], n),
+                     "day": rng.integers(1, 4, n), "seconds": rng.uniform(0, 120, n)})
+
+    def write(tables):
+        table = pa.concat_tables(tables).sort_by([("country", "ascending"), ("day", "ascending")])
+        pq.write_table(table, target)
+
+    def build(p):
+        data = rows.slice(0, 1500).to_pylist() if dict_rows else \
+            [rows.slice(0, 1200), rows.slice(1200, 2000), rows.slice(2000)]
+        (p | beam.Create(data)
+         | DPAggregate(privacy_unit="user", keys=["country", "day"], value="seconds",
+                       metrics=[Count(), Sum(), Mean(name="mean_seconds"), PrivacyUnitCount()],
+                       bounds=ContributionBounds(max_partitions=2, max_contributions_per_partition=3,
+                                                 min_value=0, max_value=100),
+                       keyset=PublicKeyset.cross_product({"country": ["DE", "FR", "US", "IT"],
+                                                          "day": [1, 2, 3]}),
+                       budget=PrivacyBudget(epsilon=1.0), release_key=ReleaseKey.for_testing(7))
+         | beam.combiners.ToList()
+         | beam.Map(write))
+    return build
+
+
+@on_engine
+def test_dp_aggregate_of_dict_rows_on_dask(cluster, tmp_path):
+    """Dict rows are buffered into Arrow tables; the DaskRunner drops finish_bundle output, so
+    on Dask DPAggregate converts them as they come: the same table, no row lost."""
+    from runners.profiles import pipeline_options_for
+
+    local, dask = str(tmp_path / "local.parquet"), str(tmp_path / "dask.parquet")
+    dask_cluster.run(pipeline_options_for([]), _dp_aggregate(local, dict_rows=True))
+    dask_cluster.run(pipeline_options_for(dask_argv(cluster)), _dp_aggregate(dask, dict_rows=True))
+    assert Path(dask).read_bytes() == Path(local).read_bytes()
+
+
+@on_engine
+def test_dp_aggregate_on_a_run_scoped_local_cluster(tmp_path, monkeypatch):
+    """The profile without a scheduler: a local cluster of 2 worker processes is started for the
+    run and shut down after it (client first); the table equals the in-process one."""
+    pytest.importorskip("distributed")
+    from runners.profiles import pipeline_options_for
+
+    local, dask = str(tmp_path / "local.parquet"), str(tmp_path / "dask.parquet")
+    dask_cluster.run(pipeline_options_for(["--runner=FnApiRunner"]), _dp_aggregate(local))
+    started = []
+    real_local_cluster = dask_cluster.local_cluster
+
+    @contextlib.contextmanager
+    def recording(workers, *args):
+        with real_local_cluster(workers, *args) as address:
+            started.append((workers, address))
+            yield address
+
+    monkeypatch.setattr(dask_cluster, "local_cluster", recording)
+    options = pipeline_options_for(["--runner=dask"])
+    result = dask_cluster.run(options, _dp_aggregate(dask))
+    assert result.client.status == "closed"
+    assert Path(dask).read_bytes() == Path(local).read_bytes()
+    [(workers, address)] = started
+    assert workers == 2
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    with pytest.raises(OSError):  # the scheduler is gone with the run
+        socket.create_connection((host, int(port)), timeout=2).close()
