@@ -62,6 +62,7 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from accounting.budget import PrivacyBudget
+from accounting.shared_budget import BudgetPart
 from accounting.composition import EpsDelta, sequential
 from accounting.sensitivity import ContributionBounds, Neighbouring
 from transforms import arrow_coder  # noqa: F401  (registers the Arrow table coder)
@@ -343,6 +344,15 @@ class DPAggregate(beam.PTransform):
                  testing: bool = False, num_shards: int = 32, output: str = "arrow",
                  threshold_mode: str = "key", integer_values: bool = None, label: str = None):
         super().__init__(label)
+        part = None
+        if isinstance(budget, BudgetPart):
+            part, budget = budget, budget.budget
+            if release_key is None and part.release_key is not None and \
+                    (not testing or part.release_key.is_testing):
+                release_key = part.release_key
+        if not isinstance(budget, PrivacyBudget):
+            raise TypeError("budget must be a PrivacyBudget or a SharedBudget part "
+                            f"(shared.part(name)), got {type(budget).__name__}")
         if isinstance(keys, str):
             keys = [keys]
         if not keys:
@@ -405,6 +415,8 @@ class DPAggregate(beam.PTransform):
         self._metrics = metrics
         self._output = output
         self._threshold_mode = threshold_mode
+        if part is not None:
+            part.register(self)
 
     def guarantee(self) -> EpsDelta:
         """The whole release's (epsilon, delta): the measures (basic composition, or the zCDP
