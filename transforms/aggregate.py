@@ -70,7 +70,8 @@ from transforms import bounding
 from transforms.privacy_units import canonical_unit_column, canonical_unit_ids, check_unit_type
 from transforms.partials import key_partials, routing_hash, shard_of, split_by_shard
 from transforms.keyset import PublicKeyset
-from transforms.metrics import Metric, MetricKind, is_integer_range, mean_from_noisy, plan_measures
+from transforms.metrics import (Metric, MetricKind, as_metric, is_integer_range, mean_from_noisy,
+                                plan_measures, variance_from_noisy)
 from accounting.keys import ReleaseKey
 from transforms.release import NoisyRelease, OutputColumn, keyset_tables
 from transforms.selection import PrivateSelection, Selector
@@ -106,6 +107,10 @@ class BoundingConfig:
     num_shards: int = 32
     integer_values: bool = False
     midpoint: float = 0.0
+    #: half the clamping range when a variance or standard deviation needs sums of squares.
+    half_range: Optional[float] = None
+    #: the quantile trees (transforms.quantiles.QuantileTree) whose node counts are partials.
+    trees: tuple = ()
 
     def __post_init__(self):
         keys = (self.keys,) if isinstance(self.keys, str) else tuple(self.keys)
@@ -274,7 +279,8 @@ class _BoundUnitShard(beam.DoFn):
         if c.bounds.max_contributions is not None:
             bounded = bounding.bound_total(bounded, c.bounds.max_contributions)
         yield key_partials(bounded, c.keys, has_value=c.value is not None,
-                                    midpoint=c.midpoint, integer_sum=c.integer_values)
+                           midpoint=c.midpoint, integer_sum=c.integer_values,
+                           half_range=c.half_range, trees=c.trees)
 
 
 class _SortedUnionFn(beam.CombineFn):
@@ -373,15 +379,27 @@ class DPAggregate(beam.PTransform):
             raise ValueError(f"threshold_mode must be 'key' or 'value', got {threshold_mode!r}")
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-        metrics = list(metrics)
-        clash = sorted({m.column for m in metrics} & set(keys))
+        if isinstance(metrics, (str, Metric)):
+            metrics = [metrics]
+        metrics = [as_metric(m) for m in metrics]
+        if not isinstance(bounds, ContributionBounds):
+            raise TypeError(f"bounds must be a ContributionBounds, got {type(bounds).__name__}")
+        if not isinstance(privacy_unit, str) or (value is not None and not isinstance(value, str)) \
+                or not all(isinstance(k, str) for k in keys):
+            raise TypeError("privacy_unit, keys and value must be column names (strings)")
+        outputs = [c for m in metrics for c in m.output_columns]
+        clash = sorted(set(outputs) & set(keys))
         if clash:
             raise ValueError(f"metric names {clash} are key columns: give the metrics other names")
+        if len(set(outputs)) != len(outputs):
+            raise ValueError(f"output columns must be unique, got {outputs}")
         needs_value = any(m.needs_value for m in metrics)
         if needs_value and not value:
-            raise ValueError("sum and mean metrics need a value column (value=...)")
-        if needs_value:
-            bounds.value_range()  # raises if the clamping range is missing
+            kinds = sorted({m.kind.value for m in metrics if m.needs_value})
+            raise ValueError(f"metrics {kinds} need a value column (value=...)")
+        if needs_value and bounds.min_value is None:
+            raise ValueError("metrics of values need a clamping range: "
+                             "ContributionBounds(..., min_value=..., max_value=...)")
         if testing:
             if release_key is not None and not release_key.is_testing:
                 raise ValueError("testing mode refuses a secret release key: it makes no release")
@@ -408,10 +426,14 @@ class DPAggregate(beam.PTransform):
                                                 selection_share.delta, bounds, neighbouring)
         low_high = bounds.value_range() if needs_value else (0.0, 0.0)
         self.keyset = keyset
+        squares = any(m.kind in (MetricKind.VARIANCE, MetricKind.STD) for m in metrics)
         self._config = BoundingConfig(unit=privacy_unit, keys=keys, value=value if needs_value else None,
                                       bounds=bounds, release_key=release_key, keyset=keyset,
                                       num_shards=num_shards, integer_values=integer_values,
-                                      midpoint=(low_high[0] + low_high[1]) / 2)
+                                      midpoint=(low_high[0] + low_high[1]) / 2,
+                                      half_range=(low_high[1] - low_high[0]) / 2 if squares else None,
+                                      trees=tuple(m.tree(bounds) for m in metrics
+                                                  if m.kind is MetricKind.QUANTILES))
         self._metrics = metrics
         self._output = output
         self._threshold_mode = threshold_mode
@@ -429,6 +451,7 @@ class DPAggregate(beam.PTransform):
     def explain(self) -> str:
         """The release plan: each measure's mechanism, sensitivity, noise and budget share."""
         text = self.plan.explain()
+        text += self._quantile_errors()
         if self.selector is not None:
             s = self.selector
             total = self.guarantee()
@@ -438,6 +461,23 @@ class DPAggregate(beam.PTransform):
         if self.testing:
             text += "\nTESTING MODE: no noise is added; this is not a release."
         return text
+
+    def _quantile_errors(self) -> str:
+        """Each quantile metric's stated error (transforms.quantiles): resolution and rank error."""
+        from transforms.quantiles import rank_error_std
+
+        lines = []
+        for metric in self._metrics:
+            if metric.kind is not MetricKind.QUANTILES:
+                continue
+            tree = metric.tree(self._config.bounds)
+            spec = next(m for m in self.plan.measures if m.name == metric.column).noise
+            if spec is None:
+                continue
+            lines.append(f"{metric.column}: error = leaf width {tree.leaf_width:.4g} (resolution) "
+                         f"plus a rank error of std <= {rank_error_std(tree, spec.std):.4g} rows "
+                         "(a shift of that / n in q for a key of n rows)")
+        return ("\n" + "\n".join(lines)) if lines else ""
 
     def check_schema(self, schema: pa.Schema) -> None:
         """Fail early (before the pipeline runs) on a missing or mistyped column."""
@@ -454,6 +494,20 @@ class DPAggregate(beam.PTransform):
                 nsum, count = f"{metric.column}.normalized_sum", count_name or f"{metric.column}.count"
                 derive = functools.partial(_mean_output, nsum=nsum, count=count, low=low, high=high)
                 outputs.append(OutputColumn(name=metric.column, derive=derive, threshold=metric.threshold))
+            elif metric.kind in (MetricKind.VARIANCE, MetricKind.STD):
+                low, high = self._config.bounds.value_range()
+                derive = functools.partial(
+                    _variance_output, nsum=f"{metric.column}.normalized_sum",
+                    nsq=f"{metric.column}.normalized_squares",
+                    count=count_name or f"{metric.column}.count", low=low, high=high,
+                    std=metric.kind is MetricKind.STD)
+                outputs.append(OutputColumn(name=metric.column, derive=derive, threshold=metric.threshold))
+            elif metric.kind is MetricKind.QUANTILES:
+                tree = metric.tree(self._config.bounds)
+                for j, column in enumerate(metric.output_columns):
+                    derive = functools.partial(_quantile_output, measure=metric.column, tree=tree,
+                                               q=metric.quantiles[j])
+                    outputs.append(OutputColumn(name=column, derive=derive))
             else:
                 outputs.append(OutputColumn(name=metric.column, measure=metric.column,
                                             threshold=metric.threshold))
@@ -467,6 +521,10 @@ class DPAggregate(beam.PTransform):
         partial_types = {"count": pa.int64(), "units": pa.int64()}
         if c.value:
             partial_types.update(sum=pa.int64() if c.integer_values else pa.float64(), nsum=pa.float64())
+            if c.half_range is not None:
+                partial_types["nsq"] = pa.float64()
+            for tree in c.trees:
+                partial_types.update({name: pa.int64() for name in tree.columns})
         released = partials | "Release" >> NoisyRelease(
             keys=c.keys, measures=measures, outputs=self._outputs(), partial_types=partial_types,
             release_key=self.release_key, keyset=self.keyset, selector=self.selector,
@@ -474,6 +532,14 @@ class DPAggregate(beam.PTransform):
         if self._output == "dicts":
             return released | "ToDicts" >> beam.FlatMap(lambda t: t.to_pylist())
         return released
+
+
+def _variance_output(noisy, *, nsum, nsq, count, low, high, std):
+    return variance_from_noisy(noisy[nsum], noisy[nsq], noisy[count], low, high, std=std)
+
+
+def _quantile_output(noisy, *, measure, tree, q):
+    return tree.quantiles(noisy[measure], [q])[:, 0]
 
 
 def _mean_output(noisy, *, nsum, count, low, high):
