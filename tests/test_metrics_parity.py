@@ -20,7 +20,8 @@ from accounting.sensitivity import ContributionBounds, Neighbouring
 from transforms import quantiles as quantiles_module
 from transforms.aggregate import DPAggregate, _BoundUnitShard, _PrepareAndBound
 from transforms.keyset import PublicKeyset
-from transforms.metrics import Count, Median, Percentiles, Quantiles, Std, Variance, as_metric
+from transforms.metrics import (Count, Median, Percentiles, Quantiles, Std, Sum, Variance, VectorSum,
+                                as_metric)
 from transforms.partials import sum_partials
 from transforms.quantiles import QuantileTree
 
@@ -244,3 +245,79 @@ def test_explain_states_sensitivities_and_quantile_error():
     text = _aggregate([Variance(), Quantiles([0.5])], testing=False).explain()
     assert "variance.normalized_squares" in text and "h = 50" in text
     assert "quantile tree: 584 node counts" in text and "rank error of std <=" in text
+
+
+def _vector_rows(seed=5, units=25, dimension=4):
+    rng = np.random.default_rng(seed)
+    return [{"u": u, "k": KEYS[rng.integers(0, 3)], "e": list(rng.normal(0, 2, dimension))}
+            for u in range(units) for _ in range(rng.integers(1, 8))]
+
+
+def _vector_aggregate(norm, testing=True, neighbouring=Neighbouring.ADD_REMOVE, noise=None, epsilon=1.0,
+                      bounds=ContributionBounds(2, 3)):
+    return DPAggregate(privacy_unit="u", keys=["k"], value="e", bounds=bounds,
+                       metrics=[Count(), VectorSum(dimension=4, max_norm=1.5, norm=norm, noise=noise)],
+                       budget=PrivacyBudget(epsilon=epsilon, delta=1e-6),
+                       keyset=PublicKeyset.from_keys(KEYS, ["k"]), testing=testing,
+                       neighbouring=neighbouring, release_key=ReleaseKey.for_testing(4))
+
+
+def test_vector_sum_clips_rows_and_sums_exactly_in_testing_mode():
+    rows = [{"u": i, "k": "a", "e": [3.0, 4.0, 0.0, 0.0] if i % 2 else [0.1, -0.2, 0.0, 0.0]}
+            for i in range(10)]
+    rows += [{"u": 99, "k": "b", "e": [1.0, None, 0.0, 0.0]}, {"u": 98, "k": "b", "e": [1.0]}]
+    out = _run(rows, _vector_aggregate("l2"))
+    # [3, 4] has L2 norm 5 -> scaled to 1.5: [0.9, 1.2]; five of each row kind.
+    assert out["a"]["vector_sum"] == pytest.approx([5 * 0.9 + 5 * 0.1, 5 * 1.2 - 5 * 0.2, 0, 0])
+    assert out["b"]["count"] == 0 and out["b"]["vector_sum"] == [0, 0, 0, 0]  # invalid rows dropped
+    l1 = _run(rows, _vector_aggregate("l1"))
+    assert l1["a"]["vector_sum"] == pytest.approx([5 * 1.5 * 3 / 7 + 0.5, 5 * 1.5 * 4 / 7 - 1.0, 0, 0])
+    with pytest.raises(ValueError, match="must hold lists of numbers"):
+        _vector_aggregate("l2").check_schema(pa.schema([("u", pa.int64()), ("k", pa.string()), ("e", pa.float64())]))
+    with pytest.raises(ValueError, match="cannot be combined"):
+        DPAggregate(privacy_unit="u", keys=["k"], value="e", bounds=BOUNDS,
+                    metrics=[Count(), Sum(), VectorSum(dimension=4, max_norm=1)],
+                    budget=PrivacyBudget(epsilon=1), keyset=PublicKeyset.from_keys(KEYS, ["k"]))
+
+
+@pytest.mark.parametrize("norm,neighbouring", [("l1", Neighbouring.ADD_REMOVE), ("l2", Neighbouring.SUBSTITUTE)])
+def test_one_unit_moves_the_vector_sum_within_its_stated_sensitivity(norm, neighbouring):
+    agg = _vector_aggregate(norm, neighbouring=neighbouring)
+    stated = {m.name: m.sensitivities for m in agg.plan.measures}
+    rows = _vector_rows()
+    base = _answers(agg, _exact_partials(agg, rows))
+    worst = 0.0
+    for unit in range(25):
+        other_rows = [r for r in rows if r["u"] != unit]
+        if neighbouring is Neighbouring.SUBSTITUTE:
+            other_rows += [{"u": unit, "k": k, "e": [-9.0, 9.0, -9.0, 9.0]} for k in ("a", "b") for _ in range(4)]
+        other = _answers(agg, _exact_partials(agg, other_rows))
+        diff = base["vector_sum"] - other["vector_sum"]
+        l1, l2 = np.abs(diff).sum(), np.sqrt((diff ** 2).sum())
+        assert l1 <= stated["vector_sum"].l1 * (1 + 1e-9) and l2 <= stated["vector_sum"].l2 * (1 + 1e-9)
+        worst = max(worst, (l1 if norm == "l1" else l2) / (stated["vector_sum"].l1 if norm == "l1"
+                                                            else stated["vector_sum"].l2))
+    assert worst >= 0.5
+
+
+def test_dp_tester_on_the_vector_sum_and_a_broken_calibration():
+    """L2 clipping with Laplace noise needs L1 sensitivity sqrt(d) * C per row; calibrating it
+    as if the rows were L1-clipped (C) understates the sensitivity by sqrt(4) = 2."""
+    n = 30_000
+    epsilon = 1.0
+    one_key = ContributionBounds(1, 3)
+    agg = _vector_aggregate("l2", testing=False, noise="laplace", epsilon=2 * epsilon, bounds=one_key)
+    measure = agg.measures["vector_sum"]
+    share = next(m for m in agg.plan.measures if m.name == "vector_sum").epsilon
+    assert share == pytest.approx(epsilon)
+    # Worst case: Linf = 3 rows on the diagonal, each clipped to L2 norm 1.5 (L1 norm 3).
+    a = np.zeros(4)
+    b = np.full(4, 3 * 1.5 / 2)
+    # The privacy loss of Laplace noise between a and b (the most powerful projection).
+    loss = {"loss": lambda x: (np.abs(x - a) - np.abs(x - b)).sum(axis=1), "sum(x)": lambda x: x.sum(axis=1)}
+    tester = DPTester(n_samples=n, projections=loss)
+    assert tester.run(*_noise_samplers(measure, a, b, n), epsilon=share).passed
+    broken_agg = _vector_aggregate("l1", testing=False, noise="laplace", epsilon=2 * epsilon, bounds=one_key)
+    broken = broken_agg.measures["vector_sum"]
+    result = tester.run(*_noise_samplers(broken, a, b, n), epsilon=share)
+    assert not result.passed, result

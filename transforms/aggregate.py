@@ -75,6 +75,7 @@ from transforms.metrics import (Metric, MetricKind, as_metric, is_integer_range,
 from accounting.keys import ReleaseKey
 from transforms.release import NoisyRelease, OutputColumn, keyset_tables
 from transforms.selection import PrivateSelection, Selector
+from transforms.vectors import clip, row_words, vectors_of
 
 NAMESPACE = "dp_aggregate"
 #: What bounding claims of its release key (ReleaseKey.claim): the priorities' sub-keys.
@@ -111,6 +112,9 @@ class BoundingConfig:
     half_range: Optional[float] = None
     #: the quantile trees (transforms.quantiles.QuantileTree) whose node counts are partials.
     trees: tuple = ()
+    #: a vector sum's clipping and shape (transforms.vectors.VectorSpec); ``value`` is then a
+    #: list column.
+    vector: Optional[object] = None
 
     def __post_init__(self):
         keys = (self.keys,) if isinstance(self.keys, str) else tuple(self.keys)
@@ -125,18 +129,28 @@ def _is_numeric(typ: pa.DataType) -> bool:
     return pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ)
 
 
-def check_schema(schema: pa.Schema, unit: str, keys: Sequence[str], value: Optional[str]) -> None:
+def check_schema(schema: pa.Schema, unit: str, keys: Sequence[str], value: Optional[str],
+                 vector: bool = False) -> None:
     """Raise ValueError naming the first missing or mistyped column (a privacy-unit column that
-    cannot hold ids raises :class:`~transforms.privacy_units.UnitIdError`, a ValueError)."""
+    cannot hold ids raises :class:`~transforms.privacy_units.UnitIdError`, a ValueError).
+    ``vector``: the value column holds lists of numbers (vector sums)."""
     names = set(schema.names)
     for role, column in [("privacy unit", unit)] + [("key", k) for k in keys] + \
             ([("value", value)] if value else []):
         if column not in names:
             raise ValueError(f"input has no {role} column {column!r} (columns: {sorted(names)})")
         typ = schema.field(column).type
+        if vector and column == value:
+            if not ((pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ))
+                    and _is_numeric(typ.value_type)):
+                raise ValueError(f"value column {column!r} must hold lists of numbers for a vector "
+                                 f"sum, got {typ}")
+            continue
         if pa.types.is_nested(typ) or pa.types.is_map(typ):
             raise ValueError(f"{role} column {column!r} has unsupported type {typ}")
     check_unit_type(schema.field(unit).type, unit)
+    if vector:
+        return
     if value and not (_is_numeric(schema.field(value).type) or pa.types.is_null(schema.field(value).type)):
         raise ValueError(f"value column {value!r} must be numeric, got {schema.field(value).type}")
 
@@ -200,7 +214,7 @@ class _PrepareAndBound(beam.DoFn):
 
     def process(self, table: pa.Table, keyset_hashes=None):
         c = self._c
-        check_schema(table.schema, c.unit, c.keys, c.value)
+        check_schema(table.schema, c.unit, c.keys, c.value, vector=c.vector is not None)
         self._count("rows_read", table.num_rows)
         columns = [c.unit, *c.keys] + ([c.value] if c.value else [])
         table = table.select(columns)
@@ -214,7 +228,11 @@ class _PrepareAndBound(beam.DoFn):
             key_valid &= pc.is_valid(table.column(k)).to_numpy(zero_copy_only=False)
         self._count("dropped_null_key", (valid & ~key_valid).sum())
         valid &= key_valid
-        if c.value:
+        if c.vector is not None:
+            _, ok = vectors_of(table.column(c.value), c.vector.dimension)
+            self._count("dropped_invalid_vector", (valid & ~ok).sum())
+            valid &= ok
+        elif c.value:
             raw = table.column(c.value)
             values = pc.cast(raw, pa.float64()).to_numpy(zero_copy_only=False) \
                 if not pa.types.is_null(raw.type) else np.full(table.num_rows, np.nan)
@@ -241,15 +259,25 @@ class _PrepareAndBound(beam.DoFn):
                 table = table.filter(pa.array(inside & ~excluded))
         if not table.num_rows:
             return
-        if c.value:
+        extra_words = None
+        if c.vector is not None:
+            matrix, _ = vectors_of(table.column(c.value), c.vector.dimension)
+            clipped = clip(matrix, c.vector.max_norm, c.vector.norm)
+            self._count("clipped_vector_norm", (np.any(clipped != matrix, axis=1)).sum())
+            table = table.drop_columns([c.value])
+            for j, name in enumerate(c.vector.columns):
+                table = table.append_column(name, pa.array(clipped[:, j]))
+            extra_words = row_words(clipped)
+        elif c.value:
             values = pc.cast(table.column(c.value), pa.float64()).to_numpy(zero_copy_only=False)
             low, high = c.bounds.value_range()
             self._count("clamped_below_min", (values < low).sum())
             self._count("clamped_above_max", (values > high).sum())
             table = table.drop_columns([c.value]).append_column(
                 bounding.VALUE, pa.array(np.clip(values, low, high)))
+        scalar = c.value and c.vector is None
         table = bounding.prioritize(table, c.unit, c.keys, c.release_key,
-                                   bounding.VALUE if c.value else None).drop_columns([c.unit])
+                                   bounding.VALUE if scalar else None, extra_words).drop_columns([c.unit])
         table = bounding.bound(table, c.bounds.max_partitions, c.bounds.max_contributions_per_partition)
         shards = shard_of(table.column(bounding.UNIT).to_numpy(), c.num_shards)
         yield from split_by_shard(table, shards)
@@ -278,9 +306,10 @@ class _BoundUnitShard(beam.DoFn):
             return
         if c.bounds.max_contributions is not None:
             bounded = bounding.bound_total(bounded, c.bounds.max_contributions)
-        yield key_partials(bounded, c.keys, has_value=c.value is not None,
+        yield key_partials(bounded, c.keys, has_value=c.value is not None and c.vector is None,
                            midpoint=c.midpoint, integer_sum=c.integer_values,
-                           half_range=c.half_range, trees=c.trees)
+                           half_range=c.half_range, trees=c.trees,
+                           vector_columns=c.vector.columns if c.vector is not None else ())
 
 
 class _SortedUnionFn(beam.CombineFn):
@@ -397,7 +426,12 @@ class DPAggregate(beam.PTransform):
         if needs_value and not value:
             kinds = sorted({m.kind.value for m in metrics if m.needs_value})
             raise ValueError(f"metrics {kinds} need a value column (value=...)")
-        if needs_value and bounds.min_value is None:
+        vectors = [m for m in metrics if m.is_vector]
+        if vectors and (len(vectors) > 1 or any(m.needs_range for m in metrics)):
+            raise ValueError("a vector sum reads the value column as vectors: it cannot be combined "
+                             "with another vector sum or with scalar value metrics in one DPAggregate "
+                             "(use a second DPAggregate, e.g. with a SharedBudget)")
+        if any(m.needs_range for m in metrics) and bounds.min_value is None:
             raise ValueError("metrics of values need a clamping range: "
                              "ContributionBounds(..., min_value=..., max_value=...)")
         if testing:
@@ -424,7 +458,7 @@ class DPAggregate(beam.PTransform):
         if selection is not None:
             self.selector = Selector.for_bounds(selection, selection_share.epsilon,
                                                 selection_share.delta, bounds, neighbouring)
-        low_high = bounds.value_range() if needs_value else (0.0, 0.0)
+        low_high = bounds.value_range() if any(m.needs_range for m in metrics) else (0.0, 0.0)
         self.keyset = keyset
         squares = any(m.kind in (MetricKind.VARIANCE, MetricKind.STD) for m in metrics)
         self._config = BoundingConfig(unit=privacy_unit, keys=keys, value=value if needs_value else None,
@@ -433,7 +467,8 @@ class DPAggregate(beam.PTransform):
                                       midpoint=(low_high[0] + low_high[1]) / 2,
                                       half_range=(low_high[1] - low_high[0]) / 2 if squares else None,
                                       trees=tuple(m.tree(bounds) for m in metrics
-                                                  if m.kind is MetricKind.QUANTILES))
+                                                  if m.kind is MetricKind.QUANTILES),
+                                      vector=vectors[0].vector_spec() if vectors else None)
         self._metrics = metrics
         self._output = output
         self._threshold_mode = threshold_mode
@@ -482,7 +517,7 @@ class DPAggregate(beam.PTransform):
     def check_schema(self, schema: pa.Schema) -> None:
         """Fail early (before the pipeline runs) on a missing or mistyped column."""
         c = self._config
-        check_schema(schema, c.unit, c.keys, c.value)
+        check_schema(schema, c.unit, c.keys, c.value, vector=c.vector is not None)
 
     def _outputs(self):
         """Released columns from the metrics (a mean derives from two noisy measures)."""
@@ -519,7 +554,9 @@ class DPAggregate(beam.PTransform):
         partials = pcoll | "BoundContributions" >> BoundedKeyPartials(c, keyset_pcollection)
         measures = list(self.measures.values())
         partial_types = {"count": pa.int64(), "units": pa.int64()}
-        if c.value:
+        if c.vector is not None:
+            partial_types.update({name: pa.float64() for name in c.vector.columns})
+        elif c.value:
             partial_types.update(sum=pa.int64() if c.integer_values else pa.float64(), nsum=pa.float64())
             if c.half_range is not None:
                 partial_types["nsq"] = pa.float64()

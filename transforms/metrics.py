@@ -32,6 +32,7 @@ class MetricKind(str, enum.Enum):
     VARIANCE = "variance"
     STD = "std"
     QUANTILES = "quantiles"
+    VECTOR_SUM = "vector_sum"
 
 
 _DEFAULT_NOISE = {
@@ -42,10 +43,13 @@ _DEFAULT_NOISE = {
     MetricKind.VARIANCE: NoiseKind.LAPLACE,
     MetricKind.STD: NoiseKind.LAPLACE,
     MetricKind.QUANTILES: NoiseKind.DISCRETE_LAPLACE,
+    MetricKind.VECTOR_SUM: NoiseKind.LAPLACE,
 }
 #: Metric kinds computed from the value column.
 _VALUE_KINDS = (MetricKind.SUM, MetricKind.MEAN, MetricKind.VARIANCE, MetricKind.STD,
                 MetricKind.QUANTILES)
+#: Metric kinds whose value column holds vectors (list columns).
+_VECTOR_KINDS = (MetricKind.VECTOR_SUM,)
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ class Metric:
       are reserved for internal measures (:func:`check_metric_name`).
     quantiles, branching, depth: for ``QUANTILES``: the quantiles in [0, 1] (all read from one
       noisy tree, :mod:`transforms.quantiles`) and the tree's shape.
+    dimension, max_norm, norm: for ``VECTOR_SUM``: the vectors' length, and each row's clipping
+      bound in the ``"l1"`` or ``"l2"`` norm (:mod:`transforms.vectors`).
     """
 
     kind: MetricKind
@@ -70,6 +76,9 @@ class Metric:
     quantiles: tuple = ()
     branching: int = 8
     depth: int = 3
+    dimension: Optional[int] = None
+    max_norm: Optional[float] = None
+    norm: str = "l2"
 
     def __post_init__(self):
         try:
@@ -110,6 +119,14 @@ class Metric:
                 raise ValueError(f"{self.column}: quantiles take no threshold (threshold a count)")
         elif self.quantiles:
             raise ValueError(f"{self.column}: quantiles= is only for the quantiles metric")
+        if self.kind is MetricKind.VECTOR_SUM:
+            self.vector_spec()  # validates dimension, max_norm and norm
+            if self.noise.is_integer:
+                raise ValueError(f"{self.column}: a vector sum needs real-valued noise (laplace or gaussian)")
+            if self.threshold is not None:
+                raise ValueError(f"{self.column}: a vector sum takes no threshold (threshold a count)")
+        elif self.dimension is not None or self.max_norm is not None:
+            raise ValueError(f"{self.column}: dimension= and max_norm= are only for the vector_sum metric")
 
     @property
     def column(self) -> str:
@@ -127,7 +144,25 @@ class Metric:
 
     @property
     def needs_value(self) -> bool:
+        return self.kind in _VALUE_KINDS or self.kind in _VECTOR_KINDS
+
+    @property
+    def needs_range(self) -> bool:
+        """Whether the metric needs the clamping range (scalar values)."""
         return self.kind in _VALUE_KINDS
+
+    @property
+    def is_vector(self) -> bool:
+        return self.kind in _VECTOR_KINDS
+
+    def vector_spec(self):
+        """The clipping and shape of a ``VECTOR_SUM`` metric."""
+        from transforms.vectors import VectorSpec
+
+        if self.dimension is None or self.max_norm is None:
+            raise ValueError(f"{self.column}: a vector sum needs dimension= and max_norm=")
+        return VectorSpec(dimension=self.dimension, max_norm=self.max_norm, norm=self.norm,
+                          prefix=f"{self.column}.c")
 
     def tree(self, bounds: ContributionBounds):
         """The quantile tree of a ``QUANTILES`` metric over the clamping range."""
@@ -152,6 +187,8 @@ def as_metric(metric) -> Metric:
                              f"{[k.value for k in MetricKind] + ['median']}") from None
         if kind is MetricKind.QUANTILES:
             raise ValueError("the quantiles metric needs its quantiles: Quantiles([0.5, 0.9])")
+        if kind is MetricKind.VECTOR_SUM:
+            raise ValueError("the vector_sum metric needs its shape: VectorSum(dimension=..., max_norm=...)")
         return Metric(kind)
     raise TypeError(f"a metric must be a Metric (Count(), Sum(), ...) or a kind name, got "
                     f"{type(metric).__name__} {metric!r}")
@@ -192,6 +229,11 @@ def Percentiles(percentiles, **kwargs) -> Metric:
     ps = (percentiles,) if isinstance(percentiles, (int, float)) else tuple(percentiles)
     kwargs.setdefault("name", "percentile")
     return Metric(MetricKind.QUANTILES, quantiles=tuple(p / 100 for p in ps), **kwargs)
+
+
+def VectorSum(*, dimension: int, max_norm: float, norm: str = "l2", **kwargs) -> Metric:
+    """Per-key sum of vectors (a list column), each row clipped to ``max_norm`` in ``norm``."""
+    return Metric(MetricKind.VECTOR_SUM, dimension=dimension, max_norm=max_norm, norm=norm, **kwargs)
 
 
 def Median(**kwargs) -> Metric:
@@ -265,6 +307,15 @@ def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget:
                     f"depth {tree.depth}, leaf width {tree.leaf_width:.4g}) for quantiles "
                     f"{list(m.quantiles)}; one row moves one node per level",
                     columns=tree.columns)
+        elif m.kind is MetricKind.VECTOR_SUM:
+            from transforms.vectors import vector_sum_sensitivity
+
+            spec = m.vector_spec()
+            measure(m.column, m.weight, m.noise,
+                    vector_sum_sensitivity(count_sensitivity(bounds, neighbouring), spec),
+                    spec.prefix, False,
+                    f"sum of {spec.dimension}-dimensional vectors per key, each row clipped to "
+                    f"{spec.norm.upper()} norm {spec.max_norm:g}", columns=spec.columns)
         else:  # MEAN: a noisy normalized sum plus a noisy count (reused if one is released)
             if m.noise.is_integer:
                 raise ValueError(f"{m.column}: a mean needs real-valued noise (laplace or gaussian)")

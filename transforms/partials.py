@@ -48,11 +48,13 @@ def split_by_shard(table: pa.Table, shards: np.ndarray):
 
 def key_partials(bounded: pa.Table, key_columns: Sequence[str], *, has_value: bool,
                  midpoint: float = 0.0, integer_sum: bool = False, half_range: float = None,
-                 trees: Sequence = ()) -> pa.Table:
+                 trees: Sequence = (), vector_columns: Sequence[str] = ()) -> pa.Table:
     """Exact per-key partial aggregates of bounded rows: count, units, and sum / nsum; with
     ``half_range`` also nsq (sum of ``(v - midpoint)^2 - half_range^2 / 2``, for variances);
-    for each :class:`~transforms.quantiles.QuantileTree` in ``trees`` its node counts."""
+    for each :class:`~transforms.quantiles.QuantileTree` in ``trees`` its node counts; the sums
+    of ``vector_columns`` (clipped vector coordinates)."""
     aggregations = [([], "count_all"), (PAIR, "count_distinct")]
+    aggregations += [(c, "sum") for c in vector_columns]
     table = bounded
     if has_value and half_range is not None:
         centred = pc.subtract(table.column(VALUE), pa.scalar(midpoint))
@@ -77,6 +79,8 @@ def key_partials(bounded: pa.Table, key_columns: Sequence[str], *, has_value: bo
     columns = {k: grouped.column(k) for k in key_columns}
     columns["count"] = grouped.column("count_all").cast(pa.int64())
     columns["units"] = grouped.column(f"{PAIR}_count_distinct").cast(pa.int64())
+    for c in vector_columns:
+        columns[c] = grouped.column(f"{c}_sum")
     if has_value:
         columns["sum"] = grouped.column("__ivalue_sum" if integer_sum else f"{VALUE}_sum")
         columns["nsum"] = grouped.column("__nvalue_sum")
