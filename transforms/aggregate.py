@@ -9,8 +9,29 @@
         budget=PrivacyBudget(epsilon=1.0), release_key=ReleaseKey.generate())
 
 Input: a PCollection of pyarrow RecordBatches / Tables (the fast path, e.g. from
-``ReadFromParquetBatched``) or of dicts / ``beam.Row``s. Output: Arrow tables, one row per
-released key with its noisy metrics (``output="arrow"``), or dicts (``output="dicts"``).
+``ReadFromParquetBatched``), pandas or Polars DataFrames, or dicts / ``beam.Row``s. When the
+input's contents are known at construction (``beam.Create``, schema'd Rows), a missing or
+mistyped column fails when the transform is applied, naming the columns present
+(:func:`check_schema`; ``transform.check_schema(schema)`` checks any other source up front).
+Output: Arrow tables, one row per released key with its noisy metrics (``output="arrow"``), or
+dicts (``output="dicts"``).
+
+Output schema (``transform.output_schema()`` states it for a given configuration): the key
+columns (their input types), then per metric, in the order given:
+
+* ``count``, ``privacy_unit_count``: int64 (discrete noise); ``sum``: float64 (int64 with
+  integer noise and integer values); ``mean``, ``variance``, ``std``: float64;
+* quantiles: one float64 column per quantile, ``<name>_p<100 q>`` (``median``,
+  ``percentile_p50``...); ``vector_sum``: fixed_size_list<float64>[dimension];
+* with ``error_columns=True``, after each count / sum / privacy-unit count ``<name>``:
+  ``<name>_ci95_low``, ``<name>_ci95_high`` (the noise's symmetric 95% interval around the
+  released value) and ``<name>_std`` (the noise's standard deviation), all float64. They
+  describe the noise only, not the bias of contribution bounding and clamping; derived metrics
+  (mean, variance, std, quantiles) state their error in ``explain()``.
+
+A null value (``threshold_mode="value"``) means *suppressed*: the noisy value was not above its
+threshold, and its error columns are null too. With ``threshold_mode="key"`` such a key is not
+released at all. Rows are sorted by the key columns (:mod:`transforms.release`).
 
 Data flow (every step works on Arrow batches; only bounded partials are shuffled):
 
@@ -75,9 +96,13 @@ from transforms.metrics import (Metric, MetricKind, as_metric, is_integer_range,
 from accounting.keys import ReleaseKey
 from transforms.release import NoisyRelease, OutputColumn, keyset_tables
 from transforms.selection import PrivateSelection, Selector
+from transforms.tables import as_arrow_table, static_schema
 from transforms.vectors import clip, row_words, vectors_of
 
 NAMESPACE = "dp_aggregate"
+#: Metrics released directly from one noisy measure, whose noise std and 95% interval are
+#: public constants: they get error columns on request (``error_columns=True``).
+ERROR_COLUMN_KINDS = (MetricKind.COUNT, MetricKind.SUM, MetricKind.PRIVACY_UNIT_COUNT)
 #: What bounding claims of its release key (ReleaseKey.claim): the priorities' sub-keys.
 BOUNDING_PURPOSE = "bounding"
 #: Rows buffered per Arrow batch when the input is dicts / Rows.
@@ -158,7 +183,8 @@ def check_schema(schema: pa.Schema, unit: str, keys: Sequence[str], value: Optio
 # --------------------------------------------------------------------------- DoFns
 
 class _ToArrowTables(beam.DoFn):
-    """Pass Arrow batches through; buffer dicts / Rows into Arrow tables.
+    """Pass Arrow batches through, convert pandas / Polars DataFrames; buffer dicts / Rows into
+    Arrow tables.
 
     The privacy-unit column of dict rows may mix types (7, 7.0, "7"): it is built with
     :func:`~transforms.privacy_units.canonical_unit_column`, one canonical id per row.
@@ -172,10 +198,9 @@ class _ToArrowTables(beam.DoFn):
         self._rows = []
 
     def process(self, element):
-        if isinstance(element, pa.RecordBatch):
-            yield pa.Table.from_batches([element])
-        elif isinstance(element, pa.Table):
-            yield element
+        table = as_arrow_table(element)
+        if table is not None:
+            yield table
         else:
             if not isinstance(element, dict):
                 element = element._asdict() if hasattr(element, "_asdict") else dict(element.__dict__)
@@ -377,7 +402,8 @@ class DPAggregate(beam.PTransform):
                  keyset: PublicKeyset = None, selection: PrivateSelection = None,
                  neighbouring=Neighbouring.ADD_REMOVE, release_key: ReleaseKey = None,
                  testing: bool = False, num_shards: int = 32, output: str = "arrow",
-                 threshold_mode: str = "key", integer_values: bool = None, label: str = None):
+                 threshold_mode: str = "key", integer_values: bool = None,
+                 error_columns: bool = False, label: str = None):
         super().__init__(label)
         part = None
         if isinstance(budget, BudgetPart):
@@ -472,6 +498,9 @@ class DPAggregate(beam.PTransform):
         self._metrics = metrics
         self._output = output
         self._threshold_mode = threshold_mode
+        if not isinstance(error_columns, bool):
+            raise TypeError(f"error_columns must be True or False, got {error_columns!r}")
+        self._error_columns = error_columns
         if part is not None:
             part.register(self)
 
@@ -546,10 +575,56 @@ class DPAggregate(beam.PTransform):
             else:
                 outputs.append(OutputColumn(name=metric.column, measure=metric.column,
                                             threshold=metric.threshold))
+                if self._error_columns and metric.kind in ERROR_COLUMN_KINDS:
+                    spec = self.measures[metric.column].spec
+                    std, half = spec.std, spec.ci_halfwidth(0.95)
+                    for suffix, offset in (("_ci95_low", -half), ("_ci95_high", half)):
+                        outputs.append(OutputColumn(
+                            name=metric.column + suffix, follows=metric.column,
+                            derive=functools.partial(_offset_output, measure=metric.column, offset=offset)))
+                    outputs.append(OutputColumn(name=metric.column + "_std", follows=metric.column,
+                                                derive=functools.partial(_constant_output,
+                                                                         measure=metric.column, value=std)))
         return outputs
+
+    def output_schema(self) -> pa.Schema:
+        """The released table's schema (module docstring, "Output schema"); key columns typed
+        from an in-memory keyset, else as null (their type is the input's)."""
+        fields = []
+        for k in self._config.keys:
+            typ = pa.null()
+            if self.keyset is not None and self.keyset.in_memory:
+                typ = _keyset_type(self.keyset, k)
+            fields.append(pa.field(k, typ, nullable=False))
+        for metric in self._metrics:
+            for column in metric.output_columns:
+                if metric.kind in (MetricKind.COUNT, MetricKind.PRIVACY_UNIT_COUNT) or \
+                        (metric.kind is MetricKind.SUM and self.measures[column].integer):
+                    typ = pa.int64() if self.measures[column].integer else pa.float64()
+                elif metric.kind is MetricKind.VECTOR_SUM:
+                    typ = pa.list_(pa.float64(), metric.dimension)
+                else:
+                    typ = pa.float64()
+                fields.append(pa.field(column, typ, nullable=self._threshold_mode == "value"))
+            if self._error_columns and metric.kind in ERROR_COLUMN_KINDS:
+                for suffix in ("_ci95_low", "_ci95_high", "_std"):
+                    fields.append(pa.field(metric.column + suffix, pa.float64(),
+                                           nullable=self._threshold_mode == "value"))
+        return pa.schema(fields)
 
     def expand(self, pcoll):
         c = self._config
+        schema = static_schema(pcoll)
+        if schema is not None:  # contents known at construction: fail now, not in a worker
+            typed = pa.schema([f for f in schema if not pa.types.is_null(f.type)])
+            missing = [col for col in [c.unit, *c.keys] + ([c.value] if c.value else [])
+                       if col not in schema.names]
+            if missing:
+                role = "privacy unit" if missing[0] == c.unit else ("value" if missing[0] == c.value else "key")
+                raise ValueError(f"input has no {role} column {missing[0]!r} "
+                                 f"(columns: {sorted(schema.names)})")
+            if len(typed) == len(schema):
+                check_schema(schema, c.unit, c.keys, c.value, vector=c.vector is not None)
         keyset_pcollection = None if self.keyset is None or self.keyset.in_memory else self.keyset.pcollection
         partials = pcoll | "BoundContributions" >> BoundedKeyPartials(c, keyset_pcollection)
         measures = list(self.measures.values())
@@ -569,6 +644,19 @@ class DPAggregate(beam.PTransform):
         if self._output == "dicts":
             return released | "ToDicts" >> beam.FlatMap(lambda t: t.to_pylist())
         return released
+
+
+def _keyset_type(keyset, column):
+    batch = keyset.batch_at(0, max_rows=1)
+    return batch.schema.field(column).type
+
+
+def _offset_output(noisy, *, measure, offset):
+    return np.asarray(noisy[measure], dtype=np.float64) + offset
+
+
+def _constant_output(noisy, *, measure, value):
+    return np.full(len(noisy[measure]), value, dtype=np.float64)
 
 
 def _variance_output(noisy, *, nsum, nsq, count, low, high, std):

@@ -90,12 +90,18 @@ class NoisyMeasure:
 
 @dataclass(frozen=True, kw_only=True)
 class OutputColumn:
-    """A released column: one measure, or ``derive(noisy measures) -> array``."""
+    """A released column: one measure, or ``derive(noisy measures) -> array``.
+
+    follows: the name of an earlier column whose threshold this one shares (an error column
+    of a value): in ``threshold_mode="value"`` it is null wherever that value is suppressed,
+    so an interval around a suppressed value cannot reveal it.
+    """
 
     name: str
     measure: Optional[str] = None
     derive: Optional[Callable[[Mapping[str, np.ndarray]], np.ndarray]] = None
     threshold: Optional[float] = None
+    follows: Optional[str] = None
 
     def values(self, noisy: Mapping[str, np.ndarray]) -> np.ndarray:
         return noisy[self.measure] if self.derive is None else self.derive(noisy)
@@ -251,6 +257,7 @@ class _NoiseAndRelease(beam.DoFn):
         out = {k: keys.column(k) for k in self._s.keys}
         suppress = np.zeros(table.num_rows, dtype=bool)
         all_below = np.ones(table.num_rows, dtype=bool) if self._s.threshold_mode == "value" else None
+        masks = {}
         for column in self._s.outputs:
             values = column.values(noisy)
             if np.ndim(values) == 2:  # a vector per key (vector sum): a fixed-size list column
@@ -264,6 +271,10 @@ class _NoiseAndRelease(beam.DoFn):
                 else:
                     array = pa.array(values, mask=below)
                     all_below &= below
+                    masks[column.name] = below
+            elif column.follows is not None:
+                if column.follows in masks:
+                    array = pa.array(values, mask=masks[column.follows])
             elif all_below is not None:
                 all_below[:] = False
             out[column.name] = array
