@@ -589,13 +589,14 @@ class DPAggregate(beam.PTransform):
 
     def output_schema(self) -> pa.Schema:
         """The released table's schema (module docstring, "Output schema"); key columns typed
-        from an in-memory keyset, else as null (their type is the input's)."""
+        from an in-memory keyset, else as null (their type is the input's). Fields are nullable
+        as Arrow builds them; only metric values (threshold_mode="value") are ever null."""
         fields = []
         for k in self._config.keys:
             typ = pa.null()
             if self.keyset is not None and self.keyset.in_memory:
                 typ = _keyset_type(self.keyset, k)
-            fields.append(pa.field(k, typ, nullable=False))
+            fields.append(pa.field(k, typ))
         for metric in self._metrics:
             for column in metric.output_columns:
                 if metric.kind in (MetricKind.COUNT, MetricKind.PRIVACY_UNIT_COUNT) or \
@@ -605,11 +606,10 @@ class DPAggregate(beam.PTransform):
                     typ = pa.list_(pa.float64(), metric.dimension)
                 else:
                     typ = pa.float64()
-                fields.append(pa.field(column, typ, nullable=self._threshold_mode == "value"))
+                fields.append(pa.field(column, typ))
             if self._error_columns and metric.kind in ERROR_COLUMN_KINDS:
                 for suffix in ("_ci95_low", "_ci95_high", "_std"):
-                    fields.append(pa.field(metric.column + suffix, pa.float64(),
-                                           nullable=self._threshold_mode == "value"))
+                    fields.append(pa.field(metric.column + suffix, pa.float64()))
         return pa.schema(fields)
 
     def expand(self, pcoll):
