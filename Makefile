@@ -7,16 +7,27 @@ OUT    ?= out/demo
 
 .PHONY: setup demo test test-slow test-runners test-airflow fetch-runners clean
 
-$(STAMP): setup.py
+DEMO_STAMP := $(VENV)/.installed-demo-stamp
+# pip prints one line per package (no --quiet) so a first run shows its progress.
+PIP_FLAGS  := --progress-bar off --disable-pip-version-check
+
+$(DEMO_STAMP): setup.py
+	@echo ">> creating $(VENV) and installing the package (first run: a few minutes)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test,plot]"
+	$(BIN)/pip install $(PIP_FLAGS) --upgrade pip
+	$(BIN)/pip install $(PIP_FLAGS) -e .
+	touch $(DEMO_STAMP)
+
+$(STAMP): setup.py $(DEMO_STAMP)
+	@echo ">> installing the test and plot extras"
+	$(BIN)/pip install $(PIP_FLAGS) -e ".[test,plot]"
 	touch $(STAMP)
 
 setup: $(STAMP)
 
 ## Run the main job (CentralNotice release) on the bundled sample data with the DirectRunner.
-demo: setup
+## Installs only the package itself (no test extras).
+demo: $(DEMO_STAMP)
 	rm -rf $(OUT)
 	$(BIN)/python -m pipelines.centralnotice --demo --output $(OUT)
 
