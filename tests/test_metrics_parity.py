@@ -244,7 +244,7 @@ def test_metric_arguments_fail_clearly():
 def test_explain_states_sensitivities_and_quantile_error():
     text = _aggregate([Variance(), Quantiles([0.5])], testing=False).explain()
     assert "variance.normalized_squares" in text and "h = 50" in text
-    assert "quantile tree: 584 node counts" in text and "rank error of std <=" in text
+    assert "quantile tree: 272 node counts" in text and "rank error of std <=" in text
 
 
 def _vector_rows(seed=5, units=25, dimension=4):

@@ -74,8 +74,8 @@ class Metric:
     weight: float = 1.0
     name: Optional[str] = None
     quantiles: tuple = ()
-    branching: int = 8
-    depth: int = 3
+    branching: int = 16
+    depth: int = 2
     dimension: Optional[int] = None
     max_norm: Optional[float] = None
     norm: str = "l2"

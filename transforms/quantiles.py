@@ -44,8 +44,8 @@ class QuantileTree:
 
     low: float
     high: float
-    branching: int = 8
-    depth: int = 3
+    branching: int = 16
+    depth: int = 2
     prefix: str = "tree."
 
     def __post_init__(self):
