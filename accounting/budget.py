@@ -26,7 +26,7 @@ from accounting.validation import check_delta, check_epsilon, check_rho
 __all__ = ["PrivacyBudget", "BudgetShare", "Measure", "ReleasePlan", "ACCOUNTANTS"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PrivacyBudget:
     """The total guarantee a pipeline declares once: ``(epsilon, delta)``-DP or ``rho``-zCDP.
 

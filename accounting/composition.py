@@ -1,6 +1,7 @@
 """Composition, conversion and transformation of privacy guarantees.
 
-Closed-form rules (sources named in each docstring; see /work/shared/reference.md section 2):
+Closed-form rules (sources named in each docstring: Dwork & Roth 2014, Bun & Steinke 2016,
+Canonne, Kamath & Steinke 2020; seed 000_015430204a1d6d17.txt):
 
 * basic sequential composition, parallel composition, advanced (k-fold) composition;
 * zCDP: pure DP -> zCDP, rho-zCDP -> (epsilon, delta) (simple Bun-Steinke bound and the tighter
@@ -254,7 +255,7 @@ def group_privacy(epsilon: float, delta: float, k: int) -> EpsDelta:
     """(epsilon, delta)-DP for one change gives (k eps, delta (e^{k eps} - 1)/(e^eps - 1)) for k.
 
     Dwork & Roth 2014, Theorem 2.2 for pure DP; for delta > 0, k steps through intermediate
-    datasets give delta' = sum_{j<k} e^{j epsilon} delta (reference.md section 2).
+    datasets give delta' = sum_{j<k} e^{j epsilon} delta (seed 000_015430204a1d6d17.txt, group privacy).
     """
     epsilon = check_epsilon(epsilon)
     delta = check_delta(delta)
@@ -267,7 +268,7 @@ def substitution_from_add_remove(epsilon: float, delta: float = 0.0) -> EpsDelta
     """A guarantee under add/remove of one unit restated for substitution (replace one unit).
 
     Replacing a unit is removing it then adding another: group privacy with k = 2, so
-    (2 epsilon, delta (1 + e^epsilon)); pure DP doubles epsilon (reference.md section 2).
+    (2 epsilon, delta (1 + e^epsilon)); pure DP doubles epsilon (seed 000_015430204a1d6d17.txt).
     """
     return group_privacy(epsilon, delta, 2)
 

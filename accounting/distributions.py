@@ -2,7 +2,8 @@
 
 Pure numpy/scipy, beside calibration: what the noise engine (:mod:`transforms.noise`) samples,
 as probabilities. Used by private key selection (thresholds and keep probabilities) and by the
-CentralNotice tuning report (spurious releases and suppressed shares).
+CentralNotice tuning report (:func:`spurious_rate`, :func:`suppressed_share` and
+:func:`threshold_for_rate`, for any spec).
 
 * Discrete Laplace with P[z] ∝ p^|z|, p = exp(-1/b) (b the unit scale): in closed form,
   P(Z <= m) = 1 - p^(m+1)/(1+p) for m >= 0 and p^(-m)/(1+p) for m < 0.
@@ -14,6 +15,9 @@ CentralNotice tuning report (spurious releases and suppressed shares).
   functions :func:`noise_cdf` / :func:`noise_sf` use the continuity-corrected normal CDF, which
   differs far less than a reported share's rounding. Decisions that carry a privacy guarantee
   (:func:`discrete_gaussian_quantile`) always use the exact sums.
+* :func:`discrete_gaussian_shift_delta`: the exact privacy curve δ(ε) of independent discrete
+  Gaussians on several coordinates shifted by an integer vector (one privacy unit changing
+  several keys), the oracle behind the multi-key calibration of ``accounting.calibration``.
 """
 from __future__ import annotations
 
@@ -69,6 +73,32 @@ def discrete_gaussian_quantile(sigma: float, target: float) -> int:
     return m
 
 
+def discrete_gaussian_shift_delta(sigma: float, shifts, epsilon: float) -> float:
+    """Exact δ(ε) between ⊗N_Z(0, σ²) and ⊗N_Z(c_i, σ²) for integer shifts c (one per key).
+
+    The privacy loss at x is (‖c‖² − 2 Σ c_i x_i) / (2σ²): it depends on x only through the
+    integer S = Σ c_i X_i, whose distribution is the convolution of the coordinates' mass
+    functions placed on the lattices c_i·Z. So δ(ε) = Σ_s P(S = s)·(1 − e^(ε − L(s)))₊ is a finite
+    sum (mass beyond 40σ + 10 per coordinate is below double precision). S is symmetric, so the
+    reverse direction has the same curve. Cost grows like (Σ c_i · σ)²: for small cases (tests
+    and audits), not for calibrating large σ.
+    """
+    shifts = [abs(int(c)) for c in np.atleast_1d(shifts) if int(c) != 0]
+    if not shifts:
+        return 0.0
+    half, cdf, _ = _discrete_gaussian_table(float(sigma))
+    mass = np.diff(cdf, prepend=0.0)
+    dist, offset = np.ones(1), 0
+    for c in shifts:
+        spread = np.zeros(2 * half * c + 1)
+        spread[::c] = mass
+        dist, offset = np.convolve(dist, spread), offset + half * c
+    s = np.arange(dist.size, dtype=np.float64) - offset
+    loss = (sum(c * c for c in shifts) - 2 * s) / (2 * sigma ** 2)
+    above = loss > epsilon
+    return float(np.sum(dist[above] * -np.expm1(epsilon - loss[above])))
+
+
 # --------------------------------------------------------------------------- discrete Laplace
 
 def discrete_laplace_cdf(unit_scale: float, m) -> np.ndarray:
@@ -80,6 +110,13 @@ def discrete_laplace_cdf(unit_scale: float, m) -> np.ndarray:
         upper = -np.expm1((m + 1) * log_p - log1p_p)
         lower = np.exp(-m * log_p - log1p_p)
     return np.where(m >= 0, upper, lower)
+
+
+def discrete_laplace_quantile(unit_scale: float, target: float) -> int:
+    """Smallest integer m >= 1 with P(Z >= m) = p^m / (1 + p) <= target (p = exp(-1/unit_scale)),
+    in closed form: the discrete Laplace counterpart of :func:`discrete_gaussian_quantile`."""
+    p = math.exp(-1 / unit_scale)
+    return max(1, math.ceil(math.log(target * (1 + p)) / math.log(p)))
 
 
 # --------------------------------------------------------------------------- any NoiseSpec
@@ -105,3 +142,36 @@ def noise_sf(spec, x) -> np.ndarray:
         return special.ndtr(-(units + 0.5) / spec.unit_scale)
     # Symmetry: P(Z > m) = P(Z < -m) = P(Z <= -m - 1).
     return noise_cdf(spec, (-units - 1) * spec.granularity)
+
+
+# --------------------------------------------------------------------------- thresholds of any NoiseSpec
+
+def spurious_rate(spec, threshold: float) -> float:
+    """P(noise > threshold): an empty key released."""
+    return float(noise_sf(spec, threshold))
+
+
+def suppressed_share(spec, threshold: float, true_values=None) -> float:
+    """Mean over keys of P(value + noise <= threshold) (true values 0 when not given)."""
+    values = np.zeros(1) if true_values is None else np.asarray(true_values, dtype=np.float64)
+    if values.size == 0:
+        return float("nan")
+    return float(np.mean(noise_cdf(spec, threshold - values)))
+
+
+def threshold_for_rate(spec, rate: float) -> float:
+    """Smallest threshold (a multiple of the grid) with P(noise > threshold) <= rate."""
+    if not 0 < rate < 1:
+        raise ValueError(f"spurious rate must be in (0, 1), got {rate!r}")
+    lo, hi = 0.0, spec.scale
+    while spurious_rate(spec, hi) > rate:
+        lo, hi = hi, hi * 2
+    g = spec.granularity
+    lo_u, hi_u = math.floor(lo / g), math.ceil(hi / g)
+    while hi_u - lo_u > 1:
+        mid = (lo_u + hi_u) // 2
+        if spurious_rate(spec, mid * g) > rate:
+            lo_u = mid
+        else:
+            hi_u = mid
+    return hi_u * g

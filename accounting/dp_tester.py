@@ -169,7 +169,7 @@ def _interval_counts(sorted_values, lowers, uppers, include_upper):
 # Results
 # --------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EventEstimate:
     """Evaluation of one kept event in one direction (numerator vs denominator dataset)."""
 
@@ -194,7 +194,7 @@ class EventEstimate:
                 f"{'  VIOLATION' if self.violates else ''}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DPTestResult:
     """Outcome of one DP check.
 

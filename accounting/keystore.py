@@ -20,7 +20,7 @@ from accounting.keys import ReleaseKey
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KeyRef:
     """A public reference to a stored release key (safe to log and to record)."""
 
@@ -70,7 +70,7 @@ class KeyStore:
         else:
             os.makedirs(self.root, mode=0o700, exist_ok=True)
             key.save(uri)  # O_CREAT | O_EXCL, mode 0600
-        return KeyRef(uri, fingerprint)
+        return KeyRef(uri=uri, fingerprint=fingerprint)
 
     def load(self, ref: KeyRef) -> ReleaseKey:
         """The key behind ``ref``; raises ValueError if its fingerprint does not match."""

@@ -81,6 +81,11 @@ class Measure:
                  description: str = "") -> "Measure":
         """A measure adding calibrated ``noise`` (its cost is the spec's guarantee; Gaussian
         kinds also carry their zCDP cost, rho = L2^2 / (2 sigma^2), for the zCDP accountant)."""
+        if noise.kind.is_integer and noise.kind.is_gaussian and noise.l0 < sensitivities.l0:
+            # The one-key discrete Gaussian curve is not a multi-key guarantee (calibration docstring).
+            raise ValueError(f"measure {name!r}: discrete Gaussian noise calibrated for l0={noise.l0} "
+                             f"key(s) but one unit changes up to l0={sensitivities.l0}; calibrate "
+                             f"with l0={sensitivities.l0}")
         rho = noise.rho if noise.rho is not None or not noise.kind.is_gaussian else noise.zcdp_rho()
         return cls(name=name, mechanism=noise.kind.value, epsilon=noise.epsilon, delta=noise.delta,
                    rho=rho, neighbouring=neighbouring, sensitivities=sensitivities,

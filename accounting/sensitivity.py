@@ -146,7 +146,7 @@ def sum_sensitivity(bounds: ContributionBounds,
     return count_sensitivity(bounds, relation).scaled(magnitude)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MeanSensitivities:
     """A mean released as ``midpoint + noisy normalized sum / noisy count``."""
 

@@ -27,7 +27,7 @@ Mechanisms (seed 001, the Wikimedia CentralNotice feasibility report):
 
 Row rules (counted for the operator, never released; see pipelines.release.counters):
 impression rows with missing, negative, fractional or unparseable counts are dropped (see
-``transforms.impressions_split``); duplicate impression rows of a key are summed; click rows
+``pipelines.centralnotice_impressions``); duplicate impression rows of a key are summed; click rows
 without a user id (user-DP) are dropped; rows whose key does not parse (e.g. a date not in
 YYYY-MM-DD) are dropped; rows of other campaigns or dates belong to other releases and are
 skipped; rows whose banner, country or project is outside the configuration are dropped; rows of
@@ -39,7 +39,7 @@ import datetime as _dt
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 import apache_beam as beam
 import numpy as np
@@ -48,22 +48,20 @@ import pyarrow.compute as pc
 
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds
-from pipelines.centralnotice_config import KEY_COLUMNS, CampaignConfig, ConfigError, load_config
+from pipelines.centralnotice_config import (KEY_COLUMNS, KEY_SCHEMA, CampaignConfig, ConfigError,
+                                            load_config)
+from pipelines.centralnotice_impressions import clean_impressions, per_key_contribution
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseContext,
                                ReleaseOptions, ReleaseRefused, cli)
 from pipelines.release import run as run_release
 from transforms.aggregate import BoundedKeyPartials, BoundingConfig
-from transforms.impressions_split import clean_impressions, per_key_contribution
 from transforms.keyset import PublicKeyset
 from transforms.release import NoisyMeasure, NoisyRelease, OutputColumn
 
 NAME = "centralnotice"
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample_data", "centralnotice")
 KEYS = list(KEY_COLUMNS)
-OUTPUT_SCHEMA = pa.schema([("campaign_id", pa.string()), ("banner_id", pa.string()),
-                           ("country", pa.string()), ("project", pa.string()),
-                           ("date", pa.date32()), ("impressions", pa.int64()),
-                           ("clicks", pa.int64())])
+OUTPUT_SCHEMA = pa.schema(list(KEY_SCHEMA) + [("impressions", pa.int64()), ("clicks", pa.int64())])
 
 
 # --------------------------------------------------------------------------- row handling
@@ -199,11 +197,7 @@ class CentralNoticeRelease(beam.PTransform):
                              "release cannot bound a user across days it does not see")
 
     def keyset(self) -> PublicKeyset:
-        c = self.campaign
-        return PublicKeyset.cross_product({
-            "campaign_id": [c.campaign_id], "banner_id": list(c.banners),
-            "country": list(c.released_countries()), "project": list(c.projects),
-            "date": pa.array(self.dates, pa.date32())})
+        return self.campaign.public_keyset(self.dates)
 
     def expand(self, inputs):
         impressions, clicks = inputs
@@ -321,8 +315,7 @@ class CentralNoticeJob(Job):
     def inputs(self, request):
         config, targets = self._targets(request)
         user_dp = any(c.clicks.neighbouring == "user" for c, _ in targets)
-        keys = {"campaign_id": "text", "banner_id": "text", "country": "text",
-                "project": "text", "date": "date"}
+        keys = {f.name: "date" if pa.types.is_date(f.type) else "text" for f in KEY_SCHEMA}
         clicks = dict(keys, **({"user_id": "id"} if user_dp else {}))
         return [InputSpec(name="impressions", paths=request.impressions, format=request.input_format,
                           columns=dict(keys, impressions="number"), flag="--impressions"),
@@ -360,11 +353,7 @@ class CentralNoticeJob(Job):
                                        "size": campaign.keyset_size(release.dates)},
                             "protected_countries_excluded": sorted(
                                 set(campaign.countries) & set(campaign.protected_countries))},
-                guarantee_covers=("one release: impressions and clicks of the release's "
-                                  "keys, composed; the ledger bounds the campaign's total"
-                                  + (", each period" if campaign.per_period else "")
-                                  + (" and each person's loss per day across campaigns"
-                                     if campaign.unit_per_period else ""))))
+                guarantee_covers=_covers(campaign.guarantee_scopes(release))))
         return planned
 
     def build(self, pipeline, request, inputs, release: ReleaseContext):
@@ -380,18 +369,37 @@ class CentralNoticeJob(Job):
     def public_summary(self, request, planned, tables):
         table = next(iter(tables.values()))
         size = planned.parameters["keyset"]["size"]
+        _, targets = self._targets(request)
+        campaign, release = next((c, r) for c, r in targets if r.release_id == planned.release_id)
         return {"keys": {"keyset": size, "released": table.num_rows,
                          "not_released": size - table.num_rows,
                          "impressions_suppressed": int(table.column("impressions").null_count),
-                         "clicks_suppressed": int(table.column("clicks").null_count)}}
+                         "clicks_suppressed": int(table.column("clicks").null_count)},
+                "guarantee_scopes": campaign.guarantee_scopes(release)}
 
     def report_lines(self, summary):
+        lines = []
         keys = summary.get("keys")
-        if not keys:
-            return []
-        return [f"  keys: {keys['released']} released of {keys['keyset']} ({keys['not_released']} "
+        if keys:
+            lines.append(
+                f"  keys: {keys['released']} released of {keys['keyset']} ({keys['not_released']} "
                 f"not released: both values below their thresholds); suppressed values (null): "
-                f"impressions {keys['impressions_suppressed']}, clicks {keys['clicks_suppressed']}"]
+                f"impressions {keys['impressions_suppressed']}, clicks {keys['clicks_suppressed']}")
+        for scope in summary.get("guarantee_scopes", ()):
+            bound = scope["budget"]
+            where = f" [{', '.join(scope['ledger_scopes'])}]" if scope["ledger_scopes"] else ""
+            limit = f" <= epsilon {bound['epsilon']:g}, delta {bound['delta']:g}" if bound else ""
+            lines.append(f"  scope {scope['scope']}{limit}{where}: {scope['means']}")
+        return lines
+
+
+def _covers(scopes) -> str:
+    """The guarantee's one-line statement of the per-person scopes it is held to."""
+    held = [s["scope"] for s in scopes if s["configured"]]
+    missing = [s["scope"] for s in scopes if not s["configured"]]
+    return ("one release: impressions and clicks of the release's keys, composed; the ledger "
+            "bounds one person's loss per " + ", per ".join(held)
+            + ("; NOT configured: " + ", ".join(missing) if missing else ""))
 
 
 JOB = CentralNoticeJob()

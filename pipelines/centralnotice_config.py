@@ -38,11 +38,14 @@ Schema (all fields required unless marked optional)::
       }]
     }
 
-Meaning (reference.md section 1): impressions use Algorithm 1 -- blocks of ``k`` impressions are
+Meaning (the Wikimedia CentralNotice feasibility report, seed
+001_4177a0bca025ff82.txt): impressions use Algorithm 1 -- blocks of ``k`` impressions are
 the privacy unit, sensitivity ``k`` (L1 = L2: a block touches one key); ``neighbouring``
 "period" is (Geo, Project, k)-DP per release period, "campaign" is (Geo, Project, Campaign,
 k)-DP. Clicks are counted with sensitivity 1 (row-DP) or ``max_clicks_per_user`` (user-DP after
-bounding each user per period or per campaign). The keyset -- banners x countries (minus the
+bounding each user per period or per campaign). A user's m clicks can fall on up to m keys, so
+user-DP discrete Gaussian clicks are calibrated for L0 = m with the multivariate zCDP bound, not
+on the one-key discrete Gaussian curve (:mod:`accounting.calibration`, "Multi-key changes"). The keyset -- banners x countries (minus the
 protection list) x projects x dates -- is public, fixed by the configuration, never by data.
 
 The whole schedule must fit the budget: every release is charged both measures, and the
@@ -65,7 +68,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-import numpy as np
 import pyarrow as pa
 
 from accounting import gcs, guarantee
@@ -73,11 +75,15 @@ from accounting.budget import PrivacyBudget
 from accounting.calibration import NoiseKind, NoiseSpec, calibrate, calibrate_zcdp
 from accounting.ledger import Scope
 from accounting.measures import Measure
-from accounting.sensitivity import ContributionBounds, Neighbouring, Sensitivities, count_sensitivity
+from accounting.sensitivity import ContributionBounds, Sensitivities, count_sensitivity
 from pipelines.release.names import check_segment
+from transforms.keyset import PublicKeyset
 
 CONFIG_VERSION = 1
-KEY_COLUMNS = ("campaign_id", "banner_id", "country", "project", "date")
+#: The CentralNotice key: columns and Arrow types (inputs, keyset and released table share it).
+KEY_SCHEMA = pa.schema([("campaign_id", pa.string()), ("banner_id", pa.string()),
+                        ("country", pa.string()), ("project", pa.string()), ("date", pa.date32())])
+KEY_COLUMNS = tuple(KEY_SCHEMA.names)
 
 #: ISO 3166-1 alpha-2 codes (officially assigned, 249) plus XK (Kosovo, user-assigned but
 #: used by Wikimedia and most geolocation databases).
@@ -209,7 +215,7 @@ def _segment(value, path: str) -> str:
 
 # --------------------------------------------------------------------------- the schema
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ImpressionsPrivacy:
     """Algorithm 1: blocks of ``k`` impressions are the privacy unit (sensitivity k)."""
 
@@ -229,7 +235,7 @@ class ImpressionsPrivacy:
                          l1_sensitivity=self.k, l2_sensitivity=self.k)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ClicksPrivacy:
     """Algorithm 2: one click row (row-DP) or one user's bounded clicks (user-DP) per key count."""
 
@@ -247,15 +253,23 @@ class ClicksPrivacy:
         """L1 (= L2 bound) sensitivity of the per-key click counts: 1 row or m clicks of one user."""
         return 1 if self.neighbouring == "row" else int(self.max_clicks_per_user)
 
+    @property
+    def l0(self) -> int:
+        """Keys one neighbour changes: one row touches one key; one user's m clicks up to m."""
+        return self.sensitivity
+
     def noise_spec(self) -> NoiseSpec:
+        """The clicks' noise. User-DP is calibrated for a change spread over up to m keys (the
+        multivariate bound of :mod:`accounting.calibration`, "Multi-key changes"), never on the
+        one-key discrete Gaussian curve."""
         if self.rho is not None:
             return calibrate_zcdp(self.noise, rho=self.rho, l2_sensitivity=self.sensitivity,
-                                  delta_for_reporting=self.delta)
+                                  l0=self.l0, delta_for_reporting=self.delta)
         return calibrate(self.noise, epsilon=self.epsilon, delta=self.delta,
-                         l1_sensitivity=self.sensitivity, l2_sensitivity=self.sensitivity)
+                         l1_sensitivity=self.sensitivity, l2_sensitivity=self.sensitivity, l0=self.l0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ScheduledRelease:
     """One scheduled release: its ledger id, the periods it charges and the dates it covers."""
 
@@ -265,7 +279,7 @@ class ScheduledRelease:
     dates: tuple[_dt.date, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CampaignConfig:
     campaign_id: str
     banners: tuple[str, ...]
@@ -293,29 +307,23 @@ class CampaignConfig:
         n_dates = len(self.dates() if dates is None else dates)
         return len(self.banners) * len(self.released_countries()) * len(self.projects) * n_dates
 
-    def keyset(self, dates: Optional[Sequence[_dt.date]] = None) -> pa.Table:
-        """The public keyset: banners x released countries x projects x dates (``date`` is date32).
-
-        ``dates`` restricts it to some of the campaign's dates (e.g. one daily release).
+    def public_keyset(self, dates: Optional[Sequence[_dt.date]] = None) -> PublicKeyset:
+        """The public keyset: banners x released countries x projects x dates, as the project's
+        one cross-product keyset (:meth:`transforms.keyset.PublicKeyset.cross_product`; row-major,
+        dates fastest). ``dates`` restricts it to some of the campaign's dates (one daily release).
         """
         dates = self.dates() if dates is None else list(dates)
         outside = [d for d in dates if not self.start_date <= d <= self.end_date]
         if outside:
             raise ValueError(f"dates {outside[:3]} are outside campaign {self.campaign_id!r} "
                              f"({self.start_date}..{self.end_date})")
-        axes = [self.banners, self.released_countries(), self.projects, dates]
-        sizes = [len(a) for a in axes]
-        total = int(np.prod(sizes))
-        # Row r of the product has index (r // stride_i) % size_i on axis i (last axis fastest).
-        strides = np.cumprod([1] + sizes[::-1][:-1])[::-1]
-        rows = np.arange(total, dtype=np.int64)
-        columns = {"campaign_id": pa.array([self.campaign_id]).take(pa.array(np.zeros(total, np.int32)))}
-        names = ["banner_id", "country", "project", "date"]
-        types = [pa.string(), pa.string(), pa.string(), pa.date32()]
-        for name, axis, size, stride, typ in zip(names, axes, sizes, strides, types):
-            index = (rows // stride) % size
-            columns[name] = pa.array(list(axis), typ).take(pa.array(index.astype(np.int32)))
-        return pa.table(columns)
+        axes = [[self.campaign_id], self.banners, self.released_countries(), self.projects, dates]
+        return PublicKeyset.cross_product({f.name: pa.array(list(axis), f.type)
+                                           for f, axis in zip(KEY_SCHEMA, axes)})
+
+    def keyset(self, dates: Optional[Sequence[_dt.date]] = None) -> pa.Table:
+        """:meth:`public_keyset` materialised (``date`` is date32)."""
+        return self.public_keyset(dates).to_table().combine_chunks()
 
     def noise_specs(self) -> dict[str, NoiseSpec]:
         return {"impressions": self.impressions.noise_spec(), "clicks": self.clicks.noise_spec()}
@@ -357,17 +365,53 @@ class CampaignConfig:
                     for p in release.periods]
         return out
 
+    def guarantee_scopes(self, release: "ScheduledRelease") -> list[dict]:
+        """Which per-person bounds the guarantee of ``release`` is held to, each scope stated as
+        configured or NOT configured with what that means (public: the configuration only).
+
+        Used by every CentralNotice report (the release marker, ``report.json`` and the CLI
+        summary): a reader must see whether one person's loss is bounded per campaign, per
+        campaign-day, and across campaigns per day.
+        """
+        def budget(b):
+            return None if b is None else {"epsilon": b.epsilon, "delta": b.delta}
+
+        days = list(release.periods)
+        return [
+            {"scope": "campaign total", "configured": True,
+             "ledger_scopes": [f"campaign:{self.campaign_id}"], "budget": budget(self.campaign_total),
+             "means": "one person's loss over all releases of this campaign, composed"},
+            {"scope": "campaign-day", "configured": self.per_period is not None,
+             "ledger_scopes": [f"period:{self.campaign_id}:{d}" for d in days]
+             if self.per_period is not None else [],
+             "budget": budget(self.per_period),
+             "means": ("one person's loss from this campaign on each day" if self.per_period
+                       is not None else "NOT configured: a day of this campaign is bounded only "
+                       "by the campaign total")},
+            {"scope": "person-day across campaigns", "configured": self.unit_per_period is not None,
+             "ledger_scopes": [f"unit-period:{d}" for d in days]
+             if self.unit_per_period is not None else [],
+             "budget": budget(self.unit_per_period),
+             "means": ("one person's loss on each day summed over every campaign charged to this "
+                       "ledger" if self.unit_per_period is not None else
+                       "NOT configured: a person seen by several campaigns on one day is bounded "
+                       "per campaign only; that day's losses add up across campaigns (set "
+                       "unit_budget_per_period to bound them)")},
+        ]
+
     def releases(self) -> list[ScheduledRelease]:
         """The release schedule: one per date (``daily``) or one for the whole campaign."""
         if self.schedule == "daily":
-            return [ScheduledRelease(f"{self.campaign_id}/{d.isoformat()}", self.campaign_id,
-                                     (d.isoformat(),), (d,)) for d in self.dates()]
+            return [ScheduledRelease(release_id=f"{self.campaign_id}/{d.isoformat()}",
+                                     campaign_id=self.campaign_id, periods=(d.isoformat(),),
+                                     dates=(d,)) for d in self.dates()]
         dates = tuple(self.dates())
-        return [ScheduledRelease(f"{self.campaign_id}/{self.start_date}_{self.end_date}",
-                                 self.campaign_id, tuple(d.isoformat() for d in dates), dates)]
+        return [ScheduledRelease(release_id=f"{self.campaign_id}/{self.start_date}_{self.end_date}",
+                                 campaign_id=self.campaign_id,
+                                 periods=tuple(d.isoformat() for d in dates), dates=dates)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CentralNoticeConfig:
     campaigns: tuple[CampaignConfig, ...]
     protected_countries: frozenset
@@ -549,7 +593,8 @@ def parse_config(data: Any, source: str = "<config>") -> CentralNoticeConfig:
     for i, cid in enumerate(ids):
         if cid in ids[:i]:
             raise ConfigError(f"campaigns[{i}].campaign_id", f"duplicate campaign id {cid!r}")
-    return CentralNoticeConfig(campaigns, protected, accountant, source, dict(data))
+    return CentralNoticeConfig(campaigns=campaigns, protected_countries=protected,
+                               accountant=accountant, source=source, raw=dict(data))
 
 
 def load_config(path: str) -> CentralNoticeConfig:

@@ -2,7 +2,7 @@
 
 Files written by :func:`generate_dataset` (``--format parquet`` or ``csv``):
 
-``impressions.{parquet,csv}`` -- pre-aggregated, one row per key (reference.md section 1)
+``impressions.{parquet,csv}`` -- pre-aggregated, one row per key (seed 001_4177a0bca025ff82.txt)
     ``campaign_id`` string, ``banner_id`` string, ``country`` string (ISO 3166-1 alpha-2),
     ``project`` string (e.g. ``de.wikipedia``), ``date`` date32 (CSV: ``YYYY-MM-DD``),
     ``impressions`` int64 (heavy-tailed: log-normal around a popularity-driven mean, so most
@@ -10,7 +10,7 @@ Files written by :func:`generate_dataset` (``--format parquet`` or ``csv``):
     banner was actually shown, including countries on the protection list (the raw data has
     them; the release drops them through the keyset). With ``bad_rows > 0`` some rows are made
     faulty (missing, negative or fractional impressions) and some keys duplicated, to exercise
-    :func:`transforms.impressions_split.clean_impressions`; the column is then float64 (CSV:
+    :func:`pipelines.centralnotice_impressions.clean_impressions`; the column is then float64 (CSV:
     empty cells for missing values).
 ``clicks.{parquet,csv}`` -- one row per click
     the same five key columns plus ``user_id`` string (``acct-<n>`` for logged-in users,
@@ -43,7 +43,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from accounting.calibration import NoiseKind, calibrate, calibrate_zcdp
-from pipelines.centralnotice_config import ISO_3166_ALPHA2, CentralNoticeConfig, parse_config
+from pipelines.centralnotice_config import (ISO_3166_ALPHA2, KEY_COLUMNS, CentralNoticeConfig,
+                                            parse_config)
 
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample_data", "centralnotice")
 SAMPLE_SEED = 20231101
@@ -117,7 +118,7 @@ def _privacy(rng: np.random.Generator, n_releases: int, n_days: int) -> dict:
                   # bounding per campaign needs the whole campaign in one release
                   "max_clicks_per_user": m,
                   "bound_per": "campaign" if n_releases == 1 and rng.random() < 0.4 else "period"}
-        spec = calibrate_zcdp(NoiseKind.DISCRETE_GAUSSIAN, rho=rho, l2_sensitivity=m,
+        spec = calibrate_zcdp(NoiseKind.DISCRETE_GAUSSIAN, rho=rho, l2_sensitivity=m, l0=m,
                               delta_for_reporting=1e-9)
     else:  # row-DP Laplace clicks
         eps = float(rng.choice([0.25, 0.5, 1.0]))
@@ -324,7 +325,7 @@ def generate_clicks(impressions: pa.Table, n_clicks: int, rng: np.random.Generat
     """
     if n_clicks <= 0:
         return pa.table({name: pa.array([], impressions.schema.field(name).type)
-                         for name in ("campaign_id", "banner_id", "country", "project", "date")}
+                         for name in KEY_COLUMNS}
                         | {"user_id": pa.array([], pa.string())})
     weights = pc.fill_null(pc.cast(impressions.column("impressions"), pa.float64()), 0.0).to_numpy()
     weights = np.clip(weights, 0.0, None)
@@ -355,7 +356,7 @@ def generate_clicks(impressions: pa.Table, n_clicks: int, rng: np.random.Generat
     row = np.where(first, home_row, np.where(in_home_group, within, by_impressions(n_clicks)))
     shuffle = rng.permutation(n_clicks)
     row, user = row[shuffle], user[shuffle]
-    keys = impressions.select(["campaign_id", "banner_id", "country", "project", "date"]) \
+    keys = impressions.select(list(KEY_COLUMNS)) \
         .take(pa.array(row))
     return keys.append_column("user_id", _user_ids(n_users, rng).take(pa.array(user)))
 

@@ -10,7 +10,9 @@ half-width, and the expected share of keys suppressed by the release threshold:
 
 computed exactly from the noise distribution (:mod:`accounting.distributions`: discrete Laplace
 in closed form; discrete Gaussian by summing its mass function; real-valued kinds on their grid /
-by the normal CDF).
+by the normal CDF), with :func:`~accounting.distributions.spurious_rate`,
+:func:`~accounting.distributions.suppressed_share` and
+:func:`~accounting.distributions.threshold_for_rate`.
 With ``--impressions`` / ``--clicks`` the true values per key come from those files (historic
 or synthetic data; keys without rows are 0). Without them the report gives the share of
 *empty* keys (true value 0) that would be released spuriously, P(noise > threshold).
@@ -33,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import os
 import sys
 from dataclasses import asdict, dataclass
@@ -43,43 +44,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from accounting.calibration import NoiseSpec, calibrate, calibrate_zcdp
-from accounting.distributions import noise_cdf, noise_sf
+from accounting.calibration import calibrate, calibrate_zcdp
+from accounting.distributions import spurious_rate, suppressed_share, threshold_for_rate
 from pipelines.centralnotice_config import KEY_COLUMNS, CampaignConfig, load_config
-from transforms.impressions_split import clean_impressions, sum_duplicates
-
-
-# --------------------------------------------------------------------------- suppression
-
-def spurious_rate(spec: NoiseSpec, threshold: float) -> float:
-    """P(noise > threshold): an empty key released."""
-    return float(noise_sf(spec, threshold))
-
-
-def suppressed_share(spec: NoiseSpec, threshold: float, true_values=None) -> float:
-    """Mean over keys of P(value + noise <= threshold) (true values 0 when not given)."""
-    values = np.zeros(1) if true_values is None else np.asarray(true_values, dtype=np.float64)
-    if values.size == 0:
-        return float("nan")
-    return float(np.mean(noise_cdf(spec, threshold - values)))
-
-
-def threshold_for_rate(spec: NoiseSpec, rate: float) -> float:
-    """Smallest threshold (a multiple of the grid) with P(noise > threshold) <= rate."""
-    if not 0 < rate < 1:
-        raise ValueError(f"spurious rate must be in (0, 1), got {rate!r}")
-    lo, hi = 0.0, spec.scale
-    while spurious_rate(spec, hi) > rate:
-        lo, hi = hi, hi * 2
-    g = spec.granularity
-    lo_u, hi_u = math.floor(lo / g), math.ceil(hi / g)
-    while hi_u - lo_u > 1:
-        mid = (lo_u + hi_u) // 2
-        if spurious_rate(spec, mid * g) > rate:
-            lo_u = mid
-        else:
-            hi_u = mid
-    return hi_u * g
+from pipelines.centralnotice_impressions import clean_impressions, sum_duplicates
 
 
 # --------------------------------------------------------------------------- true values
@@ -175,7 +143,7 @@ def true_values_by_campaign(campaigns: Sequence[CampaignConfig], impressions: Op
 
 # --------------------------------------------------------------------------- the report
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TuningRow:
     campaign_id: str
     measure: str
@@ -200,10 +168,12 @@ def _row(campaign, measure, k, spec, threshold_of, values, keys) -> TuningRow:
     rate = spurious_rate(spec, threshold)
     empty = keys if values is None else int(np.sum(values == 0))
     return TuningRow(
-        campaign.campaign_id, measure, k, spec.epsilon, spec.delta, spec.rho, spec.kind.value,
-        spec.l1_sensitivity if spec.l1_sensitivity is not None else spec.l2_sensitivity,
-        spec.scale, spec.std, spec.ci_halfwidth(0.95), threshold, keys,
-        None if values is None else suppressed_share(spec, threshold, values), rate, rate * empty)
+        campaign_id=campaign.campaign_id, measure=measure, k=k, epsilon=spec.epsilon,
+        delta=spec.delta, rho=spec.rho, noise=spec.kind.value,
+        sensitivity=spec.l1_sensitivity if spec.l1_sensitivity is not None else spec.l2_sensitivity,
+        scale=spec.scale, std=spec.std, ci95=spec.ci_halfwidth(0.95), threshold=threshold, keys=keys,
+        share_suppressed=None if values is None else suppressed_share(spec, threshold, values),
+        spurious_rate=rate, expected_spurious_keys=rate * empty)
 
 
 def tune_campaign(campaign: CampaignConfig, ks: Sequence[int], epsilons: Sequence[float], *,
@@ -240,13 +210,13 @@ def tune_campaign(campaign: CampaignConfig, ks: Sequence[int], epsilons: Sequenc
     cl = campaign.clicks
     if cl.rho is not None:
         for rho in (rhos or [cl.rho]):
-            spec = calibrate_zcdp(cl.noise, rho=rho, l2_sensitivity=cl.sensitivity,
+            spec = calibrate_zcdp(cl.noise, rho=rho, l2_sensitivity=cl.sensitivity, l0=cl.l0,
                                   delta_for_reporting=cl.delta)
             rows.append(_row(campaign, "clicks", None, spec, threshold_of("clicks"), click_values, keys))
     else:
         for epsilon in epsilons:
             spec = calibrate(cl.noise, epsilon=epsilon, delta=cl.delta, l1_sensitivity=cl.sensitivity,
-                             l2_sensitivity=cl.sensitivity)
+                             l2_sensitivity=cl.sensitivity, l0=cl.l0)
             rows.append(_row(campaign, "clicks", None, spec, threshold_of("clicks"), click_values, keys))
     return rows
 

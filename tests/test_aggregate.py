@@ -306,3 +306,52 @@ def test_bounding_config_is_a_frozen_keyword_only_value():
         BoundingConfig("u", ["k"], None, bounds, ReleaseKey.for_testing(1))
     with pytest.raises(AttributeError):
         config.num_shards = 2
+
+
+# --------------------------------------------------------------------------- integer overflow
+
+def test_integer_sums_fail_clearly_instead_of_wrapping():
+    """Arrow's int64 sums wrap around silently: every integer per-key sum is checked first."""
+    from transforms.bounding import PAIR, VALUE
+    from transforms.noise import RandomStreams, add_noise
+    from transforms.noise.mechanisms import IntegerSumOverflowError
+    from transforms.partials import check_int64_sums, key_partials, sum_partials
+    from accounting.calibration import calibrate
+
+    big = 2 ** 62
+    bounded = pa.table({"k": ["a", "a", "b"], PAIR: [1, 2, 3], VALUE: [float(big), float(big), 7.0]})
+    with pytest.raises(IntegerSumOverflowError, match="'value'.*int64 range.*1 key"):
+        key_partials(bounded, ["k"], has_value=True, integer_sum=True)
+    part = pa.table({"k": ["a"], "count": pa.array([1], pa.int64()), "sum": pa.array([big], pa.int64())})
+    with pytest.raises(IntegerSumOverflowError, match="'sum'"):
+        sum_partials([part, part], ["k"])
+    # Exactly at the edges: no wrap, no error (both signs), and the sums are exact.
+    edge = pa.table({"k": [1, 1, 2, 2], "v": pa.array([big, big - 1, -big, -big], pa.int64())})
+    check_int64_sums(edge, ["k"], ["v"])
+    assert edge.group_by("k").aggregate([("v", "sum")]).column("v_sum").to_pylist() == [2 ** 63 - 1, -2 ** 63]
+    with pytest.raises(IntegerSumOverflowError):
+        check_int64_sums(pa.table({"v": pa.array([-big, -big, -1], pa.int64())}), [], ["v"])
+    # Normal sums take the one-pass path and are what Arrow gives.
+    small = pa.table({"k": ["a", "a", "b"], PAIR: [1, 2, 3], VALUE: [3.0, 4.0, 5.0]})
+    assert key_partials(small, ["k"], has_value=True, integer_sum=True).column("sum").to_pylist() == [7, 5]
+    # Value plus noise never wraps either.
+    spec = calibrate("discrete_laplace", epsilon=1.0, l1_sensitivity=1)
+    keys = pa.table({"k": [f"k{i}" for i in range(64)]})  # some key draws positive noise
+    streams = RandomStreams.for_keys(ReleaseKey.for_testing(1), "m", keys)
+    with pytest.raises(IntegerSumOverflowError, match="plus its noise"):
+        add_noise(spec, np.full(64, 2 ** 63 - 1, dtype=np.int64), streams)
+    assert add_noise(spec, np.full(64, 2 ** 62, dtype=np.int64), streams).min() > 0
+
+
+def test_dp_aggregate_integer_sum_that_would_wrap_fails_the_run():
+    from transforms.metrics import Sum
+
+    bounds = ContributionBounds(max_partitions=1, max_contributions_per_partition=1, min_value=0,
+                                max_value=2 ** 62)
+    rows = [{"user": f"u{i}", "country": "DE", "v": float(2 ** 62)} for i in range(3)]
+    transform = DPAggregate(privacy_unit="user", keys=["country"], value="v",
+                            metrics=[Sum(noise="discrete_laplace")], bounds=bounds,
+                            budget=PrivacyBudget(epsilon=1.0),
+                            keyset=PublicKeyset.from_keys(["DE"], ["country"]), testing=True)
+    with pytest.raises(Exception, match="outside the int64 range"):
+        _run(rows, transform)

@@ -120,7 +120,7 @@ def test_plan_events_match_pld_accountant_on_the_plan_dp_event():
 
 
 def test_zcdp_plan_combines_gaussian_and_laplace_measures():
-    # reference.md section 1: Gaussian clicks under zCDP with a pure-DP impressions release.
+    # Seed 001 (CentralNotice report): Gaussian clicks under zCDP with a pure-DP impressions release.
     budget = PrivacyBudget.zcdp(rho=0.015, delta=1e-7)
     shares = budget.split({"impressions": 1, "clicks": 2})
     plan = ReleasePlan(budget)

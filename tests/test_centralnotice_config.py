@@ -115,8 +115,11 @@ def test_valid_config_measures_charges_and_schedule():
     assert campaign.impressions.noise_spec() == calibrate(
         NoiseKind.DISCRETE_LAPLACE, epsilon=0.5, l1_sensitivity=100, l2_sensitivity=100)
     assert campaign.clicks.sensitivity == 5
+    # One user's 5 clicks can spread over 5 keys: calibrated for l0 = 5 (same sigma under rho).
     assert campaign.clicks.noise_spec() == calibrate_zcdp(
-        NoiseKind.DISCRETE_GAUSSIAN, rho=0.01, l2_sensitivity=5, delta_for_reporting=1e-9)
+        NoiseKind.DISCRETE_GAUSSIAN, rho=0.01, l2_sensitivity=5, l0=5, delta_for_reporting=1e-9)
+    assert campaign.clicks.noise_spec().scale == calibrate_zcdp(
+        NoiseKind.DISCRETE_GAUSSIAN, rho=0.01, l2_sensitivity=5, delta_for_reporting=1e-9).scale
     measures = campaign.measures()
     assert [m.name for m in measures] == ["impressions", "clicks"]
     assert measures[1].rho == 0.01 and measures[0].epsilon == 0.5
@@ -198,3 +201,18 @@ def test_load_config_from_gcs(tmp_path, monkeypatch):
         assert config.campaigns[0].released_countries() == ("DE", "FR", "US")
     finally:
         server.stop()
+
+
+def test_user_dp_clicks_with_epsilon_are_calibrated_for_several_keys():
+    """Point 8 of the privacy issue: m clicks of one user may land on m keys, so the (epsilon,
+    delta) calibration uses the multivariate bound, which needs more sigma than one key would."""
+    data = copy.deepcopy(VALID)
+    clicks = data["campaigns"][0]["privacy"]["clicks"]
+    clicks.pop("rho")
+    clicks.update(epsilon=1.0, delta=1e-9)
+    spec = parse_config(data).campaign("C1").clicks.noise_spec()
+    assert spec.l0 == 5
+    assert spec == calibrate(NoiseKind.DISCRETE_GAUSSIAN, epsilon=1.0, delta=1e-9, l1_sensitivity=5,
+                             l2_sensitivity=5, l0=5)
+    assert spec.scale > calibrate(NoiseKind.DISCRETE_GAUSSIAN, epsilon=1.0, delta=1e-9,
+                                  l2_sensitivity=5).scale

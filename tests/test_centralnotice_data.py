@@ -13,7 +13,7 @@ from pyarrow import csv
 
 from pipelines import centralnotice_data as data
 from pipelines.centralnotice_config import load_config
-from transforms.impressions_split import clean_impressions
+from pipelines.centralnotice_impressions import clean_impressions
 
 KEYS = ["campaign_id", "banner_id", "country", "project", "date"]
 

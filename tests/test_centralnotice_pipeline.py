@@ -701,3 +701,53 @@ def test_release_on_gcs_through_the_storage_emulator(tmp_path):
     with open(os.path.join(outcome.folder, "centralnotice.parquet"), "rb") as handle:
         assert handle.read() == testing
     assert pq.read_table(pa.BufferReader(first)).num_rows == len(KEYSET_DAY1)
+
+
+@pytest.mark.parametrize("unit_budget", [None, {"epsilon": 3.0}])
+def test_every_report_states_the_scopes_its_guarantee_covers(tmp_path, capsys, unit_budget):
+    """Campaign total, campaign-day, and one person's day across campaigns (or that it is NOT
+    configured, and what that means) in the CLI summary, report.json and the release marker."""
+    data = config_dict(budget={"campaign_total": {"epsilon": 8.0}})  # no per_period budget
+    if unit_budget is not None:
+        data["unit_budget_per_period"] = unit_budget
+    config = write_config(tmp_path, data)
+    imp, clk = _inputs(tmp_path)
+    out = tmp_path / "out"
+    assert main(_release_args(config, imp, clk, out, tmp_path)) == 0
+    text = capsys.readouterr().out
+    report = read_json(tmp_path / "reports" / CAMPAIGN / DAY1.isoformat() / "v1" / "report.json")
+    marker = read_json(out / CAMPAIGN / DAY1.isoformat() / "v1" / "RELEASE.json")
+    assert report["marker"] == marker
+    scopes = {s["scope"]: s for s in marker["summary"]["guarantee_scopes"]}
+    assert scopes["campaign total"]["ledger_scopes"] == [f"campaign:{CAMPAIGN}"]
+    assert not scopes["campaign-day"]["configured"]
+    assert "scope campaign total <= epsilon 8" in text
+    assert "scope campaign-day: NOT configured" in text
+    day_scope = f"unit-period:{DAY1.isoformat()}"
+    cross = scopes["person-day across campaigns"]
+    if unit_budget is None:
+        assert not cross["configured"] and "NOT configured" in cross["means"]
+        assert "scope person-day across campaigns: NOT configured" in text
+        assert "NOT configured: campaign-day, person-day across campaigns" in marker["guarantee"]["covers"]
+    else:
+        assert cross["configured"] and cross["ledger_scopes"] == [day_scope]
+        assert f"scope person-day across campaigns <= epsilon 3, delta 0 [{day_scope}]" in text
+        assert "per person-day across campaigns" in marker["guarantee"]["covers"]
+        assert day_scope in {s["name"] for s in report["ledger"]["scopes"]}
+    # report.txt is the CLI summary.
+    report_txt = (tmp_path / "reports" / CAMPAIGN / DAY1.isoformat() / "v1" / "report.txt").read_text()
+    assert all(line in text for line in report_txt.splitlines() if line.startswith("  scope "))
+
+
+def test_impressions_that_would_wrap_int64_fail_clearly_and_publish_nothing(tmp_path, capsys):
+    """1024 rows of 2^53 impressions (each accepted) sum to 2^63 on one key: refused, not wrapped."""
+    config = write_config(tmp_path, config_dict())
+    key = ("C1",) + KEYSET_DAY1[0]
+    imp = write_csv(tmp_path / "imp.csv", IMP_HEADER, [key + (2 ** 53,)] * 1024)
+    clk = write_csv(tmp_path / "clk.csv", CLK_HEADER, [])
+    out = tmp_path / "out"
+    assert main(["--config", config, "--impressions", imp, "--clicks", clk, "--release", RELEASE1,
+                 "--output", str(out), "--testing_seed", "1", "--num_shards", "2"]) == 3
+    err = capsys.readouterr().err
+    assert "'impressions'" in err and "outside the int64 range" in err and "nothing was published" in err
+    assert not list(out.rglob("*.parquet"))

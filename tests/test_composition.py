@@ -73,7 +73,7 @@ def test_simple_zcdp_conversion_formula_and_wikimedia_parameters():
     rho, delta = 0.015, 1e-7
     got = c.zcdp_to_dp_simple(rho, delta)
     assert got.epsilon == pytest.approx(rho + 2 * math.sqrt(rho * math.log(1 / delta)))
-    # reference.md: Wikimedia's rho = 0.015 is "about epsilon 1, delta 1e-7".
+    # Seed 001 (CentralNotice report): Wikimedia's rho = 0.015 is "about epsilon 1, delta 1e-7".
     assert got.epsilon == pytest.approx(1.0, abs=0.01)
 
 

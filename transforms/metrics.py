@@ -52,7 +52,7 @@ _VALUE_KINDS = (MetricKind.SUM, MetricKind.MEAN, MetricKind.VARIANCE, MetricKind
 _VECTOR_KINDS = (MetricKind.VECTOR_SUM,)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Metric:
     """One released metric (one output column; a quantiles metric has one per quantile).
 
@@ -195,19 +195,19 @@ def as_metric(metric) -> Metric:
 
 
 def Count(**kwargs) -> Metric:
-    return Metric(MetricKind.COUNT, **kwargs)
+    return Metric(kind=MetricKind.COUNT, **kwargs)
 
 
 def Sum(**kwargs) -> Metric:
-    return Metric(MetricKind.SUM, **kwargs)
+    return Metric(kind=MetricKind.SUM, **kwargs)
 
 
 def Mean(**kwargs) -> Metric:
-    return Metric(MetricKind.MEAN, **kwargs)
+    return Metric(kind=MetricKind.MEAN, **kwargs)
 
 
 def PrivacyUnitCount(**kwargs) -> Metric:
-    return Metric(MetricKind.PRIVACY_UNIT_COUNT, **kwargs)
+    return Metric(kind=MetricKind.PRIVACY_UNIT_COUNT, **kwargs)
 
 
 def Variance(**kwargs) -> Metric:

@@ -7,10 +7,17 @@
   aggregates (count, distinct units, sum, normalized sum);
 * :func:`sum_partials`: merge partial tables of the same keys (associative and commutative, so a
   CombineFn may apply it in any order).
+* :func:`check_int64_sums`: integer sums never wrap. Arrow's (and numpy's) int64 sums wrap
+  around silently; every integer per-key sum here (and CentralNotice's impressions) is checked
+  first and a total outside int64 fails with :class:`IntegerSumOverflowError`, naming the column
+  and the number of keys, never a value. The check is vectorised: when max|v| · rows < 2^63 no
+  group can overflow (the usual case, one min/max pass); otherwise each value is split into
+  v = hi·2^32 + lo (hi = v >> 32, 0 <= lo < 2^32), both halves are summed per key without
+  overflow (fewer than 2^31 rows), and the exact total hi_sum·2^32 + lo_sum is range-checked.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +25,7 @@ import pyarrow.compute as pc
 
 from transforms.bounding import PAIR, VALUE
 from transforms.noise.encoding import encode_keys
+from transforms.noise.mechanisms import IntegerSumOverflowError
 from transforms.noise.prf import cbc_mac, mac_words
 
 # Routing keys to shards needs no secrecy, only a fixed, well-spread hash.
@@ -46,6 +54,53 @@ def split_by_shard(table: pa.Table, shards: np.ndarray):
         yield int(sorted_shards[start]), table.take(pa.array(order[start:end]))
 
 
+_INT64_MAX = 2 ** 63 - 1
+
+
+def check_int64_sums(table: pa.Table, key_columns: Sequence[str], columns: Sequence[str],
+                     what: str = "integer sum", display: Optional[Mapping[str, str]] = None) -> None:
+    """Raise :class:`IntegerSumOverflowError` if a per-key sum of an int64 column leaves int64.
+
+    Group sums are by ``key_columns`` (all rows together when empty). Columns of other types
+    are ignored (real sums do not wrap). ``display`` renames internal columns in the message.
+    """
+    n = table.num_rows
+    columns = [c for c in columns if pa.types.is_integer(table.schema.field(c).type)]
+    if n == 0 or not columns:
+        return
+    risky = []
+    for name in columns:
+        bounds = pc.min_max(table.column(name))
+        low, high = bounds["min"].as_py(), bounds["max"].as_py()
+        if low is not None and max(abs(low), abs(high)) * n > _INT64_MAX:
+            risky.append(name)
+    if not risky:
+        return
+    if n >= 2 ** 31:
+        raise ValueError(f"{n} rows in one partial-sum batch: split the input (at most 2^31 - 1 rows)")
+    parts = {}
+    for name in risky:
+        values = table.column(name).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        parts[f"{name}.hi"] = values >> 32
+        parts[f"{name}.lo"] = values & np.int64(0xFFFFFFFF)
+    split = pa.table({**{k: table.column(k) for k in key_columns}, **parts})
+    if key_columns:
+        grouped = split.group_by(list(key_columns), use_threads=False).aggregate(
+            [(c, "sum") for c in parts])
+        sums = {c: grouped.column(f"{c}_sum").to_numpy() for c in parts}
+    else:
+        sums = {c: np.array([int(v.sum())], dtype=np.int64) for c, v in parts.items()}
+    for name in risky:
+        lo = sums[f"{name}.lo"]
+        hi = sums[f"{name}.hi"] + (lo >> 32)  # exact: |hi| < 2^62, lo >= 0
+        over = (hi < -2 ** 31) | (hi >= 2 ** 31)
+        if over.any():
+            raise IntegerSumOverflowError(
+                f"{what}: the per-key total of column {(display or {}).get(name, name)!r} is outside the int64 range "
+                f"[-2^63, 2^63) for {int(over.sum())} key(s); refusing to release a wrapped "
+                f"value (check the input values, the clamping or the contribution bounds)")
+
+
 def key_partials(bounded: pa.Table, key_columns: Sequence[str], *, has_value: bool,
                  midpoint: float = 0.0, integer_sum: bool = False, half_range: float = None,
                  trees: Sequence = (), vector_columns: Sequence[str] = ()) -> pa.Table:
@@ -70,6 +125,7 @@ def key_partials(bounded: pa.Table, key_columns: Sequence[str], *, has_value: bo
         value = table.column(VALUE)
         if integer_sum:
             table = table.append_column("__ivalue", pc.cast(value, pa.int64()))
+            check_int64_sums(table, key_columns, ["__ivalue"], "integer Sum", {"__ivalue": "value"})
             aggregations.append(("__ivalue", "sum"))
         else:
             aggregations.append((VALUE, "sum"))
@@ -107,6 +163,7 @@ def sum_partials(tables: Sequence[pa.Table], key_columns: Sequence[str]) -> pa.T
         return tables[0]
     table = pa.concat_tables(tables, promote_options="permissive")
     value_columns = [c for c in table.column_names if c not in key_columns]
+    check_int64_sums(table, key_columns, value_columns, "merging per-key partial sums")
     grouped = table.group_by(list(key_columns), use_threads=False).aggregate(
         [(c, "sum") for c in value_columns])
     return pa.table({**{k: grouped.column(k) for k in key_columns},

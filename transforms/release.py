@@ -191,7 +191,7 @@ class _RouteKeyset(beam.DoFn):
             yield from _route_by_key(table, self._keys, self._num_shards)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _ReleaseSettings:
     """What the release DoFn needs (one picklable value)."""
 
@@ -321,9 +321,10 @@ class NoisyRelease(beam.PTransform):
         self._keyset = keyset
         self._num_shards = num_shards
         worker_keyset = None if keyset is None else (keyset if keyset.in_memory else keyset.without_source())
-        self._settings = _ReleaseSettings(tuple(keys), worker_keyset, selector, tuple(measures),
-                                          tuple(outputs), dict(partial_types), release_key, testing,
-                                          threshold_mode)
+        self._settings = _ReleaseSettings(
+            keys=tuple(keys), keyset=worker_keyset, selector=selector, measures=tuple(measures),
+            outputs=tuple(outputs), partial_types=dict(partial_types), release_key=release_key,
+            testing=testing, threshold_mode=threshold_mode)
 
     def expand(self, partials):
         owner = f"{type(self).__name__} {self.label!r}"

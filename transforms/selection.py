@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from accounting.calibration import NoiseKind, calibrate
-from accounting.distributions import discrete_gaussian_quantile, discrete_gaussian_upper_tail
+from accounting.distributions import (discrete_gaussian_quantile, discrete_gaussian_upper_tail,
+                                      discrete_laplace_quantile)
 from accounting.sensitivity import ContributionBounds, Neighbouring, privacy_unit_count_sensitivity
 from accounting.validation import check_delta, check_epsilon, check_positive_int
 from transforms.noise import RandomStreams, add_noise
@@ -98,10 +99,9 @@ class Selector:
             self.probabilities = truncated_geometric_probabilities(epsilon, delta, max_partitions)
         elif strategy is SelectionStrategy.LAPLACE_THRESHOLDING:
             self.noise = calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=epsilon, l1_sensitivity=max_partitions)
-            # Smallest integer m with P(Z >= m) = p^m / (1 + p) <= delta / L0; keep iff n + Z > m,
-            # so a key with a single unit is released with probability at most delta / L0.
-            p = math.exp(-1 / self.noise.unit_scale)
-            self.threshold = max(1, math.ceil(math.log(delta * (1 + p) / max_partitions) / math.log(p)))
+            # Smallest integer m with P(Z >= m) <= delta / L0; keep iff n + Z > m, so a key with
+            # a single unit is released with probability at most delta / L0.
+            self.threshold = discrete_laplace_quantile(self.noise.unit_scale, delta / max_partitions)
         else:
             self.noise = calibrate(NoiseKind.DISCRETE_GAUSSIAN, epsilon=epsilon, delta=delta / 2,
                                    l2_sensitivity=math.sqrt(max_partitions), l0=max_partitions)

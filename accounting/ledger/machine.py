@@ -240,8 +240,9 @@ class BudgetLedger:
                 keys = {name: pending[(record["release_id"], name)][0] for name in refs}
             else:
                 keys = {name: self.key_store.load(ref) for name, ref in refs.items()}
-            out.append(R.Reservation(record["release_id"], record["version"], record["versioned_id"],
-                                     keys, refs, record, ledger_id=ledger_id,
+            out.append(R.Reservation(release_id=record["release_id"], version=record["version"],
+                                     versioned_id=record["versioned_id"], keys=keys, key_refs=refs,
+                                     record=record, ledger_id=ledger_id,
                                      resumed=kind == "existing", taken_over=kind == "takeover",
                                      state=record["state"]))
         return out

@@ -122,7 +122,7 @@ class ReleaseRequest:
         return [m.to_json() for m in self.measures]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Reservation:
     """A charged release: draw all its randomness from ``keys``, publish, then commit.
 

@@ -11,7 +11,7 @@ directory) with the same columns: campaign_id, banner_id, country, project, date
 clicks (null where suppressed; a key with both suppressed is absent).
 
 What it does, as Wikimedia's CentralNotice report describes the Tumult implementation
-(reference.md section 1):
+(seed 001_4177a0bca025ff82.txt):
 
 * Algorithm 1: every impressions row (n impressions of one key) is split in Spark -- an explode,
   not Python -- into floor(n/k) rows of k and one row of n mod k; Tumult sums them per key with

@@ -36,6 +36,7 @@ from pipelines.release import outputs as release_outputs
 from pipelines.release import publish, report, storage
 from pipelines.release.errors import ReleaseFailed, ReleaseRefused
 from pipelines.release.job import Job, PlannedRelease, ReleaseContext
+from transforms.noise.mechanisms import IntegerSumOverflowError
 
 _LOG = logging.getLogger(__name__)
 
@@ -210,7 +211,8 @@ def run(job: Job, request) -> RunResult:
         _LOG.debug("pipeline failure", exc_info=True)
         _write_failure(options, output, contexts, versions, detail)
         cause = type(err).__name__
-        if isinstance(err, release_inputs.InputReadError):  # its message holds no file content
+        if isinstance(err, (release_inputs.InputReadError, IntegerSumOverflowError)):
+            # Their messages name files, columns and counts, never content.
             cause = str(err).split(" [while running")[0].strip()
         raise ReleaseFailed(
             f"{job.name}: the computation failed ({cause}); nothing was published"

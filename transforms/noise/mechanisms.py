@@ -23,6 +23,21 @@ def sample_units(spec: NoiseSpec, streams: RandomStreams) -> np.ndarray:
     return discrete_laplace(streams, spec.unit_scale)
 
 
+class IntegerSumOverflowError(OverflowError):
+    """An integer sum (per-key total, or value plus noise) leaves int64: it would wrap around.
+    Its message names columns and counts only, never a value."""
+
+
+def _checked_add(values: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """values + noise in int64, refusing (never wrapping) a result outside int64 (vectorised:
+    an overflow is a sum whose sign differs from both operands')."""
+    total = values + noise
+    if ((values ^ total) & (noise ^ total) < 0).any():
+        raise IntegerSumOverflowError("an integer answer plus its noise is outside the int64 range; "
+                                      "refusing to release a wrapped value")
+    return total
+
+
 def add_noise(spec: NoiseSpec, values, streams: RandomStreams) -> np.ndarray:
     """``values`` + noise, one lane of ``streams`` per value.
 
@@ -36,7 +51,7 @@ def add_noise(spec: NoiseSpec, values, streams: RandomStreams) -> np.ndarray:
         if not np.issubdtype(values.dtype, np.integer):
             raise TypeError(f"{spec.kind.value} noise needs integer answers (got {values.dtype}); "
                             "use a real-valued kind (laplace or gaussian) for real answers")
-        return values.astype(np.int64) + sample_units(spec, streams)
+        return _checked_add(values.astype(np.int64), sample_units(spec, streams))
     values = values.astype(np.float64)
     if not np.all(np.isfinite(values)):
         raise ValueError("answers to noise must be finite")

@@ -46,7 +46,7 @@ def fmix64(h: np.ndarray) -> np.ndarray:
     return h
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FingerprintSalt:
     """Two 64-bit keys of the fingerprint; one per campaign, shared by all its publishers."""
 
@@ -62,7 +62,7 @@ class FingerprintSalt:
             raise ValueError("shared_secret: at most 64 bytes")
         digest = hashlib.blake2b(str(campaign).encode("utf-8"), digest_size=16,
                                  key=shared_secret, person=b"halo-ll-salt").digest()
-        return cls(int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:], "little"))
+        return cls(k0=int.from_bytes(digest[:8], "little"), k1=int.from_bytes(digest[8:], "little"))
 
     def to_bytes(self) -> bytes:
         return self.k0.to_bytes(8, "little") + self.k1.to_bytes(8, "little")

@@ -1,4 +1,7 @@
-"""Algorithm 1's split of pre-aggregated impressions into blocks of k, without materialising blocks.
+"""CentralNotice impressions: Algorithm 1's split of pre-aggregated rows into blocks of k, without
+materialising blocks, and the job's rule for bad impression rows (pure: no Beam; the job's DoFns in
+:mod:`pipelines.centralnotice` call it per batch). Key columns are the job's
+(:data:`pipelines.centralnotice_config.KEY_COLUMNS`).
 
 The CentralNotice impressions table is pre-aggregated: a row says "n impressions of this banner
 in this (country, project, date)", with no user attached. Algorithm 1 of the Wikimedia
@@ -27,7 +30,9 @@ first reason that applies, in this order --
 * ``negative``: impressions < 0;
 * ``fractional``: impressions not a whole number (a count cannot be 2.5);
 * ``too_large``: impressions above :data:`MAX_IMPRESSIONS` (2^53, beyond which a float input
-  is no longer exact and sums could overflow int64).
+  is no longer exact). Per-key sums of accepted rows can still leave int64 (1024 rows of 2^53):
+  they are checked and the run fails with a clear message instead of wrapping
+  (:func:`transforms.partials.check_int64_sums`).
 
 Dropping a row depends only on that row, so it is a stable (1-to-at-most-1) transformation and
 changes no privacy guarantee; the counts are for the operator and never enter a release.
@@ -48,10 +53,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from accounting.validation import check_positive_int
+from pipelines.centralnotice_config import KEY_COLUMNS
+from transforms.partials import check_int64_sums
 
-KEY_COLUMNS = ("campaign_id", "banner_id", "country", "project", "date")
 IMPRESSIONS = "impressions"
-#: Largest accepted impressions count of one row (exact in float64; sums stay far from 2^63).
+#: Largest accepted impressions count of one row (exact in float64; per-key sums are checked).
 MAX_IMPRESSIONS = 2 ** 53
 DROP_REASONS = ("missing_key", "missing", "unparseable", "negative", "fractional", "too_large")
 _NUMBER = r"^\s*[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?\s*$"
@@ -118,8 +124,9 @@ def per_key_contribution(keys: pa.Table, impressions, k: int, key_columns: Seque
     """Per key: the clamped sum of all its blocks (the value Algorithm 1 adds noise to)."""
     full, rem = split_compact(impressions, k)
     values = clamped_block_sum(full, rem, k)
-    grouped = keys.select(list(key_columns)).append_column("_v", pa.array(values)) \
-        .group_by(list(key_columns), use_threads=False).aggregate([("_v", "sum")])
+    table = keys.select(list(key_columns)).append_column(IMPRESSIONS, pa.array(values))
+    check_int64_sums(table, key_columns, [IMPRESSIONS], "impressions per key")
+    grouped = table.group_by(list(key_columns), use_threads=False).aggregate([(IMPRESSIONS, "sum")])
     return grouped.rename_columns(list(key_columns) + [IMPRESSIONS])
 
 
@@ -205,5 +212,6 @@ def clean_impressions(table: pa.Table, key_columns: Sequence[str] = KEY_COLUMNS
 def sum_duplicates(table: pa.Table, key_columns: Sequence[str] = KEY_COLUMNS) -> pa.Table:
     """One row per key, duplicate rows' impressions summed (run on the output of clean_impressions)."""
     _check_columns(table, key_columns)
+    check_int64_sums(table, key_columns, [IMPRESSIONS], "impressions of duplicate rows")
     grouped = table.group_by(list(key_columns), use_threads=False).aggregate([(IMPRESSIONS, "sum")])
     return grouped.rename_columns(list(key_columns) + [IMPRESSIONS])

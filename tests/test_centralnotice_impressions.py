@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from transforms.impressions_split import (DROP_REASONS, MAX_IMPRESSIONS, block_multiset,
+from pipelines.centralnotice_impressions import (DROP_REASONS, MAX_IMPRESSIONS, block_multiset,
                                           clamped_block_sum, clean_impressions, per_key_contribution,
                                           split_compact, split_literal, split_table, sum_duplicates)
 
