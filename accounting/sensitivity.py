@@ -169,7 +169,7 @@ def mean_sensitivity(bounds: ContributionBounds,
                              midpoint=(low + high) / 2)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class VarianceSensitivities:
     """A variance released from a noisy count, normalized sum and normalized sum of squares."""
 

@@ -189,7 +189,7 @@ def as_metric(metric) -> Metric:
             raise ValueError("the quantiles metric needs its quantiles: Quantiles([0.5, 0.9])")
         if kind is MetricKind.VECTOR_SUM:
             raise ValueError("the vector_sum metric needs its shape: VectorSum(dimension=..., max_norm=...)")
-        return Metric(kind)
+        return Metric(kind=kind)
     raise TypeError(f"a metric must be a Metric (Count(), Sum(), ...) or a kind name, got "
                     f"{type(metric).__name__} {metric!r}")
 
@@ -211,34 +211,34 @@ def PrivacyUnitCount(**kwargs) -> Metric:
 
 
 def Variance(**kwargs) -> Metric:
-    return Metric(MetricKind.VARIANCE, **kwargs)
+    return Metric(kind=MetricKind.VARIANCE, **kwargs)
 
 
 def Std(**kwargs) -> Metric:
     """Standard deviation: the square root of the noisy variance (post-processing)."""
-    return Metric(MetricKind.STD, **kwargs)
+    return Metric(kind=MetricKind.STD, **kwargs)
 
 
 def Quantiles(quantiles, **kwargs) -> Metric:
     """Several quantiles from one noisy quantile tree (:mod:`transforms.quantiles`)."""
-    return Metric(MetricKind.QUANTILES, quantiles=quantiles, **kwargs)
+    return Metric(kind=MetricKind.QUANTILES, quantiles=quantiles, **kwargs)
 
 
 def Percentiles(percentiles, **kwargs) -> Metric:
     """Percentiles in [0, 100] (PipelineDP's naming); columns ``percentile_p<p>``."""
     ps = (percentiles,) if isinstance(percentiles, (int, float)) else tuple(percentiles)
     kwargs.setdefault("name", "percentile")
-    return Metric(MetricKind.QUANTILES, quantiles=tuple(p / 100 for p in ps), **kwargs)
+    return Metric(kind=MetricKind.QUANTILES, quantiles=tuple(p / 100 for p in ps), **kwargs)
 
 
 def VectorSum(*, dimension: int, max_norm: float, norm: str = "l2", **kwargs) -> Metric:
     """Per-key sum of vectors (a list column), each row clipped to ``max_norm`` in ``norm``."""
-    return Metric(MetricKind.VECTOR_SUM, dimension=dimension, max_norm=max_norm, norm=norm, **kwargs)
+    return Metric(kind=MetricKind.VECTOR_SUM, dimension=dimension, max_norm=max_norm, norm=norm, **kwargs)
 
 
 def Median(**kwargs) -> Metric:
     kwargs.setdefault("name", "median")
-    return Metric(MetricKind.QUANTILES, quantiles=(0.5,), **kwargs)
+    return Metric(kind=MetricKind.QUANTILES, quantiles=(0.5,), **kwargs)
 
 
 def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget: PrivacyBudget,

@@ -128,8 +128,8 @@ class QuantileTree:
 def tree_sensitivity(count: Sensitivities, depth: int) -> Sensitivities:
     """The tree's sensitivities from the row count's (module docstring): each of ``depth``
     levels changes like the per-key row counts; L0 counts the nodes one unit can change."""
-    return Sensitivities(int(count.l0 * depth * max(1, int(count.linf))), count.linf,
-                         count.l1 * depth, count.l2 * math.sqrt(depth))
+    return Sensitivities(l0=int(count.l0 * depth * max(1, int(count.linf))), linf=count.linf,
+                         l1=count.l1 * depth, l2=count.l2 * math.sqrt(depth))
 
 
 def rank_error_std(tree: QuantileTree, node_std: float) -> float:

@@ -63,9 +63,10 @@ class Candidate:
     budget: PrivacyBudget
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class UtilityReport:
-    """Per-key rows and a per-(candidate, metric) summary (see the module docstring)."""
+    """Per-key rows and a per-(candidate, metric) summary (see the module docstring); the lists
+    are filled by :func:`analyze`."""
 
     per_key: list = field(default_factory=list)
     summary: list = field(default_factory=list)

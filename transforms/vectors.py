@@ -94,4 +94,5 @@ def vector_sum_sensitivity(count: Sensitivities, spec: VectorSpec) -> Sensitivit
     """The vector sums' sensitivities from the row count's (module docstring)."""
     c = float(spec.max_norm)
     l1_factor = c * (math.sqrt(spec.dimension) if spec.norm == "l2" else 1.0)
-    return Sensitivities(count.l0 * spec.dimension, count.linf * c, count.l1 * l1_factor, count.l2 * c)
+    return Sensitivities(l0=count.l0 * spec.dimension, linf=count.linf * c, l1=count.l1 * l1_factor,
+                         l2=count.l2 * c)
