@@ -270,8 +270,12 @@ def new_metrics_comparison(rows: int, workdir: str, skip_pipelinedp: bool) -> st
     import pyarrow.parquet as pq
 
     data = os.path.join(workdir, f"vectors{rows}.parquet")
-    generate_vectors(data, rows)
-    exact = exact_new_metrics(data)
+    # Data and exact values in a process of their own: a child inherits its parent's peak RSS
+    # (Linux keeps ru_maxrss across fork and exec), so the parent stays small.
+    _run_leg(_self("--leg", "prepare_new", "--data", data, "--out", data + ".exact.json",
+                   "--seed", str(rows)))
+    with open(data + ".exact.json") as handle:
+        exact = {int(k): v for k, v in json.load(handle).items()}
     ours = _run_leg(_self("--leg", "ours_new", "--data", data, "--out", data + ".ours"))
     scalar = pq.read_table(data + ".ours.scalar.parquet").to_pylist()
     vector = pq.read_table(data + ".ours.vector.parquet").to_pylist()
@@ -357,7 +361,7 @@ def main(argv=None):
                         help="rows for the new-metrics comparison (repeatable); default 1M")
     parser.add_argument("--only-new-metrics", action="store_true",
                         help="run only the new-metrics comparison (percentiles, variance, vector sum)")
-    parser.add_argument("--leg", choices=["ours", "plain", "ours_new"], help=argparse.SUPPRESS)
+    parser.add_argument("--leg", choices=["ours", "plain", "ours_new", "prepare_new"], help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
@@ -365,7 +369,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     if args.leg:
-        if args.leg == "ours_new":
+        if args.leg == "prepare_new":
+            generate_vectors(args.data, args.seed)  # this leg gets the row count as --seed
+            exact = exact_new_metrics(args.data)
+            with open(args.out, "w") as handle:
+                json.dump({k: {m: (v.tolist() if hasattr(v, "tolist") else float(v)) for m, v in e.items()}
+                           for k, e in exact.items()}, handle)
+            result = {}
+        elif args.leg == "ours_new":
             result = leg_ours_new(args.data, args.out, args.seed)
         else:
             result = leg_ours(args.data, args.out, args.seed, args.testing) if args.leg == "ours" \
