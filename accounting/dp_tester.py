@@ -29,6 +29,39 @@ are independent draws). The reported ``epsilon_lower_bound`` -- the largest
 mechanism's true epsilon at the claimed delta with the same confidence; the check fails exactly
 when it exceeds the claimed epsilon.
 
+The test statistic and the multiple-testing correction, precisely. For a kept event E and a
+direction (numerator dataset N, denominator dataset M), with c_N, c_M its counts among the m
+evaluation outputs of each dataset and ``alpha = (1 - confidence) / (4 * events_per_direction)``,
+
+    eps_hat(E) = ln((CP_lower(c_N, m, alpha) - delta) / CP_upper(c_M, m, alpha)),
+
+and the statistic is the maximum of eps_hat over the ``2 * events_per_direction`` kept
+(event, direction) pairs; the check fails when it exceeds the claimed epsilon. The correction is a
+Bonferroni (union) bound over the ``4 * events_per_direction`` one-sided Clopper-Pearson bounds
+that the evaluation computes -- and over nothing else: the number of projections and candidate
+events (thousands) does not enter it, because events are chosen on the selection half, which is
+independent of the evaluation half. So adding projections never raises the false-failure rate
+above ``1 - confidence``; it only spreads the selection's attention over more candidates (a
+real violation still has to stand out on half the samples), which is why the multi-key families
+below are pairwise and targeted rather than exhaustive.
+
+Multi-key releases (:class:`ReleaseLayout`) are vectors per sample, and the leaks that matter
+there are invisible to per-coordinate events:
+
+* joint events: "key i released and key j not" (x_i (1 - x_j) on release indicators) and
+  x_i - x_j on values. A substitution moves two keys in opposite directions, so a mechanism
+  calibrated for one changed key passes every per-key event at the claimed epsilon while the
+  joint event carries about twice the loss (issue 10, point 3); :func:`joint_indicator_projection`
+  (:meth:`ReleaseLayout.joint_projection`) covers changes spanning more than two keys, where
+  pairs see only a share of the loss;
+* low-order bits: x mod 2^b of integer outputs (:func:`integer_low_bits_projection`), the residue
+  modulo a real grid (:func:`grid_residue_projection`) and the last mantissa bits of float64
+  outputs (:func:`low_bits_projection`). Noise drawn on a coarser grid than the answer (2 Z added
+  to an integer count) leaves the answer's parity in the output: epsilon is infinite, yet
+  threshold events on the value see only the calibrated noise;
+* order: "key i emitted before key j" when the layout records emission ranks (a release whose
+  row order depends on which keys had data, issue 10 point 1).
+
 A passed check is evidence, not proof: it finds violations that some threshold/bin event of a
 projection exposes with the given number of samples. Pure numpy/scipy; no Beam.
 """
@@ -36,7 +69,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 from scipy import stats
@@ -408,6 +441,260 @@ class DPTester:
             count_denominator=count_den, trials=m, numerator_lower=num_lower,
             denominator_upper=den_upper, epsilon_lower_bound=epsilon_bound,
             violates=epsilon_bound > epsilon)
+
+
+# --------------------------------------------------------------------------------------------
+# Projections for multi-key releases
+# --------------------------------------------------------------------------------------------
+#
+# A release of many keys is a vector per sample. Per-coordinate events miss leaks that live in
+# the *joint* behaviour of keys: a substitution moves two keys in opposite directions (the event
+# "key i released and key j not" has twice the per-key privacy loss), and key reuse makes two
+# noisy values differ by an exact amount (x_i - x_j is noise-free). Floating-point and
+# fractional-part leaks sit in the low-order bits of real outputs, where threshold events on the
+# value itself see nothing. These projections turn each into one real number per sample.
+
+def exclusion_projection(i: int, j: int) -> Projection:
+    """x_i * (1 - x_j): for 0/1 release indicators, "key i released and key j not"."""
+    return lambda x: x[:, i] * (1.0 - x[:, j])
+
+
+def difference_projection(i: int, j: int) -> Projection:
+    """x_i - x_j (noise-free when both coordinates carry the same noise)."""
+    return lambda x: x[:, i] - x[:, j]
+
+
+def joint_indicator_projection(released: Sequence[int], dropped: Sequence[int] = ()) -> Projection:
+    """1 when every coordinate in ``released`` is 1 and every one in ``dropped`` is 0 (0/1
+    indicators): "keys A released and keys B not" for a change that moves several keys."""
+    released, dropped = list(released), list(dropped)
+
+    def project(x):
+        hit = np.ones(x.shape[0], dtype=bool)
+        for i in released:
+            hit &= x[:, i] == 1
+        for j in dropped:
+            hit &= x[:, j] == 0
+        return hit.astype(np.float64)
+    return project
+
+
+def low_bits_projection(i: int, bits: int = 8) -> Projection:
+    """The ``bits`` lowest bits of coordinate i's float64 representation (its mantissa's last
+    bits), as an integer: values on a power-of-two grid have them all zero, a textbook
+    floating-point mechanism or an unsnapped exact value leaves a data-dependent pattern
+    (Mironov 2012, "On significance of the least significant bits for differential privacy")."""
+    bits = check_positive_int(bits, "bits")
+    if bits > 52:
+        raise ValueError(f"bits must be at most 52 (the float64 mantissa), got {bits}")
+    mask = np.uint64((1 << bits) - 1)
+
+    def project(x):
+        column = np.ascontiguousarray(x[:, i], dtype=np.float64) + 0.0   # -0.0 -> 0.0
+        return (column.view(np.uint64) & mask).astype(np.float64)
+    return project
+
+
+def integer_low_bits_projection(i: int, bits: int = 1) -> Projection:
+    """x_i mod 2^bits (floor modulo, so negative outputs map to 0 .. 2^bits - 1) for integer
+    outputs: ``bits=1`` is the parity. Integer noise on the answer's grid makes these bits
+    (nearly) uniform whatever the answer; noise on a coarser grid (a multiple of 2^b) passes the
+    answer's own low bits through untouched."""
+    bits = check_positive_int(bits, "bits")
+    if bits > 52:
+        raise ValueError(f"bits must be at most 52 (exact in float64), got {bits}")
+    modulus = float(2 ** bits)
+
+    def project(x):
+        column = np.asarray(x[:, i], dtype=np.float64)
+        if not np.all(column == np.rint(column)):
+            raise ValueError(f"integer_low_bits_projection({i}) needs integer outputs")
+        return np.mod(column, modulus)
+    return project
+
+
+def grid_residue_projection(i: int, grid: float) -> Projection:
+    """(x_i / grid) mod 1: zero for outputs on the grid; the fractional part of an exact value
+    that integer (or grid) noise did not cover otherwise (grid = 1 for integer noise)."""
+    grid = check_finite(grid, "grid")
+    if grid <= 0:
+        raise ValueError(f"grid must be positive, got {grid!r}")
+    return lambda x: np.mod(np.asarray(x[:, i], dtype=np.float64) / grid, 1.0)
+
+
+def pairwise_projections(names: Sequence[str], *, indicators: Sequence[int] = (),
+                         values: Sequence[int] = ()) -> dict[str, Projection]:
+    """Joint events over pairs of coordinates (``names`` labels every coordinate):
+    "i and not j" for each ordered pair of ``indicators`` and x_i - x_j for each pair of
+    ``values``."""
+    projections: dict[str, Projection] = {}
+    for i in indicators:
+        for j in indicators:
+            if i != j:
+                projections[f"{names[i]} and not {names[j]}"] = exclusion_projection(i, j)
+    values = list(values)
+    for a, i in enumerate(values):
+        for j in values[a + 1:]:
+            projections[f"{names[i]} - {names[j]}"] = difference_projection(i, j)
+    return projections
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReleaseLayout:
+    """A multi-key release as one vector per sample, and the projections to test it with.
+
+    ``keys``: the candidate keys (tuples) in a fixed public order; ``values``: the noisy
+    columns. The vector holds, per key, its release indicator, then per key and value column
+    the released value (``missing`` when the key is not released or the value is masked), then
+    (``order=True``) per key its position among the keys released in the same sample.
+    """
+
+    keys: tuple
+    values: tuple = ()
+    order: bool = False
+    missing: float = -(2.0 ** 50)
+
+    def __post_init__(self):
+        object.__setattr__(self, "keys", tuple(k if isinstance(k, tuple) else (k,) for k in self.keys))
+        object.__setattr__(self, "values", tuple(self.values))
+        if not self.keys:
+            raise ValueError("a release layout needs at least one key")
+        if len(set(self.keys)) != len(self.keys):
+            raise ValueError("release layout keys must be distinct")
+
+    @property
+    def width(self) -> int:
+        k = len(self.keys)
+        return k + k * len(self.values) + (k if self.order else 0)
+
+    def indicator(self, key) -> int:
+        return self.keys.index(key if isinstance(key, tuple) else (key,))
+
+    def value(self, key, column: str) -> int:
+        return len(self.keys) + self.indicator(key) * len(self.values) + self.values.index(column)
+
+    def rank(self, key) -> int:
+        if not self.order:
+            raise ValueError("this layout has no order features (order=False)")
+        return len(self.keys) * (1 + len(self.values)) + self.indicator(key)
+
+    def names(self) -> list[str]:
+        label = [",".join(map(str, k)) for k in self.keys]
+        names = [f"released[{k}]" for k in label]
+        names += [f"{c}[{k}]" for k in label for c in self.values]
+        if self.order:
+            names += [f"rank[{k}]" for k in label]
+        return names
+
+    def vectorize(self, columns: Mapping[str, np.ndarray], n: int, *,
+                  replica_column: str = None, key_columns: Sequence[str] = None) -> np.ndarray:
+        """(n, width) array from released rows given as columns (rows in released order).
+
+        ``replica_column`` gives each row's sample index (0 .. n-1; all 0 without it);
+        ``key_columns`` default to every column that is neither a value nor the replica.
+        A released key outside ``keys`` or released twice in one sample is an error.
+        """
+        key_columns = list(key_columns) if key_columns is not None else [
+            c for c in columns if c != replica_column and c not in self.values]
+        rows = len(next(iter(columns.values()))) if columns else 0
+        sample = np.asarray(columns[replica_column], dtype=np.int64) if replica_column else np.zeros(rows, np.int64)
+        index = {k: i for i, k in enumerate(self.keys)}
+        keys = list(zip(*(np.asarray(columns[c]).tolist() for c in key_columns))) if rows else []
+        try:
+            position = np.fromiter((index[k] for k in keys), dtype=np.int64, count=rows)
+        except KeyError as error:
+            raise ValueError(f"released key {error.args[0]} is not in the layout's keys") from None
+        if rows and (sample.min() < 0 or sample.max() >= n):
+            raise ValueError(f"sample index outside 0 .. {n - 1}")
+        flat = sample * len(self.keys) + position
+        if np.unique(flat).size != rows:
+            raise ValueError("a key is released twice in one sample")
+        k = len(self.keys)
+        out = np.zeros((n, self.width), dtype=np.float64)
+        out[:, k:k * (1 + len(self.values))] = self.missing
+        out[sample, position] = 1.0
+        for v, column in enumerate(self.values):
+            data = np.asarray(columns[column], dtype=np.float64)
+            data = np.where(np.isnan(data), self.missing, data)
+            out[sample, k + position * len(self.values) + v] = data
+        if self.order:
+            out[:, k * (1 + len(self.values)):] = -1.0
+            by_sample = np.argsort(sample, kind="stable")      # stable: keeps released order
+            grouped = sample[by_sample]
+            starts = np.searchsorted(grouped, grouped, side="left")
+            rank = np.empty(rows, dtype=np.float64)
+            rank[by_sample] = np.arange(rows) - starts
+            out[sample, k * (1 + len(self.values)) + position] = rank
+        return out
+
+    def projections(self, *, pairs: bool = True, values: bool = True, integer_bits: int = 0,
+                    mantissa_bits: int = 0, grid: float = None) -> dict[str, Projection]:
+        """Projections for :class:`DPTester`, by family:
+
+        * per key: its release indicator, and (``values``) each released value;
+        * ``pairs``: "i released and j not" for every ordered pair of keys, x_i - x_j for every
+          pair of keys and value column (``values``), and "i emitted before j" (with order
+          features);
+        * low-order bits of every value (``values``): x mod 2^``integer_bits`` for integer
+          outputs, the last ``mantissa_bits`` bits of the float64 representation, the residue
+          modulo ``grid``; a key that is not released projects to -1 there.
+
+        k keys give O(k^2) pair projections: keep layouts small (the keys a neighbouring change
+        touches and a few others).
+        """
+        names = self.names()
+        k = len(self.keys)
+        indicators = list(range(k))
+        value_index = {c: [k + i * len(self.values) + v for i in range(k)]
+                       for v, c in enumerate(self.values)}
+        projections: dict[str, Projection] = {names[i]: (lambda x, i=i: x[:, i]) for i in indicators}
+        if values:
+            for column in self.values:
+                for i in value_index[column]:
+                    projections[names[i]] = lambda x, i=i: x[:, i]
+                    if integer_bits:
+                        projections[f"{names[i]} mod 2^{integer_bits}"] = self._released_only(
+                            integer_low_bits_projection(i, integer_bits), i)
+                    if mantissa_bits:
+                        projections[f"low{mantissa_bits}bits({names[i]})"] = self._released_only(
+                            low_bits_projection(i, mantissa_bits), i)
+                    if grid:
+                        projections[f"residue({names[i]}, {grid:g})"] = self._released_only(
+                            grid_residue_projection(i, grid), i)
+        if pairs:
+            projections.update(pairwise_projections(names, indicators=indicators))
+            if values:
+                for column in self.values:
+                    projections.update(pairwise_projections(names, values=value_index[column]))
+            if self.order:
+                base = k * (1 + len(self.values))
+                for i in range(k):
+                    for j in range(i + 1, k):
+                        projections[f"{names[base + i]} < {names[base + j]}"] = (
+                            lambda x, a=base + i, b=base + j:
+                            ((x[:, a] >= 0) & (x[:, b] >= 0) & (x[:, a] < x[:, b])).astype(np.float64))
+        return projections
+
+    def joint_projection(self, released: Sequence, dropped: Sequence = ()) -> dict[str, Projection]:
+        """"Keys ``released`` all released and keys ``dropped`` all not", named after them: the
+        event of a change that moves several keys (a substituted unit leaves its min(L0, L1)
+        keys and joins as many others; pairs of keys see only a share of its loss)."""
+        label = lambda keys: ",".join(",".join(map(str, self.keys[self.indicator(k)])) for k in keys)
+        name = f"released[{label(released)}] and not [{label(dropped)}]"
+        return {name: joint_indicator_projection([self.indicator(k) for k in released],
+                                                 [self.indicator(k) for k in dropped])}
+
+    def _released_only(self, project: Projection, column: int) -> Projection:
+        """``project`` on released values, -1 where the value is missing."""
+        missing = self.missing
+
+        def wrapped(x):
+            present = x[:, column] != missing
+            out = np.full(x.shape[0], -1.0)
+            if present.any():
+                out[present] = np.asarray(project(x[present]), dtype=np.float64)
+            return out
+        return wrapped
 
 
 def _check_claim(epsilon, delta) -> tuple[float, float]:

@@ -8,6 +8,12 @@ it) and is stored only where the operator keeps release secrets (``save`` writes
 
 ``ReleaseKey.for_testing(seed)`` is the only non-secret source: a key derived from a public seed,
 flagged ``is_testing`` so that a real release (the budget ledger) can refuse it.
+
+``ReleaseKey.for_exact_testing(seed)`` is a testing key that is also flagged ``noise_free``: the
+noise engine adds zero noise and selection is deterministic under it (the exact mode of the
+neighbouring-pair audits, accounting/audit.py, which bound how much exact outputs move). It is a
+testing key in every respect (never stored, refused by every real release), and a key cannot be
+noise-free without being a testing key.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import secrets
 
 KEY_BYTES = 32
 _TESTING_PREFIX = b"beam-dp-release/testing-key/v1"
+_EXACT_TESTING_PREFIX = b"beam-dp-release/exact-testing-key/v1"
 
 
 class KeyReuseError(RuntimeError):
@@ -25,13 +32,16 @@ class KeyReuseError(RuntimeError):
 
 
 class ReleaseKey:
-    __slots__ = ("_secret", "is_testing", "_claims")
+    __slots__ = ("_secret", "is_testing", "noise_free", "_claims")
 
-    def __init__(self, secret: bytes, *, is_testing: bool = False):
+    def __init__(self, secret: bytes, *, is_testing: bool = False, noise_free: bool = False):
         if not isinstance(secret, (bytes, bytearray)) or len(secret) != KEY_BYTES:
             raise ValueError(f"a release key is exactly {KEY_BYTES} bytes")
+        if noise_free and not is_testing:
+            raise ValueError("only a testing key can be noise-free (ReleaseKey.for_exact_testing)")
         self._secret = bytes(secret)
         self.is_testing = bool(is_testing)
+        self.noise_free = bool(noise_free)
         self._claims = set()
 
     @classmethod
@@ -45,10 +55,18 @@ class ReleaseKey:
         digest = hashlib.sha256(_TESTING_PREFIX + str(int(seed)).encode()).digest()
         return cls(digest, is_testing=True)
 
+    @classmethod
+    def for_exact_testing(cls, seed: int) -> "ReleaseKey":
+        """TESTS ONLY: a public testing key under which no noise is added (``noise_free``): the
+        exact mode of the neighbouring-pair audits. Bounding and every other keyed choice are as
+        under any key; outputs are the exact (bounded) answers."""
+        digest = hashlib.sha256(_EXACT_TESTING_PREFIX + str(int(seed)).encode()).digest()
+        return cls(digest, is_testing=True, noise_free=True)
+
     def derive(self, label: str) -> "ReleaseKey":
         """An independent sub-key for one purpose (HMAC-SHA256 as a PRF)."""
         sub = hmac.new(self._secret, label.encode("utf-8"), hashlib.sha256).digest()
-        return ReleaseKey(sub, is_testing=self.is_testing)
+        return ReleaseKey(sub, is_testing=self.is_testing, noise_free=self.noise_free)
 
     def claim(self, purpose: str, owner: str = "a transform") -> None:
         """Record that ``owner`` draws the randomness of ``purpose`` from this key object.
@@ -103,15 +121,17 @@ class ReleaseKey:
         return hash(self.fingerprint())
 
     def __repr__(self):
-        kind = "testing" if self.is_testing else "secret"
+        kind = ("exact-testing" if self.noise_free else "testing") if self.is_testing else "secret"
         return f"ReleaseKey({kind}, fingerprint={self.fingerprint()})"
 
     def __reduce__(self):
         # Beam pickles DoFns holding the key to ship them to workers.
-        return (ReleaseKey, (self._secret,), {"is_testing": self.is_testing})
+        return (ReleaseKey, (self._secret,), {"is_testing": self.is_testing,
+                                               "noise_free": self.noise_free})
 
     def __setstate__(self, state):
         if isinstance(state, tuple):  # (None, slots-dict) form
             state = state[1]
         self.is_testing = state["is_testing"]
+        self.noise_free = bool(state.get("noise_free", False)) and self.is_testing
         self._claims = set()

@@ -1,8 +1,10 @@
-"""Choose an ARA contribution configuration (clip thresholds, budget split, K) from training data.
+"""Choose an ARA contribution configuration (count encoding, clip thresholds, budget split, K)
+from training data.
 
 The ad tech's side: reads *historical* attributed conversions (CSV or Parquet with source_id,
-[order], dim_0..dim_{D-1}, [count], value), minimises the closed-form RMSRE_tau at the target
-epsilon (``transforms.ara.optimize``) and writes the configuration JSON that
+[order], dim_0..dim_{D-1}, [count], value), minimises the exact RMSRE_tau at the target
+epsilon for each count encoding, keeps the best (``pipelines.ara_optimize``; the reason is
+printed) and writes the configuration JSON that
 ``python -m pipelines.summary_reports --config`` uses, optionally with the output-domain file.
 Training data is the ad tech's own and is not released; the configuration is public.
 
@@ -17,9 +19,10 @@ import sys
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from transforms.ara import optimize as opt
+from pipelines import ara_optimize as opt
+from transforms.ara.contribution import ENCODINGS
 from transforms.ara.summary import format_output_domain
-from transforms.ara.synthetic import ConversionData
+from pipelines.ara_synthetic import ConversionData
 
 
 def main(argv=None) -> int:
@@ -33,6 +36,10 @@ def main(argv=None) -> int:
                         help="one query level per prefix of the slice dimensions (root..leaves)")
     parser.add_argument("--output", required=True, help="configuration JSON to write")
     parser.add_argument("--output_domain", default=None, help="also write the declared buckets")
+    parser.add_argument("--encodings", default=",".join(ENCODINGS),
+                        help="count encodings to choose from (comma-separated; default: all): "
+                             "separate (a count query with its own share) or padding (counts "
+                             "derived from the value buckets plus a padding bucket)")
     args = parser.parse_args(argv)
     try:
         dims = tuple(int(x) for x in args.slice_dimensions.split(","))
@@ -43,18 +50,21 @@ def main(argv=None) -> int:
             raise ValueError("no valid training conversions")
         prefixes = tuple(range(len(dims) + 1)) if args.hierarchical else None
         workload = opt.workload_from_conversions(data, prefixes)
-        params, err = opt.optimize_parameters(workload, args.epsilon)
+        result = opt.optimize(workload, args.epsilon,
+                              encodings=tuple(args.encodings.split(",")))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    config = params.to_config(workload)
+    config, err = result.config, result.error
     with open(args.output, "w") as f:
         f.write(config.to_json() + "\n")
     if args.output_domain:
         with open(args.output_domain, "w") as f:
             f.write(format_output_domain(config.output_domain()))
-    print(f"wrote {args.output}: K={config.reports_per_source} clip={config.clip_thresholds} "
-          f"budgets={config.budgets}; training RMSRE_tau (closed form) = {err:.4f}")
+    print(f"wrote {args.output}: encoding={config.encoding} K={config.reports_per_source} "
+          f"clip={config.clip_thresholds} budgets={config.budgets}; training RMSRE_tau "
+          f"(exact closed form) = {err:.4f}")
+    print(f"why: {result.reason}")
     return 0
 
 

@@ -43,7 +43,7 @@ from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Relea
                                ReleaseRefused, cli, storage)
 from pipelines.release import run as run_release
 from pipelines.release.names import check_segment
-from transforms.ara.beam import (ROUNDING_PURPOSE, SUMMARY_PURPOSE, BoundContributions,
+from transforms.ara.beam import (ROUNDING_PURPOSE, SUMMARY_PURPOSE, BoundSourceContributions,
                                  EncodeConversions, ParseReports, Reconstruct, SummaryReport,
                                  batch_purpose)
 from transforms.ara.contribution import CONTRIBUTION_BUDGET, ContributionConfig
@@ -136,11 +136,12 @@ def _to_float(value):
     return number if np.isfinite(number) else None
 
 
-def _content_digest(resolved) -> str:
+def content_digest(resolved) -> str:
     """An order-independent digest of a batch's content: the sum mod 2^256 of each report's (or
     conversion row's) SHA-256, over its canonical form -- file names, order, compression and
     formatting do not change it, adding or removing a report does. ``resolved``: the
-    preflighted inputs (read as the pipeline reads them, one file at a time)."""
+    preflighted inputs (read as the pipeline reads them, one file at a time). Shared with
+    ``pipelines.event_level_reports``, whose sources and conversions are tables of the same kind."""
     total, kind = 0, "conversions"
     for inp in resolved:
         for path in inp.files:
@@ -339,7 +340,7 @@ class SummaryReportsJob(Job):
             guarantee_covers="one batch of reports: every declared bucket's noisy sum")]
 
     def content_key(self, request, planned, inputs):
-        return _content_digest([inputs[name] for name in sorted(inputs)])
+        return content_digest([inputs[name] for name in sorted(inputs)])
 
     def build(self, pipeline, request, inputs, release):
         config = self._config(request)
@@ -356,7 +357,7 @@ class SummaryReportsJob(Job):
                        | release.label("Numeric") >> beam.ParDo(_NumericColumns(numeric))
                        | release.label("ContributionVectors") >> EncodeConversions(
                            config, key, batch_purpose(ROUNDING_PURPOSE, batch)))
-        contributions = reports | release.label("ContributionBounding") >> BoundContributions(
+        contributions = reports | release.label("ContributionBounding") >> BoundSourceContributions(
             request.max_reports_per_source)
         domain = pipeline | release.label("Domain") >> beam.Create([key_bytes(k) for k in keys])
         noisy = ({"contributions": contributions, "domain": domain}

@@ -1,13 +1,17 @@
-"""ARA parameter optimisation, error model, hierarchy consistency and the synthetic generator."""
+"""ARA parameter optimisation (encodings, exact error model), hierarchy consistency and the
+synthetic generator."""
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
-from transforms.ara import optimize as opt
-from transforms.ara import synthetic
-from transforms.ara.contribution import CONTRIBUTION_BUDGET
+from pipelines import ara_optimize as opt
+from pipelines import ara_synthetic as synthetic
+from transforms.ara.contribution import (CONTRIBUTION_BUDGET, ENCODINGS,
+                                         bound_ranked_contributions, contribution_vectors)
 from transforms.ara.hierarchy import tree_consistency
+from transforms.ara.summary import summary_noise_variance
 
 
 @pytest.fixture(scope="module")
@@ -45,44 +49,148 @@ def test_generator_is_seeded_and_has_the_published_shape():
     assert (a.order[per_source.cumsum()[:-1][per_source[1:] > 0]] == 0).all()
 
 
-def test_power_law_sampler_exponent_and_range():
+def test_impressions_follow_the_published_generators_power_law():
+    # Oracle: the published generator's transformation (Clauset et al. eq. D.6, x_min = 1,
+    # truncated at x_max by drawing r below r_max), then slice size x + 1.
     rng = np.random.default_rng(0)
-    x = synthetic.sample_power_law(rng, 2.5, 1000, 400_000)
-    assert x.min() >= 1 and x.max() <= 1000
-    # P(x) proportional to x^-a: check the ratios the presets are defined by
-    p1 = (x == 1).mean()
-    assert (x == 2).mean() / p1 == pytest.approx(2 ** -2.5, rel=0.03)
-    assert (x == 4).mean() / p1 == pytest.approx(4 ** -2.5, rel=0.1)
-    p = synthetic.PRESETS["adtech_travel"]
-    y = synthetic.sample_power_law(rng, p.power_law_exponent, 180, 400_000)
-    assert (y == 2).mean() / (y == 1).mean() == pytest.approx(p.rate_of_size_2 / p.rate_of_size_1,
-                                                               rel=0.03)
+    a, x_max, n = 2.5, 1000, 400_000
+    r_max = 1 - ((x_max + 0.5) / 0.5) ** (1 - a)
+    oracle = np.floor(0.5 * (1 - rng.uniform(0, r_max, n)) ** (-1 / (a - 1)) + 0.5) + 1
+    ours = synthetic.sample_impressions_per_slice(rng, a, x_max, n)
+    assert ours.min() >= 2 and ours.max() <= x_max + 1
+    for size in (2, 3, 5):
+        assert (ours == size).mean() == pytest.approx((oracle == size).mean(), rel=0.03, abs=1e-3)
+    pmf = synthetic.published_impressions_pmf(a, x_max)
+    assert pmf.sum() == pytest.approx(1.0) and (ours == 2).mean() == pytest.approx(pmf[0], rel=0.01)
     with pytest.raises(ValueError):
-        synthetic.sample_power_law(rng, 0.0, 10, 5)
+        synthetic.published_impressions_pmf(1.0, 10)
 
 
-# --- error model -----------------------------------------------------------------------------
-
-def test_closed_form_matches_simulation_without_drops(small):
-    train, test, taus = small
-    k = test.max_reports_per_source  # every report of every source fits: no algorithm-C drops
-    params = opt.Parameters(np.array([1.0, 12000.0]), np.array([[0.4, 0.6]]), k)
-    config = params.to_config(test)
-    rounded = opt.Parameters(config.clip_array, config.budget_array / config.budget_array.sum(), k)
-    for eps in (2.0, 32.0):
-        closed = opt.expected_error(test, rounded, taus, eps)
-        sim = opt.simulate_error(test, config, taus, eps, np.random.default_rng(1), 200)
-        assert sim == pytest.approx(closed, rel=0.05)
+@pytest.mark.parametrize("name", sorted(synthetic.PRESETS))
+def test_generated_statistics_match_the_published_generator(name):
+    expected = synthetic.PRESETS[name].expected_statistics()
+    stats = [synthetic.dataset_statistics(synthetic.generate(name, seed)) for seed in (1, 2, 3)]
+    assert all(s["slices"] == expected["slices"] for s in stats)  # every slice has >= 2 impressions
+    for field in ("impressions", "conversions", "value_mean"):
+        mean = np.mean([s[field] for s in stats])
+        assert mean == pytest.approx(expected[field], rel=0.12), field
 
 
-def test_closed_form_is_conservative_about_drops(small):
-    # With K below the reports per source, C keeps at least the first K reports, so the
-    # simulated error is not above the closed form by more than noise.
-    train, test, taus = small
-    params = opt.Parameters(np.array([1.0, 12000.0]), np.array([[0.5, 0.5]]), 4)
-    closed = opt.expected_error(test, params, taus, 8.0)
-    sim = opt.simulate_error(test, params.to_config(test), taus, 8.0, np.random.default_rng(2), 50)
-    assert sim <= closed * 1.03
+# --- exact error per encoding ----------------------------------------------------------------
+
+def _config(w, encoding, k, count_clip=0.8, value_clip=12000.0):
+    if encoding == "split":  # padding with the value split at 0.3 C
+        return opt.Parameters(encoding="padding", clip=[count_clip, value_clip],
+                              shares=[[0.0, 0.35]], overflow_shares=[[0.0, 0.65]],
+                              split=[1.0, 0.3], reports_per_source=k).to_config(w)
+    shares = [[0.4, 0.6]] if encoding == "separate" else [[0.0, 1.0]]
+    return opt.Parameters(encoding=encoding, clip=[count_clip, value_clip], shares=shares,
+                          reports_per_source=k).to_config(w)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS + ("split",))
+@pytest.mark.parametrize("drops", [False, True])
+def test_exact_error_matches_monte_carlo_per_query(small, encoding, drops):
+    _, test, taus = small
+    k = 3 if drops else test.max_reports_per_source  # 3: algorithm C drops reports
+    config = _config(test, encoding, k)
+    eps, reps = 4.0, 150
+    exact = opt.error_components(test, config, taus, eps)
+    rng = np.random.default_rng(11)
+    sq = np.zeros((1, 2))
+    for _ in range(reps):
+        est = opt.simulate_estimates(test, config, eps, rng)
+        for m in range(2):
+            x = test.truth[0][test.nonempty(0), m]
+            sq[0, m] += np.mean(((est[0][m][test.nonempty(0)] - x) / np.maximum(taus[m], x)) ** 2)
+    for m, name in enumerate(test.measures):
+        bias2, var = exact[(0, name)]
+        assert sq[0, m] / reps == pytest.approx(bias2 + var, rel=0.06), (name, bias2, var)
+    closed = opt.expected_error(test, config, taus, eps)
+    assert math.sqrt(sq.mean() / reps) == pytest.approx(closed, rel=0.04)
+
+
+def test_no_rounding_variance_for_exact_integer_counts(small):
+    _, test, taus = small
+    eps = 8.0
+    noise = summary_noise_variance(eps)
+    config = _config(test, "separate", 4, count_clip=1.0)
+    b_count, b_value = config.budgets[0]
+    ne = test.nonempty(0)
+    _, var = opt.error_components(test, config, taus, eps)[(0, "count")]
+    # a count of 1 clipped at 1 contributes exactly b: the variance is the noise's alone
+    den = np.maximum(taus[0], test.truth[0][ne, 0]) ** 2
+    assert var == pytest.approx(np.mean(noise / b_count ** 2 / den), rel=1e-12)
+    _, var_value = opt.error_components(test, config, taus, eps)[(0, "value")]
+    noise_only = np.mean((12000.0 / b_value) ** 2 * noise
+                         / np.maximum(taus[1], test.truth[0][ne, 1]) ** 2)
+    assert var_value > noise_only  # values are rounded randomly
+
+
+def test_padding_count_is_exact_before_noise_and_unbiased_after(small):
+    _, test, taus = small
+    config = _config(test, "padding", 3, count_clip=1.0)
+    rng = np.random.default_rng(4)
+    contrib = contribution_vectors(test.values, config.clip_array, config.budget_array,
+                                   rng.random((len(test.rank), 1, 2)), config.padding_measure)
+    assert (contrib.sum(axis=2) == config.level_totals()[None, :]).all()  # every report: B_l
+    assert (contrib >= 0).all()
+    kept = test.rank < 3
+    n_kept = np.bincount(test.codes[kept, 0], minlength=test.level_sizes[0])
+    errors = np.array([opt.simulate_estimates(test, config, 2.0, rng)[0][0] - n_kept
+                       for _ in range(300)])
+    sd = math.sqrt(len(config.measures) * summary_noise_variance(2.0)) / config.level_totals()[0]
+    assert abs(errors.mean()) < 4 * sd / math.sqrt(errors.size)  # unbiased for the kept reports
+    assert errors.std() == pytest.approx(sd, rel=0.03)
+
+
+def test_algorithm_c_model_matches_the_pure_rule(small):
+    _, test, _ = small
+    totals = np.random.default_rng(0).integers(0, 40000, len(test.rank))
+    assert (test.greedy_keep(totals) == bound_ranked_contributions(
+        test.source_index, test.rank, totals)).all()
+
+
+# --- optimiser -------------------------------------------------------------------------------
+
+def test_optimizer_chooses_the_better_encoding_and_says_why(small):
+    train, _, taus = small
+    results = {eps: opt.optimize(train, eps, taus) for eps in (1.0, 64.0)}
+    for eps, result in results.items():
+        assert set(result.candidates) == set(ENCODINGS)
+        assert result.error == min(r.error for r in result.candidates.values())
+        for r in result.candidates.values():
+            assert r.error == pytest.approx(opt.expected_error(train, r.config, taus, eps))
+            assert r.config.encoding == r.encoding
+        other = [e for e in ENCODINGS if e != result.encoding][0]
+        assert result.reason.startswith(result.encoding + ":") and other in result.reason
+    # padding frees the count's share: at low epsilon it wins clearly on this data
+    assert results[1.0].encoding == "padding"
+    assert results[1.0].candidates["separate"].error > 1.05 * results[1.0].error
+
+
+def test_padding_is_refused_when_counts_are_not_one(small):
+    train, _, taus = small
+    values = train.values.copy()
+    values[0, 0] = 2.0
+    w = opt.Workload(measures=train.measures, values=values, source_index=train.source_index,
+                     rank=train.rank, codes=train.codes, level_sizes=train.level_sizes,
+                     slice_dimensions=train.slice_dimensions, prefixes=train.prefixes)
+    result = opt.optimize(w, 4.0, taus, k_candidates=[4])
+    assert result.encoding == "separate" and "padding" in result.unavailable
+    assert "padding not considered" in result.reason
+    with pytest.raises(ValueError, match="padding"):
+        opt.expected_error(w, _config(w, "padding", 4), taus, 4.0)
+
+
+def test_count_clip_varies_when_that_helps(small):
+    train, _, taus = small
+    for encoding in ENCODINGS:
+        params, err = opt.optimize_encoding(train, 1.0, encoding, taus, k_candidates=[6])
+        assert params.clip[0] < 0.99  # noise dominates at epsilon 1: shrinking the count pays
+        fixed = opt.Parameters(encoding=encoding, clip=[1.0, params.clip[1]],
+                               shares=params.shares, reports_per_source=6)
+        assert opt.expected_error(train, fixed, taus, 1.0) > err
 
 
 def test_optimizer_improves_on_baseline_on_held_out_data(small):
@@ -100,16 +208,26 @@ def test_optimizer_improves_on_baseline_on_held_out_data(small):
             assert optimized < baseline
 
 
-def test_optimizer_is_locally_optimal_in_shares_and_clip(small):
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_optimizer_is_locally_optimal_in_shares_and_clip(small, encoding):
     train, _, taus = small
-    params, err = opt.optimize_parameters(train, 8.0, taus, k_candidates=[6])
+    params, err = opt.optimize_encoding(train, 8.0, encoding, taus, k_candidates=[6])
+    v = 1  # the value measure
     for delta in (-0.05, 0.05):
-        shares = params.shares + np.array([[delta, -delta]])
-        worse = opt.expected_error(train, opt.Parameters(params.clip, shares, 6), taus, 8.0)
-        assert worse >= err - 1e-9
+        if encoding == "separate":
+            shares = params.shares + np.array([[delta, -delta]])
+            worse = opt.expected_error(train, opt.Parameters(
+                encoding=encoding, clip=params.clip, shares=shares, reports_per_source=6),
+                taus, 8.0)
+            assert worse >= err - 1e-9
         clip = params.clip * np.array([1.0, 1 + 4 * delta])
-        worse = opt.expected_error(train, opt.Parameters(clip, params.shares, 6), taus, 8.0)
+        worse = opt.expected_error(train, dataclasses.replace(params, clip=clip), taus, 8.0)
         assert worse >= err - 1e-9
+        if params.split[v] < 1:  # padding with a split: the split point is optimal too
+            split = params.split * np.array([1.0, 1 + delta])
+            worse = opt.expected_error(train, dataclasses.replace(params, split=split), taus, 8.0)
+            assert worse >= err - 1e-9
+    assert params.clip[v] > 0
 
 
 def test_epsilon_above_aggregation_service_limit_is_refused(small):

@@ -1,14 +1,12 @@
-"""ARA algorithm S (summary report), R, the batch registry and JSON report validation."""
+"""ARA algorithm S (summary report), R and JSON report validation."""
 import json
 import math
-import os
 
 import numpy as np
 import pytest
 
 from accounting.dp_tester import DPTester
 from transforms.ara.contribution import CONTRIBUTION_BUDGET, bound_contributions
-from transforms.ara.registry import BatchAlreadyAggregated, BatchRegistry
 from transforms.ara.reports import ReportFault, format_report, parse_report
 from transforms.ara.summary import (BucketDomain, add_summary_noise, bucket_streams,
                                     keys_to_hi_lo, noisy_summary, parse_output_domain,
@@ -113,22 +111,6 @@ def test_dp_tester_catches_a_source_that_bypasses_bounding():
     result = tester.run(_summary_sampler(d, 1.0, 3), _summary_sampler(d_prime, 1.0, 4),
                         epsilon=1.0)
     assert not result.passed, result
-
-
-# --- batch registry --------------------------------------------------------------------------
-
-def test_batch_is_aggregated_once(tmp_path):
-    reg = BatchRegistry(str(tmp_path / "reg"))
-    path = reg.claim("batch-1", epsilon=8.0)
-    assert os.path.exists(path) and reg.is_aggregated("batch-1")
-    assert reg.record("batch-1")["epsilon"] == 8.0
-    with pytest.raises(BatchAlreadyAggregated, match="batch-1"):
-        BatchRegistry(str(tmp_path / "reg")).claim("batch-1", epsilon=1.0)
-    reg.claim("batch-2")
-    with pytest.raises(ValueError):
-        reg.claim("  ")
-    with pytest.raises(ValueError, match="local"):
-        BatchRegistry("gs://bucket/reg")
 
 
 # --- JSON aggregatable reports ---------------------------------------------------------------

@@ -80,7 +80,7 @@ def reach_frequency(tmp) -> dict:
 
 def summary_reports(tmp) -> dict:
     from pipelines import summary_reports
-    from transforms.ara import optimize, synthetic
+    from pipelines import ara_optimize as optimize, ara_synthetic as synthetic
 
     data = synthetic.generate("adtech_real_estate", 3, scale=0.03)
     conversions = os.path.join(tmp, "conv.parquet")
@@ -97,6 +97,24 @@ def summary_reports(tmp) -> dict:
         "--testing_seed", str(SEED)]) == 0
     with open(_only(f"{target}/**/*.csv")) as handle:
         return {"adtech_real_estate": _text_digest(handle.read())}
+
+
+def event_level_reports(tmp) -> dict:
+    from pipelines.event_level_reports import main
+
+    sample = os.path.join(SAMPLE, "event_level")
+    target = os.path.join(tmp, "event")
+    assert main(["--sources", os.path.join(sample, "sources.csv"),
+                 "--conversions", os.path.join(sample, "conversions.csv"),
+                 "--epsilon", "3", "--batch_id", "sample", "--trigger_data_cardinality", "2",
+                 "--report_windows", "2", "--max_reports", "2", "--value_edges", "20",
+                 "--window_ends", "2,30", "--group_by", "campaign", "--output", target,
+                 "--testing_seed", str(SEED)]) == 0
+    out = {}
+    for name in ("reports.csv", "estimates.csv"):
+        with open(_only(f"{target}/**/{name}")) as handle:
+            out[name] = _text_digest(handle.read())
+    return out
 
 
 def dp_aggregate(tmp) -> dict:
@@ -130,8 +148,82 @@ def dp_aggregate(tmp) -> dict:
     return {"keyset": _table_digest(table)}
 
 
+def local_dp(tmp) -> dict:
+    """The four local/shuffle-DP jobs on their bundled samples (pipelines/sample_data/ldp)."""
+    from pipelines import label_dp, ldp_frequencies, ldp_heavy_hitters, shuffle_sum
+
+    data = os.path.join(SAMPLE, "ldp")
+    runs = {
+        "ldp_frequencies": (ldp_frequencies, [
+            "--input", os.path.join(data, "reports_oue.parquet"), "--oracle", "oue",
+            "--epsilon", "2", "--domain_size", "32", "--collection_id", "sample"]),
+        "ldp_heavy_hitters": (ldp_heavy_hitters, [
+            "--input", os.path.join(data, "pem_reports.parquet"), "--epsilon", "4",
+            "--value_bits", "16", "--top_k", "9", "--collection_id", "sample"]),
+        "shuffle_sum": (shuffle_sum, [
+            "--input", os.path.join(data, "shares.parquet"), "--num_clients", "1000",
+            "--value_bound", "10", "--epsilon", "1", "--delta", "1e-6",
+            "--collection_id", "sample"]),
+        "label_dp": (label_dp, [
+            "--input", os.path.join(data, "training.csv"), "--labels", "no,yes",
+            "--epsilon", "2", "--features", "feature_1,feature_2", "--dataset_id", "sample"]),
+    }
+    out = {}
+    for name, (module, argv) in runs.items():
+        target = os.path.join(tmp, name)
+        assert module.main([*argv, "--output", target, "--testing_seed", str(SEED)]) == 0
+        for path in sorted(glob.glob(f"{target}/testing-not-a-release/{name}/**/*.*",
+                                     recursive=True)):
+            base = os.path.basename(path)
+            if base == "RELEASE.json":
+                continue
+            if base.endswith(".parquet"):
+                out[f"{name}/{base}"] = _table_digest(pq.read_table(path))
+            else:
+                with open(path) as handle:
+                    out[f"{name}/{base}"] = _text_digest(handle.read())
+    return out
+
+
+def masked_lark(tmp) -> dict:
+    """The sample through browsers, both helpers and the ad server; and the training driver."""
+    from pipelines import (masked_lark_combine, masked_lark_helper, masked_lark_share,
+                           masked_lark_train)
+
+    sample = os.path.join(SAMPLE, "masked_lark")
+    params = os.path.join(sample, "aggregation_params.json")
+    seed = ["--testing_seed", str(SEED)]
+    assert masked_lark_share.main(["--input", os.path.join(sample, "conversions.csv"),
+                                   "--params", params, "--batch_id", "b1",
+                                   "--output", os.path.join(tmp, "share")] + seed) == 0
+    out, helper_files = {}, []
+    for h in (0, 1):
+        reports = _only(f"{tmp}/share/**/reports_helper_{h}.parquet")
+        out[f"share/helper-{h}"] = _table_digest(pq.read_table(reports))
+        assert masked_lark_helper.main(["--input", reports, "--params", params, "--helper",
+                                        str(h), "--batch_id", "b1",
+                                        "--output", os.path.join(tmp, f"h{h}")] + seed) == 0
+        helper_files.append(_only(f"{tmp}/h{h}/**/helper_{h}.parquet"))
+        out[f"helper-{h}"] = _table_digest(pq.read_table(helper_files[-1]))
+    assert masked_lark_combine.main(["--helper_outputs", ",".join(helper_files), "--params",
+                                     params, "--batch_id", "b1",
+                                     "--output", os.path.join(tmp, "server")] + seed) == 0
+    with open(_only(f"{tmp}/server/**/aggregates.csv")) as handle:
+        out["combine"] = _text_digest(handle.read())
+    assert masked_lark_train.main(["--input", os.path.join(sample, "train.csv"),
+                                   "--params", os.path.join(sample, "gradient_params.json"),
+                                   "--model", os.path.join(sample, "model.json"),
+                                   "--model_id", "m1", "--epochs", "2",
+                                   "--output", os.path.join(tmp, "train")] + seed) == 0
+    with open(_only(f"{tmp}/train/**/model.csv")) as handle:
+        out["train/model"] = _text_digest(handle.read())
+    return out
+
+
 JOBS = {"centralnotice": centralnotice, "reach_frequency": reach_frequency,
-        "summary_reports": summary_reports, "dp_aggregate": dp_aggregate}
+        "summary_reports": summary_reports, "dp_aggregate": dp_aggregate,
+        "event_level_reports": event_level_reports, "local_dp": local_dp,
+        "masked_lark": masked_lark}
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))

@@ -108,10 +108,15 @@ class Selector:
             self.threshold = discrete_gaussian_quantile(self.noise.scale, delta / (2 * max_partitions))
 
     def keep(self, units: np.ndarray, streams: RandomStreams) -> np.ndarray:
-        """Boolean mask of keys to release given their exact privacy-unit counts."""
+        """Boolean mask of keys to release given their exact privacy-unit counts. Under an exact
+        testing key (``streams.noise_free``) the choice is deterministic and monotone in the
+        count: thresholding compares the exact count, the truncated geometric keeps a key whose
+        keep probability is at least 1/2."""
         units = np.asarray(units, dtype=np.int64)
         if self.selection.strategy is SelectionStrategy.TRUNCATED_GEOMETRIC:
             pi = self.probabilities[np.minimum(units, len(self.probabilities) - 1)]
+            if streams.noise_free:
+                return pi >= 0.5
             return streams.uniform_float() < pi
         noisy = add_noise(self.noise, units, streams)
         return noisy > self.threshold

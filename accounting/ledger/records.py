@@ -100,14 +100,16 @@ class ReleaseRequest:
     def __post_init__(self):
         if not isinstance(self.release_id, str) or not self.release_id or "#" in self.release_id:
             raise ValueError(f"release_id must be a non-empty string without '#', got {self.release_id!r}")
-        if not self.measures or not all(isinstance(m, Measure) for m in self.measures):
-            raise ValueError(f"release {self.release_id!r}: measures must be a non-empty sequence "
-                             "of Measures")
+        if not all(isinstance(m, Measure) for m in self.measures):
+            # Empty: a release that spends nothing (recorded, charged (0, 0) to its scopes).
+            raise ValueError(f"release {self.release_id!r}: measures must be a sequence of "
+                             "Measures")
         if not isinstance(self.input_digest, str) or not self.input_digest:
             raise ValueError("input_digest must be a non-empty string")
-        if not self.scopes or not all(isinstance(s, Scope) for s in self.scopes):
+        if (self.measures and not self.scopes) or \
+                not all(isinstance(s, Scope) for s in self.scopes):
             raise ValueError(f"release {self.release_id!r}: scopes must be a non-empty sequence "
-                             "of Scopes")
+                             "of Scopes (empty only for a release that spends nothing)")
         names = [s.name for s in self.scopes]
         if len(set(names)) != len(names):
             raise ValueError(f"release {self.release_id!r}: scope names repeat: {names}")

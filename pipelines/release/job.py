@@ -37,6 +37,10 @@ class ReleaseOptions:
     testing_seed: Optional[int] = field(default=None, metadata={
         "help": "NOT A RELEASE: a public, non-secret key from this seed; no ledger; output goes "
                 "under OUTPUT/testing-not-a-release/"})
+    exact_testing: bool = field(default=False, metadata={
+        "cli": False,
+        "help": "TESTS ONLY (no CLI flag): with testing_seed, a noise-free testing key "
+                "(ReleaseKey.for_exact_testing) for the neighbouring-pair audits' exact mode"})
     new_release: bool = field(default=False, metadata={
         "help": "the input of a published release changed: charge a new version with a fresh key"})
     report_dir: Optional[str] = field(default=None, metadata={
@@ -60,6 +64,9 @@ class ReleaseOptions:
             if self.ledger or self.key_store or self.new_release:
                 raise ReleaseRefused("--testing_seed makes no release: give it without --ledger, "
                                      "--key_store and --new_release")
+        elif self.exact_testing:
+            raise ReleaseRefused("exact_testing (noise-free) is a testing mode: it needs "
+                                 "testing_seed and can never make a release")
         elif not (self.ledger and self.key_store):
             raise ReleaseRefused("a release needs --ledger and --key_store (or --testing_seed "
                                  "for a run that is not a release)")
@@ -104,9 +111,13 @@ class PlannedRelease:
     """One release a run makes.
 
     ``measures``: what it spends (each states mechanism, neighbouring relation, sensitivity and
-    cost); ``scopes``: the ledger budgets it is charged to; ``accountant``: how its measures are
-    composed in reports and in the ledger; ``config``: everything that shapes the release,
-    hashed with the input files into the digest its keys are bound to; ``parameters``: the
+    cost); a release that spends nothing (post-processing of published releases, or a simulation
+    that publishes no statistic) has no measures, composes to (0, 0)
+    (``accounting.guarantee.compose([])``) and must say why in ``spends_nothing`` (its
+    ``scopes`` may then be empty); ``scopes``: the ledger budgets it is charged to;
+    ``accountant``: how its measures are composed in reports and in the ledger; ``config``:
+    everything that shapes the release, hashed with the input files into the digest its keys are
+    bound to; ``parameters``: the
     public parameters stated in the published release metadata; ``inputs``: the inputs it reads
     (default: all); ``key_names``: independent keys it needs.
     """
@@ -121,11 +132,17 @@ class PlannedRelease:
     inputs: Optional[Sequence[str]] = None
     key_names: Sequence[str] = ("release",)
     guarantee_covers: str = ""
+    spends_nothing: str = ""
 
     def __post_init__(self):
         names.check_release_id(self.release_id)
-        if not self.measures:
-            raise ValueError(f"release {self.release_id!r} has no measures")
+        if not self.measures and not self.spends_nothing:
+            raise ValueError(f"release {self.release_id!r} has no measures: a release that "
+                             "spends nothing says why in spends_nothing")
+        if self.measures and self.spends_nothing:
+            raise ValueError(f"release {self.release_id!r} has measures and spends_nothing")
+        if self.measures and not self.scopes:
+            raise ValueError(f"release {self.release_id!r} spends budget but has no scopes")
         guarantee.check_accountant(self.accountant)
         object.__setattr__(self, "measures", tuple(self.measures))
         object.__setattr__(self, "scopes", tuple(self.scopes))
@@ -141,7 +158,10 @@ class PlannedRelease:
         rho = [m.rho for m in self.measures if m.rho is not None]
         return {"accountant": self.accountant, "epsilon": g.epsilon, "delta": g.delta,
                 "rho_of_zcdp_measures": math.fsum(rho) if rho else None,
-                "covers": self.guarantee_covers or "this release (its measures composed)",
+                "covers": self.guarantee_covers or (
+                    f"nothing: this release spends no budget ({self.spends_nothing})"
+                    if self.spends_nothing else "this release (its measures composed)"),
+                **({"spends_nothing": self.spends_nothing} if self.spends_nothing else {}),
                 "ledger_scopes": [{"name": s.name, "epsilon": s.budget.epsilon,
                                    "delta": s.budget.delta, "description": s.description}
                                   for s in self.scopes]}

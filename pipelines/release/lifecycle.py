@@ -76,8 +76,8 @@ def _pipeline_options(args: Sequence[str]):
     return options, bool(every.get("dry_run")) or bool(every.get("template_location"))
 
 
-def _testing_keys(seed: int, names: Sequence[str]) -> dict:
-    base = ReleaseKey.for_testing(seed)
+def _testing_keys(seed: int, names: Sequence[str], exact: bool = False) -> dict:
+    base = ReleaseKey.for_exact_testing(seed) if exact else ReleaseKey.for_testing(seed)
     return {name: base if name == "release" else base.derive(f"key:{name}") for name in names}
 
 
@@ -153,7 +153,8 @@ def run(job: Job, request) -> RunResult:
     # ----------------------------------------------------------------- reserve
     ledger, reservations = None, {}
     if options.testing:
-        contexts = [ReleaseContext(planned=p, keys=_testing_keys(options.testing_seed, p.key_names),
+        contexts = [ReleaseContext(planned=p, keys=_testing_keys(options.testing_seed, p.key_names,
+                                                                  options.exact_testing),
                                    versioned_id=p.release_id, testing=True) for p in planned]
         versions = {p.release_id: 1 for p in planned}
     else:
@@ -175,6 +176,8 @@ def run(job: Job, request) -> RunResult:
         except LedgerError as err:
             raise ReleaseRefused(str(err))
         reservations = {r.release_id: r for r in reserved}
+        if any(k.is_testing or k.noise_free for r in reserved for k in r.keys.values()):
+            raise ReleaseFailed("the ledger issued a testing key for a release")  # never: defence in depth
         contexts = [ReleaseContext(planned=p, keys=reservations[p.release_id].keys,
                                    versioned_id=reservations[p.release_id].versioned_id,
                                    testing=False) for p in planned]

@@ -32,7 +32,8 @@ def marker(job, request, context, version: int, files: Mapping[str, str], tables
     out = {
         "format": publish.MARKER_FORMAT, "job": job.name, "release_id": p.release_id,
         "version": version, "versioned_id": context.versioned_id, "testing": context.testing,
-        "status": "TESTING - NOT A RELEASE (public testing key)" if context.testing else "released",
+        "status": ("TESTING - NOT A RELEASE (" + ("noise-free exact " if any(k.noise_free for k in context.keys.values()) else "public ")
+                   + "testing key)") if context.testing else "released",
         "guarantee": p.guarantee_json(),
         "measures": [m.to_dict() for m in p.measures],
         "parameters": dict(p.parameters),

@@ -7,15 +7,24 @@ The four algorithms of the summary-report model (Aksu et al., PoPETs 2024):
 * C, contribution bounding (``contribution.bound_contributions``): the browser drops a source's
   reports once they would exceed its L1 budget of 65,536.
 * S, summary report (``summary``): the aggregation service sums per declared bucket and adds
-  discrete Laplace noise of scale 65,536 / epsilon; a batch is aggregated once (``registry``).
+  discrete Laplace noise of scale 65,536 / epsilon; a batch is aggregated once (the release ledger,
+  ``pipelines.summary_reports``).
 * R, reconstruction (``summary.reconstruct``): the ad tech rescales by ``C_i / b_i``.
 
-``optimize`` chooses ``C_i`` and the budget split from training data, ``hierarchy`` makes nested
-slice estimates consistent, ``synthetic`` generates the paper's synthetic data, ``reports`` parses
-JSON aggregatable reports and ``beam`` wires everything into Beam PTransforms.
+``hierarchy`` makes nested slice estimates consistent, ``reports`` parses JSON aggregatable
+reports and ``beam`` wires everything into Beam PTransforms. The count can be a query of its own
+or be derived from padded value buckets (``contribution``: encodings).
+
+Event-level reports: ``event_level`` (a source's output states and the API's k-ary randomized
+response), ``event_debias`` (unbiased aggregate conversion counts and their variance) and
+``event_beam`` (PTransforms over Arrow tables; the job is
+``pipelines.event_level_reports``). The ad tech's tooling lives beside
+its jobs: ``pipelines.ara_optimize`` chooses ``C_i`` and the budget split from training data and
+``pipelines.ara_synthetic`` generates the paper's synthetic data.
 """
 from transforms.ara.contribution import (
     CONTRIBUTION_BUDGET,
+    ENCODINGS,
     ContributionConfig,
     bound_contributions,
     contribution_vectors,
@@ -24,6 +33,7 @@ from transforms.ara.contribution import (
 
 __all__ = [
     "CONTRIBUTION_BUDGET",
+    "ENCODINGS",
     "ContributionConfig",
     "bound_contributions",
     "contribution_vectors",

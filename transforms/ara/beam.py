@@ -5,7 +5,7 @@ Python ints wider than 64 bits do not fit Beam's integer coder).
 
     conversions (pyarrow RecordBatches) --EncodeConversions (A)--> AggregatableReport
     JSON lines --ParseReports--> AggregatableReport
-    AggregatableReport --BoundContributions (C)--> (bucket, value)
+    AggregatableReport --BoundSourceContributions (C)--> (bucket, value)
     {"contributions", "domain"} --SummaryReport (S)--> (bucket, noisy sum)
     (bucket, noisy sum) --Reconstruct (R)--> (bucket, noisy sum, estimate)
 """
@@ -16,7 +16,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from transforms.ara.contribution import (CONTRIBUTION_BUDGET, ContributionConfig,
-                                         bound_contributions, contribution_vectors)
+                                         bound_contributions)
 from transforms.ara.reports import FAULTS, AggregatableReport, ReportFault, parse_report
 from transforms.ara.summary import (add_summary_noise, bucket_streams, check_summary_epsilon,
                                     key_bytes)
@@ -56,6 +56,8 @@ def check_conversion_schema(schema, config: ContributionConfig) -> None:
     for col in conversion_columns(config, has_count_column="count" in names):
         if col not in names:
             raise ValueError(f"conversions input lacks column {col!r} (has {sorted(names)})")
+    from transforms.privacy_units import check_unit_type
+    check_unit_type(schema.field("source_id").type, "source_id")
     numeric = [c for c in conversion_columns(config, "count" in names) if c != "source_id"]
     for col in numeric:
         t = schema.field(col).type
@@ -109,11 +111,13 @@ class _EncodeConversionsFn(beam.DoFn):
         self.range_rows = _counter("conversion_rows_dropped_feature_out_of_range")
         self.negative = _counter("conversion_values_negative_clipped_to_zero")
         self.reports = _counter("reports_encoded")
+        self.count_not_one = _counter("conversion_rows_count_not_one_counted_once_by_padding")
 
     def process(self, batch):
         import pyarrow as pa
         import pyarrow.compute as pc
         from transforms.noise import RandomStreams
+        from transforms.privacy_units import canonical_unit_ids
         cfg = self.config
         n = batch.num_rows
         if n == 0:
@@ -125,7 +129,9 @@ class _EncodeConversionsFn(beam.DoFn):
         def column(name):
             return batch.column(names.index(name))
 
-        valid = np.asarray(pc.is_valid(column("source_id")))
+        # One canonical form before any grouping or hashing: 7, 7.0 and "7" are one source.
+        source_ids = canonical_unit_ids(column("source_id"), "source_id")
+        valid = np.asarray(pc.is_valid(source_ids))
         dims = []
         for d in range(len(cfg.slice_dimensions)):
             col = column(f"dim_{d}")
@@ -140,7 +146,7 @@ class _EncodeConversionsFn(beam.DoFn):
             valid &= np.isfinite(v)
             values.append(v)
         self.null_rows.inc(int((~valid).sum()))
-        features = np.stack(dims, axis=1)
+        features = np.stack(dims, axis=1) if dims else np.zeros((n, 0))
         integral = (features == np.floor(features)).all(axis=1)
         in_range = valid & integral & cfg.valid_feature_rows(features)
         self.range_rows.inc(int((valid & ~in_range).sum()))
@@ -150,28 +156,32 @@ class _EncodeConversionsFn(beam.DoFn):
         values = np.stack(values, axis=1)[rows]
         negative = values < 0
         self.negative.inc(int(negative.sum()))
-        sources = [str(s) for s in column("source_id").take(pa.array(rows)).to_pylist()]
+        sources = source_ids.take(pa.array(rows)).to_pylist()
         if "order" in names:
             order = np.asarray(pc.fill_null(column("order").cast(pa.int64()), 0))[rows]
         else:
             order = np.zeros(rows.size, dtype=np.int64)
         codes = cfg.slice_codes(features[rows].astype(np.int64))
         q = cfg.n_queries
-        # One keyed uniform per (report, query): rounding does not depend on batching.
+        # One keyed uniform per (report, level, bucket column): rounding does not depend on
+        # batching.
         lanes = [(s, int(o), j) for s, o in zip(sources, order.tolist()) for j in range(q)]
         uniforms = RandomStreams.for_keys(self.release_key, self.purpose, lanes).uniform_float()
-        budgets = cfg.budget_array
-        contrib = contribution_vectors(values, cfg.clip_array, budgets,
-                                       uniforms.reshape((rows.size,) + budgets.shape))
-        measure_bits = [m << 96 for m in range(len(cfg.measures))]
+        pad = cfg.padding_measure
+        if pad is not None and "count" in names:
+            self.count_not_one.inc(int((values[:, pad] != 1).sum()))
+        columns = cfg.columns
+        contrib = cfg.contributions(values, uniforms.reshape(
+            (rows.size, len(cfg.prefixes), len(columns))))
+        column_bits = [c << 96 for c in columns]
         for i in range(rows.size):
             items = []
             for l, p in enumerate(cfg.prefixes):
                 base = (p << 64) | int(codes[i, l])
-                for m in range(len(cfg.measures)):
-                    v = int(contrib[i, l, m])
+                for j, bits in enumerate(column_bits):
+                    v = int(contrib[i, l, j])
                     if v:
-                        items.append((measure_bits[m] | base, v))
+                        items.append((bits | base, v))
             self.reports.inc()
             yield AggregatableReport(sources[i], int(order[i]), tuple(items))
 
@@ -182,6 +192,8 @@ class EncodeConversions(beam.PTransform):
     Randomized rounding uses the keyed stream of lane (source_id, order, query index) under the
     release key and ``purpose``, so re-runs with the same key reproduce and batching does not
     matter.
+    Source ids are canonicalised first (``transforms.privacy_units``: ``7``, ``7.0`` and ``"7"``
+    are one source); a source_id column that cannot be canonicalised fails the job naming it.
     Row faults (documented rule): rows with a null source/feature/measure, a NaN or infinite
     measure, or a fractional feature or one outside its declared dimension, are dropped and
     counted; negative measures are clipped to 0 by algorithm A and counted.
@@ -192,6 +204,9 @@ class EncodeConversions(beam.PTransform):
         self.config, self.release_key, self.purpose = config, release_key, purpose
 
     def expand(self, batches):
+        # One application per key and purpose: applied again (other input) the same lanes would
+        # round the same way, and the difference of two outputs would carry no rounding noise.
+        self.release_key.claim(self.purpose, owner=type(self).__name__)
         return batches | "Encode" >> beam.ParDo(
             _EncodeConversionsFn(self.config, self.release_key, self.purpose))
 
@@ -291,7 +306,7 @@ class _ApplyBudgetFn(beam.DoFn):
                     yield key_bytes(key), value
 
 
-class BoundContributions(beam.PTransform):
+class BoundSourceContributions(beam.PTransform):
     """Algorithm C: per source, keep reports in order while they fit in the 65,536 L1 budget.
 
     Reports beyond ``max_reports_per_source`` (by order) are dropped before bounding (counted),
@@ -370,7 +385,7 @@ class SummaryReport(beam.PTransform):
     without contributions gets sum 0; undeclared keys are dropped and counted) and adds discrete
     Laplace noise of scale 65,536 / epsilon from the bucket's keyed stream. Output:
     (16-byte key, noisy sum). Sensitivity 65,536 holds because the input went through
-    ``BoundContributions``.
+    ``BoundSourceContributions``.
     """
 
     def __init__(self, epsilon: float, release_key, purpose: str = SUMMARY_PURPOSE):
@@ -379,6 +394,8 @@ class SummaryReport(beam.PTransform):
         self.release_key, self.purpose = release_key, purpose
 
     def expand(self, inputs):
+        # Same key and purpose on other input would repeat every bucket's noise: refused.
+        self.release_key.claim(self.purpose, owner=type(self).__name__)
         sums = inputs["contributions"] | "SumPerBucket" >> beam.CombinePerKey(_SumAndCount())
         domain = inputs["domain"] | "Declared" >> beam.Map(lambda k: (k, True))
         return ({"sums": sums, "domain": domain}
@@ -388,8 +405,24 @@ class SummaryReport(beam.PTransform):
                 | "Noise" >> beam.ParDo(_AddNoiseFn(self.epsilon, self.release_key, self.purpose)))
 
 
+def _reconstruct_slice(element, config: ContributionConfig):
+    _, rows = element
+    rows = sorted(rows)
+    estimates = config.reconstruct_estimates([int.from_bytes(k, "big") for k, _ in rows],
+                                             [v for _, v in rows])
+    for (key, noisy), estimate in zip(rows, estimates.tolist()):
+        yield key, noisy, None if estimate != estimate else estimate  # NaN -> null
+
+
 class Reconstruct(beam.PTransform):
-    """Algorithm R: (key, noisy sum) -> (key, noisy sum, noisy sum x C / b of the key's query)."""
+    """Algorithm R: (key, noisy sum) -> (key, noisy sum, estimate of the key's query).
+
+    ``separate`` and value buckets: noisy sum x C / b. With ``padding`` the padding bucket's
+    estimate is its slice's count, C x (sum of the slice's main buckets) / B_l, and a split
+    measure's main bucket carries the value estimate of both its parts (the overflow bucket's
+    estimate is null) -- ``ContributionConfig.reconstruct_estimates`` -- so the buckets of a
+    slice (one per column) are grouped first; an estimate needing an undeclared bucket is null.
+    """
 
     def __init__(self, config: ContributionConfig):
         super().__init__()
@@ -397,5 +430,17 @@ class Reconstruct(beam.PTransform):
 
     def expand(self, noisy):
         config = self.config
-        return noisy | "Rescale" >> beam.Map(
-            lambda kv: (kv[0], kv[1], kv[1] * config.scale_of_key(int.from_bytes(kv[0], "big"))))
+        if config.padding_measure is None:
+            return noisy | "Rescale" >> beam.Map(
+                lambda kv: (kv[0], kv[1],
+                            kv[1] * config.scale_of_key(int.from_bytes(kv[0], "big"))))
+
+        def slice_of(kv):
+            level, _, code = config.query_of_key(int.from_bytes(kv[0], "big"))
+            return (level, code), kv
+
+        return (noisy
+                | "BySlice" >> beam.Map(slice_of)
+                | "GroupSlice" >> beam.GroupByKey()
+                | "Rescale" >> beam.FlatMap(_reconstruct_slice, config))
+

@@ -7,7 +7,9 @@ Format (a cleartext stand-in for the encrypted payload the browser sends)::
 
 * ``source_id`` (string or integer, required): the source (impression) the report is
   attributed to; algorithm C is (re-)applied per source in the pipeline, so the L1 bound holds
-  even for reports that did not come through a browser.
+  even for reports that did not come through a browser. Ids are canonicalised
+  (``transforms.privacy_units``): ``7``, ``7.0``, ``"7"`` and ``" 007"`` are one source; an id
+  without a canonical form (``7.5``, ``true``, an object) drops the report (``bad_source_id``).
 * ``order`` (integer >= 0, default 0): trigger time order within the source (C keeps reports in
   this order; ties are broken by the report's content, so the result is deterministic).
 * ``bucket``: a 128-bit key as a ``0x`` hex string, a decimal string or a JSON integer;
@@ -27,8 +29,9 @@ import numbers
 import numpy as np
 
 from transforms.ara.contribution import CONTRIBUTION_BUDGET, parse_bucket_key
+from transforms.privacy_units import UnitIdError, canonical_unit_id
 
-FAULTS = ("malformed_json", "missing_source_id", "bad_order", "malformed_contributions",
+FAULTS = ("malformed_json", "missing_source_id", "bad_source_id", "bad_order", "malformed_contributions",
           "bad_bucket_key", "bad_value", "negative_value", "report_over_budget")
 
 
@@ -72,7 +75,14 @@ def parse_report(line: str | bytes) -> AggregatableReport:
     if not isinstance(obj, dict):
         raise ReportFault("malformed_json", "a report must be a JSON object")
     source = obj.get("source_id")
-    if isinstance(source, bool) or not isinstance(source, (str, int)) or source == "":
+    if source is None or source == "":
+        raise ReportFault("missing_source_id", "source_id (string or integer) is required")
+    try:
+        # One canonical form before grouping: 7, 7.0 and "7" are the same source.
+        source = canonical_unit_id(source, "source_id")
+    except UnitIdError as e:
+        raise ReportFault("bad_source_id", str(e)) from None
+    if not source:
         raise ReportFault("missing_source_id", "source_id (string or integer) is required")
     order = _integer(obj.get("order", 0))
     if order is None or order < 0:
@@ -98,7 +108,7 @@ def parse_report(line: str | bytes) -> AggregatableReport:
         if value > CONTRIBUTION_BUDGET:
             raise ReportFault("bad_value", f"value {value} exceeds {CONTRIBUTION_BUDGET}")
         contributions.append((key, value))
-    report = AggregatableReport(str(source), order, tuple(contributions))
+    report = AggregatableReport(source, order, tuple(contributions))
     if report.total > CONTRIBUTION_BUDGET:
         raise ReportFault("report_over_budget",
                           f"contributions sum to {report.total} > {CONTRIBUTION_BUDGET}")
@@ -118,6 +128,6 @@ def reports_from_vectors(source_ids, orders, keys: np.ndarray, contributions: np
     """
     out = []
     for s, o, krow, crow in zip(source_ids, orders, keys, contributions):
-        out.append(AggregatableReport(str(s), int(o), tuple(
+        out.append(AggregatableReport(canonical_unit_id(s, "source_id"), int(o), tuple(
             (int(k), int(v)) for k, v in zip(krow, crow) if v)))
     return out

@@ -17,7 +17,10 @@ _MAX_UNITS = 2 ** 62
 
 
 def sample_units(spec: NoiseSpec, streams: RandomStreams) -> np.ndarray:
-    """Integer noise in grid units, one value per lane."""
+    """Integer noise in grid units, one value per lane (zero under an exact testing key:
+    :meth:`accounting.keys.ReleaseKey.for_exact_testing`)."""
+    if streams.noise_free:
+        return np.zeros(streams.size, dtype=np.int64)
     if spec.kind.is_gaussian:
         return discrete_gaussian(streams, spec.unit_scale)
     return discrete_laplace(streams, spec.unit_scale)

@@ -50,6 +50,12 @@ class RandomStreams:
         return cls.for_keys(release_key, purpose, pa.table({"i": ids}))
 
     @property
+    def noise_free(self) -> bool:
+        """True only under a testing key from ``ReleaseKey.for_exact_testing``: samplers of noise
+        return zero (the exact mode of the neighbouring-pair audits; never a release)."""
+        return self.release_key.noise_free
+
+    @property
     def size(self) -> int:
         return len(self._seeds)
 

@@ -254,7 +254,10 @@ def polya_table(num_helpers: int, unit_scale: float) -> PolyaTable:
 
 
 def polya_difference(streams: RandomStreams, table: PolyaTable) -> np.ndarray:
-    """One helper's share per lane: X - Y with X, Y ~ Polya(1/n, p) from the helper's stream."""
+    """One helper's share per lane: X - Y with X, Y ~ Polya(1/n, p) from the helper's stream
+    (zero under an exact testing key, :meth:`accounting.keys.ReleaseKey.for_exact_testing`)."""
+    if streams.noise_free:
+        return np.zeros(streams.size, dtype=np.int64)
     return table.draw(streams) - table.draw(streams)
 
 

@@ -1,0 +1,850 @@
+"""Neighbouring-pair audits: run a job on a dataset and on adversarial neighbours of it, with the
+same release key, and check what must not differ.
+
+A DP release may let noisy values, and nothing else that depends on the data, differ between
+neighbouring datasets. An audit runs a job on a dataset D and on each of a list of adversarial
+neighbours D' (one privacy unit added, removed or replaced, built to hit known weak spots), with
+the *same* public testing seed, and checks
+
+* **structure**, in every mode: the same outcome (a run that fails on D' only is an observable
+  difference), the same table names, file names and file count; per table the same schema; the
+  released keys in the declared public order (ascending key columns, or the public keyset's
+  order), no key twice, exactly the public keyset when the keys are public, and no key outside
+  the declared candidate keys; every released column that is neither a key nor declared noisy
+  equal for every key released by both runs; each report equal once its declared noisy fields
+  are masked;
+* **sensitivity**, in the exact (testing, noise-free) mode: per declared column, the values of
+  the keys released by both runs differ by at most ``linf`` each, by at most ``l1`` in total and
+  in at most ``l0`` keys; with keys released by one run only (private key selection, release
+  thresholds), at most ``changed_keys`` keys differ in presence or value altogether.
+
+A ``REBATCH`` "neighbour" holds D's rows in other batches and another order: nothing at all may
+change (bounding and noise must depend on row content and the key only, never on batching).
+
+The job is any callable ``job(dataset, seed, exact) -> Release``; the harness never runs Beam
+itself, so jobs, transforms and whole pipelines (through their CLI and output files) are audited
+alike. A job's exact mode runs under a noise-free testing key
+(:meth:`accounting.keys.ReleaseKey.for_exact_testing`; for release-layer jobs
+``ReleaseOptions(testing_seed=..., exact_testing=True)``), which no real release accepts. Table and
+report rules are looked up by name, or by fnmatch pattern (``"*/summary.csv"``: release folders
+carry ids). A job that releases no table a rule declares is not audited (an error, never a pass).
+
+Key reuse -- one key driving the same noise on two inputs -- is not a neighbouring-pair property
+(the audit itself reuses one public testing key on D and D' on purpose, to see exact
+differences); :func:`repeated_noise` checks it from two releases on different inputs and their
+exact answers. Neighbours are built from a row model of the privacy unit (:class:`Units`); jobs whose
+inputs are not "rows owned by a unit" pass their own ``neighbours`` builder.
+
+Pure Python and numpy (no Beam, no job-specific code). The statistical side, whether the noise
+covers the differences the audit bounds, is :mod:`accounting.dp_tester`.
+"""
+from __future__ import annotations
+
+import enum
+import fnmatch
+import math
+import numbers
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+
+Row = Mapping[str, Any]
+Key = tuple
+
+NOISY = "<noisy>"
+
+
+# --------------------------------------------------------------------------------------------
+# What a job released
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class Table:
+    """One released table: column names, optional type names, rows in released order."""
+
+    columns: tuple
+    rows: tuple
+    types: Optional[tuple] = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "columns", tuple(self.columns))
+        object.__setattr__(self, "rows", tuple(tuple(r) for r in self.rows))
+        if self.types is not None:
+            object.__setattr__(self, "types", tuple(str(t) for t in self.types))
+        if any(len(r) != len(self.columns) for r in self.rows):
+            raise ValueError("every row needs one value per column")
+
+    @classmethod
+    def from_arrow(cls, table) -> "Table":
+        """From a pyarrow Table or RecordBatch (duck-typed: no pyarrow import here)."""
+        names = list(table.schema.names)
+        columns = [table.column(i).to_pylist() for i in range(len(names))]
+        return cls(columns=names, rows=list(zip(*columns)) if names else [],
+                   types=[str(f.type) for f in table.schema])
+
+    @classmethod
+    def from_records(cls, records: Sequence[Row], columns: Sequence[str] = None,
+                     types: Sequence[str] = None) -> "Table":
+        """From dicts (a CSV file read with csv.DictReader, JSON lines, ...), in their order."""
+        records = list(records)
+        columns = list(columns) if columns is not None else (list(records[0]) if records else [])
+        return cls(columns=columns, rows=[tuple(r.get(c) for c in columns) for r in records],
+                   types=types)
+
+    def records(self) -> list[dict]:
+        return [dict(zip(self.columns, r)) for r in self.rows]
+
+    def index(self, column: str) -> int:
+        try:
+            return self.columns.index(column)
+        except ValueError:
+            raise KeyError(f"released table has no column {column!r} (columns: {list(self.columns)})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Release:
+    """What one run released: named tables, file names (relative to the output), reports (text,
+    or JSON-like values)."""
+
+    tables: Mapping[str, Table] = field(default_factory=dict)
+    files: tuple = ()
+    reports: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "files", tuple(self.files))
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Failed:
+    """A run that raised: its exception type (the outcome an observer sees)."""
+
+    error: str
+
+
+# --------------------------------------------------------------------------------------------
+# What may differ: the job's declarations
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class Bound:
+    """Declared sensitivity of one released column, for one neighbouring change: at most ``l0``
+    keys change, each by at most ``linf``, by at most ``l1`` in total (default l0 * linf)."""
+
+    l0: int
+    linf: float
+    l1: Optional[float] = None
+
+    @property
+    def total(self) -> float:
+        return self.l0 * self.linf if self.l1 is None else self.l1
+
+    @classmethod
+    def of(cls, sensitivities) -> "Bound":
+        """From anything with ``l0``, ``linf`` and ``l1`` (accounting.sensitivity.Sensitivities)."""
+        return cls(l0=int(sensitivities.l0), linf=float(sensitivities.linf), l1=float(sensitivities.l1))
+
+
+class Order(str, enum.Enum):
+    SORTED = "ascending by the key columns"
+    PUBLIC = "the public keyset's order"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TableRule:
+    """How one released table may differ between neighbouring runs.
+
+    keys: the key columns. noisy: columns holding noisy values (masked by structural checks;
+    every other non-key column must not differ). bounds: exact-mode sensitivity per column.
+    public_keys: the public keyset (released exactly, unless ``keys_private``). keys_private:
+    the released key set is itself a noisy output (private selection, release thresholds).
+    candidate_keys: no key outside these may ever be released (defaults to ``public_keys``).
+    changed_keys: keys that may differ in presence or bounded value (default: the largest l0).
+    order: the public order of released rows. tolerance: absolute slack of numeric comparisons
+    (floating-point sums).
+    """
+
+    keys: tuple
+    noisy: tuple = ()
+    bounds: Mapping[str, Bound] = field(default_factory=dict)
+    public_keys: Optional[Sequence[Key]] = None
+    keys_private: bool = False
+    candidate_keys: Optional[Sequence[Key]] = None
+    changed_keys: Optional[int] = None
+    order: Order = Order.SORTED
+    tolerance: float = 1e-9
+
+    def __post_init__(self):
+        object.__setattr__(self, "keys", _names(self.keys))
+        object.__setattr__(self, "noisy", _names(self.noisy))
+        object.__setattr__(self, "order", Order(self.order))
+        for attr in ("public_keys", "candidate_keys"):
+            keys = getattr(self, attr)
+            if keys is not None:
+                object.__setattr__(self, attr, tuple(_as_key(k) for k in keys))
+        unknown = set(self.bounds) - set(self.noisy)
+        if unknown:
+            raise ValueError(f"bounded columns must be declared noisy: {sorted(unknown)}")
+        if self.order is Order.PUBLIC and self.public_keys is None:
+            raise ValueError("order=PUBLIC needs public_keys")
+
+    @property
+    def max_changed_keys(self) -> int:
+        if self.changed_keys is not None:
+            return self.changed_keys
+        return max((b.l0 for b in self.bounds.values()), default=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportRule:
+    """How a report may differ: JSON-like fields whose dotted path matches one of
+    ``noisy_fields`` (fnmatch patterns, e.g. ``"keys.*.count"``) and text matching one of
+    ``noisy_patterns`` (regular expressions) are masked; everything else must be equal."""
+
+    noisy_fields: tuple = ()
+    noisy_patterns: tuple = ()
+
+    def mask(self, report):
+        patterns = [re.compile(p) for p in self.noisy_patterns]
+        return _mask(report, "", tuple(self.noisy_fields), patterns)
+
+
+def _mask(value, path, fields, patterns):
+    if path and any(fnmatch.fnmatchcase(path, f) for f in fields):
+        return NOISY
+    if isinstance(value, Mapping):
+        return {k: _mask(v, f"{path}.{k}" if path else str(k), fields, patterns) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_mask(v, f"{path}.{i}" if path else str(i), fields, patterns) for i, v in enumerate(value)]
+    if isinstance(value, str):
+        for pattern in patterns:
+            value = pattern.sub(NOISY, value)
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Datasets and neighbours
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class Dataset:
+    """Rows (dicts) in batches, in the order a job reads them (files, record batches, bundles);
+    ``extra`` is passed through unchanged (other inputs, side data)."""
+
+    batches: tuple
+    name: str = "D"
+    extra: Any = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "batches", tuple(tuple(dict(r) for r in b) for b in self.batches))
+
+    def rows(self) -> list[dict]:
+        return [r for b in self.batches for r in b]
+
+
+class Change(str, enum.Enum):
+    """Adversarial neighbouring changes (the value says what the neighbour is)."""
+
+    ADD_EMPTY_KEY = "add a unit with heavy rows in public keys without rows"
+    ADD_ALONE = "add a unit alone in keys of its own (outside the data and the keyset)"
+    ADD_HEAVY = "add a unit beyond every bound in the busiest keys"
+    ADD_MIXED_IDS = "add a unit whose id has mixed types (7, 7.0, '7') across batches"
+    ADD_SPREAD = "add a unit whose rows are spread across every batch"
+    REMOVE_HEAVY = "remove the unit with the most rows"
+    REMOVE_LONE = "remove a unit alone in a key"
+    SUBSTITUTE_EMPTY_KEY = "replace the heaviest unit by a heavy unit in keys without rows"
+    SUBSTITUTE_ALONE = "replace a lone unit by a unit alone in keys of its own"
+    SUBSTITUTE_MIXED_IDS = "replace the heaviest unit by one with mixed id types across batches"
+    SUBSTITUTE_SPREAD = "replace a lone unit by a heavy unit spread across every batch"
+    REBATCH = "the same rows in other batches and another order (nothing may change)"
+
+
+ADD_REMOVE_CHANGES = (Change.ADD_EMPTY_KEY, Change.ADD_ALONE, Change.ADD_HEAVY,
+                      Change.ADD_MIXED_IDS, Change.ADD_SPREAD, Change.REMOVE_HEAVY,
+                      Change.REMOVE_LONE, Change.REBATCH)
+SUBSTITUTE_CHANGES = (Change.SUBSTITUTE_EMPTY_KEY, Change.SUBSTITUTE_ALONE,
+                      Change.SUBSTITUTE_MIXED_IDS, Change.SUBSTITUTE_SPREAD, Change.REBATCH)
+
+
+def default_id_variants(unit_id) -> list:
+    """The same unit under other id types: 7 -> [7, 7.0, "7"]; "a7" -> ["a7", " A7", "a7 "]."""
+    if isinstance(unit_id, numbers.Integral) and not isinstance(unit_id, bool):
+        return [int(unit_id), float(unit_id), str(int(unit_id))]
+    text = str(unit_id)
+    return [text, f" {text.upper()}", f"{text} "]
+
+
+def _id_text(value) -> Optional[str]:
+    """A loose canonical id (only to find a unit's rows in a generated dataset)."""
+    if value is None:
+        return None
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        if isinstance(value, float) and (math.isnan(value) or not value.is_integer()):
+            return repr(value)
+        return str(int(value))
+    return str(value).strip().lower()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Units:
+    """The row model of a privacy unit, to build neighbours.
+
+    column: the privacy-unit column; keys: the key columns of a row. public_keys: the public
+    keyset (empty ones are found in each dataset); fresh_keys: keys in no dataset and no keyset
+    (a unit alone in a key of its own; dropped in keyset mode, candidates for private selection).
+    values: per value column, the values a new unit's rows cycle through (put extremes beyond
+    the clamping range here). heavy_keys / heavy_rows: keys of a new heavy unit and rows per key
+    (make them exceed L0 and Linf). row: optional ``row(base_row) -> row`` completing a new row
+    (job-specific columns). id_variants: the same id under other types.
+    """
+
+    column: str
+    keys: tuple
+    public_keys: Sequence[Key] = ()
+    fresh_keys: Sequence[Key] = ()
+    values: Mapping[str, Sequence] = field(default_factory=dict)
+    heavy_keys: int = 3
+    heavy_rows: int = 4
+    row: Optional[Callable[[dict], dict]] = None
+    id_variants: Callable[[Any], list] = default_id_variants
+
+    def __post_init__(self):
+        object.__setattr__(self, "keys", _names(self.keys))
+        object.__setattr__(self, "public_keys", tuple(_as_key(k) for k in self.public_keys))
+        object.__setattr__(self, "fresh_keys", tuple(_as_key(k) for k in self.fresh_keys))
+
+    def key_of(self, row: Row) -> Key:
+        return tuple(row.get(k) for k in self.keys)
+
+    def new_rows(self, unit_id, keys: Sequence[Key], rows_per_key: int) -> list[dict]:
+        """A new unit's rows: ``rows_per_key`` rows in each key, values cycling."""
+        out = []
+        for key in keys:
+            for i in range(rows_per_key):
+                row = {self.column: unit_id, **dict(zip(self.keys, key))}
+                for column, choices in self.values.items():
+                    row[column] = choices[(len(out) + i) % len(choices)]
+                out.append(self.row(row) if self.row else row)
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Neighbour:
+    change: Change
+    dataset: Dataset
+    note: str = ""
+
+
+def _without_unit(dataset: Dataset, units: Units, unit_text: str) -> list[list[dict]]:
+    return [[r for r in b if _id_text(r.get(units.column)) != unit_text] for b in dataset.batches]
+
+
+def _unit_stats(dataset: Dataset, units: Units):
+    rows_of, keys_of, units_in = {}, {}, {}
+    for r in dataset.rows():
+        unit = _id_text(r.get(units.column))
+        if unit is None:
+            continue
+        key = units.key_of(r)
+        rows_of[unit] = rows_of.get(unit, 0) + 1
+        keys_of.setdefault(unit, set()).add(key)
+        units_in.setdefault(key, set()).add(unit)
+    return rows_of, keys_of, units_in
+
+
+def _new_unit_id(dataset: Dataset, units: Units):
+    ids = [r.get(units.column) for r in dataset.rows()]
+    ints = [int(i) for i in ids if isinstance(i, numbers.Integral) and not isinstance(i, bool)]
+    if ints or not ids:
+        return max(ints, default=0) + 1000
+    return f"audit-new-unit-{len(ids)}"
+
+
+def _spread(batches: list[list[dict]], rows: list[dict]) -> list[list[dict]]:
+    """Insert ``rows`` one per batch (round robin), each in the middle of its batch."""
+    batches = [list(b) for b in batches] or [[]]
+    for i, row in enumerate(rows):
+        batch = batches[i % len(batches)]
+        batch.insert(len(batch) // 2, row)
+    return batches
+
+
+def build_neighbours(dataset: Dataset, units: Units, changes: Sequence[Change],
+                     seed: int = 0) -> list[Neighbour]:
+    """The requested adversarial neighbours of ``dataset`` that it admits (a change needing, say,
+    an empty public key is skipped for a dataset without one)."""
+    rng = np.random.default_rng(seed)
+    rows_of, keys_of, units_in = _unit_stats(dataset, units)
+    busiest = sorted(units_in, key=lambda k: (-sum(rows_of[u] for u in units_in[k]), _order_key(k)))
+    empty = [k for k in units.public_keys if k not in units_in]
+    heaviest = max(sorted(rows_of), key=lambda u: rows_of[u]) if rows_of else None
+    lone_keys = [k for k in sorted(units_in, key=_order_key) if len(units_in[k]) == 1]
+    lone = next(iter(units_in[lone_keys[0]])) if lone_keys else None
+    new_id = _new_unit_id(dataset, units)
+    h_keys, h_rows = units.heavy_keys, units.heavy_rows
+    batches = [list(b) for b in dataset.batches]
+
+    def added(rows, base=batches):
+        return [*map(list, base), rows]
+
+    def mixed(base):
+        variants = units.id_variants(new_id)
+        return [*map(list, base), *[units.new_rows(v, busiest[:h_keys], h_rows) for v in variants]]
+
+    out = []
+    for change in changes:
+        change = Change(change)
+        new = None
+        if change is Change.ADD_EMPTY_KEY and empty:
+            new = added(units.new_rows(new_id, empty[:h_keys], h_rows))
+        elif change is Change.ADD_ALONE and units.fresh_keys:
+            new = added(units.new_rows(new_id, units.fresh_keys[:h_keys], h_rows))
+        elif change is Change.ADD_HEAVY and busiest:
+            new = added(units.new_rows(new_id, busiest[:h_keys + 1], h_rows + 1))
+        elif change is Change.ADD_MIXED_IDS and busiest:
+            new = mixed(batches)
+        elif change is Change.ADD_SPREAD and busiest:
+            new = _spread(batches, units.new_rows(new_id, busiest[:h_keys], h_rows))
+        elif change is Change.REMOVE_HEAVY and heaviest is not None:
+            new = _without_unit(dataset, units, heaviest)
+        elif change is Change.REMOVE_LONE and lone is not None:
+            new = _without_unit(dataset, units, lone)
+        elif change is Change.SUBSTITUTE_EMPTY_KEY and heaviest is not None and empty:
+            new = added(units.new_rows(new_id, empty[:h_keys], h_rows),
+                        _without_unit(dataset, units, heaviest))
+        elif change is Change.SUBSTITUTE_ALONE and lone is not None and units.fresh_keys:
+            new = added(units.new_rows(new_id, units.fresh_keys[:h_keys], h_rows),
+                        _without_unit(dataset, units, lone))
+        elif change is Change.SUBSTITUTE_MIXED_IDS and heaviest is not None and busiest:
+            new = mixed(_without_unit(dataset, units, heaviest))
+        elif change is Change.SUBSTITUTE_SPREAD and lone is not None and busiest:
+            new = _spread(_without_unit(dataset, units, lone), units.new_rows(new_id, busiest[:h_keys], h_rows))
+        elif change is Change.REBATCH and dataset.rows():
+            rows = dataset.rows()
+            order = rng.permutation(len(rows))
+            cuts = np.sort(rng.choice(np.arange(1, len(rows)), size=min(len(dataset.batches), len(rows) - 1),
+                                      replace=False)) if len(rows) > 1 else []
+            new = [[rows[i] for i in part] for part in np.split(order, cuts)]
+        if new is not None:
+            out.append(Neighbour(change=change, dataset=Dataset(batches=[b for b in new if b],
+                                                                name=f"{dataset.name}'", extra=dataset.extra)))
+    return out
+
+
+def synthetic_dataset(units: Units, *, seed: int, n_units: int = 10, batches: int = 3,
+                      keys: Sequence[Key] = None, empty_keys: int = 1, max_keys: int = None,
+                      max_rows: int = None) -> Dataset:
+    """A small random dataset with what audits need: units beyond the bounds (many keys, many
+    rows per key, values from ``units.values``), keys with a single unit, public keys without
+    rows (the last ``empty_keys`` of ``keys``), and each unit's rows spread over the batches."""
+    rng = np.random.default_rng(seed)
+    keys = [_as_key(k) for k in (keys if keys is not None else units.public_keys)]
+    used = keys[:len(keys) - empty_keys] if empty_keys else keys
+    if not used:
+        raise ValueError("synthetic_dataset needs at least one key with rows")
+    max_keys = max_keys or units.heavy_keys + 1
+    max_rows = max_rows or units.heavy_rows + 1
+    rows = []
+    for unit in range(1, n_units + 1):
+        if unit == n_units:   # the last unit is alone in a key of its own (the last used key)
+            chosen = [used[-1]]
+        else:
+            pool = used[:-1] or used
+            chosen = [pool[i] for i in rng.choice(len(pool), size=min(int(rng.integers(1, max_keys + 1)), len(pool)),
+                                                  replace=False)]
+        for key in chosen:
+            for row in units.new_rows(unit, [key], int(rng.integers(1, max_rows + 1))):
+                for column, choices in units.values.items():
+                    row[column] = choices[int(rng.integers(len(choices)))]
+                rows.append(row)
+    order = rng.permutation(len(rows))
+    parts = np.array_split(order, batches)
+    return Dataset(batches=[[rows[i] for i in p] for p in parts if len(p)], name=f"synthetic(seed={seed})")
+
+
+# --------------------------------------------------------------------------------------------
+# The audit
+# --------------------------------------------------------------------------------------------
+
+Job = Callable[[Dataset, int, bool], Release]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditSpec:
+    """A job and what it declares.
+
+    job(dataset, seed, exact): one run with the public testing key of ``seed``; ``exact`` is
+    the testing (noise-free) mode. units: the row model for neighbours (or give
+    ``neighbours(dataset, changes, seed) -> [Neighbour]``). tables / reports: the rules per
+    released table and report (a released table or report without a rule is a violation).
+    relation: "add_remove" or "substitute" (picks the default changes). modes: which of
+    "exact" and "noisy" to run.
+    """
+
+    job: Job
+    tables: Mapping[str, TableRule]
+    units: Optional[Units] = None
+    neighbours: Optional[Callable[[Dataset, Sequence[Change], int], list]] = None
+    reports: Mapping[str, ReportRule] = field(default_factory=dict)
+    relation: str = "add_remove"
+    modes: tuple = ("exact", "noisy")
+    changes: Optional[tuple] = None
+
+    def __post_init__(self):
+        if self.relation not in ("add_remove", "substitute"):
+            raise ValueError(f"relation must be 'add_remove' or 'substitute', got {self.relation!r}")
+        if (self.units is None) == (self.neighbours is None):
+            raise ValueError("give exactly one of units (row model) and neighbours (builder)")
+        if not self.modes or set(self.modes) - {"exact", "noisy"}:
+            raise ValueError(f"modes must be a non-empty subset of ('exact', 'noisy'), got {self.modes}")
+
+    def table_rule(self, name: str) -> Optional[TableRule]:
+        """The rule of released table ``name``: the rule of that exact name, or of the first
+        fnmatch pattern matching it (release folders carry ids: ``"*/summary.csv"``)."""
+        return _rule(self.tables, name)
+
+    def report_rule(self, name: str) -> Optional[ReportRule]:
+        return _rule(self.reports, name)
+
+    @property
+    def default_changes(self) -> tuple:
+        if self.changes is not None:
+            return tuple(Change(c) for c in self.changes)
+        return ADD_REMOVE_CHANGES if self.relation == "add_remove" else SUBSTITUTE_CHANGES
+
+
+@dataclass(frozen=True, kw_only=True)
+class Violation:
+    dataset: str
+    change: Change
+    mode: str
+    check: str
+    detail: str
+
+    def __str__(self):
+        return f"[{self.mode}] {self.dataset} / {self.change.name}: {self.check}: {self.detail}"
+
+
+class AuditFailure(AssertionError):
+    """Neighbouring runs differ in something that must not differ."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditResult:
+    violations: tuple
+    runs: int
+    pairs: tuple    # (dataset name, change) audited
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations
+
+    def checks_failed(self) -> set:
+        return {v.check for v in self.violations}
+
+    def __str__(self):
+        head = (f"neighbouring-pair audit: {'PASSED' if self.passed else 'FAILED'} "
+                f"({len(self.pairs)} pairs, {self.runs} runs, {len(self.violations)} violations)")
+        return "\n".join([head, *(f"  {v}" for v in self.violations[:40])] +
+                         ([f"  ... {len(self.violations) - 40} more"] if len(self.violations) > 40 else []))
+
+    def assert_ok(self) -> "AuditResult":
+        if not self.passed:
+            raise AuditFailure(str(self))
+        return self
+
+
+def audit(spec: AuditSpec, datasets: Iterable[Dataset], *, changes: Sequence[Change] = None,
+          seed: int = 1) -> AuditResult:
+    """Run ``spec.job`` on each dataset and each of its neighbours (same seed) and check them."""
+    changes = tuple(Change(c) for c in changes) if changes is not None else spec.default_changes
+    violations, pairs, runs = [], [], 0
+    for dataset in datasets:
+        if spec.neighbours is not None:
+            neighbours = list(spec.neighbours(dataset, changes, seed))
+        else:
+            neighbours = build_neighbours(dataset, spec.units, changes, seed=seed)
+        for mode in spec.modes:
+            exact = mode == "exact"
+            base = _run(spec.job, dataset, seed, exact)
+            runs += 1
+            if isinstance(base, _Failed):
+                raise RuntimeError(f"the job failed on {dataset.name} itself ({base.error}): nothing to audit")
+            missing = [p for p in spec.tables if not any(_rule({p: 0}, t) is not None for t in base.tables)]
+            if missing:
+                raise RuntimeError(f"the job released no table matching {missing} on {dataset.name}: "
+                                   f"nothing to audit (released: {sorted(base.tables)})")
+            for neighbour in neighbours:
+                other = _run(spec.job, neighbour.dataset, seed, exact)
+                runs += 1
+                found = compare(spec, base, other, exact=exact,
+                                unchanged=neighbour.change is Change.REBATCH)
+                violations.extend(Violation(dataset=dataset.name, change=neighbour.change, mode=mode,
+                                            check=check, detail=detail) for check, detail in found)
+        pairs.extend((dataset.name, n.change) for n in neighbours)
+    return AuditResult(violations=tuple(violations), runs=runs, pairs=tuple(pairs))
+
+
+def assert_audit(spec: AuditSpec, datasets: Iterable[Dataset], **kwargs) -> AuditResult:
+    return audit(spec, datasets, **kwargs).assert_ok()
+
+
+def _run(job, dataset, seed, exact):
+    try:
+        release = job(dataset, seed, exact)
+    except Exception as error:  # an observable outcome, compared like any output
+        return _Failed(error=type(error).__name__ + (f": {error}"[:300] if str(error) else ""))
+    if not isinstance(release, Release):
+        raise TypeError(f"the job must return an audit.Release, got {type(release).__name__}")
+    return release
+
+
+# --------------------------------------------------------------------------------------------
+# Comparing two runs
+# --------------------------------------------------------------------------------------------
+
+def compare(spec: AuditSpec, a, b, *, exact: bool, unchanged: bool = False) -> list[tuple[str, str]]:
+    """(check, detail) for everything that differs between runs ``a`` (on D) and ``b`` (on D')
+    beyond what ``spec`` allows; ``unchanged`` demands identical releases."""
+    if isinstance(a, _Failed) or isinstance(b, _Failed):
+        if isinstance(a, _Failed) and isinstance(b, _Failed) and a.error.split(":")[0] == b.error.split(":")[0]:
+            return []
+        return [("outcome", f"D: {_outcome(a)}; D': {_outcome(b)}")]
+    found = []
+    for release in (a, b):
+        unknown = sorted(t for t in release.tables if spec.table_rule(t) is None)
+        if unknown:
+            found.append(("undeclared table", f"{unknown} have no TableRule"))
+        unknown = sorted(r for r in release.reports if spec.report_rule(r) is None)
+        if unknown:
+            found.append(("undeclared report", f"{unknown} have no ReportRule"))
+    if sorted(a.tables) != sorted(b.tables):
+        found.append(("table names", f"D: {sorted(a.tables)}; D': {sorted(b.tables)}"))
+    if sorted(a.files) != sorted(b.files):
+        only_a, only_b = sorted(set(a.files) - set(b.files)), sorted(set(b.files) - set(a.files))
+        found.append(("files", f"{len(a.files)} vs {len(b.files)} files; only in D: {only_a[:5]}; "
+                               f"only in D': {only_b[:5]}"))
+    for name in sorted(set(a.tables) & set(b.tables)):
+        rule = spec.table_rule(name)
+        if rule is not None:
+            found.extend(_compare_tables(name, rule, a.tables[name], b.tables[name],
+                                         exact=exact, unchanged=unchanged))
+    for name in sorted(set(a.reports) | set(b.reports)):
+        rule = spec.report_rule(name)
+        if rule is None:
+            continue
+        if name not in a.reports or name not in b.reports:
+            found.append(("report names", f"report {name!r} released by one run only"))
+            continue
+        masked_a, masked_b = rule.mask(a.reports[name]), rule.mask(b.reports[name])
+        if masked_a != masked_b:
+            found.append(("report text", f"{name}: {_first_difference(masked_a, masked_b)}"))
+    return found
+
+
+def _rule(rules: Mapping, name: str):
+    if name in rules:
+        return rules[name]
+    return next((rule for pattern, rule in rules.items() if fnmatch.fnmatchcase(name, pattern)), None)
+
+
+def _outcome(run):
+    return f"failed ({run.error})" if isinstance(run, _Failed) else "released"
+
+
+def _compare_tables(name, rule: TableRule, a: Table, b: Table, *, exact, unchanged):
+    found = []
+    if a.columns != b.columns:
+        return [("schema", f"{name}: columns {list(a.columns)} vs {list(b.columns)}")]
+    if a.types is not None and b.types is not None and a.types != b.types:
+        diff = [f"{c}: {x} vs {y}" for c, x, y in zip(a.columns, a.types, b.types) if x != y]
+        found.append(("schema", f"{name}: types differ ({'; '.join(diff)})"))
+    missing = [c for c in (*rule.keys, *rule.noisy) if c not in a.columns]
+    if missing:
+        return found + [("schema", f"{name}: declared columns {missing} not released")]
+    keyed = []
+    for label, table in (("D", a), ("D'", b)):
+        keys = [tuple(r[table.index(k)] for k in rule.keys) for r in table.rows]
+        keyed.append(keys)
+        found.extend(_check_keys(name, label, rule, keys))
+    if unchanged:
+        if a.rows != b.rows:
+            found.append(("unchanged", f"{name}: the same rows in other batches changed the release: "
+                                       f"{_row_difference(a, b, keyed)}"))
+        return found
+    rows_a = dict(zip(keyed[0], a.rows))
+    rows_b = dict(zip(keyed[1], b.rows))
+    only = set(rows_a) ^ set(rows_b)
+    if only and not rule.keys_private:
+        found.append(("key set", f"{name}: released keys differ: {_few(only)} released by one run only"))
+    common = [k for k in keyed[0] if k in rows_b]
+    fixed = [c for c in a.columns if c not in rule.keys and c not in rule.noisy]
+    for column in fixed:
+        i = a.index(column)
+        differing = [k for k in common if not _same(rows_a[k][i], rows_b[k][i])]
+        if differing:
+            k = differing[0]
+            found.append(("non-noisy column", f"{name}.{column} differs in {len(differing)} keys, e.g. "
+                                              f"{k}: {rows_a[k][i]!r} vs {rows_b[k][i]!r}"))
+    if exact:
+        changed = set(only)
+        for column, bound in rule.bounds.items():
+            i = a.index(column)
+            deltas = {}
+            for k in common:
+                x, y = rows_a[k][i], rows_b[k][i]
+                if x is None or y is None:
+                    if (x is None) != (y is None):
+                        changed.add(k)
+                    continue
+                d = abs(float(y) - float(x))
+                if d > rule.tolerance:
+                    deltas[k] = d
+            changed.update(deltas)
+            if len(deltas) > bound.l0:
+                found.append(("sensitivity l0", f"{name}.{column} changed in {len(deltas)} keys "
+                                                f"(declared l0 = {bound.l0}): {_few(deltas)}"))
+            worst = max(deltas.items(), key=lambda kv: kv[1], default=(None, 0.0))
+            if worst[1] > bound.linf + rule.tolerance:
+                found.append(("sensitivity linf", f"{name}.{column} changed by {worst[1]:g} in key "
+                                                  f"{worst[0]} (declared linf = {bound.linf:g})"))
+            total = sum(deltas.values())
+            if total > bound.total + rule.tolerance * max(len(deltas), 1):
+                found.append(("sensitivity l1", f"{name}.{column} changed by {total:g} in total "
+                                                f"(declared l1 = {bound.total:g})"))
+        if len(changed) > rule.max_changed_keys:
+            found.append(("changed keys", f"{name}: {len(changed)} keys differ in presence or value "
+                                          f"(declared {rule.max_changed_keys}): {_few(changed)}"))
+    return found
+
+
+def _check_keys(name, label, rule: TableRule, keys):
+    found = []
+    if len(set(keys)) != len(keys):
+        found.append(("duplicate keys", f"{name} ({label}) releases a key more than once"))
+    if rule.order is Order.SORTED:
+        expected = sorted(keys, key=_order_key)
+    else:
+        position = {k: i for i, k in enumerate(rule.public_keys)}
+        expected = sorted(keys, key=lambda k: position.get(k, len(position)))
+    if keys != expected:
+        first = next(i for i, (x, y) in enumerate(zip(keys, expected)) if x != y)
+        found.append(("order", f"{name} ({label}): row {first} is key {keys[first]}, the public order "
+                               f"({rule.order.value}) puts {expected[first]} there"))
+    candidates = rule.candidate_keys if rule.candidate_keys is not None else rule.public_keys
+    if candidates is not None:
+        outside = set(keys) - set(candidates)
+        if outside:
+            found.append(("key outside the keyset", f"{name} ({label}): {_few(outside)}"))
+        if rule.public_keys is not None and not rule.keys_private:
+            absent = set(rule.public_keys) - set(keys)
+            if absent:
+                found.append(("key set", f"{name} ({label}): public keys not released: {_few(absent)}"))
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# Key reuse: the same noise on other input
+# --------------------------------------------------------------------------------------------
+
+def repeated_noise(noisy_a: Table, noisy_b: Table, exact_a: Table, exact_b: Table, *,
+                   keys: Sequence[str], columns: Sequence[str], tolerance: float = 1e-9) -> list[str]:
+    """Where two releases on *different* inputs carry the same noise (one key applied twice).
+
+    ``noisy_x`` and ``exact_x`` are the noisy and exact (noise-free) outputs of input x. For each
+    column, the noise ``noisy - exact`` of the keys both released is compared: identical, non-zero
+    noise on inputs whose exact answers differ means the difference of the two releases is the
+    exact difference -- the noise cancels. Returns one finding per such column (empty: fresh noise).
+    """
+    keys = _names(keys)
+    found = []
+
+    def by_key(table):
+        index = [table.index(k) for k in keys]
+        return {tuple(r[i] for i in index): r for r in table.rows}
+
+    na, nb, ea, eb = by_key(noisy_a), by_key(noisy_b), by_key(exact_a), by_key(exact_b)
+    common = sorted(set(na) & set(nb) & set(ea) & set(eb), key=_order_key)
+    for column in _names(columns):
+        i = [t.index(column) for t in (noisy_a, noisy_b, exact_a, exact_b)]
+        noise_a = np.array([float(na[k][i[0]]) - float(ea[k][i[2]]) for k in common])
+        noise_b = np.array([float(nb[k][i[1]]) - float(eb[k][i[3]]) for k in common])
+        inputs_differ = any(not _same(ea[k][i[2]], eb[k][i[3]]) for k in common)
+        if (common and inputs_differ and np.any(np.abs(noise_a) > tolerance)
+                and np.allclose(noise_a, noise_b, rtol=0, atol=tolerance)):
+            found.append(f"{column}: the same noise in all {len(common)} common keys although the "
+                         f"exact answers differ: the difference of the releases is noise-free")
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+def _names(value) -> tuple:
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _as_key(key) -> Key:
+    return tuple(key) if isinstance(key, (tuple, list)) else (key,)
+
+
+def _order_key(key):
+    """A total order over key tuples of mixed component types (numbers < text < others < None)."""
+    out = []
+    for v in (key if isinstance(key, tuple) else (key,)):
+        if v is None:
+            out.append((9, 0))
+        elif isinstance(v, numbers.Real) and not isinstance(v, bool):
+            out.append((0, float(v)))
+        elif isinstance(v, str):
+            out.append((1, v))
+        elif isinstance(v, bytes):
+            out.append((2, v))
+        else:
+            out.append((5, str(type(v)), v))
+    return tuple(out)
+
+
+def _same(x, y) -> bool:
+    if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+        return True
+    return x == y
+
+
+def _few(keys, n=4) -> str:
+    keys = sorted(keys, key=_order_key)
+    return ", ".join(map(str, keys[:n])) + (f" (+{len(keys) - n})" if len(keys) > n else "")
+
+
+def _row_difference(a: Table, b: Table, keyed) -> str:
+    if keyed[0] != keyed[1]:
+        return f"key sequence {_few(keyed[0], 6)} vs {_few(keyed[1], 6)}"
+    for k, x, y in zip(keyed[0], a.rows, b.rows):
+        if x != y:
+            return f"key {k}: {dict(zip(a.columns, x))} vs {dict(zip(b.columns, y))}"
+    return "?"
+
+
+def _first_difference(x, y, path="") -> str:
+    if isinstance(x, dict) and isinstance(y, dict):
+        for k in sorted(set(x) | set(y), key=str):
+            if k not in x or k not in y:
+                return f"{path}{k}: present in one run only"
+            if x[k] != y[k]:
+                return _first_difference(x[k], y[k], f"{path}{k}.")
+    if isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+        for i, (u, v) in enumerate(zip(x, y)):
+            if u != v:
+                return _first_difference(u, v, f"{path}{i}.")
+    if isinstance(x, str) and isinstance(y, str):
+        i = next((i for i, (c, d) in enumerate(zip(x, y)) if c != d), min(len(x), len(y)))
+        return f"{path or 'text'} differs at character {i}: {x[max(0, i - 30):i + 30]!r} vs {y[max(0, i - 30):i + 30]!r}"
+    return f"{path.rstrip('.') or 'value'}: {x!r} vs {y!r}"
+
+
+__all__ = ["AuditFailure", "AuditResult", "AuditSpec", "Bound", "Change", "Dataset", "Neighbour",
+           "Order", "Release", "ReportRule", "Table", "TableRule", "Units", "Violation",
+           "ADD_REMOVE_CHANGES", "SUBSTITUTE_CHANGES", "assert_audit", "audit", "build_neighbours",
+           "compare", "default_id_variants", "repeated_noise", "synthetic_dataset"]

@@ -1,0 +1,105 @@
+"""What the local- and shuffle-DP jobs share: the trust model in the ledger, report-file checks
+before the charge, and the dropped-reports rule.
+
+The jobs (``python -m pipelines.NAME``):
+
+* :mod:`pipelines.ldp_frequencies` -- frequency oracle estimates from client reports;
+* :mod:`pipelines.ldp_heavy_hitters` -- PEM heavy hitters from client reports;
+* :mod:`pipelines.shuffle_sum` -- split-and-mix summation of shuffled shares;
+* :mod:`pipelines.label_dp` -- a label-randomized training export.
+
+**Trust model in the ledger.** In the local model each client randomized its own value with an
+epsilon-LDP randomizer before the report left its device; the server sees only reports, and
+every estimate is post-processing of them. The release's measure is therefore the clients' local
+epsilon (a randomized-response style measure: epsilon and delta, no NoiseSpec), and the
+neighbouring relation says so: *replace one client's value* (its report's law changes by at most
+e^epsilon). The ledger scope is the report collection (``ldp-collection:<id>``), budgeted at that
+epsilon: one collection's reports are released once.
+
+**Checks before the charge.** Report files are Parquet (unary and OLH reports hold binary and
+list columns; flat GRR / binary RR reports may also be CSV); Parquet footers are read before the
+ledger is touched and checked against the declared oracle (the schema's ``ldp.oracle`` /
+``ldp.pem`` metadata, column types and widths).
+Messages name the file and the column, never a report.
+
+**Dropped reports.** A null or out-of-domain report depends only on its own client, so dropping
+it is post-processing; such reports are Beam counters (namespace ``ldp``) and count towards the
+release layer's dropped-rows rule.
+"""
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+from accounting.budget import PrivacyBudget
+from accounting.ledger import Scope
+from accounting.measures import Measure
+from pipelines.release import InputSpec, ReleaseRefused
+from pipelines.release.inputs import preflight
+
+#: Counters (namespace ``ldp``) that drop a report or row for a fault of its own.
+FAULT_COUNTERS = ("ldp.reports_dropped_",)
+LOCAL_MODEL = ("local model: each client randomized its own value on its device; the server "
+               "sees only reports and the estimates are post-processing of them")
+
+
+def local_measure(name: str, mechanism: str, epsilon: float, description: str) -> Measure:
+    """The measure of a local-DP release: the clients' (realised) local epsilon, no NoiseSpec."""
+    return Measure(name=name, mechanism=mechanism, epsilon=epsilon, delta=0.0,
+                   neighbouring=("replace one client's value (local model: each report is "
+                                 f"{epsilon:.6g}-LDP; the release is post-processing)"),
+                   description=description)
+
+
+def collection_scope(collection_id: str, epsilon: float) -> Scope:
+    return Scope(name=f"ldp-collection:{collection_id}", budget=PrivacyBudget(epsilon=epsilon),
+                 description="one collection of client reports (released once, at the clients' "
+                             "local epsilon)")
+
+
+def parquet_schemas(spec: InputSpec, *, text_ok: bool = False) -> dict:
+    """{file: Arrow schema (with metadata), row count} of a Parquet input, after the release
+    layer's preflight (which refuses unreadable files by name). ``text_ok``: CSV files are
+    allowed too (flat reports; preflight checked their header) and skipped here."""
+    import pyarrow.parquet as pq
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    resolved = preflight(spec)
+    out = {}
+    for path in resolved.files:
+        if resolved.formats[path] == "csv" and text_ok:
+            continue
+        if resolved.formats[path] != "parquet":
+            raise ReleaseRefused(f"{spec.label}: {path} is not Parquet; client reports are read "
+                                 "from Parquet files only")
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            parquet = pq.ParquetFile(handle)
+            out[path] = (parquet.schema_arrow, parquet.metadata.num_rows)
+    return out
+
+
+def check_files(spec: InputSpec, check: Callable, *, text_ok: bool = False) -> dict:
+    """Run ``check(schema)`` on every Parquet file of ``spec``; a ValueError becomes a refusal
+    naming the file (the checks' messages name columns and types, never values)."""
+    schemas = parquet_schemas(spec, text_ok=text_ok)
+    for path, (schema, _) in schemas.items():
+        try:
+            check(schema)
+        except ValueError as err:
+            raise ReleaseRefused(f"{spec.label}: {path}: {err}; nothing was charged")
+    return schemas
+
+
+def dropped_reports(counters: Mapping[str, int], input_name: str) -> dict:
+    """The release layer's dropped-rows input with the ``ldp`` fault counters added to
+    ``input_name``'s dropped rows."""
+    from pipelines.release.counters import dropped_share
+
+    faults = {k: v for k, v in counters.items() if v and k.startswith(FAULT_COUNTERS)}
+    out = dropped_share(counters)
+    share = out.get(input_name, {"eligible": 0, "dropped": 0, "reasons": {}})
+    dropped = share["dropped"] + sum(faults.values())
+    out[input_name] = {"eligible": share["eligible"], "dropped": dropped,
+                       "share": dropped / share["eligible"] if share["eligible"] > 0 else 0.0,
+                       "reasons": {**share["reasons"], **faults}}
+    return out

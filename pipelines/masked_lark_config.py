@@ -1,0 +1,104 @@
+"""The public parameters and model files the Masked LARk jobs share (``--params``, ``--model``).
+
+The paper (Masked LARk, seed 004, Section 3.2) has the ad server declare k, epsilon and the value
+bounds publicly; browsers and every helper use the same declaration. Here it is one JSON file
+given to every job, so that the share, helper and combine runs cannot disagree (helpers bind its
+digest into their outputs and the combine refuses a mismatch):
+
+    {"kind": "aggregation", "value_columns": ["value"], "lower": 0, "upper": 100,
+     "epsilon": 1.0, "k": 10, "fraction_bits": 0, "num_helpers": 2}
+    {"kind": "gradient", "num_features": 8, "clip_norm": 1.0, "epsilon": 1.0, "k": 50,
+     "fraction_bits": 16, "num_helpers": 2}
+
+``epsilon`` may be null only in testing mode (exact sums, to check the system, never released).
+A gradient run also needs the model the ad server sends (``--model``):
+``{"weights": [...], "bias": 0, "feature_scale": 0.03125, "feature_offset": 128}``.
+Errors name the file and the field, never the file's content.
+"""
+from __future__ import annotations
+
+import json
+from typing import Union
+
+from pipelines.release import ReleaseRefused, storage
+from transforms.lark.model import LogisticModel
+from transforms.lark.params import AggregationParams, GradientParams
+
+Params = Union[AggregationParams, GradientParams]
+_FIELDS = {"aggregation": {"value_columns", "lower", "upper", "epsilon", "k", "fraction_bits",
+                           "num_helpers", "max_batch_records"},
+           "gradient": {"num_features", "clip_norm", "epsilon", "k", "fraction_bits",
+                        "num_helpers", "max_batch_records"}}
+
+
+def _read_json(path: str, flag: str) -> dict:
+    data = storage.read_bytes(storage.absolute(path))
+    if data is None:
+        raise ReleaseRefused(f"{flag} {path} does not exist")
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise ReleaseRefused(f"{flag} {path}: not a JSON file")
+    if not isinstance(obj, dict):
+        raise ReleaseRefused(f"{flag} {path}: expected a JSON object")
+    return obj
+
+
+def params_from_json(obj: dict, where: str = "--params") -> Params:
+    kind = obj.get("kind")
+    if kind not in _FIELDS:
+        raise ReleaseRefused(f"{where}: 'kind' must be 'aggregation' or 'gradient'")
+    unknown = sorted(set(obj) - _FIELDS[kind] - {"kind"})
+    if unknown:
+        raise ReleaseRefused(f"{where}: unknown field(s) {unknown} for kind {kind!r}")
+    fields = {k: v for k, v in obj.items() if k != "kind"}
+    if "value_columns" in fields:
+        if not isinstance(fields["value_columns"], list):
+            raise ReleaseRefused(f"{where}: 'value_columns' must be a list of column names")
+        fields["value_columns"] = tuple(fields["value_columns"])
+    try:
+        return (AggregationParams if kind == "aggregation" else GradientParams)(**fields)
+    except TypeError as err:
+        raise ReleaseRefused(f"{where}: missing or invalid field ({err})")
+    except ValueError as err:
+        raise ReleaseRefused(f"{where}: {err}")
+
+
+def params_to_json(params: Params) -> dict:
+    if isinstance(params, AggregationParams):
+        return {"kind": "aggregation", "value_columns": list(params.value_columns),
+                "lower": params.lower, "upper": params.upper, "epsilon": params.epsilon,
+                "k": params.k, "fraction_bits": params.fraction_bits,
+                "num_helpers": params.num_helpers, "max_batch_records": params.max_batch_records}
+    return {"kind": "gradient", "num_features": params.num_features,
+            "clip_norm": params.clip_norm, "epsilon": params.epsilon, "k": params.k,
+            "fraction_bits": params.fraction_bits, "num_helpers": params.num_helpers,
+            "max_batch_records": params.max_batch_records}
+
+
+def load_params(path: str, *, testing: bool) -> Params:
+    """``--params``; exact (epsilon null) parameters only in testing mode."""
+    params = params_from_json(_read_json(path, "--params"), f"--params {path}")
+    if params.epsilon is None and not testing:
+        raise ReleaseRefused(f"--params {path}: epsilon is null (exact sums): only with "
+                             "--testing_seed, never a release")
+    return params
+
+
+def load_model(path, params: Params) -> LogisticModel:
+    """``--model`` for gradient parameters (refused for aggregation, required for gradients)."""
+    if isinstance(params, AggregationParams):
+        if path:
+            raise ReleaseRefused("--model is for gradient parameters only")
+        return None
+    if not path:
+        raise ReleaseRefused("gradient parameters need --model (the model the ad server sends)")
+    obj = _read_json(path, "--model")
+    try:
+        model = LogisticModel.from_json(obj)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ReleaseRefused(f"--model {path}: missing or invalid field ({type(err).__name__})")
+    if model.num_features != params.num_features:
+        raise ReleaseRefused(f"--model {path}: {model.num_features} weights, --params declares "
+                             f"{params.num_features} features")
+    return model

@@ -1,0 +1,232 @@
+"""Masked LARk browsers, simulated: records in, one stream of secret-shared reports per helper out.
+
+    python -m pipelines.masked_lark_share \\
+        --input pipelines/sample_data/masked_lark/conversions.csv \\
+        --params pipelines/sample_data/masked_lark/aggregation_params.json --batch_id b1 \\
+        --output out/lark --ledger private/ledger.json --key_store private/keys
+
+For testing and simulation: in production every browser shares its own record (Algorithm 1 of
+Masked LARk, seed 004) and sends each helper its share; this job does it for a table of records
+so that helper and combine runs can be exercised end to end. Input (CSV or Parquet):
+
+  aggregation (``--params`` kind aggregation)  record_id, key, one column per declared value
+                                               column, optionally batch_id
+  gradient (kind gradient)                     record_id, x_0..x_{d-1} (bytes 0..255), label
+                                               (0/1), optionally fake (true/false: strictly
+                                               fake records) and batch_id
+
+Output: release ``masked_lark_share/<batch_id>`` with ``reports_helper_<h>.parquet`` for each
+helper h (the wire format of transforms/lark/reports.py), rows sorted by (batch_id, report_id):
+report ids are uniformly random, so the order reveals nothing about the records. Give each file
+to its helper only: any H - 1 of them are uniform and independent of the values, all H recover
+them.
+
+Privacy: the reports are not a statistic; the job spends nothing (its guarantee is
+compose([]) = (0, 0)) -- the helpers' releases carry the guarantee. With
+``--local_noise_epsilon e`` (gradients; Section 4.2.3) every byte feature gets discrete Laplace
+noise with scale 255 / e before sharing: the features of a record are (d * e)-local-DP against
+every party, charged to the scope ``masked-lark-local-features:<batch_id>``.
+
+Randomness: each record's report id, shares, masks and blinding come from an AES stream keyed by
+the run's release key (reserved in the ledger, kept in ``--key_store``) and the record's
+content, so a re-run reproduces the published bytes and the helpers -- who never see the key
+-- get uniform shares. Whoever holds that key and one helper's reports can test guesses of a
+record's values: the key store stays with the party that holds the records (the browsers' side
+of the simulation), never with a helper. Real browsers draw from their OS CSPRNG
+(``transforms.lark.randomness.BrowserRandomness.secure``).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from accounting.budget import PrivacyBudget
+from accounting.ledger import Scope
+from accounting.measures import Measure
+from pipelines.masked_lark_config import load_params, params_to_json
+from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
+                               ReleaseRefused, cli)
+from pipelines.release import run as run_release
+from pipelines.release.names import check_segment
+from transforms.lark.beam import NAMESPACE, ShareRecords
+from transforms.lark.local_dp import LocalFeatureNoise
+from transforms.lark.params import AggregationParams
+from transforms.lark.randomness import BrowserRandomness
+from transforms.lark.reports import blind_columns, feature_columns, share_column
+
+NAME = "masked_lark_share"
+LOCAL_NEIGHBOURING = "replace one record's features (local DP: against every party)"
+
+
+def output_name(helper: int) -> str:
+    return f"reports_helper_{helper}.parquet"
+
+
+def report_schema(params) -> pa.Schema:
+    head = [("batch_id", pa.string()), ("report_id", pa.string()), ("helper", pa.int32())]
+    if isinstance(params, AggregationParams):
+        return pa.schema(head + [("key", pa.string())]
+                         + [(share_column(c), pa.uint64()) for c in params.value_columns])
+    d = params.num_features
+    return pa.schema(head + [(c, pa.uint8()) for c in feature_columns(d)]
+                     + [("label_a", pa.int8()), ("label_b", pa.int8()),
+                        ("mask_a", pa.uint64()), ("mask_b", pa.uint64())]
+                     + [(c, pa.uint64()) for c in blind_columns(d + 1)])
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShareRequest:
+    """One simulated batch of browsers (the CLI flags are these fields)."""
+
+    input: tuple = field(metadata={"help": "records: paths, globs or folders, comma-separated "
+                                           "(local or gs://)"})
+    params: str = field(metadata={"help": "the public parameters JSON (see "
+                                          "pipelines/masked_lark_config.py)"})
+    batch_id: str = field(metadata={"help": "the batch the ad server assigns (release id "
+                                            "masked_lark_share/BATCH_ID; a batch_id column of "
+                                            "the records, if any, takes precedence per row)"})
+    input_format: Optional[str] = field(default=None, metadata={
+        "choices": ["csv", "parquet"], "help": "default: from the file names"})
+    local_noise_epsilon: Optional[float] = field(default=None, metadata={
+        "help": "gradients only: local DP epsilon per byte feature (Section 4.2.3)"})
+    options: ReleaseOptions = field(metadata={"cli": False})
+
+
+class _Records(beam.DoFn):
+    """CSV text -> the types the browser expects (a boolean ``fake``, no absent optional
+    columns). Values that do not parse fail the browser's checks, which name the column."""
+
+    def __init__(self, value_columns: Sequence[str]):
+        self._values = list(value_columns)
+
+    def process(self, table: pa.Table):
+        for name in ("batch_id", "fake"):
+            if name in table.column_names and pa.types.is_null(table.column(name).type):
+                table = table.drop_columns([name])
+        for name in self._values:
+            column = table.column(name)
+            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                try:
+                    column = pc.cast(pc.utf8_trim_whitespace(column), pa.float64())
+                except pa.ArrowInvalid:
+                    raise ReleaseRefused(f"column {name!r} holds a value that is not a number")
+                table = table.set_column(table.column_names.index(name), name, column)
+        if "fake" in table.column_names:
+            column = table.column("fake")
+            if not pa.types.is_boolean(column.type):
+                text = pc.ascii_lower(pc.utf8_trim_whitespace(column.cast(pa.string())))
+                if not pc.all(pc.is_in(text, pa.array(["true", "false", "1", "0"]))).as_py():
+                    raise ReleaseRefused("column 'fake' holds a value other than true/false")
+                column = pc.is_in(text, pa.array(["true", "1"]))
+            table = table.set_column(table.column_names.index("fake"), "fake", column)
+        if table.num_rows:
+            yield table
+
+
+class ShareJob(Job):
+    name = NAME
+    request_type = ShareRequest
+    description = __doc__.split("\n\n")[0]
+    counter_namespaces = (NAMESPACE,)
+
+    def _params(self, request):
+        return load_params(request.params, testing=request.options.testing)
+
+    def check(self, request) -> None:
+        try:
+            check_segment(request.batch_id, "--batch_id")
+        except ValueError as err:
+            raise ReleaseRefused(str(err))
+        params = self._params(request)
+        if request.local_noise_epsilon is not None:
+            if isinstance(params, AggregationParams):
+                raise ReleaseRefused("--local_noise_epsilon is for gradient parameters only")
+            try:
+                LocalFeatureNoise(epsilon_per_feature=request.local_noise_epsilon)
+            except ValueError as err:
+                raise ReleaseRefused(f"--local_noise_epsilon: {err}")
+
+    def inputs(self, request):
+        params = self._params(request)
+        if isinstance(params, AggregationParams):
+            columns = {"record_id": "any", "key": "any",
+                       **{c: "number" for c in params.value_columns}}
+            optional = {"batch_id": "any"}
+        else:
+            columns = {"record_id": "any", **{c: "number" for c in
+                                              feature_columns(params.num_features)},
+                       "label": "number"}
+            optional = {"batch_id": "any", "fake": "any"}
+        return [InputSpec(name="records", paths=request.input, format=request.input_format,
+                          columns=columns, optional=optional, flag="--input")]
+
+    def plan(self, request):
+        params = self._params(request)
+        measures, scopes = [], []
+        if request.local_noise_epsilon is not None:
+            noise = LocalFeatureNoise(epsilon_per_feature=request.local_noise_epsilon)
+            epsilon = noise.vector_epsilon(params.num_features)
+            measures = [Measure(
+                name="local_feature_noise", mechanism="discrete_laplace (local, per feature)",
+                epsilon=epsilon, neighbouring=LOCAL_NEIGHBOURING,
+                description=f"{params.num_features} byte features, each discrete Laplace "
+                            f"scale 255/{request.local_noise_epsilon:g}, clipped to [0, 255]")]
+            scopes = [Scope(name=f"masked-lark-local-features:{request.batch_id}",
+                            budget=PrivacyBudget(epsilon=epsilon),
+                            description="the local DP of this batch's features")]
+        schema = report_schema(params)
+        return [PlannedRelease(
+            release_id=f"{NAME}/{request.batch_id}", measures=measures, scopes=scopes,
+            outputs=[OutputSpec(name=output_name(h), sort_by=["batch_id", "report_id"],
+                                schema=schema, description=f"reports for helper {h} only")
+                     for h in range(params.num_helpers)],
+            config={"params": params_to_json(params), "batch_id": request.batch_id,
+                    "local_noise_epsilon": request.local_noise_epsilon},
+            parameters={"params_digest": params.digest(), "num_helpers": params.num_helpers,
+                        "local_noise_epsilon": request.local_noise_epsilon},
+            spends_nothing="" if measures else (
+                "secret shares are not a statistic: any H - 1 helpers' reports are uniform and "
+                "independent of the records; the helpers' noisy releases carry the guarantee"),
+            guarantee_covers="the local DP of the shared features" if measures else "")]
+
+    def build(self, pipeline, request, inputs, release):
+        params = self._params(request)
+        # Keyed by the run's ledger key (see the module docstring): a re-run reproduces the
+        # published bytes, as the release layer requires.
+        randomness = BrowserRandomness.keyed(release.key)
+        if isinstance(params, AggregationParams):
+            share = ShareRecords(randomness=randomness, aggregation=params,
+                                 batch_id=request.batch_id)
+            values = params.value_columns
+        else:
+            local = (None if request.local_noise_epsilon is None else
+                     LocalFeatureNoise(epsilon_per_feature=request.local_noise_epsilon))
+            share = ShareRecords(randomness=randomness, num_features=params.num_features,
+                                 num_helpers=params.num_helpers, local_noise=local,
+                                 batch_id=request.batch_id)
+            values = [*feature_columns(params.num_features), "label"]
+        streams = (inputs["records"]
+                   | release.label("Types") >> beam.ParDo(_Records(values))
+                   | release.label("Share") >> share)
+        return {output_name(h): streams[h] for h in range(params.num_helpers)}
+
+
+JOB = ShareJob()
+
+
+def run(request: ShareRequest):
+    """Share one batch of records (Python API); see pipelines.release.run."""
+    return run_release(JOB, request)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return cli.main(JOB, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""DPAggregate as an audited job and as a sampled mechanism (shared by the audit and DP-tester
+tests).
+
+* :class:`AggregateJob` runs the real transform in a real Beam pipeline (FnApiRunner) on an
+  :class:`accounting.audit.Dataset` and returns what it released, as the audit harness expects;
+  its :meth:`AggregateJob.spec` states what the transform declares (its plan's sensitivities,
+  the public keyset, which columns are noisy).
+* :func:`sample_releases` draws many independent releases of one small DPAggregate in a single
+  pipeline, for :mod:`accounting.dp_tester`: the dataset is replicated under a public replica
+  key column, each replica with its own unit ids, under a fresh secret key. Noise, selection and
+  bounding priorities are keyed PRFs of (key, unit) under the release key, so distinct replicas
+  draw independent randomness: one run of N replicas is N releases with fresh keys, at the cost
+  of one pipeline.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from accounting.audit import AuditSpec, Bound, Dataset, Release, ReportRule, Table, TableRule, Units
+from accounting.budget import PrivacyBudget
+from accounting.dp_tester import ReleaseLayout
+from accounting.keys import ReleaseKey
+from accounting.sensitivity import ContributionBounds, Neighbouring
+from transforms.aggregate import DPAggregate
+from transforms.keyset import PublicKeyset
+from transforms.metrics import Metric
+from transforms.selection import PrivateSelection
+
+REPLICA = "replica"
+
+
+class _WriteTables(beam.DoFn):
+    """Each emitted table to its own Arrow IPC file (rows keep their emitted order)."""
+
+    def __init__(self, directory):
+        self._directory = directory
+
+    def process(self, table):
+        path = os.path.join(self._directory, f"{uuid.uuid4().hex}.arrow")
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+
+
+def run_and_collect(build) -> list[pa.Table]:
+    """Run ``build(pipeline) -> PCollection of Arrow tables`` on the FnApiRunner; the emitted
+    tables in a canonical order (by their first row: the order of a PCollection is no output)."""
+    with tempfile.TemporaryDirectory() as directory:
+        with beam.Pipeline(runner="FnApiRunner") as pipeline:
+            build(pipeline) | "CollectTables" >> beam.ParDo(_WriteTables(directory))
+        tables = []
+        for name in os.listdir(directory):
+            with pa.OSFile(os.path.join(directory, name), "rb") as source:
+                tables.append(pa.ipc.open_stream(source).read_all())
+    return sorted(tables, key=lambda t: repr(t.slice(0, 1).to_pylist()))
+
+
+def arrow_batches(dataset: Dataset) -> list[pa.Table]:
+    """One Arrow table per batch (each batch's columns have one type; batches may differ)."""
+    return [pa.Table.from_pylist(list(batch)) for batch in dataset.batches if batch]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AggregateJob:
+    """One DPAggregate configuration, callable as an audited job ``(dataset, seed, exact)``.
+
+    public_keys: the keyset (keyset mode) or None with ``selection`` (private selection).
+    The release runs on one shard so its single table's row order is the released order.
+    """
+
+    unit: str = "user"
+    keys: tuple = ("k",)
+    value: Optional[str] = None
+    metrics: Sequence[Metric] = ()
+    bounds: ContributionBounds
+    budget: PrivacyBudget
+    public_keys: Optional[Sequence] = None
+    selection: Optional[PrivateSelection] = None
+    neighbouring: Neighbouring = Neighbouring.ADD_REMOVE
+    input: str = "arrow"          # or "dicts": rows as dicts (the dict / Row input path)
+    options: dict = field(default_factory=dict)   # other DPAggregate arguments
+
+    def keyset(self) -> Optional[PublicKeyset]:
+        if self.public_keys is None:
+            return None
+        return PublicKeyset.from_keys(list(self.public_keys), list(self.keys))
+
+    def transform(self, key: ReleaseKey, exact: bool, *, keys=None, keyset=None) -> DPAggregate:
+        return DPAggregate(privacy_unit=self.unit, keys=list(keys or self.keys), value=self.value,
+                           metrics=list(self.metrics), bounds=self.bounds, budget=self.budget,
+                           keyset=keyset if keyset is not None else self.keyset(),
+                           selection=self.selection, neighbouring=self.neighbouring,
+                           release_key=key, testing=exact, num_shards=1, **self.options)
+
+    def __call__(self, dataset: Dataset, seed: int, exact: bool) -> Release:
+        transform = self.transform(ReleaseKey.for_testing(seed), exact)
+        elements = arrow_batches(dataset) if self.input == "arrow" else dataset.rows()
+        tables = run_and_collect(lambda p: p | "Input" >> beam.Create(elements, reshuffle=False)
+                                 | "DPAggregate" >> transform)
+        if len(tables) > 1:
+            raise AssertionError(f"one shard emitted {len(tables)} tables")
+        columns = [*self.keys, *(m.column for m in self.metrics)]
+        table = Table.from_arrow(tables[0]) if tables else Table(columns=columns, rows=())
+        return Release(tables={"release": table}, reports={"explain": transform.explain()})
+
+    def declared(self) -> DPAggregate:
+        """A transform instance for its declarations (plan, selector); never applied."""
+        return self.transform(ReleaseKey.for_testing(0), True)
+
+    def rule(self) -> TableRule:
+        transform = self.declared()
+        columns = [m.column for m in self.metrics]
+        bounds = {m.name: Bound.of(m.sensitivities) for m in transform.plan.measures if m.name in columns}
+        private = self.selection is not None or any(m.threshold is not None for m in self.metrics)
+        return TableRule(keys=self.keys, noisy=columns, bounds=bounds, public_keys=self.public_keys,
+                         keys_private=private, tolerance=1e-6)
+
+    def spec(self, units: Units, **kwargs) -> AuditSpec:
+        relation = "substitute" if self.neighbouring is Neighbouring.SUBSTITUTE else "add_remove"
+        return AuditSpec(job=self, units=units, tables={"release": self.rule()},
+                         reports={"explain": ReportRule()}, relation=relation, **kwargs)
+
+    def with_(self, **changes) -> "AggregateJob":
+        return dataclasses.replace(self, **changes)
+
+
+# --------------------------------------------------------------------------------------------
+# Sampling many releases for the DP tester
+# --------------------------------------------------------------------------------------------
+
+def replicate(rows: Sequence[dict], n: int, unit: str) -> pa.Table:
+    """``rows`` repeated ``n`` times with a replica column and unit ids of their own per replica."""
+    base = pa.Table.from_pylist(list(rows))
+    replicas = np.repeat(np.arange(n, dtype=np.int64), base.num_rows)
+    table = pa.concat_tables([base] * n) if base.num_rows else base
+    units = [f"{r}/{u}" for r, u in zip(replicas.tolist(), table.column(unit).to_pylist())]
+    table = table.set_column(table.schema.get_field_index(unit), unit, pa.array(units))
+    return table.append_column(REPLICA, pa.array(replicas))
+
+
+def sample_releases(job: AggregateJob, rows: Sequence[dict], n: int, layout: ReleaseLayout,
+                    *, key: ReleaseKey = None, transform=None, batch_rows: int = 50_000) -> np.ndarray:
+    """n independent releases of ``job`` on ``rows`` as an (n, layout.width) array.
+
+    One pipeline: the rows replicated n times under a public ``replica`` key column (keyset:
+    replicas x public keys), a fresh secret key (or ``key``), and the real transform. ``transform``
+    overrides how the DPAggregate is built: ``transform(job, key, keys, keyset)``.
+    """
+    key = key or ReleaseKey.generate()
+    keys = (REPLICA, *job.keys)
+    keyset = None
+    if job.public_keys is not None:
+        public = [k if isinstance(k, tuple) else (k,) for k in job.public_keys]
+        keyset = PublicKeyset.from_table(pa.table({
+            REPLICA: np.repeat(np.arange(n, dtype=np.int64), len(public)),
+            **{c: [k[i] for k in public] * n for i, c in enumerate(job.keys)}}))
+    build = transform or (lambda job_, key_, keys_, keyset_: job_.transform(key_, False, keys=keys_, keyset=keyset_))
+    aggregate = build(job, key, keys, keyset)
+    data = replicate(rows, n, job.unit)
+    batches = [data.slice(i, batch_rows) for i in range(0, data.num_rows, batch_rows)] or [data]
+    tables = run_and_collect(lambda p: p | "Input" >> beam.Create(batches, reshuffle=False)
+                             | "DPAggregate" >> aggregate)
+    columns = [REPLICA, *job.keys, *layout.values]
+    if tables:
+        data = pa.concat_tables([t.select(columns) for t in tables])
+        arrays = {c: data.column(c).to_numpy(zero_copy_only=False) for c in columns}
+    else:
+        arrays = {c: np.zeros(0) for c in columns}
+    return layout.vectorize(arrays, n, replica_column=REPLICA)

@@ -1,0 +1,216 @@
+"""The neighbouring-pair audit harness itself (accounting/audit.py, no Beam) and the exact
+(noise-free) testing mode it runs jobs in, which no real release may use."""
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import numpy as np
+import pytest
+
+from accounting import audit as A
+from accounting.calibration import calibrate
+from accounting.keys import ReleaseKey
+from transforms.noise import RandomStreams, add_noise
+
+KEYS = ["a", "b", "c", "d"]
+UNITS = A.Units(column="u", keys=("k",), public_keys=KEYS, fresh_keys=["z"],
+                values={"v": [1.0, 50.0]}, heavy_keys=2, heavy_rows=3)
+
+
+def _count_job(*, linf=2, l0=2, order=sorted, tagged_ids=False, positional=False, noise=None):
+    """A tiny pure-Python 'release': per public key, a unit's rows counted after bounding (its
+    ``l0`` smallest keys, ``linf`` rows per key; ids canonicalised unless ``tagged_ids``; rows
+    chosen by content, or by their batch position when ``positional`` -- then the sum of the
+    kept values is released), in ``order``; ``noise(seed, key)`` is added when not exact."""
+    def job(dataset, seed, exact):
+        rows = []
+        for batch in dataset.batches:
+            listed = list(batch) if positional else sorted(batch, key=lambda r: (str(r["k"]), r["v"]))
+            rows.extend(r for r in listed if r["k"] in KEYS)
+        unit_of = (lambda r: (type(r["u"]).__name__, r["u"])) if tagged_ids else (lambda r: A._id_text(r["u"]))
+        keys_of = {}
+        for r in rows:
+            keys_of.setdefault(unit_of(r), set()).add(r["k"])
+        counts, per_pair = {k: 0 for k in KEYS}, {}
+        for r in rows:
+            unit = unit_of(r)
+            if r["k"] not in sorted(keys_of[unit])[:l0] or per_pair.get((unit, r["k"]), 0) >= linf:
+                continue
+            per_pair[(unit, r["k"])] = per_pair.get((unit, r["k"]), 0) + 1
+            counts[r["k"]] += min(r["v"], 2) if positional else 1
+        keys = order(counts, key=str)
+        out = [(k, counts[k] + (0 if exact or noise is None else noise(seed, k))) for k in keys]
+        return A.Release(tables={"t": A.Table(columns=["k", "n"], rows=out, types=["string", "int64"])},
+                         files=["t.csv"], reports={"meta": {"rows": len(out), "note": "fixed"}})
+    return job
+
+
+def _spec(job, **rule):
+    return A.AuditSpec(job=job, units=UNITS, reports={"meta": A.ReportRule()},
+                       tables={"t": A.TableRule(keys="k", noisy="n", public_keys=KEYS,
+                                                bounds={"n": A.Bound(l0=2, linf=2)}, **rule)})
+
+
+def _data(seed=0):
+    # "c" is the public key without rows (in the middle of the public order)
+    return A.synthetic_dataset(UNITS, seed=seed, n_units=6, batches=3, keys=["a", "b", "d", "c"])
+
+
+def test_neighbours_are_what_they_say():
+    data = _data()
+    rows = data.rows()
+    by = {n.change: n.dataset for n in A.build_neighbours(data, UNITS, list(A.Change))}
+    assert set(by) == set(A.Change)
+    rebatched = by[A.Change.REBATCH]
+    assert sorted(map(repr, rebatched.rows())) == sorted(map(repr, rows))
+    assert [len(b) for b in rebatched.batches] != [len(b) for b in data.batches] or \
+        rebatched.rows() != rows
+    mixed = by[A.Change.ADD_MIXED_IDS].rows()[len(rows):]
+    assert {type(r["u"]) for r in mixed} == {int, float, str}
+    assert len({A._id_text(r["u"]) for r in mixed}) == 1
+    empty = by[A.Change.ADD_EMPTY_KEY].rows()[len(rows):]
+    assert {r["k"] for r in empty} == {"c"}   # the public key without rows
+    assert {r["k"] for r in by[A.Change.ADD_ALONE].rows()[len(rows):]} == {"z"}
+    spread = by[A.Change.ADD_SPREAD]
+    new = max(A._id_text(r["u"]) for r in spread.rows())
+    assert all(any(A._id_text(r["u"]) == new for r in b) for b in spread.batches)
+    removed = by[A.Change.REMOVE_HEAVY].rows()
+    assert len({A._id_text(r["u"]) for r in removed}) == len({A._id_text(r["u"]) for r in rows}) - 1
+    substituted = by[A.Change.SUBSTITUTE_EMPTY_KEY].rows()
+    assert len({A._id_text(r["u"]) for r in substituted}) == len({A._id_text(r["u"]) for r in rows})
+
+
+def test_a_sound_release_passes_exact_and_noisy():
+    noise = lambda seed, k: (seed * 7 + ord(k)) % 5 - 2   # noqa: E731 (keyed by seed and key)
+    result = A.audit(_spec(_count_job(noise=noise)), [_data(0), _data(1)])
+    result.assert_ok()
+    assert result.runs == 2 * 2 * (1 + len(A.ADD_REMOVE_CHANGES))
+
+
+@pytest.mark.parametrize("broken, change, check", [
+    (dict(order=lambda counts, key: sorted(counts, key=lambda k: (counts[k] == 0, k))),
+     A.Change.ADD_EMPTY_KEY, "order"),
+    (dict(tagged_ids=True), A.Change.ADD_MIXED_IDS, "sensitivity linf"),
+    (dict(linf=5), A.Change.ADD_HEAVY, "sensitivity linf"),
+    (dict(l0=3), A.Change.ADD_HEAVY, "sensitivity l0"),
+    (dict(positional=True), A.Change.REBATCH, "unchanged"),
+])
+def test_broken_releases_fail(broken, change, check):
+    spec = _spec(_count_job(**broken))
+    result = A.audit(spec, [_data()], changes=[change])
+    assert check in result.checks_failed(), str(result)
+    with pytest.raises(A.AuditFailure):
+        result.assert_ok()
+
+
+def test_structural_checks():
+    def released(rows, files=("t.csv",), note="fixed", types=("string", "int64")):
+        return A.Release(tables={"t": A.Table(columns=["k", "n"], rows=rows, types=types)},
+                         files=files, reports={"meta": {"note": note}})
+
+    spec = _spec(lambda d, s, e: None)
+    base = released([(k, 1) for k in KEYS])
+    assert A.compare(spec, base, released([(k, 2) for k in KEYS]), exact=False) == []
+    checks = lambda other, **kw: {c for c, _ in A.compare(spec, base, other, **kw)}  # noqa: E731
+    assert "key set" in checks(released([(k, 1) for k in KEYS[:3]]), exact=False)
+    assert "key outside the keyset" in checks(released([(k, 1) for k in KEYS + ["zz"]]), exact=False)
+    assert "duplicate keys" in checks(released([(k, 1) for k in KEYS + ["a"]]), exact=False)
+    assert "files" in checks(released([(k, 1) for k in KEYS], files=("t.csv", "extra.csv")), exact=False)
+    assert "report text" in checks(released([(k, 1) for k in KEYS], note="3 rows dropped"), exact=False)
+    assert "schema" in checks(released([(k, 1) for k in KEYS], types=("string", "double")), exact=False)
+    assert "outcome" in {c for c, _ in A.compare(spec, base, A._Failed(error="ValueError: x"), exact=False)}
+    moved = released([("a", 4), ("b", 4), ("c", 4), ("d", 1)])
+    assert {"sensitivity l0", "sensitivity linf", "sensitivity l1", "changed keys"} <= checks(moved, exact=True)
+    assert checks(moved, exact=False) == set()   # noisy mode: values are noisy
+    masked = A.ReportRule(noisy_fields=("outputs.*.sha256",), noisy_patterns=(r"\d+ keys",))
+    assert masked.mask({"outputs": {"f": {"sha256": "x", "rows": 3}}, "t": "9 keys out"}) == \
+        {"outputs": {"f": {"sha256": A.NOISY, "rows": 3}}, "t": f"{A.NOISY} out"}
+
+
+def test_rules_match_names_by_pattern_and_undeclared_outputs_fail():
+    spec = A.AuditSpec(job=lambda d, s, e: None, units=UNITS,
+                       tables={"*/t.csv": A.TableRule(keys="k", noisy="n")})
+    assert spec.table_rule("rel/2026/t.csv") is not None and spec.table_rule("t2.csv") is None
+    extra = A.Release(tables={"rel/t.csv": A.Table(columns=["k", "n"], rows=[]),
+                              "other.csv": A.Table(columns=["k"], rows=[])})
+    assert "undeclared table" in {c for c, _ in A.compare(spec, extra, extra, exact=False)}
+
+
+def test_a_job_releasing_nothing_declared_is_not_audited():
+    spec = _spec(lambda d, s, e: A.Release(tables={}))
+    with pytest.raises(RuntimeError, match="nothing to audit"):
+        A.audit(spec, [_data()])
+
+
+def test_repeated_noise():
+    def table(values):
+        return A.Table(columns=["k", "n"], rows=list(zip(KEYS, values)))
+
+    exact_a, exact_b = table([3, 4, 0, 1]), table([3, 5, 0, 1])
+    same = A.repeated_noise(table([5, 3, 1, 1]), table([5, 4, 1, 1]), exact_a, exact_b,
+                            keys="k", columns="n")
+    assert same and "noise-free" in same[0]
+    assert A.repeated_noise(table([5, 3, 1, 1]), table([2, 7, 0, 3]), exact_a, exact_b,
+                            keys="k", columns="n") == []
+    # the same input twice (a re-run) reproduces its noise: not a finding
+    assert A.repeated_noise(table([5, 3, 1, 1]), table([5, 3, 1, 1]), exact_a, exact_a,
+                            keys="k", columns="n") == []
+
+
+# --------------------------------------------------------------------------------------------
+# The exact testing mode: noise-free, and never a release
+# --------------------------------------------------------------------------------------------
+
+def test_exact_testing_key_adds_no_noise_and_stays_a_testing_key():
+    key = ReleaseKey.for_exact_testing(3)
+    assert key.is_testing and key.noise_free and key != ReleaseKey.for_testing(3)
+    assert key.derive("x").noise_free and pickle.loads(pickle.dumps(key)).noise_free
+    assert not pickle.loads(pickle.dumps(ReleaseKey.for_testing(3))).noise_free
+    values = np.array([3, 0, 7], dtype=np.int64)
+    spec = calibrate("discrete_laplace", epsilon=0.1, l1_sensitivity=1)
+    exact = add_noise(spec, values, RandomStreams.for_range(key, "m", 3))
+    assert exact.tolist() == [3, 0, 7]
+    noisy = add_noise(spec, np.zeros(200, np.int64), RandomStreams.for_range(ReleaseKey.for_testing(3), "m", 200))
+    assert np.any(noisy != 0)
+    with pytest.raises(ValueError, match="only a testing key"):
+        ReleaseKey(b"\0" * 32, noise_free=True)
+    with pytest.raises(ValueError):
+        key.save("/nonexistent/never-written")
+
+
+def test_a_real_release_refuses_the_exact_mode(tmp_path):
+    from pipelines import summary_reports
+    from pipelines.release import ReleaseOptions, ReleaseRefused
+
+    with pytest.raises(ReleaseRefused, match="exact_testing"):
+        ReleaseOptions(output=str(tmp_path), ledger=str(tmp_path / "l.json"),
+                       key_store=str(tmp_path / "k"), exact_testing=True)
+    with pytest.raises(ReleaseRefused):
+        ReleaseOptions(output=str(tmp_path), exact_testing=True)
+    assert ReleaseOptions(output=str(tmp_path), testing_seed=1, exact_testing=True).testing
+    # no CLI flag reaches it
+    from pipelines.release.cli import build_parser, parse_request
+
+    request = parse_request(summary_reports.JOB, [
+        "--input", "x.jsonl", "--epsilon", "1", "--batch_id", "b", "--output", str(tmp_path),
+        "--testing_seed", "1", "--exact_testing"])
+    assert request.options.exact_testing is False
+    assert "exact_testing" not in build_parser(summary_reports.JOB)[0].format_help()
+    fields = {f.name: f for f in dataclasses.fields(ReleaseOptions)}
+    assert fields["exact_testing"].metadata["cli"] is False
+
+
+def test_selection_is_deterministic_and_monotone_under_the_exact_key():
+    from accounting.sensitivity import ContributionBounds
+    from transforms.selection import PrivateSelection, SelectionStrategy, Selector
+
+    counts = np.arange(0, 60, dtype=np.int64)
+    for strategy in SelectionStrategy:
+        selector = Selector.for_bounds(PrivateSelection(strategy=strategy), 2.0, 1e-3,
+                                       ContributionBounds(2, 1))
+        keep = [selector.keep(counts, RandomStreams.for_range(ReleaseKey.for_exact_testing(s), "sel", 60))
+                for s in (1, 2)]
+        assert keep[0].tolist() == keep[1].tolist(), strategy        # no randomness
+        assert not keep[0][0] and keep[0][-1], strategy               # 0 units never, many always
+        assert np.all(np.diff(keep[0].astype(int)) >= 0), strategy    # monotone in the count

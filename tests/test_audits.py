@@ -1,0 +1,228 @@
+"""Neighbouring-pair audits of every transform and job (issue 10), and the broken variants they
+must catch.
+
+Each registered audit (tests/audit_kit.py) runs the real code on small datasets and their
+adversarial neighbours, exact and noisy testing modes. Then each of issue 10's points 1, 2, 4, 5
+and 6 is re-introduced here only (monkeypatching the library in this process: the in-process
+engine runs the patched code) and the audit, or the refusal / key-reuse check, must fail on it.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pytest
+from audit_kit import REGISTRY, audit_job, exact_aggregate_job_type
+
+import pipelines
+from accounting.audit import Change, Table, repeated_noise
+from accounting.budget import PrivacyBudget
+from accounting.keys import KeyReuseError, ReleaseKey
+from accounting.sensitivity import ContributionBounds
+from pipelines.release import Job
+from transforms.metrics import Count
+from transforms.selection import PrivateSelection
+
+#: Every registered audit; test_every_job_is_audited keeps this in step with pipelines/.
+AUDITED = ["dp_aggregate/keyset", "dp_aggregate/selection", "dp_aggregate/selection/substitute",
+           "dp_aggregate/keyset/dicts", "centralnotice", "reach_frequency",
+           "summary_reports"]
+
+
+@pytest.mark.parametrize("name", AUDITED)
+def test_registered_audit_passes_on_the_real_code(name):
+    result = audit_job(name)
+    result.assert_ok()
+    assert result.pairs and result.runs >= 3
+
+
+def test_every_job_is_audited():
+    """A job added under pipelines/ (a module with a ``JOB``) needs a registered audit of its
+    name (see tests/audit_kit.py's docstring: a few lines)."""
+    assert sorted(AUDITED) == sorted(REGISTRY)
+    jobs = []
+    for info in pkgutil.iter_modules(pipelines.__path__):
+        if info.ispkg:
+            continue
+        module = importlib.import_module(f"pipelines.{info.name}")
+        job = getattr(module, "JOB", None)
+        if isinstance(job, Job):
+            jobs.append(job.name)
+    assert jobs, "no job found under pipelines/"
+    missing = sorted(j for j in jobs if not any(a == j or a.startswith(j + "/") for a in REGISTRY))
+    assert not missing, f"jobs without a neighbouring-pair audit: {missing} (register one in tests/audit_kit.py)"
+
+
+# --------------------------------------------------------------------------------------------
+# Broken variants (issue 10's points), each re-introduced in this test only
+# --------------------------------------------------------------------------------------------
+
+def _fails(result, *checks):
+    assert not result.passed, "the audit passed on a broken variant"
+    assert result.checks_failed() & set(checks), str(result)
+
+
+def test_point1_output_order_showing_which_keys_had_data(monkeypatch):
+    """The join's order (keys with rows first) instead of the sorted public order."""
+    import transforms.release as release
+
+    monkeypatch.setattr(release, "sorted_by_keys", lambda table, keys: table)
+    result = audit_job("dp_aggregate/keyset", changes=[Change.ADD_EMPTY_KEY])
+    _fails(result, "order")
+
+
+def test_point2_unit_ids_of_three_types_as_three_units(monkeypatch):
+    """A type-tagged id encoding: 7, 7.0 and "7" are bounded as three units."""
+    import transforms.aggregate as aggregate
+
+    canonical = aggregate.canonical_unit_ids
+
+    def tagged(column, name="privacy unit"):
+        ids = canonical(column, name).to_pylist()
+        return pa.array([None if v is None else f"{column.type}:{v}" for v in ids], pa.string())
+
+    monkeypatch.setattr(aggregate, "canonical_unit_ids", tagged)
+    result = audit_job("dp_aggregate/keyset", changes=[Change.ADD_MIXED_IDS])
+    _fails(result, "sensitivity linf", "sensitivity l1", "sensitivity l0")
+
+
+def test_point2_in_a_job_through_the_release_layer(monkeypatch):
+    """CentralNotice user-DP clicks with ids taken as written ("7", "7.0", " 7" three users)."""
+    import transforms.aggregate as aggregate
+
+    monkeypatch.setattr(aggregate, "canonical_unit_ids",
+                        lambda column, name="privacy unit": pa.compute.cast(column, pa.string()))
+    result = audit_job("centralnotice", changes=[Change.ADD_MIXED_IDS])
+    _fails(result, "sensitivity l1", "sensitivity linf")
+
+
+def test_point5_batch_position_row_priority(monkeypatch):
+    """Row priorities that mix the row's position in its batch: the same rows in other batches
+    keep other rows when a bound binds (REBATCH must change nothing)."""
+    import transforms.bounding as bounding
+
+    prioritize = bounding.prioritize
+
+    def positional(table, *args, **kwargs):
+        out = prioritize(table, *args, **kwargs)
+        i = out.schema.get_field_index(bounding.ROW)
+        position = np.arange(out.num_rows, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        words = out.column(i).to_numpy() ^ position
+        return out.set_column(i, bounding.ROW, pa.array(words))
+
+    monkeypatch.setattr(bounding, "prioritize", positional)
+    result = audit_job("dp_aggregate/keyset", changes=[Change.REBATCH])
+    _fails(result, "unchanged")
+
+
+def _selection_aggregate(metrics):
+    from transforms.aggregate import DPAggregate
+
+    return DPAggregate(privacy_unit="u", keys=["k"], metrics=metrics,
+                       bounds=ContributionBounds(1, 1),
+                       budget=PrivacyBudget(epsilon=1.0, delta=1e-5), selection=PrivateSelection())
+
+
+def spend_findings(make) -> list[str]:
+    """The refusal check of a DPAggregate configuration: refused, or its stated spend (measures
+    and key selection) within the declared budget, with no measure on the selection's stream."""
+    from transforms.release import SELECTION_PURPOSE
+
+    try:
+        transform = make()
+    except ValueError:
+        return []   # refused before anything runs
+    found = []
+    spent, budget = transform.guarantee(), transform.plan.budget
+    if spent.epsilon > budget.epsilon * (1 + 1e-9) or spent.delta > budget.delta * (1 + 1e-9) + 1e-15:
+        found.append(f"spends {spent} beyond the declared {budget}")
+    if SELECTION_PURPOSE in transform.measures:
+        found.append(f"a measure named {SELECTION_PURPOSE!r} shares key selection's stream")
+    return found
+
+
+def test_point6_a_metric_named_key_selection(monkeypatch):
+    make = lambda: _selection_aggregate([Count(), Count(name="key_selection")])  # noqa: E731
+    assert spend_findings(make) == []                       # the real code refuses it
+    assert spend_findings(lambda: _selection_aggregate([Count()])) == []
+    import transforms.metrics as metrics
+
+    # The old code: no reserved names and no budget check covering selection.
+    monkeypatch.setattr(metrics, "check_metric_name", lambda column: column)
+    monkeypatch.setattr(metrics, "check_within_budget", lambda plan, selection: None)
+    assert spend_findings(make), "the refusal check passed on a broken variant"
+
+
+# ---- point 4: one key applied to two inputs ----------------------------------------------
+
+DAY1 = [{"user": u, "k": k} for u in range(1, 13) for k in ("a", "b", "c") if (u + ord(k)) % 3]
+DAY2 = DAY1 + [{"user": 99, "k": "b"}]          # one added user
+
+
+def _two_days(make, same_instance: bool):
+    """Two inputs through one pipeline; ``make()`` builds a DPAggregate (one instance for both
+    when ``same_instance``). Returns the two released tables (audit.Table)."""
+    from aggregate_kit import run_and_collect
+
+    first = make()
+    second = first if same_instance else make()
+
+    def build(p):
+        tagged = []
+        for day, (rows, transform) in enumerate(((DAY1, first), (DAY2, second))):
+            tagged.append(p | f"Day{day}" >> beam.Create([pa.Table.from_pylist(rows)], reshuffle=False)
+                          | f"Aggregate{day}" >> transform
+                          | f"Tag{day}" >> beam.Map(lambda t, d=day: t.append_column(
+                              "day", pa.array([d] * t.num_rows, pa.int64()))))
+        return tagged | beam.Flatten()
+
+    table = pa.concat_tables(run_and_collect(build))
+    out = []
+    for day in (0, 1):
+        part = table.filter(pa.compute.equal(table.column("day"), day)).drop_columns(["day"])
+        out.append(Table.from_arrow(part.sort_by("k")))
+    return out
+
+
+def key_reuse_findings(make_noisy, make_exact) -> list[str]:
+    """Apply one transform instance (holding one key) to two inputs: it must be refused, or the
+    two releases must not carry the same noise."""
+    try:
+        noisy = _two_days(make_noisy, same_instance=True)
+    except KeyReuseError:
+        return []
+    exact = _two_days(make_exact, same_instance=False)
+    return repeated_noise(*noisy, *exact, keys=["k"], columns=["count"])
+
+
+def test_point4_one_key_applied_to_two_inputs(monkeypatch):
+    from transforms.aggregate import DPAggregate
+    from transforms.keyset import PublicKeyset
+
+    keyset = PublicKeyset.from_keys(["a", "b", "c"], ["k"])
+
+    def make(exact=False):
+        key = ReleaseKey.for_testing(4)
+        return lambda: DPAggregate(privacy_unit="user", keys=["k"], metrics=[Count()],
+                                   bounds=ContributionBounds(1, 1), budget=PrivacyBudget(epsilon=1.0),
+                                   keyset=keyset, release_key=key if not exact else None,
+                                   testing=exact, num_shards=1)
+
+    assert key_reuse_findings(make(), make(exact=True)) == []   # the real code refuses
+    # The old code: a key drives the same streams any number of times.
+    monkeypatch.setattr(ReleaseKey, "claim", lambda self, purpose, owner="a transform": None)
+    findings = key_reuse_findings(make(), make(exact=True))
+    assert findings and "noise-free" in findings[0]
+
+
+def test_exact_aggregate_job_uses_a_noise_free_key():
+    job_type = exact_aggregate_job_type()
+    from transforms.metrics import Count as C
+
+    job = job_type(metrics=[C()], bounds=ContributionBounds(1, 1),
+                   budget=PrivacyBudget(epsilon=1.0, delta=1e-3), selection=PrivateSelection())
+    assert job.transform(ReleaseKey.for_testing(1), True).release_key.noise_free
+    assert not job.transform(ReleaseKey.for_testing(1), False).release_key.noise_free

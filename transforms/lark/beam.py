@@ -1,0 +1,310 @@
+"""Beam wiring of Masked LARk (thin: the maths lives in the sibling modules).
+
+    records (Arrow tables) | ShareRecords           -> {helper h: report tables}   (browsers)
+    helper h's reports     | HelperAggregate (Alg. 2) or HelperGradient (Alg. 3)
+                                                     -> released tables, one per batch
+    all helpers' outputs   | CombineHelperOutputs   -> decoded noisy aggregates (ad server)
+
+Each helper transform is its own pipeline run with its own key: it reads one stream of reports
+and refuses reports addressed to another helper. Partials are combined per batch before the
+shuffle (``CombinePerKey``); a batch is released once its partials are merged. Row faults and
+batch outcomes are Beam counters in namespace ``masked_lark`` (for the operator's report, never
+in released tables).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.compute as pc
+from apache_beam.metrics import Metrics
+
+from accounting.keys import ReleaseKey
+from transforms.lark import browser, combine, helper as core
+from transforms.lark.local_dp import LocalFeatureNoise
+from transforms.lark.model import LogisticModel
+from transforms.lark.params import AggregationParams, GradientParams
+from transforms.lark.randomness import BrowserRandomness
+
+NAMESPACE = "masked_lark"
+
+__all__ = ["ShareRecords", "HelperAggregate", "HelperGradient", "CombineHelperOutputs",
+           "MergePartialsFn", "NAMESPACE"]
+
+
+def _count(name: str, value: int) -> None:
+    if value:
+        Metrics.counter(NAMESPACE, name).inc(int(value))
+
+
+def _check_key(params, release_key, owner: str, purpose: str):
+    if params.epsilon is None:
+        if release_key is not None:
+            raise ValueError(f"{owner}: a release key without epsilon adds no noise; "
+                             "give epsilon")
+        return
+    if not isinstance(release_key, ReleaseKey):
+        raise TypeError(f"{owner}: a noisy release needs its helper's ReleaseKey")
+    release_key.claim(purpose, owner)
+
+
+# --------------------------------------------------------------------------- browsers
+
+class _ShareFn(beam.DoFn):
+    def __init__(self, kind: str, params, randomness: BrowserRandomness, options: dict):
+        self._kind, self._params, self._randomness, self._options = kind, params, randomness, options
+
+    def process(self, records: pa.Table):
+        if records.num_rows == 0:
+            return
+        if self._kind == "aggregation":
+            reports = browser.aggregation_reports(records, self._params,
+                                                  randomness=self._randomness, **self._options)
+        else:
+            reports = browser.gradient_reports(records, randomness=self._randomness,
+                                               **self._options)
+        _count("records_shared", records.num_rows)
+        for h, table in enumerate(reports):
+            yield beam.pvalue.TaggedOutput(f"helper_{h}", table)
+
+
+class ShareRecords(beam.PTransform):
+    """Browsers' Algorithm 1 over record tables: returns {helper index: report tables}.
+
+    ``aggregation=AggregationParams`` for Algorithm 2 reports, or ``num_features=d`` (and
+    optionally ``local_noise``) for gradient reports. ``randomness`` defaults to a fresh secure
+    source per pipeline construction.
+    """
+
+    def __init__(self, *, randomness: Optional[BrowserRandomness] = None,
+                 aggregation: Optional[AggregationParams] = None,
+                 num_features: Optional[int] = None, num_helpers: int = 2,
+                 local_noise: Optional[LocalFeatureNoise] = None,
+                 batch_id: Optional[str] = None):
+        super().__init__()
+        if (aggregation is None) == (num_features is None):
+            raise ValueError("give exactly one of aggregation= or num_features=")
+        self._randomness = randomness or BrowserRandomness.secure()
+        if aggregation is not None:
+            self._kind, self._params = "aggregation", aggregation
+            self._options = {"batch_id": batch_id}
+            self._num_helpers = aggregation.num_helpers
+        else:
+            self._kind, self._params = "gradient", None
+            self._options = {"num_features": num_features, "num_helpers": num_helpers,
+                             "local_noise": local_noise, "batch_id": batch_id}
+            self._num_helpers = num_helpers
+
+    def expand(self, records):
+        tags = [f"helper_{h}" for h in range(self._num_helpers)]
+        outputs = records | "Share" >> beam.ParDo(
+            _ShareFn(self._kind, self._params, self._randomness, self._options)).with_outputs(*tags)
+        return {h: outputs[tag] for h, tag in enumerate(tags)}
+
+
+# --------------------------------------------------------------------------- helpers
+
+class MergePartialsFn(beam.CombineFn):
+    """Merges a batch's partials (associative, commutative: safe to lift before the shuffle)."""
+
+    _COMPACT = 16
+
+    def create_accumulator(self):
+        return []
+
+    def add_input(self, accumulator, partial):
+        accumulator.append(partial)
+        if len(accumulator) >= self._COMPACT:
+            accumulator[:] = [core.merge_partials(accumulator)]
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        merged = [p for acc in accumulators for p in acc]
+        return [core.merge_partials(merged)] if len(merged) > 1 else merged
+
+    def compact(self, accumulator):
+        return [core.merge_partials(accumulator)] if len(accumulator) > 1 else accumulator
+
+    def extract_output(self, accumulator):
+        return core.merge_partials(accumulator) if accumulator else None
+
+
+class _PartialsFn(beam.DoFn):
+    def __init__(self, compute):
+        self._compute = compute
+
+    def process(self, table: pa.Table):
+        partials, stats = self._compute(table)
+        _count("reports_read", stats.reports)
+        _count("reports_malformed", stats.malformed)
+        for name, value in stats.faults.items():
+            _count(f"reports_dropped_{name}", value)
+        for partial in partials:
+            yield partial.batch_id, partial
+
+
+class _ReleaseFn(beam.DoFn):
+    def __init__(self, release):
+        self._release = release
+
+    def process(self, element):
+        _, partial = element
+        if partial is None:
+            return
+        table, outcome = self._release(partial)
+        _count(f"batches_{outcome.status}", 1)
+        _count("keys_released", outcome.keys_released)
+        _count("keys_suppressed_k_anonymity", outcome.keys_suppressed)
+        if table is not None:
+            yield table
+
+
+class _AggregationCompute:
+    def __init__(self, params, helper):
+        self.params, self.helper = params, helper
+
+    def __call__(self, table):
+        return core.aggregation_partials(table, self.params, self.helper)
+
+
+class _AggregationRelease:
+    def __init__(self, params, helper, key):
+        self.params, self.helper, self.key = params, helper, key
+
+    def __call__(self, partial):
+        return core.release_aggregation(partial, self.params, helper=self.helper,
+                                        release_key=self.key)
+
+
+class _GradientCompute:
+    def __init__(self, params, model, helper):
+        self.params, self.model, self.helper = params, model, helper
+
+    def __call__(self, table):
+        return core.gradient_partials(table, self.params, self.model, self.helper)
+
+
+class _GradientRelease:
+    def __init__(self, params, model, helper, key):
+        self.params, self.model, self.helper, self.key = params, model, helper, key
+
+    def __call__(self, partial):
+        return core.release_gradient(partial, self.params, self.model, helper=self.helper,
+                                     release_key=self.key)
+
+
+def _helper_index(helper, num_helpers) -> int:
+    if isinstance(helper, bool) or not isinstance(helper, int) or not 0 <= helper < num_helpers:
+        raise ValueError(f"helper must be an index in [0, {num_helpers}), got {helper!r}")
+    return helper
+
+
+class HelperAggregate(beam.PTransform):
+    """One helper's Algorithm 2: its report tables -> one released table per batch (rows sorted
+    by key): noisy ring sums of the keys with more than k reports."""
+
+    def __init__(self, params: AggregationParams, *, helper: int,
+                 release_key: Optional[ReleaseKey]):
+        super().__init__()
+        self._params = params
+        self._helper = _helper_index(helper, params.num_helpers)
+        self._key = release_key
+
+    def expand(self, reports):
+        _check_key(self._params, self._key, "HelperAggregate",
+                   f"masked-lark/aggregation/helper={self._helper}")
+        return (reports
+                | "Partials" >> beam.ParDo(_PartialsFn(_AggregationCompute(self._params,
+                                                                           self._helper)))
+                | "MergePerBatch" >> beam.CombinePerKey(MergePartialsFn())
+                | "Release" >> beam.ParDo(_ReleaseFn(_AggregationRelease(
+                    self._params, self._helper, self._key))))
+
+
+class HelperGradient(beam.PTransform):
+    """One helper's Algorithm 3 for ``model``: its gradient report tables -> per batch with more
+    than k reports, a table of noisy masked gradient sums (one row per coordinate)."""
+
+    def __init__(self, params: GradientParams, model: LogisticModel, *, helper: int,
+                 release_key: Optional[ReleaseKey]):
+        super().__init__()
+        if model.num_features != params.num_features:
+            raise ValueError(f"model has {model.num_features} features, parameters declare "
+                             f"{params.num_features}")
+        self._params, self._model = params, model
+        self._helper = _helper_index(helper, params.num_helpers)
+        self._key = release_key
+
+    def expand(self, reports):
+        _check_key(self._params, self._key, "HelperGradient",
+                   f"masked-lark/gradient/helper={self._helper}")
+        return (reports
+                | "Partials" >> beam.ParDo(_PartialsFn(_GradientCompute(
+                    self._params, self._model, self._helper)))
+                | "MergePerBatch" >> beam.CombinePerKey(MergePartialsFn())
+                | "Release" >> beam.ParDo(_ReleaseFn(_GradientRelease(
+                    self._params, self._model, self._helper, self._key))))
+
+
+# --------------------------------------------------------------------------- ad server
+
+def _split_by_batch(table: pa.Table):
+    for batch in sorted(set(table.column("batch_id").to_pylist())):
+        yield batch, table.filter(pc.equal(table.column("batch_id"), batch))
+
+
+def _batch_entries(table: pa.Table):
+    return set(zip(table.column("batch_id").to_pylist(), table.column("helper").to_pylist(),
+                   table.column("batch_digest").to_pylist()))
+
+
+def _check_entries(entries, num_helpers):
+    combine.check_batches(set(entries), num_helpers)
+    return True
+
+
+class _CombineBatch:
+    def __init__(self, params, expected_digest):
+        self.params, self.expected_digest = params, expected_digest
+
+    def __call__(self, element, checked=None):
+        _, tables = element
+        tables = list(tables)
+        if isinstance(self.params, AggregationParams):
+            return combine.combine_aggregation(tables, self.params)
+        return combine.combine_gradients(tables, self.params, self.expected_digest)
+
+
+class CombineHelperOutputs(beam.PTransform):
+    """The ad server's step: every helper's released tables in one PCollection (flatten the
+    helpers' PCollections first: ``(h0, h1) | beam.Flatten()``) -> one decoded table per batch.
+
+    Refuses (the pipeline fails with a LarkInputError naming batch and helpers) missing helper
+    outputs, mismatched batch ids and outputs of different batches or parameters. For gradients,
+    pass ``model`` (the parameters' digest includes it)."""
+
+    def __init__(self, params, *, model: Optional[LogisticModel] = None):
+        super().__init__()
+        self._params = params
+        if isinstance(params, GradientParams):
+            if model is None:
+                raise ValueError("combining gradients needs the model sent to the helpers")
+            self._digest = core.gradient_params_digest(params, model)
+        elif isinstance(params, AggregationParams):
+            self._digest = params.digest()
+        else:
+            raise TypeError("params must be AggregationParams or GradientParams")
+
+    def expand(self, outputs):
+        # One global check first (small: one entry per batch and helper), so that a missing
+        # helper or mismatched batch ids are reported as such, before any batch is decoded.
+        checked = (outputs
+                   | "BatchEntries" >> beam.FlatMap(_batch_entries)
+                   | "AllEntries" >> beam.combiners.ToList()
+                   | "CheckBatches" >> beam.Map(_check_entries, self._params.num_helpers))
+        return (outputs
+                | "ByBatch" >> beam.FlatMap(_split_by_batch)
+                | "GroupBatch" >> beam.GroupByKey()
+                | "Combine" >> beam.Map(_CombineBatch(self._params, self._digest),
+                                        checked=beam.pvalue.AsSingleton(checked)))

@@ -1,0 +1,149 @@
+"""The universal hash family of optimized local hashing (OLH), and support counting against it.
+
+Family (vector multiply-add-shift; Dietzfelbinger 1996, "Universal hashing and k-wise
+independent random variables via integer arithmetic without primes", as presented in Thorup,
+"High Speed Hashing for Integers and Strings", 2015). A value ``x < 2^(16·k)`` is written as
+``k`` 16-bit digits ``x_0 .. x_{k-1}`` (least significant first). A function is drawn as ``k+1``
+independent uniform 32-bit words ``a_0 .. a_{k-1}, b`` and evaluates
+
+    h(x) = ((sum_i a_i · x_i + b) mod 2^32) >> 16          in [0, 2^16),
+
+which is *strongly universal* (pairwise independent) because 32 >= 16 + 16 - 1: for x != x' the
+pair (h(x), h(x')) is exactly uniform on [2^16]^2 over the draw of the function. The 16-bit hash
+is mapped to one of the ``g`` OLH buckets by ``bucket(h) = (h · g) >> 16`` (bucket ``c`` holds the
+``n_c`` hashes in ``[ceil(c·2^16/g), ceil((c+1)·2^16/g))``; sizes differ by at most one when
+``g`` does not divide 2^16).
+
+What the estimator needs is exact, not approximate: for x != x', pairwise independence gives
+
+    P[bucket(h(x)) == bucket(h(x'))] = kappa = sum_c (n_c / 2^16)^2      (>= 1/g, ~ 1/g)
+
+so the support probability of a non-matching report is ``q* = kappa·p + (1 - kappa)·(1 - p)/(g - 1)``
+exactly (see :mod:`transforms.ldp.oracles`), and the OLH estimator is exactly unbiased. (The
+paper's analysis assumes kappa = 1/g; Wang et al. use xxhash with a random seed instead of a
+documented family.)
+
+Support counting. A report ``(a, b, y)`` supports ``x`` iff ``bucket(h(x)) == y`` iff
+``(sum a_i x_i + b - lo_y · 2^16) mod 2^32 < n_y · 2^16`` -- one multiply-add chain and one
+unsigned comparison per (report, candidate) in 32-bit lanes, with ``b' = b - lo_y·2^16`` and the
+width precomputed per report. :func:`support_counts` evaluates it blockwise so the
+(reports x candidates) block stays in cache; numpy releases the GIL, so blocks run on threads.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
+
+import numpy as np
+
+DIGIT_BITS = 16
+HASH_BITS = 16
+WORD_BITS = 32
+MAX_BUCKETS = 1 << HASH_BITS
+_BLOCK_ELEMENTS = 1 << 18  # reports x candidates per block (1 MB of uint32 temporaries)
+_MAX_BLOCK_ROWS = (1 << 16) - 1
+
+
+def digits_for_bits(value_bits: int) -> int:
+    """How many 16-bit digits a value of ``value_bits`` bits has (at least one)."""
+    if not 1 <= value_bits <= 64:
+        raise ValueError(f"OLH hashes values of 1..64 bits, got {value_bits!r}")
+    return max(1, -(-value_bits // DIGIT_BITS))
+
+
+def value_digits(values: np.ndarray, digits: int) -> np.ndarray:
+    """``(digits, n)`` uint32: the 16-bit digits of uint64 ``values``, least significant first."""
+    values = np.asarray(values, dtype=np.uint64)
+    shifts = (np.arange(digits, dtype=np.uint64) * np.uint64(DIGIT_BITS))[:, None]
+    return ((values[None, :] >> shifts) & np.uint64(0xFFFF)).astype(np.uint32)
+
+
+def hash16(a: np.ndarray, b: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """h(x) for each report's own value: ``a`` (n, k) uint32, ``b`` (n,) uint32 -> (n,) uint32."""
+    digits = value_digits(values, a.shape[1])
+    acc = b.astype(np.uint32).copy()
+    for i in range(a.shape[1]):
+        acc += a[:, i] * digits[i]  # uint32 arithmetic wraps mod 2^32
+    return acc >> np.uint32(WORD_BITS - HASH_BITS)
+
+
+def bucket_bounds(buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, size)`` of each bucket's hash range: bucket c = [lo_c, lo_c + size_c)."""
+    if not 2 <= buckets <= MAX_BUCKETS:
+        raise ValueError(f"OLH needs 2..{MAX_BUCKETS} buckets, got {buckets!r}")
+    c = np.arange(buckets + 1, dtype=np.int64)
+    edges = -((-c * MAX_BUCKETS) // buckets)  # ceil(c · 2^16 / g)
+    return edges[:-1].astype(np.uint32), np.diff(edges).astype(np.uint32)
+
+
+def bucket_of(h16: np.ndarray, buckets: int) -> np.ndarray:
+    """The bucket of 16-bit hashes: (h · g) >> 16 (uint32, no overflow for g <= 2^16)."""
+    return (np.asarray(h16, dtype=np.uint32) * np.uint32(buckets)) >> np.uint32(HASH_BITS)
+
+
+def collision_probability(buckets: int) -> float:
+    """kappa = P[two distinct values share a bucket] under the family (exact; see module doc)."""
+    _, size = bucket_bounds(buckets)
+    return math.fsum(float(s) * float(s) for s in size) / float(MAX_BUCKETS) ** 2
+
+
+def support_counts(a: np.ndarray, b: np.ndarray, y: np.ndarray, candidates: np.ndarray,
+                   buckets: int, *, threads: Optional[int] = None) -> np.ndarray:
+    """For each candidate, how many reports ``(a, b, y)`` support it (int64[len(candidates)]).
+
+    ``a``: (n, k) uint32 hash words; ``b``: (n,) uint32; ``y``: (n,) bucket reports in [0, g);
+    ``candidates``: uint64 values of at most 16·k bits. ``threads``: worker threads for the
+    blocks (default: up to 2, numpy releases the GIL inside each block).
+    """
+    a = np.ascontiguousarray(a, dtype=np.uint32)
+    n, k = a.shape
+    candidates = np.asarray(candidates, dtype=np.uint64)
+    counts = np.zeros(candidates.size, dtype=np.int64)
+    if n == 0 or candidates.size == 0:
+        return counts
+    lo, size = bucket_bounds(buckets)
+    y = np.asarray(y)
+    # Shift each report's accepted interval to start at 0: b' = b - lo_y << 16, width_y << 16.
+    shifted_b = (np.asarray(b, dtype=np.uint32) - (lo[y] << np.uint32(HASH_BITS))).astype(np.uint32)
+    width = (size[y].astype(np.uint64) << np.uint64(WORD_BITS - HASH_BITS))
+    # A bucket of 2^16 hashes is impossible (g >= 2), so width < 2^32 fits uint32.
+    width = width.astype(np.uint32)
+    digits = value_digits(candidates, k)  # (k, C)
+    cand_block = max(1, min(candidates.size, 4096))
+    rows = max(1, min(_MAX_BLOCK_ROWS, _BLOCK_ELEMENTS // cand_block))
+    tasks = [(r0, min(n, r0 + rows), c0, min(candidates.size, c0 + cand_block))
+             for c0 in range(0, candidates.size, cand_block) for r0 in range(0, n, rows)]
+
+    local = threading.local()
+
+    def buffers(m, c):
+        if getattr(local, "shape", None) != (m, c):
+            local.acc = np.empty((m, c), dtype=np.uint32)
+            local.tmp = np.empty((m, c), dtype=np.uint32)
+            local.hit = np.empty((m, c), dtype=bool)
+            local.shape = (m, c)
+        return local.acc, local.tmp, local.hit
+
+    def run(task):
+        r0, r1, c0, c1 = task
+        acc, tmp, hit = buffers(r1 - r0, c1 - c0)
+        np.multiply(a[r0:r1, 0, None], digits[0, None, c0:c1], out=acc)
+        for i in range(1, k):
+            np.multiply(a[r0:r1, i, None], digits[i, None, c0:c1], out=tmp)
+            np.add(acc, tmp, out=acc)
+        np.add(acc, shifted_b[r0:r1, None], out=acc)
+        np.less(acc, width[r0:r1, None], out=hit)
+        # rows per block < 2^16: a uint16 column sum cannot overflow
+        return c0, c1, np.add.reduce(hit.view(np.uint8), axis=0, dtype=np.uint16)
+
+    workers = threads if threads is not None else min(2, len(tasks))
+    if workers > 1 and len(tasks) > 1:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(run, tasks))
+    else:
+        results = [run(t) for t in tasks]
+    for c0, c1, partial in results:
+        counts[c0:c1] += partial
+    return counts
