@@ -28,7 +28,8 @@ from transforms.selection import PrivateSelection
 
 #: Every registered audit; test_every_job_is_audited keeps this in step with pipelines/.
 AUDITED = ["dp_aggregate/keyset", "dp_aggregate/selection", "dp_aggregate/selection/substitute",
-           "dp_aggregate/keyset/dicts", "centralnotice", "reach_frequency",
+           "dp_aggregate/keyset/dicts", "dp_aggregate/keyset/spread_metrics", "centralnotice",
+           "reach_frequency",
            "summary_reports"]
 
 
