@@ -8,11 +8,21 @@ OUT    ?= out/demo
 .PHONY: setup lock demo test test-slow test-runners test-airflow fetch-runners clean
 
 LOCK   := requirements.lock
+DEMO_STAMP := $(VENV)/.installed-demo-stamp
+# pip prints one line per package (no --quiet) so a first run shows its progress; every install
+# is constrained by the lock (make lock).
+PIP_FLAGS  := --progress-bar off --disable-pip-version-check --constraint $(LOCK)
 
-$(STAMP): setup.py $(LOCK)
+$(DEMO_STAMP): setup.py $(LOCK)
+	@echo ">> creating $(VENV) and installing the package (first run: a few minutes)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet --constraint $(LOCK) -e ".[test,plot]"
+	$(BIN)/pip install --progress-bar off --disable-pip-version-check --upgrade pip
+	$(BIN)/pip install $(PIP_FLAGS) -e .
+	touch $(DEMO_STAMP)
+
+$(STAMP): setup.py $(LOCK) $(DEMO_STAMP)
+	@echo ">> installing the test and plot extras"
+	$(BIN)/pip install $(PIP_FLAGS) -e ".[test,plot]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -27,7 +37,8 @@ lock:
 	    --custom-compile-command "make lock" --output-file $(LOCK)
 
 ## Run the main job (CentralNotice release) on the bundled sample data with the DirectRunner.
-demo: setup
+## Installs only the package itself (no test extras).
+demo: $(DEMO_STAMP)
 	rm -rf $(OUT)
 	$(BIN)/python -m pipelines.centralnotice --demo --output $(OUT)
 

@@ -26,7 +26,9 @@ setup(
         # gs:// tests run Beam's GCS IO against a local emulator.
         "test": ["apache-beam[gcp]>=2.60", "pytest>=7.4", "hypothesis>=6.80", "pytest-xdist>=3.3",
                  "gcp-storage-emulator>=2024.8.3", "matplotlib>=3.7",
-                 "dask[distributed]>=2024.4.2"],
+                 "dask[distributed]>=2024.4.2",
+                 # DataFrame input (DPAggregate accepts them without importing either).
+                 "pandas>=2.0", "polars>=1.0"],
         # PipelineDP and Tumult pin their own dependencies: the benchmarks install them in
         # virtualenvs of their own under benchmarks/.venvs/.
         "bench": ["matplotlib>=3.7"],

@@ -168,3 +168,30 @@ def mean_sensitivity(bounds: ContributionBounds,
     count = count_sensitivity(bounds, relation)
     return MeanSensitivities(count=count, normalized_sum=count.scaled((high - low) / 2),
                              midpoint=(low + high) / 2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VarianceSensitivities:
+    """A variance released from a noisy count, normalized sum and normalized sum of squares."""
+
+    count: Sensitivities
+    normalized_sum: Sensitivities
+    normalized_squares: Sensitivities
+    midpoint: float
+    half_range: float
+
+
+def variance_sensitivity(bounds: ContributionBounds,
+                         relation: Neighbouring | str = Neighbouring.ADD_REMOVE) -> VarianceSensitivities:
+    """Variance as post-processing of three noisy sums per key (PipelineDP's variance):
+    the count, the sum of ``v - m`` (per-row magnitude ``h = (max - min) / 2``) and the sum of
+    ``(v - m)^2 - h^2 / 2`` (``(v - m)^2`` lies in ``[0, h^2]``, so centred its per-row
+    magnitude is ``h^2 / 2``), with ``m`` the midpoint. Each is the count's sensitivities scaled
+    by its per-row magnitude.
+    """
+    low, high = bounds.value_range()
+    half = (high - low) / 2
+    count = count_sensitivity(bounds, relation)
+    return VarianceSensitivities(count=count, normalized_sum=count.scaled(half),
+                                 normalized_squares=count.scaled(half * half / 2),
+                                 midpoint=(low + high) / 2, half_range=half)

@@ -14,6 +14,17 @@ and peak RSS per leg, a utility check (empirical RMSE of released
 counts against the exact bounded counts of the same release in testing mode, over >= 10,000
 (key, run) samples, against the mechanism's theoretical RMSE), and ends with
 ``speedup_vs_pipelinedp=X ratio_to_plain_beam=Y``.
+
+New metrics (``--new-metrics-rows N``, repeatable; ``--only-new-metrics`` runs just these): on
+the same data with a 2-d vector column, ours (``Percentiles([50, 90]) + Variance()`` and
+``VectorSum(L1 norm 5)``, two DPAggregates of epsilon 1 each) against PipelineDP (PERCENTILE(50),
+PERCENTILE(90), VARIANCE and VECTOR_SUM, two aggregations of epsilon 1 each, same bounds; the
+vector sums select keys privately with delta 1e-6, as PipelineDP 0.3's vector sum fails with public
+partitions; note PipelineDP clips each unit's per-key vector sum, ours each row): time
+of each side from process start, and per metric the RMSE over keys with >= 100 rows against the
+exact value on all rows (clamped / clipped, unbounded), so both sides' bounding bias counts. Its
+summary line: ``new_metrics rows=N speedup_vs_pipelinedp=X error_ratio p50=.. p90=.. variance=..
+vector_sum=..`` (ours / PipelineDP RMSE; goal <= 1.1 and speedup >= 5 at 10M rows).
 """
 from __future__ import annotations
 
@@ -124,6 +135,177 @@ print(json.dumps({"seconds": time.perf_counter() - start,
 '''
 
 
+# --------------------------------------------------------------------------- new metrics
+
+VECTOR_NORM = 5.0
+
+
+def generate_vectors(path: str, rows: int, seed: int = 0) -> None:
+    """The ``generate`` data plus ``vec``: a 2-d vector of length ~value at a random angle."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    generate(path + ".base", rows, seed)
+    table = pq.read_table(path + ".base")
+    rng = np.random.default_rng(seed + 1)
+    angle = rng.uniform(0, 2 * np.pi, table.num_rows)
+    value = table.column("value").to_numpy()
+    flat = np.stack([value * np.cos(angle), value * np.sin(angle)], axis=1).ravel()
+    table = table.append_column("vec", pa.FixedSizeListArray.from_arrays(pa.array(flat), 2))
+    pq.write_table(table, path, row_group_size=ROW_GROUP)
+    os.remove(path + ".base")
+
+
+def leg_ours_new(data: str, out: str, seed: int) -> dict:
+    start = time.perf_counter()
+    import apache_beam as beam
+    import pyarrow as pa
+
+    from accounting.budget import PrivacyBudget
+    from accounting.keys import ReleaseKey
+    from accounting.sensitivity import ContributionBounds
+    from transforms.aggregate import DPAggregate
+    from transforms.keyset import PublicKeyset
+    from transforms.metrics import Percentiles, Variance, VectorSum
+    from transforms.tables import ReadParquetTables, WriteReleasedParquet
+
+    keyset = PublicKeyset.from_table(pa.table({"key": pa.array(range(NUM_KEYS), pa.int64())}))
+    key = ReleaseKey.for_testing(seed)
+    scalar = DPAggregate(privacy_unit="user_id", keys=["key"], value="value",
+                         metrics=[Percentiles([50, 90]), Variance()],
+                         bounds=ContributionBounds(L0, LINF, min_value=LOW, max_value=HIGH),
+                         budget=PrivacyBudget(epsilon=EPSILON), keyset=keyset, release_key=key.derive("a"))
+    from transforms.selection import PrivateSelection
+
+    # Private key selection, as PipelineDP's vector sum needs (see PIPELINEDP_NEW_LEG).
+    vector = DPAggregate(privacy_unit="user_id", keys=["key"], value="vec",
+                         metrics=[VectorSum(dimension=2, max_norm=VECTOR_NORM, norm="l1")],
+                         bounds=ContributionBounds(L0, LINF),
+                         budget=PrivacyBudget(epsilon=EPSILON, delta=1e-6),
+                         selection=PrivateSelection(), release_key=key.derive("b"))
+    with beam.Pipeline(runner="FnApiRunner") as p:
+        rows = p | ReadParquetTables(data, columns=["user_id", "key", "value", "vec"])
+        (rows | "Scalar" >> scalar
+         | "WriteScalar" >> WriteReleasedParquet(out + ".scalar.parquet", keys=["key"]))
+        (rows | "Vector" >> vector
+         | "WriteVector" >> WriteReleasedParquet(out + ".vector.parquet", keys=["key"]))
+    return {"seconds": time.perf_counter() - start}
+
+
+PIPELINEDP_NEW_LEG = r'''
+import time
+start = time.perf_counter()
+import json, sys
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.parquetio import ReadFromParquet
+import pipeline_dp
+data, out, l0, linf, low, high, eps, nkeys, norm = sys.argv[1:10]
+with beam.Pipeline(runner="FnApiRunner") as p:
+    rows = p | ReadFromParquet(data)
+    accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=2 * float(eps), total_delta=1e-6)
+    engine = pipeline_dp.DPEngine(accountant, pipeline_dp.BeamBackend())
+    common = dict(noise_kind=pipeline_dp.NoiseKind.LAPLACE, max_partitions_contributed=int(l0),
+                  max_contributions_per_partition=int(linf))
+    scalar = pipeline_dp.AggregateParams(
+        metrics=[pipeline_dp.Metrics.PERCENTILE(50), pipeline_dp.Metrics.PERCENTILE(90),
+                 pipeline_dp.Metrics.VARIANCE], min_value=float(low), max_value=float(high), **common)
+    vector = pipeline_dp.AggregateParams(
+        metrics=[pipeline_dp.Metrics.VECTOR_SUM], vector_size=2, vector_max_norm=float(norm),
+        vector_norm_kind=pipeline_dp.aggregate_params.NormKind.L1, **common)
+    public = list(range(int(nkeys)))
+    # PipelineDP 0.3's vector sum fails with public partitions ("Improper number of dimensions
+    # to norm" building their empty accumulators): both sides select keys privately there.
+    a = engine.aggregate(rows, scalar, pipeline_dp.DataExtractors(
+        partition_extractor=lambda r: r["key"], privacy_id_extractor=lambda r: r["user_id"],
+        value_extractor=lambda r: r["value"]), public_partitions=public)
+    b = engine.aggregate(rows, vector, pipeline_dp.DataExtractors(
+        partition_extractor=lambda r: r["key"], privacy_id_extractor=lambda r: r["user_id"],
+        value_extractor=lambda r: np.asarray(r["vec"], dtype=float)))
+    accountant.compute_budgets()
+    def dump(kv):
+        fields = {k: (np.asarray(v).tolist()) for k, v in kv[1]._asdict().items()}
+        return json.dumps({"key": int(kv[0]), **fields})
+    a | "DumpA" >> beam.Map(dump) | "WriteA" >> beam.io.WriteToText(out + ".scalar", num_shards=1, shard_name_template="")
+    b | "DumpB" >> beam.Map(dump) | "WriteB" >> beam.io.WriteToText(out + ".vector", num_shards=1, shard_name_template="")
+import resource
+print(json.dumps({"seconds": time.perf_counter() - start,
+                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+'''
+
+
+def exact_new_metrics(data: str) -> dict:
+    """Per key (>= 100 rows): p50, p90, variance of clamped values, sum of clipped vectors."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(data)
+    keys = table.column("key").to_numpy()
+    values = np.clip(table.column("value").to_numpy(), LOW, HIGH)
+    vec = np.stack(table.column("vec").to_numpy(zero_copy_only=False))
+    norms = np.abs(vec).sum(axis=1)
+    vec = vec * np.minimum(1.0, VECTOR_NORM / np.maximum(norms, 1e-300))[:, None]
+    order = np.argsort(keys, kind="stable")
+    keys, values, vec = keys[order], values[order], vec[order]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    ends = np.r_[starts[1:], len(keys)]
+    exact = {}
+    for s, e in zip(starts, ends):
+        if e - s >= 100:
+            v = values[s:e]
+            exact[int(keys[s])] = {"p50": np.quantile(v, 0.5), "p90": np.quantile(v, 0.9), "variance": v.var(),
+                                   "vector_sum": vec[s:e].sum(axis=0)}
+    return exact
+
+
+def _rmse(exact: dict, released: dict, metric: str) -> float:
+    import numpy as np
+
+    errors = [np.sum((np.asarray(released[k], dtype=float) - np.asarray(e[metric])) ** 2)
+              for k, e in exact.items() if k in released]
+    return float(np.sqrt(np.mean(errors))) if errors else float("nan")
+
+
+def new_metrics_comparison(rows: int, workdir: str, skip_pipelinedp: bool) -> str:
+    import pyarrow.parquet as pq
+
+    data = os.path.join(workdir, f"vectors{rows}.parquet")
+    # Data and exact values in a process of their own: a child inherits its parent's peak RSS
+    # (Linux keeps ru_maxrss across fork and exec), so the parent stays small.
+    _run_leg(_self("--leg", "prepare_new", "--data", data, "--out", data + ".exact.json",
+                   "--seed", str(rows)))
+    with open(data + ".exact.json") as handle:
+        exact = {int(k): v for k, v in json.load(handle).items()}
+    ours = _run_leg(_self("--leg", "ours_new", "--data", data, "--out", data + ".ours"))
+    scalar = pq.read_table(data + ".ours.scalar.parquet").to_pylist()
+    vector = pq.read_table(data + ".ours.vector.parquet").to_pylist()
+    released = {"p50": {r["key"]: r["percentile_p50"] for r in scalar},
+                "p90": {r["key"]: r["percentile_p90"] for r in scalar},
+                "variance": {r["key"]: r["variance"] for r in scalar},
+                "vector_sum": {r["key"]: r["vector_sum"] for r in vector}}
+    ours_err = {m: _rmse(exact, released[m], m) for m in released}
+    print(f"new metrics, {rows} rows, {len(exact)} keys with >= 100 rows; RMSE against exact values on all rows")
+    print(f"{'leg':28} {'seconds':>9} {'peak MB':>9} " + " ".join(f"{m:>11}" for m in ours_err))
+    print(f"{'ours (DPAggregate)':28} {ours['seconds']:9.2f} {ours['peak_mb']:9.0f} "
+          + " ".join(f"{v:11.4g}" for v in ours_err.values()))
+    if skip_pipelinedp:
+        return f"new_metrics rows={rows} speedup_vs_pipelinedp=skipped"
+    pdp = _run_leg([_pipelinedp_python(), "-c", PIPELINEDP_NEW_LEG, data, data + ".pdp", str(L0), str(LINF),
+                    str(LOW), str(HIGH), str(EPSILON), str(NUM_KEYS), str(VECTOR_NORM)])
+    a = [json.loads(line) for line in open(data + ".pdp.scalar")]
+    b = [json.loads(line) for line in open(data + ".pdp.vector")]
+    theirs = {"p50": {r["key"]: r["percentile_50"] for r in a}, "p90": {r["key"]: r["percentile_90"] for r in a},
+              "variance": {r["key"]: r["variance"] for r in a},
+              "vector_sum": {r["key"]: r["vector_sum"] for r in b}}
+    their_err = {m: _rmse(exact, theirs[m], m) for m in theirs}
+    print(f"{'PipelineDP DPEngine':28} {pdp['seconds']:9.2f} {pdp['peak_mb']:9.0f} "
+          + " ".join(f"{v:11.4g}" for v in their_err.values()))
+    ratios = " ".join(f"{m}={ours_err[m] / their_err[m]:.3f}" for m in ours_err)
+    return (f"new_metrics rows={rows} speedup_vs_pipelinedp={pdp['seconds'] / ours['seconds']:.2f} "
+            f"error_ratio {ratios}")
+
+
 def _pipelinedp_python() -> str:
     import apache_beam
 
@@ -180,7 +362,11 @@ def main(argv=None):
                         help="run PipelineDP only up to this many rows (minutes at 10M rows)")
     parser.add_argument("--utility-rows", type=int, default=300_000)
     parser.add_argument("--utility-runs", type=int, default=10)
-    parser.add_argument("--leg", choices=["ours", "plain"], help=argparse.SUPPRESS)
+    parser.add_argument("--new-metrics-rows", type=int, action="append",
+                        help="rows for the new-metrics comparison (repeatable); default 1M")
+    parser.add_argument("--only-new-metrics", action="store_true",
+                        help="run only the new-metrics comparison (percentiles, variance, vector sum)")
+    parser.add_argument("--leg", choices=["ours", "plain", "ours_new", "prepare_new"], help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
@@ -188,14 +374,29 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     if args.leg:
-        result = leg_ours(args.data, args.out, args.seed, args.testing) if args.leg == "ours" \
-            else leg_plain(args.data, args.out)
+        if args.leg == "prepare_new":
+            generate_vectors(args.data, args.seed)  # this leg gets the row count as --seed
+            exact = exact_new_metrics(args.data)
+            with open(args.out, "w") as handle:
+                json.dump({k: {m: (v.tolist() if hasattr(v, "tolist") else float(v)) for m, v in e.items()}
+                           for k, e in exact.items()}, handle)
+            result = {}
+        elif args.leg == "ours_new":
+            result = leg_ours_new(args.data, args.out, args.seed)
+        else:
+            result = leg_ours(args.data, args.out, args.seed, args.testing) if args.leg == "ours" \
+                else leg_plain(args.data, args.out)
         result["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(json.dumps(result))
         return
 
-    sizes = args.rows or [1_000_000, 10_000_000]
     workdir = tempfile.mkdtemp(prefix="dp-bench-")
+    new_lines = [new_metrics_comparison(rows, workdir, args.skip_pipelinedp)
+                 for rows in (args.new_metrics_rows or [1_000_000])]
+    if args.only_new_metrics:
+        print(new_lines[-1])
+        return
+    sizes = args.rows or [1_000_000, 10_000_000]
     table = []
     last, compared = {}, None
     for rows in sizes:
@@ -238,7 +439,7 @@ def main(argv=None):
     # The speedup is read at the largest size where PipelineDP ran; the ratio at the largest size.
     speedup = (f"{compared['PipelineDP DPEngine']['seconds'] / compared['ours (DPAggregate)']['seconds']:.2f}"
                if compared else "skipped")
-    print(f"speedup_vs_pipelinedp={speedup} ratio_to_plain_beam={ours / plain:.3f}")
+    print(f"speedup_vs_pipelinedp={speedup} ratio_to_plain_beam={ours / plain:.3f} | {new_lines[-1]}")
 
 if __name__ == "__main__":
     main()

@@ -385,6 +385,10 @@ class CentralNoticeJob(Job):
                 f"  keys: {keys['released']} released of {keys['keyset']} ({keys['not_released']} "
                 f"not released: both values below their thresholds); suppressed values (null): "
                 f"impressions {keys['impressions_suppressed']}, clicks {keys['clicks_suppressed']}")
+            if keys["impressions_suppressed"] or keys["clicks_suppressed"]:
+                lines.append("  a null value means SUPPRESSED, not zero: its noisy value was not above the "
+                             "release threshold of the campaign configuration (which keeps keys without "
+                             "data from being published by noise alone)")
         for scope in summary.get("guarantee_scopes", ()):
             bound = scope["budget"]
             where = f" [{', '.join(scope['ledger_scopes'])}]" if scope["ledger_scopes"] else ""

@@ -273,6 +273,8 @@ def plot_campaign(rows: Sequence[TuningRow], path: str) -> None:
                 xscale="log")
     if not with_data:
         axes[1].set_yscale("symlog", linthresh=1e-6)
+    else:  # a share: the whole [0, 1] range, so a small difference does not look large
+        axes[1].set_ylim(-0.02, 1.02)
     for ax in axes[:2]:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
@@ -287,6 +289,9 @@ def plot_campaign(rows: Sequence[TuningRow], path: str) -> None:
                   is not None else "P(spurious)")
         twin.set_ylabel("share of keys suppressed" if clicks[0].share_suppressed is not None
                         else "P(empty key released)")
+        if clicks[0].share_suppressed is not None:
+            twin.set_ylim(-0.02, 1.02)
+        axes[2].set_ylim(bottom=0)  # noise std from zero: no zoomed-in axis
         axes[2].grid(True, alpha=0.3)
         lines = axes[2].get_legend_handles_labels()
         more = twin.get_legend_handles_labels()

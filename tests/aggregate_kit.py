@@ -118,7 +118,11 @@ class AggregateJob:
     def rule(self) -> TableRule:
         transform = self.declared()
         columns = [m.column for m in self.metrics]
-        bounds = {m.name: Bound.of(m.sensitivities) for m in transform.plan.measures if m.name in columns}
+        bounds = {m.name: Bound.of(m.sensitivities) for m in transform.plan.measures if m.name in columns
+                  and not m.name.startswith(tuple(f"{q.column}" for q in self.metrics
+                                                  if len(q.output_columns) > 1 or q.output_columns != (q.column,)))}
+        # A quantiles metric releases one column per quantile (post-processing of its tree).
+        columns = [c for m in self.metrics for c in m.output_columns]
         private = self.selection is not None or any(m.threshold is not None for m in self.metrics)
         return TableRule(keys=self.keys, noisy=columns, bounds=bounds, public_keys=self.public_keys,
                          keys_private=private, tolerance=1e-6)

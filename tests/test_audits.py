@@ -28,10 +28,10 @@ from transforms.selection import PrivateSelection
 
 #: Every registered audit; test_every_job_is_audited keeps this in step with pipelines/.
 AUDITED = ["dp_aggregate/keyset", "dp_aggregate/selection", "dp_aggregate/selection/substitute",
-           "dp_aggregate/keyset/dicts", "centralnotice", "reach_frequency",
-           "summary_reports", "event_level_reports", "ldp_frequencies", "ldp_heavy_hitters",
-           "shuffle_sum", "label_dp", "masked_lark_share", "masked_lark_helper",
-           "masked_lark_combine", "masked_lark_train"]
+           "dp_aggregate/keyset/dicts", "dp_aggregate/keyset/spread_metrics", "centralnotice",
+           "reach_frequency", "summary_reports", "event_level_reports", "ldp_frequencies",
+           "ldp_heavy_hitters", "shuffle_sum", "label_dp", "masked_lark_share",
+           "masked_lark_helper", "masked_lark_combine", "masked_lark_train"]
 
 
 @pytest.mark.parametrize("name", AUDITED)

@@ -9,8 +9,29 @@
         budget=PrivacyBudget(epsilon=1.0), release_key=ReleaseKey.generate())
 
 Input: a PCollection of pyarrow RecordBatches / Tables (the fast path, e.g. from
-``ReadFromParquetBatched``) or of dicts / ``beam.Row``s. Output: Arrow tables, one row per
-released key with its noisy metrics (``output="arrow"``), or dicts (``output="dicts"``).
+``ReadFromParquetBatched``), pandas or Polars DataFrames, or dicts / ``beam.Row``s. When the
+input's contents are known at construction (``beam.Create``, schema'd Rows), a missing or
+mistyped column fails when the transform is applied, naming the columns present
+(:func:`check_schema`; ``transform.check_schema(schema)`` checks any other source up front).
+Output: Arrow tables, one row per released key with its noisy metrics (``output="arrow"``), or
+dicts (``output="dicts"``).
+
+Output schema (``transform.output_schema()`` states it for a given configuration): the key
+columns (their input types), then per metric, in the order given:
+
+* ``count``, ``privacy_unit_count``: int64 (discrete noise); ``sum``: float64 (int64 with
+  integer noise and integer values); ``mean``, ``variance``, ``std``: float64;
+* quantiles: one float64 column per quantile, ``<name>_p<100 q>`` (``median``,
+  ``percentile_p50``...); ``vector_sum``: fixed_size_list<float64>[dimension];
+* with ``error_columns=True``, after each count / sum / privacy-unit count ``<name>``:
+  ``<name>_ci95_low``, ``<name>_ci95_high`` (the noise's symmetric 95% interval around the
+  released value) and ``<name>_std`` (the noise's standard deviation), all float64. They
+  describe the noise only, not the bias of contribution bounding and clamping; derived metrics
+  (mean, variance, std, quantiles) state their error in ``explain()``.
+
+A null value (``threshold_mode="value"``) means *suppressed*: the noisy value was not above its
+threshold, and its error columns are null too. With ``threshold_mode="key"`` such a key is not
+released at all. Rows are sorted by the key columns (:mod:`transforms.release`).
 
 Data flow (every step works on Arrow batches; only bounded partials are shuffled):
 
@@ -62,6 +83,7 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from accounting.budget import PrivacyBudget
+from accounting.shared_budget import BudgetPart
 from accounting.composition import EpsDelta, sequential
 from accounting.sensitivity import ContributionBounds, Neighbouring
 from transforms import arrow_coder  # noqa: F401  (registers the Arrow table coder)
@@ -69,12 +91,18 @@ from transforms import bounding
 from transforms.privacy_units import canonical_unit_column, canonical_unit_ids, check_unit_type
 from transforms.partials import key_partials, routing_hash, shard_of, split_by_shard
 from transforms.keyset import PublicKeyset
-from transforms.metrics import Metric, MetricKind, is_integer_range, mean_from_noisy, plan_measures
+from transforms.metrics import (Metric, MetricKind, as_metric, is_integer_range, mean_from_noisy,
+                                plan_measures, variance_from_noisy)
 from accounting.keys import ReleaseKey
 from transforms.release import NoisyRelease, OutputColumn, keyset_tables
 from transforms.selection import PrivateSelection, Selector
+from transforms.tables import as_arrow_table, static_schema
+from transforms.vectors import clip, row_words, vectors_of
 
 NAMESPACE = "dp_aggregate"
+#: Metrics released directly from one noisy measure, whose noise std and 95% interval are
+#: public constants: they get error columns on request (``error_columns=True``).
+ERROR_COLUMN_KINDS = (MetricKind.COUNT, MetricKind.SUM, MetricKind.PRIVACY_UNIT_COUNT)
 #: What bounding claims of its release key (ReleaseKey.claim): the priorities' sub-keys.
 BOUNDING_PURPOSE = "bounding"
 #: Rows buffered per Arrow batch when the input is dicts / Rows.
@@ -105,6 +133,13 @@ class BoundingConfig:
     num_shards: int = 32
     integer_values: bool = False
     midpoint: float = 0.0
+    #: half the clamping range when a variance or standard deviation needs sums of squares.
+    half_range: Optional[float] = None
+    #: the quantile trees (transforms.quantiles.QuantileTree) whose node counts are partials.
+    trees: tuple = ()
+    #: a vector sum's clipping and shape (transforms.vectors.VectorSpec); ``value`` is then a
+    #: list column.
+    vector: Optional[object] = None
 
     def __post_init__(self):
         keys = (self.keys,) if isinstance(self.keys, str) else tuple(self.keys)
@@ -119,18 +154,28 @@ def _is_numeric(typ: pa.DataType) -> bool:
     return pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ)
 
 
-def check_schema(schema: pa.Schema, unit: str, keys: Sequence[str], value: Optional[str]) -> None:
+def check_schema(schema: pa.Schema, unit: str, keys: Sequence[str], value: Optional[str],
+                 vector: bool = False) -> None:
     """Raise ValueError naming the first missing or mistyped column (a privacy-unit column that
-    cannot hold ids raises :class:`~transforms.privacy_units.UnitIdError`, a ValueError)."""
+    cannot hold ids raises :class:`~transforms.privacy_units.UnitIdError`, a ValueError).
+    ``vector``: the value column holds lists of numbers (vector sums)."""
     names = set(schema.names)
     for role, column in [("privacy unit", unit)] + [("key", k) for k in keys] + \
             ([("value", value)] if value else []):
         if column not in names:
             raise ValueError(f"input has no {role} column {column!r} (columns: {sorted(names)})")
         typ = schema.field(column).type
+        if vector and column == value:
+            if not ((pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ))
+                    and _is_numeric(typ.value_type)):
+                raise ValueError(f"value column {column!r} must hold lists of numbers for a vector "
+                                 f"sum, got {typ}")
+            continue
         if pa.types.is_nested(typ) or pa.types.is_map(typ):
             raise ValueError(f"{role} column {column!r} has unsupported type {typ}")
     check_unit_type(schema.field(unit).type, unit)
+    if vector:
+        return
     if value and not (_is_numeric(schema.field(value).type) or pa.types.is_null(schema.field(value).type)):
         raise ValueError(f"value column {value!r} must be numeric, got {schema.field(value).type}")
 
@@ -146,7 +191,8 @@ def _runs_on_dask(pipeline) -> bool:
 
 
 class _ToArrowTables(beam.DoFn):
-    """Pass Arrow batches through; buffer dicts / Rows into Arrow tables.
+    """Pass Arrow batches through, convert pandas / Polars DataFrames; buffer dicts / Rows into
+    Arrow tables.
 
     The privacy-unit column of dict rows may mix types (7, 7.0, "7"): it is built with
     :func:`~transforms.privacy_units.canonical_unit_column`, one canonical id per row.
@@ -161,10 +207,9 @@ class _ToArrowTables(beam.DoFn):
         self._rows = []
 
     def process(self, element):
-        if isinstance(element, pa.RecordBatch):
-            yield pa.Table.from_batches([element])
-        elif isinstance(element, pa.Table):
-            yield element
+        table = as_arrow_table(element)
+        if table is not None:
+            yield table
         else:
             if not isinstance(element, dict):
                 element = element._asdict() if hasattr(element, "_asdict") else dict(element.__dict__)
@@ -203,7 +248,7 @@ class _PrepareAndBound(beam.DoFn):
 
     def process(self, table: pa.Table, keyset_hashes=None):
         c = self._c
-        check_schema(table.schema, c.unit, c.keys, c.value)
+        check_schema(table.schema, c.unit, c.keys, c.value, vector=c.vector is not None)
         self._count("rows_read", table.num_rows)
         columns = [c.unit, *c.keys] + ([c.value] if c.value else [])
         table = table.select(columns)
@@ -217,7 +262,11 @@ class _PrepareAndBound(beam.DoFn):
             key_valid &= pc.is_valid(table.column(k)).to_numpy(zero_copy_only=False)
         self._count("dropped_null_key", (valid & ~key_valid).sum())
         valid &= key_valid
-        if c.value:
+        if c.vector is not None:
+            _, ok = vectors_of(table.column(c.value), c.vector.dimension)
+            self._count("dropped_invalid_vector", (valid & ~ok).sum())
+            valid &= ok
+        elif c.value:
             raw = table.column(c.value)
             values = pc.cast(raw, pa.float64()).to_numpy(zero_copy_only=False) \
                 if not pa.types.is_null(raw.type) else np.full(table.num_rows, np.nan)
@@ -244,15 +293,25 @@ class _PrepareAndBound(beam.DoFn):
                 table = table.filter(pa.array(inside & ~excluded))
         if not table.num_rows:
             return
-        if c.value:
+        extra_words = None
+        if c.vector is not None:
+            matrix, _ = vectors_of(table.column(c.value), c.vector.dimension)
+            clipped = clip(matrix, c.vector.max_norm, c.vector.norm)
+            self._count("clipped_vector_norm", (np.any(clipped != matrix, axis=1)).sum())
+            table = table.drop_columns([c.value])
+            for j, name in enumerate(c.vector.columns):
+                table = table.append_column(name, pa.array(clipped[:, j]))
+            extra_words = row_words(clipped)
+        elif c.value:
             values = pc.cast(table.column(c.value), pa.float64()).to_numpy(zero_copy_only=False)
             low, high = c.bounds.value_range()
             self._count("clamped_below_min", (values < low).sum())
             self._count("clamped_above_max", (values > high).sum())
             table = table.drop_columns([c.value]).append_column(
                 bounding.VALUE, pa.array(np.clip(values, low, high)))
+        scalar = c.value and c.vector is None
         table = bounding.prioritize(table, c.unit, c.keys, c.release_key,
-                                   bounding.VALUE if c.value else None).drop_columns([c.unit])
+                                   bounding.VALUE if scalar else None, extra_words).drop_columns([c.unit])
         table = bounding.bound(table, c.bounds.max_partitions, c.bounds.max_contributions_per_partition)
         shards = shard_of(table.column(bounding.UNIT).to_numpy(), c.num_shards)
         yield from split_by_shard(table, shards)
@@ -281,8 +340,10 @@ class _BoundUnitShard(beam.DoFn):
             return
         if c.bounds.max_contributions is not None:
             bounded = bounding.bound_total(bounded, c.bounds.max_contributions)
-        yield key_partials(bounded, c.keys, has_value=c.value is not None,
-                                    midpoint=c.midpoint, integer_sum=c.integer_values)
+        yield key_partials(bounded, c.keys, has_value=c.value is not None and c.vector is None,
+                           midpoint=c.midpoint, integer_sum=c.integer_values,
+                           half_range=c.half_range, trees=c.trees,
+                           vector_columns=c.vector.columns if c.vector is not None else ())
 
 
 class _SortedUnionFn(beam.CombineFn):
@@ -354,8 +415,18 @@ class DPAggregate(beam.PTransform):
                  keyset: PublicKeyset = None, selection: PrivateSelection = None,
                  neighbouring=Neighbouring.ADD_REMOVE, release_key: ReleaseKey = None,
                  testing: bool = False, num_shards: int = 32, output: str = "arrow",
-                 threshold_mode: str = "key", integer_values: bool = None, label: str = None):
+                 threshold_mode: str = "key", integer_values: bool = None,
+                 error_columns: bool = False, label: str = None):
         super().__init__(label)
+        part = None
+        if isinstance(budget, BudgetPart):
+            part, budget = budget, budget.budget
+            if release_key is None and part.release_key is not None and \
+                    (not testing or part.release_key.is_testing):
+                release_key = part.release_key
+        if not isinstance(budget, PrivacyBudget):
+            raise TypeError("budget must be a PrivacyBudget or a SharedBudget part "
+                            f"(shared.part(name)), got {type(budget).__name__}")
         if isinstance(keys, str):
             keys = [keys]
         if not keys:
@@ -376,15 +447,32 @@ class DPAggregate(beam.PTransform):
             raise ValueError(f"threshold_mode must be 'key' or 'value', got {threshold_mode!r}")
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-        metrics = list(metrics)
-        clash = sorted({m.column for m in metrics} & set(keys))
+        if isinstance(metrics, (str, Metric)):
+            metrics = [metrics]
+        metrics = [as_metric(m) for m in metrics]
+        if not isinstance(bounds, ContributionBounds):
+            raise TypeError(f"bounds must be a ContributionBounds, got {type(bounds).__name__}")
+        if not isinstance(privacy_unit, str) or (value is not None and not isinstance(value, str)) \
+                or not all(isinstance(k, str) for k in keys):
+            raise TypeError("privacy_unit, keys and value must be column names (strings)")
+        outputs = [c for m in metrics for c in m.output_columns]
+        clash = sorted(set(outputs) & set(keys))
         if clash:
             raise ValueError(f"metric names {clash} are key columns: give the metrics other names")
+        if len(set(outputs)) != len(outputs):
+            raise ValueError(f"output columns must be unique, got {outputs}")
         needs_value = any(m.needs_value for m in metrics)
         if needs_value and not value:
-            raise ValueError("sum and mean metrics need a value column (value=...)")
-        if needs_value:
-            bounds.value_range()  # raises if the clamping range is missing
+            kinds = sorted({m.kind.value for m in metrics if m.needs_value})
+            raise ValueError(f"metrics {kinds} need a value column (value=...)")
+        vectors = [m for m in metrics if m.is_vector]
+        if vectors and (len(vectors) > 1 or any(m.needs_range for m in metrics)):
+            raise ValueError("a vector sum reads the value column as vectors: it cannot be combined "
+                             "with another vector sum or with scalar value metrics in one DPAggregate "
+                             "(use a second DPAggregate, e.g. with a SharedBudget)")
+        if any(m.needs_range for m in metrics) and bounds.min_value is None:
+            raise ValueError("metrics of values need a clamping range: "
+                             "ContributionBounds(..., min_value=..., max_value=...)")
         if testing:
             if release_key is not None and not release_key.is_testing:
                 raise ValueError("testing mode refuses a secret release key: it makes no release")
@@ -409,15 +497,25 @@ class DPAggregate(beam.PTransform):
         if selection is not None:
             self.selector = Selector.for_bounds(selection, selection_share.epsilon,
                                                 selection_share.delta, bounds, neighbouring)
-        low_high = bounds.value_range() if needs_value else (0.0, 0.0)
+        low_high = bounds.value_range() if any(m.needs_range for m in metrics) else (0.0, 0.0)
         self.keyset = keyset
+        squares = any(m.kind in (MetricKind.VARIANCE, MetricKind.STD) for m in metrics)
         self._config = BoundingConfig(unit=privacy_unit, keys=keys, value=value if needs_value else None,
                                       bounds=bounds, release_key=release_key, keyset=keyset,
                                       num_shards=num_shards, integer_values=integer_values,
-                                      midpoint=(low_high[0] + low_high[1]) / 2)
+                                      midpoint=(low_high[0] + low_high[1]) / 2,
+                                      half_range=(low_high[1] - low_high[0]) / 2 if squares else None,
+                                      trees=tuple(m.tree(bounds) for m in metrics
+                                                  if m.kind is MetricKind.QUANTILES),
+                                      vector=vectors[0].vector_spec() if vectors else None)
         self._metrics = metrics
         self._output = output
         self._threshold_mode = threshold_mode
+        if not isinstance(error_columns, bool):
+            raise TypeError(f"error_columns must be True or False, got {error_columns!r}")
+        self._error_columns = error_columns
+        if part is not None:
+            part.register(self)
 
     def guarantee(self) -> EpsDelta:
         """The whole release's (epsilon, delta): the measures (basic composition, or the zCDP
@@ -430,6 +528,7 @@ class DPAggregate(beam.PTransform):
     def explain(self) -> str:
         """The release plan: each measure's mechanism, sensitivity, noise and budget share."""
         text = self.plan.explain()
+        text += self._quantile_errors()
         if self.selector is not None:
             s = self.selector
             total = self.guarantee()
@@ -440,10 +539,27 @@ class DPAggregate(beam.PTransform):
             text += "\nTESTING MODE: no noise is added; this is not a release."
         return text
 
+    def _quantile_errors(self) -> str:
+        """Each quantile metric's stated error (transforms.quantiles): resolution and rank error."""
+        from transforms.quantiles import rank_error_std
+
+        lines = []
+        for metric in self._metrics:
+            if metric.kind is not MetricKind.QUANTILES:
+                continue
+            tree = metric.tree(self._config.bounds)
+            spec = next(m for m in self.plan.measures if m.name == metric.column).noise
+            if spec is None:
+                continue
+            lines.append(f"{metric.column}: error = leaf width {tree.leaf_width:.4g} (resolution) "
+                         f"plus a rank error of std <= {rank_error_std(tree, spec.std):.4g} rows "
+                         "(a shift of that / n in q for a key of n rows)")
+        return ("\n" + "\n".join(lines)) if lines else ""
+
     def check_schema(self, schema: pa.Schema) -> None:
         """Fail early (before the pipeline runs) on a missing or mistyped column."""
         c = self._config
-        check_schema(schema, c.unit, c.keys, c.value)
+        check_schema(schema, c.unit, c.keys, c.value, vector=c.vector is not None)
 
     def _outputs(self):
         """Released columns from the metrics (a mean derives from two noisy measures)."""
@@ -455,19 +571,85 @@ class DPAggregate(beam.PTransform):
                 nsum, count = f"{metric.column}.normalized_sum", count_name or f"{metric.column}.count"
                 derive = functools.partial(_mean_output, nsum=nsum, count=count, low=low, high=high)
                 outputs.append(OutputColumn(name=metric.column, derive=derive, threshold=metric.threshold))
+            elif metric.kind in (MetricKind.VARIANCE, MetricKind.STD):
+                low, high = self._config.bounds.value_range()
+                derive = functools.partial(
+                    _variance_output, nsum=f"{metric.column}.normalized_sum",
+                    nsq=f"{metric.column}.normalized_squares",
+                    count=count_name or f"{metric.column}.count", low=low, high=high,
+                    std=metric.kind is MetricKind.STD)
+                outputs.append(OutputColumn(name=metric.column, derive=derive, threshold=metric.threshold))
+            elif metric.kind is MetricKind.QUANTILES:
+                tree = metric.tree(self._config.bounds)
+                for j, column in enumerate(metric.output_columns):
+                    derive = functools.partial(_quantile_output, measure=metric.column, tree=tree,
+                                               q=metric.quantiles[j])
+                    outputs.append(OutputColumn(name=column, derive=derive))
             else:
                 outputs.append(OutputColumn(name=metric.column, measure=metric.column,
                                             threshold=metric.threshold))
+                if self._error_columns and metric.kind in ERROR_COLUMN_KINDS:
+                    spec = self.measures[metric.column].spec
+                    std, half = spec.std, spec.ci_halfwidth(0.95)
+                    for suffix, offset in (("_ci95_low", -half), ("_ci95_high", half)):
+                        outputs.append(OutputColumn(
+                            name=metric.column + suffix, follows=metric.column,
+                            derive=functools.partial(_offset_output, measure=metric.column, offset=offset)))
+                    outputs.append(OutputColumn(name=metric.column + "_std", follows=metric.column,
+                                                derive=functools.partial(_constant_output,
+                                                                         measure=metric.column, value=std)))
         return outputs
+
+    def output_schema(self) -> pa.Schema:
+        """The released table's schema (module docstring, "Output schema"); key columns typed
+        from an in-memory keyset, else as null (their type is the input's). Fields are nullable
+        as Arrow builds them; only metric values (threshold_mode="value") are ever null."""
+        fields = []
+        for k in self._config.keys:
+            typ = pa.null()
+            if self.keyset is not None and self.keyset.in_memory:
+                typ = _keyset_type(self.keyset, k)
+            fields.append(pa.field(k, typ))
+        for metric in self._metrics:
+            for column in metric.output_columns:
+                if metric.kind in (MetricKind.COUNT, MetricKind.PRIVACY_UNIT_COUNT) or \
+                        (metric.kind is MetricKind.SUM and self.measures[column].integer):
+                    typ = pa.int64() if self.measures[column].integer else pa.float64()
+                elif metric.kind is MetricKind.VECTOR_SUM:
+                    typ = pa.list_(pa.float64(), metric.dimension)
+                else:
+                    typ = pa.float64()
+                fields.append(pa.field(column, typ))
+            if self._error_columns and metric.kind in ERROR_COLUMN_KINDS:
+                for suffix in ("_ci95_low", "_ci95_high", "_std"):
+                    fields.append(pa.field(metric.column + suffix, pa.float64()))
+        return pa.schema(fields)
 
     def expand(self, pcoll):
         c = self._config
+        schema = static_schema(pcoll)
+        if schema is not None:  # contents known at construction: fail now, not in a worker
+            typed = pa.schema([f for f in schema if not pa.types.is_null(f.type)])
+            missing = [col for col in [c.unit, *c.keys] + ([c.value] if c.value else [])
+                       if col not in schema.names]
+            if missing:
+                role = "privacy unit" if missing[0] == c.unit else ("value" if missing[0] == c.value else "key")
+                raise ValueError(f"input has no {role} column {missing[0]!r} "
+                                 f"(columns: {sorted(schema.names)})")
+            if len(typed) == len(schema):
+                check_schema(schema, c.unit, c.keys, c.value, vector=c.vector is not None)
         keyset_pcollection = None if self.keyset is None or self.keyset.in_memory else self.keyset.pcollection
         partials = pcoll | "BoundContributions" >> BoundedKeyPartials(c, keyset_pcollection)
         measures = list(self.measures.values())
         partial_types = {"count": pa.int64(), "units": pa.int64()}
-        if c.value:
+        if c.vector is not None:
+            partial_types.update({name: pa.float64() for name in c.vector.columns})
+        elif c.value:
             partial_types.update(sum=pa.int64() if c.integer_values else pa.float64(), nsum=pa.float64())
+            if c.half_range is not None:
+                partial_types["nsq"] = pa.float64()
+            for tree in c.trees:
+                partial_types.update({name: pa.int64() for name in tree.columns})
         released = partials | "Release" >> NoisyRelease(
             keys=c.keys, measures=measures, outputs=self._outputs(), partial_types=partial_types,
             release_key=self.release_key, keyset=self.keyset, selector=self.selector,
@@ -475,6 +657,27 @@ class DPAggregate(beam.PTransform):
         if self._output == "dicts":
             return released | "ToDicts" >> beam.FlatMap(lambda t: t.to_pylist())
         return released
+
+
+def _keyset_type(keyset, column):
+    batch = keyset.batch_at(0, max_rows=1)
+    return batch.schema.field(column).type
+
+
+def _offset_output(noisy, *, measure, offset):
+    return np.asarray(noisy[measure], dtype=np.float64) + offset
+
+
+def _constant_output(noisy, *, measure, value):
+    return np.full(len(noisy[measure]), value, dtype=np.float64)
+
+
+def _variance_output(noisy, *, nsum, nsq, count, low, high, std):
+    return variance_from_noisy(noisy[nsum], noisy[nsq], noisy[count], low, high, std=std)
+
+
+def _quantile_output(noisy, *, measure, tree, q):
+    return tree.quantiles(noisy[measure], [q])[:, 0]
 
 
 def _mean_output(noisy, *, nsum, count, low, high):

@@ -78,11 +78,14 @@ def _value_words(table: pa.Table, value_column: Optional[str]) -> np.ndarray:
 
 
 def prioritize(table: pa.Table, unit_column: str, key_columns: Sequence[str],
-               release_key: ReleaseKey, value_column: Optional[str] = None) -> pa.Table:
+               release_key: ReleaseKey, value_column: Optional[str] = None,
+               extra_words: Optional[np.ndarray] = None) -> pa.Table:
     """Add the secret ``__unit``, ``__pair`` and ``__row`` columns to a batch of rows.
 
     ``unit_column`` must hold canonical ids (:mod:`transforms.privacy_units`); ``value_column``
-    (the clamped value, if any) enters the row priority, so identical rows share one.
+    (the clamped value, if any) and ``extra_words`` (64 bits per row of other content, e.g. a
+    clipped vector: :func:`transforms.vectors.row_words`) enter the row priority, so identical
+    rows share one.
     """
     unit_words = _keyed_hash(release_key, "bound:unit", table, [unit_column])
     pair_words = _keyed_hash(release_key, "bound:pair", table, [unit_column, *key_columns])
@@ -91,6 +94,8 @@ def prioritize(table: pa.Table, unit_column: str, key_columns: Sequence[str],
     # and uniform), and AES is a permutation, so distinct rows get independent priorities.
     block = pair_words.copy()
     block[:, 0] ^= _value_words(table, value_column)
+    if extra_words is not None:
+        block[:, 0] ^= np.asarray(extra_words, dtype=np.uint64)
     encryptor = Cipher(algorithms.AES(release_key.derive("bound:row").secret_bytes()), modes.ECB()).encryptor()
     row_words = np.frombuffer(encryptor.update(block.tobytes()), dtype=np.uint64).reshape(-1, 2)
     return table.append_column(UNIT, pa.array(unit_words[:, 0])) \

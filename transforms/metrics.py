@@ -19,7 +19,7 @@ from accounting.calibration import NoiseKind
 from accounting.composition import sequential
 from accounting.sensitivity import (ContributionBounds, Neighbouring, count_sensitivity,
                                     mean_sensitivity, privacy_unit_count_sensitivity,
-                                    sum_sensitivity)
+                                    sum_sensitivity, variance_sensitivity)
 from accounting.validation import check_epsilon, check_finite
 from transforms.release import SELECTION_PURPOSE, NoisyMeasure
 
@@ -29,6 +29,10 @@ class MetricKind(str, enum.Enum):
     SUM = "sum"
     MEAN = "mean"
     PRIVACY_UNIT_COUNT = "privacy_unit_count"
+    VARIANCE = "variance"
+    STD = "std"
+    QUANTILES = "quantiles"
+    VECTOR_SUM = "vector_sum"
 
 
 _DEFAULT_NOISE = {
@@ -36,18 +40,32 @@ _DEFAULT_NOISE = {
     MetricKind.PRIVACY_UNIT_COUNT: NoiseKind.DISCRETE_LAPLACE,
     MetricKind.SUM: NoiseKind.LAPLACE,
     MetricKind.MEAN: NoiseKind.LAPLACE,
+    MetricKind.VARIANCE: NoiseKind.LAPLACE,
+    MetricKind.STD: NoiseKind.LAPLACE,
+    MetricKind.QUANTILES: NoiseKind.DISCRETE_LAPLACE,
+    MetricKind.VECTOR_SUM: NoiseKind.LAPLACE,
 }
+#: Metric kinds computed from the value column.
+_VALUE_KINDS = (MetricKind.SUM, MetricKind.MEAN, MetricKind.VARIANCE, MetricKind.STD,
+                MetricKind.QUANTILES)
+#: Metric kinds whose value column holds vectors (list columns).
+_VECTOR_KINDS = (MetricKind.VECTOR_SUM,)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Metric:
-    """One released column.
+    """One released metric (one output column; a quantiles metric has one per quantile).
 
-    noise: the mechanism (default: discrete Laplace for counts, Laplace for sums and means).
+    noise: the mechanism (default: discrete Laplace for counts and quantile trees, Laplace for
+      sums, means, variances and standard deviations).
     threshold: release threshold; a key whose noisy value is not above it is suppressed
       (post-processing). weight: this metric's share of the budget, relative to the others.
     name: the output column (default: the kind); ``key_selection`` and names containing ``.``
       are reserved for internal measures (:func:`check_metric_name`).
+    quantiles, branching, depth: for ``QUANTILES``: the quantiles in [0, 1] (all read from one
+      noisy tree, :mod:`transforms.quantiles`) and the tree's shape.
+    dimension, max_norm, norm: for ``VECTOR_SUM``: the vectors' length, and each row's clipping
+      bound in the ``"l1"`` or ``"l2"`` norm (:mod:`transforms.vectors`).
     """
 
     kind: MetricKind
@@ -55,22 +73,125 @@ class Metric:
     threshold: Optional[float] = None
     weight: float = 1.0
     name: Optional[str] = None
+    quantiles: tuple = ()
+    branching: int = 16
+    depth: int = 2
+    dimension: Optional[int] = None
+    max_norm: Optional[float] = None
+    norm: str = "l2"
 
     def __post_init__(self):
-        object.__setattr__(self, "kind", MetricKind(self.kind))
-        noise = _DEFAULT_NOISE[self.kind] if self.noise is None else NoiseKind.parse(self.noise)
+        try:
+            kind = MetricKind(self.kind)
+        except ValueError:
+            raise ValueError(f"unknown metric kind {self.kind!r}; known: "
+                             f"{[k.value for k in MetricKind]}") from None
+        object.__setattr__(self, "kind", kind)
+        if self.name is not None and not isinstance(self.name, str):
+            raise TypeError(f"metric name must be a string, got {type(self.name).__name__}")
+        try:
+            noise = _DEFAULT_NOISE[self.kind] if self.noise is None else NoiseKind.parse(self.noise)
+        except (ValueError, TypeError, AttributeError):
+            raise ValueError(f"{self.column}: unknown noise {self.noise!r}; known: "
+                             f"{[k.value for k in NoiseKind]}") from None
         object.__setattr__(self, "noise", noise)
+        for field_name in ("threshold", "weight"):
+            value = getattr(self, field_name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise TypeError(f"{self.column}: {field_name} must be a number, got {value!r}")
         if self.threshold is not None:
             check_finite(self.threshold, f"{self.column} threshold")
         check_epsilon(self.weight, f"{self.column} weight")
+        if self.kind is MetricKind.QUANTILES:
+            qs = (self.quantiles,) if isinstance(self.quantiles, (int, float)) else tuple(self.quantiles)
+            if not qs:
+                raise ValueError(f"{self.column}: give at least one quantile in [0, 1]")
+            for q in qs:
+                if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 <= q <= 1:
+                    raise ValueError(f"{self.column}: quantiles must be numbers in [0, 1], got {q!r}")
+            if len(set(qs)) != len(qs):
+                raise ValueError(f"{self.column}: quantiles must be distinct, got {qs}")
+            object.__setattr__(self, "quantiles", tuple(float(q) for q in qs))
+            if not self.noise.is_integer:
+                raise ValueError(f"{self.column}: a quantile tree releases integer counts: use "
+                                 "discrete_laplace or discrete_gaussian noise")
+            if self.threshold is not None:
+                raise ValueError(f"{self.column}: quantiles take no threshold (threshold a count)")
+        elif self.quantiles:
+            raise ValueError(f"{self.column}: quantiles= is only for the quantiles metric")
+        if self.kind is MetricKind.VECTOR_SUM:
+            self.vector_spec()  # validates dimension, max_norm and norm
+            if self.noise.is_integer:
+                raise ValueError(f"{self.column}: a vector sum needs real-valued noise (laplace or gaussian)")
+            if self.threshold is not None:
+                raise ValueError(f"{self.column}: a vector sum takes no threshold (threshold a count)")
+        elif self.dimension is not None or self.max_norm is not None:
+            raise ValueError(f"{self.column}: dimension= and max_norm= are only for the vector_sum metric")
 
     @property
     def column(self) -> str:
         return self.name or self.kind.value
 
     @property
+    def output_columns(self) -> tuple:
+        """The released columns: the metric's name, or one per quantile (``<name>_p<100 q>``;
+        a single quantile with an explicit name, e.g. ``median``, keeps the name)."""
+        if self.kind is not MetricKind.QUANTILES:
+            return (self.column,)
+        if len(self.quantiles) == 1 and self.name is not None:
+            return (self.name,)
+        return tuple(f"{self.column}_p{100 * q:g}" for q in self.quantiles)
+
+    @property
     def needs_value(self) -> bool:
-        return self.kind in (MetricKind.SUM, MetricKind.MEAN)
+        return self.kind in _VALUE_KINDS or self.kind in _VECTOR_KINDS
+
+    @property
+    def needs_range(self) -> bool:
+        """Whether the metric needs the clamping range (scalar values)."""
+        return self.kind in _VALUE_KINDS
+
+    @property
+    def is_vector(self) -> bool:
+        return self.kind in _VECTOR_KINDS
+
+    def vector_spec(self):
+        """The clipping and shape of a ``VECTOR_SUM`` metric."""
+        from transforms.vectors import VectorSpec
+
+        if self.dimension is None or self.max_norm is None:
+            raise ValueError(f"{self.column}: a vector sum needs dimension= and max_norm=")
+        return VectorSpec(dimension=self.dimension, max_norm=self.max_norm, norm=self.norm,
+                          prefix=f"{self.column}.c")
+
+    def tree(self, bounds: ContributionBounds):
+        """The quantile tree of a ``QUANTILES`` metric over the clamping range."""
+        from transforms.quantiles import QuantileTree
+
+        low, high = bounds.value_range()
+        return QuantileTree(low=low, high=high, branching=self.branching, depth=self.depth,
+                            prefix=f"{self.column}.node")
+
+
+def as_metric(metric) -> Metric:
+    """A Metric, or a metric kind given as a string (``"count"``, ``"mean"``...)."""
+    if isinstance(metric, Metric):
+        return metric
+    if isinstance(metric, str):
+        if metric == "median":
+            return Median()
+        try:
+            kind = MetricKind(metric)
+        except ValueError:
+            raise ValueError(f"unknown metric {metric!r}; known: "
+                             f"{[k.value for k in MetricKind] + ['median']}") from None
+        if kind is MetricKind.QUANTILES:
+            raise ValueError("the quantiles metric needs its quantiles: Quantiles([0.5, 0.9])")
+        if kind is MetricKind.VECTOR_SUM:
+            raise ValueError("the vector_sum metric needs its shape: VectorSum(dimension=..., max_norm=...)")
+        return Metric(kind=kind)
+    raise TypeError(f"a metric must be a Metric (Count(), Sum(), ...) or a kind name, got "
+                    f"{type(metric).__name__} {metric!r}")
 
 
 def Count(**kwargs) -> Metric:
@@ -89,6 +210,37 @@ def PrivacyUnitCount(**kwargs) -> Metric:
     return Metric(kind=MetricKind.PRIVACY_UNIT_COUNT, **kwargs)
 
 
+def Variance(**kwargs) -> Metric:
+    return Metric(kind=MetricKind.VARIANCE, **kwargs)
+
+
+def Std(**kwargs) -> Metric:
+    """Standard deviation: the square root of the noisy variance (post-processing)."""
+    return Metric(kind=MetricKind.STD, **kwargs)
+
+
+def Quantiles(quantiles, **kwargs) -> Metric:
+    """Several quantiles from one noisy quantile tree (:mod:`transforms.quantiles`)."""
+    return Metric(kind=MetricKind.QUANTILES, quantiles=quantiles, **kwargs)
+
+
+def Percentiles(percentiles, **kwargs) -> Metric:
+    """Percentiles in [0, 100] (PipelineDP's naming); columns ``percentile_p<p>``."""
+    ps = (percentiles,) if isinstance(percentiles, (int, float)) else tuple(percentiles)
+    kwargs.setdefault("name", "percentile")
+    return Metric(kind=MetricKind.QUANTILES, quantiles=tuple(p / 100 for p in ps), **kwargs)
+
+
+def VectorSum(*, dimension: int, max_norm: float, norm: str = "l2", **kwargs) -> Metric:
+    """Per-key sum of vectors (a list column), each row clipped to ``max_norm`` in ``norm``."""
+    return Metric(kind=MetricKind.VECTOR_SUM, dimension=dimension, max_norm=max_norm, norm=norm, **kwargs)
+
+
+def Median(**kwargs) -> Metric:
+    kwargs.setdefault("name", "median")
+    return Metric(kind=MetricKind.QUANTILES, quantiles=(0.5,), **kwargs)
+
+
 def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget: PrivacyBudget,
                   *, neighbouring=Neighbouring.ADD_REMOVE, selection_weight: float = 0.0,
                   selection_needs_delta: bool = False, integer_values: bool = False):
@@ -98,6 +250,9 @@ def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget:
     calibrated :class:`~transforms.release.NoisyMeasure` (partial columns: count, units, sum,
     nsum), and the budget share for private key selection (or None).
     """
+    if isinstance(metrics, (str, Metric)):
+        metrics = [metrics]
+    metrics = [as_metric(m) for m in metrics]
     if not metrics:
         raise ValueError("metrics must name at least one metric")
     columns = [m.column for m in metrics]
@@ -108,9 +263,9 @@ def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget:
     has_count = any(m.kind is MetricKind.COUNT for m in metrics)
     weights, kinds, sens, partials, descriptions = {}, {}, {}, {}, {}
 
-    def measure(name, weight, kind, sensitivities, partial, integer, description):
+    def measure(name, weight, kind, sensitivities, partial, integer, description, columns=()):
         weights[name], kinds[name], sens[name] = weight, kind, sensitivities
-        partials[name] = (partial, integer)
+        partials[name] = (partial, integer, columns)
         descriptions[name] = description
 
     for m in metrics:
@@ -126,6 +281,41 @@ def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget:
                                  "integer clamping bounds")
             measure(m.column, m.weight, m.noise, sum_sensitivity(bounds, neighbouring), "sum",
                     m.noise.is_integer, "sum of clamped values per key")
+        elif m.kind in (MetricKind.VARIANCE, MetricKind.STD):
+            # count (reused if released), normalized sum and normalized sum of squares
+            if m.noise.is_integer:
+                raise ValueError(f"{m.column}: a {m.kind.value} needs real-valued noise (laplace or gaussian)")
+            var = variance_sensitivity(bounds, neighbouring)
+            share = m.weight / 2 if has_count else m.weight / 3
+            measure(f"{m.column}.normalized_sum", share, m.noise, var.normalized_sum, "nsum", False,
+                    f"sum of (value - midpoint) per key, for the {m.kind.value}")
+            measure(f"{m.column}.normalized_squares", share, m.noise, var.normalized_squares, "nsq",
+                    False, f"sum of ((value - midpoint)^2 - h^2/2) per key, h = {var.half_range:g}, "
+                    f"for the {m.kind.value}")
+            if not has_count:
+                count_kind = NoiseKind.DISCRETE_GAUSSIAN if m.noise.is_gaussian else NoiseKind.DISCRETE_LAPLACE
+                measure(f"{m.column}.count", share, count_kind, var.count, "count", True,
+                        f"rows per key, for the {m.kind.value}")
+        elif m.kind is MetricKind.QUANTILES:
+            from transforms.quantiles import tree_sensitivity
+
+            tree = m.tree(bounds)
+            measure(m.column, m.weight, m.noise,
+                    tree_sensitivity(count_sensitivity(bounds, neighbouring), tree.depth),
+                    tree.prefix, True,
+                    f"quantile tree: {tree.num_nodes} node counts per key (branching {tree.branching}, "
+                    f"depth {tree.depth}, leaf width {tree.leaf_width:.4g}) for quantiles "
+                    f"{list(m.quantiles)}; one row moves one node per level",
+                    columns=tree.columns)
+        elif m.kind is MetricKind.VECTOR_SUM:
+            from transforms.vectors import vector_sum_sensitivity
+
+            spec = m.vector_spec()
+            measure(m.column, m.weight, m.noise,
+                    vector_sum_sensitivity(count_sensitivity(bounds, neighbouring), spec),
+                    spec.prefix, False,
+                    f"sum of {spec.dimension}-dimensional vectors per key, each row clipped to "
+                    f"{spec.norm.upper()} norm {spec.max_norm:g}", columns=spec.columns)
         else:  # MEAN: a noisy normalized sum plus a noisy count (reused if one is released)
             if m.noise.is_integer:
                 raise ValueError(f"{m.column}: a mean needs real-valued noise (laplace or gaussian)")
@@ -148,8 +338,9 @@ def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget:
         plan.add_calibrated(name, kinds[name], shares[name], sens[name],
                             neighbouring=neighbouring, description=descriptions[name])
     specs = {m.name: m.noise for m in plan.measures}
-    measures = {name: NoisyMeasure(name=name, partial=partial, spec=specs[name], integer=integer)
-                for name, (partial, integer) in partials.items()}
+    measures = {name: NoisyMeasure(name=name, partial=partial, spec=specs[name], integer=integer,
+                                   columns=columns)
+                for name, (partial, integer, columns) in partials.items()}
     selection_share = shares.get(SELECTION_PURPOSE)
     if selection_share is not None:
         check_within_budget(plan, (selection_share.epsilon, selection_share.delta))
@@ -184,6 +375,20 @@ def check_within_budget(plan: ReleasePlan, selection) -> None:
         raise ValueError(f"the release with key selection spends epsilon={total.epsilon:g}, "
                          f"delta={total.delta:g}, beyond the declared budget "
                          f"epsilon={declared.epsilon:g}, delta={declared.delta:g}")
+
+
+def variance_from_noisy(nsum, nsq, count, low: float, high: float, std: bool = False):
+    """Post-processing: E[(v - m)^2] - E[v - m]^2 from the three noisy sums, clamped to
+    [0, h^2] (h = (high - low) / 2); its square root for the standard deviation."""
+    import numpy as np
+
+    half = (high - low) / 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        n = np.maximum(np.asarray(count, dtype=float), 1.0)
+        mean = np.clip(np.asarray(nsum, dtype=float) / n, -half, half)
+        squares = np.asarray(nsq, dtype=float) / n + half * half / 2
+        variance = np.clip(squares - mean * mean, 0.0, half * half)
+    return np.sqrt(variance) if std else variance
 
 
 def mean_from_noisy(nsum, count, low: float, high: float):

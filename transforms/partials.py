@@ -102,10 +102,25 @@ def check_int64_sums(table: pa.Table, key_columns: Sequence[str], columns: Seque
 
 
 def key_partials(bounded: pa.Table, key_columns: Sequence[str], *, has_value: bool,
-                 midpoint: float = 0.0, integer_sum: bool = False) -> pa.Table:
-    """Exact per-key partial aggregates of bounded rows: count, units, and sum / nsum."""
+                 midpoint: float = 0.0, integer_sum: bool = False, half_range: float = None,
+                 trees: Sequence = (), vector_columns: Sequence[str] = ()) -> pa.Table:
+    """Exact per-key partial aggregates of bounded rows: count, units, and sum / nsum; with
+    ``half_range`` also nsq (sum of ``(v - midpoint)^2 - half_range^2 / 2``, for variances);
+    for each :class:`~transforms.quantiles.QuantileTree` in ``trees`` its node counts; the sums
+    of ``vector_columns`` (clipped vector coordinates)."""
     aggregations = [([], "count_all"), (PAIR, "count_distinct")]
+    aggregations += [(c, "sum") for c in vector_columns]
     table = bounded
+    if has_value and half_range is not None:
+        centred = pc.subtract(table.column(VALUE), pa.scalar(midpoint))
+        table = table.append_column("__nsq", pc.subtract(pc.multiply(centred, centred),
+                                                         pa.scalar(half_range * half_range / 2)))
+        aggregations.append(("__nsq", "sum"))
+    if has_value and trees:
+        values = table.column(VALUE).to_numpy()
+        for i, tree in enumerate(trees):
+            table = table.append_column(f"__leaf{i}", pa.array(tree.leaf_of(values)))
+            aggregations.append((f"__leaf{i}", "list"))
     if has_value:
         value = table.column(VALUE)
         if integer_sum:
@@ -120,9 +135,22 @@ def key_partials(bounded: pa.Table, key_columns: Sequence[str], *, has_value: bo
     columns = {k: grouped.column(k) for k in key_columns}
     columns["count"] = grouped.column("count_all").cast(pa.int64())
     columns["units"] = grouped.column(f"{PAIR}_count_distinct").cast(pa.int64())
+    for c in vector_columns:
+        columns[c] = grouped.column(f"{c}_sum")
     if has_value:
         columns["sum"] = grouped.column("__ivalue_sum" if integer_sum else f"{VALUE}_sum")
         columns["nsum"] = grouped.column("__nvalue_sum")
+        if half_range is not None:
+            columns["nsq"] = grouped.column("__nsq_sum")
+        for i, tree in enumerate(trees):
+            lists = grouped.column(f"__leaf{i}_list").combine_chunks()
+            parents = pc.list_parent_indices(lists).to_numpy()
+            leaves = pc.list_flatten(lists).to_numpy()
+            histogram = np.bincount(parents * tree.leaves + leaves,
+                                    minlength=grouped.num_rows * tree.leaves)
+            nodes = tree.node_counts(histogram.reshape(grouped.num_rows, tree.leaves))
+            for j, name in enumerate(tree.columns):
+                columns[name] = pa.array(nodes[:, j].astype(np.int64))
     return pa.table(columns)
 
 

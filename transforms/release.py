@@ -59,23 +59,49 @@ class NoisyMeasure:
 
     name: unique per release; it also labels the measure's noise streams. partial: the partial
     column holding the exact answer. spec: the calibrated noise (None only in testing mode).
-    integer: integer answers and integer noise.
+    integer: integer answers and integer noise. columns: for a vector measure (a quantile
+    tree's nodes, a vector sum's coordinates), its partial columns; its noisy answer is then a
+    (keys, len(columns)) array, each coordinate drawn from its own lane (key, coordinate).
     """
 
     name: str
     partial: str
     spec: Optional[NoiseSpec] = None
     integer: bool = True
+    columns: tuple = ()
+
+    def exact(self, table: pa.Table) -> np.ndarray:
+        """The exact answers: (keys,) for a scalar measure, (keys, width) for a vector one."""
+        dtype = np.int64 if self.integer else np.float64
+        if not self.columns:
+            return table.column(self.partial).to_numpy(zero_copy_only=False).astype(dtype)
+        return np.stack([table.column(c).to_numpy(zero_copy_only=False).astype(dtype)
+                         for c in self.columns], axis=1).reshape(table.num_rows, len(self.columns))
+
+    def noisy(self, exact: np.ndarray, release_key: ReleaseKey, keys: pa.Table) -> np.ndarray:
+        if not self.columns:
+            return add_noise(self.spec, exact, RandomStreams.for_keys(release_key, self.name, keys))
+        width = len(self.columns)
+        lanes = keys.take(pa.array(np.repeat(np.arange(keys.num_rows), width)))
+        lanes = lanes.append_column("__coordinate", pa.array(np.tile(np.arange(width), keys.num_rows)))
+        streams = RandomStreams.for_keys(release_key, self.name, lanes)
+        return add_noise(self.spec, exact.reshape(-1), streams).reshape(exact.shape)
 
 
 @dataclass(frozen=True, kw_only=True)
 class OutputColumn:
-    """A released column: one measure, or ``derive(noisy measures) -> array``."""
+    """A released column: one measure, or ``derive(noisy measures) -> array``.
+
+    follows: the name of an earlier column whose threshold this one shares (an error column
+    of a value): in ``threshold_mode="value"`` it is null wherever that value is suppressed,
+    so an interval around a suppressed value cannot reveal it.
+    """
 
     name: str
     measure: Optional[str] = None
     derive: Optional[Callable[[Mapping[str, np.ndarray]], np.ndarray]] = None
     threshold: Optional[float] = None
+    follows: Optional[str] = None
 
     def values(self, noisy: Mapping[str, np.ndarray]) -> np.ndarray:
         return noisy[self.measure] if self.derive is None else self.derive(noisy)
@@ -226,18 +252,18 @@ class _NoiseAndRelease(beam.DoFn):
         keys = table.select(self._s.keys)
         noisy = {}
         for m in self._s.measures:
-            exact = table.column(m.partial).to_numpy(zero_copy_only=False)
-            exact = exact.astype(np.int64) if m.integer else exact.astype(np.float64)
-            if self._s.testing:
-                noisy[m.name] = exact
-            else:
-                noisy[m.name] = add_noise(m.spec, exact, RandomStreams.for_keys(self._s.release_key, m.name, keys))
+            exact = m.exact(table)
+            noisy[m.name] = exact if self._s.testing else m.noisy(exact, self._s.release_key, keys)
         out = {k: keys.column(k) for k in self._s.keys}
         suppress = np.zeros(table.num_rows, dtype=bool)
         all_below = np.ones(table.num_rows, dtype=bool) if self._s.threshold_mode == "value" else None
+        masks = {}
         for column in self._s.outputs:
             values = column.values(noisy)
-            array = pa.array(values)
+            if np.ndim(values) == 2:  # a vector per key (vector sum): a fixed-size list column
+                array = pa.FixedSizeListArray.from_arrays(pa.array(np.ravel(values)), np.shape(values)[1])
+            else:
+                array = pa.array(values)
             if column.threshold is not None:
                 below = ~(np.asarray(values, dtype=float) > column.threshold)
                 if self._s.threshold_mode == "key":
@@ -245,6 +271,10 @@ class _NoiseAndRelease(beam.DoFn):
                 else:
                     array = pa.array(values, mask=below)
                     all_below &= below
+                    masks[column.name] = below
+            elif column.follows is not None:
+                if column.follows in masks:
+                    array = pa.array(values, mask=masks[column.follows])
             elif all_below is not None:
                 all_below[:] = False
             out[column.name] = array

@@ -1,0 +1,380 @@
+"""Utility analysis before a release, and contribution bounds chosen privately.
+
+:func:`analyze` answers, for a :class:`~transforms.aggregate.DPAggregate` configuration and a
+few candidate (bounds, budget) pairs, *before anything is released*: what share of the rows
+contribution bounding drops, how far each key's released value is expected to be from its
+true value (bias of bounding and clamping plus noise), and what share of keys thresholds or
+private key selection are expected to suppress. It runs in-process on the data or a sample
+(an Arrow table, a pandas / Polars DataFrame or a list of dicts) through the transform's own
+bounding code, so it sees exactly the rows a release would keep (up to the secret priorities:
+it bounds with a fixed testing key). **It reads raw data and its results are not DP**: they
+are for the data owner choosing parameters, never for publication. Use a sample, or a
+previous period's data, to keep the choice itself from depending on the released data.
+
+Per key and metric (count, sum, mean, privacy-unit count):
+
+* ``true``: the aggregate of all valid rows (no bounding, no clamping);
+* ``expected``: the aggregate of the bounded, clamped rows (what the noise is added to);
+* ``noise_std``: the noise's standard deviation (a mean's by the delta method, from the noisy
+  count and normalized sum it is derived from);
+* ``rmse = sqrt((expected - true)^2 + noise_std^2)``, ``relative_error = rmse / max(|true|, 1)``;
+* ``p_suppressed``: the probability that the key is not released: its metric's noisy value not
+  above the threshold (the continuous Laplace / Gaussian distribution approximates the discrete
+  one) or, with private selection, the selector's drop probability for its unit count.
+
+:func:`choose_bounds` picks ``max_partitions`` and ``max_contributions_per_partition`` with
+differential privacy: each as the candidate (powers of two by default) nearest the
+``quantile`` of the per-unit statistic (keys per unit; largest row count of a unit in one key),
+by the exponential mechanism (McSherry & Talwar 2007) with utility minus the distance of the
+target rank ``q n`` to ``[#{units <= c_prev}, #{units <= c}]`` (:func:`exponential_choice`),
+sensitivity 1 under add/remove (2 under substitution), each with half the given epsilon. The
+choice is a :class:`BoundsChoice` with a plan and ``explain()``; pass a
+:class:`~accounting.shared_budget.SharedBudget` part so the job's guarantee includes it.
+"""
+from __future__ import annotations
+
+import collections
+import csv
+import math
+from dataclasses import dataclass, field, replace
+from typing import Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from accounting.budget import PrivacyBudget, ReleasePlan
+from accounting.keys import ReleaseKey
+from accounting.measures import Measure
+from accounting.sensitivity import ContributionBounds, Neighbouring
+
+__all__ = ["Candidate", "UtilityReport", "analyze", "choose_bounds", "BoundsChoice"]
+
+_ANALYSED = ("count", "sum", "mean", "privacy_unit_count")
+_HUGE = 2 ** 40
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One parameter choice to compare: contribution bounds and budget."""
+
+    name: str
+    bounds: ContributionBounds
+    budget: PrivacyBudget
+
+
+@dataclass(frozen=True, kw_only=True)
+class UtilityReport:
+    """Per-key rows and a per-(candidate, metric) summary (see the module docstring); the lists
+    are filled by :func:`analyze`."""
+
+    per_key: list = field(default_factory=list)
+    summary: list = field(default_factory=list)
+
+    SUMMARY_COLUMNS = ("candidate", "metric", "rows_dropped_by_bounding", "keys",
+                       "median_relative_error", "mean_relative_error", "share_keys_suppressed")
+    PER_KEY_COLUMNS = ("candidate", "key", "metric", "true", "expected", "bias", "noise_std", "rmse",
+                       "relative_error", "p_suppressed")
+
+    def table(self) -> str:
+        """The summary as aligned text."""
+        rows = [self.SUMMARY_COLUMNS] + [tuple(_fmt(r[c]) for c in self.SUMMARY_COLUMNS) for r in self.summary]
+        widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+        return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+    def write_csv(self, path: str, per_key: bool = False) -> None:
+        columns = self.PER_KEY_COLUMNS if per_key else self.SUMMARY_COLUMNS
+        with open(path, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=columns)
+            writer.writeheader()
+            for row in (self.per_key if per_key else self.summary):
+                writer.writerow({c: row[c] for c in columns})
+
+    def plot(self, path: str) -> None:
+        """Three panels per metric across candidates, each on its full scale from zero: rows
+        dropped (share, [0, 1]), median relative error (from 0), keys suppressed ([0, 1])."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot as plt
+
+        candidates = list(dict.fromkeys(r["candidate"] for r in self.summary))
+        metrics = list(dict.fromkeys(r["metric"] for r in self.summary))
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+        width = 0.8 / max(len(metrics), 1)
+        x = np.arange(len(candidates))
+        for j, metric in enumerate(metrics):
+            rows = {r["candidate"]: r for r in self.summary if r["metric"] == metric}
+            for ax, column in zip(axes, ("rows_dropped_by_bounding", "median_relative_error",
+                                         "share_keys_suppressed")):
+                ax.bar(x + j * width, [rows[c][column] for c in candidates], width, label=metric)
+        titles = ("rows dropped by bounding (share)", "median relative error per key",
+                  "keys suppressed (expected share)")
+        for ax, title in zip(axes, titles):
+            ax.set_xticks(x + width * (len(metrics) - 1) / 2, candidates, rotation=20)
+            ax.set_title(title)
+            ax.grid(True, axis="y", alpha=0.3)
+        axes[0].set_ylim(0, 1)
+        axes[1].set_ylim(bottom=0)
+        axes[2].set_ylim(0, 1)
+        axes[1].legend()
+        fig.suptitle("Utility before release (not DP: for choosing parameters)")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
+
+def _fmt(value):
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _as_table(data) -> pa.Table:
+    from transforms.tables import as_arrow_table
+
+    table = as_arrow_table(data)
+    if table is None:
+        table = pa.Table.from_pylist(list(data))
+    return table
+
+
+def _partials(config, table: pa.Table) -> Optional[pa.Table]:
+    """Per-key partials through DPAggregate's own bounding DoFns (no runner)."""
+    from transforms.aggregate import _BoundUnitShard, _PrepareAndBound
+    from transforms.partials import sum_partials
+
+    by_shard = collections.defaultdict(list)
+    for shard, part in _PrepareAndBound(config).process(table):
+        by_shard[shard].append(part)
+    pieces = [t for item in by_shard.items() for t in _BoundUnitShard(config).process(item)]
+    return sum_partials(pieces, list(config.keys))
+
+
+def _p_below(spec, mean: np.ndarray, threshold: float) -> np.ndarray:
+    """P(mean + noise <= threshold), continuous approximation of the spec's noise."""
+    from scipy import stats
+
+    if spec.kind.is_gaussian:
+        return stats.norm.cdf(threshold, loc=mean, scale=spec.scale)
+    scale = spec.scale
+    return stats.laplace.cdf(threshold, loc=mean, scale=scale)
+
+
+def analyze(data, *, privacy_unit: str, keys: Sequence[str], metrics, candidates: Sequence[Candidate],
+            value: str = None, keyset=None, selection=None,
+            neighbouring=Neighbouring.ADD_REMOVE) -> UtilityReport:
+    """Utility of each candidate on ``data`` (module docstring). Metrics other than count,
+    sum, mean and privacy-unit count are planned (they share the budget) but not analysed."""
+    from transforms.aggregate import DPAggregate
+    from transforms.metrics import MetricKind
+
+    if not candidates:
+        raise ValueError("give at least one Candidate")
+    table = _as_table(data)
+    keys = [keys] if isinstance(keys, str) else list(keys)
+    report = UtilityReport()
+    for candidate in candidates:
+        if not isinstance(candidate, Candidate):
+            raise TypeError(f"candidates must be Candidate objects, got {type(candidate).__name__}")
+        aggregate = DPAggregate(privacy_unit=privacy_unit, keys=keys, value=value, metrics=metrics,
+                                bounds=candidate.bounds, budget=candidate.budget, keyset=keyset,
+                                selection=selection, neighbouring=neighbouring,
+                                release_key=ReleaseKey.for_testing(0))
+        aggregate.check_schema(table.schema)
+        config = aggregate._config
+        bounded = _partials(config, table)
+        low_high = (-1e300, 1e300) if config.value else (None, None)
+        raw_config = replace(config, bounds=ContributionBounds(
+            max_partitions=_HUGE, max_contributions_per_partition=_HUGE,
+            min_value=low_high[0], max_value=low_high[1]), midpoint=0.0)
+        raw = _partials(raw_config, table)
+        key_list = _keys_of(aggregate, raw, keys)
+        b = _by_key(bounded, keys, key_list)
+        r = _by_key(raw, keys, key_list)
+        rows_total = float(r["count"].sum())
+        dropped = 1.0 - float(b["count"].sum()) / rows_total if rows_total else 0.0
+        specs = {m.name: m.noise for m in aggregate.plan.measures}
+        count_name = next((m.column for m in aggregate._metrics if m.kind is MetricKind.COUNT), None)
+        keep = None
+        if aggregate.selector is not None:
+            keep = np.array([aggregate.selector.keep_probability(int(n)) for n in b["units"]])
+        suppressed_any = np.zeros(len(key_list)) if keep is None else 1 - keep
+        analysed = []
+        for metric in aggregate._metrics:
+            kind = metric.kind.value
+            if kind not in _ANALYSED:
+                continue
+            name = metric.column
+            if kind == "count":
+                true, expected, std = r["count"], b["count"], np.full(len(key_list), specs[name].std)
+            elif kind == "privacy_unit_count":
+                true, expected, std = r["units"], b["units"], np.full(len(key_list), specs[name].std)
+            elif kind == "sum":
+                true, expected, std = r["sum"], b["sum"], np.full(len(key_list), specs[name].std)
+            else:
+                low, high = candidate.bounds.value_range()
+                mid = (low + high) / 2
+                n_true = np.maximum(r["count"], 1)
+                n = np.maximum(b["count"], 1)
+                true = r["sum"] / n_true
+                expected = mid + b["nsum"] / n
+                count_spec = specs[count_name or f"{name}.count"]
+                nsum_spec = specs[f"{name}.normalized_sum"]
+                std = np.sqrt(nsum_spec.std ** 2 + (b["nsum"] / n) ** 2 * count_spec.std ** 2) / n
+                std = np.minimum(std, (high - low) / 2)
+            bias = expected - true
+            rmse = np.sqrt(bias ** 2 + std ** 2)
+            relative = rmse / np.maximum(np.abs(true), 1.0)
+            p_supp = np.zeros(len(key_list))
+            if metric.threshold is not None and name in specs:
+                p_supp = _p_below(specs[name], expected, metric.threshold)
+                if aggregate._threshold_mode == "key":
+                    suppressed_any = 1 - (1 - suppressed_any) * (1 - p_supp)
+            if keep is not None:
+                p_supp = 1 - keep * (1 - p_supp)
+            analysed.append((name, p_supp))
+            for i, key in enumerate(key_list):
+                report.per_key.append({
+                    "candidate": candidate.name, "key": key, "metric": name, "true": float(true[i]),
+                    "expected": float(expected[i]), "bias": float(bias[i]), "noise_std": float(std[i]),
+                    "rmse": float(rmse[i]), "relative_error": float(relative[i]),
+                    "p_suppressed": float(p_supp[i])})
+            report.summary.append({
+                "candidate": candidate.name, "metric": name, "rows_dropped_by_bounding": dropped,
+                "keys": len(key_list),
+                "median_relative_error": float(np.median(relative)) if len(key_list) else 0.0,
+                "mean_relative_error": float(np.mean(relative)) if len(key_list) else 0.0,
+                "share_keys_suppressed": float(np.mean(p_supp)) if len(key_list) else 0.0})
+        if aggregate._threshold_mode == "key":  # a key is dropped when any threshold fails
+            for row in report.summary:
+                if row["candidate"] == candidate.name and len(key_list):
+                    row["share_keys_suppressed"] = float(np.mean(suppressed_any))
+    return report
+
+
+def _keys_of(aggregate, raw: Optional[pa.Table], keys) -> list:
+    if aggregate.keyset is not None and aggregate.keyset.in_memory:
+        table = aggregate.keyset.batch_at(0, max_rows=aggregate.keyset.size())
+    elif raw is not None:
+        table = raw.select(keys)
+    else:
+        return []
+    return sorted(tuple(row[k] for k in keys) if len(keys) > 1 else row[keys[0]]
+                  for row in table.select(keys).to_pylist())
+
+
+def _by_key(partials: Optional[pa.Table], keys, key_list) -> dict:
+    """partial column -> array aligned with key_list (zeros for keys without rows)."""
+    out = collections.defaultdict(lambda: np.zeros(len(key_list)))
+    if partials is None:
+        return out
+    index = {k: i for i, k in enumerate(key_list)}
+    rows = partials.to_pylist()
+    columns = [c for c in partials.column_names if c not in keys]
+    arrays = {c: np.zeros(len(key_list)) for c in columns}
+    for row in rows:
+        key = tuple(row[k] for k in keys) if len(keys) > 1 else row[keys[0]]
+        if key in index:
+            for c in columns:
+                arrays[c][index[key]] = row[c] or 0
+    out.update(arrays)
+    return out
+
+
+# --------------------------------------------------------------------------- private bounds
+
+@dataclass(frozen=True, kw_only=True)
+class BoundsChoice:
+    """Contribution bounds chosen with DP, and what the choice cost."""
+
+    max_partitions: int
+    max_contributions_per_partition: int
+    plan: ReleasePlan
+    selector = None
+
+    def bounds(self, **kwargs) -> ContributionBounds:
+        return ContributionBounds(max_partitions=self.max_partitions,
+                                  max_contributions_per_partition=self.max_contributions_per_partition,
+                                  **kwargs)
+
+    def guarantee(self):
+        return self.plan.guarantee("basic")
+
+    def explain(self) -> str:
+        return (f"contribution bounds chosen privately: max_partitions={self.max_partitions}, "
+                f"max_contributions_per_partition={self.max_contributions_per_partition}\n"
+                + self.plan.explain())
+
+
+def exponential_choice(counts_at_or_below: np.ndarray, n: float, quantile: float, epsilon: float,
+                       sensitivity: float, uniforms: np.ndarray) -> int:
+    """Index of the candidate chosen by the exponential mechanism (Gumbel-max with the given
+    uniforms in (0, 1)). Candidate ``c_i`` is good when the target rank ``quantile * n`` lies in
+    ``[count(<= c_{i-1}), count(<= c_i)]``: utility is minus the distance to that interval
+    (so candidates above every unit's value, which all hold ``n`` units, do not tie with the
+    right one). One unit moves the counts by 0 or 1 and the target by ``quantile``, so the
+    distance moves by at most max(q, 1 - q) <= 1: sensitivity 1 (add/remove)."""
+    upper = np.asarray(counts_at_or_below, dtype=float)
+    lower = np.concatenate([[0.0], upper[:-1]])
+    target = quantile * n
+    utility = -(np.maximum(target - upper, 0.0) + np.maximum(lower - target, 0.0))
+    gumbel = -np.log(-np.log(np.clip(uniforms, 1e-300, 1 - 1e-16)))
+    return int(np.argmax(epsilon * utility / (2 * sensitivity) + gumbel))
+
+
+def choose_bounds(data, *, privacy_unit: str, keys: Sequence[str], budget, release_key: ReleaseKey = None,
+                  quantile: float = 0.9, candidates: Sequence[int] = tuple(2 ** i for i in range(11)),
+                  neighbouring=Neighbouring.ADD_REMOVE) -> BoundsChoice:
+    """Choose L0 and Linf with DP (module docstring). ``budget``: a PrivacyBudget (pure
+    epsilon) or a SharedBudget part (registered, so the job's guarantee includes the choice)."""
+    from accounting.shared_budget import BudgetPart
+    from transforms.noise import RandomStreams
+    from transforms.privacy_units import canonical_unit_ids
+
+    part = budget if isinstance(budget, BudgetPart) else None
+    budget = part.budget if part is not None else budget
+    if not isinstance(budget, PrivacyBudget) or budget.is_zcdp:
+        raise ValueError("choose_bounds needs an (epsilon, delta) budget (pure epsilon is used)")
+    if not 0 < quantile < 1:
+        raise ValueError(f"quantile must be in (0, 1), got {quantile!r}")
+    candidates = sorted({int(c) for c in candidates})
+    if not candidates or candidates[0] < 1:
+        raise ValueError("candidates must be positive integers")
+    if release_key is None:
+        release_key = part.release_key if part is not None and part.release_key else ReleaseKey.generate()
+    keys = [keys] if isinstance(keys, str) else list(keys)
+    table = _as_table(data)
+    from transforms.aggregate import check_schema
+    check_schema(table.schema, privacy_unit, keys, None)
+    table = table.select([privacy_unit, *keys])
+    table = table.set_column(0, privacy_unit, canonical_unit_ids(table.column(0), privacy_unit))
+    valid = pc.is_valid(table.column(0))
+    for k in keys:
+        valid = pc.and_(valid, pc.is_valid(table.column(k)))
+    table = table.filter(valid)
+    pairs = table.group_by([privacy_unit, *keys], use_threads=False).aggregate([([], "count_all")])
+    per_unit = pairs.group_by([privacy_unit], use_threads=False).aggregate(
+        [([], "count_all"), ("count_all", "max")])
+    keys_per_unit = per_unit.column("count_all").to_numpy()
+    rows_per_key = per_unit.column("count_all_max").to_numpy()
+    n = len(keys_per_unit)
+    sensitivity = float(Neighbouring(neighbouring).factor)
+    epsilon = budget.epsilon / 2
+    chosen = []
+    for purpose, stat in (("bounds:max_partitions", keys_per_unit),
+                          ("bounds:max_contributions_per_partition", rows_per_key)):
+        release_key.claim(purpose, owner="choose_bounds")
+        at_or_below = np.array([(stat <= c).sum() for c in candidates])
+        uniforms = RandomStreams.for_range(release_key, purpose, len(candidates)).uniform_float()
+        chosen.append(candidates[exponential_choice(at_or_below, n, quantile, epsilon, sensitivity, uniforms)])
+    plan = ReleasePlan(PrivacyBudget(epsilon=budget.epsilon, delta=budget.delta))
+    for name, stat_text in (("max_partitions", "keys per unit"),
+                            ("max_contributions_per_partition", "largest rows of a unit in one key")):
+        plan.add(Measure(name=f"bounds.{name}", mechanism="exponential", epsilon=epsilon,
+                         neighbouring=neighbouring,
+                         description=f"{name}: the candidate nearest the {quantile:g} quantile of "
+                                     f"{stat_text}, exponential mechanism, utility sensitivity "
+                                     f"{sensitivity:g}, candidates {candidates}"))
+    choice = BoundsChoice(max_partitions=chosen[0], max_contributions_per_partition=chosen[1], plan=plan)
+    if part is not None:
+        part.register(choice)
+    return choice
