@@ -11,18 +11,18 @@ LOCK   := requirements.lock
 DEMO_STAMP := $(VENV)/.installed-demo-stamp
 # pip prints one line per package (no --quiet) so a first run shows its progress; every install
 # is constrained by the lock (make lock).
-PIP_FLAGS  := --progress-bar off --disable-pip-version-check --constraint $(LOCK)
+PIP_FLAGS  := --progress-bar off --disable-pip-version-check
 
 $(DEMO_STAMP): setup.py $(LOCK)
 	@echo ">> creating $(VENV) and installing the package (first run: a few minutes)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --progress-bar off --disable-pip-version-check --upgrade pip
-	$(BIN)/pip install $(PIP_FLAGS) -e .
+	$(BIN)/pip install $(PIP_FLAGS) --upgrade pip
+	$(BIN)/pip install $(PIP_FLAGS) --constraint $(LOCK) -e .
 	touch $(DEMO_STAMP)
 
 $(STAMP): setup.py $(LOCK) $(DEMO_STAMP)
 	@echo ">> installing the test and plot extras"
-	$(BIN)/pip install $(PIP_FLAGS) -e ".[test,plot]"
+	$(BIN)/pip install $(PIP_FLAGS) --constraint $(LOCK) -e ".[test,plot]"
 	touch $(STAMP)
 
 setup: $(STAMP)
