@@ -82,6 +82,24 @@ def test_support_counts_equal_a_naive_count():
     assert hashing.support_counts(a[:0], b[:0], y[:0], candidates, g).sum() == 0
 
 
+@pytest.mark.parametrize("g,threads", [(4, 1), (3, 2), (7, 1), (300, 2)])
+def test_one_digit_incremental_path_equals_a_naive_count(monkeypatch, g, threads):
+    """The k = 1 path (incremental over sorted candidates, reports split by bucket width, several
+    blocks on threads): equal to hashing every (report, candidate) pair from the formula."""
+    monkeypatch.setattr(hashing, "_ONE_DIGIT_BLOCK", 777)
+    rng = np.random.default_rng(g)
+    n = 3000
+    a = rng.integers(0, 1 << 32, size=(n, 1), dtype=np.uint64).astype(np.uint32)
+    b = rng.integers(0, 1 << 32, size=n, dtype=np.uint64).astype(np.uint32)
+    y = rng.integers(0, g, size=n).astype(np.uint16)
+    progression = np.arange(0, 65536, 97, dtype=np.uint64)  # one gap: one multiply
+    scattered = rng.choice(1 << 16, size=300, replace=False).astype(np.uint64)
+    candidates = np.unique(np.concatenate([progression, scattered, [0, 1, 2, 65535]]))
+    naive = np.array([np.sum(hashing.bucket_of(hashing.hash16(a, b, np.full(n, v, np.uint64)), g) == y)
+                      for v in candidates])
+    assert np.array_equal(hashing.support_counts(a, b, y, candidates, g, threads=threads), naive)
+
+
 def test_empirical_collision_rate_of_random_functions_is_kappa():
     rng = np.random.default_rng(5)
     n, g = 400_000, 5
