@@ -82,11 +82,13 @@ def test_support_counts_equal_a_naive_count():
     assert hashing.support_counts(a[:0], b[:0], y[:0], candidates, g).sum() == 0
 
 
-@pytest.mark.parametrize("g,threads", [(4, 1), (3, 2), (7, 1), (300, 2)])
-def test_one_digit_incremental_path_equals_a_naive_count(monkeypatch, g, threads):
+@pytest.mark.parametrize("g,threads,block", [(4, 1, 777), (3, 2, 777), (7, 1, 777),
+                                             (300, 2, 777), (5, 2, 1 << 17), (6, 3, 1 << 17)])
+def test_one_digit_incremental_path_equals_a_naive_count(monkeypatch, g, threads, block):
     """The k = 1 path (incremental over sorted candidates, reports split by bucket width, several
-    blocks on threads): equal to hashing every (report, candidate) pair from the formula."""
-    monkeypatch.setattr(hashing, "_ONE_DIGIT_BLOCK", 777)
+    blocks on threads, or one block with the candidates split over threads): equal to hashing
+    every (report, candidate) pair from the formula."""
+    monkeypatch.setattr(hashing, "_ONE_DIGIT_BLOCK", block)
     rng = np.random.default_rng(g)
     n = 3000
     a = rng.integers(0, 1 << 32, size=(n, 1), dtype=np.uint64).astype(np.uint32)

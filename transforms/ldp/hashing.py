@@ -182,10 +182,15 @@ def _support_one_digit(a: np.ndarray, shifted_b: np.ndarray, width: np.ndarray,
         wide_width = narrow
     x = candidates.astype(np.uint32)  # sorted, distinct, < 2^16
     gaps = np.diff(x, prepend=np.uint32(0))
-    blocks = [(r0, min(n, r0 + _ONE_DIGIT_BLOCK)) for r0 in range(0, n, _ONE_DIGIT_BLOCK)]
+    workers = threads if threads is not None else 2
+    row_blocks = [(r0, min(n, r0 + _ONE_DIGIT_BLOCK)) for r0 in range(0, n, _ONE_DIGIT_BLOCK)]
+    # Fewer report blocks than workers (one batch of a Beam bundle): split the candidates too.
+    pieces = max(1, min(workers // len(row_blocks), x.size // 64))
+    bounds = [x.size * i // pieces for i in range(pieces + 1)]
+    blocks = [(r0, r1, c0, c1) for r0, r1 in row_blocks for c0, c1 in zip(bounds, bounds[1:])]
 
     def run(block):
-        r0, r1 = block
+        r0, r1, c0, c1 = block
         m = r1 - r0
         s = min(max(split - r0, 0), m)
         lanes = a[r0:r1]
@@ -193,9 +198,10 @@ def _support_one_digit(a: np.ndarray, shifted_b: np.ndarray, width: np.ndarray,
         step = np.empty(m, dtype=np.uint32)
         hit = np.empty(m, dtype=bool)
         acc_n, acc_w, hit_n, hit_w = acc[:s], acc[s:], hit[:s], hit[s:]
-        out = np.empty(x.size, dtype=np.int64)
+        out = np.zeros(x.size, dtype=np.int64)
         last_gap = None
-        for j, gap in enumerate(gaps):
+        for j in range(c0, c1):
+            gap = x[j] if j == c0 else gaps[j]  # a chunk starts from a·x_{c0} + b'
             if gap != last_gap:
                 np.multiply(lanes, gap, out=step)  # wraps mod 2^32
                 last_gap = gap
@@ -206,10 +212,9 @@ def _support_one_digit(a: np.ndarray, shifted_b: np.ndarray, width: np.ndarray,
             out[j] = np.count_nonzero(hit)
         return out
 
-    workers = threads if threads is not None else min(2, len(blocks))
     if workers > 1 and len(blocks) > 1:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             parts = list(pool.map(run, blocks))
     else:
         parts = [run(block) for block in blocks]
-    return np.sum(parts, axis=0, dtype=np.int64) if parts else np.zeros(x.size, np.int64)
+    return np.sum(parts, axis=0, dtype=np.int64)
