@@ -82,6 +82,35 @@ def test_support_counts_equal_a_naive_count():
     assert hashing.support_counts(a[:0], b[:0], y[:0], candidates, g).sum() == 0
 
 
+@pytest.mark.parametrize("digits,g,threads,block", [
+    (1, 4, 1, 777), (1, 3, 2, 777), (1, 7, 1, 777), (1, 300, 2, 777), (1, 5, 2, 1 << 17),
+    (1, 6, 3, 1 << 17), (2, 5, 2, 777), (3, 300, 1, 1 << 17)])
+def test_incremental_support_counting_equals_a_naive_count(monkeypatch, digits, g, threads, block):
+    """Incremental hashing over the candidates (steps of the low digit, restarts where the high
+    digits change; reports split by bucket width; several report blocks on threads, or one
+    block with the candidates split over threads): equal to hashing every (report, candidate)
+    pair from the formula."""
+    monkeypatch.setattr(hashing, "_REPORT_BLOCK", block)
+    rng = np.random.default_rng(g)
+    n = 3000
+    a = rng.integers(0, 1 << 32, size=(n, digits), dtype=np.uint64).astype(np.uint32)
+    b = rng.integers(0, 1 << 32, size=n, dtype=np.uint64).astype(np.uint32)
+    y = rng.integers(0, g, size=n).astype(np.uint16)
+    progression = np.arange(0, 65536, 97, dtype=np.uint64)  # one gap: one multiply
+    scattered = rng.choice(1 << 16, size=300, replace=False).astype(np.uint64)
+    low = np.concatenate([progression, scattered, [0, 1, 2, 65535]])
+    highs = rng.choice(1 << (16 * (digits - 1)), size=3, replace=False).astype(np.uint64) \
+        if digits > 1 else np.zeros(1, np.uint64)
+    candidates = np.unique((highs[:, None] << np.uint64(16)) + low[None, :])
+    naive = np.array([np.sum(hashing.bucket_of(hashing.hash16(a, b, np.full(n, v, np.uint64)), g) == y)
+                      for v in candidates])
+    got = hashing.support_counts(a, b, y, candidates, g, threads=threads)
+    assert np.array_equal(got, naive)
+    # Any candidate order (gaps are taken mod 2^32): the same count per candidate.
+    shuffled = rng.permutation(candidates.size)
+    assert np.array_equal(hashing.support_counts(a, b, y, candidates[shuffled], g), naive[shuffled])
+
+
 def test_empirical_collision_rate_of_random_functions_is_kappa():
     rng = np.random.default_rng(5)
     n, g = 400_000, 5

@@ -116,6 +116,18 @@ def test_purpose_and_key_change_the_noise():
     assert (a == b).mean() < 0.01 and (a == c).mean() < 0.01
 
 
+def test_first_draw_is_the_streams_first_word_and_the_aes_of_the_seed():
+    """The copy-free path equals the stateful streams and AES-256-ECB of the seed block."""
+    from transforms.noise.prf import ecb
+    key = ReleaseKey.for_testing(3)
+    seeds = np.random.default_rng(0).integers(0, 2 ** 63, size=(1001, 2), dtype=np.uint64)
+    fast = RandomStreams.first_draw(key, "p", seeds)
+    assert np.array_equal(fast, RandomStreams(key, "p", seeds).draw())
+    raw = ecb(key.derive("stream:p").secret_bytes()).update(seeds[:3].tobytes())
+    assert fast[:3].tolist() == np.frombuffer(raw, dtype=np.uint64)[0::2].tolist()
+    assert RandomStreams.first_draw(key, "p", seeds[:0]).size == 0
+
+
 def test_streams_are_uniform():
     streams = RandomStreams.for_range(ReleaseKey.generate(), "u", 200_000)
     u = streams.uniform_float()

@@ -24,15 +24,22 @@ paper's analysis assumes kappa = 1/g; Wang et al. use xxhash with a random seed 
 documented family.)
 
 Support counting. A report ``(a, b, y)`` supports ``x`` iff ``bucket(h(x)) == y`` iff
-``(sum a_i x_i + b - lo_y · 2^16) mod 2^32 < n_y · 2^16`` -- one multiply-add chain and one
-unsigned comparison per (report, candidate) in 32-bit lanes, with ``b' = b - lo_y·2^16`` and the
-width precomputed per report. :func:`support_counts` evaluates it blockwise so the
-(reports x candidates) block stays in cache; numpy releases the GIL, so blocks run on threads.
+``(sum a_i x_i + b - lo_y · 2^16) mod 2^32 < n_y · 2^16`` -- with ``b' = b - lo_y·2^16`` and the
+width precomputed per report, one multiply-add chain and one unsigned comparison in 32-bit
+lanes. :func:`support_counts` takes the reports as the vector (cache-sized blocks of uint32
+lanes) and the candidates as the loop, and hashes incrementally: in candidate order, while the
+high digits stay the same, ``a·x_{j+1} + b' = (a·x_j + b') + a_0·(x_{j+1} - x_j)`` (mod 2^32),
+so a candidate costs one vector add (plus one multiply only when the gap to the previous
+candidate changes: an arithmetic progression, or the consecutive extensions of a PEM prefix,
+multiply once), one comparison with a *scalar* width (reports are ordered once per batch by
+their bucket's width, of which there are at most two) and one ``count_nonzero`` -- three
+streaming passes; the full chain is evaluated only where the high digits change. numpy
+releases the GIL inside each pass, so report blocks (or, for a single block, candidate ranges)
+run on threads.
 """
 from __future__ import annotations
 
 import math
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
@@ -42,8 +49,7 @@ DIGIT_BITS = 16
 HASH_BITS = 16
 WORD_BITS = 32
 MAX_BUCKETS = 1 << HASH_BITS
-_BLOCK_ELEMENTS = 1 << 18  # reports x candidates per block (1 MB of uint32 temporaries)
-_MAX_BLOCK_ROWS = (1 << 16) - 1
+_REPORT_BLOCK = 1 << 17  # reports per block (~1.1 MB of uint32 lanes and flags)
 
 
 def digits_for_bits(value_bits: int) -> int:
@@ -110,40 +116,77 @@ def support_counts(a: np.ndarray, b: np.ndarray, y: np.ndarray, candidates: np.n
     width = (size[y].astype(np.uint64) << np.uint64(WORD_BITS - HASH_BITS))
     # A bucket of 2^16 hashes is impossible (g >= 2), so width < 2^32 fits uint32.
     width = width.astype(np.uint32)
-    digits = value_digits(candidates, k)  # (k, C)
-    cand_block = max(1, min(candidates.size, 4096))
-    rows = max(1, min(_MAX_BLOCK_ROWS, _BLOCK_ELEMENTS // cand_block))
-    tasks = [(r0, min(n, r0 + rows), c0, min(candidates.size, c0 + cand_block))
-             for c0 in range(0, candidates.size, cand_block) for r0 in range(0, n, rows)]
+    return _incremental_support(a, shifted_b, width, candidates, size, threads)
 
-    local = threading.local()
 
-    def buffers(m, c):
-        if getattr(local, "shape", None) != (m, c):
-            local.acc = np.empty((m, c), dtype=np.uint32)
-            local.tmp = np.empty((m, c), dtype=np.uint32)
-            local.hit = np.empty((m, c), dtype=bool)
-            local.shape = (m, c)
-        return local.acc, local.tmp, local.hit
+def _incremental_support(a: np.ndarray, shifted_b: np.ndarray, width: np.ndarray,
+                         candidates: np.ndarray, size: np.ndarray,
+                         threads: Optional[int]) -> np.ndarray:
+    """Support counts by incremental hashing over the candidates (module doc).
 
-    def run(task):
-        r0, r1, c0, c1 = task
-        acc, tmp, hit = buffers(r1 - r0, c1 - c0)
-        np.multiply(a[r0:r1, 0, None], digits[0, None, c0:c1], out=acc)
-        for i in range(1, k):
-            np.multiply(a[r0:r1, i, None], digits[i, None, c0:c1], out=tmp)
-            np.add(acc, tmp, out=acc)
-        np.add(acc, shifted_b[r0:r1, None], out=acc)
-        np.less(acc, width[r0:r1, None], out=hit)
-        # rows per block < 2^16: a uint16 column sum cannot overflow
-        return c0, c1, np.add.reduce(hit.view(np.uint8), axis=0, dtype=np.uint16)
-
-    workers = threads if threads is not None else min(2, len(tasks))
-    if workers > 1 and len(tasks) > 1:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(run, tasks))
+    ``a`` (n, k), ``shifted_b`` / ``width`` (n,): per report, as in :func:`support_counts`;
+    ``size``: the bucket sizes.
+    """
+    n, k = a.shape
+    narrow = np.uint32(int(size.min()) << HASH_BITS)
+    # Order the reports by width (stable): the first ``split`` have the narrow width, the rest
+    # (buckets one hash larger when g does not divide 2^16) the wide one.
+    wide = width != narrow
+    split = n - int(np.count_nonzero(wide))
+    if split < n:
+        order = np.argsort(wide, kind="stable")
+        a, shifted_b = a[order], shifted_b[order]
+        wide_width = np.uint32((int(size.min()) + 1) << HASH_BITS)
     else:
-        results = [run(t) for t in tasks]
-    for c0, c1, partial in results:
-        counts[c0:c1] += partial
-    return counts
+        wide_width = narrow
+    lanes_by_digit = np.ascontiguousarray(a.T)  # (k, n): each digit's words contiguous
+    digits = value_digits(candidates, k)  # (k, C) uint32
+    # gap: the change of the low digit (mod 2^32); restart: the high digits changed.
+    gaps = np.diff(digits[0], prepend=np.uint32(0))
+    restart = np.ones(candidates.size, dtype=bool)
+    if k > 1:
+        restart[1:] = np.any(digits[1:, 1:] != digits[1:, :-1], axis=0)
+    workers = threads if threads is not None else 2
+    row_blocks = [(r0, min(n, r0 + _REPORT_BLOCK)) for r0 in range(0, n, _REPORT_BLOCK)]
+    # Fewer report blocks than workers (one batch of a Beam bundle): split the candidates too.
+    pieces = max(1, min(workers // len(row_blocks), candidates.size // 64))
+    bounds = [candidates.size * i // pieces for i in range(pieces + 1)]
+    blocks = [(r0, r1, c0, c1) for r0, r1 in row_blocks for c0, c1 in zip(bounds, bounds[1:])]
+
+    def run(block):
+        r0, r1, c0, c1 = block
+        m = r1 - r0
+        s = min(max(split - r0, 0), m)
+        lanes = lanes_by_digit[:, r0:r1]
+        base = shifted_b[r0:r1]
+        acc = np.empty(m, dtype=np.uint32)  # a·x + b' for the current candidate
+        step = np.empty(m, dtype=np.uint32)
+        hit = np.empty(m, dtype=bool)
+        acc_n, acc_w, hit_n, hit_w = acc[:s], acc[s:], hit[:s], hit[s:]
+        out = np.zeros(candidates.size, dtype=np.int64)
+        last_gap = None
+        for j in range(c0, c1):
+            if j == c0 or restart[j]:  # the whole chain (uint32 arithmetic wraps mod 2^32)
+                np.copyto(acc, base)
+                for i in range(k):
+                    np.multiply(lanes[i], digits[i, j], out=step)
+                    np.add(acc, step, out=acc)
+                last_gap = None
+            else:
+                gap = gaps[j]
+                if gap != last_gap:
+                    np.multiply(lanes[0], gap, out=step)
+                    last_gap = gap
+                np.add(acc, step, out=acc)
+            np.less(acc_n, narrow, out=hit_n)
+            if s < m:
+                np.less(acc_w, wide_width, out=hit_w)
+            out[j] = np.count_nonzero(hit)
+        return out
+
+    if workers > 1 and len(blocks) > 1:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            parts = list(pool.map(run, blocks))
+    else:
+        parts = [run(block) for block in blocks]
+    return np.sum(parts, axis=0, dtype=np.int64)

@@ -138,7 +138,7 @@ class KeyedRandomness(RandomSource):
             return np.zeros(0, dtype=np.uint64)
         RandomStreams, purpose = self._streams(stage)
         seeds = np.stack([base0 ^ index, base1], axis=1)
-        return RandomStreams(self.release_key, purpose, seeds).draw()
+        return RandomStreams.first_draw(self.release_key, purpose, seeds)
 
     def words(self, ids, count: int, stage: str) -> np.ndarray:
         if count < 0:
@@ -151,8 +151,9 @@ class KeyedRandomness(RandomSource):
         seeds = np.empty((n, count, 2), dtype=np.uint64)
         seeds[:, :, 0] = base0[:, None] ^ np.arange(count, dtype=np.uint64)[None, :]
         seeds[:, :, 1] = base1[:, None]
-        streams = RandomStreams(self.release_key, purpose, seeds.reshape(-1, 2))
-        return streams.draw().reshape(n, count)
+        # Each word has its own lane seed (j, id): its first stream word is the word itself.
+        return RandomStreams.first_draw(self.release_key, purpose,
+                                        seeds.reshape(-1, 2)).reshape(n, count)
 
 
 class SystemRandomness(RandomSource):

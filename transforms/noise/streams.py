@@ -69,8 +69,17 @@ class RandomStreams:
         blocks = self._seeds[lanes].copy()
         blocks[:, 0] ^= self._counters[lanes]
         self._counters[lanes] += _U64(1)
-        out = np.frombuffer(self._encryptor.update(blocks.tobytes()), dtype=np.uint64)
-        return out[0::2].copy()
+        return _first_words(self._encryptor, blocks)
+
+    @classmethod
+    def first_draw(cls, release_key: ReleaseKey, purpose: str, seeds: np.ndarray) -> np.ndarray:
+        """What ``RandomStreams(release_key, purpose, seeds).draw()`` returns -- the first word
+        of every lane -- without building per-lane state: one AES pass over ``seeds`` ((n, 2)
+        uint64, C-contiguous), no copies. For callers that give every word its own lane seed."""
+        if not isinstance(release_key, ReleaseKey):
+            raise TypeError("release_key must be a ReleaseKey")
+        encryptor = ecb(release_key.derive("stream:" + purpose).secret_bytes())
+        return _first_words(encryptor, np.ascontiguousarray(seeds, dtype=np.uint64).reshape(-1, 2))
 
     def uniform_uint64(self, lanes: np.ndarray = None) -> np.ndarray:
         return self.draw(lanes)
@@ -105,3 +114,15 @@ class RandomStreams:
         words = self.draw(np.array([0, 0]))
         key = int(words[0]) | (int(words[1]) << 64)
         return np.random.Generator(np.random.Philox(key=key))
+
+
+def _first_words(encryptor, blocks: np.ndarray) -> np.ndarray:
+    """AES(block) for each (n, 2) uint64 block (counter already applied): the first 64-bit word
+    of each ciphertext block, encrypted straight from and into numpy buffers."""
+    n = len(blocks)
+    if n == 0:
+        return np.zeros(0, dtype=np.uint64)
+    out = np.empty((n + 1, 2), dtype=np.uint64)  # update_into wants block_size - 1 spare bytes
+    written = encryptor.update_into(memoryview(blocks).cast("B"), memoryview(out).cast("B"))
+    assert written == 16 * n
+    return out[:n, 0].copy()
