@@ -102,7 +102,7 @@ def main(argv=None) -> int:
           "train = exact closed form of the chosen configuration on training data")
     print(f"{'preset':<19}{'eps':>4}{'base95':>9}{'base99':>9}{'separate':>10}{'padding':>9}"
           f"{'chosen':>9} {'enc':<9}{'base/ch':>8}{'sep/ch':>7}{'train':>8}{'K':>4}"
-          f"{'C_count':>8}{'C_value':>11}")
+          f"{'C_count':>8}{'C_value':>11}{'g_count':>8}{'g_value':>8}")
     for p_i, name in enumerate(args.presets):
         train_data = synthetic.generate(name, args.seed + 10 * p_i)
         test_data = synthetic.generate(name, args.seed + 10 * p_i + 1)
@@ -127,7 +127,8 @@ def main(argv=None) -> int:
                   f"{row['padding']:>9.4f}{row['chosen']:>9.4f} {result.encoding:<9}"
                   f"{row['baseline'] / row['chosen']:>8.2f}{row['separate'] / row['chosen']:>7.2f}"
                   f"{result.error:>8.4f}{cfg.reports_per_source:>4}"
-                  f"{cfg.clip_thresholds[0]:>8.3f}{cfg.clip_thresholds[1]:>11.5g}", flush=True)
+                  f"{cfg.clip_thresholds[0]:>8.3f}{cfg.clip_thresholds[1]:>11.5g}"
+                  f"{cfg.scale_array[0]:>8.3f}{cfg.scale_array[1]:>8.3f}", flush=True)
 
         if not args.no_hierarchy:
             dims = train_data.dimensions
