@@ -62,7 +62,9 @@ def main(argv=None) -> int:
         with open(args.output_domain, "w") as f:
             f.write(format_output_domain(config.output_domain()))
     print(f"wrote {args.output}: encoding={config.encoding} K={config.reports_per_source} "
-          f"clip={config.clip_thresholds} budgets={config.budgets}; training RMSRE_tau "
+          f"clip={config.clip_thresholds} budgets={config.budgets} "
+          f"estimate_scales={tuple(round(float(g), 4) for g in config.scale_array)}; "
+          f"training RMSRE_tau "
           f"(exact closed form) = {err:.4f}")
     print(f"why: {result.reason}")
     return 0

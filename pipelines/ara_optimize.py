@@ -26,12 +26,26 @@ of reports algorithm C keeps, ``C_m`` the clips and ``b[l, m]`` the budgets:
   ``B_l = sum_m b[l, m]``, so ``bias = C_count |P(s)| - x`` and
   ``variance = C_count^2 M sigma^2 / B_l^2`` (exact integers: no rounding variance).
 
-Noise and rounding are independent and unbiased, so ``E[(Y - x)^2] = bias^2 + variance`` exactly
-given P. P: with plain ``padding`` every report spends exactly ``sum b``, so C keeps exactly the
+Every estimate is finally multiplied by its measure's estimate scale ``gamma_m`` (algorithm R,
+``ContributionConfig.estimate_scales``): bias ``gamma E - x`` and variance ``gamma^2 V`` with E and
+V the expected estimate and variance above. Noise and rounding are independent and unbiased, so
+``E[(Y - x)^2] = bias^2 + variance`` exactly given P. P: with plain ``padding`` every report spends exactly ``sum b``, so C keeps exactly the
 first ``floor(65,536 / sum b)`` reports of each source (exact). Otherwise report totals vary with
 the values; P is algorithm C run on the expected report totals (each real total is within one
 unit per bucket of it, so P is exact except for a source whose running total ends within a few
 units of 65,536 -- a negligible set, checked against Monte Carlo in the tests).
+
+Estimate scales: for fixed other parameters the error is a quadratic in each gamma_m, minimised
+in closed form, ``gamma = sum_l mean(x E / den) / sum_l mean((E^2 + V) / den)``
+(``fit_estimate_scales``). Above 1 it makes up on average for what clipping and algorithm C remove
+(in the per-source model a clip below most values and K below the reports per source cost bias
+that gamma largely recovers, so both can trade bias for noise further); below 1 it shrinks a
+noise-dominated estimate. It is post-processing of the released sums: contributions, budgets and
+the per-source L1 total (``sum b <= 65,536 / K`` per report) are those of the configuration
+without it. Each encoding is searched twice -- gamma held at 1 during the search (then fitted),
+and gamma at its best at every step (the error profiled over gamma) -- and the better exact result
+is kept: the profiled landscape has extra local optima (e.g. a value clip far below the values,
+the value then estimated from counts times gamma).
 
 Optimiser (``optimize``), per encoding and per K (reports per source): alternate exact steps --
 each clip by a bounded scalar search on its queries' error (the count's clip too: below 1 it
@@ -45,7 +59,8 @@ Nelder-Mead polish of the exact error with P recomputed at every point. Padding 
 searched from the separate optimum (its K and neighbours; the padded main bucket in the count
 bucket's role, the overflow bucket in the value's) by the same exact Nelder-Mead: its gain -- more
 reports fit when most values stay below the split -- shows only through P. Each encoding's best
-configuration is rounded to ARA's integer budgets and evaluated exactly on the training data;
+configuration is rounded to ARA's integer budgets, its estimate scales refitted on the integer
+configuration, and evaluated exactly on the training data;
 the lower error wins (ties: ``separate``), and the choice and its reason are reported
 (``Optimization.reason``).
 
@@ -221,6 +236,9 @@ class Parameters:
     shares: (levels, measures) main-bucket shares; with ``padding`` the count column is 0 (the
     count has no share). split / overflow_shares (``padding`` only): rho per measure and the
     overflow buckets' shares (levels, measures). All shares together sum to 1.
+    estimate_scales: algorithm R's gamma per measure; None (the optimiser's parameters): the
+    error model uses the best gamma for the other parameters (``fit_estimate_scales`` writes it
+    into the integer configuration); the baselines use 1.
     """
 
     encoding: str = "separate"
@@ -229,6 +247,7 @@ class Parameters:
     reports_per_source: int
     split: np.ndarray | None = None
     overflow_shares: np.ndarray | None = None
+    estimate_scales: np.ndarray | None = None
 
     def __post_init__(self):
         if self.encoding not in ENCODINGS:
@@ -244,6 +263,9 @@ class Parameters:
             raise ValueError("a split (overflow buckets) needs encoding='padding'")
         object.__setattr__(self, "split", split)
         object.__setattr__(self, "overflow_shares", over)
+        if self.estimate_scales is not None:
+            object.__setattr__(self, "estimate_scales",
+                               np.asarray(self.estimate_scales, dtype=np.float64))
 
     @property
     def per_report(self) -> float:
@@ -273,6 +295,8 @@ class Parameters:
         o = np.zeros(self.shares.shape, dtype=np.int64)
         o[over] = ints[int(own.sum()):]
         extra = {}
+        if self.estimate_scales is not None and (self.estimate_scales != 1).any():
+            extra["estimate_scales"] = tuple(float(g) for g in self.estimate_scales)
         if split.any():
             extra = {"split_fractions": tuple(float(r) if s else 1.0
                                               for r, s in zip(self.split, split)),
@@ -303,6 +327,7 @@ class _Design:
     rho: np.ndarray       # (M,) split fractions (1: no split)
     budgets: np.ndarray   # (L, M) main buckets (float)
     overflow: np.ndarray  # (L, M) overflow buckets (float, 0 without a split)
+    gamma: np.ndarray | None = None  # (M,) estimate scales; None: the best for the rest
 
     @property
     def split(self) -> bool:
@@ -313,9 +338,9 @@ def _design(params) -> _Design:
     if isinstance(params, ContributionConfig):
         return _Design(params.encoding, params.clip_array, params.split_array,
                        params.budget_array.astype(np.float64),
-                       params.overflow_array.astype(np.float64))
+                       params.overflow_array.astype(np.float64), params.scale_array)
     return _Design(params.encoding, params.clip, params.split, params.budgets(),
-                   params.overflow_budgets())
+                   params.overflow_budgets(), params.estimate_scales)
 
 
 def _padding_index(w: Workload, encoding: str) -> int | None:
@@ -368,19 +393,19 @@ def _part_variance(w: Workload, kv: _Kept, part: np.ndarray, clip: float, budget
     return out
 
 
-def _measure_terms(w: Workload, kv: _Kept, measure: int, pad: int | None, d: _Design,
-                   taus: np.ndarray, noise_var: float) -> list[tuple[float, float]]:
-    """Per level: (mean over non-empty slices of bias^2 / max(tau, x)^2, same for variance)."""
+def _measure_parts(w: Workload, kv: _Kept, measure: int, pad: int | None, d: _Design,
+                   taus: np.ndarray, noise_var: float) -> list[tuple]:
+    """Per level, over the non-empty slices: (E, V, x, den) -- the expected estimate at
+    gamma = 1, its variance at gamma = 1, the truth and max(tau, x)^2."""
     c, rho = d.clip[measure], d.rho[measure]
     out = []
     if measure == pad:
         for l in range(w.n_levels):
             ne = w.nonempty(l)
             truth = w.truth[l][ne, measure]
-            den = np.maximum(taus[measure], truth) ** 2
-            bias = c * kv.counts[l][ne] - truth
             var = c * c * w.n_measures * noise_var / float(d.budgets[l].sum()) ** 2
-            out.append((float(np.mean(bias ** 2 / den)), float(np.mean(var / den))))
+            out.append((c * kv.counts[l][ne], np.full(truth.shape, var), truth,
+                        np.maximum(taus[measure], truth) ** 2))
         return out
     clipped = np.minimum(kv.values[:, measure], c)
     sums = w.level_sums(kv.codes, clipped)
@@ -393,10 +418,39 @@ def _measure_terms(w: Workload, kv: _Kept, measure: int, pad: int | None, d: _De
     for l in range(w.n_levels):
         ne = w.nonempty(l)
         truth = w.truth[l][ne, measure]
-        den = np.maximum(taus[measure], truth) ** 2
-        bias = sums[l][ne] - truth
-        out.append((float(np.mean(bias ** 2 / den)), float(np.mean(var[l][ne] / den))))
+        out.append((sums[l][ne], var[l][ne], truth, np.maximum(taus[measure], truth) ** 2))
     return out
+
+
+#: Range of fitted estimate scales (a guard against degenerate fits, far from any optimum seen).
+_GAMMA_BOUNDS = (1e-3, 1e3)
+
+
+def _best_gamma(parts) -> float:
+    """The gamma minimising sum_l mean(((gamma E - x)^2 + gamma^2 V) / den): closed form."""
+    num = sum(float(np.mean(x * e / den)) for e, _, x, den in parts)
+    den_sum = sum(float(np.mean((e * e + v) / den)) for e, v, _, den in parts)
+    if den_sum <= 0:
+        return 1.0
+    return float(min(_GAMMA_BOUNDS[1], max(_GAMMA_BOUNDS[0], num / den_sum)))
+
+
+def _measure_terms(w: Workload, kv: _Kept, measure: int, pad: int | None, d: _Design,
+                   taus: np.ndarray, noise_var: float) -> list[tuple[float, float]]:
+    """Per level: (mean over non-empty slices of bias^2 / max(tau, x)^2, same for variance),
+    with the design's gamma (the best one when it has none)."""
+    parts = _measure_parts(w, kv, measure, pad, d, taus, noise_var)
+    g = _best_gamma(parts) if d.gamma is None else float(d.gamma[measure])
+    return [(float(np.mean((g * e - x) ** 2 / den)), float(np.mean(g * g * v / den)))
+            for e, v, x, den in parts]
+
+
+def _gammas(w: Workload, kv: _Kept, pad: int | None, d: _Design, taus: np.ndarray,
+            noise_var: float) -> np.ndarray:
+    if d.gamma is not None:
+        return np.asarray(d.gamma, dtype=np.float64)
+    return np.array([_best_gamma(_measure_parts(w, kv, m, pad, d, taus, noise_var))
+                     for m in range(w.n_measures)])
 
 
 def _terms(w: Workload, kv: _Kept, pad: int | None, d: _Design, taus: np.ndarray,
@@ -418,6 +472,19 @@ def expected_error(w: Workload, params, taus: np.ndarray, epsilon: float) -> flo
     terms = _terms(w, kv, pad, d, np.asarray(taus, dtype=np.float64),
                    summary_noise_variance(epsilon))
     return float(math.sqrt(np.mean(terms)))
+
+
+def fit_estimate_scales(w: Workload, config: ContributionConfig, taus: np.ndarray,
+                        epsilon: float) -> ContributionConfig:
+    """``config`` with the estimate scales (algorithm R's gamma per measure) that minimise its
+    exact RMSRE_tau on ``w`` (closed form per measure; post-processing, sensitivity unchanged)."""
+    epsilon = _check_epsilon(epsilon)
+    d = dataclasses.replace(_design(config), gamma=None)
+    pad = _padding_index(w, d.encoding)
+    kv = w.kept_view(kept_reports(w, d))
+    gamma = _gammas(w, kv, pad, d, np.asarray(taus, dtype=np.float64),
+                    summary_noise_variance(epsilon))
+    return dataclasses.replace(config, estimate_scales=tuple(float(g) for g in gamma))
 
 
 def error_components(w: Workload, params, taus: np.ndarray, epsilon: float) -> dict:
@@ -497,13 +564,14 @@ def _noise_coefficients(w, kv, pad, d: _Design, per_report, taus, noise_var):
     the current budgets): main buckets a[l, m], overflow buckets a_over[l, m], and the padded
     count's d[l] (at level share 1)."""
     a, a_over, dl = np.zeros(d.budgets.shape), np.zeros(d.budgets.shape), np.zeros(w.n_levels)
+    g2 = _gammas(w, kv, pad, d, taus, noise_var) ** 2
     for m in range(w.n_measures):
         if m == pad:
             for l in range(w.n_levels):
                 ne = w.nonempty(l)
                 den = np.maximum(taus[m], w.truth[l][ne, m]) ** 2
                 dl[l] = float(np.mean(d.clip[m] ** 2 * w.n_measures * noise_var / den)) \
-                    / per_report ** 2
+                    / per_report ** 2 * g2[m]
             continue
         c, rho = d.clip[m], d.rho[m]
         clipped = np.minimum(kv.values[:, m], c)
@@ -514,10 +582,11 @@ def _noise_coefficients(w, kv, pad, d: _Design, per_report, taus, noise_var):
         for l in range(w.n_levels):
             ne = w.nonempty(l)
             den = np.maximum(taus[m], w.truth[l][ne, m]) ** 2
-            a[l, m] = float(np.mean(main[l][ne] / den)) * (d.budgets[l, m] / per_report) ** 2
+            a[l, m] = float(np.mean(main[l][ne] / den)) \
+                * (d.budgets[l, m] / per_report) ** 2 * g2[m]
             if over is not None:
                 a_over[l, m] = float(np.mean(over[l][ne] / den)) \
-                    * (max(d.overflow[l, m], 1e-9) / per_report) ** 2
+                    * (max(d.overflow[l, m], 1e-9) / per_report) ** 2 * g2[m]
     return a, a_over, dl
 
 
@@ -536,9 +605,10 @@ def _padding_count_clip(w, kv, pad, d: _Design, taus, noise_var) -> float:
 
 
 def _alternate(w: Workload, k: int, encoding: str, taus: np.ndarray, epsilon: float,
-               clip0: np.ndarray, iterations: int = 30,
-               tol: float = 1e-7) -> tuple[Parameters, float]:
-    """Alternating exact steps for fixed K, without a split (module docstring)."""
+               clip0: np.ndarray, iterations: int = 30, tol: float = 1e-7,
+               scales: np.ndarray | None = None) -> tuple[Parameters, float]:
+    """Alternating exact steps for fixed K, without a split (module docstring); ``scales``:
+    fixed estimate scales, or None for the best ones at every step."""
     pad = _padding_index(w, encoding)
     own = _own_mask(w, pad)
     no_overflow = np.zeros(own.shape, dtype=bool)
@@ -551,7 +621,7 @@ def _alternate(w: Workload, k: int, encoding: str, taus: np.ndarray, epsilon: fl
     shares = own / own.sum()
     best, best_err = None, math.inf
     for _ in range(iterations):
-        d = _Design(encoding, clip, rho, shares * per_report, np.zeros(own.shape))
+        d = _Design(encoding, clip, rho, shares * per_report, np.zeros(own.shape), scales)
         kv = w.kept_view(kept_reports(w, d))
         for m in range(w.n_measures):
             if m == pad:
@@ -575,7 +645,7 @@ def _alternate(w: Workload, k: int, encoding: str, taus: np.ndarray, epsilon: fl
         a, a_over, dl = _noise_coefficients(w, kv, pad, d, per_report, taus, noise_var)
         shares, _ = _best_shares(a, a_over, dl, own, no_overflow, pad)
         params = Parameters(encoding=encoding, clip=clip.copy(), shares=shares,
-                            reports_per_source=k)
+                            reports_per_source=k, estimate_scales=scales)
         err = expected_error(w, params, taus, epsilon)
         improved = best_err - err
         if err < best_err:
@@ -603,7 +673,7 @@ def _slsqp(w: Workload, k: int, taus: np.ndarray, epsilon: float,
         shares = np.zeros(own.shape)
         shares[own] = np.asarray(z[:nq]) / np.sum(z[:nq])
         return Parameters(encoding=encoding, clip=np.exp(z[nq:]), shares=shares,
-                          reports_per_source=k)
+                          reports_per_source=k, estimate_scales=start.estimate_scales)
 
     def objective(z):
         return float(np.mean(_terms(w, kv, pad, _design(unpack(z)), taus, noise_var)))
@@ -645,7 +715,8 @@ def _exact_polish(w: Workload, taus: np.ndarray, epsilon: float,
             logits = np.clip(z[n_sh + w.n_measures:], -8.0, 8.0)
             rho[split_m] = np.clip(1 / (1 + np.exp(-logits)), *_RHO_BOUNDS)
         return Parameters(encoding=start.encoding, clip=clip, shares=shares,
-                          reports_per_source=k, split=rho, overflow_shares=over_shares)
+                          reports_per_source=k, split=rho, overflow_shares=over_shares,
+                          estimate_scales=start.estimate_scales)
 
     def objective(z):
         return expected_error(w, unpack(z), taus, epsilon)
@@ -672,12 +743,13 @@ def _initial_clip(train: Workload) -> np.ndarray:
                      for m in range(train.n_measures)])
 
 
-def _scan(train, epsilon, encoding, taus, k_candidates, polish) -> tuple[Parameters, float]:
+def _scan(train, epsilon, encoding, taus, k_candidates, polish,
+          scales=None) -> tuple[Parameters, float]:
     """Alternation per K (no split), then polish of the two best K."""
     clip0 = _initial_clip(train)
     scanned, best_err, rises = [], math.inf, 0
     for k in k_candidates:
-        params, err = _alternate(train, int(k), encoding, taus, epsilon, clip0)
+        params, err = _alternate(train, int(k), encoding, taus, epsilon, clip0, scales=scales)
         scanned.append((err, int(k), params))
         if err < best_err:
             best_err, rises = err, 0
@@ -705,7 +777,8 @@ def _scan(train, epsilon, encoding, taus, k_candidates, polish) -> tuple[Paramet
 
 
 def _split_search(train: Workload, epsilon: float, taus: np.ndarray, separate: Parameters,
-                  k_candidates: Sequence[int]) -> tuple[Parameters, float]:
+                  k_candidates: Sequence[int],
+                  scales: np.ndarray | None = None) -> tuple[Parameters, float]:
     """Padding with a split, started from the separate optimum: the padded main bucket plays the
     count bucket's part (small split, the count's share) and the overflow bucket the value's,
     at the separate optimum's K and its neighbours; then the exact Nelder-Mead polish (the gain
@@ -726,7 +799,8 @@ def _split_search(train: Workload, epsilon: float, taus: np.ndarray, separate: P
         clip = separate.clip.copy()
         clip[pad] = 1.0
         start = Parameters(encoding="padding", clip=clip, shares=shares / total,
-                           reports_per_source=int(k), split=rho, overflow_shares=over / total)
+                           reports_per_source=int(k), split=rho, overflow_shares=over / total,
+                           estimate_scales=scales)
         params, err = _exact_polish(train, taus, epsilon, start)
         if err < best_err:
             best, best_err = params, err
@@ -743,20 +817,34 @@ def optimize_encoding(train: Workload, epsilon: float, encoding: str,
     K is scanned over ``k_candidates`` (default 1 .. the 99.9th percentile of reports per source
     in training data, stopping once the error has risen for 3 consecutive K). With ``padding``
     plain padding and (``split``) padding with a split, searched from the separate optimum
-    (``separate``, computed when not given), are both optimised; the better is returned.
+    (``separate``, computed when not given), are both optimised; the better is returned, with
+    its best estimate scales filled in (``Parameters.estimate_scales``).
     """
     epsilon = _check_epsilon(epsilon)
     _padding_index(train, encoding)
     taus = taus_from_training(train) if taus is None else np.asarray(taus, dtype=np.float64)
     k_candidates = list(_default_k_candidates(train) if k_candidates is None else k_candidates)
-    best = _scan(train, epsilon, encoding, taus, k_candidates, polish)
-    if encoding == "padding" and split and polish:
-        if separate is None:
-            separate, _ = _scan(train, epsilon, "separate", taus, k_candidates, polish)
-        with_split = _split_search(train, epsilon, taus, separate, k_candidates)
-        if with_split[1] < best[1]:
-            best = with_split
-    return best
+    best, best_err = None, math.inf
+    # Two searches: with the estimate scales held at 1 (then fitted), and with the best scales at
+    # every step. The second reaches configurations the first cannot (a low clip made up for by
+    # gamma > 1) but its landscape has more local optima; the better exact result is kept.
+    for scales in (np.ones(train.n_measures), None):
+        found = [_scan(train, epsilon, encoding, taus, k_candidates, polish, scales)]
+        if encoding == "padding" and split and polish:
+            start = separate if separate is not None else \
+                _scan(train, epsilon, "separate", taus, k_candidates, polish, scales)[0]
+            found.append(_split_search(train, epsilon, taus, start, k_candidates, scales))
+        for params, _ in found:
+            params = dataclasses.replace(params, estimate_scales=None)
+            d = _design(params)
+            gamma = _gammas(train, train.kept_view(kept_reports(train, d)),
+                            _padding_index(train, encoding), d, taus,
+                            summary_noise_variance(epsilon))
+            params = dataclasses.replace(params, estimate_scales=gamma)
+            err = expected_error(train, params, taus, epsilon)
+            if err < best_err:
+                best, best_err = params, err
+    return best, best_err
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
@@ -812,6 +900,11 @@ def _describe(result: EncodingResult) -> str:
                            for m in config.split_measures)
         text += (f"; values split ({splits}): the part above goes to an unpadded overflow "
                  f"bucket, so reports with small values spend less and more fit per source")
+    if config.estimate_scales:
+        text += ("; estimates scaled by " + ", ".join(
+            f"{g:.3g} ({name})" for name, g in zip(config.measures, config.scale_array))
+            + " (fitted on training data: > 1 makes up for clipping and dropped reports, < 1 "
+              "shrinks noise)")
     return (f"{text}; K={config.reports_per_source}, count clip "
             f"{config.clip_thresholds[config.measures.index('count')]:.3g}"
             if "count" in config.measures else text)
@@ -847,7 +940,7 @@ def optimize(train: Workload, epsilon: float, taus: np.ndarray | None = None,
                                       separate=separate)
         if encoding == "separate":
             separate = params
-        config = params.to_config(train)
+        config = fit_estimate_scales(train, params.to_config(train), taus, epsilon)
         candidates[encoding] = EncodingResult(encoding=encoding, params=params, config=config,
                                               error=expected_error(train, config, taus, epsilon))
     if not candidates:
@@ -875,7 +968,8 @@ def baseline_parameters(train: Workload, percentile: float) -> Parameters:
     per_source = np.bincount(train.source_index)
     k = max(1, int(np.ceil(np.percentile(per_source, percentile))))
     shares = np.full((train.n_levels, train.n_measures), 1.0 / (train.n_levels * train.n_measures))
-    return Parameters(encoding="separate", clip=clip, shares=shares, reports_per_source=k)
+    return Parameters(encoding="separate", clip=clip, shares=shares, reports_per_source=k,
+                      estimate_scales=np.ones(train.n_measures))
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 
 from pipelines import ara_optimize as opt
 from pipelines import ara_synthetic as synthetic
-from transforms.ara.contribution import (CONTRIBUTION_BUDGET, ENCODINGS,
+from transforms.ara.contribution import (CONTRIBUTION_BUDGET, ENCODINGS, ContributionConfig,
                                          bound_ranked_contributions, contribution_vectors)
 from transforms.ara.hierarchy import tree_consistency
 from transforms.ara.summary import summary_noise_variance
@@ -90,10 +90,11 @@ def _config(w, encoding, k, count_clip=0.8, value_clip=12000.0):
 
 @pytest.mark.parametrize("encoding", ENCODINGS + ("split",))
 @pytest.mark.parametrize("drops", [False, True])
-def test_exact_error_matches_monte_carlo_per_query(small, encoding, drops):
+@pytest.mark.parametrize("scales", [(), (0.7, 1.6)])
+def test_exact_error_matches_monte_carlo_per_query(small, encoding, drops, scales):
     _, test, taus = small
     k = 3 if drops else test.max_reports_per_source  # 3: algorithm C drops reports
-    config = _config(test, encoding, k)
+    config = dataclasses.replace(_config(test, encoding, k), estimate_scales=scales)
     eps, reps = 4.0, 150
     exact = opt.error_components(test, config, taus, eps)
     rng = np.random.default_rng(11)
@@ -108,6 +109,32 @@ def test_exact_error_matches_monte_carlo_per_query(small, encoding, drops):
         assert sq[0, m] / reps == pytest.approx(bias2 + var, rel=0.06), (name, bias2, var)
     closed = opt.expected_error(test, config, taus, eps)
     assert math.sqrt(sq.mean() / reps) == pytest.approx(closed, rel=0.04)
+
+
+def test_fitted_estimate_scales_are_optimal_and_only_post_processing(small):
+    train, _, taus = small
+    config = _config(train, "split", 3)
+    fitted = opt.fit_estimate_scales(train, config, taus, 2.0)
+    gamma = fitted.scale_array
+    assert (gamma != 1).all()
+    # algorithm A and the L1 total per report do not depend on gamma
+    u = np.random.default_rng(0).random((50, 1, len(config.columns)))
+    assert (fitted.contributions(train.values[:50], u) == config.contributions(
+        train.values[:50], u)).all()
+    assert fitted.column_scales() == pytest.approx(
+        config.column_scales() * np.concatenate([gamma, gamma[config.split_measures]]))
+    best = opt.expected_error(train, fitted, taus, 2.0)
+    assert best < opt.expected_error(train, config, taus, 2.0)
+    for m in range(2):  # the closed form is the minimum in each coordinate
+        for factor in (0.97, 1.03):
+            g = gamma.copy()
+            g[m] *= factor
+            other = dataclasses.replace(fitted, estimate_scales=tuple(g))
+            assert opt.expected_error(train, other, taus, 2.0) > best
+    assert ContributionConfig.from_json(fitted.to_json()) == fitted
+    assert "estimate_scales" not in config.to_json()  # default configs keep their bytes
+    with pytest.raises(ValueError, match="estimate_scales"):
+        dataclasses.replace(config, estimate_scales=(1.0, 0.0))
 
 
 def test_no_rounding_variance_for_exact_integer_counts(small):
@@ -187,9 +214,13 @@ def test_count_clip_varies_when_that_helps(small):
     train, _, taus = small
     for encoding in ENCODINGS:
         params, err = opt.optimize_encoding(train, 1.0, encoding, taus, k_candidates=[6])
-        assert params.clip[0] < 0.99  # noise dominates at epsilon 1: shrinking the count pays
-        fixed = opt.Parameters(encoding=encoding, clip=[1.0, params.clip[1]],
-                               shares=params.shares, reports_per_source=6)
+        gamma = params.estimate_scales
+        assert params.to_config(train).scale_array == pytest.approx(gamma)
+        # noise dominates at epsilon 1: shrinking the count estimate (count clip below 1 times
+        # the count's estimate scale) pays
+        assert min(1.0, params.clip[0]) * gamma[0] < 0.99
+        fixed = dataclasses.replace(params, clip=np.array([1.0, params.clip[1]]),
+                                    estimate_scales=np.array([1.0, gamma[1]]))
         assert opt.expected_error(train, fixed, taus, 1.0) > err
 
 

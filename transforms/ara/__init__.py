@@ -9,7 +9,8 @@ The four algorithms of the summary-report model (Aksu et al., PoPETs 2024):
 * S, summary report (``summary``): the aggregation service sums per declared bucket and adds
   discrete Laplace noise of scale 65,536 / epsilon; a batch is aggregated once (the release ledger,
   ``pipelines.summary_reports``).
-* R, reconstruction (``summary.reconstruct``): the ad tech rescales by ``C_i / b_i``.
+* R, reconstruction (``summary.reconstruct``): the ad tech rescales by ``C_i / b_i``, times an
+  optional estimate scale per measure fitted on training data (``contribution``).
 
 ``hierarchy`` makes nested slice estimates consistent, ``reports`` parses JSON aggregatable
 reports and ``beam`` wires everything into Beam PTransforms. The count can be a query of its own

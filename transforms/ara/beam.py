@@ -442,6 +442,8 @@ class Reconstruct(beam.PTransform):
     measure's main bucket carries the value estimate of both its parts (the overflow bucket's
     estimate is null) -- ``ContributionConfig.reconstruct_estimates`` -- so the buckets of a
     slice (one per column) are grouped first; an estimate needing an undeclared bucket is null.
+    Every estimate is then multiplied by its measure's estimate scale (``estimate_scales``,
+    default 1; post-processing).
     """
 
     def __init__(self, config: ContributionConfig):

@@ -31,6 +31,12 @@ Encodings of the count (``ContributionConfig.encoding``):
   with most values far below the clip, algorithm C then fits more reports per source, as with
   ``separate``. The value estimate is the sum of both parts: ``S_main rho C / b +
   S_overflow (1 - rho) C / b_overflow``. ``rho = 1`` (the default) is plain padding.
+
+Estimate scales (``estimate_scales``, both encodings): algorithm R multiplies measure m's
+estimate by ``gamma_m`` (default 1). The ad tech fits gamma on training data: above 1 it makes up
+on average for what clipping and algorithm C's dropped reports remove, below 1 it shrinks a
+noise-dominated estimate (as ``C_count < 1`` does for a padded count). Pure post-processing of
+the released sums: contributions, budgets and the L1 sensitivity are unchanged.
 """
 from __future__ import annotations
 
@@ -70,6 +76,8 @@ class ContributionConfig:
     overflow_budgets: ``padding`` only: integer budget per report of each split measure's
       overflow bucket, shape (levels, measures), >= 1 where rho < 1 and 0 elsewhere (empty: no
       overflow). Budgets and overflow budgets together, times K, are at most 65,536.
+    estimate_scales: gamma_m > 0 per measure, algorithm R's final factor (module docstring;
+      empty: all 1). Post-processing: no effect on contributions or sensitivity.
 
     Buckets: column ``m < M`` is measure m's (main or padding) bucket, column ``M + m`` its
     overflow bucket; a bucket key holds the column in bits 96..127.
@@ -84,6 +92,7 @@ class ContributionConfig:
     encoding: str = "separate"
     split_fractions: tuple[float, ...] = ()
     overflow_budgets: tuple[tuple[int, ...], ...] = ()
+    estimate_scales: tuple[float, ...] = ()
 
     def __post_init__(self):
         if self.encoding not in ENCODINGS:
@@ -125,6 +134,11 @@ class ContributionConfig:
         if (b[:, own] < 1).any():
             raise ValueError("budgets must be positive integers")
         self._check_split(b.shape)
+        if self.estimate_scales and (len(self.estimate_scales) != m or not all(
+                isinstance(g, (int, float)) and math.isfinite(g) and g > 0
+                for g in self.estimate_scales)):
+            raise ValueError(f"estimate_scales needs one positive finite factor per measure, got "
+                             f"{self.estimate_scales!r}")
         k = self.reports_per_source
         if not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"reports_per_source must be a positive integer, got {k!r}")
@@ -184,6 +198,13 @@ class ContributionConfig:
         return np.asarray(self.overflow_budgets, dtype=np.int64)
 
     @property
+    def scale_array(self) -> np.ndarray:
+        """gamma per measure (all 1 when ``estimate_scales`` is empty)."""
+        if not self.estimate_scales:
+            return np.ones(len(self.measures))
+        return np.asarray(self.estimate_scales, dtype=np.float64)
+
+    @property
     def split_measures(self) -> list[int]:
         return [m for m, r in enumerate(self.split_array) if r < 1]
 
@@ -221,8 +242,9 @@ class ContributionConfig:
         return np.concatenate([main, extra], axis=2)
 
     def column_scales(self) -> np.ndarray:
-        """(L, len(columns)): algorithm R's factor C / b of each bucket column (for the padding
-        bucket: C_count / B_l, applied to the sum of the slice's first M columns)."""
+        """(L, len(columns)): algorithm R's factor gamma C / b of each bucket column (for the
+        padding bucket: gamma C_count / B_l, applied to the sum of the slice's first M columns;
+        an overflow column: its measure's gamma)."""
         m = len(self.measures)
         rho, clip = self.split_array, self.clip_array
         b = self.budget_array.astype(np.float64)
@@ -234,7 +256,8 @@ class ContributionConfig:
             scales[:, pad] = clip[pad] / self.level_totals()
         for j, v in enumerate(self.split_measures):
             scales[:, m + j] = (1 - rho[v]) * clip[v] / self.overflow_array[:, v]
-        return scales
+        gamma = self.scale_array
+        return scales * np.concatenate([gamma, gamma[self.split_measures]])[None, :]
 
     @property
     def clip_array(self) -> np.ndarray:
@@ -321,7 +344,8 @@ class ContributionConfig:
         of a slice carries the slice's count: C_count x (sum of the slice's M main buckets) / B_l.
         A split measure's main bucket carries its whole value estimate (main part plus overflow
         part); the overflow bucket's own estimate is NaN (it is part of the main one). NaN
-        wherever a needed bucket of the slice is not declared. Post-processing only.
+        wherever a needed bucket of the slice is not declared. Every estimate is then multiplied
+        by its measure's ``estimate_scales`` factor. Post-processing only.
         """
         keys = [int(k) for k in keys]
         noisy = np.asarray(noisy_sums, dtype=np.float64)
@@ -364,6 +388,8 @@ class ContributionConfig:
             **({"split_fractions": [float(r) for r in self.split_fractions],
                 "overflow_budgets": [[int(x) for x in row] for row in self.overflow_budgets]}
                if self.split_fractions else {}),
+            **({"estimate_scales": [float(g) for g in self.estimate_scales]}
+               if self.estimate_scales else {}),
         }, indent=2)
 
     @classmethod
@@ -379,7 +405,8 @@ class ContributionConfig:
                        encoding=str(d.get("encoding", "separate")),
                        split_fractions=tuple(float(r) for r in d.get("split_fractions", ())),
                        overflow_budgets=tuple(tuple(int(x) for x in row)
-                                              for row in d.get("overflow_budgets", ())))
+                                              for row in d.get("overflow_budgets", ())),
+                       estimate_scales=tuple(float(g) for g in d.get("estimate_scales", ())))
         except (KeyError, TypeError, json.JSONDecodeError) as e:
             raise ValueError(f"invalid contribution config: {e}") from e
 
