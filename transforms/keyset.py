@@ -114,9 +114,9 @@ class PublicKeyset:
         return self.pcollection is None and not getattr(self, "_external", False)
 
     def size(self) -> Optional[int]:
-        """Number of keys before exclusions (None for a PCollection keyset)."""
+        """Number of distinct keys before exclusions (None for a PCollection keyset)."""
         if self._table is not None:
-            return self._table.num_rows
+            return self._distinct_table().num_rows
         if self._dimensions is not None:
             return int(np.prod([len(v) for v in self._dimensions.values()], dtype=np.int64))
         return None
@@ -168,6 +168,40 @@ class PublicKeyset:
             raise TypeError("member_mask needs an in-memory keyset")
         return mask & ~self.excluded_mask(keys)
 
+    def _distinct_table(self) -> pa.Table:
+        """The table keyset with each key once (its first occurrence), in keyset order."""
+        if not hasattr(self, "_distinct"):
+            encoded = encode_keys(self._table)
+            first = pc.index_in(encoded, value_set=encoded).to_numpy(zero_copy_only=False)
+            keep = first == np.arange(len(first))
+            self._distinct = self._table if keep.all() else self._table.filter(pa.array(keep))
+            self._encoded_keys = encoded if keep.all() else encoded.filter(pa.array(keep))
+        return self._distinct
+
+    def positions(self, table: pa.Table) -> np.ndarray:
+        """The position of each row's key in the keyset order (the order :meth:`batch_at` slices;
+        each key once), or -1 where the key is not in the keyset or is excluded (in-memory
+        keysets). Vectorised: one ``index_in`` per dimension of a cross product, or one over the
+        encoded keys of a table keyset."""
+        keys = self.cast_like(table.select(self.columns))
+        if self._dimensions is not None:
+            position = np.zeros(keys.num_rows, dtype=np.int64)
+            inside = np.ones(keys.num_rows, dtype=bool)
+            for column, values in self._dimensions.items():
+                index = pc.index_in(keys.column(column), value_set=values)
+                inside &= pc.is_valid(index).to_numpy(zero_copy_only=False)
+                position = position * len(values) + \
+                    pc.fill_null(index, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        elif self._table is not None:
+            self._distinct_table()
+            index = pc.index_in(encode_keys(keys), value_set=self._encoded_keys)
+            inside = pc.is_valid(index).to_numpy(zero_copy_only=False)
+            position = pc.fill_null(index, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        else:
+            raise TypeError("positions needs an in-memory keyset")
+        inside &= ~self.excluded_mask(keys)
+        return np.where(inside, position, -1)
+
     def chunk_starts(self, max_rows: int = KEYSET_BATCH_ROWS) -> list:
         """Start offsets of the keyset's batches: small enough to ship to workers, which then
         build the batches themselves with :meth:`batch_at`."""
@@ -178,7 +212,7 @@ class PublicKeyset:
     def batch_at(self, start: int, max_rows: int = KEYSET_BATCH_ROWS) -> pa.Table:
         """The keys at positions [start, start + max_rows), exclusions applied."""
         if self._table is not None:
-            chunk = self._table.slice(start, max_rows)
+            chunk = self._distinct_table().slice(start, max_rows)
         else:
             names = list(self._dimensions)
             values = [self._dimensions[c] for c in names]

@@ -3,7 +3,14 @@
 Input: a PCollection of Arrow tables of exact per-key partial aggregates (key columns plus
 partial columns; a key may appear in many tables). The stage
 
-1. routes partials to key shards by a public hash of the key and sums them (a CombineFn);
+1. routes partials to key shards and sums them (a CombineFn). With a public keyset the number
+   of shards grows with the keyset's size (public) so that a shard holds at most
+   :data:`KEYS_PER_SHARD` keyset keys: the release's working set is one shard's, whatever the
+   keyset's size. An in-memory keyset (table, cross product) is sharded by position: shard
+   ``i`` is the keyset's chunk ``i``, partials go to the chunk holding their key, and the
+   worker builds its chunk itself, so the keyset never crosses the shuffle. A PCollection
+   keyset (too large to hold anywhere) is sharded by a public hash of the key, its size counted
+   in the pipeline. Private selection uses a fixed ``num_shards`` (its keys are the data's);
 2. chooses the released keys: a public keyset (left join, so keys without rows get zeros and
    no key outside the keyset survives), or private key selection over the keys seen;
 3. draws each measure's noise per key from the release key and the measure's name (each name
@@ -16,7 +23,9 @@ modules refer here). Nothing but noisy values and public information may shape a
 the order of rows is part of an output: a table emitted "keys with rows first" (a left join's
 natural order) tells which keys had data. So every released table is sorted by its key columns
 (ascending), whatever the data, in keyset and in private-selection mode alike; which keys share
-one emitted table is decided by the public routing hash of the key. A PCollection has no order:
+one emitted table is decided by public information only (the key's position in an in-memory
+keyset, else the public routing hash of the key). Noise is drawn per key (streams keyed by the
+key, never by its shard), so the number of shards changes no released value. A PCollection has no order:
 a sink that gathers several tables (or records) into one file sorts the union by the key
 columns, never by arrival order.
 
@@ -107,6 +116,19 @@ class OutputColumn:
         return noisy[self.measure] if self.derive is None else self.derive(noisy)
 
 
+#: Keyset keys per key shard of the release stage. A shard's join, noise and sort work on at most
+#: this many keyset keys (plus the keys of its partial sums), whatever the keyset's size: the
+#: number of key shards grows with the keyset (its size is public), the working set does not.
+KEYS_PER_SHARD = 1 << 17
+
+
+def key_shards(keyset_size: int, minimum: int = 1) -> int:
+    """Key shards for a keyset of ``keyset_size`` keys: at least ``minimum``, and enough that
+    none holds more than :data:`KEYS_PER_SHARD` keys on average (a public number: it depends on
+    the keyset's size only, never on the data)."""
+    return max(int(minimum), -(-int(keyset_size) // KEYS_PER_SHARD), 1)
+
+
 #: Tags of the keyset join's two inputs.
 _KEYSET, _TOTALS = 0, 1
 _SHARD_TABLE = Tuple[int, pa.Table]
@@ -124,6 +146,37 @@ def _route_by_key(table, key_columns, num_shards):
         return
     shards = shard_of(routing_hash(table.select(key_columns)), num_shards)
     yield from split_by_shard(table, shards)
+
+
+#: The key of partials of an in-memory keyset's keys: the key's position in the keyset.
+_POSITION = "__keyset_position"
+
+
+def _route_by_position(table, keyset: PublicKeyset):
+    """Partials of an in-memory keyset's keys, keyed by the key's position in the keyset (one
+    int64 instead of the key columns: the shuffle and the sums carry 8 bytes per key), to the
+    shard of the keyset chunk holding the key (chunk ``i``: positions ``[i, i + 1) *
+    KEYS_PER_SHARD``). Keys outside the keyset are dropped here, as the left join would."""
+    if table is None or table.num_rows == 0:
+        return
+    position = keyset.positions(table)
+    inside = position >= 0
+    if not inside.all():
+        table = table.filter(pa.array(inside))
+        position = position[inside]
+    table = table.drop_columns(keyset.columns).append_column(_POSITION, pa.array(position))
+    yield from split_by_shard(table, position // KEYS_PER_SHARD)
+
+
+def _keyset_marker(shard, schema):
+    """The keyset side of an in-memory keyset's shard: an empty table (the worker builds the
+    chunk's keys itself with :meth:`PublicKeyset.batch_at`; only the shard number travels)."""
+    return shard, (_KEYSET, schema.empty_table())
+
+
+def _keyset_rows(element) -> int:
+    """Keys in one element of a PCollection keyset (before exclusions and de-duplication)."""
+    return element.num_rows if isinstance(element, (pa.RecordBatch, pa.Table)) else 1
 
 
 class _SumPartialsFn(beam.CombineFn):
@@ -173,22 +226,18 @@ def keyset_tables(element, columns) -> pa.Table:
 
 
 class _RouteKeyset(beam.DoFn):
-    """Keyset batches (built on workers from chunk offsets, or from a PCollection) by key shard."""
+    """A PCollection keyset's elements (dicts, tuples, Rows, RecordBatches or Tables) to key
+    shards by the public routing hash, exclusions applied."""
 
-    def __init__(self, keyset: PublicKeyset, keys, num_shards, from_pcollection: bool):
+    def __init__(self, keyset: PublicKeyset, keys):
         self._keyset = keyset
         self._keys = list(keys)
-        self._num_shards = num_shards
-        self._from_pcollection = from_pcollection
 
-    def process(self, element):
-        if self._from_pcollection:
-            table = keyset_tables(element, self._keys)
-            table = table.filter(pa.array(~self._keyset.excluded_mask(table)))
-        else:
-            table = self._keyset.batch_at(element)
+    def process(self, element, num_shards):
+        table = keyset_tables(element, self._keys)
+        table = table.filter(pa.array(~self._keyset.excluded_mask(table)))
         if table.num_rows:
-            yield from _route_by_key(table, self._keys, self._num_shards)
+            yield from _route_by_key(table, self._keys, num_shards)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,37 +265,66 @@ class _NoiseAndRelease(beam.DoFn):
             columns[name] = pa.array(np.zeros(keys.num_rows), pa.float64()).cast(typ)
         return pa.table(columns)
 
+    def _zero_filled(self, joined: pa.Table) -> pa.Table:
+        """The keys and partial columns of a left join, a key without partials given zeros."""
+        zeros = self._zeros(joined)
+        return pa.table({name: pc.coalesce(joined.column(name), zeros.column(name))
+                         if name in joined.column_names else zeros.column(name)
+                         for name in zeros.column_names})
+
     def process(self, element):
-        _, value = element
-        if self._s.keyset is not None:  # the keyset join: (tag, table) pairs
-            keysets, totals = [], []
-            for tag, table in value:
-                if table.num_rows:
-                    (keysets if tag == _KEYSET else totals).append(table)
-            if not keysets:
-                return
-            keys = pa.concat_tables(keysets, promote_options="permissive").select(self._s.keys)
-            keys = keys.group_by(list(self._s.keys), use_threads=False).aggregate([])  # distinct
-            if totals:
-                total = self._s.keyset.cast_like(sum_partials(totals, self._s.keys))
-                joined = keys.join(total, keys=self._s.keys, join_type="left outer", use_threads=False)
-                zeros = self._zeros(joined)
-                table = pa.table({name: pc.coalesce(joined.column(name), zeros.column(name))
-                                  if name in joined.column_names else zeros.column(name)
-                                  for name in zeros.column_names})
-            else:
-                table = self._zeros(keys)
-        else:  # private selection over the keys seen in the data
-            table = value
-            if table is None or not table.num_rows:
-                return
-            streams = RandomStreams.for_keys(self._s.release_key, SELECTION_PURPOSE, table.select(self._s.keys))
-            keep = self._s.selector.keep(table.column("units").to_numpy(zero_copy_only=False), streams)
-            Metrics.counter(NAMESPACE, "keys_selected").inc(int(keep.sum()))
-            table = table.filter(pa.array(keep))
-            if not table.num_rows:
-                return
-        yield from self._release(table)
+        shard, value = element
+        if self._s.keyset is None:
+            table = self._selected(value)
+        elif self._s.keyset.in_memory:
+            table = self._chunk_joined(shard, value)
+        else:
+            table = self._keyset_joined(value)
+        if table is not None and table.num_rows:
+            yield from self._release(table)
+
+    def _chunk_joined(self, shard, tagged):
+        """An in-memory keyset's shard: its chunk of keys (built here, each key once) left-joined
+        with the partials summed by key position."""
+        totals, marked = [], False
+        for tag, table in tagged:
+            marked |= tag == _KEYSET
+            if tag == _TOTALS and table.num_rows:
+                totals.append(table)
+        if not marked:
+            return None
+        keys = self._s.keyset.batch_at(shard * KEYS_PER_SHARD, KEYS_PER_SHARD)
+        if not totals or not keys.num_rows:
+            return self._zeros(keys)
+        keyed = keys.append_column(_POSITION, pa.array(self._s.keyset.positions(keys)))
+        return self._zero_filled(keyed.join(sum_partials(totals, [_POSITION]), keys=_POSITION,
+                                            join_type="left outer", use_threads=False))
+
+    def _keyset_joined(self, tagged):
+        """A PCollection keyset's shard: its keys (distinct) left-joined with the summed partials."""
+        keysets, totals = [], []
+        for tag, table in tagged:
+            if table.num_rows:
+                (keysets if tag == _KEYSET else totals).append(table)
+        if not keysets:
+            return None
+        keys = pa.concat_tables(keysets, promote_options="permissive").select(self._s.keys)
+        del keysets
+        keys = keys.group_by(list(self._s.keys), use_threads=False).aggregate([])  # distinct
+        if not totals:
+            return self._zeros(keys)
+        total = self._s.keyset.cast_like(sum_partials(totals, self._s.keys))
+        return self._zero_filled(keys.join(total, keys=self._s.keys, join_type="left outer",
+                                           use_threads=False))
+
+    def _selected(self, table):
+        """Private selection over the keys seen in the data (one shard's summed partials)."""
+        if table is None or not table.num_rows:
+            return None
+        streams = RandomStreams.for_keys(self._s.release_key, SELECTION_PURPOSE, table.select(self._s.keys))
+        keep = self._s.selector.keep(table.column("units").to_numpy(zero_copy_only=False), streams)
+        Metrics.counter(NAMESPACE, "keys_selected").inc(int(keep.sum()))
+        return table.filter(pa.array(keep))
 
     def _release(self, table: pa.Table):
         keys = table.select(self._s.keys)
@@ -297,6 +375,9 @@ class NoisyRelease(beam.PTransform):
     partial_types: every partial column and its Arrow type (to zero-fill keyset keys without
     rows). keyset or selector: which keys. threshold_mode: "key" drops a key failing any
     threshold; "value" nulls the failing values and drops a key only if all are null.
+    num_shards: the key shards of private selection, and the least number of key shards of a
+    PCollection keyset (more when its size needs them: :func:`key_shards`); an in-memory keyset
+    has one shard per :data:`KEYS_PER_SHARD` keys.
     """
 
     def __init__(self, *, keys: Sequence[str], measures: Sequence[NoisyMeasure],
@@ -334,27 +415,42 @@ class NoisyRelease(beam.PTransform):
             self._settings.release_key.claim(noise_purpose(SELECTION_PURPOSE), owner=owner)
         keyset = self._keyset
         worker_keyset = self._settings.keyset
-        totals = (partials
-                  | "RouteByKey" >> beam.FlatMap(_route_by_key, self._keys, self._num_shards)
-                  .with_output_types(_SHARD_TABLE)
-                  | "SumPerKeyShard" >> beam.CombinePerKey(_SumPartialsFn(self._keys)))
         release = _NoiseAndRelease(self._settings)
-        if keyset is None:
+        if keyset is None:  # private selection: a fixed number of shards (the data's keys are private)
+            totals = self._summed(partials, beam.FlatMap(_route_by_key, self._keys, self._num_shards))
             return totals | "SelectNoiseAndRelease" >> beam.ParDo(release).with_output_types(pa.Table)
         if keyset.in_memory:
+            # Shard i is the keyset's chunk i: partials go to the chunk holding their key, and the
+            # worker of a shard builds that chunk itself; only chunk numbers cross the shuffle.
+            totals = self._summed(partials, beam.FlatMap(_route_by_position, worker_keyset), [_POSITION])
+            shards = -(-keyset.size() // KEYS_PER_SHARD)
+            schema = worker_keyset.batch_at(0, 0).schema
             keys = (partials.pipeline
-                    | "KeysetChunks" >> beam.Create(keyset.chunk_starts())
-                    | "RouteKeyset" >> beam.ParDo(_RouteKeyset(worker_keyset, self._keys,
-                                                               self._num_shards, False))
-                    .with_output_types(_SHARD_TABLE))
+                    | "KeysetShards" >> beam.Create(list(range(shards)))
+                    | "KeysetMarkers" >> beam.Map(_keyset_marker, schema).with_output_types(_TAGGED))
         else:
-            keys = keyset.pcollection | "RouteKeyset" >> beam.ParDo(
-                _RouteKeyset(worker_keyset, self._keys, self._num_shards, True)) \
-                .with_output_types(_SHARD_TABLE)
+            # A PCollection keyset: key shards by the public routing hash, as many as its size
+            # (counted in the pipeline) needs.
+            num_shards = beam.pvalue.AsSingleton(
+                keyset.pcollection
+                | "KeysetSize" >> beam.Map(_keyset_rows)
+                | "SumKeysetSize" >> beam.CombineGlobally(sum)
+                | "KeyShards" >> beam.Map(key_shards, self._num_shards))
+            totals = self._summed(partials, beam.FlatMap(_route_by_key, self._keys, num_shards))
+            keys = (keyset.pcollection
+                    | "RouteKeyset" >> beam.ParDo(_RouteKeyset(worker_keyset, self._keys), num_shards)
+                    .with_output_types(_SHARD_TABLE)
+                    | "TagKeyset" >> beam.FlatMap(_tagged, _KEYSET).with_output_types(_TAGGED))
         # The keyset join: both sides tagged, one GroupByKey (typed, so tables use the Arrow coder).
-        tagged = (keys | "TagKeyset" >> beam.FlatMap(_tagged, _KEYSET).with_output_types(_TAGGED),
-                  totals | "TagTotals" >> beam.FlatMap(_tagged, _TOTALS).with_output_types(_TAGGED))
+        tagged = (keys, totals | "TagTotals" >> beam.FlatMap(_tagged, _TOTALS).with_output_types(_TAGGED))
         return (tagged
                 | "FlattenKeysetAndTotals" >> beam.Flatten()
                 | "JoinKeyset" >> beam.GroupByKey()
                 | "NoiseAndRelease" >> beam.ParDo(release).with_output_types(pa.Table))
+
+    def _summed(self, partials, route, keys=None):
+        """Partials routed to key shards by ``route`` and summed per shard (one table each)."""
+        return (partials
+                | "RouteByKey" >> route.with_output_types(_SHARD_TABLE)
+                | "SumPerKeyShard" >> beam.CombinePerKey(_SumPartialsFn(keys or self._keys)))
+
