@@ -55,7 +55,7 @@ from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Relea
                                ReleaseOptions, ReleaseRefused, cli)
 from pipelines.release import run as run_release
 from transforms.aggregate import BoundedKeyPartials, BoundingConfig
-from transforms.keyset import PublicKeyset
+from transforms.keyset import KEYSET_POSITION, PublicKeyset
 from transforms.release import NoisyMeasure, NoisyRelease, OutputColumn
 
 NAME = "centralnotice"
@@ -165,7 +165,9 @@ def _row_click_partials(table: pa.Table) -> pa.Table:
 
 
 def _user_click_partials(partials: pa.Table) -> pa.Table:
-    return pa.table({**{k: partials.column(k) for k in KEYS},
+    """Bounded click partials, keyed by the key's position in the public keyset (the bounding
+    was given the keyset: rows carry one int64 instead of five key columns through the shuffle)."""
+    return pa.table({KEYSET_POSITION: partials.column(KEYSET_POSITION),
                      "impressions": pa.array(np.zeros(partials.num_rows, dtype=np.int64)),
                      "clicks": partials.column("count")})
 
@@ -211,9 +213,13 @@ class CentralNoticeRelease(beam.PTransform):
             clk = click_rows | "RowClickPartials" >> beam.Map(_row_click_partials).with_output_types(pa.Table)
         else:
             m = c.clicks.max_clicks_per_user
+            # The release filter keeps exactly the keyset's rows; given the keyset, bounding
+            # keys its rows by keyset position (the same rows are kept: priorities are of the
+            # key's values).
             bounding = BoundingConfig(unit="user_id", keys=KEYS, value=None,
                                       bounds=ContributionBounds(m, m, max_contributions=m),
-                                      release_key=self.release_key, num_shards=self.num_shards)
+                                      release_key=self.release_key, keyset=self.keyset(),
+                                      num_shards=self.num_shards)
             clk = (click_rows
                    | "BoundUsers" >> BoundedKeyPartials(bounding)
                    | "UserClickPartials" >> beam.Map(_user_click_partials).with_output_types(pa.Table))
@@ -223,11 +229,16 @@ class CentralNoticeRelease(beam.PTransform):
                     NoisyMeasure(name=f"{purpose}/clicks", partial="clicks", spec=specs["clicks"])]
         outputs = [OutputColumn(name="impressions", measure=measures[0].name, threshold=c.impressions.release_threshold),
                    OutputColumn(name="clicks", measure=measures[1].name, threshold=c.clicks.release_threshold)]
+        # Both sides keyed by keyset position before they meet: the runner may hold a side
+        # whole before the Flatten, and a position is 8 bytes where the key columns are ~60.
+        keyset = self.keyset()
+        imp = imp | "ImpressionPositions" >> beam.Map(keyset.keyed_by_position).with_output_types(pa.Table)
+        clk = clk | "ClickPositions" >> beam.Map(keyset.keyed_by_position).with_output_types(pa.Table)
         return ((imp, clk)
                 | "Partials" >> beam.Flatten()
                 | "Release" >> NoisyRelease(keys=KEYS, measures=measures, outputs=outputs,
                                             partial_types={"impressions": pa.int64(), "clicks": pa.int64()},
-                                            release_key=self.release_key, keyset=self.keyset(),
+                                            release_key=self.release_key, keyset=keyset,
                                             num_shards=self.num_shards,
                                             threshold_mode="value"))
 

@@ -90,7 +90,7 @@ from transforms import arrow_coder  # noqa: F401  (registers the Arrow table cod
 from transforms import bounding
 from transforms.privacy_units import canonical_unit_column, canonical_unit_ids, check_unit_type
 from transforms.partials import key_partials, routing_hash, shard_of, split_by_shard
-from transforms.keyset import PublicKeyset
+from transforms.keyset import KEYSET_POSITION, PublicKeyset
 from transforms.metrics import (Metric, MetricKind, as_metric, is_integer_range, mean_from_noisy,
                                 plan_measures, variance_from_noisy)
 from accounting.keys import ReleaseKey
@@ -279,9 +279,13 @@ class _PrepareAndBound(beam.DoFn):
             excluded = c.keyset.excluded_mask(table)
             self._count("dropped_excluded_key", excluded.sum())
             if c.keyset.in_memory:
-                inside = c.keyset.member_mask(table) | excluded
-                self._count("dropped_outside_keyset", (~inside).sum())
-                table = table.filter(pa.array(inside & ~excluded))
+                # Rows keep their key's position in the keyset: after bounding it replaces the
+                # key columns (8 bytes per row through the shuffle; NoisyRelease joins on it).
+                position = c.keyset.positions(table)
+                inside = position >= 0
+                self._count("dropped_outside_keyset", (~inside & ~excluded).sum())
+                table = table.filter(pa.array(inside)).append_column(
+                    KEYSET_POSITION, pa.array(position[inside]))
             else:
                 # A PCollection keyset is too large to hold; its sorted key hashes (a side input)
                 # pre-filter rows, and the exact join before release removes the rare collision.
@@ -313,6 +317,8 @@ class _PrepareAndBound(beam.DoFn):
         table = bounding.prioritize(table, c.unit, c.keys, c.release_key,
                                    bounding.VALUE if scalar else None, extra_words).drop_columns([c.unit])
         table = bounding.bound(table, c.bounds.max_partitions, c.bounds.max_contributions_per_partition)
+        if KEYSET_POSITION in table.column_names:
+            table = table.drop_columns(list(c.keys))
         shards = shard_of(table.column(bounding.UNIT).to_numpy(), c.num_shards)
         yield from split_by_shard(table, shards)
 
@@ -340,7 +346,8 @@ class _BoundUnitShard(beam.DoFn):
             return
         if c.bounds.max_contributions is not None:
             bounded = bounding.bound_total(bounded, c.bounds.max_contributions)
-        yield key_partials(bounded, c.keys, has_value=c.value is not None and c.vector is None,
+        keys = [KEYSET_POSITION] if KEYSET_POSITION in bounded.column_names else c.keys
+        yield key_partials(bounded, keys, has_value=c.value is not None and c.vector is None,
                            midpoint=c.midpoint, integer_sum=c.integer_values,
                            half_range=c.half_range, trees=c.trees,
                            vector_columns=c.vector.columns if c.vector is not None else ())

@@ -20,6 +20,10 @@ from transforms.noise.encoding import encode_keys
 
 #: Keys per batch when a keyset is materialised for the final join.
 KEYSET_BATCH_ROWS = 50_000
+#: The column that may stand for the key columns in per-key data of an in-memory keyset: the
+#: key's position in the keyset order (:meth:`PublicKeyset.positions`), one int64 instead of the
+#: key's values (what bounded rows and partials carry through a shuffle).
+KEYSET_POSITION = "__keyset_position"
 
 
 def _encoded_set(table: pa.Table) -> pa.Array:
@@ -201,6 +205,19 @@ class PublicKeyset:
             raise TypeError("positions needs an in-memory keyset")
         inside &= ~self.excluded_mask(keys)
         return np.where(inside, position, -1)
+
+    def keyed_by_position(self, table: pa.Table) -> pa.Table:
+        """``table`` (per-key data) with its key columns replaced by :data:`KEYSET_POSITION`,
+        rows of keys outside the keyset (or excluded) dropped; a table already keyed by position
+        is returned as it is. In-memory keysets."""
+        if KEYSET_POSITION in table.column_names:
+            return table
+        position = self.positions(table)
+        inside = position >= 0
+        if not inside.all():
+            table = table.filter(pa.array(inside))
+            position = position[inside]
+        return table.drop_columns(self.columns).append_column(KEYSET_POSITION, pa.array(position))
 
     def chunk_starts(self, max_rows: int = KEYSET_BATCH_ROWS) -> list:
         """Start offsets of the keyset's batches: small enough to ship to workers, which then

@@ -47,7 +47,7 @@ from apache_beam.metrics import Metrics
 from accounting.calibration import NoiseSpec
 from transforms.partials import routing_hash, shard_of, split_by_shard, sum_partials
 from transforms.arrow_coder import table_list_coder
-from transforms.keyset import PublicKeyset, rows_to_table
+from transforms.keyset import KEYSET_POSITION, PublicKeyset, rows_to_table
 from accounting.keys import ReleaseKey
 from transforms.noise import RandomStreams, add_noise
 
@@ -148,23 +148,19 @@ def _route_by_key(table, key_columns, num_shards):
     yield from split_by_shard(table, shards)
 
 
-#: The key of partials of an in-memory keyset's keys: the key's position in the keyset.
-_POSITION = "__keyset_position"
+_POSITION = KEYSET_POSITION
 
 
 def _route_by_position(table, keyset: PublicKeyset):
     """Partials of an in-memory keyset's keys, keyed by the key's position in the keyset (one
     int64 instead of the key columns: the shuffle and the sums carry 8 bytes per key), to the
     shard of the keyset chunk holding the key (chunk ``i``: positions ``[i, i + 1) *
-    KEYS_PER_SHARD``). Keys outside the keyset are dropped here, as the left join would."""
+    KEYS_PER_SHARD``). Keys outside the keyset are dropped here, as the left join would.
+    Partials already keyed by position (bounded with the same keyset) are routed as they are."""
     if table is None or table.num_rows == 0:
         return
-    position = keyset.positions(table)
-    inside = position >= 0
-    if not inside.all():
-        table = table.filter(pa.array(inside))
-        position = position[inside]
-    table = table.drop_columns(keyset.columns).append_column(_POSITION, pa.array(position))
+    table = keyset.keyed_by_position(table)
+    position = table.column(_POSITION).to_numpy(zero_copy_only=False)
     yield from split_by_shard(table, position // KEYS_PER_SHARD)
 
 
