@@ -101,13 +101,20 @@ def leg(directory: str, engine: str) -> dict:
         ["--runner=DaskRunner", f"--dask_local_workers={engine[-1]}"]
     out = {}
 
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    keyset_size = sum(pq.ParquetFile(path).metadata.num_rows for path in keysets)  # public
+
     def build(p):
-        keys = p | "KeysetFiles" >> beam.Create(keysets) | "ReadKeyset" >> beam.FlatMap(_read)
-        released = (p | "RowFiles" >> beam.Create(rows) | "ReadRows" >> beam.FlatMap(_read)
+        keys = (p | "KeysetFiles" >> beam.Create(keysets)
+                | "ReadKeyset" >> beam.FlatMap(_read).with_output_types(pa.RecordBatch))
+        released = (p | "RowFiles" >> beam.Create(rows)
+                    | "ReadRows" >> beam.FlatMap(_read).with_output_types(pa.RecordBatch)
                     | DPAggregate(privacy_unit="user", keys=["key"], metrics=[Count()],
                                   bounds=ContributionBounds(max_partitions=1,
                                                             max_contributions_per_partition=1),
-                                  keyset=PublicKeyset.from_pcollection(keys, ["key"]),
+                                  keyset=PublicKeyset.from_pcollection(keys, ["key"], expected_size=keyset_size),
                                   budget=PrivacyBudget(epsilon=EPSILON),
                                   release_key=ReleaseKey.for_testing(1)))
         (released | beam.Map(lambda t: t.num_rows) | beam.CombineGlobally(sum)

@@ -290,6 +290,7 @@ class _PrepareAndBound(beam.DoFn):
                 # A PCollection keyset is too large to hold; its sorted key hashes (a side input)
                 # pre-filter rows, and the exact join before release removes the rare collision.
                 hashes = routing_hash(table.select(c.keys))
+                keyset_hashes = np.frombuffer(keyset_hashes, dtype="<u8")
                 position = np.minimum(np.searchsorted(keyset_hashes, hashes), max(len(keyset_hashes) - 1, 0))
                 inside = (keyset_hashes[position] == hashes) if len(keyset_hashes) else \
                     np.zeros(table.num_rows, dtype=bool)
@@ -353,24 +354,82 @@ class _BoundUnitShard(beam.DoFn):
                            vector_columns=c.vector.columns if c.vector is not None else ())
 
 
+def _distinct_sorted(values: np.ndarray) -> np.ndarray:
+    """A sorted array without its repeated values."""
+    keep = np.empty(len(values), dtype=bool)
+    keep[:1] = True
+    np.not_equal(values[1:], values[:-1], out=keep[1:])
+    return values if keep.all() else values[keep]
+
+
+def _merge_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The sorted union (each value once) of two sorted arrays of unique values."""
+    merged = np.concatenate([a, b])
+    merged.sort(kind="stable")  # two sorted runs: a linear merge
+    return _distinct_sorted(merged)
+
+
 class _SortedUnionFn(beam.CombineFn):
-    """Union of uint64 arrays as one sorted array (a PCollection keyset's key hashes)."""
+    """Union of uint64 arrays as one sorted array (a PCollection keyset's key hashes).
+
+    The accumulator is a list of sorted runs of unique values whose sizes at least halve along
+    the list; a new run is merged into the last while it is at least half as long (as in a
+    log-structured merge), so every value is merged O(log n) times and the peak is about two
+    copies of the result."""
+
+    @staticmethod
+    def _push(runs, run):
+        runs = list(runs)
+        runs.append(run)
+        while len(runs) > 1 and 2 * len(runs[-1]) >= len(runs[-2]):
+            last = runs.pop()
+            runs[-1] = _merge_sorted(runs[-1], last)
+        return runs
 
     def create_accumulator(self):
         return []
 
     def add_input(self, accumulator, hashes):
-        accumulator.append(hashes)
-        if len(accumulator) > 256:
-            accumulator = [np.unique(np.concatenate(accumulator))]
-        return accumulator
+        return self._push(accumulator, _distinct_sorted(np.sort(np.asarray(hashes, dtype=np.uint64))))
 
     def merge_accumulators(self, accumulators):
-        arrays = [a for acc in accumulators for a in acc]
-        return [np.unique(np.concatenate(arrays))] if arrays else []
+        runs = []
+        for accumulator in accumulators:
+            for run in accumulator:
+                runs = self._push(runs, run)
+        return runs
 
-    def extract_output(self, accumulator):
-        return np.unique(np.concatenate(accumulator)) if accumulator else np.zeros(0, dtype=np.uint64)
+    def extract_output(self, accumulator) -> bytes:
+        """The sorted hashes as raw little-endian uint64 bytes (a side input read in place with
+        ``np.frombuffer``: never pickled, never copied per bundle)."""
+        result = np.zeros(0, dtype=np.uint64)
+        for run in reversed(accumulator):
+            result = _merge_sorted(run, result)
+        return result.astype("<u8", copy=False).tobytes()
+
+    def get_accumulator_coder(self):
+        return _SortedRunsCoder()
+
+
+class _SortedRunsCoder(beam.coders.Coder):
+    """A list of uint64 arrays as raw bytes: their count, their lengths, their values."""
+
+    def encode(self, runs) -> bytes:
+        lengths = np.array([len(run) for run in runs], dtype="<u8")
+        return b"".join([np.array([len(runs)], dtype="<u8").tobytes(), lengths.tobytes(),
+                         *(np.asarray(run, dtype="<u8").tobytes() for run in runs)])
+
+    def decode(self, encoded: bytes):
+        count = int(np.frombuffer(encoded, dtype="<u8", count=1)[0])
+        lengths = np.frombuffer(encoded, dtype="<u8", count=count, offset=8)
+        runs, offset = [], 8 * (1 + count)
+        for length in lengths.tolist():
+            runs.append(np.frombuffer(encoded, dtype="<u8", count=length, offset=offset).astype(np.uint64))
+            offset += 8 * length
+        return runs
+
+    def is_deterministic(self) -> bool:
+        return True
 
 
 class BoundedKeyPartials(beam.PTransform):
@@ -398,7 +457,7 @@ class BoundedKeyPartials(beam.PTransform):
             hashes = (self._keyset_pcollection
                       | "KeysetTables" >> beam.Map(keyset_tables, list(c.keys)).with_output_types(pa.Table)
                       | "KeysetHashes" >> beam.Map(lambda t: routing_hash(t))
-                      | "SortedHashes" >> beam.CombineGlobally(_SortedUnionFn()))
+                      | "SortedHashes" >> beam.CombineGlobally(_SortedUnionFn()).with_output_types(bytes))
             side["keyset_hashes"] = beam.pvalue.AsSingleton(hashes)
         # Beam's DaskRunner drops what finish_bundle emits: there, dict rows become one-row
         # tables as they come (slower; give Arrow batches). Bounding never depends on batching.

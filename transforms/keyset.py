@@ -35,8 +35,11 @@ class PublicKeyset:
 
     def __init__(self, columns: Sequence[str], *, table: pa.Table = None,
                  dimensions: Mapping[str, pa.Array] = None, pcollection=None,
-                 exclusions: Mapping[str, Sequence] = None):
+                 exclusions: Mapping[str, Sequence] = None, expected_size: Optional[int] = None):
         self.columns = list(columns)
+        #: A PCollection keyset's number of keys as stated by its owner (public; an estimate
+        #: is enough): it sizes the release's key shards up front (else they are counted).
+        self.expected_size = None if expected_size is None else int(expected_size)
         if not self.columns:
             raise ValueError("a keyset needs at least one key column")
         self._table = table
@@ -95,20 +98,29 @@ class PublicKeyset:
         return cls(list(dims), dimensions=dims)
 
     @classmethod
-    def from_pcollection(cls, pcollection, columns: Sequence[str]) -> "PublicKeyset":
-        """Keys as a PCollection of dicts, tuples, or Arrow RecordBatches/Tables."""
-        return cls(columns, pcollection=pcollection)
+    def from_pcollection(cls, pcollection, columns: Sequence[str],
+                         expected_size: Optional[int] = None) -> "PublicKeyset":
+        """Keys as a PCollection of dicts, tuples, or Arrow RecordBatches/Tables.
+
+        ``expected_size``: about how many keys it holds (public, like the keys; e.g. the row
+        count of the keyset files). It sizes the release's key shards before the keyset is read
+        (:func:`transforms.release.key_shards`); without it the pipeline counts the keys first,
+        and some runners (the in-process one) then hold the whole keyset once more."""
+        if expected_size is not None and expected_size < 0:
+            raise ValueError(f"expected_size must be >= 0, got {expected_size}")
+        return cls(columns, pcollection=pcollection, expected_size=expected_size)
 
     def exclude(self, column: str, values: Sequence) -> "PublicKeyset":
         """A keyset without the keys whose ``column`` is in ``values``."""
         exclusions = {**self.exclusions}
         exclusions[column] = list(exclusions.get(column, [])) + list(values)
         return PublicKeyset(self.columns, table=self._table, dimensions=self._dimensions,
-                            pcollection=self.pcollection, exclusions=exclusions)
+                            pcollection=self.pcollection, exclusions=exclusions,
+                            expected_size=self.expected_size)
 
     def without_source(self) -> "PublicKeyset":
         """The keyset's columns and exclusions only (what workers need of a PCollection keyset)."""
-        stripped = PublicKeyset(self.columns, exclusions=self.exclusions)
+        stripped = PublicKeyset(self.columns, exclusions=self.exclusions, expected_size=self.expected_size)
         stripped._external = True
         return stripped
 

@@ -426,12 +426,15 @@ class NoisyRelease(beam.PTransform):
                     | "KeysetMarkers" >> beam.Map(_keyset_marker, schema).with_output_types(_TAGGED))
         else:
             # A PCollection keyset: key shards by the public routing hash, as many as its size
-            # (counted in the pipeline) needs.
-            num_shards = beam.pvalue.AsSingleton(
-                keyset.pcollection
-                | "KeysetSize" >> beam.Map(_keyset_rows)
-                | "SumKeysetSize" >> beam.CombineGlobally(sum)
-                | "KeyShards" >> beam.Map(key_shards, self._num_shards))
+            # needs (its stated size, else counted in the pipeline).
+            if keyset.expected_size is not None:
+                num_shards = key_shards(keyset.expected_size, self._num_shards)
+            else:
+                num_shards = beam.pvalue.AsSingleton(
+                    keyset.pcollection
+                    | "KeysetSize" >> beam.Map(_keyset_rows)
+                    | "SumKeysetSize" >> beam.CombineGlobally(sum)
+                    | "KeyShards" >> beam.Map(key_shards, self._num_shards))
             totals = self._summed(partials, beam.FlatMap(_route_by_key, self._keys, num_shards))
             keys = (keyset.pcollection
                     | "RouteKeyset" >> beam.ParDo(_RouteKeyset(worker_keyset, self._keys), num_shards)
