@@ -122,11 +122,11 @@ class OutputColumn:
 KEYS_PER_SHARD = 1 << 17
 
 
-def key_shards(keyset_size: int, minimum: int = 1) -> int:
+def key_shards(keyset_size: int, minimum: int = 1, keys_per_shard: int = KEYS_PER_SHARD) -> int:
     """Key shards for a keyset of ``keyset_size`` keys: at least ``minimum``, and enough that
     none holds more than :data:`KEYS_PER_SHARD` keys on average (a public number: it depends on
     the keyset's size only, never on the data)."""
-    return max(int(minimum), -(-int(keyset_size) // KEYS_PER_SHARD), 1)
+    return max(int(minimum), -(-int(keyset_size) // int(keys_per_shard)), 1)
 
 
 #: Tags of the keyset join's two inputs.
@@ -151,7 +151,7 @@ def _route_by_key(table, key_columns, num_shards):
 _POSITION = KEYSET_POSITION
 
 
-def _route_by_position(table, keyset: PublicKeyset):
+def _route_by_position(table, keyset: PublicKeyset, keys_per_shard: int):
     """Partials of an in-memory keyset's keys, keyed by the key's position in the keyset (one
     int64 instead of the key columns: the shuffle and the sums carry 8 bytes per key), to the
     shard of the keyset chunk holding the key (chunk ``i``: positions ``[i, i + 1) *
@@ -161,7 +161,7 @@ def _route_by_position(table, keyset: PublicKeyset):
         return
     table = keyset.keyed_by_position(table)
     position = table.column(_POSITION).to_numpy(zero_copy_only=False)
-    yield from split_by_shard(table, position // KEYS_PER_SHARD)
+    yield from split_by_shard(table, position // keys_per_shard)
 
 
 def _keyset_marker(shard, schema):
@@ -249,6 +249,7 @@ class _ReleaseSettings:
     release_key: ReleaseKey
     testing: bool
     threshold_mode: str
+    keys_per_shard: int
 
 
 class _NoiseAndRelease(beam.DoFn):
@@ -289,7 +290,7 @@ class _NoiseAndRelease(beam.DoFn):
                 totals.append(table)
         if not marked:
             return None
-        keys = self._s.keyset.batch_at(shard * KEYS_PER_SHARD, KEYS_PER_SHARD)
+        keys = self._s.keyset.batch_at(shard * self._s.keys_per_shard, self._s.keys_per_shard)
         if not totals or not keys.num_rows:
             return self._zeros(keys)
         keyed = keys.append_column(_POSITION, pa.array(self._s.keyset.positions(keys)))
@@ -373,14 +374,15 @@ class NoisyRelease(beam.PTransform):
     threshold; "value" nulls the failing values and drops a key only if all are null.
     num_shards: the key shards of private selection, and the least number of key shards of a
     PCollection keyset (more when its size needs them: :func:`key_shards`); an in-memory keyset
-    has one shard per :data:`KEYS_PER_SHARD` keys.
+    has one shard per ``keys_per_shard`` keys (default :data:`KEYS_PER_SHARD`). Noise is keyed
+    by the key, so neither changes a released value.
     """
 
     def __init__(self, *, keys: Sequence[str], measures: Sequence[NoisyMeasure],
                  outputs: Sequence[OutputColumn], partial_types: Mapping[str, pa.DataType],
                  release_key: ReleaseKey, keyset: PublicKeyset = None, selector=None,
                  testing: bool = False, num_shards: int = 32, threshold_mode: str = "key",
-                 label: str = None):
+                 keys_per_shard: int = KEYS_PER_SHARD, label: str = None):
         super().__init__(label)
         if (keyset is None) == (selector is None):
             raise ValueError("give exactly one of keyset and selector")
@@ -392,6 +394,8 @@ class NoisyRelease(beam.PTransform):
         if len(set(names)) != len(names) or SELECTION_PURPOSE in names:
             raise ValueError(f"measure names must be unique and not {SELECTION_PURPOSE!r} (they "
                              f"label the noise streams), got {names}")
+        if keys_per_shard < 1:
+            raise ValueError(f"keys_per_shard must be >= 1, got {keys_per_shard}")
         if selector is not None and "units" not in partial_types:
             raise ValueError("private key selection needs a 'units' partial column")
         self._keys = list(keys)
@@ -401,7 +405,7 @@ class NoisyRelease(beam.PTransform):
         self._settings = _ReleaseSettings(
             keys=tuple(keys), keyset=worker_keyset, selector=selector, measures=tuple(measures),
             outputs=tuple(outputs), partial_types=dict(partial_types), release_key=release_key,
-            testing=testing, threshold_mode=threshold_mode)
+            testing=testing, threshold_mode=threshold_mode, keys_per_shard=int(keys_per_shard))
 
     def expand(self, partials):
         owner = f"{type(self).__name__} {self.label!r}"
@@ -418,8 +422,8 @@ class NoisyRelease(beam.PTransform):
         if keyset.in_memory:
             # Shard i is the keyset's chunk i: partials go to the chunk holding their key, and the
             # worker of a shard builds that chunk itself; only chunk numbers cross the shuffle.
-            totals = self._summed(partials, beam.FlatMap(_route_by_position, worker_keyset), [_POSITION])
-            shards = -(-keyset.size() // KEYS_PER_SHARD)
+            totals = self._summed(partials, beam.FlatMap(_route_by_position, worker_keyset, self._settings.keys_per_shard), [_POSITION])
+            shards = -(-keyset.size() // self._settings.keys_per_shard)
             schema = worker_keyset.batch_at(0, 0).schema
             keys = (partials.pipeline
                     | "KeysetShards" >> beam.Create(list(range(shards)))
@@ -428,13 +432,13 @@ class NoisyRelease(beam.PTransform):
             # A PCollection keyset: key shards by the public routing hash, as many as its size
             # needs (its stated size, else counted in the pipeline).
             if keyset.expected_size is not None:
-                num_shards = key_shards(keyset.expected_size, self._num_shards)
+                num_shards = key_shards(keyset.expected_size, self._num_shards, self._settings.keys_per_shard)
             else:
                 num_shards = beam.pvalue.AsSingleton(
                     keyset.pcollection
                     | "KeysetSize" >> beam.Map(_keyset_rows)
                     | "SumKeysetSize" >> beam.CombineGlobally(sum)
-                    | "KeyShards" >> beam.Map(key_shards, self._num_shards))
+                    | "KeyShards" >> beam.Map(key_shards, self._num_shards, self._settings.keys_per_shard))
             totals = self._summed(partials, beam.FlatMap(_route_by_key, self._keys, num_shards))
             keys = (keyset.pcollection
                     | "RouteKeyset" >> beam.ParDo(_RouteKeyset(worker_keyset, self._keys), num_shards)

@@ -1,0 +1,140 @@
+"""The release stage's key shards: bounded in size, and never a cause of a different release.
+
+The number of key shards (derived from the keyset's size) and how keys are routed to them (by
+keyset position for an in-memory keyset, by the public routing hash for a PCollection keyset)
+must change no released byte: noise streams are keyed by the key, and every released table is
+sorted by its keys.
+"""
+from __future__ import annotations
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pytest
+from apache_beam.testing import test_pipeline
+
+from accounting.calibration import NoiseKind, calibrate
+from accounting.keys import ReleaseKey
+from transforms.aggregate import _SortedRunsCoder, _SortedUnionFn
+from transforms.keyset import KEYSET_POSITION, PublicKeyset
+from transforms.release import KEYS_PER_SHARD, NoisyMeasure, NoisyRelease, OutputColumn, key_shards
+
+SPEC = calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=1.0, l1_sensitivity=1)
+COUNTRIES = ["BR", "DE", "FR", "IN", "JP", "US", "ZA"]
+DAYS = ["d1", "d2", "d3"]
+
+
+def test_key_shards_grow_with_the_keyset_only():
+    assert key_shards(0) == 1
+    assert key_shards(10, minimum=32) == 32
+    assert key_shards(KEYS_PER_SHARD) == 1
+    assert key_shards(KEYS_PER_SHARD + 1) == 2
+    assert key_shards(125_000_000) == -(-125_000_000 // KEYS_PER_SHARD)
+    assert 125_000_000 / key_shards(125_000_000) <= KEYS_PER_SHARD
+    assert key_shards(100, keys_per_shard=7) == 15
+
+
+def _partials():
+    # Partials of some keys (one outside the keyset), split over several tables (a key in two).
+    return [pa.table({"country": ["DE", "FR", "XX"], "day": ["d1", "d2", "d1"], "count": [5, 3, 9]}),
+            pa.table({"country": ["DE", "US"], "day": ["d1", "d3"], "count": [2, 7]})]
+
+
+def _release(keyset_of, keys_per_shard, key=31):
+    """Released rows (sorted) of one NoisyRelease, the keyset made by ``keyset_of(pipeline)``."""
+    measure = NoisyMeasure(name="count", partial="count", spec=SPEC)
+    with test_pipeline.TestPipeline(runner="FnApiRunner") as p:
+        tables = (p | beam.Create(_partials(), reshuffle=False).with_output_types(pa.Table)
+                  | NoisyRelease(keys=["country", "day"], measures=[measure],
+                                 outputs=[OutputColumn(name="count", measure="count")],
+                                 partial_types={"count": pa.int64()}, release_key=ReleaseKey.for_testing(key),
+                                 keyset=keyset_of(p), num_shards=1, keys_per_shard=keys_per_shard))
+        # Each emitted table is in key order; gather their (sorted) rows and table sizes.
+        tables | beam.Map(lambda t: t.to_pylist()) | beam.combiners.ToList() | beam.Map(_collect)
+    return _RESULTS.pop()
+
+
+_RESULTS = []
+
+
+def _collect(lists):
+    for rows in lists:
+        assert rows == sorted(rows, key=lambda r: (r["country"], r["day"])), "a released table is sorted"
+    _RESULTS.append((sorted((r["country"], r["day"], r["count"]) for rows in lists for r in rows),
+                     sorted(len(rows) for rows in lists)))
+
+
+def _cross(p):
+    return PublicKeyset.cross_product({"country": COUNTRIES, "day": DAYS}).exclude("country", ["ZA"])
+
+
+def _pcollection(stated):
+    def make(p):
+        keys = p | "Keys" >> beam.Create([{"country": c, "day": d} for c in COUNTRIES for d in DAYS]
+                                         + [{"country": "DE", "day": "d1"}])  # a duplicate
+        return PublicKeyset.from_pcollection(keys, ["country", "day"],
+                                             expected_size=21 if stated else None).exclude("country", ["ZA"])
+    return make
+
+
+def test_shard_count_and_routing_change_no_released_value():
+    one, sizes_one = _release(_cross, keys_per_shard=KEYS_PER_SHARD)
+    many, sizes_many = _release(_cross, keys_per_shard=4)
+    assert sizes_one == [18] and len(sizes_many) == 5  # 18 keys in chunks of at most 4
+    assert one == many
+    assert len(one) == 18 and ("XX", "d1") not in {(c, d) for c, d, _ in one}
+    for stated in (True, False):
+        hashed, sizes = _release(_pcollection(stated), keys_per_shard=4)
+        assert hashed == one and len(sizes) > 1
+    # The noise is there (a real key, not the exact mode), and it is the key's, not the shard's.
+    exact = {("DE", "d1"): 7, ("FR", "d2"): 3, ("US", "d3"): 7}
+    assert any(count != exact.get((c, d), 0) for c, d, count in one)
+    assert _release(_cross, keys_per_shard=4, key=32)[0] != one
+
+
+def test_positions_and_keyed_by_position():
+    keyset = PublicKeyset.cross_product({"country": COUNTRIES, "day": DAYS}).exclude("country", ["FR"])
+    table = pa.table({"country": ["DE", "FR", "US", "XX", None], "day": ["d2", "d1", "d3", "d1", "d1"],
+                      "v": [1, 2, 3, 4, 5]})
+    assert keyset.positions(table).tolist() == [1 * 3 + 1, -1, 5 * 3 + 2, -1, -1]
+    keyed = keyset.keyed_by_position(table)
+    assert keyed.column_names == ["v", KEYSET_POSITION]
+    assert keyed.column(KEYSET_POSITION).to_pylist() == [4, 17] and keyed.column("v").to_pylist() == [1, 3]
+    assert keyset.keyed_by_position(keyed) is keyed
+    # A chunk of the keyset and the positions of its keys agree (exclusions leave gaps).
+    chunk = keyset.batch_at(3, 7)
+    assert keyset.positions(chunk).tolist() == [3, 4, 5, 9] and chunk.num_rows == 4
+
+
+def test_table_keyset_counts_each_key_once():
+    keyset = PublicKeyset.from_table(pa.table({"k": ["a", "b", "a", "c", "b"]}))
+    assert keyset.size() == 3
+    assert keyset.to_table().column("k").to_pylist() == ["a", "b", "c"]
+    assert keyset.positions(pa.table({"k": ["c", "a", "z"]})).tolist() == [2, 0, -1]
+
+
+def test_sorted_union_of_keyset_hashes():
+    rng = np.random.default_rng(3)
+    chunks = [rng.integers(0, 2 ** 63, n, dtype=np.uint64) for n in (1000, 10, 5000, 0, 300)]
+    chunks.append(chunks[0][:100])  # repeated keys
+    fn = _SortedUnionFn()
+    left, right = fn.create_accumulator(), fn.create_accumulator()
+    for i, chunk in enumerate(chunks):
+        if i % 2:
+            left = fn.add_input(left, chunk)
+        else:
+            right = fn.add_input(right, chunk)
+    coder = _SortedRunsCoder()
+    left = coder.decode(coder.encode(left))
+    merged = fn.merge_accumulators([left, right])
+    result = np.frombuffer(fn.extract_output(merged), dtype="<u8")
+    assert np.array_equal(result, np.unique(np.concatenate(chunks)))
+    assert fn.extract_output(fn.create_accumulator()) == b""
+
+
+def test_keys_per_shard_must_be_positive():
+    with pytest.raises(ValueError, match="keys_per_shard"):
+        NoisyRelease(keys=["k"], measures=[NoisyMeasure(name="c", partial="count", spec=SPEC)],
+                     outputs=[OutputColumn(name="c", measure="c")], partial_types={"count": pa.int64()},
+                     release_key=ReleaseKey.for_testing(1), keyset=PublicKeyset.from_keys(["a"], ["k"]),
+                     keys_per_shard=0)
