@@ -333,8 +333,8 @@ class CentralNoticeJob(Job):
             raw = next((r for r in config.raw.get("campaigns", [])
                         if r.get("campaign_id") == campaign.campaign_id), {})
             planned.append(PlannedRelease(
-                release_id=release.release_id, measures=campaign.measures(),
-                scopes=campaign.scopes(release), outputs=[output], accountant=config.accountant,
+                release_id=release.release_id, budget=campaign.shared_budget(config.accountant),
+                scopes=campaign.scopes(release), outputs=[output],
                 config={"campaign": raw, "protected_countries": sorted(campaign.protected_countries),
                         "unit_budget_per_period": config.raw.get("unit_budget_per_period"),
                         "accountant": config.accountant},

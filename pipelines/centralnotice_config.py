@@ -75,6 +75,7 @@ from accounting.budget import PrivacyBudget
 from accounting.calibration import NoiseKind, NoiseSpec, calibrate, calibrate_zcdp
 from accounting.ledger import Scope
 from accounting.measures import Measure
+from accounting.shared_budget import SharedBudget
 from accounting.sensitivity import ContributionBounds, Sensitivities, count_sensitivity
 from pipelines.release.names import check_segment
 from transforms.keyset import PublicKeyset
@@ -352,6 +353,33 @@ class CampaignConfig:
                                          description=text))
         return measures
 
+    def part_budgets(self) -> dict[str, PrivacyBudget]:
+        """Each measure's part of a release's budget, as configured: impressions (epsilon,
+        delta); clicks (epsilon, delta) or zCDP rho (with the delta it is also stated at)."""
+        imp, clk = self.impressions, self.clicks
+        clicks = (PrivacyBudget(rho=clk.rho, delta=clk.delta) if clk.rho is not None
+                  else PrivacyBudget(epsilon=clk.epsilon, delta=clk.delta))
+        return {"impressions": PrivacyBudget(epsilon=imp.epsilon, delta=imp.delta), "clicks": clicks}
+
+    def release_budget(self) -> PrivacyBudget:
+        """The budget one release must fit: the tightest configured per-period budget (a release
+        is charged to each period it covers), else the campaign total."""
+        per_release = [b for b in (self.per_period, self.unit_per_period) if b is not None]
+        if not per_release:
+            return self.campaign_total
+        return min(per_release, key=lambda b: (b.epsilon, b.delta))
+
+    def shared_budget(self, accountant: str) -> SharedBudget:
+        """One release's budget split between its two measures (explicit parts, as configured)
+        and spent by them: its ``guarantee()`` and ``explain()`` are the release's (see
+        :class:`accounting.shared_budget.SharedBudget`). Each measure draws its noise from its
+        own named stream of the release key (``centralnotice/<campaign>/<measure>``)."""
+        shared = SharedBudget(self.release_budget(), budgets=self.part_budgets(),
+                              accountant=accountant)
+        for measure in self.measures():
+            shared.part(measure.name).spend([measure])
+        return shared
+
     def scopes(self, release: "ScheduledRelease") -> list[Scope]:
         """The ledger budgets one release is charged to (see the module docstring)."""
         out = [Scope(name=f"campaign:{self.campaign_id}", budget=self.campaign_total,
@@ -536,6 +564,11 @@ def _check_schedule_fits(campaign: CampaignConfig, path: str, accountant: str) -
             raise ConfigError(where, f"{what} (epsilon={spent.epsilon:.6g}, delta={spent.delta:.3g}) "
                                      f"with the {accountant!r} accountant, more than "
                                      f"(epsilon={budget.epsilon:g}, delta={budget.delta:g})")
+    try:
+        campaign.shared_budget(accountant)
+    except ValueError as err:
+        raise ConfigError(f"{path}.privacy", f"one release's budget cannot be split between its "
+                                             f"measures: {err}")
 
 
 def read_text(path: str) -> str:
