@@ -374,21 +374,30 @@ class CentralNoticeJob(Job):
         return {"keys": {"keyset": size, "released": table.num_rows,
                          "not_released": size - table.num_rows,
                          "impressions_suppressed": int(table.column("impressions").null_count),
-                         "clicks_suppressed": int(table.column("clicks").null_count)},
+                         "clicks_suppressed": int(table.column("clicks").null_count),
+                         "thresholds": {"impressions": campaign.impressions.release_threshold,
+                                        "clicks": campaign.clicks.release_threshold}},
                 "guarantee_scopes": campaign.guarantee_scopes(release)}
 
     def report_lines(self, summary):
         lines = []
         keys = summary.get("keys")
         if keys:
+            thresholds = keys.get("thresholds", {})
+
+            def column(name):
+                limit = f" (threshold {thresholds[name]:g})" if name in thresholds else ""
+                return f"{name} {keys[name + '_suppressed']} of {keys['released']}{limit}"
+
             lines.append(
                 f"  keys: {keys['released']} released of {keys['keyset']} ({keys['not_released']} "
-                f"not released: both values below their thresholds); suppressed values (null): "
-                f"impressions {keys['impressions_suppressed']}, clicks {keys['clicks_suppressed']}")
+                f"not released: both values below their thresholds); suppressed values (null) per "
+                f"column: {column('impressions')}, {column('clicks')}")
             if keys["impressions_suppressed"] or keys["clicks_suppressed"]:
                 lines.append("  a null value means SUPPRESSED, not zero: its noisy value was not above the "
-                             "release threshold of the campaign configuration (which keeps keys without "
-                             "data from being published by noise alone)")
+                             "column's release threshold in the campaign configuration (thresholds keep "
+                             "values of keys without data from being published by noise alone; they are "
+                             "post-processing and do not change the privacy guarantee)")
         for scope in summary.get("guarantee_scopes", ()):
             bound = scope["budget"]
             where = f" [{', '.join(scope['ledger_scopes'])}]" if scope["ledger_scopes"] else ""

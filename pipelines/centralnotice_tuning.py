@@ -248,8 +248,12 @@ def write_csv(rows: Sequence[TuningRow], path: str) -> None:
             writer.writerow(asdict(row))
 
 
-def plot_campaign(rows: Sequence[TuningRow], path: str) -> None:
-    """Impressions std and suppression against k (one line per epsilon); clicks against epsilon."""
+def plot_campaign(rows: Sequence[TuningRow], path: str) -> list[dict]:
+    """Impressions std and suppression against k (one line per epsilon); clicks against epsilon.
+
+    Returns each y axis drawn (label, scale, limits), so tests can hold the axes honest: shares
+    and probabilities over their whole [0, 1] range, linear axes from 0.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -265,16 +269,19 @@ def plot_campaign(rows: Sequence[TuningRow], path: str) -> None:
         axes[0].plot(ks, [r.std for r in series], marker="o", label=f"epsilon={epsilon:g}")
         share = [r.share_suppressed if with_data else r.spurious_rate for r in series]
         axes[1].plot(ks, share, marker="o", label=f"epsilon={epsilon:g}")
-    axes[0].set(xlabel="k (impressions protected)", ylabel="noise std", title="impressions: noise std",
-                xscale="log", yscale="log")
+    # Noise std spans orders of magnitude over k and epsilon: a labelled log axis over the whole
+    # range (it cannot start at 0); the shares below use their whole [0, 1] range.
+    axes[0].set(xlabel="k (impressions protected)", ylabel="noise std (log scale)",
+                title="impressions: noise std", xscale="log", yscale="log")
     axes[1].set(xlabel="k (impressions protected)",
                 ylabel="share of keys suppressed" if with_data else "P(empty key released)",
                 title="impressions: " + ("suppressed keys" if with_data else "spurious releases"),
                 xscale="log")
-    if not with_data:
+    if not with_data:  # probabilities down to 1e-6 on a symlog axis, still from 0 to 1
         axes[1].set_yscale("symlog", linthresh=1e-6)
-    else:  # a share: the whole [0, 1] range, so a small difference does not look large
-        axes[1].set_ylim(-0.02, 1.02)
+        axes[1].set_ylabel("P(empty key released) (symlog scale)")
+    # a share or a probability: the whole [0, 1] range, so a small difference does not look large
+    axes[1].set_ylim(0, 1.02)
     for ax in axes[:2]:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
@@ -289,8 +296,7 @@ def plot_campaign(rows: Sequence[TuningRow], path: str) -> None:
                   is not None else "P(spurious)")
         twin.set_ylabel("share of keys suppressed" if clicks[0].share_suppressed is not None
                         else "P(empty key released)")
-        if clicks[0].share_suppressed is not None:
-            twin.set_ylim(-0.02, 1.02)
+        twin.set_ylim(0, 1.02)  # a share or a probability: its whole range
         axes[2].set_ylim(bottom=0)  # noise std from zero: no zoomed-in axis
         axes[2].grid(True, alpha=0.3)
         lines = axes[2].get_legend_handles_labels()
@@ -299,7 +305,10 @@ def plot_campaign(rows: Sequence[TuningRow], path: str) -> None:
     fig.suptitle(f"Choosing k and epsilon: campaign {rows[0].campaign_id} ({rows[0].keys} keys)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    drawn = [{"label": ax.get_ylabel(), "scale": ax.get_yscale(), "limits": tuple(ax.get_ylim())}
+             for ax in fig.get_axes()]
     plt.close(fig)
+    return drawn
 
 
 def _numbers(text: str, cast, name: str) -> list:

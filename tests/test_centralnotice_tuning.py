@@ -96,3 +96,24 @@ def test_cli_writes_table_csv_and_plot(tmp_path, capsys):
     assert header[:3] == ["campaign", "measure", "k"] and "suppressed" in header
     with pytest.raises(SystemExit):
         tuning.main(["--config", "x.json", "--k", "10,-5", "--epsilon", "1", "--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize("with_data", [True, False])
+def test_plot_axes_are_honest(sample, tmp_path, with_data):
+    """Shares and probabilities span their whole [0, 1] range; linear axes start at 0 (a zoomed
+    axis made the worst (epsilon, k) look best)."""
+    config, impressions, clicks = sample
+    campaign = next(c for c in config.campaigns if c.clicks.rho is None)
+    truth = tuning.true_values_by_campaign(config.campaigns, impressions, clicks)[campaign.campaign_id]
+    data = dict(true_impressions=truth[0], true_clicks=truth[1]) if with_data else {}
+    rows = tuning.tune_campaign(campaign, [10, 50, 100], [0.5, 1, 2], **data)
+    axes = tuning.plot_campaign(rows, str(tmp_path / "plot.png"))
+    assert len(axes) == 4
+    for axis in axes:
+        low, high = axis["limits"]
+        if axis["scale"] == "log":
+            assert "log scale" in axis["label"]
+            continue
+        assert low <= 0, axis
+        if "share" in axis["label"] or "P(" in axis["label"]:
+            assert high >= 1, axis
