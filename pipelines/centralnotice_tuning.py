@@ -59,6 +59,22 @@ def _align_dates(table: pa.Table) -> pa.Table:
     return table
 
 
+def read_tables(patterns: str) -> pa.Table:
+    """Every file of ``patterns`` (comma-separated paths, globs -- relative ones too -- or
+    folders; resolved like a job's inputs, :func:`pipelines.release.inputs.resolve`), as one
+    table."""
+    from pipelines.release.errors import ReleaseRefused
+    from pipelines.release.inputs import InputSpec, resolve
+
+    try:
+        files = resolve(InputSpec(name="tuning input", paths=tuple(
+            p.strip() for p in patterns.split(",") if p.strip()), columns={}))
+    except ReleaseRefused as err:
+        raise ValueError(str(err)) from None
+    tables = [_align_dates(read_table(path)) for path in files]
+    return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+
+
 def read_table(path: str) -> pa.Table:
     """A Parquet or CSV file (local or gs://; chosen by extension). Downloaded bytes are copied
     into Arrow's memory before parsing: Arrow threads left holding Python bytes abort the process
@@ -327,8 +343,8 @@ def run(config_path: str, out_dir: str, ks: Sequence[int], epsilons: Sequence[fl
         spurious: Optional[float] = None, plots: bool = True) -> dict:
     config = load_config(config_path)
     campaigns = config.campaigns if not campaign_ids else [config.campaign(c) for c in campaign_ids]
-    impressions = None if impressions_path is None else read_table(impressions_path)
-    clicks = None if clicks_path is None else read_table(clicks_path)
+    impressions = None if impressions_path is None else read_tables(impressions_path)
+    clicks = None if clicks_path is None else read_tables(clicks_path)
     os.makedirs(out_dir, exist_ok=True)
     truth = true_values_by_campaign(campaigns, impressions, clicks)
     rows, pngs = [], []
@@ -353,8 +369,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines.centralnotice_tuning",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="campaign configuration (JSON, local or gs://)")
-    parser.add_argument("--impressions", help="historic/synthetic impressions (Parquet or CSV)")
-    parser.add_argument("--clicks", help="historic/synthetic clicks (Parquet or CSV)")
+    parser.add_argument("--impressions", help="historic/synthetic impressions (Parquet or CSV): "
+                                              "paths, globs or folders, comma-separated")
+    parser.add_argument("--clicks", help="historic/synthetic clicks (Parquet or CSV): paths, "
+                                         "globs or folders, comma-separated")
     parser.add_argument("--k", required=True, type=lambda t: _numbers(t, int, "k"),
                         help="candidate k values, e.g. 10,50,100")
     parser.add_argument("--epsilon", required=True, type=lambda t: _numbers(t, float, "epsilon"),
