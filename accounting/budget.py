@@ -198,8 +198,7 @@ class ReleasePlan:
             noise = m.noise
             rows.append((m.name, m.mechanism, f"{norm}={value:.4g}",
                          "-" if noise is None else f"{noise.scale:.4g}", share,
-                         f"{m.epsilon:.4g}", f"{m.delta:.3g}", f"{m.zcdp_rho:.4g}"
-                         if (m.rho is not None or m.is_pure or noise is not None) else "-",
+                         f"{m.epsilon:.4g}", f"{m.delta:.3g}", _rho_text(m),
                          "-" if noise is None else f"{noise.std:.4g}",
                          "-" if noise is None else f"±{noise.ci_halfwidth(0.95):.4g}"))
         widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
@@ -237,3 +236,12 @@ class ReleasePlan:
                                   else {"epsilon": g.epsilon, "delta": g.delta})
                            for name, g in self.guarantees().items()},
         }
+
+
+def _rho_text(measure: Measure) -> str:
+    """A measure's zCDP cost for the explain table; "-" when it has none (approximate DP without
+    a zCDP form, e.g. Laplace noise whose distributed sampling adds a delta)."""
+    try:
+        return f"{measure.zcdp_rho:.4g}"
+    except ValueError:
+        return "-"

@@ -37,6 +37,7 @@ from accounting.budget import PrivacyBudget
 from accounting.calibration import NoiseKind
 from accounting.ledger import Scope
 from accounting.measures import Measure
+from accounting.shared_budget import SharedBudget
 from accounting.sensitivity import Neighbouring
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
                                ReleaseRefused, cli)
@@ -138,6 +139,21 @@ def _measures(request, budget: ReachFrequencyBudget) -> list[Measure]:
     return out
 
 
+def _shared_budget(request, budget: ReachFrequencyBudget) -> SharedBudget:
+    """One campaign's declared total (``--epsilon``, with distributed noise's delta) split
+    between its 2 (P + 1) statistics, each part spent by its measure: the release's guarantee
+    and explain (accounting.shared_budget). Each statistic draws its noise from its own lanes of
+    the release key (campaign, scope, statistic, bin)."""
+    measures = _measures(request, budget)
+    total = PrivacyBudget(epsilon=request.epsilon,
+                          delta=budget.total(request.num_helpers, request.max_frequency).delta)
+    shared = SharedBudget(total, budgets={m.name: PrivacyBudget(epsilon=m.epsilon, delta=m.delta)
+                                          for m in measures}, accountant="basic")
+    for measure in measures:
+        shared.part(measure.name).spend([measure])
+    return shared
+
+
 class ReachFrequencyJob(Job):
     name = NAME
     request_type = ReachFrequencyRequest
@@ -187,12 +203,11 @@ class ReachFrequencyJob(Job):
                             noisy=["reach", "frequency", "k_reach", "k_plus_reach"],
                             description="one row per scope: the union and each declared publisher")
         keys = ("release",) + tuple(f"helper-{i}" for i in range(request.num_helpers))
-        measures = _measures(request, budget)
         return [PlannedRelease(
-            release_id=f"{request.release_prefix}/{campaign}", measures=measures,
+            release_id=f"{request.release_prefix}/{campaign}", budget=_shared_budget(request, budget),
             scopes=[Scope(name=f"campaign:{campaign}", budget=total,
                           description="the campaign's total")],
-            outputs=[output], accountant="basic", key_names=keys,
+            outputs=[output], key_names=keys,
             config={**config, "campaign": campaign},
             parameters={"campaign": campaign, **{k: v for k, v in config.items()
                                                  if k != "sketch_salt"}},

@@ -151,6 +151,14 @@ def test_parquet_distributed_release_with_empty_and_single_id_publishers(tmp_pat
     # Each release states its measures: (3 publishers + union) x (reach, frequency).
     marker = result.releases[0].marker
     assert len(marker["measures"]) == 8 and marker["guarantee"]["epsilon"] == pytest.approx(3.0)
+    # ... split through one SharedBudget per campaign: 8 parts, each spent by its measure.
+    from pipelines.reach_frequency import JOB
+
+    planned = JOB.plan(request)[0]
+    assert len(planned.budget.names) == 8 and planned.budget.total.epsilon == 3.0
+    assert planned.guarantee() == planned.budget.guarantee()
+    assert planned.guarantee().delta == pytest.approx(marker["guarantee"]["delta"])
+    assert "== union/reach ==" in planned.explain()
     assert result.releases[0].report["counters"]["rows_read"] == 5503
 
 
