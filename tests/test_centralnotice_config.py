@@ -256,3 +256,17 @@ def test_mixed_measures_share_one_release_budget_under_every_accountant(accounta
     assert shared.budget("clicks").rho == 0.01 and shared.budget("impressions").epsilon == 0.5
     assert shared.guarantee() == guarantee.compose(campaign.measures(), accountant, 1e-8)
     assert guarantee.within(shared.guarantee(), 1.6, 1e-8)
+
+
+def test_explain_flag_prints_the_plan_and_touches_nothing(tmp_path, capsys):
+    from pipelines.centralnotice import main
+
+    out = tmp_path / "out"
+    assert main(["--config", os.path.join(SAMPLE_DIR, "campaigns.json"), "--impressions", "x.csv",
+                 "--clicks", "y.csv", "--first_releases", "--output", str(out),
+                 "--ledger", str(tmp_path / "ledger.json"), "--key_store", str(tmp_path / "keys"),
+                 "--explain"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("Shared privacy budget:") == 3
+    assert "== impressions ==" in text and "== clicks ==" in text and "Whole job" in text
+    assert not out.exists() and not (tmp_path / "ledger.json").exists()

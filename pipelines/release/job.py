@@ -54,6 +54,9 @@ class ReleaseOptions:
                 "dropped by the row rules (all dropped is always refused)"})
     allow_dropped_rows: bool = field(default=False, metadata={
         "help": "publish even when the dropped-rows rule would refuse (the report says so)"})
+    explain: bool = field(default=False, metadata={
+        "help": "print each planned release's budget split, measures and guarantee (the "
+                "SharedBudget explain) and exit: nothing is read, charged or published"})
     pipeline_args: tuple = field(default=(), metadata={"cli": False})
 
     def __post_init__(self):
