@@ -9,6 +9,9 @@ play this role). Each aggregation takes one part as its ``budget``; the part car
   further, see :func:`transforms.metrics.plan_measures`), and
 * its own release key, ``release_key.derive("part:<name>")``, so every aggregation draws from
   independent keyed streams (two transforms never share a stream: :meth:`ReleaseKey.claim`).
+  A SharedBudget without a release key (a job whose release layer holds the keys) issues
+  parts without keys: the job's measures then draw from streams of the release key labelled by
+  their own names (e.g. ``centralnotice/<campaign>/clicks``), claimed once each.
 
 A part is spent once, either by an aggregation that registers with it (``DPAggregate``,
 ``choose_bounds``) or directly by a job's own measures (:meth:`BudgetPart.spend`, e.g. the
@@ -22,7 +25,8 @@ this guarantee (one explain/guarantee path for library users and jobs alike).
 
 Explicit parts may mix kinds under an (epsilon, delta) total -- a zCDP part (rho, delta > 0)
 beside pure or approximate ones -- and must fit the total as the job's ``accountant`` composes
-them (basic, zcdp or pld): the same check the ledger makes.
+them (basic, zcdp or pld), by :func:`accounting.guarantee.fits` as the ledger checks a scope
+(each part counted as a measure spending all of it).
 
     shared = SharedBudget(PrivacyBudget(epsilon=1.0, delta=1e-6),
                           weights={"per_country": 1, "per_project": 3},
