@@ -1,4 +1,5 @@
 """PrivacyBudget, its split, and ReleasePlan accounting/explain, checked against dp_accounting."""
+import dataclasses
 import json
 import math
 
@@ -164,6 +165,20 @@ def test_plan_refuses_overspending_and_duplicates():
     with pytest.raises(ValueError, match="rho"):
         zplan.with_measures(Measure.of_noise("a", calibrate("laplace", epsilon=0.5, l1_sensitivity=1.0),
                           count_sensitivity(ContributionBounds(max_partitions=1, max_contributions_per_partition=1))))
+
+
+def test_a_plan_is_a_value_adding_measures_makes_a_new_plan():
+    one = count_sensitivity(ContributionBounds(max_partitions=1, max_contributions_per_partition=1))
+    empty = ReleasePlan(budget=PrivacyBudget(epsilon=1.0))
+    a = Measure.of_noise("a", calibrate("laplace", epsilon=0.5, l1_sensitivity=1.0), one)
+    plan = empty.with_measures(a)
+    assert empty.measures == () and plan.measures == (a,)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.measures = ()
+    with pytest.raises(ValueError, match="already"):
+        ReleasePlan(budget=PrivacyBudget(epsilon=1.0), measures=[a, a])
+    assert plan.with_measures(Measure.of_noise("b", a.noise, one)).guarantee() == pytest.approx((1.0, 0.0))
+    assert plan.measures == (a,)
 
 
 def test_gaussian_share_without_delta_is_refused():
