@@ -56,7 +56,7 @@ from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Relea
 from pipelines.release import run as run_release
 from transforms.aggregate import BoundedKeyPartials, BoundingConfig
 from transforms.keyset import PublicKeyset
-from transforms.release import NoisyMeasure, NoisyRelease, OutputColumn
+from transforms.release import NoisedPartial, NoisyRelease, OutputColumn
 
 NAME = "centralnotice"
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample_data", "centralnotice")
@@ -212,15 +212,18 @@ class CentralNoticeRelease(beam.PTransform):
         else:
             m = c.clicks.max_clicks_per_user
             bounding = BoundingConfig(unit="user_id", keys=KEYS, value=None,
-                                      bounds=ContributionBounds(m, m, max_contributions=m),
+                                      bounds=ContributionBounds(
+                                          max_partitions=m, max_contributions_per_partition=m,
+                                          max_contributions=m),
                                       release_key=self.release_key, num_shards=self.num_shards)
             clk = (click_rows
                    | "BoundUsers" >> BoundedKeyPartials(bounding)
                    | "UserClickPartials" >> beam.Map(_user_click_partials).with_output_types(pa.Table))
         specs = {m.name: m.noise for m in self.measures}
         purpose = f"centralnotice/{c.campaign_id}"
-        measures = [NoisyMeasure(name=f"{purpose}/impressions", partial="impressions", spec=specs["impressions"]),
-                    NoisyMeasure(name=f"{purpose}/clicks", partial="clicks", spec=specs["clicks"])]
+        measures = [NoisedPartial(name=f"{purpose}/impressions", partial="impressions",
+                                  spec=specs["impressions"]),
+                    NoisedPartial(name=f"{purpose}/clicks", partial="clicks", spec=specs["clicks"])]
         outputs = [OutputColumn(name="impressions", measure=measures[0].name, threshold=c.impressions.release_threshold),
                    OutputColumn(name="clicks", measure=measures[1].name, threshold=c.clicks.release_threshold)]
         return ((imp, clk)

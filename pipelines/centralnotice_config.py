@@ -218,11 +218,12 @@ def _segment(value, path: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class ImpressionsPrivacy:
-    """Algorithm 1: blocks of ``k`` impressions are the privacy unit (sensitivity k)."""
+    """Algorithm 1: blocks of ``k`` impressions are the privacy unit (sensitivity k).
+
+    ``budget``: what the impressions measure may spend, an (epsilon, delta) PrivacyBudget."""
 
     k: int
-    epsilon: float
-    delta: float
+    budget: PrivacyBudget
     noise: NoiseKind
     neighbouring: str  # "period" or "campaign"
     release_threshold: float
@@ -232,18 +233,19 @@ class ImpressionsPrivacy:
         return self.k
 
     def noise_spec(self) -> NoiseSpec:
-        return calibrate(self.noise, epsilon=self.epsilon, delta=self.delta,
+        return calibrate(self.noise, epsilon=self.budget.epsilon, delta=self.budget.delta,
                          l1_sensitivity=self.k, l2_sensitivity=self.k)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ClicksPrivacy:
-    """Algorithm 2: one click row (row-DP) or one user's bounded clicks (user-DP) per key count."""
+    """Algorithm 2: one click row (row-DP) or one user's bounded clicks (user-DP) per key count.
+
+    ``budget``: what the clicks measure may spend: (epsilon, delta), or rho-zCDP reported at
+    its delta (Gaussian kinds only)."""
 
     noise: NoiseKind
-    epsilon: Optional[float]
-    delta: float
-    rho: Optional[float]
+    budget: PrivacyBudget
     neighbouring: str  # "row" or "user"
     max_clicks_per_user: Optional[int]
     bound_per: Optional[str]  # "period" or "campaign" (user-DP only)
@@ -263,10 +265,10 @@ class ClicksPrivacy:
         """The clicks' noise. User-DP is calibrated for a change spread over up to m keys (the
         multivariate bound of :mod:`accounting.calibration`, "Multi-key changes"), never on the
         one-key discrete Gaussian curve."""
-        if self.rho is not None:
-            return calibrate_zcdp(self.noise, rho=self.rho, l2_sensitivity=self.sensitivity,
-                                  l0=self.l0, delta_for_reporting=self.delta)
-        return calibrate(self.noise, epsilon=self.epsilon, delta=self.delta,
+        if self.budget.is_zcdp:
+            return calibrate_zcdp(self.noise, rho=self.budget.rho, l2_sensitivity=self.sensitivity,
+                                  l0=self.l0, delta_for_reporting=self.budget.delta)
+        return calibrate(self.noise, epsilon=self.budget.epsilon, delta=self.budget.delta,
                          l1_sensitivity=self.sensitivity, l2_sensitivity=self.sensitivity, l0=self.l0)
 
 
@@ -346,7 +348,8 @@ class CampaignConfig:
             relation, text = "add/remove one click", "Algorithm 2, row-DP"
         else:
             m = clk.max_clicks_per_user
-            sens = count_sensitivity(ContributionBounds(m, m, max_contributions=m))
+            sens = count_sensitivity(ContributionBounds(
+                max_partitions=m, max_contributions_per_partition=m, max_contributions=m))
             relation = f"add/remove one user's clicks (at most {m} per {clk.bound_per})"
             text = "Algorithm 2, user-DP"
         measures.append(Measure.of_noise("clicks", specs["clicks"], sens, neighbouring=relation,
@@ -356,10 +359,7 @@ class CampaignConfig:
     def part_budgets(self) -> dict[str, PrivacyBudget]:
         """Each measure's part of a release's budget, as configured: impressions (epsilon,
         delta); clicks (epsilon, delta) or zCDP rho (with the delta it is also stated at)."""
-        imp, clk = self.impressions, self.clicks
-        clicks = (PrivacyBudget(rho=clk.rho, delta=clk.delta) if clk.rho is not None
-                  else PrivacyBudget(epsilon=clk.epsilon, delta=clk.delta))
-        return {"impressions": PrivacyBudget(epsilon=imp.epsilon, delta=imp.delta), "clicks": clicks}
+        return {"impressions": self.impressions.budget, "clicks": self.clicks.budget}
 
     def release_budget(self) -> PrivacyBudget:
         """The budget one release must fit: the tightest configured per-period budget (a release
@@ -465,8 +465,9 @@ def _impressions(value, path: str) -> ImpressionsPrivacy:
         raise ConfigError(f"{path}.delta", f"must be > 0 for {noise.value} noise")
     return ImpressionsPrivacy(
         k=_pos_int(data["k"], f"{path}.k"),
-        epsilon=_real(data["epsilon"], f"{path}.epsilon", positive=True),
-        delta=delta, noise=noise,
+        budget=PrivacyBudget(epsilon=_real(data["epsilon"], f"{path}.epsilon", positive=True),
+                             delta=delta),
+        noise=noise,
         neighbouring=_choice(data["neighbouring"], f"{path}.neighbouring", ("period", "campaign")),
         release_threshold=_real(data["release_threshold"], f"{path}.release_threshold"))
 
@@ -477,7 +478,6 @@ def _clicks(value, path: str) -> ClicksPrivacy:
     noise = _noise(data["noise"], f"{path}.noise")
     if ("epsilon" in data) == ("rho" in data):
         raise ConfigError(path, "give exactly one of 'epsilon' and 'rho'")
-    epsilon = rho = None
     if "rho" in data:
         rho = _real(data["rho"], f"{path}.rho", positive=True)
         if not noise.is_gaussian:
@@ -485,11 +485,13 @@ def _clicks(value, path: str) -> ClicksPrivacy:
         delta = _real(data.get("delta", 1e-9), f"{path}.delta", below_one=True)
         if delta == 0:
             raise ConfigError(f"{path}.delta", "must be > 0 (the delta at which rho is also charged)")
+        budget = PrivacyBudget(rho=rho, delta=delta)
     else:
         epsilon = _real(data["epsilon"], f"{path}.epsilon", positive=True)
         delta = _real(data.get("delta", 0.0), f"{path}.delta", below_one=True)
         if noise.is_gaussian and delta == 0:
             raise ConfigError(f"{path}.delta", f"must be > 0 for {noise.value} noise")
+        budget = PrivacyBudget(epsilon=epsilon, delta=delta)
     neighbouring = _choice(data["neighbouring"], f"{path}.neighbouring", ("row", "user"))
     m = bound_per = None
     if neighbouring == "user":
@@ -502,7 +504,7 @@ def _clicks(value, path: str) -> ClicksPrivacy:
         for name in ("max_clicks_per_user", "bound_per"):
             if name in data:
                 raise ConfigError(f"{path}.{name}", 'only allowed when neighbouring is "user"')
-    return ClicksPrivacy(noise=noise, epsilon=epsilon, delta=delta, rho=rho,
+    return ClicksPrivacy(noise=noise, budget=budget,
                          neighbouring=neighbouring, max_clicks_per_user=m, bound_per=bound_per,
                          release_threshold=_real(data["release_threshold"], f"{path}.release_threshold"))
 

@@ -219,19 +219,19 @@ def tune_campaign(campaign: CampaignConfig, ks: Sequence[int], epsilons: Sequenc
     imp = campaign.impressions
     for epsilon in epsilons:
         for k in ks:
-            spec = calibrate(imp.noise, epsilon=epsilon, delta=imp.delta, l1_sensitivity=k,
+            spec = calibrate(imp.noise, epsilon=epsilon, delta=imp.budget.delta, l1_sensitivity=k,
                              l2_sensitivity=k)
             rows.append(_row(campaign, "impressions", int(k), spec, threshold_of("impressions"),
                              imp_values, keys))
     cl = campaign.clicks
-    if cl.rho is not None:
-        for rho in (rhos or [cl.rho]):
+    if cl.budget.is_zcdp:
+        for rho in (rhos or [cl.budget.rho]):
             spec = calibrate_zcdp(cl.noise, rho=rho, l2_sensitivity=cl.sensitivity, l0=cl.l0,
-                                  delta_for_reporting=cl.delta)
+                                  delta_for_reporting=cl.budget.delta)
             rows.append(_row(campaign, "clicks", None, spec, threshold_of("clicks"), click_values, keys))
     else:
         for epsilon in epsilons:
-            spec = calibrate(cl.noise, epsilon=epsilon, delta=cl.delta, l1_sensitivity=cl.sensitivity,
+            spec = calibrate(cl.noise, epsilon=epsilon, delta=cl.budget.delta, l1_sensitivity=cl.sensitivity,
                              l2_sensitivity=cl.sensitivity, l0=cl.l0)
             rows.append(_row(campaign, "clicks", None, spec, threshold_of("clicks"), click_values, keys))
     return rows

@@ -438,7 +438,7 @@ def _aggregate_audits() -> list[JobAudit]:
     keys = [f"k{i}" for i in range(6)]
     units = Units(column="user", keys=("k",), public_keys=keys, fresh_keys=["z1", "z2"],
                   values={"v": [0.0, 4.0, 100.0, -3.0]}, heavy_keys=3, heavy_rows=3)
-    bounds = ContributionBounds(2, 2, min_value=0, max_value=10)
+    bounds = ContributionBounds(max_partitions=2, max_contributions_per_partition=2, min_value=0, max_value=10)
     keyset = Job(value="v", metrics=[Count(), Sum(), PrivacyUnitCount()], bounds=bounds,
                  budget=PrivacyBudget(epsilon=1.0), public_keys=keys)
     # variance, std and quantiles (issue 16): derived columns, audited for structure and as noisy

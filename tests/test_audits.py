@@ -126,7 +126,7 @@ def _selection_aggregate(metrics):
     from transforms.aggregate import DPAggregate
 
     return DPAggregate(privacy_unit="u", keys=["k"], metrics=metrics,
-                       bounds=ContributionBounds(1, 1),
+                       bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
                        budget=PrivacyBudget(epsilon=1.0, delta=1e-5), selection=PrivateSelection())
 
 
@@ -211,7 +211,7 @@ def test_point4_one_key_applied_to_two_inputs(monkeypatch):
     def make(exact=False):
         key = ReleaseKey.for_testing(4)
         return lambda: DPAggregate(privacy_unit="user", keys=["k"], metrics=[Count()],
-                                   bounds=ContributionBounds(1, 1), budget=PrivacyBudget(epsilon=1.0),
+                                   bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1), budget=PrivacyBudget(epsilon=1.0),
                                    keyset=keyset, release_key=key if not exact else None,
                                    testing=exact, num_shards=1)
 
@@ -226,7 +226,7 @@ def test_exact_aggregate_job_uses_a_noise_free_key():
     job_type = exact_aggregate_job_type()
     from transforms.metrics import Count as C
 
-    job = job_type(metrics=[C()], bounds=ContributionBounds(1, 1),
+    job = job_type(metrics=[C()], bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
                    budget=PrivacyBudget(epsilon=1.0, delta=1e-3), selection=PrivateSelection())
     assert job.transform(ReleaseKey.for_testing(1), True).release_key.noise_free
     assert not job.transform(ReleaseKey.for_testing(1), False).release_key.noise_free

@@ -40,7 +40,7 @@ def test_true_values_on_the_keyset(sample):
 
 def test_tune_campaign_rows(sample):
     config, impressions, clicks = sample
-    campaign = next(c for c in config.campaigns if c.clicks.rho is None)
+    campaign = next(c for c in config.campaigns if not c.clicks.budget.is_zcdp)
     ks, epsilons = [10, 50, 100], [0.5, 1, 2]
     truth = tuning.true_values_by_campaign(config.campaigns, impressions, clicks)
     true_impressions, true_clicks = truth[campaign.campaign_id]
@@ -65,7 +65,7 @@ def test_tune_campaign_rows(sample):
     thresholds = [r.threshold for r in derived if r.measure == "impressions"]
     assert thresholds == sorted(thresholds) and thresholds[0] < thresholds[-1]
     assert all(r.spurious_rate <= 1e-3 and r.share_suppressed is None for r in derived)
-    zcdp = next(c for c in config.campaigns if c.clicks.rho is not None)
+    zcdp = next(c for c in config.campaigns if c.clicks.budget.is_zcdp)
     rho_rows = [r for r in tuning.tune_campaign(zcdp, [10], [1.0], rhos=[0.005, 0.02])
                 if r.measure == "clicks"]
     assert [r.rho for r in rho_rows] == [0.005, 0.02] and rho_rows[0].std > rho_rows[1].std

@@ -395,14 +395,15 @@ def choose_bounds(data, *, privacy_unit: str, keys: Sequence[str], budget, relea
         release_key.claim(purpose, owner="choose_bounds")
         uniforms = RandomStreams.for_range(release_key, purpose, len(candidates)).uniform_float()
         chosen.append(candidates[gumbel_argmax(utility, epsilon, sensitivity, uniforms)])
-    plan = ReleasePlan(PrivacyBudget(epsilon=budget.epsilon, delta=budget.delta))
+    plan = ReleasePlan(budget=PrivacyBudget(epsilon=budget.epsilon, delta=budget.delta))
     for name, stat_text in (("max_partitions", "keys per unit"),
                             ("max_contributions_per_partition", "largest rows of a unit in one key")):
-        plan.add(Measure(name=f"bounds.{name}", mechanism="exponential", epsilon=epsilon,
-                         neighbouring=neighbouring,
-                         description=f"{name}: the candidate nearest the {quantile:g} quantile of "
-                                     f"{stat_text}, exponential mechanism, utility sensitivity "
-                                     f"{sensitivity:g}, candidates {candidates}"))
+        plan = plan.with_measures(Measure(
+            name=f"bounds.{name}", mechanism="exponential", epsilon=epsilon,
+            neighbouring=neighbouring,
+            description=f"{name}: the candidate nearest the {quantile:g} quantile of {stat_text}, "
+                        f"exponential mechanism, utility sensitivity {sensitivity:g}, "
+                        f"candidates {candidates}"))
     choice = BoundsChoice(max_partitions=chosen[0], max_contributions_per_partition=chosen[1], plan=plan)
     if part is not None:
         part.register(choice)
