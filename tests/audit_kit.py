@@ -471,7 +471,8 @@ def _aggregate_audits() -> list[JobAudit]:
         from transforms.metrics import VectorSum
 
         return Job(value="e", metrics=[Count(), VectorSum(dimension=4, max_norm=1.5, norm=norm)],
-                   bounds=ContributionBounds(2, 2), budget=PrivacyBudget(epsilon=1.0), public_keys=keys)
+                   bounds=ContributionBounds(max_partitions=2, max_contributions_per_partition=2),
+                   budget=PrivacyBudget(epsilon=1.0), public_keys=keys)
 
     def vector_data():
         return [synthetic_dataset(vector_units, seed=3, n_units=12, batches=3,

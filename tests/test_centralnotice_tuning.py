@@ -103,7 +103,7 @@ def test_plot_axes_are_honest(sample, tmp_path, with_data):
     """Shares and probabilities span their whole [0, 1] range; linear axes start at 0 (a zoomed
     axis made the worst (epsilon, k) look best)."""
     config, impressions, clicks = sample
-    campaign = next(c for c in config.campaigns if c.clicks.rho is None)
+    campaign = next(c for c in config.campaigns if not c.clicks.budget.is_zcdp)
     truth = tuning.true_values_by_campaign(config.campaigns, impressions, clicks)[campaign.campaign_id]
     data = dict(true_impressions=truth[0], true_clicks=truth[1]) if with_data else {}
     rows = tuning.tune_campaign(campaign, [10, 50, 100], [0.5, 1, 2], **data)
