@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import collections
 import csv
-import math
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
