@@ -14,7 +14,7 @@ The neighbouring relation is folded into the sensitivities (a substitution doubl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Collection, Mapping, Optional
 
 from accounting import composition, guarantee
@@ -109,35 +109,40 @@ class PrivacyBudget:
         return out
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class ReleasePlan:
-    """The measures of one release, checked against the budget they share."""
+    """The measures of one release, checked against the budget they share.
+
+    A value: :meth:`with_measures` returns a new plan, so a plan handed to a transform or kept
+    in a report cannot change afterwards.
+    """
 
     budget: PrivacyBudget
-    measures: list[Measure] = field(default_factory=list)
-    #: value_discretization_interval of the PLD accountant.
-    pld_discretization: float = 1e-4
+    measures: tuple[Measure, ...] = ()
 
     def __post_init__(self):
-        existing, self.measures = list(self.measures), []
-        for measure in existing:
-            self.add(measure)
+        measures = tuple(self.measures)
+        names = set()
+        for measure in measures:
+            if measure.name in names:
+                raise ValueError(f"measure {measure.name!r} is already in the plan")
+            names.add(measure.name)
+        self._check_within_budget(measures)
+        object.__setattr__(self, "measures", measures)
 
-    def add(self, measure: Measure) -> Measure:
-        """Add a measure; refuse a duplicate name or one that would overspend the budget."""
-        if any(m.name == measure.name for m in self.measures):
-            raise ValueError(f"measure {measure.name!r} is already in the plan")
-        self._check_within_budget(self.measures + [measure])
-        self.measures.append(measure)
-        return measure
+    def with_measures(self, *measures: Measure) -> "ReleasePlan":
+        """This plan plus ``measures``; refuses a duplicate name or a measure that would
+        overspend the budget."""
+        return ReleasePlan(budget=self.budget, measures=self.measures + measures)
 
-    def add_calibrated(self, name: str, kind, share: BudgetShare, sensitivities, **kwargs) -> Measure:
-        """``add(Measure.calibrated(...))``; zCDP Gaussian measures report at the budget's delta."""
+    def calibrated(self, name: str, kind, share: BudgetShare, sensitivities, **kwargs) -> Measure:
+        """``Measure.calibrated(...)`` for this plan; zCDP Gaussian measures report at the
+        budget's delta. (The measure is not added: pass it to :meth:`with_measures`.)"""
         if self.budget.delta > 0:
             kwargs.setdefault("delta_for_reporting", self.budget.delta)
-        return self.add(Measure.calibrated(name, kind, share, sensitivities, **kwargs))
+        return Measure.calibrated(name, kind, share, sensitivities, **kwargs)
 
-    def _check_within_budget(self, measures: list[Measure]) -> None:
+    def _check_within_budget(self, measures: tuple[Measure, ...]) -> None:
         if self.budget.is_zcdp:
             spent = math.fsum(m.zcdp_rho for m in measures)
             if spent > self.budget.rho * (1 + guarantee.TOLERANCE):
@@ -198,8 +203,7 @@ class ReleasePlan:
             noise = m.noise
             rows.append((m.name, m.mechanism, f"{norm}={value:.4g}",
                          "-" if noise is None else f"{noise.scale:.4g}", share,
-                         f"{m.epsilon:.4g}", f"{m.delta:.3g}", f"{m.zcdp_rho:.4g}"
-                         if (m.rho is not None or m.is_pure or noise is not None) else "-",
+                         f"{m.epsilon:.4g}", f"{m.delta:.3g}", _rho_text(m),
                          "-" if noise is None else f"{noise.std:.4g}",
                          "-" if noise is None else f"±{noise.ci_halfwidth(0.95):.4g}"))
         widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
@@ -237,3 +241,12 @@ class ReleasePlan:
                                   else {"epsilon": g.epsilon, "delta": g.delta})
                            for name, g in self.guarantees().items()},
         }
+
+
+def _rho_text(measure: Measure) -> str:
+    """A measure's zCDP cost for the explain table; "-" when it has none (approximate DP without
+    a zCDP form, e.g. Laplace noise whose distributed sampling adds a delta)."""
+    try:
+        return f"{measure.zcdp_rho:.4g}"
+    except ValueError:
+        return "-"

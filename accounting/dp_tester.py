@@ -125,7 +125,7 @@ def _epsilon_bound(num_lower, den_upper, delta):
 # Events
 # --------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Event:
     """An interval event on one projection of the output: lower <= p(x) <= upper.
 
@@ -420,7 +420,8 @@ class DPTester:
             for j in np.argsort(-scores, kind="stable")[:self.events_per_direction]:
                 _, _, name, lowers, uppers, closed = scored[owner[j]]
                 i = index[j]
-                kept.append((Event(name, float(lowers[i]), float(uppers[i]), bool(closed[i])),
+                kept.append((Event(projection=name, lower=float(lowers[i]), upper=float(uppers[i]),
+                                   include_upper=bool(closed[i])),
                              direction))
         return kept
 

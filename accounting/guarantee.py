@@ -1,6 +1,7 @@
 """From a release's measures to its guarantee: the one place where (epsilon, delta) is composed.
 
-The release plan, the budget ledger's scope checks, a job's configuration check and every
+The release plan, a shared budget (:mod:`accounting.shared_budget`: a job's split and its
+whole guarantee), the budget ledger's scope checks, a job's configuration check and every
 report call :func:`compose` (or :func:`fits`), so the number a report states is the number the
 ledger charged and the configuration was checked against -- for the same measures, accountant and
 delta. Accountants:

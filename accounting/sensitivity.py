@@ -39,7 +39,7 @@ class Neighbouring(str, enum.Enum):
         return 1 if self is Neighbouring.ADD_REMOVE else 2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ContributionBounds:
     """How much one privacy unit may contribute after bounding.
 
@@ -74,7 +74,7 @@ class ContributionBounds:
         return float(self.min_value), float(self.max_value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Sensitivities:
     """Norms of the largest change of the released vector between neighbours."""
 
@@ -85,7 +85,7 @@ class Sensitivities:
 
     def scaled(self, factor: float) -> "Sensitivities":
         """Every per-partition change multiplied by ``factor`` (>= 0); L0 is unchanged."""
-        return Sensitivities(self.l0, self.linf * factor, self.l1 * factor, self.l2 * factor)
+        return Sensitivities(l0=self.l0, linf=self.linf * factor, l1=self.l1 * factor, l2=self.l2 * factor)
 
     def to_dict(self) -> dict:
         return {"l0": self.l0, "linf": self.linf, "l1": self.l1, "l2": self.l2}
@@ -93,7 +93,7 @@ class Sensitivities:
 
 def _under(relation: Neighbouring | str, s: Sensitivities) -> Sensitivities:
     factor = Neighbouring(relation).factor
-    return Sensitivities(s.l0 * factor, s.linf * factor, s.l1 * factor, s.l2 * factor)
+    return Sensitivities(l0=s.l0 * factor, linf=s.linf * factor, l1=s.l1 * factor, l2=s.l2 * factor)
 
 
 def count_sensitivity(bounds: ContributionBounds,
@@ -109,7 +109,7 @@ def count_sensitivity(bounds: ContributionBounds,
     linf = bounds.max_contributions_per_partition
     total = bounds.max_contributions
     if total is None or total >= l0 * linf:
-        result = Sensitivities(l0, float(linf), float(l0 * linf), math.sqrt(l0) * linf)
+        result = Sensitivities(l0=l0, linf=float(linf), l1=float(l0 * linf), l2=math.sqrt(l0) * linf)
     else:
         l0 = min(l0, total)
         linf = min(linf, total)
@@ -118,7 +118,7 @@ def count_sensitivity(bounds: ContributionBounds,
             l2 = math.sqrt(l0) * linf
         else:
             l2 = math.sqrt(full * linf ** 2 + remainder ** 2)
-        result = Sensitivities(l0, float(linf), float(total), l2)
+        result = Sensitivities(l0=l0, linf=float(linf), l1=float(total), l2=l2)
     return _under(relation, result)
 
 
@@ -132,7 +132,7 @@ def privacy_unit_count_sensitivity(bounds: ContributionBounds,
     l0 = bounds.max_partitions
     if bounds.max_contributions is not None:
         l0 = min(l0, bounds.max_contributions)
-    return _under(relation, Sensitivities(l0, 1.0, float(l0), math.sqrt(l0)))
+    return _under(relation, Sensitivities(l0=l0, linf=1.0, l1=float(l0), l2=math.sqrt(l0)))
 
 
 def sum_sensitivity(bounds: ContributionBounds,

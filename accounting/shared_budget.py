@@ -9,12 +9,24 @@ play this role). Each aggregation takes one part as its ``budget``; the part car
   further, see :func:`transforms.metrics.plan_measures`), and
 * its own release key, ``release_key.derive("part:<name>")``, so every aggregation draws from
   independent keyed streams (two transforms never share a stream: :meth:`ReleaseKey.claim`).
+  A SharedBudget without a release key (a job whose release layer holds the keys) issues
+  parts without keys: the job's measures then draw from streams of the release key labelled by
+  their own names (e.g. ``centralnotice/<campaign>/clicks``), claimed once each.
 
-Once the aggregations are built, :meth:`SharedBudget.explain` and :meth:`SharedBudget.guarantee`
-describe the whole job: all measures of all parts composed by :func:`accounting.guarantee.compose`
-(the one place (epsilon, delta) is composed), plus private key selections (approximate DP,
-added by basic composition). A part can be issued once; an aggregation registers with its part
-once, so the budget cannot be spent twice unnoticed.
+A part is spent once, either by an aggregation that registers with it (``DPAggregate``,
+``choose_bounds``) or directly by a job's own measures (:meth:`BudgetPart.spend`, e.g. the
+CentralNotice impressions and clicks, each calibrated by the job's configuration and drawn from
+its own named noise stream). Once the parts are spent, :meth:`SharedBudget.explain` and
+:meth:`SharedBudget.guarantee` describe the whole job: every measure of every part -- private
+key selections included, as measures of their own (approximate DP, no additive noise) --
+composed by :func:`accounting.guarantee.compose`, the one place (epsilon, delta) is composed.
+A job's :class:`~pipelines.release.job.PlannedRelease` built from a SharedBudget states exactly
+this guarantee (one explain/guarantee path for library users and jobs alike).
+
+Explicit parts may mix kinds under an (epsilon, delta) total -- a zCDP part (rho, delta > 0)
+beside pure or approximate ones -- and must fit the total as the job's ``accountant`` composes
+them (basic, zcdp or pld), by :func:`accounting.guarantee.fits` as the ledger checks a scope
+(each part counted as a measure spending all of it).
 
     shared = SharedBudget(PrivacyBudget(epsilon=1.0, delta=1e-6),
                           weights={"per_country": 1, "per_project": 3},
@@ -27,12 +39,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
-from accounting import composition, guarantee
-from accounting.budget import PrivacyBudget
+from accounting import guarantee
+from accounting.budget import PrivacyBudget, ReleasePlan
 from accounting.composition import EpsDelta
 from accounting.keys import ReleaseKey
+from accounting.measures import Measure
 
 __all__ = ["SharedBudget", "BudgetPart"]
 
@@ -47,24 +60,57 @@ class BudgetPart:
     shared: "SharedBudget" = field(repr=False, compare=False)
 
     def register(self, release) -> None:
-        """Record the aggregation spending this part (it must offer ``plan``, ``guarantee()``
-        and ``explain()``; ``selector`` if it selects keys privately)."""
+        """Record the aggregation spending this part (it must offer ``plan`` and ``explain()``;
+        ``selector`` if it selects keys privately)."""
         self.shared._register(self.name, release)
+
+    def spend(self, measures: Sequence[Measure]) -> ReleasePlan:
+        """Spend this part on ``measures`` directly (a job's own calibrated measures): they
+        must fit the part's budget (:class:`~accounting.budget.ReleasePlan` refuses otherwise).
+        Returns their plan (its ``explain()`` is the part's entry in the job's explain)."""
+        measures = list(measures)
+        if not measures or not all(isinstance(m, Measure) for m in measures):
+            raise TypeError("spend() takes one or more accounting.measures.Measure")
+        plan = ReleasePlan(budget=self.budget, measures=measures)
+        self.shared._register(self.name, _SpentMeasures(plan))
+        return plan
+
+
+class _SpentMeasures:
+    """A part spent directly by measures: what the SharedBudget reads of an aggregation."""
+
+    selector = None
+
+    def __init__(self, plan: ReleasePlan):
+        self.plan = plan
+
+    def explain(self) -> str:
+        return self.plan.explain()
+
+
+def selection_measure(name: str, selector) -> Measure:
+    """Private key selection as a measure of its own: (epsilon, delta)-DP, no additive noise
+    (:mod:`transforms.selection`); composed with the noisy measures by accounting.guarantee."""
+    return Measure(name=name, mechanism=f"private key selection ({selector.selection.strategy.value})",
+                   epsilon=selector.epsilon, delta=selector.delta,
+                   description=f"keys moved by one neighbouring change: {selector.max_partitions}")
 
 
 class SharedBudget:
     """A job's total budget, split among named aggregations (see the module docstring).
 
     total: the declared budget. weights: name -> relative weight (each part gets that fraction
-    of epsilon and delta, or of rho). budgets: name -> explicit PrivacyBudget (same kind as the
-    total; their epsilons and deltas, or rhos, must add up to at most the total's). Give exactly
-    one of weights and budgets. release_key: parts derive their keys from it (optional: an
-    aggregation may be given its own key instead).
+    of epsilon and delta, or of rho). budgets: name -> explicit PrivacyBudget (under a zCDP
+    total: zCDP parts whose rhos add up to at most the total's; under an (epsilon, delta)
+    total: parts of either kind that fit it as ``accountant`` composes them). Give exactly one
+    of weights and budgets. release_key: parts derive their keys from it (optional: an
+    aggregation may be given its own key instead). accountant: how the job's guarantee is
+    composed (default ``zcdp`` for a rho total, else ``basic``; see accounting.guarantee).
     """
 
     def __init__(self, total: PrivacyBudget, *, weights: Optional[Mapping[str, float]] = None,
                  budgets: Optional[Mapping[str, PrivacyBudget]] = None,
-                 release_key: Optional[ReleaseKey] = None):
+                 release_key: Optional[ReleaseKey] = None, accountant: Optional[str] = None):
         if not isinstance(total, PrivacyBudget):
             raise TypeError(f"total must be a PrivacyBudget, got {type(total).__name__}")
         if (weights is None) == (budgets is None):
@@ -73,10 +119,12 @@ class SharedBudget:
             raise TypeError("release_key must be a ReleaseKey")
         self.total = total
         self.release_key = release_key
+        self.accountant = guarantee.check_accountant(
+            accountant or ("zcdp" if total.is_zcdp else "basic"))
         if weights is not None:
             self._budgets = self._split(total, weights)
         else:
-            self._budgets = self._explicit(total, budgets)
+            self._budgets = self._explicit(total, budgets, self.accountant)
         self._issued: set[str] = set()
         self._releases: dict[str, object] = {}
 
@@ -92,28 +140,35 @@ class SharedBudget:
         return {n: PrivacyBudget(epsilon=s.epsilon, delta=s.delta) for n, s in shares.items()}
 
     @staticmethod
-    def _explicit(total: PrivacyBudget, budgets: Mapping[str, PrivacyBudget]) -> dict[str, PrivacyBudget]:
+    def _explicit(total: PrivacyBudget, budgets: Mapping[str, PrivacyBudget],
+                  accountant: str) -> dict[str, PrivacyBudget]:
         if not budgets:
             raise ValueError("budgets must name at least one part")
         for name, b in budgets.items():
             _check_name(name)
             if not isinstance(b, PrivacyBudget):
                 raise TypeError(f"budgets[{name!r}] must be a PrivacyBudget, got {type(b).__name__}")
-            if b.is_zcdp != total.is_zcdp:
-                raise ValueError(f"budgets[{name!r}] is {b.describe()}: parts must be of the same "
-                                 f"kind as the total {total.describe()}")
+            if total.is_zcdp and not b.is_zcdp:
+                raise ValueError(f"budgets[{name!r}] is {b.describe()}: parts of a zCDP total must "
+                                 f"be zCDP (same kind as the total {total.describe()})")
+            if b.is_zcdp and not total.is_zcdp and b.delta == 0:
+                raise ValueError(f"budgets[{name!r}] is {b.describe()} without a delta: a zCDP part "
+                                 f"of the (epsilon, delta) total {total.describe()} needs delta > 0 "
+                                 "(not the same kind otherwise)")
         slack = 1 + guarantee.TOLERANCE
         delta = math.fsum(b.delta for b in budgets.values())
         if total.is_zcdp:
             rho = math.fsum(b.rho for b in budgets.values())
             if rho > total.rho * slack:
                 raise ValueError(f"the parts spend rho={rho:g} > total rho={total.rho:g}")
-        else:
-            epsilon = math.fsum(b.epsilon for b in budgets.values())
-            if epsilon > total.epsilon * slack:
-                raise ValueError(f"the parts spend epsilon={epsilon:g} > total epsilon={total.epsilon:g}")
-        if delta > total.delta * slack + 1e-18:
-            raise ValueError(f"the parts spend delta={delta:g} > total delta={total.delta:g}")
+            if delta > total.delta * slack + 1e-18:
+                raise ValueError(f"the parts spend delta={delta:g} > total delta={total.delta:g}")
+            return dict(budgets)
+        ok, spent = guarantee.fits([_budget_measure(n, b) for n, b in budgets.items()],
+                                   total.epsilon, total.delta, accountant)
+        if not ok:
+            raise ValueError(f"the parts spend epsilon={spent.epsilon:.6g}, delta={spent.delta:.3g} "
+                             f"({accountant}) > total epsilon={total.epsilon:g}, delta={total.delta:g}")
         return dict(budgets)
 
     @property
@@ -145,35 +200,30 @@ class SharedBudget:
 
     # ------------------------------------------------------------------ the whole job
 
-    def measures(self) -> list:
-        """Every noisy measure of every registered aggregation."""
-        return [m for r in self._releases.values() for m in r.plan.measures]
-
-    def _selections(self) -> list[tuple[float, float]]:
+    def measures(self) -> list[Measure]:
+        """Every measure of every spent part, in part order: noisy measures and private key
+        selections (one measure each, named ``<part>/key_selection``)."""
         out = []
-        for r in self._releases.values():
-            s = getattr(r, "selector", None)
-            if s is not None:
-                out.append((s.epsilon, s.delta))
+        for name, release in self._releases.items():
+            out += release.plan.measures
+            selector = getattr(release, "selector", None)
+            if selector is not None:
+                out.append(selection_measure(f"{name}/key_selection", selector))
         return out
 
     def default_accountant(self) -> str:
-        return "zcdp" if self.total.is_zcdp else "basic"
+        return self.accountant
 
-    def guarantee(self, accountant: Optional[str] = None) -> EpsDelta:
-        """The whole job's (epsilon, delta): all parts' measures composed by ``accountant``
-        (default: ``zcdp`` for a rho budget, else ``basic``) at the total's delta, plus
-        private key selections by basic composition."""
-        accountant = guarantee.check_accountant(accountant or self.default_accountant())
+    def guarantee(self, accountant: Optional[str] = None, delta: Optional[float] = None) -> EpsDelta:
+        """The whole job's (epsilon, delta): all parts' measures composed by
+        :func:`accounting.guarantee.compose` with ``accountant`` (default: this budget's) at
+        ``delta`` (default: the total's delta when it has one, else the measures' own)."""
+        accountant = guarantee.check_accountant(accountant or self.accountant)
         if not self._releases:
             raise ValueError("no aggregation uses this budget yet")
-        measures = self.measures()
-        selections = self._selections()
-        delta = None
-        if accountant != "basic" and self.total.delta > 0:
-            delta = self.total.delta - math.fsum(d for _, d in selections)
-        composed = guarantee.compose(measures, accountant, delta)
-        return composition.sequential([composed, *selections]) if selections else composed
+        if delta is None and accountant != "basic" and self.total.delta > 0:
+            delta = self.total.delta
+        return guarantee.compose(self.measures(), accountant, delta)
 
     def explain(self) -> str:
         """The split, each aggregation's own plan, and the whole job's guarantee."""
@@ -184,7 +234,7 @@ class SharedBudget:
             lines.append(f"  {name}: {b.describe()} ({state})")
         for name, release in self._releases.items():
             lines += ["", f"== {name} ==", release.explain()]
-        lines += ["", "Whole job (all parts):"]
+        lines += ["", f"Whole job (all parts; this job composes by {self.accountant}):"]
         for accountant in guarantee.ACCOUNTANTS:
             try:
                 g = self.guarantee(accountant)
@@ -193,6 +243,14 @@ class SharedBudget:
                 text = f"n/a ({err})"
             lines.append(f"  {accountant:<6} {text}")
         return "\n".join(lines)
+
+
+def _budget_measure(name: str, budget: PrivacyBudget) -> Measure:
+    """A part's budget as the measure that would spend all of it (for the fit check)."""
+    if budget.is_zcdp:
+        return Measure(name=name, mechanism="budget part (zCDP)", rho=budget.rho,
+                       epsilon=budget.as_epsilon_delta().epsilon, delta=budget.delta)
+    return Measure(name=name, mechanism="budget part", epsilon=budget.epsilon, delta=budget.delta)
 
 
 def _check_name(name) -> str:

@@ -82,7 +82,8 @@ def leg_ours(data: str, out: str, seed: int, testing: bool) -> dict:
     keyset = PublicKeyset.from_table(pa.table({"key": pa.array(range(NUM_KEYS), pa.int64())}))
     transform = DPAggregate(privacy_unit="user_id", keys=["key"], value="value",
                             metrics=[Count(), Sum()],
-                            bounds=ContributionBounds(L0, LINF, min_value=LOW, max_value=HIGH),
+                            bounds=ContributionBounds(max_partitions=L0, max_contributions_per_partition=LINF,
+                                                     min_value=LOW, max_value=HIGH),
                             budget=PrivacyBudget(epsilon=EPSILON), keyset=keyset,
                             release_key=ReleaseKey.for_testing(seed), testing=testing)
     start = time.perf_counter()
@@ -174,14 +175,15 @@ def leg_ours_new(data: str, out: str, seed: int) -> dict:
     key = ReleaseKey.for_testing(seed)
     scalar = DPAggregate(privacy_unit="user_id", keys=["key"], value="value",
                          metrics=[Percentiles([50, 90]), Variance()],
-                         bounds=ContributionBounds(L0, LINF, min_value=LOW, max_value=HIGH),
+                         bounds=ContributionBounds(max_partitions=L0, max_contributions_per_partition=LINF,
+                                                   min_value=LOW, max_value=HIGH),
                          budget=PrivacyBudget(epsilon=EPSILON), keyset=keyset, release_key=key.derive("a"))
     from transforms.selection import PrivateSelection
 
     # Private key selection, as PipelineDP's vector sum needs (see PIPELINEDP_NEW_LEG).
     vector = DPAggregate(privacy_unit="user_id", keys=["key"], value="vec",
                          metrics=[VectorSum(dimension=2, max_norm=VECTOR_NORM, norm="l1")],
-                         bounds=ContributionBounds(L0, LINF),
+                         bounds=ContributionBounds(max_partitions=L0, max_contributions_per_partition=LINF),
                          budget=PrivacyBudget(epsilon=EPSILON, delta=1e-6),
                          selection=PrivateSelection(), release_key=key.derive("b"))
     with beam.Pipeline(runner="FnApiRunner") as p:

@@ -42,7 +42,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from accounting.keys import ReleaseKey  # noqa: E402
 from transforms.sketches.beam import SketchUnionFn  # noqa: E402
-from transforms.sketches.dp import (ReachFrequencyBudget, SketchStatistics,  # noqa: E402
+from accounting.budget import PrivacyBudget  # noqa: E402
+from transforms.sketches.dp import (ReachFrequencyNoise, SketchStatistics,  # noqa: E402
                                     add_global_noise, add_helper_share,
                                     helper_keys_for_testing)
 from transforms.sketches.estimators import (estimate_reach, frequency_distribution,  # noqa: E402
@@ -58,7 +59,7 @@ FULL_PLAN = ((10_000, 100), (30_000, 100), (100_000, 60), (300_000, 40), (1_000_
 QUICK_PLAN = ((10_000, 40), (100_000, 20), (1_000_000, 8))
 
 
-def simulate_run(n: int, run: int, config: SketchConfig, budget: ReachFrequencyBudget,
+def simulate_run(n: int, run: int, config: SketchConfig, budget: ReachFrequencyNoise,
                  release_key: ReleaseKey, max_frequency: int, helpers: int, seed: int):
     """One campaign of true union reach n: (reach estimate, estimated and true distributions)."""
     rng = np.random.default_rng([seed, n, run])
@@ -213,8 +214,9 @@ def main(argv=None) -> int:
                                                       "out", "reach_frequency.png"))
     args = parser.parse_args(argv)
 
-    config = SketchConfig(args.num_registers, args.decay_rate)
-    budget = ReachFrequencyBudget(epsilon=args.epsilon, num_publishers=len(PUBLISHER_REACH))
+    config = SketchConfig(num_registers=args.num_registers, decay_rate=args.decay_rate)
+    budget = ReachFrequencyNoise(budget=PrivacyBudget(epsilon=args.epsilon),
+                                 num_publishers=len(PUBLISHER_REACH))
     key = ReleaseKey.for_testing(args.seed)  # benchmark only: a non-secret key
     plan = QUICK_PLAN if args.quick else FULL_PLAN
     print(f"LiquidLegions m={config.num_registers} a={config.decay_rate:g}, "

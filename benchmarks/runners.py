@@ -123,12 +123,12 @@ def _available(name: str) -> str | None:
 
 
 RUNNERS = {
-    "direct": RunnerCase("direct (FnApiRunner)", "DirectRunner"),
-    "direct-mp2": RunnerCase("FnApiRunner, 2 processes", "FnApiRunner",
-                             ("--direct_num_workers=2", "--direct_running_mode=multi_processing")),
-    "prism": RunnerCase("PrismRunner, LOOPBACK", "PrismRunner"),
-    "flink": RunnerCase("FlinkRunner [local], LOOPBACK", "FlinkRunner"),
-    "spark": RunnerCase("SparkRunner local[2], LOOPBACK", "SparkRunner"),
+    "direct": RunnerCase(label="direct (FnApiRunner)", runner="DirectRunner"),
+    "direct-mp2": RunnerCase(label="FnApiRunner, 2 processes", runner="FnApiRunner",
+                             args=("--direct_num_workers=2", "--direct_running_mode=multi_processing")),
+    "prism": RunnerCase(label="PrismRunner, LOOPBACK", runner="PrismRunner"),
+    "flink": RunnerCase(label="FlinkRunner [local], LOOPBACK", runner="FlinkRunner"),
+    "spark": RunnerCase(label="SparkRunner local[2], LOOPBACK", runner="SparkRunner"),
 }
 
 

@@ -70,6 +70,7 @@ Laplace sampler) on held-out data: a simulation, never release noise.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Sequence
 
@@ -88,7 +89,7 @@ _CLIP_FLOOR = 1e-2
 _PADDING_CLIP_FLOOR = 1e-3
 
 
-@dataclasses.dataclass(kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Workload:
     """Conversions prepared for error evaluation of one query family.
 
@@ -107,19 +108,34 @@ class Workload:
     prefixes: tuple[int, ...]
 
     def __post_init__(self):
-        self._kept_cache = {}
-        self._by_rank = None
         if list(self.prefixes) != sorted(self.prefixes):
             raise ValueError("prefixes must be ascending (root to leaves)")
         if (self.values < 0).any() or not np.isfinite(self.values).all():
             raise ValueError("workload values must be finite and non-negative")
-        self.truth = []   # truth[l]: (size_l, M) true sums
-        self.counts = []  # counts[l]: (size_l,) conversions per slice
-        for l, size in enumerate(self.level_sizes):
-            c = self.codes[:, l]
-            self.counts.append(np.bincount(c, minlength=size))
-            self.truth.append(np.stack([np.bincount(c, weights=self.values[:, m], minlength=size)
-                                        for m in range(self.n_measures)], axis=1))
+
+    # Derived views, computed once per workload (cached_property writes the instance dict, so
+    # the workload itself stays frozen).
+    @functools.cached_property
+    def counts(self) -> list[np.ndarray]:
+        """counts[l]: (size_l,) conversions per slice."""
+        return [np.bincount(self.codes[:, l], minlength=size)
+                for l, size in enumerate(self.level_sizes)]
+
+    @functools.cached_property
+    def truth(self) -> list[np.ndarray]:
+        """truth[l]: (size_l, M) true sums."""
+        return [np.stack([np.bincount(self.codes[:, l], weights=self.values[:, m], minlength=size)
+                          for m in range(self.n_measures)], axis=1)
+                for l, size in enumerate(self.level_sizes)]
+
+    @functools.cached_property
+    def _by_rank(self) -> tuple[np.ndarray, np.ndarray]:
+        order = np.argsort(self.rank, kind="stable")
+        return order, np.searchsorted(self.rank[order], np.arange(self.max_reports_per_source + 1))
+
+    @functools.cached_property
+    def _kept_cache(self) -> dict:
+        return {}
 
     @property
     def n_measures(self) -> int:
@@ -168,10 +184,6 @@ class Workload:
         """Algorithm C on these conversions with the given report totals: the same rule as
         ``transforms.ara.contribution.bound_ranked_contributions`` (tested equal), with the
         rank order computed once per workload."""
-        if self._by_rank is None:
-            order = np.argsort(self.rank, kind="stable")
-            self._by_rank = (order, np.searchsorted(self.rank[order],
-                                                    np.arange(self.max_reports_per_source + 1)))
         order, bounds = self._by_rank
         keep = np.zeros(totals.shape[0], dtype=bool)
         spent = np.zeros(int(self.source_index.max()) + 1 if self.rank.size else 0, np.int64)
@@ -197,7 +209,7 @@ class Workload:
         return view
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class _Kept:
     values: np.ndarray   # (n_kept, M)
     codes: np.ndarray    # finest-level slice code of each kept conversion
@@ -320,7 +332,7 @@ def _check_epsilon(epsilon: float) -> float:
 # Exact error of a design (encoding, clips, split, budgets)
 # --------------------------------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class _Design:
     encoding: str
     clip: np.ndarray      # (M,)
@@ -336,11 +348,11 @@ class _Design:
 
 def _design(params) -> _Design:
     if isinstance(params, ContributionConfig):
-        return _Design(params.encoding, params.clip_array, params.split_array,
-                       params.budget_array.astype(np.float64),
-                       params.overflow_array.astype(np.float64), params.scale_array)
-    return _Design(params.encoding, params.clip, params.split, params.budgets(),
-                   params.overflow_budgets(), params.estimate_scales)
+        return _Design(encoding=params.encoding, clip=params.clip_array, rho=params.split_array,
+                       budgets=params.budget_array.astype(np.float64),
+                       overflow=params.overflow_array.astype(np.float64), gamma=params.scale_array)
+    return _Design(encoding=params.encoding, clip=params.clip, rho=params.split, budgets=params.budgets(),
+                   overflow=params.overflow_budgets(), gamma=params.estimate_scales)
 
 
 def _padding_index(w: Workload, encoding: str) -> int | None:
@@ -621,7 +633,8 @@ def _alternate(w: Workload, k: int, encoding: str, taus: np.ndarray, epsilon: fl
     shares = own / own.sum()
     best, best_err = None, math.inf
     for _ in range(iterations):
-        d = _Design(encoding, clip, rho, shares * per_report, np.zeros(own.shape), scales)
+        d = _Design(encoding=encoding, clip=clip, rho=rho, budgets=shares * per_report,
+                    overflow=np.zeros(own.shape), gamma=scales)
         kv = w.kept_view(kept_reports(w, d))
         for m in range(w.n_measures):
             if m == pad:

@@ -53,7 +53,7 @@ import math
 import numpy as np
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SyntheticPreset:
     name: str
     rate_of_size_1: float
@@ -89,15 +89,21 @@ class SyntheticPreset:
 
 #: The published presets (lambda = 10 conversions per impression).
 PRESETS: dict[str, SyntheticPreset] = {
-    "criteo": SyntheticPreset("criteo", 0.50, 0.0675, 10.0, (20, 10, 8, 2), 130.05, 17.22),
-    "adtech_real_estate": SyntheticPreset("adtech_real_estate", 0.51, 0.25, 10.0, (2, 90),
-                                          2.6357769599728544, 1.9870358387102465, 5000.0),
-    "adtech_travel": SyntheticPreset("adtech_travel", 0.44045663923, 0.20, 10.0, (90, 2),
-                                     13.522676270135175, 1.8988795467748725, 5000.0),
+    "criteo": SyntheticPreset(
+        name="criteo", rate_of_size_1=0.50, rate_of_size_2=0.0675, conversions_per_impression=10.0,
+        impression_dimensions=(20, 10, 8, 2), value_mean=130.05, value_mode=17.22),
+    "adtech_real_estate": SyntheticPreset(
+        name="adtech_real_estate", rate_of_size_1=0.51, rate_of_size_2=0.25,
+        conversions_per_impression=10.0, impression_dimensions=(2, 90),
+        value_mean=2.6357769599728544, value_mode=1.9870358387102465, value_scale=5000.0),
+    "adtech_travel": SyntheticPreset(
+        name="adtech_travel", rate_of_size_1=0.44045663923, rate_of_size_2=0.20,
+        conversions_per_impression=10.0, impression_dimensions=(90, 2),
+        value_mean=13.522676270135175, value_mode=1.8988795467748725, value_scale=5000.0),
 }
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ConversionData:
     """Attributed conversions, one row per conversion (columnar).
 

@@ -56,7 +56,7 @@ from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Relea
 from pipelines.release import run as run_release
 from transforms.aggregate import BoundedKeyPartials, BoundingConfig
 from transforms.keyset import KEYSET_POSITION, PublicKeyset
-from transforms.release import NoisyMeasure, NoisyRelease, OutputColumn
+from transforms.release import NoisedPartial, NoisyRelease, OutputColumn
 
 NAME = "centralnotice"
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample_data", "centralnotice")
@@ -217,7 +217,9 @@ class CentralNoticeRelease(beam.PTransform):
             # keys its rows by keyset position (the same rows are kept: priorities are of the
             # key's values).
             bounding = BoundingConfig(unit="user_id", keys=KEYS, value=None,
-                                      bounds=ContributionBounds(m, m, max_contributions=m),
+                                      bounds=ContributionBounds(
+                                          max_partitions=m, max_contributions_per_partition=m,
+                                          max_contributions=m),
                                       release_key=self.release_key, keyset=self.keyset(),
                                       num_shards=self.num_shards)
             clk = (click_rows
@@ -225,8 +227,9 @@ class CentralNoticeRelease(beam.PTransform):
                    | "UserClickPartials" >> beam.Map(_user_click_partials).with_output_types(pa.Table))
         specs = {m.name: m.noise for m in self.measures}
         purpose = f"centralnotice/{c.campaign_id}"
-        measures = [NoisyMeasure(name=f"{purpose}/impressions", partial="impressions", spec=specs["impressions"]),
-                    NoisyMeasure(name=f"{purpose}/clicks", partial="clicks", spec=specs["clicks"])]
+        measures = [NoisedPartial(name=f"{purpose}/impressions", partial="impressions",
+                                  spec=specs["impressions"]),
+                    NoisedPartial(name=f"{purpose}/clicks", partial="clicks", spec=specs["clicks"])]
         outputs = [OutputColumn(name="impressions", measure=measures[0].name, threshold=c.impressions.release_threshold),
                    OutputColumn(name="clicks", measure=measures[1].name, threshold=c.clicks.release_threshold)]
         # Both sides keyed by keyset position before they meet: the runner may hold a side
@@ -344,8 +347,8 @@ class CentralNoticeJob(Job):
             raw = next((r for r in config.raw.get("campaigns", [])
                         if r.get("campaign_id") == campaign.campaign_id), {})
             planned.append(PlannedRelease(
-                release_id=release.release_id, measures=campaign.measures(),
-                scopes=campaign.scopes(release), outputs=[output], accountant=config.accountant,
+                release_id=release.release_id, budget=campaign.shared_budget(config.accountant),
+                scopes=campaign.scopes(release), outputs=[output],
                 config={"campaign": raw, "protected_countries": sorted(campaign.protected_countries),
                         "unit_budget_per_period": config.raw.get("unit_budget_per_period"),
                         "accountant": config.accountant},
@@ -385,21 +388,30 @@ class CentralNoticeJob(Job):
         return {"keys": {"keyset": size, "released": table.num_rows,
                          "not_released": size - table.num_rows,
                          "impressions_suppressed": int(table.column("impressions").null_count),
-                         "clicks_suppressed": int(table.column("clicks").null_count)},
+                         "clicks_suppressed": int(table.column("clicks").null_count),
+                         "thresholds": {"impressions": campaign.impressions.release_threshold,
+                                        "clicks": campaign.clicks.release_threshold}},
                 "guarantee_scopes": campaign.guarantee_scopes(release)}
 
     def report_lines(self, summary):
         lines = []
         keys = summary.get("keys")
         if keys:
+            thresholds = keys.get("thresholds", {})
+
+            def column(name):
+                limit = f" (threshold {thresholds[name]:g})" if name in thresholds else ""
+                return f"{name} {keys[name + '_suppressed']} of {keys['released']}{limit}"
+
             lines.append(
                 f"  keys: {keys['released']} released of {keys['keyset']} ({keys['not_released']} "
-                f"not released: both values below their thresholds); suppressed values (null): "
-                f"impressions {keys['impressions_suppressed']}, clicks {keys['clicks_suppressed']}")
+                f"not released: both values below their thresholds); suppressed values (null) per "
+                f"column: {column('impressions')}, {column('clicks')}")
             if keys["impressions_suppressed"] or keys["clicks_suppressed"]:
                 lines.append("  a null value means SUPPRESSED, not zero: its noisy value was not above the "
-                             "release threshold of the campaign configuration (which keeps keys without "
-                             "data from being published by noise alone)")
+                             "column's release threshold in the campaign configuration (thresholds keep "
+                             "values of keys without data from being published by noise alone; they are "
+                             "post-processing and do not change the privacy guarantee)")
         for scope in summary.get("guarantee_scopes", ()):
             bound = scope["budget"]
             where = f" [{', '.join(scope['ledger_scopes'])}]" if scope["ledger_scopes"] else ""

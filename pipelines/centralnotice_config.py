@@ -75,6 +75,7 @@ from accounting.budget import PrivacyBudget
 from accounting.calibration import NoiseKind, NoiseSpec, calibrate, calibrate_zcdp
 from accounting.ledger import Scope
 from accounting.measures import Measure
+from accounting.shared_budget import SharedBudget
 from accounting.sensitivity import ContributionBounds, Sensitivities, count_sensitivity
 from pipelines.release.names import check_segment
 from transforms.keyset import PublicKeyset
@@ -217,11 +218,12 @@ def _segment(value, path: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class ImpressionsPrivacy:
-    """Algorithm 1: blocks of ``k`` impressions are the privacy unit (sensitivity k)."""
+    """Algorithm 1: blocks of ``k`` impressions are the privacy unit (sensitivity k).
+
+    ``budget``: what the impressions measure may spend, an (epsilon, delta) PrivacyBudget."""
 
     k: int
-    epsilon: float
-    delta: float
+    budget: PrivacyBudget
     noise: NoiseKind
     neighbouring: str  # "period" or "campaign"
     release_threshold: float
@@ -231,18 +233,19 @@ class ImpressionsPrivacy:
         return self.k
 
     def noise_spec(self) -> NoiseSpec:
-        return calibrate(self.noise, epsilon=self.epsilon, delta=self.delta,
+        return calibrate(self.noise, epsilon=self.budget.epsilon, delta=self.budget.delta,
                          l1_sensitivity=self.k, l2_sensitivity=self.k)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ClicksPrivacy:
-    """Algorithm 2: one click row (row-DP) or one user's bounded clicks (user-DP) per key count."""
+    """Algorithm 2: one click row (row-DP) or one user's bounded clicks (user-DP) per key count.
+
+    ``budget``: what the clicks measure may spend: (epsilon, delta), or rho-zCDP reported at
+    its delta (Gaussian kinds only)."""
 
     noise: NoiseKind
-    epsilon: Optional[float]
-    delta: float
-    rho: Optional[float]
+    budget: PrivacyBudget
     neighbouring: str  # "row" or "user"
     max_clicks_per_user: Optional[int]
     bound_per: Optional[str]  # "period" or "campaign" (user-DP only)
@@ -262,10 +265,10 @@ class ClicksPrivacy:
         """The clicks' noise. User-DP is calibrated for a change spread over up to m keys (the
         multivariate bound of :mod:`accounting.calibration`, "Multi-key changes"), never on the
         one-key discrete Gaussian curve."""
-        if self.rho is not None:
-            return calibrate_zcdp(self.noise, rho=self.rho, l2_sensitivity=self.sensitivity,
-                                  l0=self.l0, delta_for_reporting=self.delta)
-        return calibrate(self.noise, epsilon=self.epsilon, delta=self.delta,
+        if self.budget.is_zcdp:
+            return calibrate_zcdp(self.noise, rho=self.budget.rho, l2_sensitivity=self.sensitivity,
+                                  l0=self.l0, delta_for_reporting=self.budget.delta)
+        return calibrate(self.noise, epsilon=self.budget.epsilon, delta=self.budget.delta,
                          l1_sensitivity=self.sensitivity, l2_sensitivity=self.sensitivity, l0=self.l0)
 
 
@@ -345,12 +348,37 @@ class CampaignConfig:
             relation, text = "add/remove one click", "Algorithm 2, row-DP"
         else:
             m = clk.max_clicks_per_user
-            sens = count_sensitivity(ContributionBounds(m, m, max_contributions=m))
+            sens = count_sensitivity(ContributionBounds(
+                max_partitions=m, max_contributions_per_partition=m, max_contributions=m))
             relation = f"add/remove one user's clicks (at most {m} per {clk.bound_per})"
             text = "Algorithm 2, user-DP"
         measures.append(Measure.of_noise("clicks", specs["clicks"], sens, neighbouring=relation,
                                          description=text))
         return measures
+
+    def part_budgets(self) -> dict[str, PrivacyBudget]:
+        """Each measure's part of a release's budget, as configured: impressions (epsilon,
+        delta); clicks (epsilon, delta) or zCDP rho (with the delta it is also stated at)."""
+        return {"impressions": self.impressions.budget, "clicks": self.clicks.budget}
+
+    def release_budget(self) -> PrivacyBudget:
+        """The budget one release must fit: the tightest configured per-period budget (a release
+        is charged to each period it covers), else the campaign total."""
+        per_release = [b for b in (self.per_period, self.unit_per_period) if b is not None]
+        if not per_release:
+            return self.campaign_total
+        return min(per_release, key=lambda b: (b.epsilon, b.delta))
+
+    def shared_budget(self, accountant: str) -> SharedBudget:
+        """One release's budget split between its two measures (explicit parts, as configured)
+        and spent by them: its ``guarantee()`` and ``explain()`` are the release's (see
+        :class:`accounting.shared_budget.SharedBudget`). Each measure draws its noise from its
+        own named stream of the release key (``centralnotice/<campaign>/<measure>``)."""
+        shared = SharedBudget(self.release_budget(), budgets=self.part_budgets(),
+                              accountant=accountant)
+        for measure in self.measures():
+            shared.part(measure.name).spend([measure])
+        return shared
 
     def scopes(self, release: "ScheduledRelease") -> list[Scope]:
         """The ledger budgets one release is charged to (see the module docstring)."""
@@ -437,8 +465,9 @@ def _impressions(value, path: str) -> ImpressionsPrivacy:
         raise ConfigError(f"{path}.delta", f"must be > 0 for {noise.value} noise")
     return ImpressionsPrivacy(
         k=_pos_int(data["k"], f"{path}.k"),
-        epsilon=_real(data["epsilon"], f"{path}.epsilon", positive=True),
-        delta=delta, noise=noise,
+        budget=PrivacyBudget(epsilon=_real(data["epsilon"], f"{path}.epsilon", positive=True),
+                             delta=delta),
+        noise=noise,
         neighbouring=_choice(data["neighbouring"], f"{path}.neighbouring", ("period", "campaign")),
         release_threshold=_real(data["release_threshold"], f"{path}.release_threshold"))
 
@@ -449,7 +478,6 @@ def _clicks(value, path: str) -> ClicksPrivacy:
     noise = _noise(data["noise"], f"{path}.noise")
     if ("epsilon" in data) == ("rho" in data):
         raise ConfigError(path, "give exactly one of 'epsilon' and 'rho'")
-    epsilon = rho = None
     if "rho" in data:
         rho = _real(data["rho"], f"{path}.rho", positive=True)
         if not noise.is_gaussian:
@@ -457,11 +485,13 @@ def _clicks(value, path: str) -> ClicksPrivacy:
         delta = _real(data.get("delta", 1e-9), f"{path}.delta", below_one=True)
         if delta == 0:
             raise ConfigError(f"{path}.delta", "must be > 0 (the delta at which rho is also charged)")
+        budget = PrivacyBudget(rho=rho, delta=delta)
     else:
         epsilon = _real(data["epsilon"], f"{path}.epsilon", positive=True)
         delta = _real(data.get("delta", 0.0), f"{path}.delta", below_one=True)
         if noise.is_gaussian and delta == 0:
             raise ConfigError(f"{path}.delta", f"must be > 0 for {noise.value} noise")
+        budget = PrivacyBudget(epsilon=epsilon, delta=delta)
     neighbouring = _choice(data["neighbouring"], f"{path}.neighbouring", ("row", "user"))
     m = bound_per = None
     if neighbouring == "user":
@@ -474,7 +504,7 @@ def _clicks(value, path: str) -> ClicksPrivacy:
         for name in ("max_clicks_per_user", "bound_per"):
             if name in data:
                 raise ConfigError(f"{path}.{name}", 'only allowed when neighbouring is "user"')
-    return ClicksPrivacy(noise=noise, epsilon=epsilon, delta=delta, rho=rho,
+    return ClicksPrivacy(noise=noise, budget=budget,
                          neighbouring=neighbouring, max_clicks_per_user=m, bound_per=bound_per,
                          release_threshold=_real(data["release_threshold"], f"{path}.release_threshold"))
 
@@ -536,6 +566,11 @@ def _check_schedule_fits(campaign: CampaignConfig, path: str, accountant: str) -
             raise ConfigError(where, f"{what} (epsilon={spent.epsilon:.6g}, delta={spent.delta:.3g}) "
                                      f"with the {accountant!r} accountant, more than "
                                      f"(epsilon={budget.epsilon:g}, delta={budget.delta:g})")
+    try:
+        campaign.shared_budget(accountant)
+    except ValueError as err:
+        raise ConfigError(f"{path}.privacy", f"one release's budget cannot be split between its "
+                                             f"measures: {err}")
 
 
 def read_text(path: str) -> str:

@@ -102,17 +102,36 @@ def _country_weights() -> np.ndarray:
 
 # --------------------------------------------------------------------------- configuration
 
-def _privacy(rng: np.random.Generator, n_releases: int, n_days: int) -> dict:
+#: Release thresholds of generated configurations: at most this many noise-only values (a key
+#: without data whose noise alone passes) expected per measure and release, whatever its keyset.
+SPURIOUS_PER_RELEASE = 1.0
+
+
+def release_threshold(spec, keys_per_release: int, spurious: float = SPURIOUS_PER_RELEASE) -> float:
+    """The threshold a generated configuration states for a measure with noise ``spec``.
+
+    A key without data passes it with probability at most ``spurious / keys_per_release`` (the
+    noise's upper tail), so a release of any keyset size publishes at most ``spurious``
+    noise-only values per measure in expectation. Thresholds are post-processing of the noisy
+    values: they shape utility (which values are shown, which are null = suppressed), never the
+    privacy guarantee.
+    """
+    tail = min(spurious / max(int(keys_per_release), 1), 0.25)
+    return float(spec.ci_halfwidth(1 - 2 * tail))
+
+
+def _privacy(rng: np.random.Generator, n_releases: int, n_days: int, keys_per_release: int) -> dict:
     k = int(rng.choice([10, 50, 100, 200]))
     imp_eps = float(rng.choice([0.25, 0.5, 1.0]))
     impressions = {"k": k, "epsilon": imp_eps, "noise": "discrete_laplace",
                    "neighbouring": "period" if rng.random() < 0.7 else "campaign",
                    }
     imp_spec = calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=imp_eps, l1_sensitivity=k)
-    # Thresholds: an empty key is released spuriously with probability at most 1e-4.
-    impressions["release_threshold"] = float(imp_spec.ci_halfwidth(1 - 2e-4))
+    impressions["release_threshold"] = release_threshold(imp_spec, keys_per_release)
     if rng.random() < 0.5:  # user-DP Gaussian clicks under zCDP
-        m = int(rng.choice([3, 5, 10]))
+        # Most users click once, a few several times (seed 001): a per-user bound of a few clicks
+        # keeps nearly every click and the noise (sigma = m / sqrt(2 rho)) small.
+        m = int(rng.choice([2, 3, 5]))
         rho = float(rng.choice([0.005, 0.01, 0.02]))
         clicks = {"noise": "discrete_gaussian", "rho": rho, "delta": 1e-9, "neighbouring": "user",
                   # bounding per campaign needs the whole campaign in one release
@@ -124,7 +143,7 @@ def _privacy(rng: np.random.Generator, n_releases: int, n_days: int) -> dict:
         eps = float(rng.choice([0.25, 0.5, 1.0]))
         clicks = {"noise": "discrete_laplace", "epsilon": eps, "neighbouring": "row"}
         spec = calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=eps, l1_sensitivity=1)
-    clicks["release_threshold"] = float(math.ceil(spec.ci_halfwidth(1 - 2e-4)))
+    clicks["release_threshold"] = float(math.ceil(release_threshold(spec, keys_per_release)))
     per_release_eps = imp_spec.epsilon + spec.epsilon
     per_release_delta = imp_spec.delta + spec.delta
 
@@ -146,8 +165,9 @@ def _privacy(rng: np.random.Generator, n_releases: int, n_days: int) -> dict:
 def generate_campaigns(rng: np.random.Generator, *, target_keys: int, start_date: _dt.date,
                        min_campaigns: int = 3, max_campaigns: Optional[int] = None,
                        max_banners: int = 4, max_countries: int = 80, max_projects: int = 60,
-                       max_days: int = 21) -> list[dict]:
-    """Campaign configurations (JSON dicts) until their keysets reach ``target_keys`` in total."""
+                       max_days: int = 21, protected_share: float = 0.5) -> list[dict]:
+    """Campaign configurations (JSON dicts) until their keysets reach ``target_keys`` in total;
+    a share ``protected_share`` of them also targets two countries of the protection list."""
     projects, project_w = project_catalogue()
     country_w = _country_weights()
     campaigns, total = [], 0
@@ -160,9 +180,11 @@ def generate_campaigns(rng: np.random.Generator, *, target_keys: int, start_date
         n_days = int(rng.integers(min(3, max_days), max_days + 1))
         countries = rng.choice(len(COUNTRY_ORDER), size=n_countries, replace=False,
                                p=country_w / country_w.sum())
-        if rng.random() < 0.5:  # global campaigns also target countries on the protection list
-            extra = rng.choice(len(PROTECTED_COUNTRIES), size=min(2, len(PROTECTED_COUNTRIES)),
-                               replace=False)
+        # Global campaigns also target countries on the protection list (drawn for every
+        # campaign, so protected_share does not change the other draws).
+        extra = rng.choice(len(PROTECTED_COUNTRIES), size=min(2, len(PROTECTED_COUNTRIES)),
+                           replace=False)
+        if rng.random() < protected_share:
             countries = np.union1d(countries, [COUNTRY_ORDER.index(PROTECTED_COUNTRIES[e])
                                                for e in extra])
         chosen = rng.choice(len(projects), size=n_projects, replace=False, p=project_w / project_w.sum())
@@ -178,7 +200,9 @@ def generate_campaigns(rng: np.random.Generator, *, target_keys: int, start_date
             "projects": [str(projects[p]) for p in sorted(chosen)],
             "start_date": start.isoformat(), "end_date": end.isoformat(),
             "schedule": schedule,
-            "privacy": _privacy(rng, n_releases, n_days),
+            "privacy": _privacy(rng, n_releases, n_days, keys_per_release=n_banners * len(
+                [c for c in countries if COUNTRY_ORDER[c] not in PROTECTED_COUNTRIES])
+                * n_projects * (1 if schedule == "daily" else n_days)),
         })
         total += n_banners * n_countries * n_projects * n_days
     return campaigns
@@ -209,7 +233,7 @@ def _draw(cdf: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def generate_impressions(config: CentralNoticeConfig, n_rows: int, rng: np.random.Generator,
-                         sigma: float = 1.6) -> pa.Table:
+                         sigma: float = 1.6, reach_log10: tuple = (5.5, 7.5)) -> pa.Table:
     """About ``n_rows`` impression rows over the campaigns' keysets (protected countries included).
 
     Keys are drawn from popularity marginals (countries and projects Zipf-like, mobile banners
@@ -254,7 +278,7 @@ def generate_impressions(config: CentralNoticeConfig, n_rows: int, rng: np.rando
         p = (codes // axes[3]) % axes[2]
         c = (codes // (axes[3] * axes[2])) % axes[1]
         b = codes // (axes[3] * axes[2] * axes[1])
-        scale = 10 ** rng.uniform(5.5, 7.5)  # campaign reach
+        scale = 10 ** rng.uniform(*reach_log10)  # campaign reach
         log_mean = (np.log(scale) + np.log(marginals[1][c]) + 0.8 * np.log(marginals[2][p])
                     + np.log(marginals[0][b] * axes[0]) - np.log(axes[3]))
         impressions = np.floor(np.exp(log_mean + sigma * rng.standard_normal(want))).astype(np.int64)
@@ -380,8 +404,17 @@ def generate_dataset(out_dir: str, *, impression_rows: int, clicks: int, seed: i
                      fmt: str = "parquet", start_date: _dt.date = _dt.date(2026, 11, 1),
                      bad_rows: int = 0, min_campaigns: int = 3, max_campaigns: Optional[int] = None,
                      max_banners: int = 4, max_countries: int = 80, max_projects: int = 60,
-                     max_days: int = 21, accountant: str = "basic") -> dict:
-    """Write a synthetic dataset to ``out_dir``; returns the paths and row counts."""
+                     max_days: int = 21, accountant: str = "basic",
+                     reach_log10: tuple = (5.5, 7.5), impression_sigma: float = 1.6,
+                     click_through_rate: Optional[float] = None,
+                     protected_share: float = 0.5) -> dict:
+    """Write a synthetic dataset to ``out_dir``; returns the paths and row counts.
+
+    ``reach_log10``: each campaign's reach (the scale of its impressions) is 10 ** uniform(lo,
+    hi); ``impression_sigma``: the spread of the log-normal impressions per key;
+    ``protected_share``: the share of campaigns that also target protected countries. ``click_through_rate``: when given, the number of clicks is Binomial(all impressions,
+    rate) instead of ``clicks`` (clicks still fall on keys in proportion to impressions).
+    """
     if fmt not in ("parquet", "csv"):
         raise ValueError(f"fmt must be 'parquet' or 'csv', got {fmt!r}")
     if impression_rows < 1 or clicks < 0:
@@ -391,7 +424,8 @@ def generate_dataset(out_dir: str, *, impression_rows: int, clicks: int, seed: i
     campaigns = generate_campaigns(
         rng, target_keys=int(2.5 * impression_rows), start_date=start_date,
         min_campaigns=min_campaigns, max_campaigns=max_campaigns, max_banners=max_banners,
-        max_countries=max_countries, max_projects=max_projects, max_days=max_days)
+        max_countries=max_countries, max_projects=max_projects, max_days=max_days,
+        protected_share=protected_share)
     config_dict = make_config(campaigns, accountant)
     protected_path = os.path.join(out_dir, "protected_countries.txt")
     with open(protected_path, "w") as handle:
@@ -401,7 +435,11 @@ def generate_dataset(out_dir: str, *, impression_rows: int, clicks: int, seed: i
         json.dump(config_dict, handle, indent=1)
         handle.write("\n")
     config = parse_config(config_dict, config_path)  # the generated configuration must be valid
-    impressions = generate_impressions(config, impression_rows, rng)
+    impressions = generate_impressions(config, impression_rows, rng, sigma=impression_sigma,
+                                       reach_log10=reach_log10)
+    if click_through_rate is not None:
+        clicks = int(rng.binomial(int(pc.sum(impressions.column("impressions")).as_py()),
+                                  click_through_rate))
     click_table = generate_clicks(impressions, clicks, rng)
     impressions = inject_bad_rows(impressions, bad_rows, rng)
     paths = {"config": config_path, "protected_countries": protected_path,
@@ -414,11 +452,25 @@ def generate_dataset(out_dir: str, *, impression_rows: int, clicks: int, seed: i
             "users": len(pc.unique(click_table.column("user_id"))) if clicks else 0}
 
 
+#: The bundled sample's click-through rate: clicks / impressions. The seed's example rows show
+#: 0.03 % (desktop) and 0.44 % (mobile); the sample takes the desktop rate, the low end, so that
+#: its one-row-per-click file stays small.
+SAMPLE_CLICK_THROUGH_RATE = 3e-4
+
+
 def generate_sample(out_dir: str = SAMPLE_DIR) -> dict:
-    """The small bundled sample (CSV, fixed seed, 4 faulty rows and 4 duplicate keys)."""
-    return generate_dataset(out_dir, impression_rows=1500, clicks=1200, seed=SAMPLE_SEED, fmt="csv",
-                            bad_rows=4, min_campaigns=3, max_campaigns=3, max_banners=2,
-                            max_countries=14, max_projects=10, max_days=7)
+    """The small bundled sample (CSV, fixed seed, 4 faulty rows and 4 duplicate keys).
+
+    Three campaigns of a few days over a few countries and projects (each also targeting two
+    protected countries, whose rows the release excludes), with campaign reach of
+    10^5..10^7 impressions and clicks at :data:`SAMPLE_CLICK_THROUGH_RATE`: small enough to
+    bundle (< 400 kB), with keys busy enough that a release shows clicks where they are clearly
+    above the noise (and null -- suppressed -- where they are not).
+    """
+    return generate_dataset(out_dir, impression_rows=300, clicks=0, seed=SAMPLE_SEED, fmt="csv",
+                            bad_rows=4, min_campaigns=3, max_campaigns=3, max_banners=1,
+                            max_countries=6, max_projects=4, max_days=3, reach_log10=(5.0, 7.0),
+                            click_through_rate=SAMPLE_CLICK_THROUGH_RATE, protected_share=1.0)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -59,6 +59,22 @@ def _align_dates(table: pa.Table) -> pa.Table:
     return table
 
 
+def read_tables(patterns: str) -> pa.Table:
+    """Every file of ``patterns`` (comma-separated paths, globs -- relative ones too -- or
+    folders; resolved like a job's inputs, :func:`pipelines.release.inputs.resolve`), as one
+    table."""
+    from pipelines.release.errors import ReleaseRefused
+    from pipelines.release.inputs import InputSpec, resolve
+
+    try:
+        files = resolve(InputSpec(name="tuning input", paths=tuple(
+            p.strip() for p in patterns.split(",") if p.strip()), columns={}))
+    except ReleaseRefused as err:
+        raise ValueError(str(err)) from None
+    tables = [_align_dates(read_table(path)) for path in files]
+    return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+
+
 def read_table(path: str) -> pa.Table:
     """A Parquet or CSV file (local or gs://; chosen by extension). Downloaded bytes are copied
     into Arrow's memory before parsing: Arrow threads left holding Python bytes abort the process
@@ -203,19 +219,19 @@ def tune_campaign(campaign: CampaignConfig, ks: Sequence[int], epsilons: Sequenc
     imp = campaign.impressions
     for epsilon in epsilons:
         for k in ks:
-            spec = calibrate(imp.noise, epsilon=epsilon, delta=imp.delta, l1_sensitivity=k,
+            spec = calibrate(imp.noise, epsilon=epsilon, delta=imp.budget.delta, l1_sensitivity=k,
                              l2_sensitivity=k)
             rows.append(_row(campaign, "impressions", int(k), spec, threshold_of("impressions"),
                              imp_values, keys))
     cl = campaign.clicks
-    if cl.rho is not None:
-        for rho in (rhos or [cl.rho]):
+    if cl.budget.is_zcdp:
+        for rho in (rhos or [cl.budget.rho]):
             spec = calibrate_zcdp(cl.noise, rho=rho, l2_sensitivity=cl.sensitivity, l0=cl.l0,
-                                  delta_for_reporting=cl.delta)
+                                  delta_for_reporting=cl.budget.delta)
             rows.append(_row(campaign, "clicks", None, spec, threshold_of("clicks"), click_values, keys))
     else:
         for epsilon in epsilons:
-            spec = calibrate(cl.noise, epsilon=epsilon, delta=cl.delta, l1_sensitivity=cl.sensitivity,
+            spec = calibrate(cl.noise, epsilon=epsilon, delta=cl.budget.delta, l1_sensitivity=cl.sensitivity,
                              l2_sensitivity=cl.sensitivity, l0=cl.l0)
             rows.append(_row(campaign, "clicks", None, spec, threshold_of("clicks"), click_values, keys))
     return rows
@@ -248,8 +264,12 @@ def write_csv(rows: Sequence[TuningRow], path: str) -> None:
             writer.writerow(asdict(row))
 
 
-def plot_campaign(rows: Sequence[TuningRow], path: str) -> None:
-    """Impressions std and suppression against k (one line per epsilon); clicks against epsilon."""
+def plot_campaign(rows: Sequence[TuningRow], path: str) -> list[dict]:
+    """Impressions std and suppression against k (one line per epsilon); clicks against epsilon.
+
+    Returns each y axis drawn (label, scale, limits), so tests can hold the axes honest: shares
+    and probabilities over their whole [0, 1] range, linear axes from 0.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -265,16 +285,19 @@ def plot_campaign(rows: Sequence[TuningRow], path: str) -> None:
         axes[0].plot(ks, [r.std for r in series], marker="o", label=f"epsilon={epsilon:g}")
         share = [r.share_suppressed if with_data else r.spurious_rate for r in series]
         axes[1].plot(ks, share, marker="o", label=f"epsilon={epsilon:g}")
-    axes[0].set(xlabel="k (impressions protected)", ylabel="noise std", title="impressions: noise std",
-                xscale="log", yscale="log")
+    # Noise std spans orders of magnitude over k and epsilon: a labelled log axis over the whole
+    # range (it cannot start at 0); the shares below use their whole [0, 1] range.
+    axes[0].set(xlabel="k (impressions protected)", ylabel="noise std (log scale)",
+                title="impressions: noise std", xscale="log", yscale="log")
     axes[1].set(xlabel="k (impressions protected)",
                 ylabel="share of keys suppressed" if with_data else "P(empty key released)",
                 title="impressions: " + ("suppressed keys" if with_data else "spurious releases"),
                 xscale="log")
-    if not with_data:
+    if not with_data:  # probabilities down to 1e-6 on a symlog axis, still from 0 to 1
         axes[1].set_yscale("symlog", linthresh=1e-6)
-    else:  # a share: the whole [0, 1] range, so a small difference does not look large
-        axes[1].set_ylim(-0.02, 1.02)
+        axes[1].set_ylabel("P(empty key released) (symlog scale)")
+    # a share or a probability: the whole [0, 1] range, so a small difference does not look large
+    axes[1].set_ylim(0, 1.02)
     for ax in axes[:2]:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
@@ -289,8 +312,7 @@ def plot_campaign(rows: Sequence[TuningRow], path: str) -> None:
                   is not None else "P(spurious)")
         twin.set_ylabel("share of keys suppressed" if clicks[0].share_suppressed is not None
                         else "P(empty key released)")
-        if clicks[0].share_suppressed is not None:
-            twin.set_ylim(-0.02, 1.02)
+        twin.set_ylim(0, 1.02)  # a share or a probability: its whole range
         axes[2].set_ylim(bottom=0)  # noise std from zero: no zoomed-in axis
         axes[2].grid(True, alpha=0.3)
         lines = axes[2].get_legend_handles_labels()
@@ -299,7 +321,10 @@ def plot_campaign(rows: Sequence[TuningRow], path: str) -> None:
     fig.suptitle(f"Choosing k and epsilon: campaign {rows[0].campaign_id} ({rows[0].keys} keys)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    drawn = [{"label": ax.get_ylabel(), "scale": ax.get_yscale(), "limits": tuple(ax.get_ylim())}
+             for ax in fig.get_axes()]
     plt.close(fig)
+    return drawn
 
 
 def _numbers(text: str, cast, name: str) -> list:
@@ -318,8 +343,8 @@ def run(config_path: str, out_dir: str, ks: Sequence[int], epsilons: Sequence[fl
         spurious: Optional[float] = None, plots: bool = True) -> dict:
     config = load_config(config_path)
     campaigns = config.campaigns if not campaign_ids else [config.campaign(c) for c in campaign_ids]
-    impressions = None if impressions_path is None else read_table(impressions_path)
-    clicks = None if clicks_path is None else read_table(clicks_path)
+    impressions = None if impressions_path is None else read_tables(impressions_path)
+    clicks = None if clicks_path is None else read_tables(clicks_path)
     os.makedirs(out_dir, exist_ok=True)
     truth = true_values_by_campaign(campaigns, impressions, clicks)
     rows, pngs = [], []
@@ -344,8 +369,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines.centralnotice_tuning",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="campaign configuration (JSON, local or gs://)")
-    parser.add_argument("--impressions", help="historic/synthetic impressions (Parquet or CSV)")
-    parser.add_argument("--clicks", help="historic/synthetic clicks (Parquet or CSV)")
+    parser.add_argument("--impressions", help="historic/synthetic impressions (Parquet or CSV): "
+                                              "paths, globs or folders, comma-separated")
+    parser.add_argument("--clicks", help="historic/synthetic clicks (Parquet or CSV): paths, "
+                                         "globs or folders, comma-separated")
     parser.add_argument("--k", required=True, type=lambda t: _numbers(t, int, "k"),
                         help="candidate k values, e.g. 10,50,100")
     parser.add_argument("--epsilon", required=True, type=lambda t: _numbers(t, float, "epsilon"),

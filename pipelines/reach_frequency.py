@@ -37,6 +37,7 @@ from accounting.budget import PrivacyBudget
 from accounting.calibration import NoiseKind
 from accounting.ledger import Scope
 from accounting.measures import Measure
+from accounting.shared_budget import SharedBudget
 from accounting.sensitivity import Neighbouring
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
                                ReleaseRefused, cli)
@@ -45,7 +46,7 @@ from pipelines.release.names import check_release_id, check_segment
 from transforms.sketches.beam import (PUBLISHER, UNION, BuildSketches, ReleaseReachFrequency,
                                       UnionAcrossPublishers)
 from transforms.sketches.dp import (HISTOGRAM_SENSITIVITY, REACH_SENSITIVITY,
-                                    ReachFrequencyBudget)
+                                    ReachFrequencyNoise)
 from transforms.sketches.impressions import IdType, ImpressionColumns
 from transforms.sketches.liquid_legions import SketchConfig
 
@@ -112,21 +113,21 @@ class ReachFrequencyRequest:
     options: ReleaseOptions = field(metadata={"cli": False})
 
 
-def _budget(request) -> ReachFrequencyBudget:
-    return ReachFrequencyBudget(
-        epsilon=request.epsilon, num_publishers=len(set(request.publishers)),
-        reach_fraction=request.reach_budget_fraction, delta=request.delta,
+def _noise(request) -> ReachFrequencyNoise:
+    return ReachFrequencyNoise(
+        budget=PrivacyBudget(epsilon=request.epsilon, delta=request.delta),
+        num_publishers=len(set(request.publishers)), reach_fraction=request.reach_budget_fraction,
         kind=NoiseKind.parse(request.noise_kind),
         neighbouring=Neighbouring.ADD_REMOVE if request.neighbouring == "add_remove"
         else Neighbouring.SUBSTITUTE)
 
 
-def _measures(request, budget: ReachFrequencyBudget) -> list[Measure]:
+def _measures(request, noise: ReachFrequencyNoise) -> list[Measure]:
     relation = Neighbouring.ADD_REMOVE if request.neighbouring == "add_remove" else \
         Neighbouring.SUBSTITUTE
     factor = relation.factor
     # Distributed noise charges its sampler's total-variation slack as extra delta per statistic.
-    specs = budget.charged_specs(request.num_helpers, request.max_frequency)
+    specs = noise.charged_specs(request.num_helpers, request.max_frequency)
     out = []
     for scope in [UNION] + [f"{PUBLISHER}:{p}" for p in sorted(set(request.publishers))]:
         out.append(Measure.of_noise(f"{scope}/reach", specs["reach"],
@@ -136,6 +137,21 @@ def _measures(request, budget: ReachFrequencyBudget) -> list[Measure]:
                                     HISTOGRAM_SENSITIVITY.scaled(factor), neighbouring=relation,
                                     description="frequency histogram of the scope's sketch"))
     return out
+
+
+def _shared_budget(request, noise: ReachFrequencyNoise) -> SharedBudget:
+    """One campaign's declared total (``--epsilon``, with distributed noise's delta) split
+    between its 2 (P + 1) statistics, each part spent by its measure: the release's guarantee
+    and explain (accounting.shared_budget). Each statistic draws its noise from its own lanes of
+    the release key (campaign, scope, statistic, bin)."""
+    measures = _measures(request, noise)
+    total = PrivacyBudget(epsilon=request.epsilon,
+                          delta=noise.total(request.num_helpers, request.max_frequency).delta)
+    shared = SharedBudget(total, budgets={m.name: PrivacyBudget(epsilon=m.epsilon, delta=m.delta)
+                                          for m in measures}, accountant="basic")
+    for measure in measures:
+        shared.part(measure.name).spend([measure])
+    return shared
 
 
 class ReachFrequencyJob(Job):
@@ -157,8 +173,8 @@ class ReachFrequencyJob(Job):
             if request.num_helpers < 0 or (request.num_helpers and
                                            request.noise_kind != "discrete_laplace"):
                 raise ValueError("--num_helpers must be >= 0, and > 0 only with discrete_laplace")
-            SketchConfig(request.num_registers, request.decay_rate)
-            _budget(request)
+            SketchConfig(num_registers=request.num_registers, decay_rate=request.decay_rate)
+            _noise(request)
         except ValueError as err:
             raise ReleaseRefused(str(err))
 
@@ -169,11 +185,11 @@ class ReachFrequencyJob(Job):
                           columns=columns, flag="--input")]
 
     def plan(self, request):
-        budget = _budget(request)
+        noise = _noise(request)
         total = PrivacyBudget(
             epsilon=request.epsilon if request.campaign_budget_epsilon is None
             else request.campaign_budget_epsilon,
-            delta=budget.total(request.num_helpers, request.max_frequency).delta
+            delta=noise.total(request.num_helpers, request.max_frequency).delta
             if request.campaign_budget_delta is None else request.campaign_budget_delta)
         config = {"num_registers": request.num_registers, "decay_rate": request.decay_rate,
                   "max_frequency": request.max_frequency, "publishers": sorted(set(request.publishers)),
@@ -187,12 +203,11 @@ class ReachFrequencyJob(Job):
                             noisy=["reach", "frequency", "k_reach", "k_plus_reach"],
                             description="one row per scope: the union and each declared publisher")
         keys = ("release",) + tuple(f"helper-{i}" for i in range(request.num_helpers))
-        measures = _measures(request, budget)
         return [PlannedRelease(
-            release_id=f"{request.release_prefix}/{campaign}", measures=measures,
+            release_id=f"{request.release_prefix}/{campaign}", budget=_shared_budget(request, noise),
             scopes=[Scope(name=f"campaign:{campaign}", budget=total,
                           description="the campaign's total")],
-            outputs=[output], accountant="basic", key_names=keys,
+            outputs=[output], key_names=keys,
             config={**config, "campaign": campaign},
             parameters={"campaign": campaign, **{k: v for k, v in config.items()
                                                  if k != "sketch_salt"}},
@@ -201,18 +216,20 @@ class ReachFrequencyJob(Job):
 
     def build_all(self, pipeline, request, inputs, releases):
         by_campaign = {r.planned.config["campaign"]: r for r in releases}
-        config, budget = SketchConfig(request.num_registers, request.decay_rate), _budget(request)
+        config = SketchConfig(num_registers=request.num_registers, decay_rate=request.decay_rate)
+        noise = _noise(request)
         campaigns = sorted(by_campaign)
         scoped = (inputs["impressions"]
                   | "BuildSketches" >> BuildSketches(
-                      config, columns=ImpressionColumns(request.publisher_column,
-                                                        request.campaign_column, request.id_column),
+                      config, columns=ImpressionColumns(publisher=request.publisher_column,
+                                                        campaign=request.campaign_column,
+                                                        person=request.id_column),
                       id_type=request.id_type, campaigns=campaigns, publishers=request.publishers,
                       shared_secret=request.sketch_salt.encode())
                   | "UnionAcrossPublishers" >> UnionAcrossPublishers())
         if not request.num_helpers:
             rows = scoped | "Release" >> ReleaseReachFrequency(
-                config, budget, {c: by_campaign[c].key for c in campaigns},
+                config, noise, {c: by_campaign[c].key for c in campaigns},
                 max_frequency=request.max_frequency)
         else:
             # Each campaign is its own release with its own helper keys (reserved in the ledger
@@ -221,7 +238,7 @@ class ReachFrequencyJob(Job):
                     | by_campaign[c].label("Sketches") >> beam.Filter(
                         lambda kv, c=c: kv[0][0] == c)
                     | by_campaign[c].label("Release") >> ReleaseReachFrequency(
-                        config, budget, {c: by_campaign[c].key},
+                        config, noise, {c: by_campaign[c].key},
                         max_frequency=request.max_frequency, num_helpers=request.num_helpers,
                         helper_keys={name: key for name, key in by_campaign[c].keys.items()
                                      if name.startswith("helper-")})

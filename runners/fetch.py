@@ -30,7 +30,7 @@ from pathlib import Path
 from runners import cache
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class FetchResult:
     name: str
     path: Path | None
@@ -54,13 +54,15 @@ def _timed(name: str, cached, produce) -> FetchResult:
     start = time.perf_counter()
     existing = cached()
     if existing is not None:
-        return FetchResult(name, existing, time.perf_counter() - start,
-                           existing.stat().st_size, True)
+        return FetchResult(name=name, path=existing, seconds=time.perf_counter() - start,
+                           bytes=existing.stat().st_size, was_cached=True)
     try:
         path = produce()
     except (RuntimeError, OSError, subprocess.CalledProcessError, ValueError) as exc:
-        return FetchResult(name, None, time.perf_counter() - start, 0, False, _short(exc))
-    return FetchResult(name, path, time.perf_counter() - start, path.stat().st_size, False)
+        return FetchResult(name=name, path=None, seconds=time.perf_counter() - start, bytes=0,
+                           was_cached=False, error=_short(exc))
+    return FetchResult(name=name, path=path, seconds=time.perf_counter() - start,
+                       bytes=path.stat().st_size, was_cached=False)
 
 
 def _short(exc: BaseException) -> str:

@@ -26,7 +26,7 @@ from runners import profiles
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RunnerCase:
     """A runner and the extra arguments that put a job on it (profile defaults do the rest)."""
     label: str

@@ -92,7 +92,7 @@ def given_options(argv: Sequence[str]) -> dict[str, str | None]:
     return found
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Resolved:
     """The outcome of a profile: the Beam runner to use and the full argument list."""
     profile: str
@@ -101,7 +101,7 @@ class Resolved:
     notes: list[str]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RunnerProfile:
     name: str
     summary: str
@@ -138,7 +138,8 @@ class RunnerProfile:
             if arg not in args:
                 added.append(arg)
                 notes.append(f"{arg}: {_ALWAYS_WHY.get(arg, '')}")
-        return Resolved(self.name, runner, [f"--runner={runner}"] + added + args, notes)
+        return Resolved(profile=self.name, runner=runner,
+                        argv=[f"--runner={runner}"] + added + args, notes=notes)
 
 
 def _strip_option(argv: Sequence[str], option: str) -> list[str]:
@@ -258,21 +259,21 @@ _IMAGE_WHY = (f"${WORKER_IMAGE_ENV}: the worker image built from the repository'
 
 PROFILES: dict[str, RunnerProfile] = {p.name: p for p in (
     RunnerProfile(
-        "DirectRunner",
-        "Embedded and deterministic: the FnApiRunner, or PrismRunner if --prism_location is given "
+        name="DirectRunner",
+        summary="Embedded and deterministic: the FnApiRunner, or PrismRunner if --prism_location is given "
         "(Beam's own DirectRunner would try Prism and fall back silently).",
         choose_runner=_direct_runner, always={"PrismRunner": (_PRISM_OWN_SERVER,)}),
-    RunnerProfile("FnApiRunner", "Beam's embedded Python runner, unchanged."),
+    RunnerProfile(name="FnApiRunner", summary="Beam's embedded Python runner, unchanged."),
     RunnerProfile(
-        "PrismRunner",
-        "Beam's Go runner on this machine; LOOPBACK workers; a Prism job server per run.",
+        name="PrismRunner",
+        summary="Beam's Go runner on this machine; LOOPBACK workers; a Prism job server per run.",
         always={"PrismRunner": (_PRISM_OWN_SERVER,)},
         defaults=(("prism_location", _cached_prism,
                    "binary built by `python -m runners.fetch prism`"),
                   _LOOPBACK)),
     RunnerProfile(
-        "FlinkRunner",
-        "Embedded Flink mini cluster through Beam's Flink job server jar.",
+        name="FlinkRunner",
+        summary="Embedded Flink mini cluster through Beam's Flink job server jar.",
         defaults=(("flink_master", "[local]", "embedded mini cluster"),
                   ("flink_version", _flink_version, "newest cached job server jar"),
                   ("flink_job_server_jar", _flink_jar, "cached by `python -m runners.fetch flink`"),
@@ -281,23 +282,23 @@ PROFILES: dict[str, RunnerProfile] = {p.name: p for p in (
                   _FLINK_LOOPBACK,
                   ("sdk_container_image", _worker_image(_local_flink), _IMAGE_WHY))),
     RunnerProfile(
-        "SparkRunner",
-        "Local Spark through Beam's Spark 3 job server jar.",
+        name="SparkRunner",
+        summary="Local Spark through Beam's Spark 3 job server jar.",
         defaults=(("spark_master_url", "local[2]", "local Spark, two threads"),
                   ("spark_job_server_jar", _spark_jar, "cached by `python -m runners.fetch spark`"),
                   ("jar_cache_dir", _jar_cache_dir, "where runners.fetch puts jars"),
                   _SPARK_LOOPBACK,
                   ("sdk_container_image", _worker_image(_local_spark), _IMAGE_WHY))),
     RunnerProfile(
-        "DaskRunner",
-        "Beam's Dask runner on a Dask cluster: --dask_client_address, or a local cluster of "
+        name="DaskRunner",
+        summary="Beam's Dask runner on a Dask cluster: --dask_client_address, or a local cluster of "
         "worker processes started and shut down around the run.",
         choose_runner=_dask_runner,
         defaults=(("dask_local_workers", _if(_no_scheduler, 2),
                    "local cluster of 2 worker processes for the run (no scheduler given)"),)),
     RunnerProfile(
-        "DataflowRunner",
-        "Google Cloud Dataflow; this project is staged to the workers through setup.py.",
+        name="DataflowRunner",
+        summary="Google Cloud Dataflow; this project is staged to the workers through setup.py.",
         defaults=(("sdk_container_image", _worker_image(), _IMAGE_WHY),
                   ("setup_file", _setup_file, "ships this project's packages to the workers "
                    "(not with a worker image: it holds them)"),
@@ -316,7 +317,7 @@ def resolve(argv: Sequence[str], defaults: Mapping[str, object] = ()) -> Resolve
     runner = canonical_runner(given_options(argv).get("runner"))
     profile = PROFILES.get(runner)
     if profile is None:  # a runner we have no profile for (e.g. a dotted class path): pass through
-        profile = RunnerProfile(runner, "no profile")
+        profile = RunnerProfile(name=runner, summary="no profile")
     return profile.resolve(argv, defaults)
 
 

@@ -107,9 +107,35 @@ class AggregateJob:
                                  | "DPAggregate" >> transform)
         if len(tables) > 1:
             raise AssertionError(f"one shard emitted {len(tables)} tables")
-        columns = [*self.keys, *(m.column for m in self.metrics)]
-        table = Table.from_arrow(tables[0]) if tables else Table(columns=columns, rows=())
+        columns = [*self.keys, *self.released_columns()]
+        table = Table.from_arrow(self.expand_vectors(tables[0])) if tables else \
+            Table(columns=columns, rows=())
         return Release(tables={"release": table}, reports={"explain": transform.explain()})
+
+    def _vector_metrics(self) -> list:
+        return [m for m in self.metrics if m.is_vector]
+
+    def released_columns(self) -> list:
+        """The released columns as audited: a vector sum's list column becomes one column per
+        coordinate (``name[i]``), so each coordinate is checked against its bound."""
+        out = []
+        for m in self.metrics:
+            if m.is_vector:
+                out += [f"{m.column}[{i}]" for i in range(m.dimension)]
+            else:
+                out += list(m.output_columns)
+        return out
+
+    def expand_vectors(self, table: pa.Table) -> pa.Table:
+        import pyarrow.compute as pc
+
+        for m in self._vector_metrics():
+            i = table.schema.get_field_index(m.column)
+            column = table.column(i)
+            table = table.remove_column(i)
+            for j in range(m.dimension):
+                table = table.add_column(i + j, f"{m.column}[{j}]", pc.list_element(column, j))
+        return table
 
     def declared(self) -> DPAggregate:
         """A transform instance for its declarations (plan, selector); never applied."""
@@ -121,8 +147,16 @@ class AggregateJob:
         bounds = {m.name: Bound.of(m.sensitivities) for m in transform.plan.measures if m.name in columns
                   and not m.name.startswith(tuple(f"{q.column}" for q in self.metrics
                                                   if len(q.output_columns) > 1 or q.output_columns != (q.column,)))}
+        # A vector sum's measure covers every key and coordinate: each coordinate column changes
+        # in at most l0 / dimension keys, by at most linf per key and l1 in total.
+        for m in self._vector_metrics():
+            s = next(x for x in transform.plan.measures if x.name == m.column).sensitivities
+            bounds.pop(m.column, None)
+            for j in range(m.dimension):
+                bounds[f"{m.column}[{j}]"] = Bound(l0=int(s.l0) // m.dimension, linf=float(s.linf),
+                                                   l1=float(s.l1))
         # A quantiles metric releases one column per quantile (post-processing of its tree).
-        columns = [c for m in self.metrics for c in m.output_columns]
+        columns = self.released_columns()
         private = self.selection is not None or any(m.threshold is not None for m in self.metrics)
         return TableRule(keys=self.keys, noisy=columns, bounds=bounds, public_keys=self.public_keys,
                          keys_private=private, tolerance=1e-6)
@@ -179,3 +213,68 @@ def sample_releases(job: AggregateJob, rows: Sequence[dict], n: int, layout: Rel
     else:
         arrays = {c: np.zeros(0) for c in columns}
     return layout.vectorize(arrays, n, replica_column=REPLICA)
+
+
+# --------------------------------------------------------------------------------------------
+# choose_bounds as an audited job
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class ChooseBoundsJob:
+    """:func:`transforms.utility.choose_bounds` as an audited job ``(dataset, seed, exact)``.
+
+    Released table, keyed by (bound, candidate), public: ``utility``, each candidate's score in
+    the exponential mechanism (:func:`transforms.utility.bound_utilities` on the per-unit
+    :func:`~transforms.utility.bound_statistics`: what the mechanism's privacy rests on, declared
+    to move by at most the utility sensitivity per neighbouring change), and ``chosen`` (1 for
+    the candidate the mechanism picked with the run's key, noisy). The batches are concatenated
+    with unit ids as text (``bound_statistics`` canonicalises ids; Arrow needs one column type).
+    """
+
+    unit: str = "user"
+    keys: tuple = ("k",)
+    quantile: float = 0.5
+    candidates: tuple = (1, 2, 4, 8)
+    budget: PrivacyBudget = PrivacyBudget(epsilon=1.0)
+    neighbouring: Neighbouring = Neighbouring.ADD_REMOVE
+
+    BOUNDS = ("max_partitions", "max_contributions_per_partition")
+
+    def public_keys(self) -> list:
+        return [(b, c) for b in self.BOUNDS for c in self.candidates]
+
+    def _table(self, dataset: Dataset) -> pa.Table:
+        rows = [dict(r, **{self.unit: None if r.get(self.unit) is None else str(r[self.unit])})
+                for r in dataset.rows()]
+        if not rows:
+            return pa.table({self.unit: pa.array([], pa.string()),
+                             **{k: pa.array([], pa.string()) for k in self.keys}})
+        return pa.Table.from_pylist([{c: r.get(c) for c in (self.unit, *self.keys)} for r in rows])
+
+    def __call__(self, dataset: Dataset, seed: int, exact: bool) -> Release:
+        from transforms.utility import bound_statistics, bound_utilities, choose_bounds
+
+        table = self._table(dataset)
+        key = ReleaseKey.for_testing(seed)
+        if exact:
+            key = ReleaseKey(key.secret_bytes(), is_testing=True, noise_free=True)
+        choice = choose_bounds(table, privacy_unit=self.unit, keys=list(self.keys), budget=self.budget,
+                               release_key=key, quantile=self.quantile, candidates=self.candidates,
+                               neighbouring=self.neighbouring)
+        utilities = bound_utilities(bound_statistics(table, privacy_unit=self.unit, keys=list(self.keys)),
+                                    sorted(self.candidates), self.quantile)
+        picked = {"max_partitions": choice.max_partitions,
+                  "max_contributions_per_partition": choice.max_contributions_per_partition}
+        rows = sorted((b, c, float(utilities[b][i]), int(picked[b] == c))
+                      for b in self.BOUNDS for i, c in enumerate(sorted(self.candidates)))
+        # the plan's explain (the chosen values are the noisy part of choice.explain())
+        return Release(tables={"choice": Table(columns=("bound", "candidate", "utility", "chosen"),
+                                               rows=rows)},
+                       reports={"explain": choice.plan.explain()})
+
+    def rule(self) -> TableRule:
+        sensitivity = float(Neighbouring(self.neighbouring).factor)
+        n = len(self.BOUNDS) * len(self.candidates)
+        return TableRule(keys=("bound", "candidate"), noisy=("utility", "chosen"),
+                         bounds={"utility": Bound(l0=n, linf=sensitivity, l1=n * sensitivity)},
+                         public_keys=self.public_keys(), tolerance=1e-9)

@@ -438,7 +438,7 @@ def _aggregate_audits() -> list[JobAudit]:
     keys = [f"k{i}" for i in range(6)]
     units = Units(column="user", keys=("k",), public_keys=keys, fresh_keys=["z1", "z2"],
                   values={"v": [0.0, 4.0, 100.0, -3.0]}, heavy_keys=3, heavy_rows=3)
-    bounds = ContributionBounds(2, 2, min_value=0, max_value=10)
+    bounds = ContributionBounds(max_partitions=2, max_contributions_per_partition=2, min_value=0, max_value=10)
     keyset = Job(value="v", metrics=[Count(), Sum(), PrivacyUnitCount()], bounds=bounds,
                  budget=PrivacyBudget(epsilon=1.0), public_keys=keys)
     # variance, std and quantiles (issue 16): derived columns, audited for structure and as noisy
@@ -460,9 +460,31 @@ def _aggregate_audits() -> list[JobAudit]:
     noisy = (Change.REBATCH,)
     noisy_substitute = (Change.SUBSTITUTE_EMPTY_KEY,)
     substitute = dict(neighbouring=Neighbouring.SUBSTITUTE)
+    # vector sums (issue 16): rows clipped to max_norm in L1 or L2; the units' vectors go far
+    # beyond the ball, so a missing clip moves a coordinate by more than its stated bound
+    vector_units = Units(column="user", keys=("k",), public_keys=keys, fresh_keys=["z1", "z2"],
+                         values={"e": [[0.5, -0.5, 0.0, 0.0], [100.0, -100.0, 50.0, 0.0],
+                                       [-3.0, 4.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]]},
+                         heavy_keys=3, heavy_rows=3)
+
+    def vector_job(norm):
+        from transforms.metrics import VectorSum
+
+        return Job(value="e", metrics=[Count(), VectorSum(dimension=4, max_norm=1.5, norm=norm)],
+                   bounds=ContributionBounds(max_partitions=2, max_contributions_per_partition=2),
+                   budget=PrivacyBudget(epsilon=1.0), public_keys=keys)
+
+    def vector_data():
+        return [synthetic_dataset(vector_units, seed=3, n_units=12, batches=3,
+                                  keys=["k0", "k1", "k3", "k4", "k5", "k2"])]
+
     return [
         aggregate_audit("dp_aggregate/keyset", keyset, units, data, changes=exact_changes,
                         noisy_changes=noisy),
+        aggregate_audit("dp_aggregate/keyset/vector_sum_l1", vector_job("l1"), vector_units,
+                        vector_data, changes=exact_changes, noisy_changes=noisy),
+        aggregate_audit("dp_aggregate/keyset/vector_sum_l2", vector_job("l2"), vector_units,
+                        vector_data, changes=exact_changes, noisy_changes=noisy),
         aggregate_audit("dp_aggregate/selection", selection, units, data, changes=exact_changes,
                         noisy_changes=noisy),
         aggregate_audit("dp_aggregate/keyset/spread_metrics", spread, units, data, changes=exact_changes,
@@ -477,6 +499,33 @@ def _aggregate_audits() -> list[JobAudit]:
 
 for _entry in _aggregate_audits():
     register(_entry)
+
+
+def _choose_bounds_audit() -> JobAudit:
+    """choose_bounds (transforms/utility.py): each candidate's utility in the exponential
+    mechanism moves by at most its stated sensitivity when one unit is added or removed."""
+    from aggregate_kit import ChooseBoundsJob
+
+    from accounting.audit import synthetic_dataset
+
+    job = ChooseBoundsJob()
+    keys = [f"k{i}" for i in range(6)]
+    units = Units(column="user", keys=("k",), public_keys=keys, fresh_keys=["z1"], heavy_keys=5,
+                  heavy_rows=9)
+
+    def data():
+        return [synthetic_dataset(units, seed=4, n_units=14, batches=3, max_keys=4, max_rows=6,
+                                  keys=["k0", "k1", "k3", "k4", "k5", "k2"])]
+
+    return JobAudit(name="dp_aggregate/choose_bounds", job=job, units=units, datasets=data,
+                    tables={"choice": job.rule()}, reports={"explain": ReportRule()},
+                    changes=(Change.ADD_HEAVY, Change.ADD_EMPTY_KEY, Change.ADD_ALONE,
+                             Change.ADD_MIXED_IDS, Change.REMOVE_HEAVY, Change.REMOVE_LONE,
+                             Change.REBATCH),
+                    noisy_changes=(Change.REBATCH,))
+
+
+register(_choose_bounds_audit())
 
 
 # ---- ARA event-level reports (k-ary randomized response per source, estimates debiased) ------

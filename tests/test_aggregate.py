@@ -135,16 +135,16 @@ def test_private_selection_keeps_popular_keys_only(strategy):
     rows = [{"user": f"u{i}", "page": "popular"} for i in range(400)]
     rows += [{"user": f"v{i}", "page": f"rare{i}"} for i in range(40)]   # one user each
     transform = DPAggregate(privacy_unit="user", keys=["page"], metrics=[Count()],
-                            bounds=ContributionBounds(1, 1),
+                            bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
                             budget=PrivacyBudget(epsilon=1.0, delta=1e-6),
-                            selection=PrivateSelection(strategy), release_key=ReleaseKey.for_testing(4))
+                            selection=PrivateSelection(strategy=strategy), release_key=ReleaseKey.for_testing(4))
     assert [r["page"] for r in _run(rows, transform)] == ["popular"]
 
 
 def test_private_selection_with_testing_mode_gives_exact_values():
     rows = [{"user": f"u{i}", "page": "p"} for i in range(300)]
     transform = DPAggregate(privacy_unit="user", keys=["page"], metrics=[Count(), PrivacyUnitCount()],
-                            bounds=ContributionBounds(1, 1), budget=PrivacyBudget(epsilon=1.0, delta=1e-6),
+                            bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1), budget=PrivacyBudget(epsilon=1.0, delta=1e-6),
                             selection=PrivateSelection(), testing=True)
     assert _run(rows, transform) == [{"page": "p", "count": 300, "privacy_unit_count": 300}]
 
@@ -221,7 +221,7 @@ def test_dp_tester_end_to_end_on_count():
     rows = [{"user": f"u{i}", "k": i} for i in range(n) for _ in range(linf + 2)]
     keyset = PublicKeyset.from_table(pa.table({"k": pa.array(np.arange(2 * n))}))
     transform = DPAggregate(privacy_unit="user", keys=["k"], metrics=[Count()],
-                            bounds=ContributionBounds(1, linf), budget=PrivacyBudget(epsilon=epsilon),
+                            bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=linf), budget=PrivacyBudget(epsilon=epsilon),
                             keyset=keyset, release_key=ReleaseKey.for_testing(21))
     directory = tempfile.mkdtemp()
     with beam.Pipeline(runner="FnApiRunner") as p:

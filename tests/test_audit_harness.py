@@ -213,7 +213,7 @@ def test_selection_is_deterministic_and_monotone_under_the_exact_key():
     counts = np.arange(0, 60, dtype=np.int64)
     for strategy in SelectionStrategy:
         selector = Selector.for_bounds(PrivateSelection(strategy=strategy), 2.0, 1e-3,
-                                       ContributionBounds(2, 1))
+                                       ContributionBounds(max_partitions=2, max_contributions_per_partition=1))
         keep = [selector.keep(counts, RandomStreams.for_range(ReleaseKey.for_exact_testing(s), "sel", 60))
                 for s in (1, 2)]
         assert keep[0].tolist() == keep[1].tolist(), strategy        # no randomness

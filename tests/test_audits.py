@@ -28,7 +28,9 @@ from transforms.selection import PrivateSelection
 
 #: Every registered audit; test_every_job_is_audited keeps this in step with pipelines/.
 AUDITED = ["dp_aggregate/keyset", "dp_aggregate/selection", "dp_aggregate/selection/substitute",
-           "dp_aggregate/keyset/dicts", "dp_aggregate/keyset/spread_metrics", "centralnotice",
+           "dp_aggregate/keyset/dicts", "dp_aggregate/keyset/spread_metrics",
+           "dp_aggregate/keyset/vector_sum_l1", "dp_aggregate/keyset/vector_sum_l2",
+           "dp_aggregate/choose_bounds", "centralnotice",
            "reach_frequency", "summary_reports", "event_level_reports", "ldp_frequencies",
            "ldp_heavy_hitters", "shuffle_sum", "label_dp", "masked_lark_share",
            "masked_lark_helper", "masked_lark_combine", "masked_lark_train"]
@@ -124,7 +126,7 @@ def _selection_aggregate(metrics):
     from transforms.aggregate import DPAggregate
 
     return DPAggregate(privacy_unit="u", keys=["k"], metrics=metrics,
-                       bounds=ContributionBounds(1, 1),
+                       bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
                        budget=PrivacyBudget(epsilon=1.0, delta=1e-5), selection=PrivateSelection())
 
 
@@ -209,7 +211,7 @@ def test_point4_one_key_applied_to_two_inputs(monkeypatch):
     def make(exact=False):
         key = ReleaseKey.for_testing(4)
         return lambda: DPAggregate(privacy_unit="user", keys=["k"], metrics=[Count()],
-                                   bounds=ContributionBounds(1, 1), budget=PrivacyBudget(epsilon=1.0),
+                                   bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1), budget=PrivacyBudget(epsilon=1.0),
                                    keyset=keyset, release_key=key if not exact else None,
                                    testing=exact, num_shards=1)
 
@@ -224,7 +226,7 @@ def test_exact_aggregate_job_uses_a_noise_free_key():
     job_type = exact_aggregate_job_type()
     from transforms.metrics import Count as C
 
-    job = job_type(metrics=[C()], bounds=ContributionBounds(1, 1),
+    job = job_type(metrics=[C()], bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
                    budget=PrivacyBudget(epsilon=1.0, delta=1e-3), selection=PrivateSelection())
     assert job.transform(ReleaseKey.for_testing(1), True).release_key.noise_free
     assert not job.transform(ReleaseKey.for_testing(1), False).release_key.noise_free
@@ -266,4 +268,35 @@ def test_lark_browser_without_clipping_is_caught(monkeypatch):
 
     monkeypatch.setattr(browser, "np", NoClip())
     _fails(audit_job("masked_lark_combine", changes=[Change.REPLACE_VALUES]),
+           "sensitivity linf", "sensitivity l1")
+
+
+@pytest.mark.parametrize("norm", ["l1", "l2"])
+def test_vector_sum_without_clipping_is_caught(monkeypatch, norm):
+    """Vector sums whose rows are not clipped to max_norm: a unit's far-out vectors move a
+    coordinate by more than the stated sensitivity (the exact mode's bound check)."""
+    import transforms.aggregate as aggregate
+
+    monkeypatch.setattr(aggregate, "clip", lambda matrix, max_norm, norm: matrix)
+    _fails(audit_job(f"dp_aggregate/keyset/vector_sum_{norm}", changes=[Change.ADD_HEAVY]),
+           "sensitivity linf", "sensitivity l1")
+
+
+def test_choose_bounds_counting_unit_key_pairs_as_units_is_caught(monkeypatch):
+    """choose_bounds whose statistics count one entry per (unit, key) pair instead of one per
+    unit: a unit in many keys moves the candidates' utilities by more than their sensitivity 1."""
+    import pyarrow.compute as pc
+
+    import transforms.utility as utility
+
+    real = utility.bound_statistics
+
+    def per_pair(data, *, privacy_unit, keys):
+        table = data.append_column("pair", pc.binary_join_element_wise(
+            pc.cast(data.column(privacy_unit), pa.string()), *[pc.cast(data.column(k), pa.string())
+                                                               for k in keys], "/"))
+        return real(table, privacy_unit="pair", keys=keys)
+
+    monkeypatch.setattr(utility, "bound_statistics", per_pair)
+    _fails(audit_job("dp_aggregate/choose_bounds", changes=[Change.ADD_HEAVY]),
            "sensitivity linf", "sensitivity l1")

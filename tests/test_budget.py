@@ -1,4 +1,5 @@
 """PrivacyBudget, its split, and ReleasePlan accounting/explain, checked against dp_accounting."""
+import dataclasses
 import json
 import math
 
@@ -11,8 +12,8 @@ from accounting.calibration import NoiseKind, calibrate
 from accounting.sensitivity import (ContributionBounds, Neighbouring, count_sensitivity,
                                     sum_sensitivity)
 
-IMPRESSIONS = sum_sensitivity(ContributionBounds(1, 1, min_value=0, max_value=10))  # k = 10
-CLICKS = count_sensitivity(ContributionBounds(2, 3))  # user-DP clicks, L2 = 3 sqrt(2)
+IMPRESSIONS = sum_sensitivity(ContributionBounds(max_partitions=1, max_contributions_per_partition=1, min_value=0, max_value=10))  # k = 10
+CLICKS = count_sensitivity(ContributionBounds(max_partitions=2, max_contributions_per_partition=3))  # user-DP clicks, L2 = 3 sqrt(2)
 
 
 # ---------------------------------------------------------------- budget and split
@@ -74,11 +75,11 @@ def test_bad_splits_raise():
 def _approximate_plan():
     budget = PrivacyBudget(epsilon=1.0, delta=1e-7)
     shares = budget.split({"impressions": 1, "clicks": 1}, needs_delta=["clicks"])
-    plan = ReleasePlan(budget)
-    plan.add_calibrated("impressions", NoiseKind.LAPLACE, shares["impressions"], IMPRESSIONS,
-                        description="noisy sum of k-blocks, k = 10")
-    plan.add_calibrated("clicks", NoiseKind.GAUSSIAN, shares["clicks"], CLICKS)
-    return plan
+    plan = ReleasePlan(budget=budget)
+    return plan.with_measures(
+        plan.calibrated("impressions", NoiseKind.LAPLACE, shares["impressions"], IMPRESSIONS,
+                        description="noisy sum of k-blocks, k = 10"),
+        plan.calibrated("clicks", NoiseKind.GAUSSIAN, shares["clicks"], CLICKS))
 
 
 def test_calibrated_measures_use_the_share_and_sensitivity():
@@ -123,10 +124,11 @@ def test_zcdp_plan_combines_gaussian_and_laplace_measures():
     # Seed 001 (CentralNotice report): Gaussian clicks under zCDP with a pure-DP impressions release.
     budget = PrivacyBudget.zcdp(rho=0.015, delta=1e-7)
     shares = budget.split({"impressions": 1, "clicks": 2})
-    plan = ReleasePlan(budget)
-    imp = plan.add_calibrated("impressions", "discrete_laplace", shares["impressions"], IMPRESSIONS)
-    clk = plan.add_calibrated("clicks", "discrete_gaussian", shares["clicks"],
-                              count_sensitivity(ContributionBounds(1, 1)))
+    plan = ReleasePlan(budget=budget)
+    imp = plan.calibrated("impressions", "discrete_laplace", shares["impressions"], IMPRESSIONS)
+    clk = plan.calibrated("clicks", "discrete_gaussian", shares["clicks"],
+                          count_sensitivity(ContributionBounds(max_partitions=1, max_contributions_per_partition=1)))
+    plan = plan.with_measures(imp, clk)
     assert imp.noise.epsilon == pytest.approx(math.sqrt(2 * 0.005))
     assert imp.rho is None and imp.zcdp_rho == pytest.approx(0.005)  # pure: epsilon^2/2
     assert clk.rho == pytest.approx(0.01)
@@ -148,28 +150,41 @@ def test_zcdp_plan_combines_gaussian_and_laplace_measures():
 
 def test_plan_refuses_overspending_and_duplicates():
     budget = PrivacyBudget(epsilon=1.0)
-    plan = ReleasePlan(budget)
-    plan.add(Measure.of_noise("a", calibrate("laplace", epsilon=0.6, l1_sensitivity=1.0),
-                     count_sensitivity(ContributionBounds(1, 1))))
+    plan = ReleasePlan(budget=budget).with_measures(Measure.of_noise("a", calibrate("laplace", epsilon=0.6, l1_sensitivity=1.0),
+                     count_sensitivity(ContributionBounds(max_partitions=1, max_contributions_per_partition=1))))
     with pytest.raises(ValueError, match="epsilon"):
-        plan.add(Measure.of_noise("b", calibrate("laplace", epsilon=0.6, l1_sensitivity=1.0),
-                         count_sensitivity(ContributionBounds(1, 1))))
+        plan.with_measures(Measure.of_noise("b", calibrate("laplace", epsilon=0.6, l1_sensitivity=1.0),
+                         count_sensitivity(ContributionBounds(max_partitions=1, max_contributions_per_partition=1))))
     with pytest.raises(ValueError, match="already"):
-        plan.add(Measure.of_noise("a", calibrate("laplace", epsilon=0.1, l1_sensitivity=1.0),
-                         count_sensitivity(ContributionBounds(1, 1))))
+        plan.with_measures(Measure.of_noise("a", calibrate("laplace", epsilon=0.1, l1_sensitivity=1.0),
+                         count_sensitivity(ContributionBounds(max_partitions=1, max_contributions_per_partition=1))))
     with pytest.raises(ValueError, match="delta"):
-        plan.add(Measure.of_noise("g", calibrate("gaussian", epsilon=0.1, delta=1e-9, l2_sensitivity=1.0),
-                         count_sensitivity(ContributionBounds(1, 1))))
-    zplan = ReleasePlan(PrivacyBudget.zcdp(0.01))
+        plan.with_measures(Measure.of_noise("g", calibrate("gaussian", epsilon=0.1, delta=1e-9, l2_sensitivity=1.0),
+                         count_sensitivity(ContributionBounds(max_partitions=1, max_contributions_per_partition=1))))
+    zplan = ReleasePlan(budget=PrivacyBudget.zcdp(0.01))
     with pytest.raises(ValueError, match="rho"):
-        zplan.add(Measure.of_noise("a", calibrate("laplace", epsilon=0.5, l1_sensitivity=1.0),
-                          count_sensitivity(ContributionBounds(1, 1))))
+        zplan.with_measures(Measure.of_noise("a", calibrate("laplace", epsilon=0.5, l1_sensitivity=1.0),
+                          count_sensitivity(ContributionBounds(max_partitions=1, max_contributions_per_partition=1))))
+
+
+def test_a_plan_is_a_value_adding_measures_makes_a_new_plan():
+    one = count_sensitivity(ContributionBounds(max_partitions=1, max_contributions_per_partition=1))
+    empty = ReleasePlan(budget=PrivacyBudget(epsilon=1.0))
+    a = Measure.of_noise("a", calibrate("laplace", epsilon=0.5, l1_sensitivity=1.0), one)
+    plan = empty.with_measures(a)
+    assert empty.measures == () and plan.measures == (a,)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.measures = ()
+    with pytest.raises(ValueError, match="already"):
+        ReleasePlan(budget=PrivacyBudget(epsilon=1.0), measures=[a, a])
+    assert plan.with_measures(Measure.of_noise("b", a.noise, one)).guarantee() == pytest.approx((1.0, 0.0))
+    assert plan.measures == (a,)
 
 
 def test_gaussian_share_without_delta_is_refused():
     share = PrivacyBudget(epsilon=1.0).split({"a": 1})["a"]
     with pytest.raises(ValueError, match="needs_delta"):
-        Measure.calibrated("a", "gaussian", share, count_sensitivity(ContributionBounds(1, 1)))
+        Measure.calibrated("a", "gaussian", share, count_sensitivity(ContributionBounds(max_partitions=1, max_contributions_per_partition=1)))
 
 
 def test_guarantee_arguments_are_checked():
@@ -179,10 +194,9 @@ def test_guarantee_arguments_are_checked():
     with pytest.raises(ValueError, match="delta"):
         plan.guarantee("pld", delta=1.5)
     with pytest.raises(ValueError, match="no measures"):
-        ReleasePlan(PrivacyBudget(epsilon=1.0)).guarantee()
-    pure = ReleasePlan(PrivacyBudget(epsilon=1.0))
-    pure.add(Measure.of_noise("a", calibrate("laplace", epsilon=0.5, l1_sensitivity=1.0),
-                     count_sensitivity(ContributionBounds(1, 1))))
+        ReleasePlan(budget=PrivacyBudget(epsilon=1.0)).guarantee()
+    pure = ReleasePlan(budget=PrivacyBudget(epsilon=1.0)).with_measures(Measure.of_noise("a", calibrate("laplace", epsilon=0.5, l1_sensitivity=1.0),
+                     count_sensitivity(ContributionBounds(max_partitions=1, max_contributions_per_partition=1))))
     assert pure.guarantee("zcdp") == pytest.approx((0.5, 0.0))
 
 

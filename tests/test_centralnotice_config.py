@@ -216,3 +216,57 @@ def test_user_dp_clicks_with_epsilon_are_calibrated_for_several_keys():
                              l2_sensitivity=5, l0=5)
     assert spec.scale > calibrate(NoiseKind.DISCRETE_GAUSSIAN, epsilon=1.0, delta=1e-9,
                                   l2_sensitivity=5).scale
+
+
+def test_a_release_splits_its_budget_through_a_shared_budget():
+    """CentralNotice plans each release from a SharedBudget: the measures the ledger charges,
+    the guarantee the marker states and the explain text all come from it."""
+    import os
+
+    from accounting import guarantee
+    from accounting.shared_budget import SharedBudget
+    from pipelines.centralnotice import JOB, CentralNoticeRequest
+    from pipelines.release import ReleaseOptions
+
+    sample = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "pipelines", "sample_data", "centralnotice")
+    request = CentralNoticeRequest(config=os.path.join(sample, "campaigns.json"),
+                                   impressions=("x.csv",), clicks=("y.csv",), first_releases=True,
+                                   options=ReleaseOptions(output="/tmp/unused", testing_seed=1))
+    config = load_config(request.config)
+    for planned, campaign in zip(JOB.plan(request), config.campaigns):
+        assert isinstance(planned.budget, SharedBudget)
+        assert planned.budget.names == ("impressions", "clicks")
+        assert planned.measures == tuple(campaign.measures())
+        assert planned.accountant == config.accountant == planned.budget.accountant
+        assert planned.guarantee() == planned.budget.guarantee()
+        assert planned.guarantee() == guarantee.compose(
+            planned.measures, config.accountant, campaign.release_budget().delta or None)
+        text = planned.explain()
+        assert "== impressions ==" in text and "== clicks ==" in text
+
+
+@pytest.mark.parametrize("accountant", ["basic", "zcdp", "pld"])
+def test_mixed_measures_share_one_release_budget_under_every_accountant(accountant):
+    from accounting import guarantee
+
+    campaign = parse_config(_with(["accountant"], accountant)).campaigns[0]
+    shared = campaign.shared_budget(accountant)
+    assert shared.total == campaign.release_budget() == campaign.per_period
+    assert shared.budget("clicks").rho == 0.01 and shared.budget("impressions").epsilon == 0.5
+    assert shared.guarantee() == guarantee.compose(campaign.measures(), accountant, 1e-8)
+    assert guarantee.within(shared.guarantee(), 1.6, 1e-8)
+
+
+def test_explain_flag_prints_the_plan_and_touches_nothing(tmp_path, capsys):
+    from pipelines.centralnotice import main
+
+    out = tmp_path / "out"
+    assert main(["--config", os.path.join(SAMPLE_DIR, "campaigns.json"), "--impressions", "x.csv",
+                 "--clicks", "y.csv", "--first_releases", "--output", str(out),
+                 "--ledger", str(tmp_path / "ledger.json"), "--key_store", str(tmp_path / "keys"),
+                 "--explain"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("Shared privacy budget:") == 3
+    assert "== impressions ==" in text and "== clicks ==" in text and "Whole job" in text
+    assert not out.exists() and not (tmp_path / "ledger.json").exists()

@@ -460,7 +460,8 @@ def test_header_only_inputs_release_pure_noise(tmp_path, capsys, fmt):
     marker = read_json(folder / "RELEASE.json")
     assert marker["status"].startswith("TESTING - NOT A RELEASE")
     assert marker["summary"]["keys"] == {"keyset": 8, "released": 8, "not_released": 0,
-                                         "impressions_suppressed": 0, "clicks_suppressed": 0}
+                                         "impressions_suppressed": 0, "clicks_suppressed": 0,
+                                         "thresholds": {"impressions": -1e9, "clicks": -1e9}}
 
 
 @pytest.mark.parametrize("args, message", [

@@ -29,7 +29,7 @@ def test_without_a_unit_budget_each_campaign_is_bounded_alone():
     for campaign in config.campaigns:
         names = [s.name for s in campaign.scopes(campaign.releases()[0])]
         assert names == [f"campaign:{campaign.campaign_id}",
-                         f"period:{campaign.campaign_id}:2026-11-26"]
+                         f"period:{campaign.campaign_id}:{campaign.start_date}"]
 
 
 def test_a_unit_budget_bounds_one_persons_day_across_campaigns(tmp_path):
@@ -39,12 +39,12 @@ def test_a_unit_budget_bounds_one_persons_day_across_campaigns(tmp_path):
     for campaign in config.campaigns:
         release = campaign.releases()[0]
         scopes = campaign.scopes(release)
-        assert scopes[-1].name == "unit-period:2026-11-26"
+        assert scopes[-1].name == f"unit-period:{campaign.start_date}"
         requests.append(ReleaseRequest(release_id=release.release_id, measures=campaign.measures(),
                                        input_digest="sha256:x", scopes=scopes))
     ledger.reserve(requests[0])
     # The second campaign's release on the same day would bring the person's day over 1.2.
-    with pytest.raises(BudgetExceededError, match="unit-period:2026-11-26"):
+    with pytest.raises(BudgetExceededError, match=f"unit-period:{config.campaigns[0].start_date}"):
         ledger.reserve(requests[1])
     assert len(ledger.records()) == 1
 

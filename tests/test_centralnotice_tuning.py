@@ -40,7 +40,7 @@ def test_true_values_on_the_keyset(sample):
 
 def test_tune_campaign_rows(sample):
     config, impressions, clicks = sample
-    campaign = next(c for c in config.campaigns if c.clicks.rho is None)
+    campaign = next(c for c in config.campaigns if not c.clicks.budget.is_zcdp)
     ks, epsilons = [10, 50, 100], [0.5, 1, 2]
     truth = tuning.true_values_by_campaign(config.campaigns, impressions, clicks)
     true_impressions, true_clicks = truth[campaign.campaign_id]
@@ -65,7 +65,7 @@ def test_tune_campaign_rows(sample):
     thresholds = [r.threshold for r in derived if r.measure == "impressions"]
     assert thresholds == sorted(thresholds) and thresholds[0] < thresholds[-1]
     assert all(r.spurious_rate <= 1e-3 and r.share_suppressed is None for r in derived)
-    zcdp = next(c for c in config.campaigns if c.clicks.rho is not None)
+    zcdp = next(c for c in config.campaigns if c.clicks.budget.is_zcdp)
     rho_rows = [r for r in tuning.tune_campaign(zcdp, [10], [1.0], rhos=[0.005, 0.02])
                 if r.measure == "clicks"]
     assert [r.rho for r in rho_rows] == [0.005, 0.02] and rho_rows[0].std > rho_rows[1].std
@@ -96,3 +96,24 @@ def test_cli_writes_table_csv_and_plot(tmp_path, capsys):
     assert header[:3] == ["campaign", "measure", "k"] and "suppressed" in header
     with pytest.raises(SystemExit):
         tuning.main(["--config", "x.json", "--k", "10,-5", "--epsilon", "1", "--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize("with_data", [True, False])
+def test_plot_axes_are_honest(sample, tmp_path, with_data):
+    """Shares and probabilities span their whole [0, 1] range; linear axes start at 0 (a zoomed
+    axis made the worst (epsilon, k) look best)."""
+    config, impressions, clicks = sample
+    campaign = next(c for c in config.campaigns if not c.clicks.budget.is_zcdp)
+    truth = tuning.true_values_by_campaign(config.campaigns, impressions, clicks)[campaign.campaign_id]
+    data = dict(true_impressions=truth[0], true_clicks=truth[1]) if with_data else {}
+    rows = tuning.tune_campaign(campaign, [10, 50, 100], [0.5, 1, 2], **data)
+    axes = tuning.plot_campaign(rows, str(tmp_path / "plot.png"))
+    assert len(axes) == 4
+    for axis in axes:
+        low, high = axis["limits"]
+        if axis["scale"] == "log":
+            assert "log scale" in axis["label"]
+            continue
+        assert low <= 0, axis
+        if "share" in axis["label"] or "P(" in axis["label"]:
+            assert high >= 1, axis

@@ -28,7 +28,7 @@ on_engine = pytest.mark.runners  # the engine tests (make test-runners); the pro
 
 SAMPLE = REPO_ROOT / "pipelines" / "sample_data"
 SEED = "20261123"
-DIRECT = RunnerCase("direct", "DirectRunner")
+DIRECT = RunnerCase(label="direct", runner="DirectRunner")
 
 
 def test_dask_profile_resolves_without_an_engine():
@@ -52,7 +52,7 @@ def cluster():
 
 
 def dask_argv(address: str) -> list[str]:
-    return RunnerCase("dask", "DaskRunner", (f"--dask_client_address={address}",)).argv()
+    return RunnerCase(label="dask", runner="DaskRunner", args=(f"--dask_client_address={address}",)).argv()
 
 
 def released_files(root: Path) -> dict[str, bytes]:

@@ -275,14 +275,14 @@ def test_result_reports_the_evidence():
 
 def test_event_counting_and_descriptions():
     values = np.sort(np.array([0.0, 1.0, 1.0, 2.0, 3.0]))
-    assert Event("x", 1.0, math.inf).count(values) == 4
-    assert Event("x", -math.inf, 1.0).count(values) == 3
-    assert Event("x", 1.0, 1.0).count(values) == 2
-    assert Event("x", 1.0, 3.0, include_upper=False).count(values) == 3
-    assert str(Event("x", 1.0, math.inf)) == "x >= 1"
-    assert str(Event("x", -math.inf, 2.5)) == "x <= 2.5"
-    assert str(Event("x", 4.0, 4.0)) == "x == 4"
-    assert str(Event("s", 1.0, 2.0, include_upper=False)) == "1 <= s < 2"
+    assert Event(projection="x", lower=1.0, upper=math.inf).count(values) == 4
+    assert Event(projection="x", lower=-math.inf, upper=1.0).count(values) == 3
+    assert Event(projection="x", lower=1.0, upper=1.0).count(values) == 2
+    assert Event(projection="x", lower=1.0, upper=3.0, include_upper=False).count(values) == 3
+    assert str(Event(projection="x", lower=1.0, upper=math.inf)) == "x >= 1"
+    assert str(Event(projection="x", lower=-math.inf, upper=2.5)) == "x <= 2.5"
+    assert str(Event(projection="x", lower=4.0, upper=4.0)) == "x == 4"
+    assert str(Event(projection="s", lower=1.0, upper=2.0, include_upper=False)) == "1 <= s < 2"
 
 
 @pytest.mark.parametrize("kwargs,name", [

@@ -81,7 +81,7 @@ SELECTION_BUDGET = PrivacyBudget(epsilon=1.0, delta=1e-3)
 
 def selection_job(strategy):
     return AggregateJob(keys=("k",), metrics=(PrivacyUnitCount(),), bounds=ONE,
-                        budget=SELECTION_BUDGET, selection=PrivateSelection(strategy, weight=9.0),
+                        budget=SELECTION_BUDGET, selection=PrivateSelection(strategy=strategy, weight=9.0),
                         neighbouring=Neighbouring.SUBSTITUTE)
 
 

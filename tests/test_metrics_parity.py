@@ -254,7 +254,7 @@ def _vector_rows(seed=5, units=25, dimension=4):
 
 
 def _vector_aggregate(norm, testing=True, neighbouring=Neighbouring.ADD_REMOVE, noise=None, epsilon=1.0,
-                      bounds=ContributionBounds(2, 3)):
+                      bounds=ContributionBounds(max_partitions=2, max_contributions_per_partition=3)):
     return DPAggregate(privacy_unit="u", keys=["k"], value="e", bounds=bounds,
                        metrics=[Count(), VectorSum(dimension=4, max_norm=1.5, norm=norm, noise=noise)],
                        budget=PrivacyBudget(epsilon=epsilon, delta=1e-6),
@@ -305,7 +305,7 @@ def test_dp_tester_on_the_vector_sum_and_a_broken_calibration():
     as if the rows were L1-clipped (C) understates the sensitivity by sqrt(4) = 2."""
     n = 30_000
     epsilon = 1.0
-    one_key = ContributionBounds(1, 3)
+    one_key = ContributionBounds(max_partitions=1, max_contributions_per_partition=3)
     agg = _vector_aggregate("l2", testing=False, noise="laplace", epsilon=2 * epsilon, bounds=one_key)
     measure = agg.measures["vector_sum"]
     share = next(m for m in agg.plan.measures if m.name == "vector_sum").epsilon

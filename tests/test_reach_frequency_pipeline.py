@@ -19,7 +19,8 @@ from accounting.ledger import BudgetLedger
 from pipelines.reach_frequency import ReachFrequencyRequest, main, run
 from pipelines.release import ReleaseOptions
 from transforms.sketches.beam import BuildSketches, SketchUnionFn, estimate_record
-from transforms.sketches.dp import (ReachFrequencyBudget, SketchStatistics, add_global_noise,
+from accounting.budget import PrivacyBudget
+from transforms.sketches.dp import (ReachFrequencyNoise, SketchStatistics, add_global_noise,
                                     add_helper_share)
 from transforms.sketches.fingerprint import FingerprintSalt
 from transforms.sketches.impressions import ImpressionColumns, partial_sketches
@@ -32,7 +33,7 @@ SAMPLE = os.path.join(os.path.dirname(__file__), "..", "pipelines", "sample_data
 def _expected(table, *, campaigns, publishers, config, epsilon, seed, k=10, helpers=0,
               columns=ImpressionColumns(), id_type="int", secret=b""):
     """The release computed without Beam from the same rows and the same testing key."""
-    budget = ReachFrequencyBudget(epsilon=epsilon, num_publishers=len(publishers))
+    budget = ReachFrequencyNoise(budget=PrivacyBudget(epsilon=epsilon), num_publishers=len(publishers))
     key = ReleaseKey.for_testing(seed)
 
     def salt(c):
@@ -106,7 +107,7 @@ def test_csv_release_equals_the_direct_computation(tmp_path):
         column_types={"publisher": pa.string(), "campaign": pa.string(), "vid": pa.string()},
         strings_can_be_null=True))
     want = _expected(table, campaigns=["c1", "c2"], publishers=["pub_a", "pub_b", "pub_c"],
-                     config=SketchConfig(20_000, 10.0), epsilon=1.0986, seed=7)
+                     config=SketchConfig(num_registers=20_000, decay_rate=10.0), epsilon=1.0986, seed=7)
     assert _by_key(got) == _by_key(want)
     # Public order: per campaign, by (scope, publisher); the union (no publisher) last.
     assert [(r["scope"], r["publisher"]) for r in got[:4]] == [
@@ -139,7 +140,7 @@ def test_parquet_distributed_release_with_empty_and_single_id_publishers(tmp_pat
     got = _by_key(_released(tmp_path / "rf", ["c1", "c2", "c3"]))
     cols = ImpressionColumns(publisher="pub", campaign="camp", person="person")
     want = _expected(pa.concat_tables([part1, part2]), campaigns=["c1", "c2", "c3"],
-                     publishers=["big", "silent", "solo"], config=SketchConfig(5000, 10.0),
+                     publishers=["big", "silent", "solo"], config=SketchConfig(num_registers=5000, decay_rate=10.0),
                      epsilon=3.0, seed=11, k=4, helpers=3, columns=cols, id_type="string",
                      secret=b"shared")
     assert got == _by_key(want)
@@ -151,6 +152,14 @@ def test_parquet_distributed_release_with_empty_and_single_id_publishers(tmp_pat
     # Each release states its measures: (3 publishers + union) x (reach, frequency).
     marker = result.releases[0].marker
     assert len(marker["measures"]) == 8 and marker["guarantee"]["epsilon"] == pytest.approx(3.0)
+    # ... split through one SharedBudget per campaign: 8 parts, each spent by its measure.
+    from pipelines.reach_frequency import JOB
+
+    planned = JOB.plan(request)[0]
+    assert len(planned.budget.names) == 8 and planned.budget.total.epsilon == 3.0
+    assert planned.guarantee() == planned.budget.guarantee()
+    assert planned.guarantee().delta == pytest.approx(marker["guarantee"]["delta"])
+    assert "== union/reach ==" in planned.explain()
     assert result.releases[0].report["counters"]["rows_read"] == 5503
 
 
@@ -186,7 +195,7 @@ def test_bad_parameters_fail_before_any_work(args, message, capsys, tmp_path):
 
 
 def test_build_sketches_counts_dropped_rows_and_merges_batches():
-    config = SketchConfig(2000, 10.0)
+    config = SketchConfig(num_registers=2000, decay_rate=10.0)
     batches = [
         pa.table({"publisher": ["p1", "p1", "p2", "p9", None],
                   "campaign": ["c", "c", "c", "c", "c"],
@@ -213,7 +222,7 @@ def test_build_sketches_counts_dropped_rows_and_merges_batches():
 
 
 def test_union_combine_fn_in_any_grouping():
-    config = SketchConfig(300, 10.0)
+    config = SketchConfig(num_registers=300, decay_rate=10.0)
     salt = FingerprintSalt.for_campaign("c")
     rng = np.random.default_rng(4)
     parts = [LiquidLegionsSketch.from_ids(config, salt, rng.integers(0, 500, 40))
@@ -313,7 +322,7 @@ def test_distributed_noise_release_reserves_an_independent_key_per_helper(tmp_pa
     fingerprints = [records[f"reach_frequency/{c}"]["keys"][name]["fingerprint"]
                     for c in ("c1", "c2") for name in ("release", "helper-0", "helper-1")]
     assert len(set(fingerprints)) == 6  # no key shared between helpers, campaigns or roles
-    budget = ReachFrequencyBudget(epsilon=0.5, num_publishers=3)
+    budget = ReachFrequencyNoise(budget=PrivacyBudget(epsilon=0.5), num_publishers=3)
     slack = budget.charged_specs(2, 3)["frequency"].delta - budget.histogram_spec().delta
     assert slack > 0
     spent = ledger.spent("campaign:c1")

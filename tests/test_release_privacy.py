@@ -156,7 +156,7 @@ def test_private_selection_is_calibrated_for_substitution(strategy):
     l0, epsilon, delta = 2, 1.0, 1e-5
     bounds = ContributionBounds(max_partitions=l0, max_contributions_per_partition=1)
     aggregate = DPAggregate(privacy_unit="u", keys=["k"], metrics=[PrivacyUnitCount()], bounds=bounds,
-                            selection=PrivateSelection(strategy, weight=1.0),
+                            selection=PrivateSelection(strategy=strategy, weight=1.0),
                             budget=PrivacyBudget(epsilon=2 * epsilon, delta=delta),
                             neighbouring=Neighbouring.SUBSTITUTE)
     selector = aggregate.selector
@@ -208,10 +208,10 @@ def test_two_transforms_cannot_share_a_key_object_but_derived_keys_are_fine():
 def test_reach_frequency_release_claims_its_keys():
     from accounting.keys import KeyReuseError
     from transforms.sketches.beam import ReleaseReachFrequency
-    from transforms.sketches.dp import ReachFrequencyBudget
+    from transforms.sketches.dp import ReachFrequencyNoise
     from transforms.sketches.liquid_legions import SketchConfig
 
-    release = ReleaseReachFrequency(SketchConfig(100, 10.0), ReachFrequencyBudget(1.0, 1),
+    release = ReleaseReachFrequency(SketchConfig(num_registers=100, decay_rate=10.0), ReachFrequencyNoise(budget=PrivacyBudget(epsilon=1.0), num_publishers=1),
                                     ReleaseKey.generate(), max_frequency=3)
     p = beam.Pipeline()
     sketches = p | beam.Create([])
@@ -242,10 +242,10 @@ def test_budget_check_counts_private_selection():
 
 
 def test_noisy_release_refuses_the_selection_stream_as_a_measure_name():
-    from transforms.release import NoisyMeasure, NoisyRelease, OutputColumn
+    from transforms.release import NoisedPartial, NoisyRelease, OutputColumn
 
     with pytest.raises(ValueError, match="key_selection"):
-        NoisyRelease(keys=["k"], measures=[NoisyMeasure(name="key_selection", partial="count")],
+        NoisyRelease(keys=["k"], measures=[NoisedPartial(name="key_selection", partial="count")],
                      outputs=[OutputColumn(name="c", measure="key_selection")],
                      partial_types={"count": pa.int64()}, release_key=ReleaseKey.for_testing(1),
                      keyset=PublicKeyset.from_keys(["x"], ["k"]), testing=True)

@@ -17,7 +17,7 @@ from accounting.calibration import NoiseKind, calibrate
 from accounting.keys import ReleaseKey
 from transforms.aggregate import _SortedRunsCoder, _SortedUnionFn
 from transforms.keyset import KEYSET_POSITION, PublicKeyset
-from transforms.release import KEYS_PER_SHARD, NoisyMeasure, NoisyRelease, OutputColumn, key_shards
+from transforms.release import KEYS_PER_SHARD, NoisedPartial, NoisyRelease, OutputColumn, key_shards
 
 SPEC = calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=1.0, l1_sensitivity=1)
 COUNTRIES = ["BR", "DE", "FR", "IN", "JP", "US", "ZA"]
@@ -42,7 +42,7 @@ def _partials():
 
 def _release(keyset_of, keys_per_shard, key=31):
     """Released rows (sorted) of one NoisyRelease, the keyset made by ``keyset_of(pipeline)``."""
-    measure = NoisyMeasure(name="count", partial="count", spec=SPEC)
+    measure = NoisedPartial(name="count", partial="count", spec=SPEC)
     with test_pipeline.TestPipeline(runner="FnApiRunner") as p:
         tables = (p | beam.Create(_partials(), reshuffle=False).with_output_types(pa.Table)
                   | NoisyRelease(keys=["country", "day"], measures=[measure],
@@ -134,7 +134,7 @@ def test_sorted_union_of_keyset_hashes():
 
 def test_keys_per_shard_must_be_positive():
     with pytest.raises(ValueError, match="keys_per_shard"):
-        NoisyRelease(keys=["k"], measures=[NoisyMeasure(name="c", partial="count", spec=SPEC)],
+        NoisyRelease(keys=["k"], measures=[NoisedPartial(name="c", partial="count", spec=SPEC)],
                      outputs=[OutputColumn(name="c", measure="c")], partial_types={"count": pa.int64()},
                      release_key=ReleaseKey.for_testing(1), keyset=PublicKeyset.from_keys(["a"], ["k"]),
                      keys_per_shard=0)

@@ -99,7 +99,7 @@ def inputs(tmp_path_factory) -> Path:
 
 
 _REFERENCE: dict[str, list] = {}
-DIRECT = RunnerCase("direct", "DirectRunner")
+DIRECT = RunnerCase(label="direct", runner="DirectRunner")
 
 
 def reference_output(job: JobCase, inputs: Path, tmp_root: Path) -> list:
@@ -143,11 +143,11 @@ def _spark_ready():
 
 
 RUNNERS = [
-    (RunnerCase("prism-loopback", "PrismRunner"), _prism_ready),
-    (RunnerCase("prism-external", "PrismRunner", needs_worker_pool=True), _prism_ready),
-    (RunnerCase("flink-loopback", "FlinkRunner"), _flink_ready),
-    (RunnerCase("flink-external", "FlinkRunner", needs_worker_pool=True), _flink_ready),
-    (RunnerCase("spark-loopback", "SparkRunner"), _spark_ready),
+    (RunnerCase(label="prism-loopback", runner="PrismRunner"), _prism_ready),
+    (RunnerCase(label="prism-external", runner="PrismRunner", needs_worker_pool=True), _prism_ready),
+    (RunnerCase(label="flink-loopback", runner="FlinkRunner"), _flink_ready),
+    (RunnerCase(label="flink-external", runner="FlinkRunner", needs_worker_pool=True), _flink_ready),
+    (RunnerCase(label="spark-loopback", runner="SparkRunner"), _spark_ready),
 ]
 
 

@@ -26,7 +26,7 @@ def test_truncated_geometric_is_dp_per_partition(epsilon, delta, l0):
 
 @pytest.mark.parametrize("strategy", list(SelectionStrategy))
 def test_single_unit_key_is_rarely_released(strategy):
-    selector = Selector(PrivateSelection(strategy), epsilon=1.0, delta=1e-5, max_partitions=2)
+    selector = Selector(PrivateSelection(strategy=strategy), epsilon=1.0, delta=1e-5, max_partitions=2)
     assert selector.keep_probability(1) <= 1e-5 / 2 * (1 + 1e-9)
     assert selector.keep_probability(0) <= selector.keep_probability(1)
     assert selector.keep_probability(500) > 0.99
@@ -39,7 +39,7 @@ def test_single_unit_key_is_rarely_released(strategy):
 
 
 def test_plan_mean_reuses_count_and_splits_budget():
-    bounds = ContributionBounds(2, 3, min_value=0, max_value=10)
+    bounds = ContributionBounds(max_partitions=2, max_contributions_per_partition=3, min_value=0, max_value=10)
     plan, measures, _ = plan_measures([Count(), Mean()], bounds, PrivacyBudget(epsilon=1.0))
     assert set(measures) == {"count", "mean.normalized_sum"}
     assert measures["mean.normalized_sum"].partial == "nsum" and not measures["mean.normalized_sum"].integer
@@ -56,7 +56,7 @@ def test_plan_mean_reuses_count_and_splits_budget():
 
 
 def test_plan_with_selection_and_gaussian():
-    bounds = ContributionBounds(4, 1)
+    bounds = ContributionBounds(max_partitions=4, max_contributions_per_partition=1)
     plan, measures, share = plan_measures([Count(noise="discrete_gaussian")], bounds,
                                       PrivacyBudget(epsilon=1.0, delta=1e-6),
                                       selection_weight=1.0, selection_needs_delta=True)

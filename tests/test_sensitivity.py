@@ -19,13 +19,13 @@ def test_count_without_total_bound():
 
 
 def test_count_with_a_loose_total_bound_is_unchanged():
-    loose = ContributionBounds(3, 2, max_contributions=10)
-    assert count_sensitivity(loose) == count_sensitivity(ContributionBounds(3, 2))
+    loose = ContributionBounds(max_partitions=3, max_contributions_per_partition=2, max_contributions=10)
+    assert count_sensitivity(loose) == count_sensitivity(ContributionBounds(max_partitions=3, max_contributions_per_partition=2))
 
 
 @pytest.mark.parametrize("l0,linf,total", [(3, 2, 3), (4, 3, 5), (2, 5, 3), (5, 1, 2), (3, 3, 7)])
 def test_count_with_total_bound_matches_brute_force(l0, linf, total):
-    s = count_sensitivity(ContributionBounds(l0, linf, max_contributions=total))
+    s = count_sensitivity(ContributionBounds(max_partitions=l0, max_contributions_per_partition=linf, max_contributions=total))
     # Every contribution vector allowed by the bounds: per partition <= linf, total <= L1.
     vectors = [np.array(v) for v in itertools.product(range(linf + 1), repeat=l0)
                if sum(v) <= total]
@@ -36,37 +36,37 @@ def test_count_with_total_bound_matches_brute_force(l0, linf, total):
 
 
 def test_privacy_unit_count():
-    s = privacy_unit_count_sensitivity(ContributionBounds(4, 7))
-    assert s == Sensitivities(4, 1.0, 4.0, 2.0)
-    capped = privacy_unit_count_sensitivity(ContributionBounds(4, 7, max_contributions=2))
-    assert capped == Sensitivities(2, 1.0, 2.0, pytest.approx(math.sqrt(2)))
+    s = privacy_unit_count_sensitivity(ContributionBounds(max_partitions=4, max_contributions_per_partition=7))
+    assert s == Sensitivities(l0=4, linf=1.0, l1=4.0, l2=2.0)
+    capped = privacy_unit_count_sensitivity(ContributionBounds(max_partitions=4, max_contributions_per_partition=7, max_contributions=2))
+    assert capped == Sensitivities(l0=2, linf=1.0, l1=2.0, l2=pytest.approx(math.sqrt(2)))
 
 
 @pytest.mark.parametrize("low,high,magnitude", [(0, 10, 10), (-5, 3, 5), (-2, 8, 8),
                                                 (2, 6, 6), (-9, -4, 9)])
 def test_sum_uses_largest_magnitude_even_when_range_crosses_zero(low, high, magnitude):
-    bounds = ContributionBounds(2, 3, min_value=low, max_value=high)
+    bounds = ContributionBounds(max_partitions=2, max_contributions_per_partition=3, min_value=low, max_value=high)
     s = sum_sensitivity(bounds)
     count = count_sensitivity(bounds)
-    assert s == Sensitivities(2, 3.0 * magnitude, 6.0 * magnitude,
-                              pytest.approx(count.l2 * magnitude))
+    assert s == Sensitivities(l0=2, linf=3.0 * magnitude, l1=6.0 * magnitude,
+                              l2=pytest.approx(count.l2 * magnitude))
 
 
 def test_mean_uses_the_centred_half_range():
-    m = mean_sensitivity(ContributionBounds(1, 2, min_value=10, max_value=20))
+    m = mean_sensitivity(ContributionBounds(max_partitions=1, max_contributions_per_partition=2, min_value=10, max_value=20))
     assert m.midpoint == 15
-    assert m.count == Sensitivities(1, 2.0, 2.0, 2.0)
-    assert m.normalized_sum == Sensitivities(1, 10.0, 10.0, 10.0)  # 2 rows x half-range 5
+    assert m.count == Sensitivities(l0=1, linf=2.0, l1=2.0, l2=2.0)
+    assert m.normalized_sum == Sensitivities(l0=1, linf=10.0, l1=10.0, l2=10.0)  # 2 rows x half-range 5
     # Half the plain sum's per-row magnitude of 20 -> far less noise for the same budget.
-    assert sum_sensitivity(ContributionBounds(1, 2, min_value=10, max_value=20)).l1 == 40.0
+    assert sum_sensitivity(ContributionBounds(max_partitions=1, max_contributions_per_partition=2, min_value=10, max_value=20)).l1 == 40.0
 
 
 def test_substitution_doubles_every_norm():
-    bounds = ContributionBounds(3, 2, min_value=-1, max_value=4)
+    bounds = ContributionBounds(max_partitions=3, max_contributions_per_partition=2, min_value=-1, max_value=4)
     for fn in (count_sensitivity, sum_sensitivity, privacy_unit_count_sensitivity):
         add = fn(bounds)
         sub = fn(bounds, Neighbouring.SUBSTITUTE)
-        assert sub == Sensitivities(2 * add.l0, 2 * add.linf, 2 * add.l1, pytest.approx(2 * add.l2))
+        assert sub == Sensitivities(l0=2 * add.l0, linf=2 * add.linf, l1=2 * add.l1, l2=pytest.approx(2 * add.l2))
     assert fn(bounds, "replace one privacy unit") == fn(bounds, Neighbouring.SUBSTITUTE)
     assert Neighbouring.SUBSTITUTE.dp_accounting is NeighboringRelation.REPLACE_ONE
     assert Neighbouring.ADD_REMOVE.dp_accounting is NeighboringRelation.ADD_OR_REMOVE_ONE
@@ -76,7 +76,7 @@ def test_doubled_sensitivity_matches_dp_accounting_replace_one_for_a_count():
     # A count under substitution: dp_accounting's REPLACE_ONE Gaussian PLD equals the add/remove
     # PLD of a query with our doubled sensitivity.
     sigma = 3.0
-    s = count_sensitivity(ContributionBounds(1, 1), Neighbouring.SUBSTITUTE)
+    s = count_sensitivity(ContributionBounds(max_partitions=1, max_contributions_per_partition=1), Neighbouring.SUBSTITUTE)
     ours = composition.pld_epsilon([dp_accounting.GaussianDpEvent(sigma / s.l2)], 1e-6)
     theirs = composition.pld_epsilon([dp_accounting.GaussianDpEvent(sigma)], 1e-6,
                                      neighboring_relation=NeighboringRelation.REPLACE_ONE)
@@ -94,7 +94,7 @@ def _aggregate(units, n_partitions, values=False):
 
 def test_removing_any_bounded_unit_changes_outputs_within_the_sensitivities():
     rng = np.random.default_rng(7)
-    bounds = ContributionBounds(3, 2, max_contributions=5, min_value=-3.0, max_value=2.0)
+    bounds = ContributionBounds(max_partitions=3, max_contributions_per_partition=2, max_contributions=5, min_value=-3.0, max_value=2.0)
     n_partitions = 6
     counts_s, sums_s = count_sensitivity(bounds), sum_sensitivity(bounds)
     for _ in range(300):
@@ -136,6 +136,6 @@ def test_bad_bounds_raise_naming_the_parameter(kwargs, name):
 
 def test_sum_without_a_value_range_is_refused():
     with pytest.raises(ValueError, match="min_value and max_value"):
-        sum_sensitivity(ContributionBounds(1, 1))
+        sum_sensitivity(ContributionBounds(max_partitions=1, max_contributions_per_partition=1))
     with pytest.raises(ValueError):
-        count_sensitivity(ContributionBounds(1, 1), "swap two units")
+        count_sensitivity(ContributionBounds(max_partitions=1, max_contributions_per_partition=1), "swap two units")

@@ -28,7 +28,7 @@ def test_split_by_weights_and_explicit_parts():
     explicit = SharedBudget(PrivacyBudget(epsilon=1.0), budgets={"a": PrivacyBudget(epsilon=0.4),
                                                                   "b": PrivacyBudget(epsilon=0.6)})
     assert explicit.budget("b").epsilon == 0.6
-    with pytest.raises(ValueError, match="epsilon=1.1 > total"):
+    with pytest.raises(ValueError, match=r"epsilon=1.1, delta=0 \(basic\) > total epsilon=1"):
         SharedBudget(PrivacyBudget(epsilon=1.0), budgets={"a": PrivacyBudget(epsilon=0.5),
                                                           "b": PrivacyBudget(epsilon=0.6)})
     with pytest.raises(ValueError, match="same kind"):
@@ -94,3 +94,57 @@ def test_a_part_spent_twice_is_refused():
     with pytest.raises(TypeError, match="PrivacyBudget or a SharedBudget part"):
         DPAggregate(privacy_unit="u", keys=["k"], metrics=[Count()], bounds=BOUNDS, budget=1.0,
                     keyset=PublicKeyset.from_keys(["x"], ["k"]))
+
+
+def test_mixed_explicit_parts_fit_by_the_accountant_and_parts_spent_by_measures():
+    from accounting import guarantee
+    from accounting.calibration import calibrate, calibrate_zcdp
+    from accounting.measures import Measure
+    from accounting.sensitivity import Sensitivities
+
+    total = PrivacyBudget(epsilon=1.0, delta=1e-6)
+    parts = {"pure": PrivacyBudget(epsilon=0.3), "gauss": PrivacyBudget(rho=0.01, delta=1e-7)}
+    shared = SharedBudget(total, budgets=parts, accountant="zcdp")
+    one = Sensitivities(l0=1, linf=1.0, l1=1.0, l2=1.0)
+    pure = Measure.of_noise("pure", calibrate("discrete_laplace", epsilon=0.3, l1_sensitivity=1), one)
+    gauss = Measure.of_noise("gauss", calibrate_zcdp("discrete_gaussian", rho=0.01, l2_sensitivity=1,
+                                                     delta_for_reporting=1e-7), one)
+    shared.part("pure").spend([pure])
+    # A part's measures must fit the part: twice the rho is refused before anything is spent.
+    big = Measure.of_noise("gauss", calibrate_zcdp("discrete_gaussian", rho=0.02, l2_sensitivity=1,
+                                                   delta_for_reporting=1e-7), one)
+    gauss_part = shared.part("gauss")
+    with pytest.raises(ValueError, match="rho"):
+        gauss_part.spend([big])
+    gauss_part.spend([gauss])
+    assert [m.name for m in shared.measures()] == ["pure", "gauss"]
+    # The job's guarantee is accounting.guarantee.compose of all measures, nothing else.
+    assert shared.guarantee() == guarantee.compose([pure, gauss], "zcdp", 1e-6)
+    assert shared.guarantee("basic") == guarantee.compose([pure, gauss], "basic")
+    assert "== gauss ==" in shared.explain() and "composes by zcdp" in shared.explain()
+    # Mixed parts must fit the total as the accountant composes them: zCDP fits 0.95, basic not.
+    tight = PrivacyBudget(epsilon=0.95, delta=1e-6)
+    assert SharedBudget(tight, budgets=parts, accountant="zcdp").names == ("pure", "gauss")
+    with pytest.raises(ValueError, match=r"\(basic\) > total epsilon=0.95"):
+        SharedBudget(tight, budgets=parts, accountant="basic")
+    with pytest.raises(ValueError, match="needs delta > 0"):
+        SharedBudget(total, budgets={"g": PrivacyBudget(rho=0.01)})
+
+
+def test_private_selection_is_a_measure_composed_with_the_others():
+    from accounting import guarantee
+    from transforms.selection import PrivateSelection
+
+    shared = SharedBudget(PrivacyBudget(epsilon=2.0, delta=1e-6), weights={"a": 1, "b": 1})
+    a = DPAggregate(privacy_unit="u", keys=["k"], metrics=[Count()], bounds=BOUNDS,
+                    budget=shared.part("a"), selection=PrivateSelection(), testing=True)
+    _aggregate(shared.part("b"), "B")
+    names = [m.name for m in shared.measures()]
+    assert names == ["count", "a/key_selection", "count", "sum"]
+    selection = shared.measures()[1]
+    assert (selection.epsilon, selection.delta) == (a.selector.epsilon, a.selector.delta)
+    assert selection.noise is None and "private key selection" in selection.mechanism
+    whole = shared.guarantee()
+    assert whole == guarantee.compose(shared.measures(), "basic")
+    assert whole.epsilon == pytest.approx(2.0) and whole.delta == pytest.approx(5e-7)  # b spends no delta
+    assert a.guarantee() == guarantee.compose(shared.measures()[:2], "basic")

@@ -29,7 +29,7 @@ def test_fingerprint_is_deterministic_and_salted_per_campaign():
     secret = fingerprint(ids, FingerprintSalt.for_campaign("campaign-1", b"publishers' secret"))
     assert np.mean(a == secret) < 1e-3
     # Different campaigns also scatter the same people over different registers.
-    cfg = SketchConfig(1000, 0.0)
+    cfg = SketchConfig(num_registers=1000, decay_rate=0.0)
     assert np.mean(cfg.registers_of(a) == cfg.registers_of(other)) < 0.01
 
 
@@ -69,7 +69,7 @@ def test_fingerprint_rejects_nulls_and_floats():
 
 @pytest.mark.parametrize("decay_rate", [10.0, 0.0])
 def test_register_choice_follows_the_truncated_exponential(decay_rate):
-    cfg = SketchConfig(64, decay_rate)
+    cfg = SketchConfig(num_registers=64, decay_rate=decay_rate)
     ids = np.random.default_rng(1).integers(0, 2 ** 62, 400_000)
     counts = np.bincount(cfg.registers_of(fingerprint(ids, SALT)), minlength=64)
     expected = cfg.register_probabilities() * ids.size
@@ -79,7 +79,7 @@ def test_register_choice_follows_the_truncated_exponential(decay_rate):
 
 
 def test_register_formula_matches_the_reference():
-    cfg = SketchConfig(100_000, 10.0)
+    cfg = SketchConfig(num_registers=100_000, decay_rate=10.0)
     u = np.array([0.0, 0.25, 0.5, 0.999999])
     fps = (u * 2.0 ** 64).astype(np.uint64)
     a = 10.0
@@ -89,22 +89,22 @@ def test_register_formula_matches_the_reference():
 
 def test_config_validation():
     with pytest.raises(ValueError, match="num_registers"):
-        SketchConfig(0, 10)
+        SketchConfig(num_registers=0, decay_rate=10)
     with pytest.raises(ValueError, match="decay_rate"):
-        SketchConfig(10, -1)
+        SketchConfig(num_registers=10, decay_rate=-1)
     with pytest.raises(ValueError, match="max_frequency"):
-        LiquidLegionsSketch.empty(SketchConfig(10, 1), SALT).frequency_histogram(0)
+        LiquidLegionsSketch.empty(SketchConfig(num_registers=10, decay_rate=1), SALT).frequency_histogram(0)
 
 
 # ----------------------------------------------------------------------------- sketch contents
 
 def _sketch(ids, impressions=None, m=16, a=3.0, salt=SALT):
-    return LiquidLegionsSketch.from_ids(SketchConfig(m, a), salt, np.asarray(ids, np.int64),
+    return LiquidLegionsSketch.from_ids(SketchConfig(num_registers=m, decay_rate=a), salt, np.asarray(ids, np.int64),
                                         None if impressions is None else np.asarray(impressions))
 
 
 def test_registers_hold_counts_and_a_unique_key():
-    cfg = SketchConfig(8, 0.0)
+    cfg = SketchConfig(num_registers=8, decay_rate=0.0)
     ids = np.arange(200, dtype=np.int64)
     regs = cfg.registers_of(fingerprint(ids, SALT))
     # Find two ids sharing a register and one alone in its register.
@@ -129,7 +129,7 @@ def test_impression_weights_equal_repeated_rows():
 
 
 def test_frequency_histogram_skips_collided_and_caps():
-    sk = LiquidLegionsSketch.empty(SketchConfig(6, 1.0), SALT)
+    sk = LiquidLegionsSketch.empty(SketchConfig(num_registers=6, decay_rate=1.0), SALT)
     sk.counts[:] = [0, 1, 4, 2, 7, 3]
     sk.collided[:] = [False, False, False, False, False, True]
     assert sk.active_registers() == 5
@@ -167,7 +167,7 @@ def test_merge_rejects_incompatible_sketches():
 def test_pickle_round_trip_is_compact():
     import pickle
 
-    sk = LiquidLegionsSketch.from_ids(SketchConfig(100_000, 10), SALT, np.arange(1000))
+    sk = LiquidLegionsSketch.from_ids(SketchConfig(num_registers=100_000, decay_rate=10), SALT, np.arange(1000))
     data = pickle.dumps(sk)
     assert pickle.loads(data) == sk
     assert len(data) < 40_000  # sparse: only the ~1000 active registers travel
@@ -176,19 +176,19 @@ def test_pickle_round_trip_is_compact():
 # ----------------------------------------------------------------------------- estimators
 
 def test_expected_active_matches_exact_register_sum():
-    cfg = SketchConfig(100_000, 10.0)
+    cfg = SketchConfig(num_registers=100_000, decay_rate=10.0)
     p = cfg.register_probabilities()
     for n in [100, 10_000, 1_000_000, 10_000_000]:
         exact = np.sum(-np.expm1(n * np.log1p(-p)))
         assert expected_active_registers(n, cfg) == pytest.approx(exact, rel=1e-4)
         assert estimate_reach(exact, cfg) == pytest.approx(n, rel=1e-3)
-    uniform = SketchConfig(1000, 0.0)
+    uniform = SketchConfig(num_registers=1000, decay_rate=0.0)
     assert estimate_reach(expected_active_registers(700, uniform), uniform) == pytest.approx(700)
 
 
 @pytest.mark.parametrize("n", [3_000, 60_000, 400_000])
 def test_reach_estimator_is_unbiased(n):
-    cfg = SketchConfig(20_000, 10.0)
+    cfg = SketchConfig(num_registers=20_000, decay_rate=10.0)
     rng = np.random.default_rng(n)
     rel = []
     for run in range(40):
@@ -203,7 +203,7 @@ def test_reach_estimator_is_unbiased(n):
 
 
 def test_frequency_estimator_is_unbiased_despite_collisions():
-    cfg = SketchConfig(5_000, 10.0)
+    cfg = SketchConfig(num_registers=5_000, decay_rate=10.0)
     rng = np.random.default_rng(3)
     n, k = 100_000, 5  # ~20 people per register at the dense end: many collisions
     truth = np.array([0.4, 0.25, 0.15, 0.1, 0.1])
@@ -224,7 +224,7 @@ def test_frequency_estimator_is_unbiased_despite_collisions():
 
 
 def test_estimators_on_noisy_inputs():
-    cfg = SketchConfig(1000, 10.0)
+    cfg = SketchConfig(num_registers=1000, decay_rate=10.0)
     assert estimate_reach(-5, cfg) == 0.0
     assert estimate_reach(0, cfg) == 0.0
     assert np.isfinite(estimate_reach(5000, cfg))  # clamped to m - 1 registers
@@ -241,7 +241,7 @@ def test_estimators_on_noisy_inputs():
 
 # ----------------------------------------------------------------------------- row rules
 
-CFG = SketchConfig(1000, 10.0)
+CFG = SketchConfig(num_registers=1000, decay_rate=10.0)
 
 
 def _salt_of(campaign):

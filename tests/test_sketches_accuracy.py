@@ -6,13 +6,14 @@ import pytest
 
 from accounting.keys import ReleaseKey
 from transforms.sketches.beam import SketchUnionFn
-from transforms.sketches.dp import ReachFrequencyBudget, SketchStatistics, add_global_noise
+from accounting.budget import PrivacyBudget
+from transforms.sketches.dp import ReachFrequencyNoise, SketchStatistics, add_global_noise
 from transforms.sketches.estimators import (estimate_reach, frequency_distribution,
                                             shuffle_distance)
 from transforms.sketches.fingerprint import FingerprintSalt
 from transforms.sketches.liquid_legions import LiquidLegionsSketch, SketchConfig
 
-CONFIG = SketchConfig(100_000, 10.0)
+CONFIG = SketchConfig(num_registers=100_000, decay_rate=10.0)
 K = 10
 
 
@@ -42,7 +43,7 @@ def _run(n, run, budget, key):
 
 @pytest.mark.parametrize("n, runs", [(10_000, 30), (300_000, 10)])
 def test_wfa_criteria_at_epsilon_ln3(n, runs):
-    budget = ReachFrequencyBudget(epsilon=math.log(3), num_publishers=3)
+    budget = ReachFrequencyNoise(budget=PrivacyBudget(epsilon=math.log(3)), num_publishers=3)
     key = ReleaseKey.for_testing(99)
     rel, shuffle = np.array([_run(n, r, budget, key) for r in range(runs)]).T
     assert np.mean(np.abs(rel) <= 0.05) >= 0.95, rel

@@ -10,7 +10,8 @@ from accounting.dp_tester import DPTester
 from accounting.sensitivity import Neighbouring
 from accounting.keys import ReleaseKey
 from transforms.noise import RandomStreams, add_noise
-from transforms.sketches.dp import (NOISE_PURPOSE, SHARE_PURPOSE, ReachFrequencyBudget,
+from accounting.budget import PrivacyBudget
+from transforms.sketches.dp import (NOISE_PURPOSE, SHARE_PURPOSE, ReachFrequencyNoise,
                                     SketchStatistics, add_global_noise, add_helper_share,
                                     distributed_noise_delta, helper_shares, output_keys,
                                     polya_difference, polya_table, helper_keys_for_testing)
@@ -25,7 +26,7 @@ UNION = ("union", "")
 # ----------------------------------------------------------------------------- budget
 
 def test_budget_splits_the_campaign_epsilon_over_scopes_and_measures():
-    budget = ReachFrequencyBudget(epsilon=math.log(3), num_publishers=3, reach_fraction=0.25)
+    budget = ReachFrequencyNoise(budget=PrivacyBudget(epsilon=math.log(3)), num_publishers=3, reach_fraction=0.25)
     reach, hist = budget.reach_spec(), budget.histogram_spec()
     assert reach.epsilon == pytest.approx(math.log(3) * 0.25 / 4)
     assert hist.epsilon == pytest.approx(math.log(3) * 0.75 / 4)
@@ -33,24 +34,22 @@ def test_budget_splits_the_campaign_epsilon_over_scopes_and_measures():
     assert reach.scale == pytest.approx(1 / reach.epsilon, rel=1e-5)
     assert budget.total().epsilon == pytest.approx(math.log(3))
     assert budget.total().delta == 0
-    substitute = ReachFrequencyBudget(epsilon=math.log(3), num_publishers=3, reach_fraction=0.25,
-                                      neighbouring=Neighbouring.SUBSTITUTE)
+    substitute = ReachFrequencyNoise(budget=PrivacyBudget(epsilon=math.log(3)), num_publishers=3, reach_fraction=0.25, neighbouring=Neighbouring.SUBSTITUTE)
     assert substitute.reach_spec().scale == pytest.approx(2 * reach.scale, rel=1e-5)
-    gauss = ReachFrequencyBudget(epsilon=1.0, delta=1e-6, num_publishers=1,
-                                 kind=NoiseKind.DISCRETE_GAUSSIAN)
+    gauss = ReachFrequencyNoise(budget=PrivacyBudget(epsilon=1.0, delta=1e-6), num_publishers=1, kind=NoiseKind.DISCRETE_GAUSSIAN)
     assert gauss.total().delta == pytest.approx(1e-6)
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(epsilon=0.0, num_publishers=2), "epsilon"),
-    (dict(epsilon=1.0, num_publishers=0), "num_publishers"),
-    (dict(epsilon=1.0, num_publishers=2, reach_fraction=1.0), "reach_fraction"),
-    (dict(epsilon=1.0, num_publishers=2, kind="laplace"), "discrete"),
-    (dict(epsilon=1.0, num_publishers=2, kind="discrete_gaussian"), "delta"),
+    (dict(num_publishers=0), "num_publishers"),
+    (dict(num_publishers=2, reach_fraction=1.0), "reach_fraction"),
+    (dict(num_publishers=2, kind="laplace"), "discrete"),
+    (dict(num_publishers=2, kind="discrete_gaussian"), "delta"),
+    (dict(num_publishers=2, budget=PrivacyBudget.zcdp(0.5)), "sequentially"),
 ])
-def test_budget_rejects_bad_parameters(kwargs, match):
+def test_noise_split_rejects_bad_parameters(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        ReachFrequencyBudget(**kwargs)
+        ReachFrequencyNoise(**{"budget": PrivacyBudget(epsilon=1.0), **kwargs})
 
 
 # ----------------------------------------------------------------------------- sensitivity
@@ -58,7 +57,7 @@ def test_budget_rejects_bad_parameters(kwargs, match):
 def test_one_person_changes_at_most_one_register_and_one_histogram_bin():
     """The stated sensitivities, checked on sketches crowded enough to hit every transition
     (empty -> singleton, singleton -> collided, collided -> collided)."""
-    cfg = SketchConfig(200, 10.0)
+    cfg = SketchConfig(num_registers=200, decay_rate=10.0)
     rng = np.random.default_rng(0)
     base_ids = rng.integers(0, 2 ** 62, 300)
     base_imp = rng.integers(1, 6, 300)
@@ -88,7 +87,7 @@ def test_one_person_changes_at_most_one_register_and_one_histogram_bin():
 def _neighbouring_sketches(kind: str):
     """D and D' = D + one person: either into an empty register (reach +1) or onto a
     singleton register (histogram bin -1)."""
-    cfg = SketchConfig(500, 10.0)
+    cfg = SketchConfig(num_registers=500, decay_rate=10.0)
     ids = np.arange(300, dtype=np.int64)
     d = LiquidLegionsSketch.from_ids(cfg, SALT, ids, np.arange(300) % 3 + 1)
     for pid in range(10_000, 20_000):
@@ -102,7 +101,7 @@ def _neighbouring_sketches(kind: str):
 
 
 def test_global_noise_is_the_budget_spec_on_keyed_lanes():
-    budget = ReachFrequencyBudget(epsilon=1.0, num_publishers=2)
+    budget = ReachFrequencyNoise(budget=PrivacyBudget(epsilon=1.0), num_publishers=2)
     stats_ = SketchStatistics(1234, np.array([5, 0, 7], np.int64))
     noisy = add_global_noise(stats_, budget, KEY, "c1", UNION)
     reach_streams = RandomStreams.for_keys(KEY, NOISE_PURPOSE, output_keys("c1", UNION, "reach", 1))
@@ -135,7 +134,7 @@ def _lane_sampler(spec, values, tag):
 
 
 def test_reach_noise_passes_the_dp_tester_on_neighbouring_sketches():
-    budget = ReachFrequencyBudget(epsilon=4.0, num_publishers=1)  # 1.0 per statistic
+    budget = ReachFrequencyNoise(budget=PrivacyBudget(epsilon=4.0), num_publishers=1)  # 1.0 per statistic
     d, d_prime = _neighbouring_sketches("empty")
     a, b = d.active_registers(), d_prime.active_registers()
     assert b == a + 1
@@ -151,7 +150,7 @@ def test_reach_noise_passes_the_dp_tester_on_neighbouring_sketches():
 
 
 def test_histogram_noise_passes_the_dp_tester_on_neighbouring_sketches():
-    budget = ReachFrequencyBudget(epsilon=4.0, num_publishers=1)
+    budget = ReachFrequencyNoise(budget=PrivacyBudget(epsilon=4.0), num_publishers=1)
     d, d_prime = _neighbouring_sketches("singleton")
     ha, hb = d.frequency_histogram(3), d_prime.frequency_histogram(3)
     assert np.abs(ha - hb).sum() == 1
@@ -221,7 +220,7 @@ def test_polya_table_is_the_exact_cdf_in_integers_with_a_stated_tv_bound():
 
 
 def test_distributed_noise_delta_is_charged():
-    budget = ReachFrequencyBudget(epsilon=1.0, num_publishers=2)
+    budget = ReachFrequencyNoise(budget=PrivacyBudget(epsilon=1.0), num_publishers=2)
     assert budget.total().delta == 0.0
     charged = budget.charged_specs(num_helpers=3, max_frequency=5)
     extra = charged["frequency"].delta
@@ -233,7 +232,7 @@ def test_distributed_noise_delta_is_charged():
 
 
 def test_helper_shares_come_from_each_helpers_own_key():
-    budget = ReachFrequencyBudget(epsilon=1.0, num_publishers=1)  # scale 4 per statistic
+    budget = ReachFrequencyNoise(budget=PrivacyBudget(epsilon=1.0), num_publishers=1)  # scale 4 per statistic
     keys = helper_keys_for_testing(KEY, 3)
     zero = SketchStatistics(0, np.zeros(2, np.int64))
     totals = []
@@ -258,8 +257,8 @@ def test_helper_shares_come_from_each_helpers_own_key():
 def test_distributed_release_needs_one_key_per_helper():
     from transforms.sketches.beam import ReleaseReachFrequency
 
-    budget = ReachFrequencyBudget(epsilon=1.0, num_publishers=1)
-    config = SketchConfig(100, 10.0)
+    budget = ReachFrequencyNoise(budget=PrivacyBudget(epsilon=1.0), num_publishers=1)
+    config = SketchConfig(num_registers=100, decay_rate=10.0)
     with pytest.raises(ValueError, match="own ReleaseKey"):
         ReleaseReachFrequency(config, budget, ReleaseKey.generate(), max_frequency=3, num_helpers=2)
     shared = ReleaseKey.generate()
@@ -272,8 +271,7 @@ def test_distributed_release_needs_one_key_per_helper():
 
 
 def test_distributed_noise_needs_discrete_laplace():
-    budget = ReachFrequencyBudget(epsilon=1.0, delta=1e-6, num_publishers=1,
-                                  kind=NoiseKind.DISCRETE_GAUSSIAN)
+    budget = ReachFrequencyNoise(budget=PrivacyBudget(epsilon=1.0, delta=1e-6), num_publishers=1, kind=NoiseKind.DISCRETE_GAUSSIAN)
     with pytest.raises(ValueError, match="discrete_laplace"):
         helper_shares(KEY, 2, budget, "c", UNION, 3)
     with pytest.raises(ValueError, match="discrete Laplace"):

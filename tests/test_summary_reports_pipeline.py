@@ -185,8 +185,8 @@ def test_reports_pipeline_with_bad_input_unknown_and_empty_buckets(tmp_path):
 
 
 def test_bound_and_summary_transforms():
-    reports = [AggregatableReport("s", 0, ((1, 60000),)), AggregatableReport("s", 1, ((2, 6000),)),
-               AggregatableReport("s", 2, ((2, 5536),)), AggregatableReport("t", 0, ((1, 9),))]
+    reports = [AggregatableReport(source_id="s", order=0, contributions=((1, 60000),)), AggregatableReport(source_id="s", order=1, contributions=((2, 6000),)),
+               AggregatableReport(source_id="s", order=2, contributions=((2, 5536),)), AggregatableReport(source_id="t", order=0, contributions=((1, 9),))]
     with BeamTestPipeline(runner="FnApiRunner") as p:
         out = p | beam.Create(reports) | BoundSourceContributions(max_reports_per_source=2)
         assert_that(out, equal_to([(key_bytes(1), 60000), (key_bytes(1), 9)]))

@@ -60,7 +60,7 @@ def test_analysis_reports_dropped_rows_errors_and_suppression(tmp_path):
 
 def test_analysis_with_private_selection_counts_dropped_keys():
     report = analyze(_data().to_pandas(), privacy_unit="user", keys="country", metrics=["count"],
-                     candidates=[Candidate(name="c", bounds=ContributionBounds(2, 3),
+                     candidates=[Candidate(name="c", bounds=ContributionBounds(max_partitions=2, max_contributions_per_partition=3),
                                            budget=PrivacyBudget(epsilon=1.0, delta=1e-6))],
                      selection=PrivateSelection())
     [row] = report.summary

@@ -83,8 +83,9 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from accounting.budget import PrivacyBudget
-from accounting.shared_budget import BudgetPart
-from accounting.composition import EpsDelta, sequential
+from accounting.guarantee import compose as compose_measures
+from accounting.shared_budget import BudgetPart, selection_measure
+from accounting.composition import EpsDelta
 from accounting.sensitivity import ContributionBounds, Neighbouring
 from transforms import arrow_coder  # noqa: F401  (registers the Arrow table coder)
 from transforms import bounding
@@ -94,7 +95,7 @@ from transforms.keyset import KEYSET_POSITION, PublicKeyset
 from transforms.metrics import (Metric, MetricKind, as_metric, is_integer_range, mean_from_noisy,
                                 plan_measures, variance_from_noisy)
 from accounting.keys import ReleaseKey
-from transforms.release import NoisyRelease, OutputColumn, keyset_tables
+from transforms.release import SELECTION_PURPOSE, NoisyRelease, OutputColumn, keyset_tables
 from transforms.selection import PrivateSelection, Selector
 from transforms.tables import as_arrow_table, static_schema
 from transforms.vectors import clip, row_words, vectors_of
@@ -585,11 +586,12 @@ class DPAggregate(beam.PTransform):
 
     def guarantee(self) -> EpsDelta:
         """The whole release's (epsilon, delta): the measures (basic composition, or the zCDP
-        budget's conversion) plus private key selection, composed sequentially."""
-        measures = self.plan.guarantee("zcdp" if self.plan.budget.is_zcdp else "basic")
+        budget's conversion) plus private key selection -- a measure of its own, composed with
+        them by accounting.guarantee (selection needs an (epsilon, delta) budget: basic)."""
         if self.selector is None:
-            return measures
-        return sequential([measures, (self.selector.epsilon, self.selector.delta)])
+            return self.plan.guarantee("zcdp" if self.plan.budget.is_zcdp else "basic")
+        return compose_measures([*self.plan.measures,
+                                 selection_measure(SELECTION_PURPOSE, self.selector)], "basic")
 
     def explain(self) -> str:
         """The release plan: each measure's mechanism, sensitivity, noise and budget share."""

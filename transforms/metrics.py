@@ -21,7 +21,7 @@ from accounting.sensitivity import (ContributionBounds, Neighbouring, count_sens
                                     mean_sensitivity, privacy_unit_count_sensitivity,
                                     sum_sensitivity, variance_sensitivity)
 from accounting.validation import check_epsilon, check_finite
-from transforms.release import SELECTION_PURPOSE, NoisyMeasure
+from transforms.release import SELECTION_PURPOSE, NoisedPartial
 
 
 class MetricKind(str, enum.Enum):
@@ -247,7 +247,7 @@ def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget:
     """Split ``budget`` among the measures the metrics need and calibrate each.
 
     Returns ``(plan, measures, selection_share)``: the ReleasePlan, a mapping measure name ->
-    calibrated :class:`~transforms.release.NoisyMeasure` (partial columns: count, units, sum,
+    calibrated :class:`~transforms.release.NoisedPartial` (partial columns: count, units, sum,
     nsum), and the budget share for private key selection (or None).
     """
     if isinstance(metrics, (str, Metric)):
@@ -333,12 +333,13 @@ def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget:
     if selection_weight and selection_needs_delta:
         needs_delta.append(SELECTION_PURPOSE)
     shares = budget.split(weights, needs_delta=needs_delta)
-    plan = ReleasePlan(budget)
-    for name in kinds:
-        plan.add_calibrated(name, kinds[name], shares[name], sens[name],
-                            neighbouring=neighbouring, description=descriptions[name])
+    plan = ReleasePlan(budget=budget)
+    plan = plan.with_measures(*(plan.calibrated(name, kinds[name], shares[name], sens[name],
+                                                neighbouring=neighbouring,
+                                                description=descriptions[name])
+                                for name in kinds))
     specs = {m.name: m.noise for m in plan.measures}
-    measures = {name: NoisyMeasure(name=name, partial=partial, spec=specs[name], integer=integer,
+    measures = {name: NoisedPartial(name=name, partial=partial, spec=specs[name], integer=integer,
                                    columns=columns)
                 for name, (partial, integer, columns) in partials.items()}
     selection_share = shares.get(SELECTION_PURPOSE)

@@ -63,14 +63,20 @@ def noise_purpose(name: str) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class NoisyMeasure:
-    """A noisy answer drawn per key: the partial column it noises and how.
+class NoisedPartial:
+    """Where the release stage draws noise per key: the partial column it noises and how.
 
-    name: unique per release; it also labels the measure's noise streams. partial: the partial
-    column holding the exact answer. spec: the calibrated noise (None only in testing mode).
-    integer: integer answers and integer noise. columns: for a vector measure (a quantile
-    tree's nodes, a vector sum's coordinates), its partial columns; its noisy answer is then a
-    (keys, len(columns)) array, each coordinate drawn from its own lane (key, coordinate).
+    Not a measure: what a release spends and states (mechanism, sensitivities, cost) is an
+    :class:`accounting.measures.Measure`, the one measure type; a NoisedPartial only wires one
+    measure's calibrated ``spec`` (``Measure.noise``) to a partial column and to its keyed noise
+    streams, which are labelled by ``name`` (a job may label streams more narrowly than the
+    measure's name, e.g. per campaign).
+
+    name: unique per release; it labels the noise streams. partial: the partial column holding
+    the exact answer. spec: the calibrated noise (None only in testing mode). integer: integer
+    answers and integer noise. columns: for a vector answer (a quantile tree's nodes, a vector
+    sum's coordinates), its partial columns; its noisy answer is then a (keys, len(columns))
+    array, each coordinate drawn from its own lane (key, coordinate).
     """
 
     name: str
@@ -97,9 +103,14 @@ class NoisyMeasure:
         return add_noise(self.spec, exact.reshape(-1), streams).reshape(exact.shape)
 
 
+#: The former name, kept while branches written against it are merged (wave 3); use NoisedPartial.
+NoisyMeasure = NoisedPartial
+
+
 @dataclass(frozen=True, kw_only=True)
 class OutputColumn:
-    """A released column: one measure, or ``derive(noisy measures) -> array``.
+    """A released column: one noised partial (``measure``: its name), or
+    ``derive(noisy answers by name) -> array``.
 
     follows: the name of an earlier column whose threshold this one shares (an error column
     of a value): in ``threshold_mode="value"`` it is null wherever that value is suppressed,
@@ -378,7 +389,7 @@ class NoisyRelease(beam.PTransform):
     by the key, so neither changes a released value.
     """
 
-    def __init__(self, *, keys: Sequence[str], measures: Sequence[NoisyMeasure],
+    def __init__(self, *, keys: Sequence[str], measures: Sequence[NoisedPartial],
                  outputs: Sequence[OutputColumn], partial_types: Mapping[str, pa.DataType],
                  release_key: ReleaseKey, keyset: PublicKeyset = None, selector=None,
                  testing: bool = False, num_shards: int = 32, threshold_mode: str = "key",

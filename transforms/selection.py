@@ -42,7 +42,7 @@ class SelectionStrategy(str, enum.Enum):
     GAUSSIAN_THRESHOLDING = "gaussian_thresholding"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PrivateSelection:
     """Choose released keys privately; ``weight`` is this step's share of the budget."""
 

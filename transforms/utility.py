@@ -35,9 +35,8 @@ from __future__ import annotations
 
 import collections
 import csv
-import math
 from dataclasses import dataclass, field, replace
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -48,7 +47,8 @@ from accounting.keys import ReleaseKey
 from accounting.measures import Measure
 from accounting.sensitivity import ContributionBounds, Neighbouring
 
-__all__ = ["Candidate", "UtilityReport", "analyze", "choose_bounds", "BoundsChoice"]
+__all__ = ["Candidate", "UtilityReport", "analyze", "choose_bounds", "BoundsChoice",
+           "bound_statistics", "bound_utilities"]
 
 _ANALYSED = ("count", "sum", "mean", "privacy_unit_count")
 _HUGE = 2 ** 40
@@ -305,20 +305,65 @@ class BoundsChoice:
                 + self.plan.explain())
 
 
-def exponential_choice(counts_at_or_below: np.ndarray, n: float, quantile: float, epsilon: float,
-                       sensitivity: float, uniforms: np.ndarray) -> int:
-    """Index of the candidate chosen by the exponential mechanism (Gumbel-max with the given
-    uniforms in (0, 1)). Candidate ``c_i`` is good when the target rank ``quantile * n`` lies in
-    ``[count(<= c_{i-1}), count(<= c_i)]``: utility is minus the distance to that interval
-    (so candidates above every unit's value, which all hold ``n`` units, do not tie with the
-    right one). One unit moves the counts by 0 or 1 and the target by ``quantile``, so the
-    distance moves by at most max(q, 1 - q) <= 1: sensitivity 1 (add/remove)."""
+def candidate_utility(counts_at_or_below: np.ndarray, n: float, quantile: float) -> np.ndarray:
+    """The exponential mechanism's utility of each candidate ``c_i``: good when the target rank
+    ``quantile * n`` lies in ``[count(<= c_{i-1}), count(<= c_i)]``, so minus the distance to
+    that interval (candidates above every unit's value, which all hold ``n`` units, do not tie
+    with the right one). One unit moves the counts by 0 or 1 and the target by ``quantile``, so
+    each utility moves by at most max(q, 1 - q) <= 1: sensitivity 1 (add/remove)."""
     upper = np.asarray(counts_at_or_below, dtype=float)
     lower = np.concatenate([[0.0], upper[:-1]])
     target = quantile * n
-    utility = -(np.maximum(target - upper, 0.0) + np.maximum(lower - target, 0.0))
+    return -(np.maximum(target - upper, 0.0) + np.maximum(lower - target, 0.0))
+
+
+def exponential_choice(counts_at_or_below: np.ndarray, n: float, quantile: float, epsilon: float,
+                       sensitivity: float, uniforms: np.ndarray) -> int:
+    """Index of the candidate chosen by the exponential mechanism (Gumbel-max with the given
+    uniforms in (0, 1)) over :func:`candidate_utility`."""
+    return gumbel_argmax(candidate_utility(counts_at_or_below, n, quantile), epsilon, sensitivity,
+                         uniforms)
+
+
+def gumbel_argmax(utility: np.ndarray, epsilon: float, sensitivity: float, uniforms: np.ndarray) -> int:
+    """The exponential mechanism (McSherry & Talwar 2007) as Gumbel-max: the index maximising
+    ``epsilon * utility / (2 * sensitivity) + Gumbel noise`` from uniforms in (0, 1)."""
     gumbel = -np.log(-np.log(np.clip(uniforms, 1e-300, 1 - 1e-16)))
-    return int(np.argmax(epsilon * utility / (2 * sensitivity) + gumbel))
+    return int(np.argmax(epsilon * np.asarray(utility, dtype=float) / (2 * sensitivity) + gumbel))
+
+
+def bound_statistics(data, *, privacy_unit: str, keys: Sequence[str]) -> dict[str, np.ndarray]:
+    """Per privacy unit (one entry each, canonical ids; rows with a null id or key dropped): the
+    number of keys it contributes to (``max_partitions``) and its largest row count in one key
+    (``max_contributions_per_partition``) -- the statistics :func:`choose_bounds` picks a
+    quantile of. Adding or removing one unit adds or removes one entry of each."""
+    from transforms.aggregate import check_schema
+    from transforms.privacy_units import canonical_unit_ids
+
+    keys = [keys] if isinstance(keys, str) else list(keys)
+    table = _as_table(data)
+    check_schema(table.schema, privacy_unit, keys, None)
+    table = table.select([privacy_unit, *keys])
+    table = table.set_column(0, privacy_unit, canonical_unit_ids(table.column(0), privacy_unit))
+    valid = pc.is_valid(table.column(0))
+    for k in keys:
+        valid = pc.and_(valid, pc.is_valid(table.column(k)))
+    table = table.filter(valid)
+    pairs = table.group_by([privacy_unit, *keys], use_threads=False).aggregate([([], "count_all")])
+    per_unit = pairs.group_by([privacy_unit], use_threads=False).aggregate(
+        [([], "count_all"), ("count_all", "max")])
+    return {"max_partitions": per_unit.column("count_all").to_numpy(),
+            "max_contributions_per_partition": per_unit.column("count_all_max").to_numpy()}
+
+
+def bound_utilities(statistics: Mapping[str, np.ndarray], candidates: Sequence[int],
+                    quantile: float) -> dict[str, np.ndarray]:
+    """Each bound's candidate utilities (:func:`candidate_utility`) from :func:`bound_statistics`."""
+    out = {}
+    for name, stat in statistics.items():
+        at_or_below = np.array([(stat <= c).sum() for c in candidates])
+        out[name] = candidate_utility(at_or_below, len(stat), quantile)
+    return out
 
 
 def choose_bounds(data, *, privacy_unit: str, keys: Sequence[str], budget, release_key: ReleaseKey = None,
@@ -328,7 +373,6 @@ def choose_bounds(data, *, privacy_unit: str, keys: Sequence[str], budget, relea
     epsilon) or a SharedBudget part (registered, so the job's guarantee includes the choice)."""
     from accounting.shared_budget import BudgetPart
     from transforms.noise import RandomStreams
-    from transforms.privacy_units import canonical_unit_ids
 
     part = budget if isinstance(budget, BudgetPart) else None
     budget = part.budget if part is not None else budget
@@ -341,39 +385,24 @@ def choose_bounds(data, *, privacy_unit: str, keys: Sequence[str], budget, relea
         raise ValueError("candidates must be positive integers")
     if release_key is None:
         release_key = part.release_key if part is not None and part.release_key else ReleaseKey.generate()
-    keys = [keys] if isinstance(keys, str) else list(keys)
-    table = _as_table(data)
-    from transforms.aggregate import check_schema
-    check_schema(table.schema, privacy_unit, keys, None)
-    table = table.select([privacy_unit, *keys])
-    table = table.set_column(0, privacy_unit, canonical_unit_ids(table.column(0), privacy_unit))
-    valid = pc.is_valid(table.column(0))
-    for k in keys:
-        valid = pc.and_(valid, pc.is_valid(table.column(k)))
-    table = table.filter(valid)
-    pairs = table.group_by([privacy_unit, *keys], use_threads=False).aggregate([([], "count_all")])
-    per_unit = pairs.group_by([privacy_unit], use_threads=False).aggregate(
-        [([], "count_all"), ("count_all", "max")])
-    keys_per_unit = per_unit.column("count_all").to_numpy()
-    rows_per_key = per_unit.column("count_all_max").to_numpy()
-    n = len(keys_per_unit)
+    statistics = bound_statistics(data, privacy_unit=privacy_unit, keys=keys)
     sensitivity = float(Neighbouring(neighbouring).factor)
     epsilon = budget.epsilon / 2
     chosen = []
-    for purpose, stat in (("bounds:max_partitions", keys_per_unit),
-                          ("bounds:max_contributions_per_partition", rows_per_key)):
+    for name, utility in bound_utilities(statistics, candidates, quantile).items():
+        purpose = f"bounds:{name}"
         release_key.claim(purpose, owner="choose_bounds")
-        at_or_below = np.array([(stat <= c).sum() for c in candidates])
         uniforms = RandomStreams.for_range(release_key, purpose, len(candidates)).uniform_float()
-        chosen.append(candidates[exponential_choice(at_or_below, n, quantile, epsilon, sensitivity, uniforms)])
-    plan = ReleasePlan(PrivacyBudget(epsilon=budget.epsilon, delta=budget.delta))
+        chosen.append(candidates[gumbel_argmax(utility, epsilon, sensitivity, uniforms)])
+    plan = ReleasePlan(budget=PrivacyBudget(epsilon=budget.epsilon, delta=budget.delta))
     for name, stat_text in (("max_partitions", "keys per unit"),
                             ("max_contributions_per_partition", "largest rows of a unit in one key")):
-        plan.add(Measure(name=f"bounds.{name}", mechanism="exponential", epsilon=epsilon,
-                         neighbouring=neighbouring,
-                         description=f"{name}: the candidate nearest the {quantile:g} quantile of "
-                                     f"{stat_text}, exponential mechanism, utility sensitivity "
-                                     f"{sensitivity:g}, candidates {candidates}"))
+        plan = plan.with_measures(Measure(
+            name=f"bounds.{name}", mechanism="exponential", epsilon=epsilon,
+            neighbouring=neighbouring,
+            description=f"{name}: the candidate nearest the {quantile:g} quantile of {stat_text}, "
+                        f"exponential mechanism, utility sensitivity {sensitivity:g}, "
+                        f"candidates {candidates}"))
     choice = BoundsChoice(max_partitions=chosen[0], max_contributions_per_partition=chosen[1], plan=plan)
     if part is not None:
         part.register(choice)

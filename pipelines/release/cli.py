@@ -117,12 +117,23 @@ def parse_request(job: Job, argv: Sequence[str]):
     return job.request_type(**own, options=options)
 
 
+def _explain(job: Job, request) -> int:
+    """``--explain``: the plan of every release the request would make (nothing read or charged)."""
+    job.check(request)
+    for planned in job.plan(request):
+        print(f"{job.name} release {planned.release_id}")
+        print("\n".join(f"  {line}" if line else "" for line in planned.explain().splitlines()))
+    return EXIT_RELEASED
+
+
 def main(job: Job, argv: Optional[Sequence[str]] = None) -> int:
     """Parse, run, print the summary; the exit code says what happened (see errors)."""
     logging.basicConfig(level=os.environ.get("LOGLEVEL", "WARNING"))
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         request = parse_request(job, argv)
+        if request.options.explain:
+            return _explain(job, request)
         result = lifecycle.run(job, request)
     except (ReleaseRefused, ReleaseFailed) as err:
         print(f"{job.name}: error: {err}", file=sys.stderr)

@@ -19,6 +19,7 @@ from accounting import guarantee
 from accounting.keys import ReleaseKey
 from accounting.ledger import Scope
 from accounting.measures import Measure
+from accounting.shared_budget import SharedBudget
 from pipelines.release import names
 from pipelines.release.errors import ReleaseRefused
 
@@ -53,6 +54,9 @@ class ReleaseOptions:
                 "dropped by the row rules (all dropped is always refused)"})
     allow_dropped_rows: bool = field(default=False, metadata={
         "help": "publish even when the dropped-rows rule would refuse (the report says so)"})
+    explain: bool = field(default=False, metadata={
+        "help": "print each planned release's budget split, measures and guarantee (the "
+                "SharedBudget explain) and exit: nothing is read, charged or published"})
     pipeline_args: tuple = field(default=(), metadata={"cli": False})
 
     def __post_init__(self):
@@ -111,7 +115,10 @@ class PlannedRelease:
     """One release a run makes.
 
     ``measures``: what it spends (each states mechanism, neighbouring relation, sensitivity and
-    cost); a release that spends nothing (post-processing of published releases, or a simulation
+    cost); ``budget``: a job with several measures splits its budget through an
+    :class:`~accounting.shared_budget.SharedBudget` whose parts are spent before planning: the
+    release's measures and accountant are then the budget's, and its guarantee is the budget's
+    ``guarantee()`` (one explain/guarantee path for library users and jobs); a release that spends nothing (post-processing of published releases, or a simulation
     that publishes no statistic) has no measures, composes to (0, 0)
     (``accounting.guarantee.compose([])``) and must say why in ``spends_nothing`` (its
     ``scopes`` may then be empty); ``scopes``: the ledger budgets it is charged to;
@@ -123,12 +130,13 @@ class PlannedRelease:
     """
 
     release_id: str
-    measures: Sequence[Measure]
     scopes: Sequence[Scope]
     outputs: Sequence[OutputSpec]
     config: Mapping[str, Any]
+    measures: Sequence[Measure] = ()
+    budget: Optional[SharedBudget] = field(default=None, repr=False, compare=False)
     parameters: Mapping[str, Any] = field(default_factory=dict)
-    accountant: str = "basic"
+    accountant: Optional[str] = None
     inputs: Optional[Sequence[str]] = None
     key_names: Sequence[str] = ("release",)
     guarantee_covers: str = ""
@@ -136,6 +144,20 @@ class PlannedRelease:
 
     def __post_init__(self):
         names.check_release_id(self.release_id)
+        if self.budget is not None:
+            if not isinstance(self.budget, SharedBudget):
+                raise TypeError(f"release {self.release_id!r}: budget must be a SharedBudget")
+            spent = tuple(self.budget.measures())
+            if self.measures and tuple(self.measures) != spent:
+                raise ValueError(f"release {self.release_id!r}: measures differ from its budget's "
+                                 "(give the SharedBudget alone)")
+            if self.accountant is not None and self.accountant != self.budget.accountant:
+                raise ValueError(f"release {self.release_id!r}: accountant {self.accountant!r} "
+                                 f"differs from its budget's {self.budget.accountant!r}")
+            object.__setattr__(self, "measures", spent)
+            object.__setattr__(self, "accountant", self.budget.accountant)
+        elif self.accountant is None:
+            object.__setattr__(self, "accountant", "basic")
         if not self.measures and not self.spends_nothing:
             raise ValueError(f"release {self.release_id!r} has no measures: a release that "
                              "spends nothing says why in spends_nothing")
@@ -150,8 +172,21 @@ class PlannedRelease:
         object.__setattr__(self, "key_names", tuple(self.key_names))
 
     def guarantee(self):
-        """This release's (epsilon, delta) at the delta its measures declare."""
+        """This release's (epsilon, delta): its SharedBudget's guarantee (at the budget's
+        delta), else its measures composed at the delta they declare."""
+        if self.budget is not None:
+            return self.budget.guarantee()
         return guarantee.compose(self.measures, self.accountant)
+
+    def explain(self) -> str:
+        """The release's budget and measures, readable (the SharedBudget's explain when it has
+        one; else one line per measure and the guarantee)."""
+        if self.budget is not None:
+            return self.budget.explain()
+        g = self.guarantee()
+        lines = [f"{m.name}: {m.mechanism}, epsilon={m.epsilon:.4g}, delta={m.delta:.3g}"
+                 for m in self.measures]
+        return "\n".join(lines + [f"release: {guarantee.describe(g, self.accountant)}"])
 
     def guarantee_json(self) -> dict:
         g = self.guarantee()

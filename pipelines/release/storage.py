@@ -33,10 +33,12 @@ def join(base: str, *parts: str) -> str:
 
 
 def absolute(path: str) -> str:
-    """Local paths made absolute (relative globs then work with Beam everywhere); URIs as given."""
-    if "://" in path:
-        return path
-    return os.path.abspath(os.path.expanduser(path))
+    """Local paths made absolute (relative globs then work with Beam everywhere); URIs as given.
+    The one normalisation of the project: :func:`transforms.tables.normalize_glob` (the library
+    readers use it too)."""
+    from transforms.tables import normalize_glob
+
+    return normalize_glob(path)
 
 
 def parent(path: str) -> str:

@@ -185,7 +185,7 @@ class _EncodeConversionsFn(beam.DoFn):
                     if v:
                         items.append((bits | base, v))
             self.reports.inc()
-            yield AggregatableReport(sources[i], int(order[i]), tuple(items))
+            yield AggregatableReport(source_id=sources[i], order=int(order[i]), contributions=tuple(items))
 
 
 class EncodeConversions(beam.PTransform):

@@ -35,7 +35,7 @@ FAULTS = ("malformed_json", "missing_source_id", "bad_source_id", "bad_order", "
           "bad_bucket_key", "bad_value", "negative_value", "report_over_budget")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class AggregatableReport:
     source_id: str
     order: int
@@ -108,7 +108,7 @@ def parse_report(line: str | bytes) -> AggregatableReport:
         if value > CONTRIBUTION_BUDGET:
             raise ReportFault("bad_value", f"value {value} exceeds {CONTRIBUTION_BUDGET}")
         contributions.append((key, value))
-    report = AggregatableReport(source, order, tuple(contributions))
+    report = AggregatableReport(source_id=source, order=order, contributions=tuple(contributions))
     if report.total > CONTRIBUTION_BUDGET:
         raise ReportFault("report_over_budget",
                           f"contributions sum to {report.total} > {CONTRIBUTION_BUDGET}")
@@ -128,6 +128,7 @@ def reports_from_vectors(source_ids, orders, keys: np.ndarray, contributions: np
     """
     out = []
     for s, o, krow, crow in zip(source_ids, orders, keys, contributions):
-        out.append(AggregatableReport(canonical_unit_id(s, "source_id"), int(o), tuple(
-            (int(k), int(v)) for k, v in zip(krow, crow) if v)))
+        out.append(AggregatableReport(
+            source_id=canonical_unit_id(s, "source_id"), order=int(o),
+            contributions=tuple((int(k), int(v)) for k, v in zip(krow, crow) if v)))
     return out

@@ -167,7 +167,7 @@ class UnionAcrossPublishers(beam.PTransform):
 
 
 def estimate_record(campaign: str, scope: tuple[str, str], noisy: dp.SketchStatistics,
-                    config: SketchConfig, budget: dp.ReachFrequencyBudget,
+                    config: SketchConfig, noise: dp.ReachFrequencyNoise,
                     noise_mode: str) -> dict:
     """The released row of one (campaign, scope): post-processing of the noisy statistics."""
     reach = estimate_reach(noisy.active_registers, config)
@@ -183,8 +183,8 @@ def estimate_record(campaign: str, scope: tuple[str, str], noisy: dp.SketchStati
         "k_reach": [round(float(v), 3) for v in k_reach(reach, dist)],
         "k_plus_reach": [round(float(v), 3) for v in k_plus_reach(reach, dist)],
         "noise": noise_mode,
-        "epsilon_reach": budget.reach_spec().epsilon,
-        "epsilon_frequency": budget.histogram_spec().epsilon,
+        "epsilon_reach": noise.reach_spec().epsilon,
+        "epsilon_frequency": noise.histogram_spec().epsilon,
     }
 
 
@@ -203,12 +203,12 @@ class _Statistics(beam.DoFn):
 
 
 class _GlobalNoise(beam.DoFn):
-    def __init__(self, budget, release_keys):
-        self._budget, self._keys = budget, release_keys
+    def __init__(self, noise, release_keys):
+        self._noise, self._keys = noise, release_keys
 
     def process(self, element):
         (campaign, scope), stats = element
-        yield (campaign, scope), dp.add_global_noise(stats, self._budget,
+        yield (campaign, scope), dp.add_global_noise(stats, self._noise,
                                                      self._keys.for_campaign(campaign),
                                                      campaign, scope)
 
@@ -216,12 +216,12 @@ class _GlobalNoise(beam.DoFn):
 class _HelperShare(beam.DoFn):
     """One helper: adds its Polya-difference share from its own key; it never sees the others'."""
 
-    def __init__(self, helper_key, num_helpers, budget):
-        self._key, self._n, self._budget = helper_key, num_helpers, budget
+    def __init__(self, helper_key, num_helpers, noise):
+        self._key, self._n, self._noise = helper_key, num_helpers, noise
 
     def process(self, element):
         (campaign, scope), stats = element
-        yield (campaign, scope), dp.add_helper_share(stats, self._key, self._n, self._budget,
+        yield (campaign, scope), dp.add_helper_share(stats, self._key, self._n, self._noise,
                                                      campaign, scope)
 
 
@@ -270,7 +270,7 @@ class ReleaseReachFrequency(beam.PTransform):
     mapping campaign -> key (global noise).
     """
 
-    def __init__(self, config: SketchConfig, budget: dp.ReachFrequencyBudget,
+    def __init__(self, config: SketchConfig, noise: dp.ReachFrequencyNoise,
                  release_key: ReleaseKey | Mapping[str, ReleaseKey], *, max_frequency: int,
                  num_helpers: int = 0, helper_keys: Mapping[str, ReleaseKey] = None):
         super().__init__()
@@ -289,58 +289,58 @@ class ReleaseReachFrequency(beam.PTransform):
             helper_keys = {str(h): helper_keys[h] for h in sorted(helper_keys, key=str)}
         elif num_helpers:
             helper_keys = dp.helper_keys_for_testing(keys.any_key(), int(num_helpers))
-        if helper_keys and budget.kind.value != "discrete_laplace":
+        if helper_keys and noise.kind.value != "discrete_laplace":
             raise ValueError("num_helpers: distributed Polya noise needs discrete_laplace noise")
         if isinstance(max_frequency, bool) or int(max_frequency) != max_frequency \
                 or max_frequency < 1:
             raise ValueError(f"max_frequency: must be an integer >= 1, got {max_frequency!r}")
-        self._config, self._budget, self._keys = config, budget, keys
+        self._config, self._noise, self._keys = config, noise, keys
         self._helpers = helper_keys or {}
         self._k, self._n = int(max_frequency), len(self._helpers)
 
     def guarantee(self):
         """Each campaign's (epsilon, delta), distributed noise's sampler slack included."""
-        return self._budget.total(self._n, self._k)
+        return self._noise.total(self._n, self._k)
 
     def expand(self, scoped_sketches):
         owner = f"{type(self).__name__} {self.label!r}"
         stats = scoped_sketches | "Statistics" >> beam.ParDo(_Statistics(self._k))
         if self._n == 0:
             self._keys.claim(dp.NOISE_PURPOSE, owner)
-            noisy = stats | "GlobalNoise" >> beam.ParDo(_GlobalNoise(self._budget, self._keys))
+            noisy = stats | "GlobalNoise" >> beam.ParDo(_GlobalNoise(self._noise, self._keys))
             mode = "global"
         else:
             noisy = stats
             for i, (name, key) in enumerate(self._helpers.items()):
                 key.claim(dp.SHARE_PURPOSE, owner)
                 noisy = noisy | f"Helper{i}AddsShare" >> beam.ParDo(
-                    _HelperShare(key, self._n, self._budget))
+                    _HelperShare(key, self._n, self._noise))
             mode = f"distributed/{self._n}"
-        config, budget = self._config, self._budget
+        config, noise = self._config, self._noise
         return noisy | "Estimate" >> beam.MapTuple(
-            lambda key, s: estimate_record(key[0], key[1], s, config, budget, mode))
+            lambda key, s: estimate_record(key[0], key[1], s, config, noise, mode))
 
 
 class ReachFrequency(beam.PTransform):
     """Impression batches -> released reach and frequency per campaign, publisher and union."""
 
-    def __init__(self, config: SketchConfig, budget: dp.ReachFrequencyBudget,
+    def __init__(self, config: SketchConfig, noise: dp.ReachFrequencyNoise,
                  release_key: ReleaseKey | Mapping[str, ReleaseKey], *, max_frequency: int,
                  num_helpers: int = 0, helper_keys: Mapping[str, ReleaseKey] = None,
                  columns: ImpressionColumns = ImpressionColumns(),
                  id_type: IdType | str = IdType.INT, campaigns: Iterable[str],
                  publishers: Iterable[str], shared_secret: bytes = b""):
         super().__init__()
-        if len(_declared(publishers, "publishers")) != budget.num_publishers:
+        if len(_declared(publishers, "publishers")) != noise.num_publishers:
             raise ValueError(f"publishers: {len(_declared(publishers, 'publishers'))} declared "
-                             f"but the budget is split for {budget.num_publishers}")
+                             f"but the budget is split for {noise.num_publishers}")
         keys = ReleaseKeys(release_key)
         if not keys.covers(_declared(campaigns, "campaigns")):
             raise ValueError("release_key: no key for some declared campaigns")
         self._build = BuildSketches(config, columns=columns, id_type=id_type,
                                     campaigns=campaigns, publishers=publishers,
                                     shared_secret=shared_secret)
-        self._release = ReleaseReachFrequency(config, budget, keys,
+        self._release = ReleaseReachFrequency(config, noise, keys,
                                               max_frequency=max_frequency,
                                               num_helpers=num_helpers, helper_keys=helper_keys)
 

@@ -53,8 +53,8 @@ knows only its own share.
   whose output law is within TV ``t`` of it for every input is
   ``(epsilon, delta + (1 + e^epsilon) t)``-DP (apply the TV bound on both neighbours). So each
   statistic's delta grows by ``(1 + e^epsilon) d eta`` (:func:`distributed_noise_delta`), which
-  composes like any delta; :meth:`ReachFrequencyBudget.charged_specs` and
-  :meth:`ReachFrequencyBudget.total` include it, so the job charges it (typically ~1e-15).
+  composes like any delta; :meth:`ReachFrequencyNoise.charged_specs` and
+  :meth:`ReachFrequencyNoise.total` include it, so the job charges it (typically ~1e-15).
 """
 from __future__ import annotations
 
@@ -66,14 +66,15 @@ from typing import NamedTuple
 
 import numpy as np
 
+from accounting.budget import PrivacyBudget
 from accounting.calibration import NoiseKind, NoiseSpec, calibrate
 from accounting.composition import EpsDelta, sequential
 from accounting.sensitivity import Neighbouring, Sensitivities
-from accounting.validation import check_delta, check_epsilon, check_positive_int
+from accounting.validation import check_delta, check_positive_int
 from accounting.keys import ReleaseKey
 from transforms.noise import RandomStreams, add_noise
 
-__all__ = ["SketchStatistics", "ReachFrequencyBudget", "REACH_SENSITIVITY",
+__all__ = ["SketchStatistics", "ReachFrequencyNoise", "REACH_SENSITIVITY",
            "HISTOGRAM_SENSITIVITY", "output_keys", "add_global_noise", "PolyaTable",
            "polya_table", "polya_difference", "distributed_noise_delta", "helper_keys_for_testing",
            "helper_shares", "add_helper_share", "NOISE_PURPOSE", "SHARE_PURPOSE"]
@@ -97,23 +98,28 @@ class SketchStatistics(NamedTuple):
         return cls(sketch.active_registers(), sketch.frequency_histogram(max_frequency))
 
 
-@dataclass(frozen=True)
-class ReachFrequencyBudget:
-    """Per-campaign budget split over the 2 (P + 1) noisy statistics of a campaign.
+@dataclass(frozen=True, kw_only=True)
+class ReachFrequencyNoise:
+    """How a campaign's :class:`~accounting.budget.PrivacyBudget` becomes the noise of its
+    2 (P + 1) statistics (each scope's reach and frequency histogram).
 
-    ``epsilon``/``delta``: total for one campaign (delta only for the discrete Gaussian).
+    Not a budget: the budget is ``budget`` (the campaign's total (epsilon, delta); delta only for
+    the discrete Gaussian), the one budget type every job shares. This object is the split rule
+    and calibration on top of it: each scope gets epsilon / (P + 1) by sequential composition,
+    ``reach_fraction`` of it for reach and the rest for the histogram.
     ``num_publishers``: P, the number of declared publishers (public, not read from data).
     """
 
-    epsilon: float
+    budget: PrivacyBudget
     num_publishers: int
     reach_fraction: float = 0.5
-    delta: float = 0.0
     kind: NoiseKind = NoiseKind.DISCRETE_LAPLACE
     neighbouring: Neighbouring = Neighbouring.ADD_REMOVE
 
     def __post_init__(self):
-        check_epsilon(self.epsilon)
+        if not isinstance(self.budget, PrivacyBudget) or self.budget.is_zcdp:
+            raise ValueError(f"budget: an (epsilon, delta) PrivacyBudget (sketch statistics "
+                             f"compose sequentially), got {self.budget!r}")
         check_positive_int(self.num_publishers, "num_publishers")
         if not 0.0 < float(self.reach_fraction) < 1.0:
             raise ValueError(f"reach_fraction must be in (0, 1), got {self.reach_fraction!r}")
@@ -122,7 +128,7 @@ class ReachFrequencyBudget:
         if self.kind not in (NoiseKind.DISCRETE_LAPLACE, NoiseKind.DISCRETE_GAUSSIAN):
             raise ValueError(f"noise kind: sketch statistics are integers, use discrete_laplace "
                              f"or discrete_gaussian, got {self.kind.value}")
-        check_delta(self.delta, allow_zero=self.kind is NoiseKind.DISCRETE_LAPLACE)
+        check_delta(self.budget.delta, allow_zero=self.kind is NoiseKind.DISCRETE_LAPLACE)
 
     @property
     def num_scopes(self) -> int:
@@ -132,10 +138,10 @@ class ReachFrequencyBudget:
         factor = self.neighbouring.factor
         l0 = min(sens.l0 * factor, coordinates)  # a replaced person touches two registers
         sens = sens.scaled(factor)
-        eps = self.epsilon * fraction / self.num_scopes
+        eps = self.budget.epsilon * fraction / self.num_scopes
         if self.kind is NoiseKind.DISCRETE_LAPLACE:
             return calibrate(self.kind, epsilon=eps, l1_sensitivity=sens.l1)
-        return calibrate(self.kind, epsilon=eps, delta=self.delta * fraction / self.num_scopes,
+        return calibrate(self.kind, epsilon=eps, delta=self.budget.delta * fraction / self.num_scopes,
                          l2_sensitivity=sens.l2, l0=l0)
 
     def reach_spec(self) -> NoiseSpec:
@@ -170,7 +176,7 @@ def output_keys(campaign: str, scope: tuple[str, str], measure: str, size: int) 
     return [(str(campaign), kind, publisher, measure, i) for i in range(size)]
 
 
-def add_global_noise(stats: SketchStatistics, budget: ReachFrequencyBudget,
+def add_global_noise(stats: SketchStatistics, noise: ReachFrequencyNoise,
                      release_key: ReleaseKey, campaign: str,
                      scope: tuple[str, str]) -> SketchStatistics:
     """Central noise on both statistics of one sketch (one keyed lane per released number)."""
@@ -179,9 +185,9 @@ def add_global_noise(stats: SketchStatistics, budget: ReachFrequencyBudget,
     hist = np.asarray(stats.histogram, dtype=np.int64)
     hist_streams = RandomStreams.for_keys(release_key, NOISE_PURPOSE,
                                           output_keys(campaign, scope, "frequency", hist.size))
-    reach = add_noise(budget.reach_spec(), np.array([stats.active_registers], np.int64),
+    reach = add_noise(noise.reach_spec(), np.array([stats.active_registers], np.int64),
                       reach_streams)
-    return SketchStatistics(int(reach[0]), add_noise(budget.histogram_spec(), hist, hist_streams))
+    return SketchStatistics(int(reach[0]), add_noise(noise.histogram_spec(), hist, hist_streams))
 
 
 # --------------------------------------------------------------------------- distributed noise
@@ -280,10 +286,10 @@ def helper_keys_for_testing(release_key: ReleaseKey, num_helpers: int) -> dict[s
     return {f"helper{i}": release_key.derive(f"helper/{i}/of/{n}") for i in range(n)}
 
 
-def helper_shares(helper_key: ReleaseKey, num_helpers: int, budget: ReachFrequencyBudget,
+def helper_shares(helper_key: ReleaseKey, num_helpers: int, noise: ReachFrequencyNoise,
                   campaign: str, scope: tuple[str, str], num_bins: int) -> SketchStatistics:
     """One helper's shares for one sketch's reach and histogram, from the helper's own key."""
-    if budget.kind is not NoiseKind.DISCRETE_LAPLACE:
+    if noise.kind is not NoiseKind.DISCRETE_LAPLACE:
         raise ValueError("distributed noise: Polya shares sum to discrete Laplace noise only; "
                          "use kind=discrete_laplace")
     if not isinstance(helper_key, ReleaseKey):
@@ -292,15 +298,15 @@ def helper_shares(helper_key: ReleaseKey, num_helpers: int, budget: ReachFrequen
                                            output_keys(campaign, scope, "reach", 1))
     hist_streams = RandomStreams.for_keys(helper_key, SHARE_PURPOSE,
                                           output_keys(campaign, scope, "frequency", num_bins))
-    reach = polya_difference(reach_streams, polya_table(num_helpers, budget.reach_spec().unit_scale))
-    hist = polya_difference(hist_streams, polya_table(num_helpers, budget.histogram_spec().unit_scale))
+    reach = polya_difference(reach_streams, polya_table(num_helpers, noise.reach_spec().unit_scale))
+    hist = polya_difference(hist_streams, polya_table(num_helpers, noise.histogram_spec().unit_scale))
     return SketchStatistics(int(reach[0]), hist)
 
 
 def add_helper_share(stats: SketchStatistics, helper_key: ReleaseKey, num_helpers: int,
-                     budget: ReachFrequencyBudget, campaign: str,
+                     noise: ReachFrequencyNoise, campaign: str,
                      scope: tuple[str, str]) -> SketchStatistics:
     """The statistics after the helper holding ``helper_key`` has added its share."""
-    share = helper_shares(helper_key, num_helpers, budget, campaign, scope, len(stats.histogram))
+    share = helper_shares(helper_key, num_helpers, noise, campaign, scope, len(stats.histogram))
     return SketchStatistics(stats.active_registers + share.active_registers,
                             np.asarray(stats.histogram, np.int64) + share.histogram)

@@ -45,7 +45,7 @@ class IdType(str, enum.Enum):
     STRING = "string"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ImpressionColumns:
     """Column names of the impression log."""
 
@@ -57,7 +57,7 @@ class ImpressionColumns:
         return [self.publisher, self.campaign, self.person]
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class RowCounts:
     """Operator-side counts of one batch (never released)."""
 
@@ -67,10 +67,6 @@ class RowCounts:
     missing_key: int = 0
     undeclared_key: int = 0
 
-    def __iadd__(self, other: "RowCounts") -> "RowCounts":
-        for name in ("rows", "used", "missing_id", "missing_key", "undeclared_key"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        return self
 
 
 def _as_array(column) -> pa.Array:
@@ -194,10 +190,8 @@ def partial_sketches(batch, *, config: SketchConfig, salt_of: Callable[[str], Fi
     undeclared = (camp_undeclared | pub_undeclared) & ~key_missing
     id_missing = ~id_ok & ~key_missing & ~undeclared
     keep = ~(key_missing | undeclared | id_missing)
-    counts.missing_key = int(key_missing.sum())
-    counts.undeclared_key = int(undeclared.sum())
-    counts.missing_id = int(id_missing.sum())
-    counts.used = int(keep.sum())
+    counts = RowCounts(rows=batch.num_rows, used=int(keep.sum()), missing_id=int(id_missing.sum()),
+                       missing_key=int(key_missing.sum()), undeclared_key=int(undeclared.sum()))
 
     rows = np.flatnonzero(keep)
     if rows.size == 0:

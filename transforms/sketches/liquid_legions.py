@@ -31,7 +31,7 @@ _U53 = np.uint64(11)
 _TWO_M53 = 2.0 ** -53
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SketchConfig:
     """Public parameters of a sketch: m registers and decay rate a (0 = uniform)."""
 
