@@ -9,7 +9,8 @@ integer keys and about ``rows_per_key x N`` rows (default 1.6: 200M rows at 125M
 follow a Zipf law (exponent 1.1 over the key ranks, so most keys have no rows and are released as
 noisy zeros, as in a pageview release) and whose users are heavy-tailed; both as Parquet files of
 1M rows. Each leg runs in a fresh process (``--leg``): ``Create(files) -> read Arrow batches ->
-DPAggregate(count; L0=1, Linf=1; keyset from a PCollection; epsilon 1) -> count released keys``
+DPAggregate(count; L0=1, Linf=1; keyset from a PCollection with its size stated, as the row count
+of the keyset files is public; epsilon 1) -> count released keys``
 on the in-process FnApiRunner or on a local Dask cluster (runners.dask_cluster) of 1 or 2 worker
 processes. The parent measures, from process start (imports included), wall time, rows/s, keys/s
 and the peak memory of the whole process tree (the leg and every Dask scheduler, nanny and

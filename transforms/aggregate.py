@@ -120,7 +120,9 @@ class BoundingConfig:
 
     unit / keys / value: column names (value None for counts only); bounds: the contribution
     bounds; release_key: derives the secret priorities; keyset: rows outside it are dropped
-    before bounding (a PCollection keyset is kept as its columns and exclusions only);
+    before bounding (a PCollection keyset is kept as its columns and exclusions only); with an
+    in-memory keyset, bounded rows and partials carry the key's keyset position
+    (:data:`~transforms.keyset.KEYSET_POSITION`) in place of the key columns;
     num_shards: unit and key shards; integer_values: integer sums; midpoint: centre of the
     clamping range (for normalized sums).
     """
