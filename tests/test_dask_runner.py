@@ -71,7 +71,7 @@ def centralnotice_args(tmp: Path, out: Path) -> list[str]:
     return ["--config", str(sample / "campaigns.json"),
             "--impressions", str(sample / "impressions.csv"),
             "--clicks", str(sample / "clicks.csv"), "--campaign", "C2026_000_fr",
-            "--date", "2026-11-26", "--output", str(out), "--testing_seed", SEED]
+            "--date", "2026-11-28", "--output", str(out), "--testing_seed", SEED]
 
 
 def reach_frequency_args(tmp: Path, out: Path) -> list[str]:
