@@ -223,7 +223,7 @@ class CentralNoticeRelease(beam.PTransform):
                                       release_key=self.release_key, keyset=self.keyset(),
                                       num_shards=self.num_shards)
             clk = (click_rows
-                   | "BoundUsers" >> BoundedKeyPartials(bounding)
+                   | "BoundUsers" >> BoundedKeyPartials(bounding, by_position=True)
                    | "UserClickPartials" >> beam.Map(_user_click_partials).with_output_types(pa.Table))
         specs = {m.name: m.noise for m in self.measures}
         purpose = f"centralnotice/{c.campaign_id}"

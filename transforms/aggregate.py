@@ -120,9 +120,7 @@ class BoundingConfig:
 
     unit / keys / value: column names (value None for counts only); bounds: the contribution
     bounds; release_key: derives the secret priorities; keyset: rows outside it are dropped
-    before bounding (a PCollection keyset is kept as its columns and exclusions only); with an
-    in-memory keyset, bounded rows and partials carry the key's keyset position
-    (:data:`~transforms.keyset.KEYSET_POSITION`) in place of the key columns;
+    before bounding (a PCollection keyset is kept as its columns and exclusions only);
     num_shards: unit and key shards; integer_values: integer sums; midpoint: centre of the
     clamping range (for normalized sums).
     """
@@ -239,8 +237,9 @@ class _ToArrowTables(beam.DoFn):
 class _PrepareAndBound(beam.DoFn):
     """Row rules, keyset filter, priorities and per-batch bounding; routes rows by unit shard."""
 
-    def __init__(self, config: BoundingConfig):
+    def __init__(self, config: BoundingConfig, by_position: bool = False):
         self._c = config
+        self._by_position = by_position
         self._counters = {}
 
     def _count(self, name, amount):
@@ -287,8 +286,9 @@ class _PrepareAndBound(beam.DoFn):
                 position = c.keyset.positions(table)
                 inside = position >= 0
                 self._count("dropped_outside_keyset", (~inside & ~excluded).sum())
-                table = table.filter(pa.array(inside)).append_column(
-                    KEYSET_POSITION, pa.array(position[inside]))
+                table = table.filter(pa.array(inside))
+                if self._by_position:
+                    table = table.append_column(KEYSET_POSITION, pa.array(position[inside]))
             else:
                 # A PCollection keyset is too large to hold; its sorted key hashes (a side input)
                 # pre-filter rows, and the exact join before release removes the rare collision.
@@ -442,10 +442,19 @@ class BoundedKeyPartials(beam.PTransform):
     :class:`~transforms.release.NoisyRelease` with measures of their own (CentralNotice's
     user-DP clicks). Not to be confused with ARA's on-device contribution bounding
     (:mod:`transforms.ara`), which drops reports beyond an L1 budget.
+
+    by_position (with an in-memory keyset in the config): bounded rows and partials carry the
+    key's keyset position (:data:`~transforms.keyset.KEYSET_POSITION`, what NoisyRelease joins
+    an in-memory keyset on) in place of the key columns; priorities are still of the key's
+    values, so the same rows are kept.
     """
 
-    def __init__(self, config: "BoundingConfig", keyset_pcollection=None, label=None):
+    def __init__(self, config: "BoundingConfig", keyset_pcollection=None, label=None, *,
+                 by_position: bool = False):
         super().__init__(label)
+        if by_position and (config.keyset is None or not config.keyset.in_memory):
+            raise ValueError("by_position needs an in-memory keyset in the bounding config")
+        self._by_position = by_position
         self._c = config
         self._keyset_pcollection = keyset_pcollection
 
@@ -468,7 +477,7 @@ class BoundedKeyPartials(beam.PTransform):
         return (pcoll
                 | "ToArrow" >> beam.ParDo(_ToArrowTables(columns, c.unit, batch_rows))
                 .with_output_types(pa.Table)
-                | "PrepareAndBound" >> beam.ParDo(_PrepareAndBound(c), **side)
+                | "PrepareAndBound" >> beam.ParDo(_PrepareAndBound(c, self._by_position), **side)
                 .with_output_types(Tuple[int, pa.Table])
                 | "GroupByUnitShard" >> beam.GroupByKey()
                 | "BoundUnitShards" >> beam.ParDo(_BoundUnitShard(c)).with_output_types(pa.Table))
@@ -709,7 +718,11 @@ class DPAggregate(beam.PTransform):
             if len(typed) == len(schema):
                 check_schema(schema, c.unit, c.keys, c.value, vector=c.vector is not None)
         keyset_pcollection = None if self.keyset is None or self.keyset.in_memory else self.keyset.pcollection
-        partials = pcoll | "BoundContributions" >> BoundedKeyPartials(c, keyset_pcollection)
+        # An in-memory keyset: bounded rows and partials carry the key's position in it, not the
+        # key columns (8 bytes per row through the shuffles; NoisyRelease joins on it).
+        by_position = self.keyset is not None and self.keyset.in_memory
+        partials = pcoll | "BoundContributions" >> BoundedKeyPartials(c, keyset_pcollection,
+                                                                      by_position=by_position)
         measures = list(self.measures.values())
         partial_types = {"count": pa.int64(), "units": pa.int64()}
         if c.vector is not None:
