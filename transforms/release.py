@@ -103,9 +103,6 @@ class NoisedPartial:
         return add_noise(self.spec, exact.reshape(-1), streams).reshape(exact.shape)
 
 
-#: The former name, kept while branches written against it are merged (wave 3); use NoisedPartial.
-NoisyMeasure = NoisedPartial
-
 
 @dataclass(frozen=True, kw_only=True)
 class OutputColumn:
