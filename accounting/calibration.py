@@ -51,7 +51,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
-from scipy import special  # scipy.stats is not imported: ~0.5 s of start-up
 
 from accounting.composition import zcdp_delta, zcdp_to_dp
 from accounting.validation import (check_delta, check_epsilon, check_positive_int, check_rho,
@@ -128,6 +127,8 @@ class NoiseSpec:
         if not 0 < level < 1:
             raise ValueError(f"level must be in (0, 1), got {level!r}")
         if self.kind.is_gaussian:
+            from scipy import special  # lazily: ~0.15 s of start-up a Laplace release never needs
+
             return float(special.ndtri(0.5 + level / 2) * self.scale)
         # Discrete Laplace in units: P(|Z| > h) = 2 p^(h+1) / (1 + p) for integer h >= 0.
         p = math.exp(-1.0 / self.unit_scale)
@@ -195,6 +196,8 @@ def laplace_scale(epsilon: float, l1_sensitivity: float) -> float:
 
 def gaussian_delta(sigma: float, epsilon: float, l2_sensitivity: float) -> float:
     """Exact δ(ε) of the Gaussian mechanism (Balle & Wang 2018, Theorem 8)."""
+    from scipy import special  # lazily: ~0.15 s of start-up a Laplace release never needs
+
     a = l2_sensitivity / (2 * sigma)
     b = epsilon * sigma / l2_sensitivity
     # Φ(a - b) - e^ε Φ(-a - b), the second term in log space to avoid overflow of e^ε.

@@ -25,7 +25,6 @@ import functools
 import math
 
 import numpy as np
-from scipy import special  # scipy.stats is not imported: ~0.5 s of start-up
 
 #: Beyond this many sigmas the discrete Gaussian's mass is below double precision.
 TAIL_SIGMAS = 40
@@ -65,6 +64,8 @@ def discrete_gaussian_quantile(sigma: float, target: float) -> int:
     A threshold m released only when ``n + Z >= m + 1`` keeps a key with a single unit
     (n = 1) with probability at most ``target``.
     """
+    from scipy import special  # lazily (start-up time); scipy.stats is never imported here
+
     m = max(1, int(-special.ndtri(target) * sigma) - 2)
     while discrete_gaussian_upper_tail(sigma, m) > target:
         m += 1
@@ -129,6 +130,8 @@ def noise_cdf(spec, x) -> np.ndarray:
         sigma = spec.unit_scale
         if not spec.kind.is_integer or sigma > EXACT_SIGMA_LIMIT:
             # Grid far below sigma (or huge sigma): the continuous CDF at the grid point.
+            from scipy import special
+
             return special.ndtr((units + 0.5) / sigma)
         return discrete_gaussian_cdf(sigma, units)
     return discrete_laplace_cdf(spec.unit_scale, units)
@@ -139,6 +142,8 @@ def noise_sf(spec, x) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     units = np.floor(x / spec.granularity + 1e-9)
     if spec.kind.is_gaussian and (not spec.kind.is_integer or spec.unit_scale > EXACT_SIGMA_LIMIT):
+        from scipy import special
+
         return special.ndtr(-(units + 0.5) / spec.unit_scale)
     # Symmetry: P(Z > m) = P(Z < -m) = P(Z <= -m - 1).
     return noise_cdf(spec, (-units - 1) * spec.granularity)
