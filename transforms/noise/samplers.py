@@ -33,9 +33,18 @@ def _all(streams: RandomStreams, lanes):
     return np.arange(streams.size) if lanes is None else np.asarray(lanes)
 
 
-def bernoulli_ratio(streams: RandomStreams, num: np.ndarray, den: np.ndarray, k: int,
+def bernoulli_ratio(streams: RandomStreams, num: np.ndarray, den, k: int,
                     lanes: np.ndarray) -> np.ndarray:
-    """Bernoulli(num / (k·den)) per lane, exactly."""
+    """Bernoulli(num / (k·den)) per lane, exactly. ``den`` is an array (one per lane) or one
+    integer for every lane (the samplers' common case: no per-lane arrays to build and scan)."""
+    if np.ndim(den) == 0:
+        den = int(den)
+        if k == 1 and np.all(num == den):
+            return np.ones(lanes.size, dtype=bool)
+        if den <= (1 << 63) // k:
+            return streams.randint(den * k, lanes) < num
+        first = streams.randint(k, lanes) == 0
+        return first & (streams.randint(den, lanes) < num)
     if k == 1 and np.all(num == den):
         return np.ones(lanes.size, dtype=bool)
     if np.all(den <= np.uint64((1 << 63) // k)):
@@ -45,16 +54,18 @@ def bernoulli_ratio(streams: RandomStreams, num: np.ndarray, den: np.ndarray, k:
     return first & (streams.randint(den, lanes) < num)
 
 
-def bernoulli_exp_fraction(streams: RandomStreams, num: np.ndarray, den: np.ndarray,
-                           lanes: np.ndarray) -> np.ndarray:
-    """Bernoulli(exp(-num/den)) per lane, for 0 <= num <= den (exact)."""
-    num = np.asarray(num, dtype=np.uint64)
-    den = np.asarray(den, dtype=np.uint64)
+def bernoulli_exp_fraction(streams: RandomStreams, num, den, lanes: np.ndarray) -> np.ndarray:
+    """Bernoulli(exp(-num/den)) per lane, for 0 <= num <= den (exact). ``num`` and ``den`` are
+    arrays (one per lane) or integers common to every lane."""
+    common_num, common_den = np.ndim(num) == 0, np.ndim(den) == 0
+    num = int(num) if common_num else np.asarray(num, dtype=np.uint64)
+    den = int(den) if common_den else np.asarray(den, dtype=np.uint64)
     result = np.zeros(lanes.size, dtype=bool)
     active = np.arange(lanes.size)
     k = 1
     while active.size:
-        success = bernoulli_ratio(streams, num[active], den[active], k, lanes[active])
+        success = bernoulli_ratio(streams, num if common_num else num[active],
+                                  den if common_den else den[active], k, lanes[active])
         finished = active[~success]
         result[finished] = (k % 2) == 1
         active = active[success]
@@ -63,8 +74,7 @@ def bernoulli_exp_fraction(streams: RandomStreams, num: np.ndarray, den: np.ndar
 
 
 def bernoulli_exp_minus_one(streams: RandomStreams, lanes: np.ndarray) -> np.ndarray:
-    one = np.ones(lanes.size, dtype=np.uint64)
-    return bernoulli_exp_fraction(streams, one, one, lanes)
+    return bernoulli_exp_fraction(streams, 1, 1, lanes)
 
 
 def bernoulli_exp(streams: RandomStreams, gamma: np.ndarray, lanes: np.ndarray) -> np.ndarray:
@@ -100,19 +110,10 @@ def discrete_laplace_units(streams: RandomStreams, t: int, s: int, lanes: np.nda
     """Discrete Laplace with P[z] ∝ exp(-|z| s / t) for integers s, t >= 1 (CKS Algorithm 2)."""
     out = np.zeros(lanes.size, dtype=np.int64)
     pending = np.arange(lanes.size)
-    t_arr_cache = {}
-
-    def full(value, size):
-        key = (value, size)
-        if key not in t_arr_cache:
-            t_arr_cache.clear()
-            t_arr_cache[key] = np.full(size, value, dtype=np.uint64)
-        return t_arr_cache[key]
-
     while pending.size:
         ln = lanes[pending]
-        u = streams.randint(full(t, pending.size), ln)
-        accept_u = bernoulli_exp_fraction(streams, u, full(t, pending.size), ln)
+        u = streams.randint(t, ln)
+        accept_u = bernoulli_exp_fraction(streams, u, t, ln)
         retry = pending[~accept_u]
         kept = pending[accept_u]
         u = u[accept_u]

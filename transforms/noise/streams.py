@@ -66,7 +66,7 @@ class RandomStreams:
         """One uniform 64-bit word for each of ``lanes`` (all lanes if None)."""
         if lanes is None:
             lanes = np.arange(self.size)
-        blocks = self._seeds[lanes].copy()
+        blocks = self._seeds[lanes]  # fancy indexing: already a copy
         blocks[:, 0] ^= self._counters[lanes]
         self._counters[lanes] += _U64(1)
         return _first_words(self._encryptor, blocks)
@@ -92,12 +92,13 @@ class RandomStreams:
         """Exactly uniform integers in [0, bound) per lane (rejection of the biased top range)."""
         if lanes is None:
             lanes = np.arange(self.size)
+        if np.ndim(bound) == 0:
+            return self._randint_common(int(bound), lanes)
         bound = np.broadcast_to(np.asarray(bound, dtype=np.uint64), lanes.shape)
         if np.any(bound == 0):
             raise ValueError("randint bound must be positive")
-        if bound.size and np.all(bound == bound.flat[0]) and not (int(bound.flat[0]) & (int(bound.flat[0]) - 1)):
-            # A common power-of-two bound: the low bits are exactly uniform; no rejection needed.
-            return self.draw(lanes) & (bound - _U64(1))
+        if bound.size and np.all(bound == bound.flat[0]):
+            return self._randint_common(int(bound.flat[0]), lanes)
         # Accept x < limit = floor(2^64 / bound) * bound; 2^64 mod bound = (2^64 - bound) mod bound.
         limit_gap = (_U64(0) - bound) % bound
         out = np.empty(lanes.shape, dtype=np.uint64)
@@ -106,6 +107,30 @@ class RandomStreams:
             x = self.draw(lanes[pending])
             ok = x <= (np.iinfo(np.uint64).max - limit_gap[pending])
             out[pending[ok]] = x[ok] % bound[pending[ok]]
+            pending = pending[~ok]
+        return out
+
+    def _randint_common(self, bound: int, lanes: np.ndarray) -> np.ndarray:
+        """``randint`` with one bound for every lane: the same draws and values as the per-lane
+        path, without its per-lane arrays (the samplers' loops call this thousands of times)."""
+        if not 0 < bound < 1 << 64:
+            raise ValueError("randint bound must be positive")
+        if not bound & (bound - 1):
+            # A power-of-two bound: the low bits are exactly uniform; no rejection needed.
+            return self.draw(lanes) & _U64(bound - 1)
+        # Accept x <= 2^64 - 1 - (2^64 mod bound), i.e. x < floor(2^64 / bound) * bound.
+        limit = _U64((1 << 64) - 1 - ((1 << 64) % bound))
+        x = self.draw(lanes)
+        ok = x <= limit
+        if ok.all():
+            return x % _U64(bound)
+        out = np.empty(lanes.shape, dtype=np.uint64)
+        out[ok] = x[ok] % _U64(bound)
+        pending = np.flatnonzero(~ok)
+        while pending.size:
+            x = self.draw(lanes[pending])
+            ok = x <= limit
+            out[pending[ok]] = x[ok] % _U64(bound)
             pending = pending[~ok]
         return out
 
