@@ -36,8 +36,7 @@ import pyarrow.compute as pc
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from accounting.keys import ReleaseKey
-from transforms.noise.encoding import encode_keys
-from transforms.noise.prf import cbc_mac, mac_words
+from transforms.noise.prf import mac_keys, mac_words
 
 UNIT = "__unit"
 PAIR = "__pair"
@@ -65,7 +64,7 @@ def _distinct(table: pa.Table, columns: Sequence[str]):
 def _keyed_hash(release_key: ReleaseKey, purpose: str, table: pa.Table, columns: Sequence[str]) -> np.ndarray:
     """PRF (AES CBC-MAC) of each row's values in ``columns``, computed once per distinct value."""
     codes, first = _distinct(table, columns)
-    mac = cbc_mac(release_key.derive(purpose).secret_bytes(), encode_keys(table.select(list(columns)).take(first)))
+    mac = mac_keys(release_key.derive(purpose).secret_bytes(), table.select(list(columns)).take(first))
     return mac_words(mac)[codes]
 
 

@@ -24,9 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from transforms.bounding import PAIR, VALUE
-from transforms.noise.encoding import encode_keys
 from transforms.noise.mechanisms import IntegerSumOverflowError
-from transforms.noise.prf import cbc_mac, mac_words
+from transforms.noise.prf import mac_keys, mac_words
 
 # Routing keys to shards needs no secrecy, only a fixed, well-spread hash.
 _PUBLIC_ROUTING_KEY = bytes(range(32))
@@ -34,7 +33,7 @@ _PUBLIC_ROUTING_KEY = bytes(range(32))
 
 def routing_hash(keys: pa.Table) -> np.ndarray:
     """A public 64-bit hash of each key (for sharding; the same for data and keysets)."""
-    return mac_words(cbc_mac(_PUBLIC_ROUTING_KEY, encode_keys(keys)))[:, 0]
+    return mac_words(mac_keys(_PUBLIC_ROUTING_KEY, keys))[:, 0]
 
 
 def shard_of(hashes: np.ndarray, num_shards: int) -> np.ndarray:

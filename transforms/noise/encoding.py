@@ -89,16 +89,21 @@ def _python_components(column: pa.Array) -> pa.Array:
     return pa.array([encode_key((v,))[5:] for v in column.to_pylist()], pa.large_binary())
 
 
-def _encode_arrow_column(column: pa.Array) -> pa.Array:
-    """The canonical component encoding of every value of one key column (as in encode_key)."""
+def _plain_column(column) -> pa.Array:
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     if pa.types.is_dictionary(column.type):
         column = column.dictionary_decode()
+    return column
+
+
+def _fixed_matrix(column: pa.Array):
+    """The component encodings of a null-free integer, boolean or float column as an (n, width)
+    uint8 matrix (every value encodes to the same length); None for other columns."""
     n = len(column)
     typ = column.type
     if column.null_count:
-        return _python_components(column)
+        return None
     if pa.types.is_integer(typ):
         values = column.to_numpy(zero_copy_only=False)
         if pa.types.is_signed_integer(typ):
@@ -108,15 +113,16 @@ def _encode_arrow_column(column: pa.Array) -> pa.Array:
         else:
             negative = np.zeros(n, dtype=bool)
             magnitude = values.astype(_U64)
-        head = np.zeros((n, 10), dtype=np.uint8)
-        head[:, 0] = ord("I")
-        head[:, 1] = negative
-        return binary_rows(np.hstack([head, be_bytes(magnitude, 8)]))
+        matrix = np.zeros((n, 18), dtype=np.uint8)
+        matrix[:, 0] = ord("I")
+        matrix[:, 1] = negative
+        matrix[:, 10:] = be_bytes(magnitude, 8)
+        return matrix
     if pa.types.is_boolean(typ):
         matrix = np.empty((n, 2), dtype=np.uint8)
         matrix[:, 0] = ord("B")
         matrix[:, 1] = column.to_numpy(zero_copy_only=False)
-        return binary_rows(matrix)
+        return matrix
     if pa.types.is_floating(typ):
         values = column.to_numpy(zero_copy_only=False).astype(np.float64)
         if np.isnan(values).any():
@@ -124,7 +130,19 @@ def _encode_arrow_column(column: pa.Array) -> pa.Array:
         matrix = np.empty((n, 9), dtype=np.uint8)
         matrix[:, 0] = ord("F")
         matrix[:, 1:] = (values + 0.0).astype(">f8").view(np.uint8).reshape(-1, 8)  # -0.0 -> 0.0
+        return matrix
+    return None
+
+
+def _encode_arrow_column(column: pa.Array) -> pa.Array:
+    """The canonical component encoding of every value of one key column (as in encode_key)."""
+    column = _plain_column(column)
+    typ = column.type
+    matrix = _fixed_matrix(column)
+    if matrix is not None:
         return binary_rows(matrix)
+    if column.null_count:
+        return _python_components(column)
     if pa.types.is_date(typ):
         text = pc.strftime(column.cast(pa.date32()).cast(pa.timestamp("s")), format="%Y-%m-%d")
         return _encode_varlen(text, b"D")
@@ -144,6 +162,30 @@ def _encode_varlen(column: pa.Array, tag: bytes) -> pa.Array:
     return join_binary([binary_rows(head), values])
 
 
+def _key_head(n: int, num_columns: int) -> np.ndarray:
+    head = np.empty((n, 5), dtype=np.uint8)
+    head[:, 0] = ord("T")
+    head[:, 1:] = be_bytes(np.full(n, num_columns, dtype=np.uint32), 4)
+    return head
+
+
+def encode_keys_matrix(keys):
+    """The bytes of :func:`encode_keys` as an (n, width) uint8 matrix when every key encodes to
+    the same length (Arrow key columns of integers, booleans or floats, without nulls): the PRF
+    then reads whole blocks from it with no Arrow binary arrays in between. None otherwise."""
+    if isinstance(keys, (pa.Array, pa.ChunkedArray)):
+        keys = pa.table({"k": keys})
+    if not isinstance(keys, (pa.Table, pa.RecordBatch)):
+        return None
+    parts = [_key_head(keys.num_rows, keys.num_columns)]
+    for column in keys.columns:
+        matrix = _fixed_matrix(_plain_column(column))
+        if matrix is None:
+            return None
+        parts.append(matrix)
+    return np.hstack(parts)
+
+
 def encode_keys(keys) -> pa.Array:
     """Canonical encodings (large_binary) of many keys: Python keys or Arrow key columns.
 
@@ -151,10 +193,10 @@ def encode_keys(keys) -> pa.Array:
     :func:`encode_key` of the corresponding Python tuples.
     """
     if isinstance(keys, (pa.Table, pa.RecordBatch)):
-        n = keys.num_rows
-        head = np.empty((n, 5), dtype=np.uint8)
-        head[:, 0] = ord("T")
-        head[:, 1:] = be_bytes(np.full(n, keys.num_columns, dtype=np.uint32), 4)
+        matrix = encode_keys_matrix(keys)
+        if matrix is not None:
+            return binary_rows(matrix)
+        head = _key_head(keys.num_rows, keys.num_columns)
         return join_binary([binary_rows(head)] + [_encode_arrow_column(c) for c in keys.columns])
     if isinstance(keys, (pa.Array, pa.ChunkedArray)):
         return encode_keys(pa.table({"k": keys}))

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from transforms.noise.encoding import be_bytes, join_binary
+from transforms.noise.encoding import be_bytes, encode_keys, encode_keys_matrix, join_binary
 
 _U64 = np.uint64
 
@@ -28,8 +28,13 @@ def ecb(key: bytes):
 _ZERO_PADS = pa.array([b"\0" * i for i in range(16)], pa.large_binary())
 
 
-def cbc_mac(mac_key: bytes, messages: pa.Array) -> np.ndarray:
-    """Length-prefixed AES CBC-MAC of each message: a (n, 16) uint8 array of PRF outputs."""
+def cbc_mac(mac_key: bytes, messages) -> np.ndarray:
+    """Length-prefixed AES CBC-MAC of each message: a (n, 16) uint8 array of PRF outputs.
+
+    ``messages``: an Arrow binary array, or an (n, width) uint8 matrix of n messages of one
+    length (the same outputs as the binary array of its rows)."""
+    if isinstance(messages, np.ndarray):
+        return _cbc_mac_fixed(mac_key, messages)
     n = len(messages)
     lengths = pc.binary_length(messages).to_numpy(zero_copy_only=False).astype(np.int64)
     # Zero-pad every message to whole blocks (unambiguous: the true length is in block 0).
@@ -50,6 +55,33 @@ def cbc_mac(mac_key: bytes, messages: pa.Array) -> np.ndarray:
         mixed = state[active] ^ blocks[first[active] + j]
         state[active] = np.frombuffer(encryptor.update(mixed.tobytes()), dtype=np.uint8).reshape(-1, 16)
     return state
+
+
+def _cbc_mac_fixed(mac_key: bytes, matrix: np.ndarray) -> np.ndarray:
+    """``cbc_mac`` of the rows of an (n, width) uint8 matrix: zero-padded to whole blocks in one
+    numpy copy, one AES call per block position (as the Arrow path does for equal lengths)."""
+    n, width = matrix.shape
+    if n == 0:
+        return np.zeros((0, 16), dtype=np.uint8)
+    blocks = np.zeros((n, -(-width // 16) * 16), dtype=np.uint8)
+    blocks[:, :width] = matrix
+    blocks = blocks.reshape(n, -1, 16)
+    encryptor = ecb(mac_key)
+    state = np.zeros((n, 16), dtype=np.uint8)
+    state[:, :8] = be_bytes(np.full(n, width, dtype=_U64), 8)
+    state = np.frombuffer(encryptor.update(state.tobytes()), dtype=np.uint8).reshape(n, 16).copy()
+    for j in range(blocks.shape[1]):
+        state = np.frombuffer(encryptor.update((state ^ blocks[:, j]).tobytes()),
+                              dtype=np.uint8).reshape(n, 16)
+    return state if state.flags.writeable else state.copy()
+
+
+def mac_keys(mac_key: bytes, keys) -> np.ndarray:
+    """``cbc_mac`` of the canonical encodings of ``keys`` (:func:`encode_keys`): straight from a
+    fixed-width byte matrix where every key encodes to the same length (integer, boolean or
+    float key columns), through Arrow binary arrays otherwise. Same outputs either way."""
+    matrix = encode_keys_matrix(keys)
+    return cbc_mac(mac_key, matrix if matrix is not None else encode_keys(keys))
 
 
 def mac_words(mac: np.ndarray) -> np.ndarray:

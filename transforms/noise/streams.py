@@ -17,8 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from accounting.keys import ReleaseKey
-from transforms.noise.encoding import encode_keys
-from transforms.noise.prf import cbc_mac, ecb
+from transforms.noise.prf import ecb, mac_keys
 
 _U64 = np.uint64
 
@@ -42,7 +41,7 @@ class RandomStreams:
     @classmethod
     def for_keys(cls, release_key: ReleaseKey, purpose: str, keys) -> "RandomStreams":
         mac_key = release_key.derive("key-mac:" + purpose).secret_bytes()
-        return cls(release_key, purpose, cbc_mac(mac_key, encode_keys(keys)))
+        return cls(release_key, purpose, mac_keys(mac_key, keys))
 
     @classmethod
     def for_range(cls, release_key: ReleaseKey, purpose: str, n: int, offset: int = 0) -> "RandomStreams":
