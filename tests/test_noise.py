@@ -128,6 +128,49 @@ def test_first_draw_is_the_streams_first_word_and_the_aes_of_the_seed():
     assert RandomStreams.first_draw(key, "p", seeds[:0]).size == 0
 
 
+def test_fixed_width_paths_give_the_same_bytes_and_macs():
+    """The numpy fast paths (fixed-width key matrix, one-bound randint, scalar Bernoulli
+    parameters) equal the general Arrow / per-lane paths exactly."""
+    from transforms.noise import samplers
+    from transforms.noise.encoding import binary_rows, encode_keys, encode_keys_matrix
+    from transforms.noise.prf import cbc_mac, mac_keys
+
+    rng = np.random.default_rng(5)
+    table = pa.table({"i": pa.array(rng.integers(-2 ** 62, 2 ** 62, 300)),
+                      "u8": pa.array(rng.integers(0, 255, 300).astype(np.uint8)),
+                      "f": pa.array(np.r_[rng.normal(size=298), -0.0, 0.0]),
+                      "b": pa.array(rng.integers(0, 2, 300).astype(bool))})
+    matrix = encode_keys_matrix(table)
+    assert [bytes(r) for r in matrix] == [encode_key(tuple(r.values())) for r in table.to_pylist()]
+    assert encode_keys(table).to_pylist() == [bytes(r) for r in matrix]
+    assert encode_keys_matrix(pa.table({"s": ["a"]})) is None  # text: variable length
+    for width in (1, 15, 16, 17, 33):
+        rows = rng.integers(0, 256, (50, width)).astype(np.uint8)
+        assert np.array_equal(cbc_mac(b"k" * 32, rows), cbc_mac(b"k" * 32, binary_rows(rows)))
+    assert np.array_equal(mac_keys(b"k" * 32, table), cbc_mac(b"k" * 32, encode_keys(table)))
+    key = ReleaseKey.for_testing(4)
+    for bound in (7, 2 ** 20, 2 ** 63 + 5):
+        common = RandomStreams.for_range(key, "r", 2000).randint(np.uint64(bound))
+        lane = RandomStreams.for_range(key, "r", 2000).randint(np.full(2000, bound, dtype=np.uint64))
+        assert np.array_equal(common, lane)
+    lanes = np.arange(2000)
+    num = rng.integers(0, 1000, 2000).astype(np.uint64)
+    a = samplers.bernoulli_exp_fraction(RandomStreams.for_range(key, "e", 2000), num, 1000, lanes)
+    b = samplers.bernoulli_exp_fraction(RandomStreams.for_range(key, "e", 2000), num,
+                                        np.full(2000, 1000, dtype=np.uint64), lanes)
+    assert np.array_equal(a, b)
+
+
+def test_in_sorted_is_membership():
+    from transforms.partials import in_sorted
+
+    rng = np.random.default_rng(6)
+    keyset = np.unique(rng.integers(0, 2 ** 63, 5000).astype(np.uint64))
+    queries = np.r_[keyset[rng.integers(0, keyset.size, 3000)], rng.integers(0, 2 ** 63, 3000).astype(np.uint64)]
+    assert np.array_equal(in_sorted(keyset, queries), np.isin(queries, keyset))
+    assert in_sorted(keyset[:0], queries).sum() == 0 and in_sorted(keyset, queries[:0]).size == 0
+
+
 def test_streams_are_uniform():
     streams = RandomStreams.for_range(ReleaseKey.generate(), "u", 200_000)
     u = streams.uniform_float()

@@ -90,7 +90,7 @@ from accounting.sensitivity import ContributionBounds, Neighbouring
 from transforms import arrow_coder  # noqa: F401  (registers the Arrow table coder)
 from transforms import bounding
 from transforms.privacy_units import canonical_unit_column, canonical_unit_ids, check_unit_type
-from transforms.partials import key_partials, routing_hash, shard_of, split_by_shard
+from transforms.partials import in_sorted, key_partials, routing_hash, shard_of, split_by_shard
 from transforms.keyset import KEYSET_POSITION, PublicKeyset
 from transforms.metrics import (Metric, MetricKind, as_metric, is_integer_range, mean_from_noisy,
                                 plan_measures, variance_from_noisy)
@@ -294,9 +294,7 @@ class _PrepareAndBound(beam.DoFn):
                 # pre-filter rows, and the exact join before release removes the rare collision.
                 hashes = routing_hash(table.select(c.keys))
                 keyset_hashes = np.frombuffer(keyset_hashes, dtype="<u8")
-                position = np.minimum(np.searchsorted(keyset_hashes, hashes), max(len(keyset_hashes) - 1, 0))
-                inside = (keyset_hashes[position] == hashes) if len(keyset_hashes) else \
-                    np.zeros(table.num_rows, dtype=bool)
+                inside = in_sorted(keyset_hashes, hashes)
                 self._count("dropped_outside_keyset", (~inside & ~excluded).sum())
                 table = table.filter(pa.array(inside & ~excluded))
         if not table.num_rows:
