@@ -46,19 +46,44 @@ INTERNAL = (UNIT, PAIR, ROW, VALUE)
 
 
 def _distinct(table: pa.Table, columns: Sequence[str]):
-    """Per row, a dense code of its values in ``columns``, and one representative row per code."""
-    indices = [pc.dictionary_encode(table.column(c).combine_chunks()).indices.to_numpy(zero_copy_only=False)
-               .astype(np.int64) for c in columns]
+    """Per row, a dense code of its values in ``columns``, and one representative row per code.
+
+    Hash-based (Arrow's dictionary encoding, codes in order of first appearance), so a batch
+    costs O(rows) rather than a sort; the first row of each code represents it."""
+    indices = [_dense_codes(table.column(c).combine_chunks()) for c in columns]
     sizes = [int(i.max()) + 1 if i.size else 1 for i in indices]
-    if float(np.prod(sizes, dtype=np.float64)) < 2 ** 62:
+    if len(indices) == 1:
+        codes = indices[0]
+    elif float(np.prod(sizes, dtype=np.float64)) < 2 ** 62:
         combined = np.zeros(table.num_rows, dtype=np.int64)
         for index, size in zip(indices, sizes):
             combined = combined * size + index
-        _, first, codes = np.unique(combined, return_index=True, return_inverse=True)
+        codes = _dense_codes(pa.array(combined))
     else:
         _, first, codes = np.unique(np.stack(indices, axis=1), axis=0, return_index=True,
                                     return_inverse=True)
+        return codes.reshape(-1), first
+    first = _first_appearances(codes)
+    if first is None:  # not in order of first appearance: a sort finds the representatives
+        _, first, codes = np.unique(codes, return_index=True, return_inverse=True)
     return codes.reshape(-1), first
+
+
+def _dense_codes(column: pa.Array) -> np.ndarray:
+    return pc.dictionary_encode(column).indices.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _first_appearances(codes: np.ndarray):
+    """Row of each code's first appearance when codes 0, 1, 2, ... first appear in that order
+    (as dictionary encoding numbers them); None otherwise."""
+    if not codes.size:
+        return np.zeros(0, dtype=np.int64)
+    running = np.maximum.accumulate(codes)
+    new = np.empty(codes.size, dtype=bool)
+    new[0] = True
+    new[1:] = running[1:] > running[:-1]
+    first = np.flatnonzero(new)
+    return first if np.array_equal(codes[first], np.arange(first.size)) else None
 
 
 def _keyed_hash(release_key: ReleaseKey, purpose: str, table: pa.Table, columns: Sequence[str]) -> np.ndarray:
@@ -108,16 +133,21 @@ def _group_starts(flags: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(np.where(flags, idx, 0))
 
 
+def _stable_order(table: pa.Table, columns: Sequence[str]) -> np.ndarray:
+    """Row order sorting by ``columns`` (first column first), stable: ``np.lexsort`` of them
+    reversed, computed by Arrow's multi-key sort (about twice as fast on 64-bit priorities)."""
+    keys = [(c, "ascending") for c in columns]
+    return pc.sort_indices(table.select(list(columns)), sort_keys=keys).to_numpy()
+
+
 def bound(table: pa.Table, max_partitions: int, max_per_partition: int) -> pa.Table:
     """Keep at most ``max_partitions`` keys per unit and ``max_per_partition`` rows per key."""
     n = table.num_rows
     if n == 0:
         return table
-    unit = table.column(UNIT).to_numpy()
-    pair = table.column(PAIR).to_numpy()
-    row = table.column(ROW).to_numpy()
-    order = np.lexsort((row, pair, unit))
-    unit, pair = unit[order], pair[order]
+    order = _stable_order(table, [UNIT, PAIR, ROW])
+    unit = table.column(UNIT).to_numpy()[order]
+    pair = table.column(PAIR).to_numpy()[order]
     new_unit = np.empty(n, dtype=bool)
     new_unit[0] = True
     new_unit[1:] = unit[1:] != unit[:-1]
@@ -137,9 +167,8 @@ def bound_total(table: pa.Table, max_contributions: int) -> pa.Table:
     n = table.num_rows
     if n == 0:
         return table
-    unit = table.column(UNIT).to_numpy()
-    order = np.lexsort((table.column(ROW).to_numpy(), unit))
-    unit = unit[order]
+    order = _stable_order(table, [UNIT, ROW])
+    unit = table.column(UNIT).to_numpy()[order]
     new_unit = np.empty(n, dtype=bool)
     new_unit[0] = True
     new_unit[1:] = unit[1:] != unit[:-1]
