@@ -45,12 +45,15 @@ VALUE = "__value"
 INTERNAL = (UNIT, PAIR, ROW, VALUE)
 
 
-def _distinct(table: pa.Table, columns: Sequence[str]):
+def _distinct(table: pa.Table, columns: Sequence[str], known: Optional[dict] = None):
     """Per row, a dense code of its values in ``columns``, and one representative row per code.
 
     Hash-based (Arrow's dictionary encoding, codes in order of first appearance), so a batch
-    costs O(rows) rather than a sort; the first row of each code represents it."""
-    indices = [_dense_codes(table.column(c).combine_chunks()) for c in columns]
+    costs O(rows) rather than a sort; the first row of each code represents it. ``known``: dense
+    codes already computed for some columns (by :func:`_dense_codes`)."""
+    known = known or {}
+    indices = [known[c] if c in known else _dense_codes(table.column(c).combine_chunks())
+               for c in columns]
     sizes = [int(i.max()) + 1 if i.size else 1 for i in indices]
     if len(indices) == 1:
         codes = indices[0]
@@ -86,9 +89,10 @@ def _first_appearances(codes: np.ndarray):
     return first if np.array_equal(codes[first], np.arange(first.size)) else None
 
 
-def _keyed_hash(release_key: ReleaseKey, purpose: str, table: pa.Table, columns: Sequence[str]) -> np.ndarray:
+def _keyed_hash(release_key: ReleaseKey, purpose: str, table: pa.Table, columns: Sequence[str],
+                known: Optional[dict] = None) -> np.ndarray:
     """PRF (AES CBC-MAC) of each row's values in ``columns``, computed once per distinct value."""
-    codes, first = _distinct(table, columns)
+    codes, first = _distinct(table, columns, known)
     mac = mac_keys(release_key.derive(purpose).secret_bytes(), table.select(list(columns)).take(first))
     return mac_words(mac)[codes]
 
@@ -111,8 +115,9 @@ def prioritize(table: pa.Table, unit_column: str, key_columns: Sequence[str],
     clipped vector: :func:`transforms.vectors.row_words`) enter the row priority, so identical
     rows share one.
     """
-    unit_words = _keyed_hash(release_key, "bound:unit", table, [unit_column])
-    pair_words = _keyed_hash(release_key, "bound:pair", table, [unit_column, *key_columns])
+    known = {unit_column: _dense_codes(table.column(unit_column).combine_chunks())}  # encoded once
+    unit_words = _keyed_hash(release_key, "bound:unit", table, [unit_column], known)
+    pair_words = _keyed_hash(release_key, "bound:pair", table, [unit_column, *key_columns], known)
     # Row priority: AES under its own sub-key of (pair seed XOR value bits, pair seed). Distinct
     # (pair, value) give distinct blocks except with probability ~2^-128 (the seeds are secret
     # and uniform), and AES is a permutation, so distinct rows get independent priorities.
