@@ -66,8 +66,9 @@ class RandomStreams:
         if lanes is None:
             lanes = np.arange(self.size)
         blocks = self._seeds[lanes]  # fancy indexing: already a copy
-        blocks[:, 0] ^= self._counters[lanes]
-        self._counters[lanes] += _U64(1)
+        counters = self._counters[lanes]
+        blocks[:, 0] ^= counters
+        self._counters[lanes] = counters + _U64(1)
         return _first_words(self._encryptor, blocks)
 
     @classmethod
