@@ -74,18 +74,29 @@ def reach_frequency_args(inputs: Path, out: Path) -> list[str]:
             "--num_registers", "20000", "--testing_seed", "7"]
 
 
+def _sample_day(campaign: str = "C2026_000_fr") -> str:
+    """The first scheduled day of a sample campaign (read from the bundled configuration, so a
+    regenerated sample moves the tests with it)."""
+    from pipelines.centralnotice_config import load_config
+    config = load_config(str(SAMPLE_DATA / "centralnotice" / "campaigns.json"))
+    return config.campaign(campaign).releases()[0].dates[0].isoformat()
+
+
+SAMPLE_DAY = _sample_day()
+
+
 def centralnotice_args(inputs: Path, out: Path) -> list[str]:
     sample = SAMPLE_DATA / "centralnotice"
     return ["--config", str(sample / "campaigns.json"),
             "--impressions", str(sample / "impressions.csv"), "--clicks", str(sample / "clicks.csv"),
-            "--campaign", "C2026_000_fr", "--date", "2026-11-26", "--output", str(out),
+            "--campaign", "C2026_000_fr", "--date", SAMPLE_DAY, "--output", str(out),
             "--output-format", "csv", "--testing-seed", "7"]
 
 
 JOBS = [
     JobCase("demo_release", "runners.demo_release", demo_args, "counts.csv"),
     JobCase("centralnotice", "pipelines.centralnotice", centralnotice_args,
-            "testing-not-a-release/C2026_000_fr/2026-11-26/centralnotice.csv"),
+            f"testing-not-a-release/C2026_000_fr/{SAMPLE_DAY}/centralnotice.csv"),
     JobCase("reach_frequency", "pipelines.reach_frequency", reach_frequency_args,
             "testing-not-a-release/reach_frequency/*/reach_frequency.jsonl"),
 ]
@@ -420,7 +431,7 @@ def test_cron_wrapper_releases_a_day_and_a_rerun_reproduces_it(tmp_path):
     import subprocess
 
     sample = SAMPLE_DATA / "centralnotice"
-    day = "2026-11-26"
+    day = SAMPLE_DAY
     for table in ("impressions", "clicks"):
         (tmp_path / "data" / day / table).mkdir(parents=True)
         shutil.copy(sample / f"{table}.csv", tmp_path / "data" / day / table / f"{table}.csv")
@@ -443,7 +454,7 @@ def test_cron_wrapper_releases_a_day_and_a_rerun_reproduces_it(tmp_path):
                 for release_id, entry in ledger["releases"].items()}
 
     charged = charges()
-    assert list(charged) == ["C2026_000_fr/2026-11-26"]
+    assert list(charged) == [f"C2026_000_fr/{day}"]
     rerun = subprocess.run(["bash", script, day], env=env, cwd=REPO_ROOT, check=True,
                            capture_output=True, text=True, timeout=300)
     assert "(reproduced)" in rerun.stdout
