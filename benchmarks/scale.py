@@ -5,7 +5,7 @@
                                [--cn_peak_gb G]
 
 For each keyset size N the benchmark generates (once, cached under --work_dir) a public keyset of N
-integer keys and about ``rows_per_key x N`` rows (default 1.6: 200M rows at 125M keys) whose keys
+integer keys (files of 1M keys) and about ``rows_per_key x N`` rows (default 1.6: 200M rows at 125M keys) whose keys
 follow a Zipf law (exponent 1.1 over the key ranks, so most keys have no rows and are released as
 noisy zeros, as in a pageview release) and whose users are heavy-tailed; both as Parquet files of
 1M rows. Each leg runs in a fresh process (``--leg``): ``Create(files) -> read Arrow batches ->
@@ -53,7 +53,7 @@ def generate(directory: str, keys: int, rows: int, seed: int = 0) -> list[str]:
     import pyarrow.parquet as pq
 
     os.makedirs(directory, exist_ok=True)
-    done = os.path.join(directory, ".complete")
+    done = os.path.join(directory, ".complete-v2")  # v2: keyset files of FILE_ROWS keys
     files = [os.path.join(directory, f"rows-{i:05d}.parquet")
              for i in range(math.ceil(rows / FILE_ROWS))]
     if os.path.exists(done):
@@ -66,10 +66,10 @@ def generate(directory: str, keys: int, rows: int, seed: int = 0) -> list[str]:
         ranks = np.where(ranks <= keys, ranks, rng.integers(1, keys + 1, n))
         users = (rng.pareto(1.2, n) * 1000).astype(np.int64) % max(rows // 3, 1)
         pq.write_table(pa.table({"user": users, "key": (ranks - 1).astype(np.int64)}), path)
-    for start in range(0, keys, 10 * FILE_ROWS):
-        stop = min(keys, start + 10 * FILE_ROWS)
+    for start in range(0, keys, FILE_ROWS):
+        stop = min(keys, start + FILE_ROWS)
         pq.write_table(pa.table({"key": pa.array(np.arange(start, stop, dtype=np.int64))}),
-                       os.path.join(directory, f"keyset-{start // (10 * FILE_ROWS):05d}.parquet"))
+                       os.path.join(directory, f"keyset-{start // FILE_ROWS:05d}.parquet"))
     open(done, "w").close()
     return files
 

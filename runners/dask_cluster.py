@@ -14,6 +14,19 @@ So every Dask run of this project goes through :func:`cluster_for_run`:
   DoFns are pickled across process boundaries exactly as on a remote cluster — and shuts it down
   when the run ends, failed or not.
 
+Beam's Dask runner makes one bag partition per 128 elements of a ``Create`` unless told otherwise,
+and every later step keeps the partitioning it inherits (a ``GroupByKey`` has as many partitions
+as its input). A job's ``Create`` holds a few file names, so the whole run would be one partition
+on one worker thread, however many workers the cluster has. When the run gives neither
+``--dask_npartitions`` nor ``--dask_partition_size``, :func:`cluster_for_run` sets
+``--dask_npartitions`` to :data:`PARTITIONS_PER_THREAD` per worker thread of the cluster (counted
+from the local cluster's settings, or asked of a remote scheduler). One per thread, not more:
+the runner evaluates a side input inside every partition that reads it (it iterates the side
+input's bag there), so extra partitions cost more than they balance (benchmarks/scale.py at 10M
+keys on 2 workers: 25.5 s with one partition per thread, 31.9 s with four; 1 worker: 40.7 s).
+Partitioning changes no released byte: bounding and noise never depend on batching
+(tests/test_dask_runner.py).
+
 After the run the runner's client is closed before the cluster (a client left open on a closed
 scheduler keeps reconnecting and logs errors at exit). Nothing here imports Dask until a Dask run
 starts.
@@ -30,6 +43,8 @@ _LOG = logging.getLogger(__name__)
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 DEFAULT_LOCAL_WORKERS = 2
+#: Dask bag partitions per worker thread when a run sets no partitioning of its own.
+PARTITIONS_PER_THREAD = 1
 
 
 class DaskClusterOptions(PipelineOptions):
@@ -120,10 +135,41 @@ def close_client(result) -> None:
             client.close()
 
 
+def scheduler_threads(address: str = None, scheduler_file: str = None, timeout: float = 30) -> int:
+    """Worker threads of the cluster behind a scheduler (0 if it cannot be asked)."""
+    import distributed
+
+    try:
+        with distributed.Client(address=address, scheduler_file=scheduler_file, timeout=timeout,
+                                set_as_default=False) as client:
+            return int(sum(client.nthreads().values()))
+    except (OSError, TimeoutError) as error:
+        _LOG.warning("Dask: could not count the cluster's worker threads (%s); Beam's default "
+                     "partitioning is used: give --dask_npartitions", error)
+        return 0
+
+
+@contextlib.contextmanager
+def _partitioned(dask, threads: int) -> Iterator[None]:
+    """``--dask_npartitions`` for this run from the cluster's worker threads, unless the run set
+    its partitioning itself (module docstring)."""
+    if dask.npartitions or dask.partition_size or threads < 1:
+        yield
+        return
+    dask.npartitions = threads * PARTITIONS_PER_THREAD
+    _LOG.info("Dask: %d bag partitions (%d per worker thread)", dask.npartitions,
+              PARTITIONS_PER_THREAD)
+    try:
+        yield
+    finally:
+        dask.npartitions = None
+
+
 @contextlib.contextmanager
 def cluster_for_run(options: PipelineOptions) -> Iterator[PipelineOptions]:
-    """``options`` for one run: unchanged for a non-Dask runner or a given scheduler; for a Dask
-    run without one, pointed at a local cluster that lives as long as this block."""
+    """``options`` for one run: unchanged for a non-Dask runner; for a Dask run, pointed at a
+    local cluster that lives as long as this block unless a scheduler is given, and partitioned
+    for the cluster's worker threads unless the run says how (module docstring)."""
     if not is_dask(options):
         yield options
         return
@@ -131,7 +177,10 @@ def cluster_for_run(options: PipelineOptions) -> Iterator[PipelineOptions]:
 
     dask = options.view_as(DaskOptions)  # Beam stores --dask_client_address as ``address``
     if dask.address or dask.scheduler_file:
-        yield options
+        needs_count = not (dask.npartitions or dask.partition_size)
+        threads = scheduler_threads(dask.address, dask.scheduler_file) if needs_count else 0
+        with _partitioned(dask, threads):
+            yield options
         return
     local = options.view_as(DaskClusterOptions)
     with local_cluster(local.dask_local_workers, local.dask_threads_per_worker,
@@ -140,7 +189,8 @@ def cluster_for_run(options: PipelineOptions) -> Iterator[PipelineOptions]:
                   local.dask_local_workers, address)
         dask.address = address
         try:
-            yield options
+            with _partitioned(dask, local.dask_local_workers * local.dask_threads_per_worker):
+                yield options
         finally:
             dask.address = None
 

@@ -44,6 +44,26 @@ def test_dask_profile_resolves_without_an_engine():
     assert "### DaskRunner" in profiles.describe_profiles()
 
 
+def test_dask_runs_are_partitioned_for_the_cluster_unless_the_run_says_how():
+    """A job's Create holds a few file names: Beam's default (128 elements per bag partition)
+    would run the whole job as one partition on one worker thread."""
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+
+    from runners.profiles import pipeline_options_for
+
+    dask = pipeline_options_for(["--runner=dask"]).view_as(DaskOptions)
+    with dask_cluster._partitioned(dask, threads=3):
+        assert dask.npartitions == 3 * dask_cluster.PARTITIONS_PER_THREAD
+    assert dask.npartitions is None  # restored after the run
+    for given in (["--dask_npartitions=5"], ["--dask_partition_size=7"]):
+        dask = pipeline_options_for(["--runner=dask", *given]).view_as(DaskOptions)
+        with dask_cluster._partitioned(dask, threads=3):
+            assert (dask.npartitions, dask.partition_size) in ((5, None), (None, 7))
+    dask = pipeline_options_for(["--runner=dask"]).view_as(DaskOptions)
+    with dask_cluster._partitioned(dask, threads=0):  # a scheduler that could not be asked
+        assert dask.npartitions is None
+
+
 @pytest.fixture(scope="module")
 def cluster():
     pytest.importorskip("distributed")
@@ -233,6 +253,11 @@ def _dp_aggregate(target: str, dict_rows: bool = False):
 
 
 @on_engine
+def test_a_remote_cluster_is_asked_for_its_worker_threads(cluster):
+    assert dask_cluster.scheduler_threads(cluster) == 2  # two worker processes of one thread
+
+
+@on_engine
 def test_dp_aggregate_of_dict_rows_on_dask(cluster, tmp_path):
     """Dict rows are buffered into Arrow tables; the DaskRunner drops finish_bundle output, so
     on Dask DPAggregate converts them as they come: the same table, no row lost."""
@@ -264,11 +289,20 @@ def test_dp_aggregate_on_a_run_scoped_local_cluster(tmp_path, monkeypatch):
 
     monkeypatch.setattr(dask_cluster, "local_cluster", recording)
     options = pipeline_options_for(["--runner=dask"])
-    result = dask_cluster.run(options, _dp_aggregate(dask))
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+    partitions = []
+    build = _dp_aggregate(dask)
+
+    def recording_build(pipeline):
+        partitions.append(pipeline.options.view_as(DaskOptions).npartitions)
+        build(pipeline)
+
+    result = dask_cluster.run(options, recording_build)
     assert result.client.status == "closed"
     assert Path(dask).read_bytes() == Path(local).read_bytes()
     [(workers, address)] = started
     assert workers == 2
+    assert partitions == [2 * dask_cluster.PARTITIONS_PER_THREAD]
     host, port = address.removeprefix("tcp://").rsplit(":", 1)
     with pytest.raises(OSError):  # the scheduler is gone with the run
         socket.create_connection((host, int(port)), timeout=2).close()
