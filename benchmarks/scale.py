@@ -2,7 +2,7 @@
 
     python benchmarks/scale.py [--keys 10000000 --keys 30000000 --keys 125000000]
                                [--rows_per_key 1.6] [--engines in_process,dask1,dask2]
-                               [--cn_peak_gb G]
+                               [--dask_up_to N] [--max_gb G] [--cn_peak_gb G]
 
 For each keyset size N the benchmark generates (once, cached under --work_dir) a public keyset of N
 integer keys (files of 1M keys) and about ``rows_per_key x N`` rows (default 1.6: 200M rows at 125M keys) whose keys
@@ -21,8 +21,10 @@ Goals (issue 15): peak memory grows with the largest shard, not the keyset (<= 4
 the table says how many were free (load average) when each leg ran.
 
 Last line: ``keys_125m_seconds=S peak_gb_125m=G dask_2_over_1=R cn_peak_gb=M`` (``nan`` for what
-was not measured: the largest size measured is then named on the line before; ``cn_peak_gb`` is
-taken from ``benchmarks/centralnotice.py`` via --cn_peak_gb, or nan).
+was not measured; ``dask_2_over_1`` is at the largest keyset both Dask legs ran, named on the line
+before; ``cn_peak_gb`` is taken from ``benchmarks/centralnotice.py`` via --cn_peak_gb, or nan). A
+leg holding more than ``--max_gb`` (default 20) or running past ``--timeout`` is stopped and
+reported as such; ``--dask_up_to N`` skips the Dask legs above N keys.
 """
 from __future__ import annotations
 
@@ -146,7 +148,9 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
-def run_leg(directory: str, engine: str, timeout: float) -> dict:
+def run_leg(directory: str, engine: str, timeout: float, max_gb: float = float("inf")) -> dict:
+    import psutil
+
     load = os.getloadavg()[0]
     start = time.perf_counter()
     child = subprocess.Popen([sys.executable, __file__, "--leg", engine, "--work_dir", directory],
@@ -157,6 +161,11 @@ def run_leg(directory: str, engine: str, timeout: float) -> dict:
         if time.perf_counter() - start > timeout:
             child.kill()
             raise TimeoutError(f"{engine} exceeded {timeout} s")
+        if peak > max_gb * 2**30:  # stop before the machine runs out of memory
+            for proc in psutil.Process(child.pid).children(recursive=True):
+                proc.kill()
+            child.kill()
+            raise MemoryError(f"{engine} exceeded {max_gb} GB")
         time.sleep(0.1)
     seconds = time.perf_counter() - start
     output = child.stdout.read()
@@ -173,6 +182,10 @@ def main(argv=None) -> int:
     parser.add_argument("--engines", default="in_process,dask1,dask2")
     parser.add_argument("--work_dir", default=os.path.join(tempfile.gettempdir(), "beam-dp-scale"))
     parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--dask_up_to", type=int, default=10**12,
+                        help="run the Dask legs only for keysets of at most this many keys")
+    parser.add_argument("--max_gb", type=float, default=20.0,
+                        help="stop a leg whose process tree holds more than this (GB)")
     parser.add_argument("--cn_peak_gb", type=float, default=float("nan"),
                         help="peak GB of benchmarks/centralnotice.py, for the last line")
     parser.add_argument("--leg", help=argparse.SUPPRESS)
@@ -190,20 +203,27 @@ def main(argv=None) -> int:
         directory = os.path.join(args.work_dir, f"k{keys}_r{rows}")
         generate(directory, keys, rows)
         for engine in engines:
-            r = run_leg(directory, engine, args.timeout)
+            if engine.startswith("dask") and keys > args.dask_up_to:
+                continue
+            try:
+                r = run_leg(directory, engine, args.timeout, args.max_gb)
+            except (TimeoutError, MemoryError, RuntimeError) as error:
+                print(f"{keys:>12,} {rows:>12,} {engine:>10} stopped: {error}", flush=True)
+                continue
             results[(keys, engine)] = r
             print(f"{keys:>12,} {rows:>12,} {engine:>10} {r['seconds']:>9.1f} "
                   f"{rows / r['seconds']:>11,.0f} {keys / r['seconds']:>11,.0f} "
                   f"{r['peak_gb']:>8.2f} {r['load']:>5.1f} {r['released_keys']:>11,}", flush=True)
             assert r["released_keys"] == keys, "a public keyset releases every key"
-    largest = max(sizes)
     nan = float("nan")
     big = results.get((125_000_000, "in_process"), {})
-    one, two = results.get((largest, "dask1")), results.get((largest, "dask2"))
-    ratio = one["seconds"] / two["seconds"] if one and two else nan
-    if largest != 125_000_000:
-        print(f"largest keyset measured: {largest:,} keys ({int(largest * args.rows_per_key):,} "
-              f"rows); dask_2_over_1 is at that size")
+    both = [k for k in sizes if (k, "dask1") in results and (k, "dask2") in results]
+    ratio = nan
+    if both:
+        at = max(both)
+        ratio = results[(at, "dask1")]["seconds"] / results[(at, "dask2")]["seconds"]
+        print(f"dask_2_over_1 at {at:,} keys ({int(at * args.rows_per_key):,} rows), the largest "
+              f"keyset both Dask legs ran")
     print(f"keys_125m_seconds={big.get('seconds', nan):.1f} peak_gb_125m={big.get('peak_gb', nan):.2f} "
           f"dask_2_over_1={ratio:.2f} cn_peak_gb={args.cn_peak_gb:.2f}")
     return 0
