@@ -158,36 +158,99 @@ def masked_lark_train_args(tmp: Path, out: Path) -> list[str]:
             "--model_id", "m1", "--epochs", "2", "--output", str(out), "--testing_seed", SEED]
 
 
+LARK = SAMPLE / "masked_lark"
+
+
+def _lark_helper_output(tmp: Path, h: int) -> Path:
+    """Helper ``h``'s released table for the sample batch (browsers and helper run in process,
+    once per test directory)."""
+    from pipelines import masked_lark_helper, masked_lark_share
+
+    shares, out = tmp / "lark_shares", tmp / f"lark_helper_{h}"
+    if not shares.exists():
+        assert masked_lark_share.main(masked_lark_share_args(tmp, shares)) == 0
+    if not out.exists():
+        assert masked_lark_helper.main(_lark_helper_args(tmp, h, out)) == 0
+    return next(out.rglob(f"helper_{h}.parquet"))
+
+
+def _lark_helper_args(tmp: Path, h: int, out: Path) -> list[str]:
+    reports = next((tmp / "lark_shares").rglob(f"reports_helper_{h}.parquet"))
+    return ["--input", str(reports), "--params", str(LARK / "aggregation_params.json"),
+            "--helper", str(h), "--batch_id", "b1", "--output", str(out), "--testing_seed", SEED]
+
+
+def masked_lark_helper_args(tmp: Path, out: Path) -> list[str]:
+    from pipelines import masked_lark_share
+
+    if not (tmp / "lark_shares").exists():
+        assert masked_lark_share.main(masked_lark_share_args(tmp, tmp / "lark_shares")) == 0
+    return _lark_helper_args(tmp, 0, out)
+
+
+def masked_lark_combine_args(tmp: Path, out: Path) -> list[str]:
+    files = [str(_lark_helper_output(tmp, h)) for h in (0, 1)]
+    return ["--helper_outputs", ",".join(files), "--params", str(LARK / "aggregation_params.json"),
+            "--batch_id", "b1", "--output", str(out), "--testing_seed", SEED]
+
+
 JOBS = {"centralnotice": ("pipelines.centralnotice", centralnotice_args),
         "reach_frequency": ("pipelines.reach_frequency", reach_frequency_args),
         "summary_reports": ("pipelines.summary_reports", summary_reports_args),
         "event_level_reports": ("pipelines.event_level_reports", event_level_reports_args),
         **{name: (f"pipelines.{name}", _local_dp(name)) for name in LOCAL_DP_ARGS},
         "masked_lark_share": ("pipelines.masked_lark_share", masked_lark_share_args),
+        "masked_lark_helper": ("pipelines.masked_lark_helper", masked_lark_helper_args),
+        "masked_lark_combine": ("pipelines.masked_lark_combine", masked_lark_combine_args),
         "masked_lark_train": ("pipelines.masked_lark_train", masked_lark_train_args)}
 
 
-# Jobs whose pipelines hold a transform the DaskRunner runs wrongly without an error (their
-# released bytes differed): the release layer refuses them on Dask (dask_cluster.unsupported).
-REFUSED_ON_DASK = {"event_level_reports": "BatchElements",
-                   "ldp_heavy_hitters": "ParDo with tagged outputs",
-                   "masked_lark_share": "ParDo with tagged outputs"}
+def test_transforms_the_dask_runner_would_get_wrong_are_refused():
+    """BatchElements (its finish_bundle batch is dropped) and tagged outputs (not kept apart)
+    run wrongly on Dask without an error: a pipeline holding either is refused before it runs.
+    No job holds them any more (they fan out with transforms.fanout.ByTag and batch with
+    transforms.batching.ShardedBatches; every job is in the byte-identity test below)."""
+    import apache_beam as beam
+
+    class Tagged(beam.DoFn):
+        def process(self, element):
+            yield beam.pvalue.TaggedOutput("odd" if element % 2 else "even", element)
+
+    for build, feature in ((lambda p: p | beam.Create([1, 2]) | beam.BatchElements(), "BatchElements"),
+                           (lambda p: p | beam.Create([1, 2]) | beam.ParDo(Tagged()).with_outputs("odd", "even"),
+                            "ParDo with tagged outputs")):
+        pipeline = beam.Pipeline()
+        build(pipeline)
+        with pytest.raises(NotImplementedError, match=feature):
+            dask_cluster.check_supported(pipeline)
+
+
+def test_fan_out_and_sharded_batches_keep_every_value():
+    """The replacements: every tagged value reaches its own output only; sharded batches hold
+    every element once, none larger than the batch size; an unknown tag is an error."""
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from transforms.batching import ShardedBatches
+    from transforms.fanout import ByTag
+
+    with TestPipeline() as p:
+        parts = (p | "Values" >> beam.Create([("a", 1), ("b", 2), ("a", 3)]) | ByTag(["a", "b", "c"]))
+        assert_that(parts["a"], equal_to([1, 3]), label="a")
+        assert_that(parts["b"], equal_to([2]), label="b")
+        assert_that(parts["c"], equal_to([]), label="c")
+        batches = (p | "Many" >> beam.Create(list(range(1000)))
+                   | ShardedBatches(lambda x: x, shards=7, batch_size=64))
+        assert_that(batches | beam.FlatMap(lambda b: b), equal_to(list(range(1000))), label="all")
+        assert_that(batches | beam.Map(len) | beam.CombineGlobally(max), equal_to([64]), label="max")
+    with pytest.raises(Exception, match="not one of"):
+        with TestPipeline() as p:
+            _ = p | beam.Create([("z", 1)]) | ByTag(["a"])
 
 
 @on_engine
-@pytest.mark.parametrize("job", sorted(REFUSED_ON_DASK))
-def test_job_the_dask_runner_would_get_wrong_is_refused(job, cluster, tmp_path):
-    module, args = JOBS[job]
-    with pytest.raises(RuntimeError, match="exit status 3"):
-        run_pipeline_main(module, args(tmp_path, tmp_path / "dask") + ["--allow_dropped_rows"],
-                          dask_argv(cluster))
-    [failure] = (tmp_path / "dask").rglob("failure.json")
-    assert "NotImplementedError" in failure.read_text()
-    assert REFUSED_ON_DASK[job] in failure.read_text()
-
-
-@on_engine
-@pytest.mark.parametrize("job", sorted(set(JOBS) - set(REFUSED_ON_DASK)))
+@pytest.mark.parametrize("job", sorted(JOBS))
 def test_job_releases_identical_bytes_on_dask(job, cluster, tmp_path):
     module, args = JOBS[job]
     local, dask = tmp_path / "in_process", tmp_path / "dask"

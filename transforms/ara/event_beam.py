@@ -29,6 +29,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from transforms.ara.event_debias import debias_groups
+from transforms.batching import ShardedBatches
 from transforms.ara.event_level import EventLevelConfig, randomize_states
 
 NAMESPACE = "ara_event_level"
@@ -219,6 +220,19 @@ class _JoinSourcesFn(beam.DoFn):
         yield source_id, cells
 
 
+#: Shards of the shuffles that batch sources for randomization and groups for estimation.
+RANDOMIZE_SHARDS = 256
+ESTIMATE_SHARDS = 16
+
+
+def _source_id(element):
+    return element[0]
+
+
+def _group_of(element):
+    return element[0]
+
+
 class _RandomizeFn(beam.DoFn):
     """A batch of (source id, true cells) -> a table of noisy reports (vectorised; each
     source's randomness comes from its own keyed lane, so batching does not matter)."""
@@ -287,7 +301,10 @@ class SimulateEventReports(beam.PTransform):
         return ({"sources": sources, "triggers": triggers}
                 | "BySource" >> beam.CoGroupByKey()
                 | "Join" >> beam.ParDo(_JoinSourcesFn())
-                | "Batch" >> beam.BatchElements(min_batch_size=1, max_batch_size=self.batch_size)
+                # Not BatchElements (its finish_bundle batch is lost on Dask): each source's
+                # randomness is its own keyed lane, so batching never changes a report.
+                | "Batch" >> ShardedBatches(_source_id, shards=RANDOMIZE_SHARDS,
+                                            batch_size=self.batch_size)
                 | "Randomize" >> beam.ParDo(_RandomizeFn(self.config, self.release_key,
                                                          self.purpose)))
 
@@ -424,5 +441,6 @@ class DebiasConversionCounts(beam.PTransform):
                 | "BySource" >> beam.CoGroupByKey()
                 | "PerSource" >> beam.ParDo(_PerSourceCountsFn(self.config))
                 | "PerGroup" >> beam.CombinePerKey(_VectorSum())
-                | "Batch" >> beam.BatchElements(min_batch_size=1, max_batch_size=self.batch_size)
+                | "Batch" >> ShardedBatches(_group_of, shards=ESTIMATE_SHARDS,
+                                            batch_size=self.batch_size)
                 | "Estimates" >> beam.ParDo(_EstimatesFn(self.config, self.group_by)))

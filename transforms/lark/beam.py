@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
 from accounting.keys import ReleaseKey
+from transforms.fanout import ByTag
 from transforms.lark import browser, combine, helper as core
 from transforms.lark.local_dp import LocalFeatureNoise
 from transforms.lark.model import LogisticModel
@@ -66,7 +67,7 @@ class _ShareFn(beam.DoFn):
                                                **self._options)
         _count("records_shared", records.num_rows)
         for h, table in enumerate(reports):
-            yield beam.pvalue.TaggedOutput(f"helper_{h}", table)
+            yield f"helper_{h}", table  # fanned out by ByTag (no tagged outputs: Dask)
 
 
 class ShareRecords(beam.PTransform):
@@ -98,8 +99,10 @@ class ShareRecords(beam.PTransform):
 
     def expand(self, records):
         tags = [f"helper_{h}" for h in range(self._num_helpers)]
-        outputs = records | "Share" >> beam.ParDo(
-            _ShareFn(self._kind, self._params, self._randomness, self._options)).with_outputs(*tags)
+        outputs = (records
+                   | "Share" >> beam.ParDo(_ShareFn(self._kind, self._params, self._randomness,
+                                                    self._options))
+                   | "ByHelper" >> ByTag(tags))
         return {h: outputs[tag] for h, tag in enumerate(tags)}
 
 

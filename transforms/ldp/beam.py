@@ -23,6 +23,7 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from accounting.keys import ReleaseKey
+from transforms.fanout import ByTag
 from transforms.ldp import pem as pem_lib
 from transforms.ldp.estimators import (SupportCounts, candidate_values, count_support,
                                        estimate_table)
@@ -182,8 +183,8 @@ class _SplitGroups(beam.DoFn):
                 continue
             self._null.inc(arrays.dropped_null)
             self._bad.inc(arrays.dropped_out_of_domain)
-            yield beam.pvalue.TaggedOutput("n", arrays.n)
-            yield beam.pvalue.TaggedOutput(f"round{r}", arrays)
+            yield "n", arrays.n  # fanned out by ByTag (no tagged outputs: Dask)
+            yield f"round{r}", arrays
 
 
 class _RoundSupport(beam.DoFn):
@@ -219,8 +220,9 @@ class PEMHeavyHitters(beam.PTransform):
     def expand(self, reports):
         plan = self._plan
         tags = [f"round{r}" for r in range(plan.rounds)]
-        parts = reports | "SplitGroups" >> beam.ParDo(
-            _SplitGroups(plan, self._on_invalid)).with_outputs("n", *tags)
+        parts = (reports
+                 | "SplitGroups" >> beam.ParDo(_SplitGroups(plan, self._on_invalid))
+                 | "ByRound" >> ByTag(["n", *tags]))
         population = parts["n"] | "Population" >> beam.CombineGlobally(sum)
         candidates = reports.pipeline | "Round0Candidates" >> beam.Create(
             [plan.initial_candidates()])
