@@ -11,7 +11,7 @@ Python ints wider than 64 bits do not fit Beam's integer coder).
 """
 from __future__ import annotations
 
-import zlib
+import operator
 
 import numpy as np
 import apache_beam as beam
@@ -20,6 +20,7 @@ from apache_beam.metrics import Metrics
 from transforms.ara.contribution import (CONTRIBUTION_BUDGET, ContributionConfig,
                                          bound_contributions)
 from transforms.ara.reports import FAULTS, AggregatableReport, ReportFault, parse_report
+from transforms.batching import ShardedBatches
 from transforms.ara.summary import (add_summary_noise, bucket_streams, check_summary_epsilon,
                                     key_bytes)
 
@@ -367,7 +368,7 @@ class _RestrictToDomainFn(beam.DoFn):
         yield key, sum(s for s, _ in sums)
 
 
-NOISE_SHARDS = 1024  # buckets are noised in groups of shards, NOISE_BATCH at a time
+NOISE_SHARDS = 1024  # buckets are noised in batches of at most NOISE_BATCH from a shard
 NOISE_BATCH = 4096
 
 
@@ -375,17 +376,7 @@ class _AddNoiseFn(beam.DoFn):
     def __init__(self, epsilon: float, release_key, purpose: str):
         self.epsilon, self.release_key, self.purpose = epsilon, release_key, purpose
 
-    def process(self, shard):
-        batch = []
-        for item in shard[1]:  # bounded memory however large the shard: batches of NOISE_BATCH
-            batch.append(item)
-            if len(batch) == NOISE_BATCH:
-                yield from self._noisy(batch)
-                batch = []
-        if batch:
-            yield from self._noisy(batch)
-
-    def _noisy(self, batch):
+    def process(self, batch):
         keys = [int.from_bytes(k, "big") for k, _ in batch]
         sums = np.array([s for _, s in batch], dtype=np.int64)
         noisy = add_summary_noise(sums, self.epsilon,
@@ -417,11 +408,11 @@ class SummaryReport(beam.PTransform):
         return ({"sums": sums, "domain": domain}
                 | "JoinDomain" >> beam.CoGroupByKey()
                 | "Restrict" >> beam.ParDo(_RestrictToDomainFn())
-                # Batches for vectorised noise come from a shuffle on a key-derived shard, not
-                # from BatchElements: its last batch is emitted in finish_bundle, which Beam's
-                # DaskRunner drops. Noise is keyed per bucket, so batching never changes it.
-                | "Shard" >> beam.Map(lambda kv: (zlib.crc32(kv[0]) % NOISE_SHARDS, kv))
-                | "ByShard" >> beam.GroupByKey()
+                # Batches for vectorised noise from a shuffle on a key-derived shard, not from
+                # BatchElements (Dask drops its finish_bundle batch). Noise is keyed per bucket,
+                # so batching never changes it.
+                | "Batch" >> ShardedBatches(operator.itemgetter(0), shards=NOISE_SHARDS,
+                                            batch_size=NOISE_BATCH)
                 | "Noise" >> beam.ParDo(_AddNoiseFn(self.epsilon, self.release_key, self.purpose)))
 
 

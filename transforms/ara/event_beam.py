@@ -22,6 +22,7 @@ Tables:
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Sequence
 
 import apache_beam as beam
@@ -29,8 +30,8 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from transforms.ara.event_debias import debias_groups
-from transforms.batching import ShardedBatches
 from transforms.ara.event_level import EventLevelConfig, randomize_states
+from transforms.batching import ShardedBatches
 
 NAMESPACE = "ara_event_level"
 EVENT_PURPOSE = "ara-event-level-randomized-response"
@@ -225,14 +226,6 @@ RANDOMIZE_SHARDS = 256
 ESTIMATE_SHARDS = 16
 
 
-def _source_id(element):
-    return element[0]
-
-
-def _group_of(element):
-    return element[0]
-
-
 class _RandomizeFn(beam.DoFn):
     """A batch of (source id, true cells) -> a table of noisy reports (vectorised; each
     source's randomness comes from its own keyed lane, so batching does not matter)."""
@@ -303,7 +296,7 @@ class SimulateEventReports(beam.PTransform):
                 | "Join" >> beam.ParDo(_JoinSourcesFn())
                 # Not BatchElements (its finish_bundle batch is lost on Dask): each source's
                 # randomness is its own keyed lane, so batching never changes a report.
-                | "Batch" >> ShardedBatches(_source_id, shards=RANDOMIZE_SHARDS,
+                | "Batch" >> ShardedBatches(operator.itemgetter(0), shards=RANDOMIZE_SHARDS,
                                             batch_size=self.batch_size)
                 | "Randomize" >> beam.ParDo(_RandomizeFn(self.config, self.release_key,
                                                          self.purpose)))
@@ -441,6 +434,6 @@ class DebiasConversionCounts(beam.PTransform):
                 | "BySource" >> beam.CoGroupByKey()
                 | "PerSource" >> beam.ParDo(_PerSourceCountsFn(self.config))
                 | "PerGroup" >> beam.CombinePerKey(_VectorSum())
-                | "Batch" >> ShardedBatches(_group_of, shards=ESTIMATE_SHARDS,
+                | "Batch" >> ShardedBatches(operator.itemgetter(0), shards=ESTIMATE_SHARDS,
                                             batch_size=self.batch_size)
                 | "Estimates" >> beam.ParDo(_EstimatesFn(self.config, self.group_by)))
