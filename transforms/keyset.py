@@ -18,16 +18,13 @@ import pyarrow.compute as pc
 
 from transforms.noise.encoding import encode_keys
 
-#: Keys per batch when a keyset is materialised for the final join.
+#: Keys per batch when an in-memory keyset is materialised (:meth:`PublicKeyset.batches`,
+#: :meth:`PublicKeyset.to_table`; the release stage slices its own chunks of ``KEYS_PER_SHARD``).
 KEYSET_BATCH_ROWS = 50_000
 #: The column that may stand for the key columns in per-key data of an in-memory keyset: the
 #: key's position in the keyset order (:meth:`PublicKeyset.positions`), one int64 instead of the
 #: key's values (what bounded rows and partials carry through a shuffle).
 KEYSET_POSITION = "__keyset_position"
-
-
-def _encoded_set(table: pa.Table) -> pa.Array:
-    return pc.unique(encode_keys(table))
 
 
 class PublicKeyset:
@@ -170,19 +167,7 @@ class PublicKeyset:
 
     def member_mask(self, table: pa.Table) -> np.ndarray:
         """Rows of ``table`` whose key is in the keyset (in-memory keysets; exclusions apply)."""
-        keys = table.select(self.columns)
-        if self._dimensions is not None:
-            mask = np.ones(table.num_rows, dtype=bool)
-            for column, values in self._dimensions.items():
-                mask &= pc.fill_null(pc.is_in(keys.column(column), value_set=values), False) \
-                    .to_numpy(zero_copy_only=False)
-        elif self._table is not None:
-            if not hasattr(self, "_encoded"):
-                self._encoded = _encoded_set(self._table)
-            mask = pc.is_in(encode_keys(keys), value_set=self._encoded).to_numpy(zero_copy_only=False)
-        else:
-            raise TypeError("member_mask needs an in-memory keyset")
-        return mask & ~self.excluded_mask(keys)
+        return self.positions(table) >= 0
 
     def _distinct_table(self) -> pa.Table:
         """The table keyset with each key once (its first occurrence), in keyset order."""
@@ -232,8 +217,7 @@ class PublicKeyset:
         return table.drop_columns(self.columns).append_column(KEYSET_POSITION, pa.array(position))
 
     def chunk_starts(self, max_rows: int = KEYSET_BATCH_ROWS) -> list:
-        """Start offsets of the keyset's batches: small enough to ship to workers, which then
-        build the batches themselves with :meth:`batch_at`."""
+        """Start offsets of the keyset's batches of ``max_rows`` keys (for :meth:`batch_at`)."""
         if not self.in_memory:
             raise TypeError("a PCollection keyset has no in-memory batches")
         return list(range(0, self.size(), max_rows))

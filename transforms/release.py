@@ -156,9 +156,6 @@ def _route_by_key(table, key_columns, num_shards):
     yield from split_by_shard(table, shards)
 
 
-_POSITION = KEYSET_POSITION
-
-
 def _route_by_position(table, keyset: PublicKeyset, keys_per_shard: int):
     """Partials of an in-memory keyset's keys, keyed by the key's position in the keyset (one
     int64 instead of the key columns: the shuffle and the sums carry 8 bytes per key), to the
@@ -168,7 +165,7 @@ def _route_by_position(table, keyset: PublicKeyset, keys_per_shard: int):
     if table is None or table.num_rows == 0:
         return
     table = keyset.keyed_by_position(table)
-    position = table.column(_POSITION).to_numpy(zero_copy_only=False)
+    position = table.column(KEYSET_POSITION).to_numpy(zero_copy_only=False)
     yield from split_by_shard(table, position // keys_per_shard)
 
 
@@ -301,8 +298,8 @@ class _NoiseAndRelease(beam.DoFn):
         keys = self._s.keyset.batch_at(shard * self._s.keys_per_shard, self._s.keys_per_shard)
         if not totals or not keys.num_rows:
             return self._zeros(keys)
-        keyed = keys.append_column(_POSITION, pa.array(self._s.keyset.positions(keys)))
-        return self._zero_filled(keyed.join(sum_partials(totals, [_POSITION]), keys=_POSITION,
+        keyed = keys.append_column(KEYSET_POSITION, pa.array(self._s.keyset.positions(keys)))
+        return self._zero_filled(keyed.join(sum_partials(totals, [KEYSET_POSITION]), keys=KEYSET_POSITION,
                                             join_type="left outer", use_threads=False))
 
     def _keyset_joined(self, tagged):
@@ -430,9 +427,9 @@ class NoisyRelease(beam.PTransform):
         if keyset.in_memory:
             # Shard i is the keyset's chunk i: partials go to the chunk holding their key, and the
             # worker of a shard builds that chunk itself; only chunk numbers cross the shuffle.
-            totals = self._summed(partials, beam.FlatMap(_route_by_position, worker_keyset, self._settings.keys_per_shard), [_POSITION])
+            totals = self._summed(partials, beam.FlatMap(_route_by_position, worker_keyset, self._settings.keys_per_shard), [KEYSET_POSITION])
             shards = -(-keyset.size() // self._settings.keys_per_shard)
-            schema = worker_keyset.batch_at(0, 0).schema
+            schema = worker_keyset.schema()
             keys = (partials.pipeline
                     | "KeysetShards" >> beam.Create(list(range(shards)))
                     | "KeysetMarkers" >> beam.Map(_keyset_marker, schema).with_output_types(_TAGGED))
