@@ -38,19 +38,13 @@ def bernoulli_ratio(streams: RandomStreams, num: np.ndarray, den, k: int,
     """Bernoulli(num / (k·den)) per lane, exactly. ``den`` is an array (one per lane) or one
     integer for every lane (the samplers' common case: no per-lane arrays to build and scan)."""
     if np.ndim(den) == 0:
-        den = int(den)
-        if k == 1 and np.all(num == den):
-            return np.ones(lanes.size, dtype=bool)
-        if den <= (1 << 63) // k:
-            return streams.randint(den * k, lanes) < num
-        first = streams.randint(k, lanes) == 0
-        return first & (streams.randint(den, lanes) < num)
+        den = int(den)  # a Python int: exact products, and randint takes it as one common bound
     if k == 1 and np.all(num == den):
         return np.ones(lanes.size, dtype=bool)
-    if np.all(den <= np.uint64((1 << 63) // k)):
-        return streams.randint(den * np.uint64(k), lanes) < num
+    if np.all(den <= (1 << 63) // k):
+        return streams.randint(den * k, lanes) < num
     # k·den would overflow 64 bits: draw the 1/k and num/den parts separately.
-    first = streams.randint(np.full(lanes.size, k, dtype=np.uint64), lanes) == 0
+    first = streams.randint(k, lanes) == 0
     return first & (streams.randint(den, lanes) < num)
 
 
