@@ -204,6 +204,7 @@ class CentralNoticeRelease(beam.PTransform):
     def expand(self, inputs):
         impressions, clicks = inputs
         c = self.campaign
+        keyset = self.keyset()
         release_filter = _ReleaseFilter(c, self.dates)
         imp = impressions | "ImpressionPartials" >> beam.ParDo(
             ImpressionPartials(release_filter, c.impressions.k, self._counters[0])).with_output_types(pa.Table)
@@ -220,7 +221,7 @@ class CentralNoticeRelease(beam.PTransform):
                                       bounds=ContributionBounds(
                                           max_partitions=m, max_contributions_per_partition=m,
                                           max_contributions=m),
-                                      release_key=self.release_key, keyset=self.keyset(),
+                                      release_key=self.release_key, keyset=keyset,
                                       num_shards=self.num_shards)
             clk = (click_rows
                    | "BoundUsers" >> BoundedKeyPartials(bounding, by_position=True)
@@ -234,7 +235,6 @@ class CentralNoticeRelease(beam.PTransform):
                    OutputColumn(name="clicks", measure=measures[1].name, threshold=c.clicks.release_threshold)]
         # Both sides keyed by keyset position before they meet: the runner may hold a side
         # whole before the Flatten, and a position is 8 bytes where the key columns are ~60.
-        keyset = self.keyset()
         imp = imp | "ImpressionPositions" >> beam.Map(keyset.keyed_by_position).with_output_types(pa.Table)
         clk = clk | "ClickPositions" >> beam.Map(keyset.keyed_by_position).with_output_types(pa.Table)
         return ((imp, clk)
