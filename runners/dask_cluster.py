@@ -149,11 +149,15 @@ def scheduler_threads(address: str = None, scheduler_file: str = None, timeout: 
         return 0
 
 
+def _partitioning_given(dask) -> bool:
+    return bool(dask.npartitions or dask.partition_size)
+
+
 @contextlib.contextmanager
 def _partitioned(dask, threads: int) -> Iterator[None]:
     """``--dask_npartitions`` for this run from the cluster's worker threads, unless the run set
     its partitioning itself (module docstring)."""
-    if dask.npartitions or dask.partition_size or threads < 1:
+    if _partitioning_given(dask) or threads < 1:
         yield
         return
     dask.npartitions = threads * PARTITIONS_PER_THREAD
@@ -177,8 +181,8 @@ def cluster_for_run(options: PipelineOptions) -> Iterator[PipelineOptions]:
 
     dask = options.view_as(DaskOptions)  # Beam stores --dask_client_address as ``address``
     if dask.address or dask.scheduler_file:
-        needs_count = not (dask.npartitions or dask.partition_size)
-        threads = scheduler_threads(dask.address, dask.scheduler_file) if needs_count else 0
+        threads = 0 if _partitioning_given(dask) else \
+            scheduler_threads(dask.address, dask.scheduler_file)
         with _partitioned(dask, threads):
             yield options
         return
