@@ -161,16 +161,6 @@ def test_fixed_width_paths_give_the_same_bytes_and_macs():
     assert np.array_equal(a, b)
 
 
-def test_in_sorted_is_membership():
-    from transforms.partials import in_sorted
-
-    rng = np.random.default_rng(6)
-    keyset = np.unique(rng.integers(0, 2 ** 63, 5000).astype(np.uint64))
-    queries = np.r_[keyset[rng.integers(0, keyset.size, 3000)], rng.integers(0, 2 ** 63, 3000).astype(np.uint64)]
-    assert np.array_equal(in_sorted(keyset, queries), np.isin(queries, keyset))
-    assert in_sorted(keyset[:0], queries).sum() == 0 and in_sorted(keyset, queries[:0]).size == 0
-
-
 def test_streams_are_uniform():
     streams = RandomStreams.for_range(ReleaseKey.generate(), "u", 200_000)
     u = streams.uniform_float()

@@ -15,7 +15,6 @@ from apache_beam.testing import test_pipeline
 
 from accounting.calibration import NoiseKind, calibrate
 from accounting.keys import ReleaseKey
-from transforms.aggregate import _SortedRunsCoder, _SortedUnionFn
 from transforms.keyset import KEYSET_POSITION, PublicKeyset
 from transforms.release import KEYS_PER_SHARD, NoisedPartial, NoisyRelease, OutputColumn, key_shards
 
@@ -111,25 +110,6 @@ def test_table_keyset_counts_each_key_once():
     assert keyset.size() == 3
     assert keyset.to_table().column("k").to_pylist() == ["a", "b", "c"]
     assert keyset.positions(pa.table({"k": ["c", "a", "z"]})).tolist() == [2, 0, -1]
-
-
-def test_sorted_union_of_keyset_hashes():
-    rng = np.random.default_rng(3)
-    chunks = [rng.integers(0, 2 ** 63, n, dtype=np.uint64) for n in (1000, 10, 5000, 0, 300)]
-    chunks.append(chunks[0][:100])  # repeated keys
-    fn = _SortedUnionFn()
-    left, right = fn.create_accumulator(), fn.create_accumulator()
-    for i, chunk in enumerate(chunks):
-        if i % 2:
-            left = fn.add_input(left, chunk)
-        else:
-            right = fn.add_input(right, chunk)
-    coder = _SortedRunsCoder()
-    left = coder.decode(coder.encode(left))
-    merged = fn.merge_accumulators([left, right])
-    result = np.frombuffer(fn.extract_output(merged), dtype="<u8")
-    assert np.array_equal(result, np.unique(np.concatenate(chunks)))
-    assert fn.extract_output(fn.create_accumulator()) == b""
 
 
 def test_keys_per_shard_must_be_positive():

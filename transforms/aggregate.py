@@ -90,12 +90,13 @@ from accounting.sensitivity import ContributionBounds, Neighbouring
 from transforms import arrow_coder  # noqa: F401  (registers the Arrow table coder)
 from transforms import bounding
 from transforms.privacy_units import canonical_unit_column, canonical_unit_ids, check_unit_type
-from transforms.partials import in_sorted, key_partials, routing_hash, shard_of, split_by_shard
+from transforms.partials import key_partials, routing_hash, shard_of, split_by_shard
 from transforms.keyset import KEYSET_POSITION, PublicKeyset
+from transforms.membership import KeyFilter, filter_words
 from transforms.metrics import (Metric, MetricKind, as_metric, is_integer_range, mean_from_noisy,
                                 plan_measures, variance_from_noisy)
 from accounting.keys import ReleaseKey
-from transforms.release import SELECTION_PURPOSE, NoisyRelease, OutputColumn, keyset_tables
+from transforms.release import SELECTION_PURPOSE, NoisyRelease, OutputColumn, keyset_rows, keyset_tables
 from transforms.selection import PrivateSelection, Selector
 from transforms.tables import as_arrow_table, static_schema
 from transforms.vectors import clip, row_words, vectors_of
@@ -248,7 +249,7 @@ class _PrepareAndBound(beam.DoFn):
                 self._counters[name] = Metrics.counter(NAMESPACE, name)
             self._counters[name].inc(int(amount))
 
-    def process(self, table: pa.Table, keyset_hashes=None):
+    def process(self, table: pa.Table, keyset_filter=None):
         c = self._c
         check_schema(table.schema, c.unit, c.keys, c.value, vector=c.vector is not None)
         self._count("rows_read", table.num_rows)
@@ -290,11 +291,10 @@ class _PrepareAndBound(beam.DoFn):
                 if self._by_position:
                     table = table.append_column(KEYSET_POSITION, pa.array(position[inside]))
             else:
-                # A PCollection keyset is too large to hold; its sorted key hashes (a side input)
-                # pre-filter rows, and the exact join before release removes the rare collision.
-                hashes = routing_hash(table.select(c.keys))
-                keyset_hashes = np.frombuffer(keyset_hashes, dtype="<u8")
-                inside = in_sorted(keyset_hashes, hashes)
+                # A PCollection keyset is too large to hold: a compact filter of its key hashes
+                # (a side input; no false negatives) drops rows before bounding, and the exact
+                # join before release removes the filter's rare false positives (counted there).
+                inside = KeyFilter.from_bytes(keyset_filter).contains(routing_hash(table.select(c.keys)))
                 self._count("dropped_outside_keyset", (~inside & ~excluded).sum())
                 table = table.filter(pa.array(inside & ~excluded))
         if not table.num_rows:
@@ -355,82 +355,60 @@ class _BoundUnitShard(beam.DoFn):
                            vector_columns=c.vector.columns if c.vector is not None else ())
 
 
-def _distinct_sorted(values: np.ndarray) -> np.ndarray:
-    """A sorted array without its repeated values."""
-    keep = np.empty(len(values), dtype=bool)
-    keep[:1] = True
-    np.not_equal(values[1:], values[:-1], out=keep[1:])
-    return values if keep.all() else values[keep]
+class _KeyFilterFn(beam.CombineFn):
+    """A PCollection keyset's key hashes -> one :class:`~transforms.membership.KeyFilter`, as bytes
+    (a side input read in place with ``KeyFilter.from_bytes``: never pickled, never copied per
+    bundle).
 
-
-def _merge_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The sorted union (each value once) of two sorted arrays of unique values."""
-    merged = np.concatenate([a, b])
-    merged.sort(kind="stable")  # two sorted runs: a linear merge
-    return _distinct_sorted(merged)
-
-
-class _SortedUnionFn(beam.CombineFn):
-    """Union of uint64 arrays as one sorted array (a PCollection keyset's key hashes).
-
-    The accumulator is a list of sorted runs of unique values whose sizes at least halve along
-    the list; a new run is merged into the last while it is at least half as long (as in a
-    log-structured merge), so every value is merged O(log n) times and the peak is about two
-    copies of the result."""
-
-    @staticmethod
-    def _push(runs, run):
-        runs = list(runs)
-        runs.append(run)
-        while len(runs) > 1 and 2 * len(runs[-1]) >= len(runs[-2]):
-            last = runs.pop()
-            runs[-1] = _merge_sorted(runs[-1], last)
-        return runs
+    Inputs are ``(num_words, hashes)``: the filter's size travels with the hashes (from the
+    keyset's stated size, or its count in the pipeline). The accumulator is the filter's words
+    (None before any input); filters merge by OR, so the result does not depend on how the
+    keyset was split into elements, bundles or partitions."""
 
     def create_accumulator(self):
-        return []
+        return None
 
-    def add_input(self, accumulator, hashes):
-        return self._push(accumulator, _distinct_sorted(np.sort(np.asarray(hashes, dtype=np.uint64))))
+    def add_input(self, accumulator, element):
+        num_words, hashes = element
+        if accumulator is None:
+            accumulator = np.zeros(int(num_words), dtype=np.uint64)
+        KeyFilter(accumulator).add(hashes)
+        return accumulator
 
     def merge_accumulators(self, accumulators):
-        runs = []
-        for accumulator in accumulators:
-            for run in accumulator:
-                runs = self._push(runs, run)
-        return runs
+        merged = None
+        for words in accumulators:
+            if words is None:
+                continue
+            if merged is None:
+                merged = words if words.flags.writeable else words.copy()
+            else:
+                KeyFilter(merged).union(KeyFilter(words))
+        return merged
 
     def extract_output(self, accumulator) -> bytes:
-        """The sorted hashes as raw little-endian uint64 bytes (a side input read in place with
-        ``np.frombuffer``: never pickled, never copied per bundle)."""
-        result = np.zeros(0, dtype=np.uint64)
-        for run in reversed(accumulator):
-            result = _merge_sorted(run, result)
-        return result.astype("<u8", copy=False).tobytes()
+        """The filter's bytes; an empty keyset gives a one-word filter holding no key."""
+        return (KeyFilter.empty(1) if accumulator is None else KeyFilter(accumulator)).to_bytes()
 
     def get_accumulator_coder(self):
-        return _SortedRunsCoder()
+        return _FilterWordsCoder()
 
 
-class _SortedRunsCoder(beam.coders.Coder):
-    """A list of uint64 arrays as raw bytes: their count, their lengths, their values."""
+class _FilterWordsCoder(beam.coders.Coder):
+    """A filter's words (or None: no bytes) as raw little-endian bytes."""
 
-    def encode(self, runs) -> bytes:
-        lengths = np.array([len(run) for run in runs], dtype="<u8")
-        return b"".join([np.array([len(runs)], dtype="<u8").tobytes(), lengths.tobytes(),
-                         *(np.asarray(run, dtype="<u8").tobytes() for run in runs)])
+    def encode(self, words) -> bytes:
+        return b"" if words is None else KeyFilter(words).to_bytes()
 
     def decode(self, encoded: bytes):
-        count = int(np.frombuffer(encoded, dtype="<u8", count=1)[0])
-        lengths = np.frombuffer(encoded, dtype="<u8", count=count, offset=8)
-        runs, offset = [], 8 * (1 + count)
-        for length in lengths.tolist():
-            runs.append(np.frombuffer(encoded, dtype="<u8", count=length, offset=offset).astype(np.uint64))
-            offset += 8 * length
-        return runs
+        return KeyFilter.from_bytes(encoded).words if encoded else None
 
     def is_deterministic(self) -> bool:
         return True
+
+
+def _sized_hashes(table: pa.Table, num_words: int):
+    return int(num_words), routing_hash(table)
 
 
 class BoundedKeyPartials(beam.PTransform):
@@ -464,11 +442,20 @@ class BoundedKeyPartials(beam.PTransform):
         columns = [c.unit, *c.keys] + ([c.value] if c.value else [])
         side = {}
         if self._keyset_pcollection is not None:
-            hashes = (self._keyset_pcollection
-                      | "KeysetTables" >> beam.Map(keyset_tables, list(c.keys)).with_output_types(pa.Table)
-                      | "KeysetHashes" >> beam.Map(lambda t: routing_hash(t))
-                      | "SortedHashes" >> beam.CombineGlobally(_SortedUnionFn()).with_output_types(bytes))
-            side["keyset_hashes"] = beam.pvalue.AsSingleton(hashes)
+            keyset = self._keyset_pcollection
+            if c.keyset.expected_size is not None:  # stated (public): the filter is sized now
+                num_words = filter_words(c.keyset.expected_size)
+            else:  # counted in the pipeline first
+                num_words = beam.pvalue.AsSingleton(
+                    keyset
+                    | "KeysetSizeForFilter" >> beam.Map(keyset_rows)
+                    | "SumKeysetSizeForFilter" >> beam.CombineGlobally(sum)
+                    | "FilterWords" >> beam.Map(filter_words))
+            keyset_filter = (keyset
+                             | "KeysetTables" >> beam.Map(keyset_tables, list(c.keys)).with_output_types(pa.Table)
+                             | "KeysetHashes" >> beam.Map(_sized_hashes, num_words)
+                             | "KeysetFilter" >> beam.CombineGlobally(_KeyFilterFn()).with_output_types(bytes))
+            side["keyset_filter"] = beam.pvalue.AsSingleton(keyset_filter)
         # Beam's DaskRunner drops what finish_bundle emits: there, dict rows become one-row
         # tables as they come (slower; give Arrow batches). Bounding never depends on batching.
         batch_rows = 1 if _runs_on_dask(pcoll.pipeline) else DICT_BATCH_ROWS

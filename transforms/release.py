@@ -175,7 +175,7 @@ def _keyset_marker(shard, schema):
     return shard, (_KEYSET, schema.empty_table())
 
 
-def _keyset_rows(element) -> int:
+def keyset_rows(element) -> int:
     """Keys in one element of a PCollection keyset (before exclusions and de-duplication)."""
     return element.num_rows if isinstance(element, (pa.RecordBatch, pa.Table)) else 1
 
@@ -316,6 +316,14 @@ class _NoiseAndRelease(beam.DoFn):
         if not totals:
             return self._zeros(keys)
         total = self._s.keyset.cast_like(sum_partials(totals, self._s.keys))
+        # Keys outside the keyset that reached here (the bounding's keyset filter lets a few
+        # through: transforms.membership) are dropped by the left join; the operator is told
+        # how many bounded rows they held.
+        outside = total.join(keys, keys=self._s.keys, join_type="left anti", use_threads=False)
+        if outside.num_rows:
+            rows = pc.sum(outside.column("count")).as_py() if "count" in outside.column_names \
+                else outside.num_rows
+            Metrics.counter(NAMESPACE, "dropped_outside_keyset_after_bounding").inc(int(rows))
         return self._zero_filled(keys.join(total, keys=self._s.keys, join_type="left outer",
                                            use_threads=False))
 
@@ -441,7 +449,7 @@ class NoisyRelease(beam.PTransform):
             else:
                 num_shards = beam.pvalue.AsSingleton(
                     keyset.pcollection
-                    | "KeysetSize" >> beam.Map(_keyset_rows)
+                    | "KeysetSize" >> beam.Map(keyset_rows)
                     | "SumKeysetSize" >> beam.CombineGlobally(sum)
                     | "KeyShards" >> beam.Map(key_shards, self._num_shards, self._settings.keys_per_shard))
             totals = self._summed(partials, beam.FlatMap(_route_by_key, self._keys, num_shards))

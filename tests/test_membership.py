@@ -1,0 +1,107 @@
+"""The PCollection keyset's membership filter: no false negatives, a small stated false-positive
+rate, the same filter however the keyset is split, and false positives never released."""
+from __future__ import annotations
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pytest
+from apache_beam.testing.util import assert_that, equal_to
+
+from accounting.budget import PrivacyBudget
+from accounting.sensitivity import ContributionBounds
+from transforms.aggregate import DPAggregate, _FilterWordsCoder, _KeyFilterFn
+from transforms.keyset import PublicKeyset
+from transforms.membership import BITS_PER_KEY, KeyFilter, filter_words
+from transforms.metrics import Count
+
+RNG = np.random.default_rng(11)
+
+
+def _hashes(n):
+    return RNG.integers(0, 2 ** 64 - 1, n, dtype=np.uint64, endpoint=True)
+
+
+def test_every_added_key_is_found_and_few_others_are():
+    keys, others = _hashes(400_000), _hashes(400_000)
+    filt = KeyFilter.of(keys, filter_words(len(keys)))
+    assert filt.words.nbytes == len(keys) * BITS_PER_KEY // 8
+    assert filt.contains(keys).all()  # no false negative
+    rate = filt.contains(others).mean()
+    assert 0.002 < rate < 0.007, rate  # about 0.4% at the size it was built for (module docstring)
+    crowded = KeyFilter.of(keys, filter_words(len(keys) // 2))  # twice the keys it was sized for
+    assert crowded.contains(keys).all() and crowded.contains(others).mean() < 0.05
+
+
+def test_the_filter_does_not_depend_on_how_the_keyset_is_split():
+    keys = _hashes(50_000)
+    words = filter_words(len(keys))
+    whole = KeyFilter.of(keys, words).to_bytes()
+    parts = [KeyFilter.of(chunk, words) for chunk in np.array_split(keys[::-1], 7)]
+    merged = parts[0]
+    for part in parts[1:]:
+        merged.union(part)
+    assert merged.to_bytes() == whole
+    with pytest.raises(ValueError, match="cannot be merged"):
+        merged.union(KeyFilter.empty(words + 1))
+
+
+def test_bytes_round_trip_and_an_empty_filter_holds_nothing():
+    keys = _hashes(1000)
+    filt = KeyFilter.of(keys, filter_words(1000))
+    again = KeyFilter.from_bytes(filt.to_bytes())
+    assert again.contains(keys).all() and np.array_equal(again.words, filt.words)
+    assert not KeyFilter.empty(1).contains(keys).any()
+    assert filt.contains(keys[:0]).shape == (0,)
+    for bad in (b"", b"1234567"):
+        with pytest.raises(ValueError, match="multiple of 8"):
+            KeyFilter.from_bytes(bad)
+
+
+def test_combine_fn_merges_decoded_accumulators_into_the_same_filter():
+    chunks = [_hashes(n) for n in (1000, 10, 5000, 0, 300)]
+    chunks.append(chunks[0][:100])  # repeated keys
+    words = filter_words(sum(len(c) for c in chunks))
+    fn, coder = _KeyFilterFn(), _FilterWordsCoder()
+    left, right = fn.create_accumulator(), fn.create_accumulator()
+    for i, chunk in enumerate(chunks):
+        if i % 2:
+            left = fn.add_input(left, (words, chunk))
+        else:
+            right = fn.add_input(right, (words, chunk))
+    left = coder.decode(coder.encode(left))  # read-only words, as after a shuffle
+    assert not left.flags.writeable
+    merged = fn.merge_accumulators([fn.create_accumulator(), left, right])
+    assert fn.extract_output(merged) == KeyFilter.of(np.concatenate(chunks), words).to_bytes()
+    assert coder.decode(coder.encode(None)) is None
+    empty = KeyFilter.from_bytes(fn.extract_output(fn.merge_accumulators([None, None])))
+    assert not empty.contains(np.concatenate(chunks)).any()
+
+
+@pytest.mark.parametrize("expected_size", [1, None])
+def test_filter_false_positives_are_dropped_at_the_join_and_counted(expected_size):
+    """A filter sized for 1 key (stated) holds 16 bits: with 200 keys every row passes it, so the
+    rows of keys outside the keyset are bounded and must be dropped, and counted, at the join.
+    Counted size (None): the filter is sized right and drops them before bounding."""
+    inside = [f"k{i}" for i in range(200)]
+    rows = [{"user": f"u{i}", "k": inside[i % 200]} for i in range(400)]
+    rows += [{"user": f"v{i}", "k": f"outside{i}"} for i in range(50)]  # units with only outside rows
+    counters = _release(rows, inside, expected_size)  # asserts the released keys and counts
+    before, after = counters.get("dropped_outside_keyset", 0), \
+        counters.get("dropped_outside_keyset_after_bounding", 0)
+    assert (before, after) == ((0, 50) if expected_size == 1 else (50, 0))
+
+
+def _release(rows, keys, expected_size):
+    p = beam.Pipeline(runner="FnApiRunner")
+    keyset = PublicKeyset.from_pcollection(p | "Keys" >> beam.Create([{"k": k} for k in keys]), ["k"],
+                                           expected_size=expected_size)
+    out = (p | "Rows" >> beam.Create(rows)
+           | DPAggregate(privacy_unit="user", keys=["k"], metrics=[Count()], output="dicts",
+                         bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
+                         budget=PrivacyBudget(epsilon=1.0), keyset=keyset, testing=True))
+    # Exact mode: each inside key has its two units, and no outside key is released.
+    assert_that(out | beam.Map(lambda r: (r["k"], r["count"])), equal_to([(k, 2) for k in keys]))
+    result = p.run()
+    result.wait_until_finish()
+    return {c.key.metric.name: c.committed for c in result.metrics().query()["counters"]}
