@@ -10,7 +10,9 @@ follow a Zipf law (exponent 1.1 over the key ranks, so most keys have no rows an
 noisy zeros, as in a pageview release) and whose users are heavy-tailed; both as Parquet files of
 1M rows. Each leg runs in a fresh process (``--leg``): ``Create(files) -> read Arrow batches ->
 DPAggregate(count; L0=1, Linf=1; keyset from a PCollection with its size stated, as the row count
-of the keyset files is public; epsilon 1) -> count released keys``
+of the keyset files is public, its key shards staged as files under the work directory
+(``--keyset_via staging``, transforms.keyset_staging) or sent through the shuffle
+(``--keyset_via shuffle``); epsilon 1) -> count released keys``
 on the in-process FnApiRunner or on a local Dask cluster (runners.dask_cluster) of 1 or 2 worker
 processes. The parent measures, from process start (imports included), wall time, rows/s, keys/s
 and the peak memory of the whole process tree (the leg and every Dask scheduler, nanny and
@@ -84,8 +86,9 @@ def _read(path: str):
         yield batch
 
 
-def leg(directory: str, engine: str) -> dict:
+def leg(directory: str, engine: str, keyset_via: str = "staging") -> dict:
     import glob
+    import shutil
 
     import apache_beam as beam
 
@@ -108,6 +111,7 @@ def leg(directory: str, engine: str) -> dict:
     import pyarrow.parquet as pq
 
     keyset_size = sum(pq.ParquetFile(path).metadata.num_rows for path in keysets)  # public
+    staging = os.path.join(directory, f".staging-{engine}") if keyset_via == "staging" else None
 
     def build(p):
         keys = (p | "KeysetFiles" >> beam.Create(keysets)
@@ -117,14 +121,19 @@ def leg(directory: str, engine: str) -> dict:
                     | DPAggregate(privacy_unit="user", keys=["key"], metrics=[Count()],
                                   bounds=ContributionBounds(max_partitions=1,
                                                             max_contributions_per_partition=1),
-                                  keyset=PublicKeyset.from_pcollection(keys, ["key"], expected_size=keyset_size),
+                                  keyset=PublicKeyset.from_pcollection(keys, ["key"], expected_size=keyset_size,
+                                                                       staging_dir=staging),
                                   budget=PrivacyBudget(epsilon=EPSILON),
                                   release_key=ReleaseKey.for_testing(1)))
         (released | beam.Map(lambda t: t.num_rows) | beam.CombineGlobally(sum)
          | beam.Map(lambda n: open(os.path.join(directory, f".released-{engine}"), "w")
                     .write(str(n))))
 
-    dask_cluster.run(pipeline_options_for(argv), build)
+    try:
+        dask_cluster.run(pipeline_options_for(argv), build)
+    finally:
+        if staging:
+            shutil.rmtree(staging, ignore_errors=True)
     with open(os.path.join(directory, f".released-{engine}")) as handle:
         out["released_keys"] = int(handle.read())
     return out
@@ -148,12 +157,14 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
-def run_leg(directory: str, engine: str, timeout: float, max_gb: float = float("inf")) -> dict:
+def run_leg(directory: str, engine: str, timeout: float, max_gb: float = float("inf"),
+            keyset_via: str = "staging") -> dict:
     import psutil
 
     load = os.getloadavg()[0]
     start = time.perf_counter()
-    child = subprocess.Popen([sys.executable, __file__, "--leg", engine, "--work_dir", directory],
+    child = subprocess.Popen([sys.executable, __file__, "--leg", engine, "--work_dir", directory,
+                              "--keyset_via", keyset_via],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     peak = 0
     while child.poll() is None:
@@ -188,10 +199,13 @@ def main(argv=None) -> int:
                         help="stop a leg whose process tree holds more than this (GB)")
     parser.add_argument("--cn_peak_gb", type=float, default=float("nan"),
                         help="peak GB of benchmarks/centralnotice.py, for the last line")
+    parser.add_argument("--keyset_via", choices=["staging", "shuffle"], default="staging",
+                        help="how the keyset's key shards reach the release shards: staged as "
+                             "files (transforms.keyset_staging) or through the shuffle")
     parser.add_argument("--leg", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.leg:
-        print(json.dumps(leg(args.work_dir, args.leg)))
+        print(json.dumps(leg(args.work_dir, args.leg, args.keyset_via)))
         return 0
     sizes = args.keys or [10_000_000, 30_000_000, 125_000_000]
     engines = args.engines.split(",")
@@ -206,7 +220,7 @@ def main(argv=None) -> int:
             if engine.startswith("dask") and keys > args.dask_up_to:
                 continue
             try:
-                r = run_leg(directory, engine, args.timeout, args.max_gb)
+                r = run_leg(directory, engine, args.timeout, args.max_gb, args.keyset_via)
             except (TimeoutError, MemoryError, RuntimeError) as error:
                 print(f"{keys:>12,} {rows:>12,} {engine:>10} stopped: {error}", flush=True)
                 continue

@@ -275,9 +275,11 @@ def test_release_without_counters_is_refused(cluster, tmp_path):
     assert failures and "dropped-rows rule could not be checked" in failures[0].read_text()
 
 
-def _dp_aggregate(target: str, dict_rows: bool = False):
+def _dp_aggregate(target: str, dict_rows: bool = False, staging_dir: str = None):
     """The DPAggregate of tests/test_release_digests.py, writing its table to ``target``; its
-    input is Arrow tables, or dicts (``dict_rows``: buffered into tables by the transform)."""
+    input is Arrow tables, or dicts (``dict_rows``: buffered into tables by the transform). With
+    ``staging_dir`` its keyset is the same keys as a PCollection, staged there
+    (transforms.keyset_staging)."""
     import apache_beam as beam
     import numpy as np
     import pyarrow as pa
@@ -302,13 +304,17 @@ def _dp_aggregate(target: str, dict_rows: bool = False):
     def build(p):
         data = rows.slice(0, 1500).to_pylist() if dict_rows else \
             [rows.slice(0, 1200), rows.slice(1200, 2000), rows.slice(2000)]
+        keyset = PublicKeyset.cross_product({"country": ["DE", "FR", "US", "IT"], "day": [1, 2, 3]})
+        if staging_dir is not None:
+            keys = p | "Keys" >> beam.Create(keyset.to_table().to_pylist()[::-1])
+            keyset = PublicKeyset.from_pcollection(keys, ["country", "day"], expected_size=12,
+                                                   staging_dir=staging_dir)
         (p | beam.Create(data)
          | DPAggregate(privacy_unit="user", keys=["country", "day"], value="seconds",
                        metrics=[Count(), Sum(), Mean(name="mean_seconds"), PrivacyUnitCount()],
                        bounds=ContributionBounds(max_partitions=2, max_contributions_per_partition=3,
                                                  min_value=0, max_value=100),
-                       keyset=PublicKeyset.cross_product({"country": ["DE", "FR", "US", "IT"],
-                                                          "day": [1, 2, 3]}),
+                       keyset=keyset,
                        budget=PrivacyBudget(epsilon=1.0), release_key=ReleaseKey.for_testing(7))
          | beam.combiners.ToList()
          | beam.Map(write))
@@ -330,6 +336,23 @@ def test_dp_aggregate_of_dict_rows_on_dask(cluster, tmp_path):
     dask_cluster.run(pipeline_options_for([]), _dp_aggregate(local, dict_rows=True))
     dask_cluster.run(pipeline_options_for(dask_argv(cluster)), _dp_aggregate(dask, dict_rows=True))
     assert Path(dask).read_bytes() == Path(local).read_bytes()
+
+
+@on_engine
+def test_dp_aggregate_with_a_staged_keyset_on_dask(cluster, tmp_path):
+    """A PCollection keyset staged as files (workers write and read its key shards): the table
+    equals the in-process one and the release with the same keys as a cross product."""
+    from runners.profiles import pipeline_options_for
+
+    cross, local, dask = (str(tmp_path / f"{name}.parquet") for name in ("cross", "local", "dask"))
+    dask_cluster.run(pipeline_options_for([]), _dp_aggregate(cross))
+    dask_cluster.run(pipeline_options_for([]), _dp_aggregate(local, staging_dir=str(tmp_path / "stage")))
+    dask_cluster.run(pipeline_options_for(dask_argv(cluster)),
+                     _dp_aggregate(dask, staging_dir=str(tmp_path / "stage")))
+    assert Path(dask).read_bytes() == Path(local).read_bytes() == Path(cross).read_bytes()
+    runs = list((tmp_path / "stage").iterdir())
+    assert len(runs) == 2 and all(list(run.glob("keys-*.arrow")) and list(run.glob("filter-*"))
+                                  for run in runs)
 
 
 @on_engine

@@ -78,24 +78,29 @@ def test_combine_fn_merges_decoded_accumulators_into_the_same_filter():
     assert not empty.contains(np.concatenate(chunks)).any()
 
 
-@pytest.mark.parametrize("expected_size", [1, None])
-def test_filter_false_positives_are_dropped_at_the_join_and_counted(expected_size):
+@pytest.mark.parametrize("expected_size,staged", [(1, False), (None, False), (1, True)])
+def test_filter_false_positives_are_dropped_at_the_join_and_counted(expected_size, staged, tmp_path):
     """A filter sized for 1 key (stated) holds 16 bits: with 200 keys every row passes it, so the
     rows of keys outside the keyset are bounded and must be dropped, and counted, at the join.
-    Counted size (None): the filter is sized right and drops them before bounding."""
+    Counted size (None): the filter is sized right and drops them before bounding. Staged: the
+    filter is read from its file (transforms.keyset_staging), with the same effect."""
     inside = [f"k{i}" for i in range(200)]
     rows = [{"user": f"u{i}", "k": inside[i % 200]} for i in range(400)]
     rows += [{"user": f"v{i}", "k": f"outside{i}"} for i in range(50)]  # units with only outside rows
-    counters = _release(rows, inside, expected_size)  # asserts the released keys and counts
+    staging = str(tmp_path) if staged else None
+    counters = _release(rows, inside, expected_size, staging)  # asserts the released keys and counts
     before, after = counters.get("dropped_outside_keyset", 0), \
         counters.get("dropped_outside_keyset_after_bounding", 0)
     assert (before, after) == ((0, 50) if expected_size == 1 else (50, 0))
+    if staged:
+        (run,) = tmp_path.iterdir()
+        assert len(list(run.glob("filter-*.u64"))) == 1 and list(run.glob("keys-*.arrow"))
 
 
-def _release(rows, keys, expected_size):
+def _release(rows, keys, expected_size, staging_dir=None):
     p = beam.Pipeline(runner="FnApiRunner")
     keyset = PublicKeyset.from_pcollection(p | "Keys" >> beam.Create([{"k": k} for k in keys]), ["k"],
-                                           expected_size=expected_size)
+                                           expected_size=expected_size, staging_dir=staging_dir)
     out = (p | "Rows" >> beam.Create(rows)
            | DPAggregate(privacy_unit="user", keys=["k"], metrics=[Count()], output="dicts",
                          bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),

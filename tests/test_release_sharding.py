@@ -16,7 +16,8 @@ from apache_beam.testing import test_pipeline
 from accounting.calibration import NoiseKind, calibrate
 from accounting.keys import ReleaseKey
 from transforms.keyset import KEYSET_POSITION, PublicKeyset
-from transforms.release import KEYS_PER_SHARD, NoisedPartial, NoisyRelease, OutputColumn, key_shards
+from transforms.release import (KEYS_PER_SHARD, STAGED_KEYS_PER_SHARD, NoisedPartial, NoisyRelease,
+                                OutputColumn, key_shards)
 
 SPEC = calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=1.0, l1_sensitivity=1)
 COUNTRIES = ["BR", "DE", "FR", "IN", "JP", "US", "ZA"]
@@ -67,12 +68,12 @@ def _cross(p):
     return PublicKeyset.cross_product({"country": COUNTRIES, "day": DAYS}).exclude("country", ["ZA"])
 
 
-def _pcollection(stated):
+def _pcollection(stated, staging_dir=None):
     def make(p):
         keys = p | "Keys" >> beam.Create([{"country": c, "day": d} for c in COUNTRIES for d in DAYS]
                                          + [{"country": "DE", "day": "d1"}])  # a duplicate
-        return PublicKeyset.from_pcollection(keys, ["country", "day"],
-                                             expected_size=21 if stated else None).exclude("country", ["ZA"])
+        return PublicKeyset.from_pcollection(keys, ["country", "day"], expected_size=21 if stated else None,
+                                             staging_dir=staging_dir).exclude("country", ["ZA"])
     return make
 
 
@@ -89,6 +90,40 @@ def test_shard_count_and_routing_change_no_released_value():
     exact = {("DE", "d1"): 7, ("FR", "d2"): 3, ("US", "d3"): 7}
     assert any(count != exact.get((c, d), 0) for c, d, count in one)
     assert _release(_cross, keys_per_shard=4, key=32)[0] != one
+
+
+def test_staged_keyset_releases_the_same_rows(tmp_path):
+    """Key shards staged as files (transforms.keyset_staging) instead of crossing the shuffle."""
+    shuffled = _release(_pcollection(True), keys_per_shard=4)
+    for stated in (True, False):
+        staged = _release(_pcollection(stated, staging_dir=str(tmp_path)), keys_per_shard=4)
+        assert staged == shuffled
+    runs = sorted(tmp_path.iterdir())
+    assert len(runs) == 2 and all(run.name.startswith("keyset-") for run in runs)
+    assert all(list(run.glob("keys-*.arrow")) for run in runs)  # the keys went through files
+
+
+def test_staged_pieces_and_filter_read_back(tmp_path):
+    from transforms import keyset_staging
+    from transforms.membership import KeyFilter
+
+    pieces = [(3, pa.table({"country": ["DE", "FR"], "day": ["d1", "d2"]})),
+              (5, pa.table({"country": ["US"], "day": ["d3"]}))]
+    markers = keyset_staging.write_pieces(str(tmp_path), pieces)
+    assert [shard for shard, _ in markers] == [3, 5] and all(m.num_rows == 0 for _, m in markers)
+    assert keyset_staging.staged_path(markers[0][1]).startswith(str(tmp_path))
+    assert keyset_staging.staged_path(pieces[0][1]) is None
+    reader = keyset_staging.PieceReader()
+    read = reader.read([markers[1][1], markers[0][1]])
+    assert read[0].equals(pieces[1][1]) and read[1].equals(pieces[0][1])
+    reader.close()
+    filt = KeyFilter.of(np.arange(1, 1000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15), 40)
+    loaded = keyset_staging.load_filter(keyset_staging.stage_filter(filt.to_bytes(), str(tmp_path)))
+    assert np.array_equal(np.asarray(loaded.words), filt.words)
+    for path in tmp_path.iterdir():
+        path.unlink()
+    with pytest.raises(FileNotFoundError, match="staged keyset file .*keys-.*kept until"):
+        keyset_staging.PieceReader().read([markers[0][1]])
 
 
 def test_positions_and_keyed_by_position():
@@ -110,6 +145,21 @@ def test_table_keyset_counts_each_key_once():
     assert keyset.size() == 3
     assert keyset.to_table().column("k").to_pylist() == ["a", "b", "c"]
     assert keyset.positions(pa.table({"k": ["c", "a", "z"]})).tolist() == [2, 0, -1]
+
+
+def test_a_staged_keyset_has_larger_key_shards_unless_told(tmp_path):
+    def settings(keyset, **kwargs):
+        return NoisyRelease(keys=["k"], measures=[NoisedPartial(name="c", partial="count", spec=SPEC)],
+                            outputs=[OutputColumn(name="c", measure="c")], partial_types={"count": pa.int64()},
+                            release_key=ReleaseKey.for_testing(1), keyset=keyset, **kwargs)._settings
+
+    pcollection = object()  # construction only: no pipeline runs
+    staged = PublicKeyset.from_pcollection(pcollection, ["k"], staging_dir=str(tmp_path))
+    assert settings(staged).keys_per_shard == STAGED_KEYS_PER_SHARD > KEYS_PER_SHARD
+    assert settings(staged, keys_per_shard=4).keys_per_shard == 4
+    assert settings(PublicKeyset.from_pcollection(pcollection, ["k"])).keys_per_shard == KEYS_PER_SHARD
+    assert staged.exclude("k", ["a"]).staging_run == staged.staging_run  # one directory per keyset
+    assert staged.staging_run.startswith(str(tmp_path)) and not list(tmp_path.iterdir())  # nothing written yet
 
 
 def test_keys_per_shard_must_be_positive():

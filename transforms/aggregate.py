@@ -56,7 +56,11 @@ Row rules (each counted in Beam metrics under namespace ``dp_aggregate``, which 
 operator's logs and never the release): a null (or NaN) privacy unit, a null key component or a null /
 NaN / infinite value drops the row; values outside the clamping range are clamped (counted as
 ``clamped_below_min`` / ``clamped_above_max``); rows whose key is outside the public keyset, or
-excluded from it, are dropped.
+excluded from it, are dropped (``dropped_outside_keyset``, ``dropped_excluded_key``). A
+PCollection keyset is tested through a compact filter of its key hashes
+(:mod:`transforms.membership`: no false negatives, about 0.4% false positives); a row that
+passes it wrongly is bounded with its unit's rows, then dropped by the exact keyset join of the
+release stage (``dropped_outside_keyset_after_bounding``, in namespace ``dp_release``).
 
 Keys: every random choice derives from ``release_key``. A key object drives each purpose once
 (:meth:`accounting.keys.ReleaseKey.claim`): one ``DPAggregate`` applied twice, or two transforms
@@ -88,7 +92,7 @@ from accounting.shared_budget import BudgetPart, selection_measure
 from accounting.composition import EpsDelta
 from accounting.sensitivity import ContributionBounds, Neighbouring
 from transforms import arrow_coder  # noqa: F401  (registers the Arrow table coder)
-from transforms import bounding
+from transforms import bounding, keyset_staging
 from transforms.privacy_units import canonical_unit_column, canonical_unit_ids, check_unit_type
 from transforms.partials import key_partials, routing_hash, shard_of, split_by_shard
 from transforms.keyset import KEYSET_POSITION, PublicKeyset
@@ -249,6 +253,15 @@ class _PrepareAndBound(beam.DoFn):
                 self._counters[name] = Metrics.counter(NAMESPACE, name)
             self._counters[name].inc(int(amount))
 
+    def _filter(self, side) -> KeyFilter:
+        """The keyset filter from its side input: its bytes, or the path of its staged file
+        (loaded once per DoFn instance; transforms.keyset_staging)."""
+        if not isinstance(side, str):
+            return KeyFilter.from_bytes(side)
+        if getattr(self, "_staged_filter", (None,))[0] != side:
+            self._staged_filter = (side, keyset_staging.load_filter(side))
+        return self._staged_filter[1]
+
     def process(self, table: pa.Table, keyset_filter=None):
         c = self._c
         check_schema(table.schema, c.unit, c.keys, c.value, vector=c.vector is not None)
@@ -294,7 +307,7 @@ class _PrepareAndBound(beam.DoFn):
                 # A PCollection keyset is too large to hold: a compact filter of its key hashes
                 # (a side input; no false negatives) drops rows before bounding, and the exact
                 # join before release removes the filter's rare false positives (counted there).
-                inside = KeyFilter.from_bytes(keyset_filter).contains(routing_hash(table.select(c.keys)))
+                inside = self._filter(keyset_filter).contains(routing_hash(table.select(c.keys)))
                 self._count("dropped_outside_keyset", (~inside & ~excluded).sum())
                 table = table.filter(pa.array(inside & ~excluded))
         if not table.num_rows:
@@ -455,6 +468,9 @@ class BoundedKeyPartials(beam.PTransform):
                              | "KeysetTables" >> beam.Map(keyset_tables, list(c.keys)).with_output_types(pa.Table)
                              | "KeysetHashes" >> beam.Map(_sized_hashes, num_words)
                              | "KeysetFilter" >> beam.CombineGlobally(_KeyFilterFn()).with_output_types(bytes))
+            if c.keyset.staging_run is not None:  # a file path instead of the bytes
+                keyset_filter = keyset_filter | "StageFilter" >> beam.Map(
+                    keyset_staging.stage_filter, c.keyset.staging_run).with_output_types(str)
             side["keyset_filter"] = beam.pvalue.AsSingleton(keyset_filter)
         # Beam's DaskRunner drops what finish_bundle emits: there, dict rows become one-row
         # tables as they come (slower; give Arrow batches). Bounding never depends on batching.

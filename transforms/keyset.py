@@ -32,11 +32,19 @@ class PublicKeyset:
 
     def __init__(self, columns: Sequence[str], *, table: pa.Table = None,
                  dimensions: Mapping[str, pa.Array] = None, pcollection=None,
-                 exclusions: Mapping[str, Sequence] = None, expected_size: Optional[int] = None):
+                 exclusions: Mapping[str, Sequence] = None, expected_size: Optional[int] = None,
+                 staging_dir: Optional[str] = None, staging_run: Optional[str] = None):
         self.columns = list(columns)
         #: A PCollection keyset's number of keys as stated by its owner (public; an estimate
         #: is enough): it sizes the release's key shards up front (else they are counted).
         self.expected_size = None if expected_size is None else int(expected_size)
+        #: Where a PCollection keyset's key shards (and its membership filter) are staged as
+        #: files instead of crossing the shuffle (:mod:`transforms.keyset_staging`): this
+        #: keyset's own directory under ``staging_dir``; None: the shuffle.
+        if staging_dir is not None and staging_run is None:
+            from transforms.keyset_staging import run_directory
+            staging_run = run_directory(staging_dir)
+        self.staging_run = staging_run
         if not self.columns:
             raise ValueError("a keyset needs at least one key column")
         self._table = table
@@ -96,16 +104,25 @@ class PublicKeyset:
 
     @classmethod
     def from_pcollection(cls, pcollection, columns: Sequence[str],
-                         expected_size: Optional[int] = None) -> "PublicKeyset":
+                         expected_size: Optional[int] = None,
+                         staging_dir: Optional[str] = None) -> "PublicKeyset":
         """Keys as a PCollection of dicts, tuples, or Arrow RecordBatches/Tables.
 
         ``expected_size``: about how many keys it holds (public, like the keys; e.g. the row
         count of the keyset files). It sizes the release's key shards before the keyset is read
         (:func:`transforms.release.key_shards`); without it the pipeline counts the keys first,
-        and some runners (the in-process one) then hold the whole keyset once more."""
+        and some runners (the in-process one) then hold the whole keyset once more. It also
+        sizes the keyset's membership filter (:mod:`transforms.membership`).
+
+        ``staging_dir``: a directory every worker reads and writes (Beam ``FileSystems``) where
+        the keyset's key shards are staged as Arrow files instead of crossing the release's
+        shuffle, so that engines holding a shuffle in memory (the in-process engine, Dask) never
+        hold the keyset; for engines that do not retry work. See
+        :mod:`transforms.keyset_staging`."""
         if expected_size is not None and expected_size < 0:
             raise ValueError(f"expected_size must be >= 0, got {expected_size}")
-        return cls(columns, pcollection=pcollection, expected_size=expected_size)
+        return cls(columns, pcollection=pcollection, expected_size=expected_size,
+                   staging_dir=staging_dir)
 
     def exclude(self, column: str, values: Sequence) -> "PublicKeyset":
         """A keyset without the keys whose ``column`` is in ``values``."""
@@ -113,11 +130,12 @@ class PublicKeyset:
         exclusions[column] = list(exclusions.get(column, [])) + list(values)
         return PublicKeyset(self.columns, table=self._table, dimensions=self._dimensions,
                             pcollection=self.pcollection, exclusions=exclusions,
-                            expected_size=self.expected_size)
+                            expected_size=self.expected_size, staging_run=self.staging_run)
 
     def without_source(self) -> "PublicKeyset":
         """The keyset's columns and exclusions only (what workers need of a PCollection keyset)."""
-        stripped = PublicKeyset(self.columns, exclusions=self.exclusions, expected_size=self.expected_size)
+        stripped = PublicKeyset(self.columns, exclusions=self.exclusions, expected_size=self.expected_size,
+                                staging_run=self.staging_run)
         stripped._external = True
         return stripped
 

@@ -9,8 +9,10 @@ partial columns; a key may appear in many tables). The stage
    keyset's size. An in-memory keyset (table, cross product) is sharded by position: shard
    ``i`` is the keyset's chunk ``i``, partials go to the chunk holding their key, and the
    worker builds its chunk itself, so the keyset never crosses the shuffle. A PCollection
-   keyset (too large to hold anywhere) is sharded by a public hash of the key, its size counted
-   in the pipeline. Private selection uses a fixed ``num_shards`` (its keys are the data's);
+   keyset (too large to hold anywhere) is sharded by a public hash of the key, its size stated
+   or counted in the pipeline; its keys reach their shard through the shuffle, or staged as
+   files (:mod:`transforms.keyset_staging`). Private selection uses a fixed ``num_shards`` (its
+   keys are the data's);
 2. chooses the released keys: a public keyset (left join, so keys without rows get zeros and
    no key outside the keyset survives), or private key selection over the keys seen;
 3. draws each measure's noise per key from the release key and the measure's name (each name
@@ -45,6 +47,7 @@ import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
 from accounting.calibration import NoiseSpec
+from transforms import keyset_staging
 from transforms.partials import routing_hash, shard_of, split_by_shard, sum_partials
 from transforms.arrow_coder import table_list_coder
 from transforms.keyset import KEYSET_POSITION, PublicKeyset, rows_to_table
@@ -130,6 +133,13 @@ class OutputColumn:
 KEYS_PER_SHARD = 1 << 17
 
 
+#: Keyset keys per key shard of a PCollection keyset staged as files
+#: (:mod:`transforms.keyset_staging`): every keyset element writes one piece per shard and each
+#: piece's marker crosses the shuffle, so fewer, larger shards keep the markers few (at 125M keys
+#: and elements of 250k keys: 62k markers instead of 477k); a shard's working set stays bounded.
+STAGED_KEYS_PER_SHARD = 1 << 20
+
+
 def key_shards(keyset_size: int, minimum: int = 1, keys_per_shard: int = KEYS_PER_SHARD) -> int:
     """Key shards for a keyset of ``keyset_size`` keys: at least ``minimum``, and enough that
     none holds more than :data:`KEYS_PER_SHARD` keys on average (a public number: it depends on
@@ -145,7 +155,7 @@ _TAGGED = Tuple[int, Tuple[int, pa.Table]]
 
 def _tagged(element, tag):
     shard, table = element
-    if table is not None and table.num_rows:
+    if table is not None and (table.num_rows or keyset_staging.staged_path(table)):
         yield shard, (tag, table)
 
 
@@ -228,17 +238,22 @@ def keyset_tables(element, columns) -> pa.Table:
 
 class _RouteKeyset(beam.DoFn):
     """A PCollection keyset's elements (dicts, tuples, Rows, RecordBatches or Tables) to key
-    shards by the public routing hash, exclusions applied."""
+    shards by the public routing hash, exclusions applied. With a staging directory (``run_dir``)
+    each shard's piece is written there and only its marker is routed
+    (:mod:`transforms.keyset_staging`)."""
 
-    def __init__(self, keyset: PublicKeyset, keys):
+    def __init__(self, keyset: PublicKeyset, keys, run_dir: Optional[str] = None):
         self._keyset = keyset
         self._keys = list(keys)
+        self._run_dir = run_dir
 
     def process(self, element, num_shards):
         table = keyset_tables(element, self._keys)
         table = table.filter(pa.array(~self._keyset.excluded_mask(table)))
-        if table.num_rows:
-            yield from _route_by_key(table, self._keys, num_shards)
+        if not table.num_rows:
+            return
+        pieces = _route_by_key(table, self._keys, num_shards)
+        yield from pieces if self._run_dir is None else keyset_staging.write_pieces(self._run_dir, pieces)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,6 +275,11 @@ class _ReleaseSettings:
 class _NoiseAndRelease(beam.DoFn):
     def __init__(self, settings: _ReleaseSettings):
         self._s = settings
+        self._pieces = None  # a staged keyset's reader (transforms.keyset_staging)
+
+    def teardown(self):
+        if self._pieces is not None:
+            self._pieces.close()
 
     def _zeros(self, keys: pa.Table) -> pa.Table:
         columns = {k: keys.column(k) for k in self._s.keys}
@@ -304,10 +324,16 @@ class _NoiseAndRelease(beam.DoFn):
 
     def _keyset_joined(self, tagged):
         """A PCollection keyset's shard: its keys (distinct) left-joined with the summed partials."""
-        keysets, totals = [], []
+        keysets, totals, staged = [], [], []
         for tag, table in tagged:
-            if table.num_rows:
+            if tag == _KEYSET and keyset_staging.staged_path(table):
+                staged.append(table)
+            elif table.num_rows:
                 (keysets if tag == _KEYSET else totals).append(table)
+        if staged:
+            if self._pieces is None:
+                self._pieces = keyset_staging.PieceReader()
+            keysets += self._pieces.read(staged)
         if not keysets:
             return None
         keys = pa.concat_tables(keysets, promote_options="permissive").select(self._s.keys)
@@ -387,7 +413,8 @@ class NoisyRelease(beam.PTransform):
     threshold; "value" nulls the failing values and drops a key only if all are null.
     num_shards: the key shards of private selection, and the least number of key shards of a
     PCollection keyset (more when its size needs them: :func:`key_shards`); an in-memory keyset
-    has one shard per ``keys_per_shard`` keys (default :data:`KEYS_PER_SHARD`). Noise is keyed
+    has one shard per ``keys_per_shard`` keys (default :data:`KEYS_PER_SHARD`;
+    :data:`STAGED_KEYS_PER_SHARD` for a staged PCollection keyset). Noise is keyed
     by the key, so neither changes a released value.
     """
 
@@ -395,7 +422,7 @@ class NoisyRelease(beam.PTransform):
                  outputs: Sequence[OutputColumn], partial_types: Mapping[str, pa.DataType],
                  release_key: ReleaseKey, keyset: PublicKeyset = None, selector=None,
                  testing: bool = False, num_shards: int = 32, threshold_mode: str = "key",
-                 keys_per_shard: int = KEYS_PER_SHARD, label: str = None):
+                 keys_per_shard: Optional[int] = None, label: str = None):
         super().__init__(label)
         if (keyset is None) == (selector is None):
             raise ValueError("give exactly one of keyset and selector")
@@ -407,6 +434,9 @@ class NoisyRelease(beam.PTransform):
         if len(set(names)) != len(names) or SELECTION_PURPOSE in names:
             raise ValueError(f"measure names must be unique and not {SELECTION_PURPOSE!r} (they "
                              f"label the noise streams), got {names}")
+        if keys_per_shard is None:
+            staged = keyset is not None and getattr(keyset, "staging_run", None) is not None
+            keys_per_shard = STAGED_KEYS_PER_SHARD if staged else KEYS_PER_SHARD
         if keys_per_shard < 1:
             raise ValueError(f"keys_per_shard must be >= 1, got {keys_per_shard}")
         if selector is not None and "units" not in partial_types:
@@ -453,8 +483,9 @@ class NoisyRelease(beam.PTransform):
                     | "SumKeysetSize" >> beam.CombineGlobally(sum)
                     | "KeyShards" >> beam.Map(key_shards, self._num_shards, self._settings.keys_per_shard))
             totals = self._summed(partials, beam.FlatMap(_route_by_key, self._keys, num_shards))
+            run_dir = keyset.staging_run
             keys = (keyset.pcollection
-                    | "RouteKeyset" >> beam.ParDo(_RouteKeyset(worker_keyset, self._keys), num_shards)
+                    | "RouteKeyset" >> beam.ParDo(_RouteKeyset(worker_keyset, self._keys, run_dir), num_shards)
                     .with_output_types(_SHARD_TABLE)
                     | "TagKeyset" >> beam.FlatMap(_tagged, _KEYSET).with_output_types(_TAGGED))
         # The keyset join: both sides tagged, one GroupByKey (typed, so tables use the Arrow coder).
