@@ -130,3 +130,25 @@ def test_kept_rows_do_not_depend_on_batching_or_order(seed, cut):
     assert _kept([shuffled[cut:], shuffled[:cut]], 3, 2, 4) == whole
     assert _kept([[r] for r in reversed(rows)], 3, 2, 4) == whole
     assert sum(whole.values()) == 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=rows_strategy, split=st.integers(0, 120), l0=st.integers(1, 3), linf=st.integers(1, 3))
+def test_rows_of_unit_and_key_only_bound_alike_without_their_row_priority(rows, split, l0, linf):
+    """Count rows (no value): every row of a (unit, key) has one row priority, so dropping the
+    column (8 bytes per shuffled row) keeps the same multiset, batch by batch and merged."""
+    table = bounding.prioritize(_table([(u, k, 0.0) for u, k, _ in rows]).drop_columns(["__value"]),
+                                "unit", ["k"], KEY)
+
+    def pairs(bounded):
+        return collections.Counter(zip(bounded.column(bounding.UNIT).to_pylist(),
+                                       bounded.column("k").to_pylist()))
+
+    whole = bounding.bound(table, l0, linf)
+    slim = bounding.without_row_priority(table)
+    assert bounding.ROW not in slim.column_names
+    assert bounding.without_row_priority(slim) is slim
+    a, b = (bounding.without_row_priority(bounding.bound(part, l0, linf))
+            for part in (slim.slice(0, split), table.slice(split)))
+    merged = bounding.bound(pa.concat_tables([a, b]), l0, linf)
+    assert pairs(bounding.bound(slim, l0, linf)) == pairs(merged) == pairs(whole)

@@ -332,6 +332,8 @@ class _PrepareAndBound(beam.DoFn):
         table = bounding.prioritize(table, c.unit, c.keys, c.release_key,
                                    bounding.VALUE if scalar else None, extra_words).drop_columns([c.unit])
         table = bounding.bound(table, c.bounds.max_partitions, c.bounds.max_contributions_per_partition)
+        if not c.value and c.bounds.max_contributions is None:  # rows are (unit, key) only
+            table = bounding.without_row_priority(table)
         if KEYSET_POSITION in table.column_names:
             table = table.drop_columns(list(c.keys))
         shards = shard_of(table.column(bounding.UNIT).to_numpy(), c.num_shards)

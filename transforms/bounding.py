@@ -146,11 +146,15 @@ def _stable_order(table: pa.Table, columns: Sequence[str]) -> np.ndarray:
 
 
 def bound(table: pa.Table, max_partitions: int, max_per_partition: int) -> pa.Table:
-    """Keep at most ``max_partitions`` keys per unit and ``max_per_partition`` rows per key."""
+    """Keep at most ``max_partitions`` keys per unit and ``max_per_partition`` rows per key.
+
+    A table without ``__row`` (rows that are nothing but their unit and key, e.g. for a count,
+    after :func:`without_row_priority`) keeps rows of a (unit, key) in any order: they are
+    identical, so the kept multiset is the same."""
     n = table.num_rows
     if n == 0:
         return table
-    order = _stable_order(table, [UNIT, PAIR, ROW])
+    order = _stable_order(table, [UNIT, PAIR] + ([ROW] if ROW in table.column_names else []))
     unit = table.column(UNIT).to_numpy()[order]
     pair = table.column(PAIR).to_numpy()[order]
     new_unit = np.empty(n, dtype=bool)
@@ -165,6 +169,13 @@ def bound(table: pa.Table, max_partitions: int, max_per_partition: int) -> pa.Ta
     if keep.all():
         return table.take(pa.array(order))
     return table.take(pa.array(order[keep]))
+
+
+def without_row_priority(table: pa.Table) -> pa.Table:
+    """``table`` without its ``__row`` column: for rows whose content is only their unit and key
+    (no value, and no total bound L1 that ranks a unit's rows across keys), where every row of a
+    (unit, key) has the same row priority and the column only costs 8 bytes per row."""
+    return table.drop_columns([ROW]) if ROW in table.column_names else table
 
 
 def bound_total(table: pa.Table, max_contributions: int) -> pa.Table:
