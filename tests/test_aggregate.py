@@ -251,23 +251,23 @@ def test_keyset_from_files(tmp_path):
 
 def test_a_unit_with_millions_of_rows_stays_bounded_in_memory():
     """Each batch sends at most L0 * Linf rows of a unit; the shard re-bounds as rows accumulate."""
-    from transforms import aggregate, bounding
+    from transforms import aggregate
     from transforms.partials import key_partials
 
     bounds = ContributionBounds(max_partitions=3, max_contributions_per_partition=2)
     config = aggregate.BoundingConfig(unit="user", keys=["k"], value=None, bounds=bounds,
                                       release_key=ReleaseKey.for_testing(1), num_shards=4)
     prepare = aggregate._PrepareAndBound(config)
-    rows = bounding.BoundedRows(3, 2, min_rows=50)
-    largest = 0
+    combine = aggregate._BoundRowsFn(3, 2, min_rows=50)
+    held, largest = combine.create_accumulator(), 0
     for i in range(20):  # two million rows of one unit, in distinct batches
         batch = pa.table({"user": pa.array(["heavy"] * 100_000),
                           "k": pa.array((np.arange(100_000) + i) % 50)})
         for _, routed in prepare.process(batch):
             assert routed.num_rows <= 3 * 2
-            rows.add(routed)
-            largest = max(largest, rows.rows)
-    bounded = rows.result()
+            held = combine.add_input(held, routed)
+            largest = max(largest, sum(t.num_rows for t in held))
+    bounded = combine.extract_output(combine.merge_accumulators([held, combine.create_accumulator()]))
     assert bounded.num_rows == 6 and largest <= 2 * 50
     partials = key_partials(bounded, ["k"], has_value=False)
     assert sum(partials.column("count").to_pylist()) == 6 and partials.num_rows == 3

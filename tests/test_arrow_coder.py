@@ -75,15 +75,14 @@ def test_shuffled_tables_use_the_arrow_coder():
     class Visitor(beam.pipeline.PipelineVisitor):
         def visit_transform(self, node):
             name = node.full_label.rsplit("/", 1)[-1]
-            if name in ("GroupByUnitShard", "JoinKeyset", "SumPerKeyShard"):
+            if name in ("BoundPerUnitShard", "JoinKeyset", "SumPerKeyShard"):
                 shuffles[name] = node
 
         enter_composite_transform = visit_transform
 
     p.visit(Visitor())
-    assert set(shuffles) == {"GroupByUnitShard", "JoinKeyset", "SumPerKeyShard"}
-    for name in ("GroupByUnitShard", "JoinKeyset"):
+    assert set(shuffles) == {"BoundPerUnitShard", "JoinKeyset", "SumPerKeyShard"}
+    assert _has_arrow(_coder_of(shuffles["JoinKeyset"].inputs[0]))
+    for name in ("BoundPerUnitShard", "SumPerKeyShard"):
         assert _has_arrow(_coder_of(shuffles[name].inputs[0])), name
-    combine = shuffles["SumPerKeyShard"].transform
-    assert _has_arrow(_coder_of(shuffles["SumPerKeyShard"].inputs[0]))
-    assert _has_arrow(combine.fn.get_accumulator_coder())
+        assert _has_arrow(shuffles[name].transform.fn.get_accumulator_coder()), name

@@ -18,11 +18,10 @@ from accounting.dp_tester import DPTester
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds, Neighbouring
 from transforms import quantiles as quantiles_module
-from transforms.aggregate import DPAggregate, _BoundUnitShard, _PrepareAndBound
+from transforms.aggregate import DPAggregate
 from transforms.keyset import PublicKeyset
 from transforms.metrics import (Count, Median, Percentiles, Quantiles, Std, Sum, Variance, VectorSum,
                                 as_metric)
-from transforms.partials import sum_partials
 from transforms.quantiles import QuantileTree
 
 BOUNDS = ContributionBounds(max_partitions=2, max_contributions_per_partition=3, min_value=0, max_value=100)
@@ -108,12 +107,9 @@ def test_quantile_tree_post_processing():
 
 def _exact_partials(agg, rows):
     """Exact per-key partials through the transform's own bounding DoFns (no Beam runner)."""
-    config = agg._config
-    by_shard = collections.defaultdict(list)
-    for shard, table in _PrepareAndBound(config).process(pa.Table.from_pylist(rows)):
-        by_shard[shard].append(table)
-    partials = [t for item in by_shard.items() for t in _BoundUnitShard(config).process(item)]
-    total = sum_partials(partials, ["k"])
+    from transforms.utility import _partials
+
+    total = _partials(agg._config, pa.Table.from_pylist(rows))
     by_key = {r["k"]: r for r in total.to_pylist()}
     return by_key
 

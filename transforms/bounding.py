@@ -192,35 +192,22 @@ def bound_total(table: pa.Table, max_contributions: int) -> pa.Table:
     return table.take(pa.array(order[keep]))
 
 
-class BoundedRows:
-    """Accumulates bounded batches of rows, re-bounding them as they grow.
+def rebound(tables: Sequence[pa.Table], max_partitions: int, max_per_partition: int) -> list:
+    """Tables of bounded rows -> a list of one table of their rows bounded again (mergeability:
+    the rows bounding all of them at once would keep); [] for no table."""
+    if not tables:
+        return []
+    table = pa.concat_tables(list(tables), promote_options="permissive") if len(tables) > 1 else tables[0]
+    return [bound(table, max_partitions, max_per_partition)]
 
-    Re-bounding happens when the held rows double since the last time, so its cost is amortised
-    O(n log n) and the memory held is at most about twice the bounded data of the units seen.
-    """
 
-    def __init__(self, max_partitions: int, max_per_partition: int, min_rows: int = 200_000):
-        self._l0, self._linf, self._min_rows = max_partitions, max_per_partition, min_rows
-        self._tables, self._rows, self._after_last = [], 0, 0
-
-    @property
-    def rows(self) -> int:
-        return self._rows
-
-    def add(self, table: pa.Table) -> None:
-        self._tables.append(table)
-        self._rows += table.num_rows
-        if self._rows > max(self._min_rows, 2 * self._after_last):
-            self._compact()
-
-    def _compact(self) -> None:
-        table = pa.concat_tables(self._tables, promote_options="permissive") \
-            if len(self._tables) > 1 else self._tables[0]
-        bounded = bound(table, self._l0, self._linf)
-        self._tables, self._rows, self._after_last = [bounded], bounded.num_rows, bounded.num_rows
-
-    def result(self) -> Optional[pa.Table]:
-        if not self._tables:
-            return None
-        self._compact()
-        return self._tables[0]
+def accumulate(tables: list, table: pa.Table, max_partitions: int, max_per_partition: int,
+               min_rows: int = 200_000) -> list:
+    """Add a bounded batch to ``tables`` (a list whose first table is the last re-bounding) and
+    re-bound them once they hold more than ``max(min_rows, twice that table)`` rows: the cost is
+    amortised O(n log n) and the list holds at most about twice the bounded rows of its units."""
+    if table is not None and table.num_rows:
+        tables.append(table)
+        if len(tables) > 1 and sum(t.num_rows for t in tables) > max(min_rows, 2 * tables[0].num_rows):
+            return rebound(tables, max_partitions, max_per_partition)
+    return tables

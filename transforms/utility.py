@@ -139,13 +139,15 @@ def _as_table(data) -> pa.Table:
 
 def _partials(config, table: pa.Table) -> Optional[pa.Table]:
     """Per-key partials through DPAggregate's own bounding DoFns (no runner)."""
-    from transforms.aggregate import _BoundUnitShard, _PrepareAndBound
+    from transforms.aggregate import _BoundRowsFn, _PrepareAndBound, _ShardPartials
     from transforms.partials import sum_partials
 
-    by_shard = collections.defaultdict(list)
+    combine = _BoundRowsFn(config.bounds.max_partitions, config.bounds.max_contributions_per_partition)
+    by_shard = collections.defaultdict(combine.create_accumulator)
     for shard, part in _PrepareAndBound(config).process(table):
-        by_shard[shard].append(part)
-    pieces = [t for item in by_shard.items() for t in _BoundUnitShard(config).process(item)]
+        by_shard[shard] = combine.add_input(by_shard[shard], part)
+    pieces = [t for shard, accumulator in by_shard.items()
+              for t in _ShardPartials(config).process((shard, combine.extract_output(accumulator)))]
     return sum_partials(pieces, list(config.keys))
 
 
