@@ -39,7 +39,8 @@ Data flow (every step works on Arrow batches; only bounded partials are shuffled
    keyset, give rows their secret priorities and bound the batch (L0 keys per unit, Linf rows per
    unit and key), then route the survivors to a shard by a hash of the privacy unit.
 2. Per unit shard, the partial batches are re-bounded as they meet (bounding by global
-   priorities is mergeable) and the bounded rows become exact per-key partials.
+   priorities is mergeable; a CombineFn, so engines that lift it re-bound a bundle's batches
+   before the shuffle) and the bounded rows become exact per-key partials.
 3. The release stage (:class:`~transforms.release.NoisyRelease`) sums partials per key shard.
 4. Keys are chosen: the public keyset (left join: keys without rows get zeros) or private key
    selection. Noise is drawn per key from the release key and the measure's name, and release
