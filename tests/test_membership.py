@@ -71,6 +71,8 @@ def test_combine_fn_merges_decoded_accumulators_into_the_same_filter():
             right = fn.add_input(right, (words, chunk))
     left = coder.decode(coder.encode(left))  # read-only words, as after a shuffle
     assert not left.flags.writeable
+    again = fn.add_input(coder.decode(coder.encode(right)), (words, chunks[0]))  # added to a copy
+    assert again.flags.writeable and fn.extract_output(again) == fn.extract_output(right)
     merged = fn.merge_accumulators([fn.create_accumulator(), left, right])
     assert fn.extract_output(merged) == KeyFilter.of(np.concatenate(chunks), words).to_bytes()
     assert coder.decode(coder.encode(None)) is None

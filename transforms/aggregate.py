@@ -415,6 +415,8 @@ class _KeyFilterFn(beam.CombineFn):
         num_words, hashes = element
         if accumulator is None:
             accumulator = np.zeros(int(num_words), dtype=np.uint64)
+        elif not accumulator.flags.writeable:  # decoded from the coder's bytes
+            accumulator = accumulator.copy()
         KeyFilter(accumulator).add(hashes)
         return accumulator
 

@@ -115,10 +115,11 @@ class PublicKeyset:
         sizes the keyset's membership filter (:mod:`transforms.membership`).
 
         ``staging_dir``: a directory every worker reads and writes (Beam ``FileSystems``) where
-        the keyset's key shards are staged as Arrow files instead of crossing the release's
-        shuffle, so that engines holding a shuffle in memory (the in-process engine, Dask) never
-        hold the keyset; for engines that do not retry work. See
-        :mod:`transforms.keyset_staging`."""
+        the keyset's key shards and membership filter are staged as files instead of crossing
+        the shuffle or a side input, so that engines holding a shuffle in memory (the in-process
+        engine, Dask) never hold the keyset. The files go to this keyset's own directory,
+        :attr:`staging_run`, which the pipeline never deletes: remove it when the pipeline has
+        finished. See :mod:`transforms.keyset_staging`."""
         if expected_size is not None and expected_size < 0:
             raise ValueError(f"expected_size must be >= 0, got {expected_size}")
         return cls(columns, pcollection=pcollection, expected_size=expected_size,
