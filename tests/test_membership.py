@@ -112,3 +112,24 @@ def _release(rows, keys, expected_size, staging_dir=None):
     result = p.run()
     result.wait_until_finish()
     return {c.key.metric.name: c.committed for c in result.metrics().query()["counters"]}
+
+
+def test_an_unstated_keyset_is_counted_once_for_the_filter_and_the_key_shards():
+    p = beam.Pipeline(runner="FnApiRunner")
+    keyset = PublicKeyset.from_pcollection(p | "Keys" >> beam.Create([{"k": "a"}]), ["k"])
+    _ = (p | "Rows" >> beam.Create([{"user": "u", "k": "a"}])
+         | DPAggregate(privacy_unit="user", keys=["k"], metrics=[Count()],
+                       bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
+                       budget=PrivacyBudget(epsilon=1.0), keyset=keyset, testing=True))
+    counts = []
+
+    class Visitor(beam.pipeline.PipelineVisitor):
+        def visit_transform(self, node):
+            if "KeysetSize" in node.full_label.rsplit("/", 1)[-1]:
+                counts.append(node.full_label.rsplit("/", 1)[-1])
+
+        enter_composite_transform = visit_transform
+
+    p.visit(Visitor())
+    assert sorted(counts) == ["KeysetSize", "SumKeysetSize"], counts  # one Map and one sum
+    assert keyset.counted_size() is keyset.counted_size()

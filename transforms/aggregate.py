@@ -102,7 +102,7 @@ from transforms.membership import KeyFilter, filter_words
 from transforms.metrics import (Metric, MetricKind, as_metric, is_integer_range, mean_from_noisy,
                                 plan_measures, variance_from_noisy)
 from accounting.keys import ReleaseKey
-from transforms.release import SELECTION_PURPOSE, NoisyRelease, OutputColumn, keyset_rows, keyset_tables
+from transforms.release import SELECTION_PURPOSE, NoisyRelease, OutputColumn, keyset_tables
 from transforms.selection import PrivateSelection, Selector
 from transforms.tables import as_arrow_table, static_schema
 from transforms.vectors import clip, row_words, vectors_of
@@ -248,6 +248,7 @@ class _PrepareAndBound(beam.DoFn):
         self._c = config
         self._by_position = by_position
         self._counters = {}
+        self._staged_filter = (None, None)  # (path, KeyFilter) of a staged keyset filter
 
     def _count(self, name, amount):
         if amount:
@@ -260,7 +261,7 @@ class _PrepareAndBound(beam.DoFn):
         (loaded once per DoFn instance; transforms.keyset_staging)."""
         if not isinstance(side, str):
             return KeyFilter.from_bytes(side)
-        if getattr(self, "_staged_filter", (None,))[0] != side:
+        if self._staged_filter[0] != side:
             self._staged_filter = (side, keyset_staging.load_filter(side))
         return self._staged_filter[1]
 
@@ -365,11 +366,10 @@ class _BoundRowsFn(beam.CombineFn):
         return bounding.accumulate(accumulator, table, self._l0, self._linf, self._min_rows)
 
     def merge_accumulators(self, accumulators):
-        tables = [t for accumulator in accumulators for t in accumulator]
-        return bounding.rebound(tables, self._l0, self._linf) if len(tables) > 1 else tables
+        return self.compact([t for accumulator in accumulators for t in accumulator])
 
     def compact(self, accumulator):
-        return bounding.rebound(accumulator, self._l0, self._linf) if len(accumulator) > 1 else accumulator
+        return bounding.rebound(accumulator, self._l0, self._linf)
 
     def extract_output(self, accumulator):
         return self.compact(accumulator)[0] if accumulator else None
@@ -464,20 +464,23 @@ class BoundedKeyPartials(beam.PTransform):
     user-DP clicks). Not to be confused with ARA's on-device contribution bounding
     (:mod:`transforms.ara`), which drops reports beyond an L1 budget.
 
+    pcollection_keyset: the PCollection keyset (a :class:`~transforms.keyset.PublicKeyset`
+    with its PCollection) whose membership filter drops rows before bounding, if any.
+
     by_position (with an in-memory keyset in the config): bounded rows and partials carry the
     key's keyset position (:data:`~transforms.keyset.KEYSET_POSITION`, what NoisyRelease joins
     an in-memory keyset on) in place of the key columns; priorities are still of the key's
     values, so the same rows are kept.
     """
 
-    def __init__(self, config: "BoundingConfig", keyset_pcollection=None, label=None, *,
-                 by_position: bool = False):
+    def __init__(self, config: "BoundingConfig", pcollection_keyset: PublicKeyset = None,
+                 label=None, *, by_position: bool = False):
         super().__init__(label)
         if by_position and (config.keyset is None or not config.keyset.in_memory):
             raise ValueError("by_position needs an in-memory keyset in the bounding config")
         self._by_position = by_position
         self._c = config
-        self._keyset_pcollection = keyset_pcollection
+        self._pcollection_keyset = pcollection_keyset
 
     def expand(self, pcoll):
         c = self._c
@@ -486,17 +489,14 @@ class BoundedKeyPartials(beam.PTransform):
         c.release_key.claim(BOUNDING_PURPOSE, owner=f"{type(self).__name__} {self.label!r}")
         columns = [c.unit, *c.keys] + ([c.value] if c.value else [])
         side = {}
-        if self._keyset_pcollection is not None:
-            keyset = self._keyset_pcollection
-            if c.keyset.expected_size is not None:  # stated (public): the filter is sized now
-                num_words = filter_words(c.keyset.expected_size)
-            else:  # counted in the pipeline first
+        if self._pcollection_keyset is not None:
+            keyset = self._pcollection_keyset
+            if keyset.expected_size is not None:  # stated (public): the filter is sized now
+                num_words = filter_words(keyset.expected_size)
+            else:  # counted in the pipeline first (once per keyset: the release shares it)
                 num_words = beam.pvalue.AsSingleton(
-                    keyset
-                    | "KeysetSizeForFilter" >> beam.Map(keyset_rows)
-                    | "SumKeysetSizeForFilter" >> beam.CombineGlobally(sum)
-                    | "FilterWords" >> beam.Map(filter_words))
-            keyset_filter = (keyset
+                    keyset.counted_size() | "FilterWords" >> beam.Map(filter_words))
+            keyset_filter = (keyset.pcollection
                              | "KeysetTables" >> beam.Map(keyset_tables, list(c.keys)).with_output_types(pa.Table)
                              | "KeysetHashes" >> beam.Map(_sized_hashes, num_words)
                              | "KeysetFilter" >> beam.CombineGlobally(_KeyFilterFn()).with_output_types(bytes))
@@ -752,11 +752,11 @@ class DPAggregate(beam.PTransform):
                                  f"(columns: {sorted(schema.names)})")
             if len(typed) == len(schema):
                 check_schema(schema, c.unit, c.keys, c.value, vector=c.vector is not None)
-        keyset_pcollection = None if self.keyset is None or self.keyset.in_memory else self.keyset.pcollection
+        pcollection_keyset = None if self.keyset is None or self.keyset.in_memory else self.keyset
         # An in-memory keyset: bounded rows and partials carry the key's position in it, not the
         # key columns (8 bytes per row through the shuffles; NoisyRelease joins on it).
         by_position = self.keyset is not None and self.keyset.in_memory
-        partials = pcoll | "BoundContributions" >> BoundedKeyPartials(c, keyset_pcollection,
+        partials = pcoll | "BoundContributions" >> BoundedKeyPartials(c, pcollection_keyset,
                                                                       by_position=by_position)
         measures = list(self.measures.values())
         partial_types = {"count": pa.int64(), "units": pa.int64()}

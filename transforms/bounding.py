@@ -194,10 +194,11 @@ def bound_total(table: pa.Table, max_contributions: int) -> pa.Table:
 
 def rebound(tables: Sequence[pa.Table], max_partitions: int, max_per_partition: int) -> list:
     """Tables of bounded rows -> a list of one table of their rows bounded again (mergeability:
-    the rows bounding all of them at once would keep); [] for no table."""
-    if not tables:
-        return []
-    table = pa.concat_tables(list(tables), promote_options="permissive") if len(tables) > 1 else tables[0]
+    the rows bounding all of them at once would keep); a single table is already bounded and
+    returned as it is, [] for no table."""
+    if len(tables) <= 1:
+        return list(tables)
+    table = pa.concat_tables(list(tables), promote_options="permissive")
     return [bound(table, max_partitions, max_per_partition)]
 
 

@@ -125,6 +125,20 @@ class PublicKeyset:
         return cls(columns, pcollection=pcollection, expected_size=expected_size,
                    staging_dir=staging_dir)
 
+    def counted_size(self):
+        """A PCollection keyset's key count (before exclusions and de-duplication) as a
+        one-element PCollection, counted in the pipeline once per keyset object: the release's
+        key shards and the bounding's membership filter are both sized from it when no
+        ``expected_size`` is stated."""
+        if self.pcollection is None:
+            raise TypeError("counted_size needs a PCollection keyset")
+        if getattr(self, "_counted", None) is None:
+            import apache_beam as beam
+            self._counted = (self.pcollection
+                             | "KeysetSize" >> beam.Map(keyset_rows)
+                             | "SumKeysetSize" >> beam.CombineGlobally(sum))
+        return self._counted
+
     def exclude(self, column: str, values: Sequence) -> "PublicKeyset":
         """A keyset without the keys whose ``column`` is in ``values``."""
         exclusions = {**self.exclusions}
@@ -274,6 +288,11 @@ class PublicKeyset:
         """The whole keyset (exclusions applied) as tables of at most ``max_rows`` keys."""
         for start in self.chunk_starts(max_rows):
             yield self.batch_at(start, max_rows)
+
+
+def keyset_rows(element) -> int:
+    """Keys in one element of a PCollection keyset (before exclusions and de-duplication)."""
+    return element.num_rows if isinstance(element, (pa.RecordBatch, pa.Table)) else 1
 
 
 def rows_to_table(rows: Sequence, columns: Sequence[str]) -> pa.Table:

@@ -185,11 +185,6 @@ def _keyset_marker(shard, schema):
     return shard, (_KEYSET, schema.empty_table())
 
 
-def keyset_rows(element) -> int:
-    """Keys in one element of a PCollection keyset (before exclusions and de-duplication)."""
-    return element.num_rows if isinstance(element, (pa.RecordBatch, pa.Table)) else 1
-
-
 class _SumPartialsFn(beam.CombineFn):
     """Per key shard: sum the per-key partials (accumulator: a list of non-empty tables)."""
 
@@ -342,16 +337,19 @@ class _NoiseAndRelease(beam.DoFn):
         if not totals:
             return self._zeros(keys)
         total = self._s.keyset.cast_like(sum_partials(totals, self._s.keys))
+        joined = keys.join(total, keys=self._s.keys, join_type="left outer", use_threads=False)
         # Keys outside the keyset that reached here (the bounding's keyset filter lets a few
-        # through: transforms.membership) are dropped by the left join; the operator is told
-        # how many bounded rows they held.
-        outside = total.join(keys, keys=self._s.keys, join_type="left anti", use_threads=False)
-        if outside.num_rows:
-            rows = pc.sum(outside.column("count")).as_py() if "count" in outside.column_names \
-                else outside.num_rows
-            Metrics.counter(NAMESPACE, "dropped_outside_keyset_after_bounding").inc(int(rows))
-        return self._zero_filled(keys.join(total, keys=self._s.keys, join_type="left outer",
-                                           use_threads=False))
+        # through: transforms.membership) are the summed keys the left join left out (each key is
+        # once on each side); the operator is told how many bounded rows they held (how many
+        # keys, for partials without a count).
+        if "count" in total.column_names:
+            outside = pc.sum(total.column("count")).as_py() - (pc.sum(joined.column("count")).as_py() or 0)
+        else:
+            partial = [name for name in total.column_names if name not in self._s.keys][0]
+            outside = total.num_rows - pc.count(joined.column(partial)).as_py()
+        if outside:
+            Metrics.counter(NAMESPACE, "dropped_outside_keyset_after_bounding").inc(int(outside))
+        return self._zero_filled(joined)
 
     def _selected(self, table):
         """Private selection over the keys seen in the data (one shard's summed partials)."""
@@ -478,9 +476,7 @@ class NoisyRelease(beam.PTransform):
                 num_shards = key_shards(keyset.expected_size, self._num_shards, self._settings.keys_per_shard)
             else:
                 num_shards = beam.pvalue.AsSingleton(
-                    keyset.pcollection
-                    | "KeysetSize" >> beam.Map(keyset_rows)
-                    | "SumKeysetSize" >> beam.CombineGlobally(sum)
+                    keyset.counted_size()
                     | "KeyShards" >> beam.Map(key_shards, self._num_shards, self._settings.keys_per_shard))
             totals = self._summed(partials, beam.FlatMap(_route_by_key, self._keys, num_shards))
             run_dir = keyset.staging_run
