@@ -168,3 +168,49 @@ def test_keys_per_shard_must_be_positive():
                      outputs=[OutputColumn(name="c", measure="c")], partial_types={"count": pa.int64()},
                      release_key=ReleaseKey.for_testing(1), keyset=PublicKeyset.from_keys(["a"], ["k"]),
                      keys_per_shard=0)
+
+
+# --------------------------------------------------------------------------- the routing hash
+
+def _hash(**columns):
+    from transforms.partials import routing_hash
+    return routing_hash(pa.table(columns))
+
+
+def test_routing_hash_depends_on_the_canonical_key_only():
+    # Equal keys hash alike whatever their Arrow types, chunking, dictionary encoding or the
+    # other values of their batch (a null elsewhere in the column must not change a value's hash).
+    ints = [3, -1, 0, 2 ** 40]
+    expected = _hash(k=pa.array(ints, pa.int64()))
+    assert np.array_equal(_hash(k=pa.array(ints[:2] + [0, 2 ** 40], pa.int64())), expected)
+    assert np.array_equal(_hash(k=pa.array([3, -1, 0], pa.int32()))[:3], expected[:3])
+    assert np.array_equal(_hash(k=pa.chunked_array([[3, -1], [0, 2 ** 40]]))[:4], expected)
+    with_null = _hash(k=pa.array([3, None, -1, 0, 2 ** 40], pa.int64()))
+    assert np.array_equal(with_null[[0, 2, 3, 4]], expected)
+    nulls = {int(_hash(k=pa.array([None], t))[0]) for t in (pa.int64(), pa.float64(), pa.bool_(),
+                                                             pa.string(), pa.null())}
+    assert len(nulls) == 1  # a null is one key whatever its column's type
+    text = ["DE", "FR", "US"]
+    plain = _hash(country=pa.array(text), day=pa.array(["d1", "d2", "d3"]))
+    assert np.array_equal(_hash(country=pa.array(text).dictionary_encode(),
+                                day=pa.array(["d1", "d2", "d3"]).dictionary_encode()), plain)
+    assert np.array_equal(_hash(country=pa.array(text + [None]), day=pa.array(["d1", "d2", "d3", None]))[:3],
+                          plain)
+    assert np.array_equal(_hash(k=pa.array([1.5, -0.0]))[1:], _hash(k=pa.array([0.0])))
+    with pytest.raises(ValueError, match="NaN"):
+        _hash(k=pa.array([1.0, float("nan")]))
+
+
+def test_routing_hash_separates_keys_and_column_order():
+    # Different keys (1, True, 1.0 and "1" are four keys) and swapped columns get different
+    # hashes; hashes of a million distinct keys spread evenly over shards.
+    singles = [_hash(k=pa.array(v))[0] for v in ([1], [True], [1.0], ["1"])]
+    assert len(set(int(h) for h in singles)) == 4
+    assert _hash(a=pa.array([1]), b=pa.array([2]))[0] != _hash(a=pa.array([2]), b=pa.array([1]))[0]
+    hashes = _hash(k=np.arange(1_000_000))
+    assert np.unique(hashes).size == hashes.size
+    for shards in (7, 64, 1000):
+        counts = np.bincount((hashes % np.uint64(shards)).astype(np.int64), minlength=shards)
+        expected = hashes.size / shards
+        assert counts.min() > expected - 6 * expected ** 0.5
+        assert counts.max() < expected + 6 * expected ** 0.5

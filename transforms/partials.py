@@ -3,7 +3,9 @@
 * :func:`routing_hash` / :func:`shard_of` / :func:`split_by_shard`: a public 64-bit hash of a
   key (no secrecy needed, only a fixed well-spread hash, the same for data and keysets) routes
   rows and keys to shards, one vectorised ``take`` per shard (and feeds a PCollection keyset's
-  membership filter, :mod:`transforms.membership`);
+  membership filter, :mod:`transforms.membership`). It shapes no released value: routing decides
+  only which worker sums and noises a key, and the filter's mistakes are removed by the exact
+  keyset join;
 * :func:`key_partials`: bounded rows (see :mod:`transforms.bounding`) -> exact per-key partial
   aggregates (count, distinct units, sum, normalized sum);
 * :func:`sum_partials`: merge partial tables of the same keys (associative and commutative, so a
@@ -30,11 +32,67 @@ from transforms.noise.prf import mac_keys, mac_words
 
 # Routing keys to shards needs no secrecy, only a fixed, well-spread hash.
 _PUBLIC_ROUTING_KEY = bytes(range(32))
+_U = np.uint64
+# Per component type, a constant folded into its word (so that 1, True and 1.0, which are
+# different keys, do not start from the same word).
+_TAG_INTEGER = _U(0x49C5A1F3D2B4E687)
+_TAG_BOOLEAN = _U(0x42A3E5C7196B8D2F)
+_TAG_FLOAT = _U(0x46D1B3F5A7C9E20B)
+_TAG_OTHER = _U(0x53F7D9B1E3A5C70D)
+
+
+def _mix(words: np.ndarray) -> np.ndarray:
+    """The SplitMix64 finaliser (Steele, Lea & Flood, "Fast splittable pseudorandom number
+    generators", OOPSLA 2014): a bijection of 64-bit words that spreads every input bit over
+    the output (multiplication wraps mod 2^64)."""
+    words = (words ^ (words >> _U(30))) * _U(0xBF58476D1CE4E5B9)
+    words = (words ^ (words >> _U(27))) * _U(0x94D049BB133111EB)
+    return words ^ (words >> _U(31))
+
+
+def _component_words(column) -> np.ndarray:
+    """One 64-bit word per value of a key column, a function of the value's canonical encoding
+    alone (:mod:`transforms.noise.encoding`), whatever else its batch holds: equal keys get equal
+    words in every batch, whatever their Arrow types (int32 and int64, a column with or without
+    nulls). Integer, boolean and float values are read as numbers; other values (text, bytes,
+    dates) are hashed through their canonical encoding; a null is one fixed word."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    typ = column.type
+    if pa.types.is_integer(typ):
+        # Two's complement words: a signed value's word is the value; an unsigned value at or
+        # above 2^63 shares its word with a negative one (a collision routing tolerates).
+        values = pc.fill_null(column, 0).to_numpy(zero_copy_only=False)
+        words = values.astype(np.int64 if pa.types.is_signed_integer(typ) else _U).view(_U) ^ _TAG_INTEGER
+    elif pa.types.is_boolean(typ):
+        words = pc.fill_null(column, False).to_numpy(zero_copy_only=False).astype(_U) ^ _TAG_BOOLEAN
+    elif pa.types.is_floating(typ):
+        values = pc.fill_null(column, 0.0).to_numpy(zero_copy_only=False).astype(np.float64)
+        if np.isnan(values).any():
+            raise ValueError("a key component must not be NaN")
+        words = (values + 0.0).view(_U) ^ _TAG_FLOAT  # -0.0 as 0.0, as the encoding does
+    else:
+        return _encoded_words(column)
+    if column.null_count:
+        words[column.is_null().to_numpy(zero_copy_only=False)] = _encoded_words(pa.nulls(1))[0]
+    return words
+
+
+def _encoded_words(column: pa.Array) -> np.ndarray:
+    return mac_words(mac_keys(_PUBLIC_ROUTING_KEY, pa.table({"k": column})))[:, 0] ^ _TAG_OTHER
 
 
 def routing_hash(keys: pa.Table) -> np.ndarray:
-    """A public 64-bit hash of each key (for sharding; the same for data and keysets)."""
-    return mac_words(mac_keys(_PUBLIC_ROUTING_KEY, keys))[:, 0]
+    """A public 64-bit hash of each key (for sharding and the keyset filter; the same for data
+    and keysets): its columns' words (:func:`_component_words`) folded in order through the
+    SplitMix64 finaliser. Not a PRF and not collision resistant: keys chosen to collide only
+    share a shard or pass the filter together, which changes no released value."""
+    hashes = np.full(keys.num_rows, _U(0x5851F42D4C957F2D) ^ _U(keys.num_columns), dtype=_U)
+    for column in keys.columns:
+        hashes = _mix(hashes ^ _component_words(column))
+    return hashes
 
 
 def shard_of(hashes: np.ndarray, num_shards: int) -> np.ndarray:
