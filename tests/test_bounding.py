@@ -1,5 +1,6 @@
 """Contribution bounding on Arrow tables: invariants, mergeability, uniformity (no Beam)."""
 import collections
+from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -152,3 +153,38 @@ def test_rows_of_unit_and_key_only_bound_alike_without_their_row_priority(rows, 
             for part in (slim.slice(0, split), table.slice(split)))
     merged = bounding.bound(pa.concat_tables([a, b]), l0, linf)
     assert pairs(bounding.bound(slim, l0, linf)) == pairs(merged) == pairs(whole)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10 ** 6), units=st.integers(1, 40), keys=st.integers(1, 30),
+       l0=st.integers(1, bounding.PRESELECT_MAX_PARTITIONS + 1), linf=st.integers(1, 3),
+       with_row=st.booleans())
+def test_preselecting_rows_changes_no_kept_row_nor_their_order(seed, units, keys, l0, linf, with_row):
+    # Tables of a few thousand rows over few units (where bound() pre-selects each unit's
+    # smallest pairs before sorting), with repeated rows, repeated priorities and the largest
+    # pair priority 2^64 - 1: the bounded table is identical, row for row, to sorting them all.
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1024, 4000))
+    unit_ids = rng.integers(0, 2 ** 64, units, dtype=np.uint64)
+    pair_ids = rng.integers(0, 2 ** 64, (units, keys), dtype=np.uint64)
+    pair_ids[:, -1] = np.iinfo(np.uint64).max
+    u, k = rng.integers(0, units, n), rng.integers(0, keys, n)
+    columns = {bounding.UNIT: unit_ids[u], bounding.PAIR: pair_ids[u, k], "k": k}
+    if with_row:
+        columns[bounding.ROW] = rng.integers(0, 3, n).astype(np.uint64)
+    table = pa.table(columns)
+    preselected = bounding.bound(table, l0, linf)
+    with mock.patch.object(bounding, "PRESELECT_MAX_PARTITIONS", 0):  # sort every row
+        assert bounding.bound(table, l0, linf).equals(preselected)
+
+
+def test_preselection_applies_only_where_it_pays():
+    rng = np.random.default_rng(0)
+    n = 4096
+    few_units = pa.table({bounding.UNIT: rng.integers(0, 8, n).astype(np.uint64),
+                          bounding.PAIR: rng.integers(0, 2 ** 64, n, dtype=np.uint64)})
+    selected = bounding._rows_of_smallest_pairs(few_units, 2)
+    assert selected is not None and 2 * 8 <= selected.sum() < n / 10
+    many_units = few_units.set_column(0, bounding.UNIT, pa.array(np.arange(n, dtype=np.uint64)))
+    assert bounding._rows_of_smallest_pairs(many_units, 2) is None
+    assert bounding._rows_of_smallest_pairs(few_units, bounding.PRESELECT_MAX_PARTITIONS + 1) is None
