@@ -74,7 +74,7 @@ def test_a_misspelt_column_fails_at_construction_naming_the_columns_present():
 
 def test_error_columns_state_std_and_interval_and_follow_suppression():
     transform = _aggregate(error_columns=True, threshold_mode="value",
-                           metrics=[Count(threshold=40), Sum(), Mean()])
+                           metrics=[Count(threshold=45), Sum(), Mean()])
     rows, schemas = _run(_table(), transform)
     spec = transform.measures["count"].spec
     for r in rows:

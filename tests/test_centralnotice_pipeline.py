@@ -285,9 +285,10 @@ def _ks_distance(values, pmf, support):
 @pytest.mark.slow
 def test_noise_distributions_over_100k_keys(tmp_path):
     """Impressions: discrete Laplace(k / epsilon); clicks (zCDP, user-DP): discrete Gaussian with
-    sigma = m / sqrt(2 rho). 100,000 keys, no data; Kolmogorov-Smirnov distance below the 1 %
-    critical value 1.63 / sqrt(n) (conservative for discrete laws), while the laws of the wrong
-    sensitivity (1 instead of k or m) are far."""
+    sigma = m / sqrt(2 rho). 100,000 keys, no data; Kolmogorov-Smirnov distance below the 0.1 %
+    critical value 1.95 / sqrt(n) (conservative for discrete laws; one of the slow suite's many
+    statistical checks, so a 1 % level would fail one run in a hundred of a correct sampler),
+    while the laws of the wrong sensitivity (1 instead of k or m) are far."""
     rho, m, k = 0.02, USER_CLICKS["max_clicks_per_user"], 10
     clicks = {"noise": "discrete_gaussian", "rho": rho, "delta": 1e-9, "neighbouring": "user",
               "max_clicks_per_user": m, "bound_per": "period", "release_threshold": LOW}
@@ -297,7 +298,7 @@ def test_noise_distributions_over_100k_keys(tmp_path):
     assert table.num_rows == 100_000
     noise = np.stack([table.column("impressions").to_numpy(),
                       table.column("clicks").to_numpy()], axis=1).astype(np.int64)
-    critical = 1.63 / np.sqrt(len(noise))
+    critical = 1.95 / np.sqrt(len(noise))
     support = np.arange(-400, 401)
 
     def laplace(scale):

@@ -490,10 +490,12 @@ def test_slow_project_mechanism_sweep(kind, epsilon, sensitivity):
     check_project_mechanism(kind, epsilon, sensitivity, seed=100 + FULL_GRID.index(
         (kind, epsilon, sensitivity)), n_samples=1_000_000)
     spec = calibrated(kind, epsilon, sensitivity)
+    # 1M samples: halved Gaussian noise at epsilon 0.5 is a mild violation (empirical epsilon
+    # about 0.68 at 1M samples); at 400k the tester's event selection missed it in 1 of 12 draws.
     for broken, shift, seed in [(halved_noise(spec), sensitivity, 200),
                                 (calibrated(kind, epsilon, 1), 3 * sensitivity, 300)]:
         a, b = neighbouring_samplers(broken, shift, seed=seed)
-        result = run_dp_test(a, b, epsilon=spec.epsilon, delta=spec.delta, n_samples=400_000)
+        result = run_dp_test(a, b, epsilon=spec.epsilon, delta=spec.delta, n_samples=1_000_000)
         assert not result.passed, result
 
 

@@ -216,3 +216,123 @@ def test_a_key_object_drives_each_purpose_once():
     with pytest.raises(KeyReuseError, match="second"):
         key.claim("count", "second")
     key.derive("other").claim("count")  # a derived key is another key
+
+
+# --------------------------------------------------------------------------- discrete Laplace words
+
+def _laplace_by_definition(streams, t, s, lanes, plan=None):
+    """discrete_laplace_units lane by lane, reading each word when the definition needs it."""
+    from transforms.noise import samplers
+    plan = plan or samplers._geometric_plan(t, s)
+    out = []
+    for lane in lanes:
+        while True:
+            negative, y = samplers._attempt_exact(streams, int(lane), plan)
+            if not (negative and y == 0):
+                out.append(-y if negative else y)
+                break
+    return np.array(out, dtype=np.int64)
+
+
+@pytest.mark.parametrize("t,s", [(1 << 20, 1 << 20), (3, 1), (1, 7), (1, 1 << 20), (12345678901, 1 << 20),
+                                 (37 << 20, 1 << 20), ((1 << 52) - 1, 1 << 20)])
+def test_discrete_laplace_reads_the_words_its_definition_reads(t, s):
+    # The vectorised sampler returns, lane by lane, what the word-by-word definition returns,
+    # and leaves every lane's stream at the same place; whatever lanes are sampled together.
+    from transforms.noise import samplers
+    key = ReleaseKey.for_testing(21)
+    lanes = np.random.default_rng(t % 997).permutation(5000)[:4000]
+    vectorised = RandomStreams.for_range(key, "words", 5000)
+    one_by_one = RandomStreams.for_range(key, "words", 5000)
+    got = samplers.discrete_laplace_units(vectorised, t, s, lanes)
+    assert np.array_equal(got, _laplace_by_definition(one_by_one, t, s, lanes))
+    assert np.array_equal(vectorised._counters, one_by_one._counters)
+    halves = RandomStreams.for_range(key, "words", 5000)
+    split = np.concatenate([samplers.discrete_laplace_units(halves, t, s, lanes[2000:]),
+                            samplers.discrete_laplace_units(halves, t, s, lanes[:2000])])
+    assert np.array_equal(np.concatenate([got[2000:], got[:2000]]), split)
+
+
+@pytest.mark.parametrize("t,s", [(1 << 20, 1 << 20), (5, 2), (1 << 24, 1 << 20), (7 << 26, 1 << 20)])
+def test_discrete_laplace_probabilities(t, s):
+    # P[z] = (1 - q) / (1 + q) q^|z|, q = e^(-s/t): a chi-square test over the values seen
+    # (tails pooled so that every cell expects at least 50 samples).
+    from transforms.noise import samplers
+    n = 200_000
+    z = samplers.discrete_laplace_units(RandomStreams.for_range(ReleaseKey.for_testing(22), f"p{t}", n),
+                                        t, s, np.arange(n))
+    q = math.exp(-s / t)
+    reach = 0
+    while n * (1 - q) / (1 + q) * q ** (reach + 1) >= 50:
+        reach += 1
+    values = np.arange(-reach, reach + 1)
+    expected = n * (1 - q) / (1 + q) * q ** np.abs(values)
+    tail = (n - expected.sum()) / 2
+    observed = [(z < -reach).sum()] + [(z == v).sum() for v in values] + [(z > reach).sum()]
+    _, p_value = stats.chisquare(observed, [tail, *expected, tail])
+    assert p_value > 1e-4
+
+
+def test_exact_comparisons_read_words_until_they_differ():
+    from fractions import Fraction
+
+    from transforms.noise import samplers
+    number = samplers._Exponential(num=1, den=3)  # e^(-1/3)
+    # The expansion against an independent enclosure: the alternating series of e^(-1/3).
+    total, term, k = Fraction(0), Fraction(1), 0
+    while term > Fraction(1, 2 ** 260):
+        total += term if k % 2 == 0 else -term
+        k += 1
+        term = term * Fraction(1, 3) / k
+    for words in (1, 2, 3):
+        low, high = total - term, total + term
+        assert math.floor(low * 2 ** (64 * words)) == math.floor(high * 2 ** (64 * words)) \
+            == number.words(words)
+    logistic = samplers._Exponential(num=1, den=3, logistic=True)
+    assert logistic.words(2) == math.floor(total / (1 + total) * 2 ** 128)
+    w0, w1, w2 = number.word(0), number.word(1), number.word(2)
+    unused = iter([])
+    assert samplers._below(w0 - 1, unused.__next__, number)
+    assert not samplers._below(w0 + 1, unused.__next__, number)
+    assert samplers._below(w0, iter([w1 - 1]).__next__, number)  # a tie: the next word decides
+    assert not samplers._below(w0, iter([w1, w2 + 1]).__next__, number)
+    # How many of r, r^2, ... exceed U (r = e^(-1/3)): U just below r^2 -> 2, equal to it as far
+    # as two words -> the third word decides.
+    powers = lambda m: samplers._Exponential(num=m, den=3)
+    r2 = powers(2)
+    assert samplers._count_below([r2.word(0) - 1], unused.__next__, powers) == 2
+    assert samplers._count_below([r2.word(0)], iter([r2.word(1), r2.word(2) - 1]).__next__, powers) == 2
+    assert samplers._count_below([r2.word(0)], iter([r2.word(1), r2.word(2) + 1]).__next__, powers) == 1
+
+
+def test_a_word_equal_to_a_threshold_is_decided_word_by_word():
+    # A plan whose first digit threshold is the word lane 0 reads for it (a real tie has
+    # probability 2^-64), its expansion going on with words of our choosing: lane 0 reads more
+    # words, exactly as the word-by-word definition under the same plan does, and so do the
+    # lanes tying with the first tail threshold's expansion at a second word.
+    from transforms.noise import samplers
+
+    class Number:
+        def __init__(self, words):
+            self.words = words
+
+        def word(self, index):
+            return self.words[min(index, len(self.words) - 1)]
+
+    class TiedPlan(samplers._GeometricPlan):
+        def digit(self, j):
+            return Number([int(self.digit_thresholds[0]), 1 << 63]) if j == 0 else super().digit(j)
+
+    key = ReleaseKey.for_testing(23)
+    t, s = 37 << 20, 1 << 20
+    plan = samplers._geometric_plan(t, s)
+    assert plan.k >= 1
+    word = RandomStreams.for_range(key, "tie", 64).ahead(np.arange(64), plan.k + 2)[1, 0]
+    tied = TiedPlan(t=t, s=s, k=plan.k, tail_thresholds=plan.tail_thresholds,
+                    digit_thresholds=np.concatenate([[word], plan.digit_thresholds[1:]]).astype(np.uint64))
+    lanes = np.arange(64)
+    fast, slow = RandomStreams.for_range(key, "tie", 64), RandomStreams.for_range(key, "tie", 64)
+    got = samplers._discrete_laplace_pass(fast, tied, lanes)
+    assert np.array_equal(got, _laplace_by_definition(slow, t, s, lanes, plan=tied))
+    assert np.array_equal(fast._counters, slow._counters)
+    assert fast._counters[0] % (plan.k + 2) == 1  # one word more than its attempts' K + 2 each

@@ -1,15 +1,19 @@
 """Exact integer noise samplers, vectorised over lanes of :class:`RandomStreams`.
 
-These follow Canonne, Kamath & Steinke (2020), "The Discrete Gaussian for Differential Privacy",
-Algorithms 1-3, using only uniform integers from the keyed streams (no floating point in the
-discrete Laplace path). Each algorithm's loops run over arrays of still-active lanes, so a million
-samples cost a few dozen numpy passes rather than a million Python calls.
+The Bernoulli and discrete Gaussian samplers follow Canonne, Kamath & Steinke (2020), "The Discrete
+Gaussian for Differential Privacy", Algorithms 1 and 3, using only uniform integers from the keyed
+streams; the discrete Laplace sampler compares uniform words with exact binary expansions (no
+floating point in the discrete Laplace path). Each algorithm runs over arrays of still-active
+lanes, so a million samples cost a few dozen numpy passes rather than a million Python calls.
 
 * Bernoulli(exp(-γ)) for rational γ = num/den in [0, 1]: draw A_k ~ Bernoulli(γ/k) for
   k = 1, 2, ... until the first failure; return whether that k is odd. Bernoulli(γ/k) is drawn as
   [uniform{0..k-1} == 0] and [uniform{0..den-1} < num], exact and free of overflow.
-* Discrete Laplace with scale t/s (P[z] ∝ exp(-|z| s/t)): geometric via U + t·V, see
-  :func:`discrete_laplace_units`. Scales are represented as t / 2^20 with integer t.
+* Discrete Laplace with scale t/s (P[z] ∝ exp(-|z| s/t)): a sign and a geometric magnitude whose
+  low binary digits and high part are independent, each read from one uniform word compared with
+  the binary expansion of its exact (irrational) probability, further words read only on a tie
+  (:func:`discrete_laplace_units`; about 3 words per sample at scale 1, K + 2 at larger scales).
+  Scales are represented as t / 2^20 with integer t.
 * Discrete Gaussian N_Z(0, σ²): discrete Laplace proposal with scale floor(σ)+1, accepted with
   probability exp(-(|Y| - σ²/t)²/(2σ²)). The exponent is computed in double precision and its
   fractional part rounded up to a multiple of 2^-60 before the exact Bernoulli: this perturbs each
@@ -18,7 +22,10 @@ samples cost a few dozen numpy passes rather than a million Python calls.
 """
 from __future__ import annotations
 
+import decimal
+import functools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -100,31 +107,195 @@ def scale_to_units(scale: float) -> int:
     return max(t, 1)
 
 
+# --------------------------------------------------------------------------- discrete Laplace
+
+@dataclass(frozen=True, kw_only=True)
+class _Exponential:
+    """The real number e^(-x), x = num / den > 0, or, with ``logistic``, e^(-x) / (1 + e^(-x))."""
+    num: int
+    den: int
+    logistic: bool = False
+
+    def words(self, count: int) -> int:
+        """floor(v · 2^(64·count)): the first ``count`` 64-bit words of v's binary expansion."""
+        return _expansion(self.num, self.den, self.logistic, count)
+
+    def word(self, index: int) -> int:
+        """Word ``index`` (0 first) of v's binary expansion."""
+        return self.words(index + 1) & _WORD_MASK
+
+
+_WORD_MASK = (1 << 64) - 1
+
+
+@functools.lru_cache(maxsize=4096)
+def _expansion(num: int, den: int, logistic: bool, count: int) -> int:
+    """floor(v · 2^(64·count)) exactly, v as in :class:`_Exponential`, by decimal arithmetic:
+    ``Decimal.exp`` is correctly rounded, so at p significant digits every step is off by a
+    relative 10^(4-p) at most (the argument's rounding costs x·10^(1-p), x <= 2^14 here); the
+    floor is returned once it is the same at both ends of a 10^(10-p) interval, else p grows.
+    v is irrational (e^(-x) for rational x != 0 is transcendental), so the floor is well defined
+    and the loop ends."""
+    digits = int(64 * count * 0.30103) + 40 + len(str(num))
+    while True:
+        with decimal.localcontext() as ctx:
+            ctx.prec = digits
+            ctx.Emin, ctx.Emax = decimal.MIN_EMIN, decimal.MAX_EMAX
+            ctx.traps[decimal.Inexact] = ctx.traps[decimal.Rounded] = False
+            e = (-(decimal.Decimal(num) / decimal.Decimal(den))).exp()
+            v = e / (1 + e) if logistic else e
+            scaled = v * decimal.Decimal(1 << (64 * count))
+            slack = scaled * decimal.Decimal(10) ** (10 - digits)
+            low = int((scaled - slack).to_integral_value(decimal.ROUND_FLOOR))
+            high = int((scaled + slack).to_integral_value(decimal.ROUND_FLOOR))
+        if low == high:
+            return low
+        digits *= 2
+
+
+def _below(first: int, more, number: _Exponential) -> bool:
+    """Whether U < v for the uniform real U = 0.w0 w1 w2 ... (64-bit words, ``first`` = w0, then
+    ``more()`` as needed; no word is read after the first that differs from v's)."""
+    word, index = first, 0
+    while True:
+        target = number.word(index)
+        if word != target:
+            return word < target
+        word, index = more(), index + 1
+
+
+def _count_below(words: list, more, numbers) -> int:
+    """How many of the decreasing reals ``numbers(1), numbers(2), ...`` exceed the uniform U whose
+    words are ``words`` (extended in place with ``more()`` when a comparison needs them)."""
+    m = 0
+    while True:
+        number = numbers(m + 1)
+        index = 0
+        while True:
+            if index == len(words):
+                words.append(more())
+            target = number.word(index)
+            if words[index] != target:
+                break
+            index += 1
+        if words[index] > target:
+            return m
+        m += 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class _GeometricPlan:
+    """How Y ~ Geometric(1 - q), P[Y = y] = (1 - q) q^y with q = e^(-s/t), is read from words.
+
+    With K the least integer such that 2^K s >= t, Y = C + 2^K D with independent parts: C's
+    binary digits c_0 .. c_(K-1), c_j ~ Bernoulli(q^(2^j) / (1 + q^(2^j))) (the truncated
+    geometric on [0, 2^K) factorises over its digits), and D ~ Geometric(1 - r), r = q^(2^K)
+    <= e^-1, the number of m >= 1 with U < r^m. Each part is one uniform word compared with
+    the first word of a real threshold's binary expansion; a word equal to it (probability
+    2^-64 per comparison) is resolved exactly by reading more words (:func:`_below`)."""
+    t: int
+    s: int
+    k: int
+    digit_thresholds: np.ndarray  # (K,) uint64: first words of q^(2^j) / (1 + q^(2^j))
+    tail_thresholds: np.ndarray   # ascending uint64: first words of r^m, m = M .. 1 (r^M < 2^-64)
+
+    def digit(self, j: int) -> _Exponential:
+        return _Exponential(num=self.s << j, den=self.t, logistic=True)
+
+    def tail(self, m: int) -> _Exponential:
+        return _Exponential(num=(m * self.s) << self.k, den=self.t)
+
+
+#: Digits of Y read from D's threshold table instead (its length grows by 2^_TAIL_BITS).
+_TAIL_BITS = 4
+
+
+@functools.lru_cache(maxsize=64)
+def _geometric_plan(t: int, s: int) -> _GeometricPlan:
+    # K: the least with 2^K >= t / s, less up to _TAIL_BITS digits moved into a longer table of
+    # D's thresholds (one sorted search instead of a pass per digit).
+    k = max(0, (-(-t // s) - 1).bit_length() - _TAIL_BITS)
+    digits = [_Exponential(num=s << j, den=t, logistic=True).words(1) for j in range(k)]
+    tail = []
+    while not tail or tail[-1]:
+        tail.append(_Exponential(num=((len(tail) + 1) * s) << k, den=t).words(1))
+    return _GeometricPlan(t=t, s=s, k=k, digit_thresholds=np.array(digits, dtype=np.uint64),
+                          tail_thresholds=np.array(tail[::-1], dtype=np.uint64))
+
+
+def _attempt_exact(streams: RandomStreams, lane: int, plan: _GeometricPlan):
+    """One attempt (sign, then Y) for one lane, reading its words one at a time: the definition
+    the vectorised path follows whenever no word equals a threshold."""
+    lanes = np.array([lane])
+
+    def more() -> int:
+        return int(streams.draw(lanes)[0])
+
+    negative = bool(more() & 1)
+    y = 0
+    for j in range(plan.k):
+        if _below(more(), more, plan.digit(j)):
+            y |= 1 << j
+    y += _count_below([more()], more, plan.tail) << plan.k
+    return negative, y
+
+
 def discrete_laplace_units(streams: RandomStreams, t: int, s: int, lanes: np.ndarray) -> np.ndarray:
-    """Discrete Laplace with P[z] ∝ exp(-|z| s / t) for integers s, t >= 1 (CKS Algorithm 2)."""
+    """Discrete Laplace with P[z] ∝ exp(-|z| s / t) for integers s, t >= 1, exactly.
+
+    Per lane (``lanes`` distinct): a sign (one word's lowest bit) and Y ~ Geometric(1 - e^(-s/t))
+    (:class:`_GeometricPlan`: K + 1 words, K = ceil(log2(t / s))); a negative zero is rejected
+    and the lane tries again, so P[z] ∝ e^(-|z| s/t). Every comparison of a uniform word with a
+    threshold is exact: the thresholds are the binary expansions of the real probabilities,
+    read as far as the uniform's words need (Knuth & Yao, "The complexity of nonuniform random
+    number generation", 1976: a uniform real revealed only as far as a decision needs).
+
+    Vectorised: an attempt reads K + 2 words for all pending lanes in one AES call
+    (:meth:`RandomStreams.ahead`) and decides every part with a comparison or a sorted search;
+    a lane whose word equals a threshold (about (K + 45) · 2^-64 per attempt) redoes that attempt
+    word by word (:func:`_attempt_exact`). Either way a lane reads the words of its own stream in
+    the same order, so its sample depends on its stream alone."""
+    lanes = np.asarray(lanes)
+    plan = _geometric_plan(int(t), int(s))
+    out = np.zeros(lanes.size, dtype=np.int64)
+    for start in range(0, lanes.size, _LANES_PER_PASS):  # a pass's words stay in cache
+        part = slice(start, start + _LANES_PER_PASS)
+        out[part] = _discrete_laplace_pass(streams, plan, lanes[part])
+    return out
+
+
+#: Lanes sampled together by discrete_laplace_units (their words, (K + 2) x 8 bytes each, stay
+#: in the processor's cache).
+_LANES_PER_PASS = 1 << 15
+
+
+def _discrete_laplace_pass(streams: RandomStreams, plan: "_GeometricPlan", lanes: np.ndarray) -> np.ndarray:
+    tail = plan.tail_thresholds
+    digits = plan.digit_thresholds[:, None]
+    weights = (np.uint64(1) << np.arange(plan.k, dtype=np.uint64))[:, None]
     out = np.zeros(lanes.size, dtype=np.int64)
     pending = np.arange(lanes.size)
     while pending.size:
         ln = lanes[pending]
-        u = streams.randint(t, ln)
-        accept_u = bernoulli_exp_fraction(streams, u, t, ln)
-        retry = pending[~accept_u]
-        kept = pending[accept_u]
-        u = u[accept_u]
-        # V ~ Geometric(1 - e^-1): count successes of Bernoulli(e^-1) until the first failure.
-        v = np.zeros(kept.size, dtype=np.uint64)
-        active = np.arange(kept.size)
-        while active.size:
-            more = bernoulli_exp_minus_one(streams, lanes[kept[active]])
-            v[active[more]] += _U64(1)
-            active = active[more]
-        x = u + _U64(t) * v
-        y = (x // _U64(s)).astype(np.int64)
-        sign = (streams.draw(lanes[kept]) & _U64(1)).astype(bool)
-        reject = sign & (y == 0)
-        good = ~reject
-        out[kept[good]] = np.where(sign[good], -y[good], y[good])
-        pending = np.concatenate([retry, kept[reject]])
+        words = streams.ahead(ln, plan.k + 2)
+        negative = (words[0] & _U64(1)).astype(bool)
+        below = words[1:plan.k + 1] < digits
+        y = (below * weights).sum(axis=0, dtype=np.uint64)
+        tied = (words[1:plan.k + 1] == digits).any(axis=0)
+        # D = how many of r^1 > r^2 > ... exceed U: thresholds above the word (ties go the
+        # exact way below, so an untied word's count is exact).
+        last = words[plan.k + 1]
+        at = np.searchsorted(tail, last, side="left")
+        tied |= tail[np.minimum(at, tail.size - 1)] == last
+        y += (tail.size - at).astype(np.uint64) << _U64(plan.k)
+        streams.advance(ln[~tied], plan.k + 2)
+        for i in np.flatnonzero(tied):
+            negative[i], y[i] = _attempt_exact(streams, int(ln[i]), plan)
+        again = negative & (y == 0)
+        done = ~again
+        values = y[done].astype(np.int64)
+        out[pending[done]] = np.where(negative[done], -values, values)
+        pending = pending[again]
     return out
 
 

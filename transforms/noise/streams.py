@@ -71,6 +71,24 @@ class RandomStreams:
         self._counters[lanes] = counters + _U64(1)
         return _first_words(self._encryptor, blocks)
 
+    def ahead(self, lanes: np.ndarray, count: int) -> np.ndarray:
+        """The next ``count`` words of each of ``lanes`` (distinct) as a (count, len(lanes))
+        array, row j holding what the (j+1)-th ``draw`` would return, without drawing them: a
+        sampler that reads a fixed number of words per lane gets them in one AES call and then
+        :meth:`advance` s the lanes it used them for (a lane it does not advance is left where it
+        was, for a sampler to draw its words one by one instead)."""
+        lanes = np.asarray(lanes)
+        if not lanes.size or not count:
+            return np.zeros((count, lanes.size), dtype=np.uint64)
+        blocks = np.empty((count, lanes.size, 2), dtype=np.uint64)
+        blocks[:] = self._seeds[lanes]
+        blocks[:, :, 0] ^= self._counters[lanes][None, :] + np.arange(count, dtype=np.uint64)[:, None]
+        return _first_words(self._encryptor, blocks.reshape(-1, 2)).reshape(count, lanes.size)
+
+    def advance(self, lanes: np.ndarray, count: int) -> None:
+        """Move each of ``lanes`` (distinct) past ``count`` words (read with :meth:`ahead`)."""
+        self._counters[lanes] += _U64(count)
+
     @classmethod
     def first_draw(cls, release_key: ReleaseKey, purpose: str, seeds: np.ndarray) -> np.ndarray:
         """What ``RandomStreams(release_key, purpose, seeds).draw()`` returns -- the first word
