@@ -100,6 +100,25 @@ def test_priorities_are_secret_and_reproducible():
     assert not first.column(bounding.ROW).equals(other.column(bounding.ROW))
 
 
+def test_pair_priorities_are_per_unit_and_key():
+    # A pair priority depends on both the unit and the key: the same key ranks differently in
+    # different units (so no key is favoured across units) and a unit's keys rank independently;
+    # a unit's pair priority is the same in any batch; without key columns each unit has one.
+    units, keys = [f"u{i}" for i in range(200)], list(range(20))
+    table = _prepared([(u, k, 0.0) for u in units for k in keys])
+    pair = np.array(table.column(bounding.PAIR).to_pylist(), dtype=np.uint64).reshape(len(units), len(keys))
+    assert np.unique(pair).size == pair.size
+    # Which key is a unit's first: spread over the keys (chi-square), not one key for all units.
+    firsts = np.bincount(np.argmin(pair, axis=1), minlength=len(keys))
+    assert stats.chisquare(firsts).pvalue > 1e-3
+    alone = _prepared([("u7", 3, 0.0), ("zz", 9, 1.0)])
+    assert alone.column(bounding.PAIR)[0].as_py() == int(pair[7, 3])
+    keyless = bounding.prioritize(_table([("a", 1, 0.0), ("b", 1, 0.0), ("a", 2, 1.0)]), "unit", [], KEY,
+                                  "__value")
+    assert keyless.column(bounding.PAIR).to_pylist()[0] == keyless.column(bounding.PAIR).to_pylist()[2]
+    assert keyless.column(bounding.PAIR).to_pylist()[0] != keyless.column(bounding.PAIR).to_pylist()[1]
+
+
 def test_key_partials_and_sum():
     rows = [("a", 1, 2.0), ("a", 1, 3.0), ("b", 1, 1.0), ("b", 2, 4.0)]
     bounded = bounding.bound(_prepared(rows), 5, 5)

@@ -4,7 +4,11 @@ Each row gets three secret 64-bit values derived from the release key (AES PRF, 
 :mod:`transforms.noise.prf`), each a function of the row's *content* only:
 
 * ``__unit``: a PRF of the (canonical) privacy unit (groups a unit's rows; never the raw id);
-* ``__pair``: a PRF of (unit, key), which is also the key's priority within its unit;
+* ``__pair``: a PRF of (unit, key), which is also the key's priority within its unit: one AES
+  block, under its own sub-key, of the unit's 128-bit secret seed XOR the key's (each a PRF of
+  its canonical encoding, computed once per distinct unit and per distinct key of a batch).
+  Distinct (unit, key) pairs give distinct blocks except with probability ~2^-128 (the seeds
+  are secret and uniform) and AES is a permutation, so pair priorities are independent;
 * ``__row``: the row's priority, a PRF of (unit, key, value): one AES block of the pair's
   128-bit secret seed with the value's 64 bits folded in, under its own sub-key.
 
@@ -23,8 +27,8 @@ Hence:
   meet. The optional total bound L1 (:func:`bound_total`) is applied once, after all of a
   unit's partials have met.
 
-Vectorised: per batch, one CBC-MAC pass per distinct unit and per distinct (unit, key), and one
-AES call for all row priorities. Bounding sorts by (unit, pair, row) priority; with a small L0 and
+Vectorised: per batch, one CBC-MAC pass per distinct unit and per distinct key, and one AES
+call each for all pair and all row priorities. Bounding sorts by (unit, pair, row) priority; with a small L0 and
 many rows per unit it first selects, in linear time, the rows of each unit's L0 smallest pairs
 (per-unit minima), so only those are sorted.
 """
@@ -47,15 +51,12 @@ VALUE = "__value"
 INTERNAL = (UNIT, PAIR, ROW, VALUE)
 
 
-def _distinct(table: pa.Table, columns: Sequence[str], known: Optional[dict] = None):
+def _distinct(table: pa.Table, columns: Sequence[str]):
     """Per row, a dense code of its values in ``columns``, and one representative row per code.
 
     Hash-based (Arrow's dictionary encoding, codes in order of first appearance), so a batch
-    costs O(rows) rather than a sort; the first row of each code represents it. ``known``: dense
-    codes already computed for some columns (by :func:`_dense_codes`)."""
-    known = known or {}
-    indices = [known[c] if c in known else _dense_codes(table.column(c).combine_chunks())
-               for c in columns]
+    costs O(rows) rather than a sort; the first row of each code represents it."""
+    indices = [_dense_codes(table.column(c).combine_chunks()) for c in columns]
     sizes = [int(i.max()) + 1 if i.size else 1 for i in indices]
     if len(indices) == 1:
         codes = indices[0]
@@ -91,12 +92,18 @@ def _first_appearances(codes: np.ndarray):
     return first if np.array_equal(codes[first], np.arange(first.size)) else None
 
 
-def _keyed_hash(release_key: ReleaseKey, purpose: str, table: pa.Table, columns: Sequence[str],
-                known: Optional[dict] = None) -> np.ndarray:
+def _keyed_hash(release_key: ReleaseKey, purpose: str, table: pa.Table, columns: Sequence[str]) -> np.ndarray:
     """PRF (AES CBC-MAC) of each row's values in ``columns``, computed once per distinct value."""
-    codes, first = _distinct(table, columns, known)
+    codes, first = _distinct(table, columns)
     mac = mac_keys(release_key.derive(purpose).secret_bytes(), table.select(list(columns)).take(first))
     return mac_words(mac)[codes]
+
+
+def _encrypt(key: bytes, blocks: np.ndarray) -> np.ndarray:
+    """AES-256 (ECB: independent blocks) of each (n, 2) uint64 block, as (n, 2) uint64."""
+    encryptor = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    return np.frombuffer(encryptor.update(np.ascontiguousarray(blocks).tobytes()),
+                         dtype=np.uint64).reshape(-1, 2)
 
 
 def _value_words(table: pa.Table, value_column: Optional[str]) -> np.ndarray:
@@ -117,9 +124,10 @@ def prioritize(table: pa.Table, unit_column: str, key_columns: Sequence[str],
     clipped vector: :func:`transforms.vectors.row_words`) enter the row priority, so identical
     rows share one.
     """
-    known = {unit_column: _dense_codes(table.column(unit_column).combine_chunks())}  # encoded once
-    unit_words = _keyed_hash(release_key, "bound:unit", table, [unit_column], known)
-    pair_words = _keyed_hash(release_key, "bound:pair", table, [unit_column, *key_columns], known)
+    unit_words = _keyed_hash(release_key, "bound:unit", table, [unit_column])
+    key_words = _keyed_hash(release_key, "bound:key", table, list(key_columns)) if key_columns \
+        else np.zeros_like(unit_words)  # no key: one "key" per unit, its pair seed the unit's
+    pair_words = _encrypt(release_key.derive("bound:pair").secret_bytes(), unit_words ^ key_words)
     # Row priority: AES under its own sub-key of (pair seed XOR value bits, pair seed). Distinct
     # (pair, value) give distinct blocks except with probability ~2^-128 (the seeds are secret
     # and uniform), and AES is a permutation, so distinct rows get independent priorities.
@@ -127,8 +135,7 @@ def prioritize(table: pa.Table, unit_column: str, key_columns: Sequence[str],
     block[:, 0] ^= _value_words(table, value_column)
     if extra_words is not None:
         block[:, 0] ^= np.asarray(extra_words, dtype=np.uint64)
-    encryptor = Cipher(algorithms.AES(release_key.derive("bound:row").secret_bytes()), modes.ECB()).encryptor()
-    row_words = np.frombuffer(encryptor.update(block.tobytes()), dtype=np.uint64).reshape(-1, 2)
+    row_words = _encrypt(release_key.derive("bound:row").secret_bytes(), block)
     return table.append_column(UNIT, pa.array(unit_words[:, 0])) \
                 .append_column(PAIR, pa.array(pair_words[:, 0])) \
                 .append_column(ROW, pa.array(row_words[:, 0]))
