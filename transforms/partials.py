@@ -103,7 +103,9 @@ def split_by_shard(table: pa.Table, shards: np.ndarray):
     """Yield (shard, sub-table) for each shard present, vectorised (one ``take`` per shard)."""
     if table.num_rows == 0:
         return
-    order = np.argsort(shards, kind="stable")
+    small = shards.size and 0 <= shards.min() and shards.max() < 1 << 16
+    # Stable either way; numpy sorts 16-bit integers by radix, several times faster.
+    order = np.argsort(shards.astype(np.uint16) if small else shards, kind="stable")
     sorted_shards = shards[order]
     boundaries = np.flatnonzero(np.diff(sorted_shards)) + 1
     starts = np.concatenate([[0], boundaries])
