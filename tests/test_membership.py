@@ -133,3 +133,14 @@ def test_an_unstated_keyset_is_counted_once_for_the_filter_and_the_key_shards():
     p.visit(Visitor())
     assert sorted(counts) == ["KeysetSize", "SumKeysetSize"], counts  # one Map and one sum
     assert keyset.counted_size() is keyset.counted_size()
+
+
+def test_a_key_sets_its_six_probe_bits_in_its_word():
+    # The probes as the module docstring defines them, bit by bit, against the table lookups.
+    from transforms import membership
+    hashes = np.random.default_rng(5).integers(0, 2 ** 64, 20_000, dtype=np.uint64)
+    word, mask = membership._word_and_mask(hashes, 12_345)
+    for h, w, m in zip(hashes[:2000].tolist(), word[:2000].tolist(), mask[:2000].tolist()):
+        assert w == ((h >> 32) * 12_345) >> 32
+        mixed = (h * 0x9E3779B97F4A7C15) % 2 ** 64
+        assert m == sum({1 << ((mixed >> (58 - 6 * p)) & 63) for p in range(membership.PROBES)})

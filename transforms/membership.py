@@ -44,13 +44,20 @@ def filter_words(expected_keys: int) -> int:
     return max(1, -(-int(expected_keys) * BITS_PER_KEY // 64))
 
 
+# Probe p of a key sets bit ((hash * _MIX) >> (58 - 6p)) & 63: two probes are one 12-bit field,
+# whose two bits this table gives (32 KB: three lookups per key instead of six shifts).
+_FIELD = np.arange(1 << 12, dtype=np.uint64)
+_PROBE_PAIRS = (_U(1) << (_FIELD >> _U(6))) | (_U(1) << (_FIELD & _U(63)))
+assert PROBES == 6
+
+
 def _word_and_mask(hashes: np.ndarray, num_words: int):
     hashes = np.asarray(hashes, dtype=np.uint64)
     word = (((hashes >> _U(32)) * _U(num_words)) >> _U(32)).astype(np.intp)
     mixed = hashes * _MIX  # wraps mod 2^64
-    mask = np.zeros(len(hashes), dtype=np.uint64)
-    for probe in range(PROBES):
-        mask |= _U(1) << ((mixed >> _U(58 - 6 * probe)) & _U(63))
+    mask = _PROBE_PAIRS[mixed >> _U(52)]  # probes 0 and 1: bits 58-63 and 52-57
+    mask |= _PROBE_PAIRS[(mixed >> _U(40)) & _U(4095)]  # probes 2 and 3
+    mask |= _PROBE_PAIRS[(mixed >> _U(28)) & _U(4095)]  # probes 4 and 5
     return word, mask
 
 
