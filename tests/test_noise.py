@@ -292,10 +292,10 @@ def test_exact_comparisons_read_words_until_they_differ():
     assert logistic.words(2) == math.floor(total / (1 + total) * 2 ** 128)
     w0, w1, w2 = number.word(0), number.word(1), number.word(2)
     unused = iter([])
-    assert samplers._below(w0 - 1, unused.__next__, number)
-    assert not samplers._below(w0 + 1, unused.__next__, number)
-    assert samplers._below(w0, iter([w1 - 1]).__next__, number)  # a tie: the next word decides
-    assert not samplers._below(w0, iter([w1, w2 + 1]).__next__, number)
+    assert samplers._below([w0 - 1], unused.__next__, number)
+    assert not samplers._below([w0 + 1], unused.__next__, number)
+    assert samplers._below([w0], iter([w1 - 1]).__next__, number)  # a tie: the next word decides
+    assert not samplers._below([w0], iter([w1, w2 + 1]).__next__, number)
     # How many of r, r^2, ... exceed U (r = e^(-1/3)): U just below r^2 -> 2, equal to it as far
     # as two words -> the third word decides.
     powers = lambda m: samplers._Exponential(num=m, den=3)

@@ -39,10 +39,9 @@ from typing import Optional, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from accounting.keys import ReleaseKey
-from transforms.noise.prf import mac_keys, mac_words
+from transforms.noise.prf import ecb, mac_keys, mac_words
 
 UNIT = "__unit"
 PAIR = "__pair"
@@ -101,8 +100,7 @@ def _keyed_hash(release_key: ReleaseKey, purpose: str, table: pa.Table, columns:
 
 def _encrypt(key: bytes, blocks: np.ndarray) -> np.ndarray:
     """AES-256 (ECB: independent blocks) of each (n, 2) uint64 block, as (n, 2) uint64."""
-    encryptor = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
-    return np.frombuffer(encryptor.update(np.ascontiguousarray(blocks).tobytes()),
+    return np.frombuffer(ecb(key).update(np.ascontiguousarray(blocks).tobytes()),
                          dtype=np.uint64).reshape(-1, 2)
 
 

@@ -20,6 +20,7 @@
 """
 from __future__ import annotations
 
+import functools
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
@@ -27,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from transforms.bounding import PAIR, VALUE
+from transforms.noise.encoding import plain_column
 from transforms.noise.mechanisms import IntegerSumOverflowError
 from transforms.noise.prf import mac_keys, mac_words
 
@@ -56,10 +58,7 @@ def _component_words(column) -> np.ndarray:
     words in every batch, whatever their Arrow types (int32 and int64, a column with or without
     nulls). Integer, boolean and float values are read as numbers; other values (text, bytes,
     dates) are hashed through their canonical encoding; a null is one fixed word."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    if pa.types.is_dictionary(column.type):
-        column = column.dictionary_decode()
+    column = plain_column(column)
     typ = column.type
     if pa.types.is_integer(typ):
         # Two's complement words: a signed value's word is the value; an unsigned value at or
@@ -76,12 +75,18 @@ def _component_words(column) -> np.ndarray:
     else:
         return _encoded_words(column)
     if column.null_count:
-        words[column.is_null().to_numpy(zero_copy_only=False)] = _encoded_words(pa.nulls(1))[0]
+        words[column.is_null().to_numpy(zero_copy_only=False)] = _null_word()
     return words
 
 
 def _encoded_words(column: pa.Array) -> np.ndarray:
     return mac_words(mac_keys(_PUBLIC_ROUTING_KEY, pa.table({"k": column})))[:, 0] ^ _TAG_OTHER
+
+
+@functools.cache
+def _null_word() -> np.uint64:
+    """A null's word: what a null in a column of any other type gets (its canonical encoding)."""
+    return _encoded_words(pa.nulls(1))[0]
 
 
 def routing_hash(keys: pa.Table) -> np.ndarray:

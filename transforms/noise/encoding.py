@@ -89,7 +89,9 @@ def _python_components(column: pa.Array) -> pa.Array:
     return pa.array([encode_key((v,))[5:] for v in column.to_pylist()], pa.large_binary())
 
 
-def _plain_column(column) -> pa.Array:
+def plain_column(column) -> pa.Array:
+    """A key column as one array of its values (chunks combined, a dictionary decoded): what its
+    canonical encoding, and the routing hash (:mod:`transforms.partials`), read."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     if pa.types.is_dictionary(column.type):
@@ -136,7 +138,7 @@ def _fixed_matrix(column: pa.Array):
 
 def _encode_arrow_column(column: pa.Array) -> pa.Array:
     """The canonical component encoding of every value of one key column (as in encode_key)."""
-    column = _plain_column(column)
+    column = plain_column(column)
     typ = column.type
     matrix = _fixed_matrix(column)
     if matrix is not None:
@@ -179,7 +181,7 @@ def encode_keys_matrix(keys):
         return None
     parts = [_key_head(keys.num_rows, keys.num_columns)]
     for column in keys.columns:
-        matrix = _fixed_matrix(_plain_column(column))
+        matrix = _fixed_matrix(plain_column(column))
         if matrix is None:
             return None
         parts.append(matrix)

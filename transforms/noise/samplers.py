@@ -132,7 +132,7 @@ _WORD_MASK = (1 << 64) - 1
 def _expansion(num: int, den: int, logistic: bool, count: int) -> int:
     """floor(v · 2^(64·count)) exactly, v as in :class:`_Exponential`, by decimal arithmetic:
     ``Decimal.exp`` is correctly rounded, so at p significant digits every step is off by a
-    relative 10^(4-p) at most (the argument's rounding costs x·10^(1-p), x <= 2^14 here); the
+    relative 10^(4-p) at most (the argument's rounding costs x·10^(1-p), x < 2^7 here); the
     floor is returned once it is the same at both ends of a 10^(10-p) interval, else p grows.
     v is irrational (e^(-x) for rational x != 0 is transcendental), so the floor is well defined
     and the loop ends."""
@@ -153,45 +153,40 @@ def _expansion(num: int, den: int, logistic: bool, count: int) -> int:
         digits *= 2
 
 
-def _below(first: int, more, number: _Exponential) -> bool:
-    """Whether U < v for the uniform real U = 0.w0 w1 w2 ... (64-bit words, ``first`` = w0, then
-    ``more()`` as needed; no word is read after the first that differs from v's)."""
-    word, index = first, 0
+def _below(words: list, more, number: _Exponential) -> bool:
+    """Whether U < v for the uniform real U = 0.w0 w1 w2 ... whose 64-bit words are ``words``,
+    extended in place with ``more()`` only while they equal v's (so no word is read after the
+    first that differs)."""
+    index = 0
     while True:
+        if index == len(words):
+            words.append(more())
         target = number.word(index)
-        if word != target:
-            return word < target
-        word, index = more(), index + 1
+        if words[index] != target:
+            return words[index] < target
+        index += 1
 
 
 def _count_below(words: list, more, numbers) -> int:
     """How many of the decreasing reals ``numbers(1), numbers(2), ...`` exceed the uniform U whose
-    words are ``words`` (extended in place with ``more()`` when a comparison needs them)."""
+    words are ``words`` (extended in place as :func:`_below` needs them)."""
     m = 0
-    while True:
-        number = numbers(m + 1)
-        index = 0
-        while True:
-            if index == len(words):
-                words.append(more())
-            target = number.word(index)
-            if words[index] != target:
-                break
-            index += 1
-        if words[index] > target:
-            return m
+    while _below(words, more, numbers(m + 1)):
         m += 1
+    return m
 
 
 @dataclass(frozen=True, kw_only=True)
 class _GeometricPlan:
     """How Y ~ Geometric(1 - q), P[Y = y] = (1 - q) q^y with q = e^(-s/t), is read from words.
 
-    With K the least integer such that 2^K s >= t, Y = C + 2^K D with independent parts: C's
-    binary digits c_0 .. c_(K-1), c_j ~ Bernoulli(q^(2^j) / (1 + q^(2^j))) (the truncated
-    geometric on [0, 2^K) factorises over its digits), and D ~ Geometric(1 - r), r = q^(2^K)
-    <= e^-1, the number of m >= 1 with U < r^m. Each part is one uniform word compared with
-    the first word of a real threshold's binary expansion; a word equal to it (probability
+    For any K >= 0, Y = C + 2^K D with independent parts: C's binary digits c_0 .. c_(K-1),
+    c_j ~ Bernoulli(q^(2^j) / (1 + q^(2^j))) (the truncated geometric on [0, 2^K) factorises over
+    its digits), and D ~ Geometric(1 - r), r = q^(2^K), the number of m >= 1 with U < r^m (a
+    sorted search over the first words of r^1 > r^2 > ... down to the first below 2^-64). K is
+    :data:`_TAIL_BITS` less than the least K with 2^K s >= t (at least 0), so r <= e^(-2^-4)
+    and D's table holds at most about 710 thresholds. Each part is one uniform word compared
+    with the first word of a real threshold's binary expansion; a word equal to it (probability
     2^-64 per comparison) is resolved exactly by reading more words (:func:`_below`)."""
     t: int
     s: int
@@ -200,10 +195,20 @@ class _GeometricPlan:
     tail_thresholds: np.ndarray   # ascending uint64: first words of r^m, m = M .. 1 (r^M < 2^-64)
 
     def digit(self, j: int) -> _Exponential:
-        return _Exponential(num=self.s << j, den=self.t, logistic=True)
+        return _digit(self.t, self.s, j)
 
     def tail(self, m: int) -> _Exponential:
-        return _Exponential(num=(m * self.s) << self.k, den=self.t)
+        return _tail(self.t, self.s, self.k, m)
+
+
+def _digit(t: int, s: int, j: int) -> _Exponential:
+    """P[c_j = 1] = q^(2^j) / (1 + q^(2^j)), q = e^(-s/t)."""
+    return _Exponential(num=s << j, den=t, logistic=True)
+
+
+def _tail(t: int, s: int, k: int, m: int) -> _Exponential:
+    """r^m = e^(-m 2^K s / t)."""
+    return _Exponential(num=(m * s) << k, den=t)
 
 
 #: Digits of Y read from D's threshold table instead (its length grows by 2^_TAIL_BITS).
@@ -215,10 +220,10 @@ def _geometric_plan(t: int, s: int) -> _GeometricPlan:
     # K: the least with 2^K >= t / s, less up to _TAIL_BITS digits moved into a longer table of
     # D's thresholds (one sorted search instead of a pass per digit).
     k = max(0, (-(-t // s) - 1).bit_length() - _TAIL_BITS)
-    digits = [_Exponential(num=s << j, den=t, logistic=True).words(1) for j in range(k)]
+    digits = [_digit(t, s, j).words(1) for j in range(k)]
     tail = []
     while not tail or tail[-1]:
-        tail.append(_Exponential(num=((len(tail) + 1) * s) << k, den=t).words(1))
+        tail.append(_tail(t, s, k, len(tail) + 1).words(1))
     return _GeometricPlan(t=t, s=s, k=k, digit_thresholds=np.array(digits, dtype=np.uint64),
                           tail_thresholds=np.array(tail[::-1], dtype=np.uint64))
 
@@ -234,7 +239,7 @@ def _attempt_exact(streams: RandomStreams, lane: int, plan: _GeometricPlan):
     negative = bool(more() & 1)
     y = 0
     for j in range(plan.k):
-        if _below(more(), more, plan.digit(j)):
+        if _below([more()], more, plan.digit(j)):
             y |= 1 << j
     y += _count_below([more()], more, plan.tail) << plan.k
     return negative, y
@@ -244,7 +249,7 @@ def discrete_laplace_units(streams: RandomStreams, t: int, s: int, lanes: np.nda
     """Discrete Laplace with P[z] ∝ exp(-|z| s / t) for integers s, t >= 1, exactly.
 
     Per lane (``lanes`` distinct): a sign (one word's lowest bit) and Y ~ Geometric(1 - e^(-s/t))
-    (:class:`_GeometricPlan`: K + 1 words, K = ceil(log2(t / s))); a negative zero is rejected
+    (:class:`_GeometricPlan`: K + 1 words, K = ceil(log2(t / s)) - 4 or 0); a negative zero is rejected
     and the lane tries again, so P[z] ∝ e^(-|z| s/t). Every comparison of a uniform word with a
     threshold is exact: the thresholds are the binary expansions of the real probabilities,
     read as far as the uniform's words need (Knuth & Yao, "The complexity of nonuniform random
@@ -252,7 +257,7 @@ def discrete_laplace_units(streams: RandomStreams, t: int, s: int, lanes: np.nda
 
     Vectorised: an attempt reads K + 2 words for all pending lanes in one AES call
     (:meth:`RandomStreams.ahead`) and decides every part with a comparison or a sorted search;
-    a lane whose word equals a threshold (about (K + 45) · 2^-64 per attempt) redoes that attempt
+    a lane whose word equals a threshold (at most about (K + 710) · 2^-64 per attempt) redoes that attempt
     word by word (:func:`_attempt_exact`). Either way a lane reads the words of its own stream in
     the same order, so its sample depends on its stream alone."""
     lanes = np.asarray(lanes)
@@ -269,7 +274,7 @@ def discrete_laplace_units(streams: RandomStreams, t: int, s: int, lanes: np.nda
 _LANES_PER_PASS = 1 << 15
 
 
-def _discrete_laplace_pass(streams: RandomStreams, plan: "_GeometricPlan", lanes: np.ndarray) -> np.ndarray:
+def _discrete_laplace_pass(streams: RandomStreams, plan: _GeometricPlan, lanes: np.ndarray) -> np.ndarray:
     tail = plan.tail_thresholds
     digits = plan.digit_thresholds[:, None]
     weights = (np.uint64(1) << np.arange(plan.k, dtype=np.uint64))[:, None]
