@@ -22,6 +22,10 @@ Goals (issue 15): peak memory grows with the largest shard, not the keyset (<= 4
 >= 2M keys/s end to end, 2 Dask workers >= 1.6x faster than 1. The machine's cores may be shared:
 the table says how many were free (load average) when each leg ran.
 
+When a Dask leg ran, a probe then measures the machine's own ceiling for 2 over 1 (``--ceiling_files``,
+:func:`ceiling`): the job's filtering, bounding and noise, without an engine, in one process and in
+two at once; what the Dask ratio loses below it is the engine's (start-up, side inputs, shuffles).
+
 Last line: ``keys_125m_seconds=S peak_gb_125m=G dask_2_over_1=R cn_peak_gb=M`` (``nan`` for what
 was not measured; ``dask_2_over_1`` is at the largest keyset both Dask legs ran, named on the line
 before; ``cn_peak_gb`` is taken from ``benchmarks/centralnotice.py`` via --cn_peak_gb, or nan). A
@@ -139,6 +143,59 @@ def leg(directory: str, engine: str, keyset_via: str = "staging") -> dict:
     return out
 
 
+# --------------------------------------------------------------------------- machine ceiling
+
+def _ceiling_work(paths: list[str], keyset_size: int) -> float:
+    """The job's per-row and per-key work without an engine, on ``paths`` (row files): canonical
+    unit ids, the keyset filter's lookups (a filter of ``keyset_size`` keys, built before the
+    clock starts), priorities and L0/Linf bounding of every batch, then noise for as many keys
+    as rows; returns its seconds."""
+    import numpy as np
+    import pyarrow as pa
+
+    from accounting.calibration import NoiseKind, calibrate
+    from accounting.keys import ReleaseKey
+    from transforms import bounding
+    from transforms.membership import KeyFilter, filter_words
+    from transforms.noise import RandomStreams, add_noise
+    from transforms.partials import routing_hash
+    from transforms.privacy_units import canonical_unit_dictionary
+
+    key = ReleaseKey.for_testing(1)
+    spec = calibrate(NoiseKind.DISCRETE_LAPLACE, epsilon=EPSILON, l1_sensitivity=1)
+    keyset = KeyFilter.empty(filter_words(keyset_size))
+    for start in range(0, keyset_size, FILE_ROWS):
+        keys = np.arange(start, min(keyset_size, start + FILE_ROWS), dtype=np.int64)
+        keyset.add(routing_hash(pa.table({"key": keys})))
+    start = time.perf_counter()
+    for path in paths:
+        for batch in _read(path):
+            table = pa.table({"user": canonical_unit_dictionary(batch.column(0)),
+                              "key": batch.column(1)})
+            table = table.filter(keyset.contains(routing_hash(table.select(["key"]))))
+            bounding.bound(bounding.prioritize(table, "user", ["key"], key), 1, 1)
+            streams = RandomStreams.for_keys(key, "ceiling", pa.table({"key": batch.column(1)}))
+            add_noise(spec, np.zeros(batch.num_rows, dtype=np.int64), streams)
+    return time.perf_counter() - start
+
+
+def ceiling(directory: str, keyset_size: int, files: int = 6) -> float:
+    """How much faster two processes do the job's work than one on this machine: one process
+    over ``2 x files`` row files, then two at once over ``files`` each; the ratio of the first's
+    time to the slower of the two. Cores shared with a neighbour, or memory bandwidth that two
+    processes share (the key filter and bounding read memory at random), set it below 2; it is
+    the most a 2-worker cluster could gain over 1 here, before any engine overhead."""
+    import glob
+    from concurrent.futures import ProcessPoolExecutor
+
+    paths = sorted(glob.glob(os.path.join(directory, "rows-*.parquet")))[:2 * files]
+    with ProcessPoolExecutor(2) as pool:
+        list(pool.map(_ceiling_work, [paths[:1]] * 2, [keyset_size] * 2))  # imports, caches warm
+        one = pool.submit(_ceiling_work, paths, keyset_size).result()
+        both = list(pool.map(_ceiling_work, [paths[:files], paths[files:]], [keyset_size] * 2))
+    return one / max(both)
+
+
 # --------------------------------------------------------------------------- parent
 
 def _tree_rss(pid: int) -> int:
@@ -202,6 +259,8 @@ def main(argv=None) -> int:
     parser.add_argument("--keyset_via", choices=["staging", "shuffle"], default="staging",
                         help="how the keyset's key shards reach the release shards: staged as "
                              "files (transforms.keyset_staging) or through the shuffle")
+    parser.add_argument("--ceiling_files", type=int, default=6,
+                        help="row files per process of the machine-ceiling probe (0: skip it)")
     parser.add_argument("--leg", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.leg:
@@ -230,6 +289,13 @@ def main(argv=None) -> int:
                   f"{r['peak_gb']:>8.2f} {r['load']:>5.1f} {r['released_keys']:>11,}", flush=True)
             assert r["released_keys"] == keys, "a public keyset releases every key"
     nan = float("nan")
+    if args.ceiling_files and any(e.startswith("dask") for e in engines):
+        at = max(k for k in sizes if (k, "dask1") in results or (k, "dask2") in results) \
+            if any(e[1].startswith("dask") for e in results) else sizes[0]
+        probe = os.path.join(args.work_dir, f"k{at}_r{int(at * args.rows_per_key)}")
+        print(f"machine ceiling: 2 processes doing the job's filtering, bounding and noise "
+              f"without an engine are {ceiling(probe, at, args.ceiling_files):.2f}x as fast as 1 "
+              f"({at:,} keys, {args.ceiling_files} row files each)", flush=True)
     big = results.get((125_000_000, "in_process"), {})
     both = [k for k in sizes if (k, "dask1") in results and (k, "dask2") in results]
     ratio = nan

@@ -82,13 +82,14 @@ def test_point2_unit_ids_of_three_types_as_three_units(monkeypatch):
     """A type-tagged id encoding: 7, 7.0 and "7" are bounded as three units."""
     import transforms.aggregate as aggregate
 
-    canonical = aggregate.canonical_unit_ids
+    canonical = aggregate.canonical_unit_dictionary
 
     def tagged(column, name="privacy unit"):
-        ids = canonical(column, name).to_pylist()
-        return pa.array([None if v is None else f"{column.type}:{v}" for v in ids], pa.string())
+        ids = canonical(column, name).dictionary_decode().to_pylist()
+        return pa.array([None if v is None else f"{column.type}:{v}" for v in ids],
+                        pa.string()).dictionary_encode()
 
-    monkeypatch.setattr(aggregate, "canonical_unit_ids", tagged)
+    monkeypatch.setattr(aggregate, "canonical_unit_dictionary", tagged)
     result = audit_job("dp_aggregate/keyset", changes=[Change.ADD_MIXED_IDS])
     _fails(result, "sensitivity linf", "sensitivity l1", "sensitivity l0")
 
@@ -97,8 +98,9 @@ def test_point2_in_a_job_through_the_release_layer(monkeypatch):
     """CentralNotice user-DP clicks with ids taken as written ("7", "7.0", " 7" three users)."""
     import transforms.aggregate as aggregate
 
-    monkeypatch.setattr(aggregate, "canonical_unit_ids",
-                        lambda column, name="privacy unit": pa.compute.cast(column, pa.string()))
+    monkeypatch.setattr(aggregate, "canonical_unit_dictionary",
+                        lambda column, name="privacy unit":
+                        pa.compute.cast(column, pa.string()).dictionary_encode())
     result = audit_job("centralnotice", changes=[Change.ADD_MIXED_IDS])
     _fails(result, "sensitivity l1", "sensitivity linf")
 

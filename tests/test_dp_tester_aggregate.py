@@ -330,7 +330,8 @@ def test_unit_ids_of_several_types_are_caught_as_twice_the_sensitivity(monkeypat
     result = check(*fixed, None, claim, n)
     assert result.passed, result
 
-    monkeypatch.setattr(aggregate_module, "canonical_unit_ids", type_tagged_unit_ids)
+    monkeypatch.setattr(aggregate_module, "canonical_unit_dictionary",
+                        lambda column, name: type_tagged_unit_ids(column, name).dictionary_encode())
     broken = mixed_id_releases(job, n, True, 19), mixed_id_releases(job, n, False, 20)
     assert np.median(broken[0][:, 1]) == 4                        # unit 7 counted twice
     result = check(*broken, None, claim, n)

@@ -95,7 +95,7 @@ from accounting.sensitivity import ContributionBounds, Neighbouring
 from transforms import arrow_coder  # noqa: F401  (registers the Arrow table coder)
 from transforms.arrow_coder import table_list_coder
 from transforms import bounding, keyset_staging
-from transforms.privacy_units import canonical_unit_column, canonical_unit_ids, check_unit_type
+from transforms.privacy_units import canonical_unit_column, canonical_unit_dictionary, check_unit_type
 from transforms.partials import key_partials, routing_hash, shard_of, split_by_shard
 from transforms.keyset import KEYSET_POSITION, PublicKeyset
 from transforms.membership import KeyFilter, filter_words
@@ -273,7 +273,8 @@ class _PrepareAndBound(beam.DoFn):
         table = table.select(columns)
         # One canonical id per privacy unit before any hashing (7, 7.0 and "7" are one unit);
         # NaN is no id. Raises UnitIdError (naming the column) for a value without a canonical form.
-        table = table.set_column(0, c.unit, canonical_unit_ids(table.column(c.unit), c.unit))
+        # As a dictionary of distinct canonical ids: each distinct raw id is canonicalised once.
+        table = table.set_column(0, c.unit, canonical_unit_dictionary(table.column(c.unit), c.unit))
         valid = pc.is_valid(table.column(c.unit)).to_numpy(zero_copy_only=False)
         self._count("dropped_null_privacy_unit", (~valid).sum())
         key_valid = np.ones(table.num_rows, dtype=bool)

@@ -75,6 +75,12 @@ def _distinct(table: pa.Table, columns: Sequence[str]):
 
 
 def _dense_codes(column: pa.Array) -> np.ndarray:
+    """Codes 0, 1, 2, ... in order of first appearance, equal for equal values. A dictionary
+    column (canonical unit ids: :func:`~transforms.privacy_units.canonical_unit_dictionary`) is
+    coded by its indices: an integer encoding instead of hashing its values again (equal values
+    under two indices would only be hashed twice, to the same word)."""
+    if pa.types.is_dictionary(column.type):
+        column = column.indices
     return pc.dictionary_encode(column).indices.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
