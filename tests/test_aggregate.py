@@ -263,7 +263,7 @@ def test_a_unit_with_millions_of_rows_stays_bounded_in_memory():
     for i in range(20):  # two million rows of one unit, in distinct batches
         batch = pa.table({"user": pa.array(["heavy"] * 100_000),
                           "k": pa.array((np.arange(100_000) + i) % 50)})
-        for _, routed in prepare.process(batch):
+        for _, routed in prepare._prepare(batch, None)[0]:
             assert routed.num_rows <= 3 * 2
             held = combine.add_input(held, routed)
             largest = max(largest, sum(t.num_rows for t in held))

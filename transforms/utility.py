@@ -144,7 +144,7 @@ def _partials(config, table: pa.Table) -> Optional[pa.Table]:
 
     combine = _BoundRowsFn(config.bounds.max_partitions, config.bounds.max_contributions_per_partition)
     by_shard = collections.defaultdict(combine.create_accumulator)
-    for shard, part in _PrepareAndBound(config).process(table):
+    for shard, part in _PrepareAndBound(config)._prepare(table, None)[0]:
         by_shard[shard] = combine.add_input(by_shard[shard], part)
     pieces = [t for shard, accumulator in by_shard.items()
               for t in _ShardPartials(config).process((shard, combine.extract_output(accumulator)))]

@@ -1,0 +1,134 @@
+"""Preparing and bounding batches on several threads changes no output, no window, no counter."""
+import types
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pytest
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms import window
+
+from accounting.keys import ReleaseKey
+from accounting.sensitivity import ContributionBounds
+from transforms import aggregate
+from transforms.aggregate import BoundedKeyPartials, BoundingConfig, bounding_threads
+from transforms.keyset import PublicKeyset
+from transforms.privacy_units import UnitIdError
+
+BOUNDS = ContributionBounds(max_partitions=2, max_contributions_per_partition=1)
+
+
+def _batches(seed: int, count: int = 12, rows: int = 3_000):
+    """Arrow batches with repeated users and keys, some null ids and keys outside the keyset."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        users = rng.integers(0, 400, rows).astype(object)
+        users[rng.random(rows) < 0.01] = None
+        out.append(pa.table({"user": pa.array(list(users), pa.int64()),
+                             "k": pa.array(rng.integers(0, 60, rows))}))
+    return out
+
+
+def _config(keyset=None):
+    return BoundingConfig(unit="user", keys=["k"], value=None, bounds=BOUNDS, keyset=keyset,
+                          release_key=ReleaseKey.for_testing(5), num_shards=4)
+
+
+_COLLECTED = {}
+
+
+def _store(rows, tag):
+    _COLLECTED[tag] = rows  # in process: the FnApiRunner runs this in this interpreter
+
+
+def _run(threads: int, *, windowed: bool, pcollection_keyset: bool):
+    """Per (window start, key): the count of bounded rows, and the job's counters."""
+    batches = _batches(3)
+    p = beam.Pipeline("FnApiRunner")
+    rows = p | beam.Create(list(enumerate(batches)), reshuffle=False)
+    if windowed:  # batch i at time 10 * (i % 3): three fixed windows of 10 s
+        rows = (rows | beam.Map(lambda e: window.TimestampedValue(e[1], 10 * (e[0] % 3)))
+                | "Fixed" >> beam.WindowInto(window.FixedWindows(10)))
+    else:
+        rows = rows | beam.Map(lambda e: e[1])
+    keyset = None
+    if pcollection_keyset:
+        keys = p | "Keys" >> beam.Create([pa.table({"k": pa.array(np.arange(50))})])
+        keyset = PublicKeyset.from_pcollection(keys, ["k"], expected_size=50)
+    partials = rows | BoundedKeyPartials(_config(keyset), keyset, threads=threads)
+    tag = (threads, windowed, pcollection_keyset)
+    _ = (partials
+         | beam.FlatMap(lambda t, w=beam.DoFn.WindowParam: [
+             (int(w.start) if hasattr(w, "start") else -1, k, c)
+             for k, c in zip(t.column("k").to_pylist(), t.column("count").to_pylist())])
+         | "Global" >> beam.WindowInto(window.GlobalWindows())
+         | beam.combiners.ToList()
+         | beam.Map(_store, tag))
+    result = p.run()
+    result.wait_until_finish()
+    counters = {r.key.metric.name: r.committed
+                for r in result.metrics().query(MetricsFilter())["counters"]}
+    return sorted(_COLLECTED.pop(tag)), counters
+
+
+@pytest.mark.parametrize("windowed,pcollection_keyset", [(False, False), (True, False), (False, True)])
+def test_threads_give_the_same_partials_windows_and_counters(windowed, pcollection_keyset):
+    one = _run(1, windowed=windowed, pcollection_keyset=pcollection_keyset)
+    three = _run(3, windowed=windowed, pcollection_keyset=pcollection_keyset)
+    assert one == three
+    rows, counters = one
+    assert rows and counters["rows_read"] == 36_000 and counters["dropped_null_privacy_unit"] > 0
+    if windowed:
+        assert {start for start, _, _ in rows} == {0, 10, 20}
+    if pcollection_keyset:
+        assert counters["dropped_outside_keyset"] > 0
+
+
+def test_an_error_in_a_thread_fails_the_bundle_naming_the_column():
+    bad = pa.table({"user": pa.array([1.5] * 10), "k": pa.array(np.arange(10))})
+    with pytest.raises(Exception, match="user") as err:
+        with beam.Pipeline("FnApiRunner") as p:
+            _ = (p | beam.Create(_batches(4, count=3) + [bad], reshuffle=False)
+                 | BoundedKeyPartials(_config(), threads=2))
+    assert "UnitIdError" in repr(err.value) or isinstance(err.value, UnitIdError)
+
+
+def test_the_dofn_keeps_at_most_threads_batches_ahead():
+    fn = aggregate._PrepareAndBound(_config(), threads=2)
+    fn.setup()
+    try:
+        fn.start_bundle()
+        emitted = []
+        for batch in _batches(5, count=6, rows=500):
+            emitted += list(fn.process(batch, None, 0, window.GlobalWindow()))
+            assert len(fn._pending) <= 2
+        emitted += list(fn.finish_bundle())
+    finally:
+        fn.teardown()
+    plain = [out for batch in _batches(5, count=6, rows=500)
+             for out in aggregate._PrepareAndBound(_config())._prepare(batch, None)[0]]
+    assert [(w.value[0], w.value[1].to_pydict()) for w in emitted] == \
+        [(s, t.to_pydict()) for s, t in plain]  # the same outputs, in input order
+    assert all(w.windows == [window.GlobalWindow()] for w in emitted)
+
+
+def _options(*argv):
+    """What bounding_threads reads of a pipeline (building a Dataflow pipeline would want GCP)."""
+    return types.SimpleNamespace(_options=PipelineOptions(list(argv)))
+
+
+def test_threads_only_on_the_in_process_engine_with_one_worker(monkeypatch):
+    monkeypatch.setattr(aggregate.os, "sched_getaffinity", lambda _: set(range(16)), raising=False)
+    assert bounding_threads(_options("--runner=FnApiRunner")) == aggregate.MAX_BOUNDING_THREADS
+    assert bounding_threads(_options()) == aggregate.MAX_BOUNDING_THREADS  # DirectRunner
+    monkeypatch.setattr(aggregate.os, "sched_getaffinity", lambda _: {0, 1}, raising=False)
+    assert bounding_threads(_options("--runner=DirectRunner")) == 2
+    for argv in (["--runner=DataflowRunner"], ["--runner=FlinkRunner"], ["--runner=PrismRunner"],
+                 ["--runner=apache_beam.runners.dask.dask_runner.DaskRunner"],
+                 ["--runner=FnApiRunner", "--direct_num_workers=2"],
+                 ["--runner=FnApiRunner", "--direct_num_workers=0"]):
+        assert bounding_threads(_options(*argv)) == 1, argv
+    with pytest.raises(ValueError, match="threads"):
+        BoundedKeyPartials(_config(), threads=0)
