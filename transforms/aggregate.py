@@ -74,10 +74,7 @@ and it refuses a secret release key, so it cannot make a real release.
 """
 from __future__ import annotations
 
-import collections
 import functools
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
@@ -99,6 +96,7 @@ from transforms import arrow_coder  # noqa: F401  (registers the Arrow table cod
 from transforms.arrow_coder import table_list_coder
 from transforms import bounding, keyset_staging
 from transforms.privacy_units import canonical_unit_column, canonical_unit_dictionary, check_unit_type
+from transforms.parallel import OrderedThreads, runs_on_dask, threads_for
 from transforms.partials import key_partials, routing_hash, shard_of, split_by_shard
 from transforms.keyset import KEYSET_POSITION, PublicKeyset
 from transforms.membership import KeyFilter, filter_words
@@ -193,41 +191,6 @@ def check_schema(schema: pa.Schema, unit: str, keys: Sequence[str], value: Optio
 
 # --------------------------------------------------------------------------- DoFns
 
-#: The most threads :func:`bounding_threads` gives the in-process engine.
-MAX_BOUNDING_THREADS = 4
-_IN_PROCESS_RUNNERS = ("", "DirectRunner", "SwitchingDirectRunner", "FnApiRunner",
-                       "BundleBasedDirectRunner")
-
-
-def bounding_threads(pipeline) -> int:
-    """Threads that prepare and bound batches in one DoFn instance (:class:`_PrepareAndBound`):
-    the machine's cores (at most :data:`MAX_BOUNDING_THREADS`) on the in-process engine run with
-    one worker, which otherwise uses a single core; 1 on every other runner (Dataflow, Flink,
-    Spark, Prism and Dask run bundles on every core already: more threads would oversubscribe
-    them) and on the in-process engine run with ``--direct_num_workers`` other than 1."""
-    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
-
-    options = getattr(pipeline, "_options", None)
-    if options is None:
-        return 1
-    runner = options.view_as(StandardOptions).runner or ""
-    name = runner if isinstance(runner, str) else type(runner).__name__
-    if name.rsplit(".", 1)[-1] not in _IN_PROCESS_RUNNERS:
-        return 1
-    if options.view_as(DirectOptions).direct_num_workers != 1:
-        return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(MAX_BOUNDING_THREADS, cores))
-
-
-def _runs_on_dask(pipeline) -> bool:
-    from apache_beam.options.pipeline_options import StandardOptions
-
-    options = getattr(pipeline, "_options", None)
-    runner = (options.view_as(StandardOptions).runner if options is not None else None) or ""
-    return runner.rsplit(".", 1)[-1] == "DaskRunner"
-
-
 class _ToArrowTables(beam.DoFn):
     """Pass Arrow batches through, convert pandas / Polars DataFrames; buffer dicts / Rows into
     Arrow tables.
@@ -274,63 +237,49 @@ class _ToArrowTables(beam.DoFn):
 class _PrepareAndBound(beam.DoFn):
     """Row rules, keyset filter, priorities and per-batch bounding; routes rows by unit shard.
 
-    threads > 1 (the in-process engine: :func:`bounding_threads`): batches are prepared on that
-    many threads of this DoFn instance, at most ``threads`` batches ahead of the one whose
-    outputs are emitted next; outputs keep their input's order, timestamp and window, counters
-    are counted on the bundle's thread, and the last outputs are emitted in ``finish_bundle``
-    (so never on Dask, whose runner drops them: there threads is 1). Arrow, numpy and AES release
-    the GIL, so two threads prepare batches about 1.7x as fast as one. Each batch's result is a
+    threads > 1 (the in-process engine: :func:`~transforms.parallel.dofn_threads`): batches are prepared on that
+    many threads of this DoFn instance (:class:`~transforms.parallel.OrderedThreads`: outputs in
+    input order, with their input's timestamp and window, counters counted on the bundle's
+    thread; never on Dask, which drops what finish_bundle emits). Each batch's result is a
     function of the batch alone: threads change no output."""
 
     def __init__(self, config: BoundingConfig, by_position: bool = False, threads: int = 1):
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
         self._c = config
         self._by_position = by_position
-        self._threads = int(threads)
+        self._work = OrderedThreads(threads, "dp-prepare")
         self._counters = {}
         self._staged_filter = (None, None)  # (path, KeyFilter) of a staged keyset filter
-        self._pool = None
-        self._pending = collections.deque()
 
     def setup(self):
-        if self._threads > 1:
-            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="dp-prepare")
+        if self._work.threaded and self._c.keyset is not None and self._c.keyset.in_memory:
+            self._c.keyset.size()  # its distinct keys, built once here rather than by each thread
+        self._work.start()
 
     def teardown(self):
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        self._work.stop()
 
     def start_bundle(self):
-        self._pending = collections.deque()  # a retried bundle starts afresh
+        self._work.reset()
 
     def process(self, table: pa.Table, keyset_filter, timestamp=beam.DoFn.TimestampParam,
                 window=beam.DoFn.WindowParam):
         key_filter = self._filter(keyset_filter) if keyset_filter is not None else None
-        if self._pool is None:
-            outputs, counts = self._prepare(table, key_filter)
-            self._count_all(counts)
-            yield from outputs
-            return
-        self._pending.append((self._pool.submit(self._prepare, table, key_filter), timestamp, window))
-        while len(self._pending) > self._threads:
-            yield from self._emit_oldest()
+        for result, ts, win in self._work.submit(self._prepare, (table, key_filter), timestamp, window):
+            yield from self._emit(result, ts, win)
 
     def finish_bundle(self):
-        while self._pending:
-            yield from self._emit_oldest()
+        for result, ts, win in self._work.drain():
+            yield from self._emit(result, ts, win)
 
-    def _emit_oldest(self):
-        future, timestamp, window = self._pending.popleft()
-        outputs, counts = future.result()  # raises what preparing the batch raised
-        self._count_all(counts)
-        for output in outputs:
-            yield WindowedValue(output, timestamp, [window])
-
-    def _count_all(self, counts):
+    def _emit(self, result, timestamp, window):
+        outputs, counts = result
         for name, amount in counts.items():
             self._count(name, amount)
+        if not self._work.threaded:  # inline: outputs take the element's window as usual
+            yield from outputs
+            return
+        for output in outputs:
+            yield WindowedValue(output, timestamp, [window])
 
     def _count(self, name, amount):
         if amount:
@@ -558,7 +507,8 @@ class BoundedKeyPartials(beam.PTransform):
     with its PCollection) whose membership filter drops rows before bounding, if any.
 
     threads: threads preparing and bounding batches in each DoFn instance (None: as
-    :func:`bounding_threads` chooses for the runner; always 1 on Dask). No output depends on it.
+    :func:`~transforms.parallel.dofn_threads` chooses for the runner; always 1 on Dask). No
+    output depends on it.
 
     by_position (with an in-memory keyset in the config): bounded rows and partials carry the
     key's keyset position (:data:`~transforms.keyset.KEYSET_POSITION`, what NoisyRelease joins
@@ -603,10 +553,8 @@ class BoundedKeyPartials(beam.PTransform):
             side = beam.pvalue.AsSingleton(keyset_filter)
         # Beam's DaskRunner drops what finish_bundle emits: there, dict rows become one-row
         # tables as they come (slower; give Arrow batches). Bounding never depends on batching.
-        batch_rows = 1 if _runs_on_dask(pcoll.pipeline) else DICT_BATCH_ROWS
-        threads = self._threads if self._threads is not None else bounding_threads(pcoll.pipeline)
-        if _runs_on_dask(pcoll.pipeline):
-            threads = 1  # the runner drops what finish_bundle emits
+        batch_rows = 1 if runs_on_dask(pcoll.pipeline) else DICT_BATCH_ROWS
+        threads = threads_for(pcoll.pipeline, self._threads)
         return (pcoll
                 | "ToArrow" >> beam.ParDo(_ToArrowTables(columns, c.unit, batch_rows))
                 .with_output_types(pa.Table)

@@ -208,8 +208,10 @@ class PublicKeyset:
             encoded = encode_keys(self._table)
             first = pc.index_in(encoded, value_set=encoded).to_numpy(zero_copy_only=False)
             keep = first == np.arange(len(first))
-            self._distinct = self._table if keep.all() else self._table.filter(pa.array(keep))
+            # _encoded_keys first: a thread that sees _distinct (DoFns may run on threads,
+            # transforms.parallel) finds both; two threads building it at once build the same.
             self._encoded_keys = encoded if keep.all() else encoded.filter(pa.array(keep))
+            self._distinct = self._table if keep.all() else self._table.filter(pa.array(keep))
         return self._distinct
 
     def positions(self, table: pa.Table) -> np.ndarray:

@@ -45,9 +45,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
+from apache_beam.utils.windowed_value import WindowedValue
 
 from accounting.calibration import NoiseSpec
 from transforms import keyset_staging
+from transforms.parallel import OrderedThreads, threads_for
 from transforms.partials import routing_hash, shard_of, split_by_shard, sum_partials
 from transforms.arrow_coder import table_list_coder
 from transforms.keyset import KEYSET_POSITION, PublicKeyset, rows_to_table
@@ -268,13 +270,29 @@ class _ReleaseSettings:
 
 
 class _NoiseAndRelease(beam.DoFn):
-    def __init__(self, settings: _ReleaseSettings):
+    """One key shard -> its released table: keys joined (keyset) or selected, noised, thresholded,
+    sorted by key. With threads > 1 (the in-process engine: :func:`transforms.parallel.dofn_threads`)
+    shards are released on that many threads of the instance, in input order; the grouped values
+    are materialised and staged keyset pieces read on the bundle's thread, and counters counted
+    there. A shard's release is a function of the shard alone: threads change no output."""
+
+    def __init__(self, settings: _ReleaseSettings, threads: int = 1):
         self._s = settings
         self._pieces = None  # a staged keyset's reader (transforms.keyset_staging)
+        self._work = OrderedThreads(threads, "dp-release")
+
+    def setup(self):
+        if self._work.threaded and self._s.keyset is not None and self._s.keyset.in_memory:
+            self._s.keyset.size()  # its distinct keys, built once here rather than by each thread
+        self._work.start()
 
     def teardown(self):
+        self._work.stop()
         if self._pieces is not None:
             self._pieces.close()
+
+    def start_bundle(self):
+        self._work.reset()
 
     def _zeros(self, keys: pa.Table) -> pa.Table:
         columns = {k: keys.column(k) for k in self._s.keys}
@@ -289,16 +307,51 @@ class _NoiseAndRelease(beam.DoFn):
                          if name in joined.column_names else zeros.column(name)
                          for name in zeros.column_names})
 
-    def process(self, element):
+    def process(self, element, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
         shard, value = element
+        if self._s.keyset is not None:
+            value = self._read_staged(value)
+        for result, ts, win in self._work.submit(self._released, (shard, value), timestamp, window):
+            yield from self._emit(result, ts, win)
+
+    def finish_bundle(self):
+        for result, ts, win in self._work.drain():
+            yield from self._emit(result, ts, win)
+
+    def _emit(self, result, timestamp, window):
+        outputs, counts = result
+        for name, amount in counts:
+            Metrics.counter(NAMESPACE, name).inc(amount)
+        if not self._work.threaded:  # inline: outputs take the element's window as usual
+            yield from outputs
+            return
+        for output in outputs:
+            yield WindowedValue(output, timestamp, [window])
+
+    def _read_staged(self, tagged) -> list:
+        """A keyset shard's grouped values as a list, staged keyset pieces read (on the bundle's
+        thread: the reader keeps files open, and the grouped values may be read from the
+        engine's state)."""
+        values, staged = [], []
+        for tag, table in tagged:
+            (staged if tag == _KEYSET and keyset_staging.staged_path(table) else values).append((tag, table))
+        if staged:
+            if self._pieces is None:
+                self._pieces = keyset_staging.PieceReader()
+            values += [(_KEYSET, table) for table in self._pieces.read([t for _, t in staged])]
+        return values
+
+    def _released(self, shard, value):
+        """(released tables, [(counter, amount)]) of one shard: a function of the shard alone."""
+        counts = []
         if self._s.keyset is None:
-            table = self._selected(value)
+            table = self._selected(value, counts)
         elif self._s.keyset.in_memory:
             table = self._chunk_joined(shard, value)
         else:
-            table = self._keyset_joined(value)
-        if table is not None and table.num_rows:
-            yield from self._release(table)
+            table = self._keyset_joined(value, counts)
+        outputs = list(self._release(table, counts)) if table is not None and table.num_rows else []
+        return outputs, counts
 
     def _chunk_joined(self, shard, tagged):
         """An in-memory keyset's shard: its chunk of keys (built here, each key once) left-joined
@@ -317,18 +370,13 @@ class _NoiseAndRelease(beam.DoFn):
         return self._zero_filled(keyed.join(sum_partials(totals, [KEYSET_POSITION]), keys=KEYSET_POSITION,
                                             join_type="left outer", use_threads=False))
 
-    def _keyset_joined(self, tagged):
-        """A PCollection keyset's shard: its keys (distinct) left-joined with the summed partials."""
-        keysets, totals, staged = [], [], []
+    def _keyset_joined(self, tagged, counts):
+        """A PCollection keyset's shard (staged pieces already read): its keys (distinct)
+        left-joined with the summed partials."""
+        keysets, totals = [], []
         for tag, table in tagged:
-            if tag == _KEYSET and keyset_staging.staged_path(table):
-                staged.append(table)
-            elif table.num_rows:
+            if table.num_rows:
                 (keysets if tag == _KEYSET else totals).append(table)
-        if staged:
-            if self._pieces is None:
-                self._pieces = keyset_staging.PieceReader()
-            keysets += self._pieces.read(staged)
         if not keysets:
             return None
         keys = pa.concat_tables(keysets, promote_options="permissive").select(self._s.keys)
@@ -348,19 +396,19 @@ class _NoiseAndRelease(beam.DoFn):
             partial = [name for name in total.column_names if name not in self._s.keys][0]
             outside = total.num_rows - pc.count(joined.column(partial)).as_py()
         if outside:
-            Metrics.counter(NAMESPACE, "dropped_outside_keyset_after_bounding").inc(int(outside))
+            counts.append(("dropped_outside_keyset_after_bounding", int(outside)))
         return self._zero_filled(joined)
 
-    def _selected(self, table):
+    def _selected(self, table, counts):
         """Private selection over the keys seen in the data (one shard's summed partials)."""
         if table is None or not table.num_rows:
             return None
         streams = RandomStreams.for_keys(self._s.release_key, SELECTION_PURPOSE, table.select(self._s.keys))
         keep = self._s.selector.keep(table.column("units").to_numpy(zero_copy_only=False), streams)
-        Metrics.counter(NAMESPACE, "keys_selected").inc(int(keep.sum()))
+        counts.append(("keys_selected", int(keep.sum())))
         return table.filter(pa.array(keep))
 
-    def _release(self, table: pa.Table):
+    def _release(self, table: pa.Table, counts: list):
         keys = table.select(self._s.keys)
         noisy = {}
         for m in self._s.measures:
@@ -394,10 +442,10 @@ class _NoiseAndRelease(beam.DoFn):
             suppress |= all_below  # a key with every value suppressed is not released
         result = pa.table(out)
         if suppress.any():
-            Metrics.counter(NAMESPACE, "keys_suppressed_by_threshold").inc(int(suppress.sum()))
+            counts.append(("keys_suppressed_by_threshold", int(suppress.sum())))
             result = result.filter(pa.array(~suppress))
         result = sorted_by_keys(result, self._s.keys)  # public order (see the module docstring)
-        Metrics.counter(NAMESPACE, "keys_released").inc(result.num_rows)
+        counts.append(("keys_released", result.num_rows))
         if result.num_rows:
             yield result
 
@@ -413,15 +461,21 @@ class NoisyRelease(beam.PTransform):
     PCollection keyset (more when its size needs them: :func:`key_shards`); an in-memory keyset
     has one shard per ``keys_per_shard`` keys (default :data:`KEYS_PER_SHARD`;
     :data:`STAGED_KEYS_PER_SHARD` for a staged PCollection keyset). Noise is keyed
-    by the key, so neither changes a released value.
+    by the key, so neither changes a released value. threads: threads releasing shards in each
+    DoFn instance (None: :func:`transforms.parallel.dofn_threads`; always 1 on Dask); no
+    output depends on it.
     """
 
     def __init__(self, *, keys: Sequence[str], measures: Sequence[NoisedPartial],
                  outputs: Sequence[OutputColumn], partial_types: Mapping[str, pa.DataType],
                  release_key: ReleaseKey, keyset: PublicKeyset = None, selector=None,
                  testing: bool = False, num_shards: int = 32, threshold_mode: str = "key",
-                 keys_per_shard: Optional[int] = None, label: str = None):
+                 keys_per_shard: Optional[int] = None, threads: Optional[int] = None,
+                 label: str = None):
         super().__init__(label)
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        self._threads = threads
         if (keyset is None) == (selector is None):
             raise ValueError("give exactly one of keyset and selector")
         if threshold_mode not in ("key", "value"):
@@ -456,7 +510,7 @@ class NoisyRelease(beam.PTransform):
             self._settings.release_key.claim(noise_purpose(SELECTION_PURPOSE), owner=owner)
         keyset = self._keyset
         worker_keyset = self._settings.keyset
-        release = _NoiseAndRelease(self._settings)
+        release = _NoiseAndRelease(self._settings, threads_for(partials.pipeline, self._threads))
         if keyset is None:  # private selection: a fixed number of shards (the data's keys are private)
             totals = self._summed(partials, beam.FlatMap(_route_by_key, self._keys, self._num_shards))
             return totals | "SelectNoiseAndRelease" >> beam.ParDo(release).with_output_types(pa.Table)

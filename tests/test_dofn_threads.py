@@ -1,4 +1,5 @@
-"""Preparing and bounding batches on several threads changes no output, no window, no counter."""
+"""DoFns on several threads (bounding's batches, the release's key shards) change no output, no
+window, no counter."""
 import types
 
 import apache_beam as beam
@@ -9,12 +10,17 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms import window
 
+from accounting.budget import PrivacyBudget
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds
 from transforms import aggregate
-from transforms.aggregate import BoundedKeyPartials, BoundingConfig, bounding_threads
+from transforms import parallel
+from transforms.aggregate import BoundedKeyPartials, BoundingConfig, DPAggregate
+from transforms.metrics import Count, Sum
+from transforms.parallel import dofn_threads
 from transforms.keyset import PublicKeyset
 from transforms.privacy_units import UnitIdError
+from transforms.selection import PrivateSelection
 
 BOUNDS = ContributionBounds(max_partitions=2, max_contributions_per_partition=1)
 
@@ -103,7 +109,7 @@ def test_the_dofn_keeps_at_most_threads_batches_ahead():
         emitted = []
         for batch in _batches(5, count=6, rows=500):
             emitted += list(fn.process(batch, None, 0, window.GlobalWindow()))
-            assert len(fn._pending) <= 2
+            assert fn._work.in_flight() <= 2
         emitted += list(fn.finish_bundle())
     finally:
         fn.teardown()
@@ -115,20 +121,94 @@ def test_the_dofn_keeps_at_most_threads_batches_ahead():
 
 
 def _options(*argv):
-    """What bounding_threads reads of a pipeline (building a Dataflow pipeline would want GCP)."""
+    """What dofn_threads reads of a pipeline (building a Dataflow pipeline would want GCP)."""
     return types.SimpleNamespace(_options=PipelineOptions(list(argv)))
 
 
 def test_threads_only_on_the_in_process_engine_with_one_worker(monkeypatch):
-    monkeypatch.setattr(aggregate.os, "sched_getaffinity", lambda _: set(range(16)), raising=False)
-    assert bounding_threads(_options("--runner=FnApiRunner")) == aggregate.MAX_BOUNDING_THREADS
-    assert bounding_threads(_options()) == aggregate.MAX_BOUNDING_THREADS  # DirectRunner
-    monkeypatch.setattr(aggregate.os, "sched_getaffinity", lambda _: {0, 1}, raising=False)
-    assert bounding_threads(_options("--runner=DirectRunner")) == 2
+    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda _: set(range(16)), raising=False)
+    assert dofn_threads(_options("--runner=FnApiRunner")) == parallel.MAX_THREADS
+    assert dofn_threads(_options()) == parallel.MAX_THREADS  # DirectRunner
+    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda _: {0, 1}, raising=False)
+    assert dofn_threads(_options("--runner=DirectRunner")) == 2
     for argv in (["--runner=DataflowRunner"], ["--runner=FlinkRunner"], ["--runner=PrismRunner"],
                  ["--runner=apache_beam.runners.dask.dask_runner.DaskRunner"],
                  ["--runner=FnApiRunner", "--direct_num_workers=2"],
                  ["--runner=FnApiRunner", "--direct_num_workers=0"]):
-        assert bounding_threads(_options(*argv)) == 1, argv
+        assert dofn_threads(_options(*argv)) == 1, argv
     with pytest.raises(ValueError, match="threads"):
         BoundedKeyPartials(_config(), threads=0)
+
+
+def _released(threads: int, kind: str, tmp_path, monkeypatch):
+    """DPAggregate (count and sum, thresholds on) with ``threads`` chosen for the in-process
+    engine; the released rows and the counters."""
+    monkeypatch.setattr(parallel, "dofn_threads", lambda pipeline: threads)
+    rng = np.random.default_rng(11)
+    batches = [pa.table({"user": pa.array(rng.integers(0, 3_000, 4_000)),
+                         "k": pa.array(rng.integers(0, 20 if kind == "selection" else 300, 4_000)),
+                         "v": pa.array(rng.random(4_000) * 10)}) for _ in range(6)]
+    p = beam.Pipeline("FnApiRunner")
+    keyset, selection = None, None
+    if kind == "table":
+        keyset = PublicKeyset.from_table(pa.table({"k": pa.array(np.arange(0, 400, 2))}))
+    elif kind in ("pcollection", "staged"):
+        keys = p | "Keys" >> beam.Create([pa.table({"k": pa.array(np.arange(s, s + 100))})
+                                          for s in range(0, 400, 100)])
+        keyset = PublicKeyset.from_pcollection(
+            keys, ["k"], expected_size=400,
+            staging_dir=str(tmp_path / f"staging-{threads}") if kind == "staged" else None)
+    else:
+        selection = PrivateSelection()
+    tag = ("dp", threads, kind)
+    _ = (p | beam.Create(batches, reshuffle=False)
+         | DPAggregate(privacy_unit="user", keys=["k"], value="v",
+                       metrics=[Count(threshold=3), Sum()],
+                       bounds=ContributionBounds(max_partitions=3, max_contributions_per_partition=2,
+                                                 min_value=0, max_value=10),
+                       budget=PrivacyBudget(epsilon=1.0, delta=1e-6), keyset=keyset,
+                       selection=selection, num_shards=5, release_key=ReleaseKey.for_testing(9))
+         | beam.FlatMap(lambda t: t.to_pylist())
+         | beam.combiners.ToList()
+         | beam.Map(_store, tag))
+    result = p.run()
+    result.wait_until_finish()
+    counters = {r.key.metric.name: r.committed
+                for r in result.metrics().query(MetricsFilter())["counters"]}
+    return sorted(_COLLECTED.pop(tag), key=lambda r: r["k"]), counters
+
+
+@pytest.mark.parametrize("kind", ["table", "pcollection", "staged", "selection"])
+def test_threaded_release_gives_the_same_bytes_and_counters(kind, tmp_path, monkeypatch):
+    one = _released(1, kind, tmp_path, monkeypatch)
+    three = _released(3, kind, tmp_path, monkeypatch)
+    assert one == three
+    rows, counters = one
+    assert rows and counters["keys_released"] == len(rows)
+    if kind != "selection":
+        assert counters.get("keys_suppressed_by_threshold", 0) > 0  # the threshold bites
+
+
+def test_ordered_threads_return_results_in_submission_order():
+    import pickle
+    import time
+
+    work = parallel.OrderedThreads(3, "test")
+    work.start()
+    try:
+        got = []
+        for i in range(8):  # earlier elements sleep longer: they finish last
+            got += list(work.submit(lambda x: (time.sleep(0.02 * (8 - x)), x)[1], (i,), i, None))
+            assert work.in_flight() <= 3
+        got += list(work.drain())
+        assert [r for r, _, _ in got] == list(range(8)) and [t for _, t, _ in got] == list(range(8))
+        with pytest.raises(ZeroDivisionError):
+            list(work.submit(lambda: 1 / 0, (), 0, None)) + list(work.drain())
+        clone = pickle.loads(pickle.dumps(work))
+        assert clone.threads == 3 and clone.in_flight() == 0 and clone._pool is None
+    finally:
+        work.stop()
+    inline = parallel.OrderedThreads(1)
+    assert list(inline.submit(lambda x: x + 1, (1,), 5, "w")) == [(2, 5, "w")]
+    with pytest.raises(ValueError):
+        parallel.OrderedThreads(0)
