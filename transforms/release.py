@@ -239,18 +239,46 @@ class _RouteKeyset(beam.DoFn):
     each shard's piece is written there and only its marker is routed
     (:mod:`transforms.keyset_staging`)."""
 
-    def __init__(self, keyset: PublicKeyset, keys, run_dir: Optional[str] = None):
+    def __init__(self, keyset: PublicKeyset, keys, run_dir: Optional[str] = None, threads: int = 1):
         self._keyset = keyset
         self._keys = list(keys)
         self._run_dir = run_dir
+        self._work = OrderedThreads(threads, "dp-keyset")
 
-    def process(self, element, num_shards):
+    def setup(self):
+        self._work.start()
+
+    def teardown(self):
+        self._work.stop()
+
+    def start_bundle(self):
+        self._work.reset()
+
+    def process(self, element, num_shards, timestamp=beam.DoFn.TimestampParam,
+                window=beam.DoFn.WindowParam):
+        for outputs, ts, win in self._work.submit(self._routed, (element, num_shards), timestamp, window):
+            yield from self._emit(outputs, ts, win)
+
+    def finish_bundle(self):
+        for outputs, ts, win in self._work.drain():
+            yield from self._emit(outputs, ts, win)
+
+    def _emit(self, outputs, timestamp, window):
+        if not self._work.threaded:
+            yield from outputs
+            return
+        for output in outputs:
+            yield WindowedValue(output, timestamp, [window])
+
+    def _routed(self, element, num_shards) -> list:
+        """One keyset element's (shard, piece) outputs (staged: (shard, marker)); a function of
+        the element alone (staged files are named by uuid)."""
         table = keyset_tables(element, self._keys)
         table = table.filter(pa.array(~self._keyset.excluded_mask(table)))
         if not table.num_rows:
-            return
+            return []
         pieces = _route_by_key(table, self._keys, num_shards)
-        yield from pieces if self._run_dir is None else keyset_staging.write_pieces(self._run_dir, pieces)
+        return list(pieces if self._run_dir is None else keyset_staging.write_pieces(self._run_dir, pieces))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -535,7 +563,9 @@ class NoisyRelease(beam.PTransform):
             totals = self._summed(partials, beam.FlatMap(_route_by_key, self._keys, num_shards))
             run_dir = keyset.staging_run
             keys = (keyset.pcollection
-                    | "RouteKeyset" >> beam.ParDo(_RouteKeyset(worker_keyset, self._keys, run_dir), num_shards)
+                    | "RouteKeyset" >> beam.ParDo(_RouteKeyset(worker_keyset, self._keys, run_dir,
+                                                               threads_for(partials.pipeline, self._threads)),
+                                                  num_shards)
                     .with_output_types(_SHARD_TABLE)
                     | "TagKeyset" >> beam.FlatMap(_tagged, _KEYSET).with_output_types(_TAGGED))
         # The keyset join: both sides tagged, one GroupByKey (typed, so tables use the Arrow coder).
