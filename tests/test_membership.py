@@ -10,7 +10,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from accounting.budget import PrivacyBudget
 from accounting.sensitivity import ContributionBounds
-from transforms.aggregate import DPAggregate, _FilterWordsCoder, _KeyFilterFn
+from transforms.aggregate import DPAggregate, _FilterWordsCoder, _KeyFilterFn, _StagedKeyFilterFn
 from transforms.keyset import PublicKeyset
 from transforms.membership import BITS_PER_KEY, KeyFilter, filter_words
 from transforms.metrics import Count
@@ -133,6 +133,38 @@ def test_an_unstated_keyset_is_counted_once_for_the_filter_and_the_key_shards():
     p.visit(Visitor())
     assert sorted(counts) == ["KeysetSize", "SumKeysetSize"], counts  # one Map and one sum
     assert keyset.counted_size() is keyset.counted_size()
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_staged_filter_is_the_same_bytes_however_its_accumulators_travel(background, tmp_path):
+    """Accumulators compacted to staged files, or not, given more input after staging, merged in
+    any mix, through the coder or not, adds in the background or not: the staged file holds
+    _KeyFilterFn's bytes."""
+    chunks = [_hashes(n) for n in (1000, 10, 5000, 0, 300, 2000)]
+    chunks.append(np.concatenate(chunks[:3]))
+    words = filter_words(sum(len(c) for c in chunks))
+    expected = KeyFilter.of(np.concatenate(chunks), words).to_bytes()
+    fn = _StagedKeyFilterFn(str(tmp_path), background=background)
+    coder = fn.get_accumulator_coder()
+
+    def read(path):
+        assert isinstance(path, str) and path.startswith(str(tmp_path))
+        with open(path, "rb") as handle:
+            return handle.read()
+
+    accs = [fn.add_input(fn.create_accumulator(), (words, c)) for c in chunks]
+    accs[0] = fn.add_input(fn.add_input(accs[0], (words, chunks[2])), (words, chunks[4]))
+    staged = [fn.compact(a) if i % 2 else a for i, a in enumerate(accs)]  # half staged as files
+    staged[1] = fn.add_input(staged[1], (words, chunks[1]))  # a staged one given more input
+    travelled = [coder.decode(coder.encode(a)) for a in staged]
+    for batch in (staged, travelled, [None] + travelled[::-1]):
+        assert read(fn.extract_output(fn.merge_accumulators(batch))) == expected
+    assert read(fn.extract_output(fn.merge_accumulators([fn.merge_accumulators(travelled[:3]),
+                                                         fn.compact(fn.merge_accumulators(travelled[3:]))]))) \
+        == expected
+    assert coder.decode(coder.encode(None)) is None
+    empty = KeyFilter.from_bytes(read(fn.extract_output(fn.merge_accumulators([None]))))
+    assert not empty.contains(np.concatenate(chunks)).any()
 
 
 def test_a_key_sets_its_six_probe_bits_in_its_word():

@@ -6,11 +6,11 @@ GIL), can run several elements' work at once on threads of its instance: two thr
 bounding and noise of this project's jobs about 1.7x as fast as one on two cores. Other runners
 run bundles on every core already, so their DoFns keep one thread (no pool: the work runs inline).
 
-:class:`OrderedThreads` keeps at most ``threads`` elements in flight beyond the one whose results
-are handed back next, so memory stays bounded; results come back in submission order with the
-timestamp and window of their element (a DoFn wraps them in ``WindowedValue``). The DoFn hands
-back what is left in ``finish_bundle`` (Beam's DaskRunner drops what ``finish_bundle`` emits:
-there, use one thread). Beam's metrics are per thread: the work returns what it would count, and
+:class:`OrderedThreads` keeps at most ``2 x threads`` elements in flight (the thread that feeds
+them may be busy reading the next input while the threads finish theirs), so memory stays
+bounded; results come back in submission order with the timestamp and window of their element
+(a DoFn wraps them in ``WindowedValue``). The DoFn hands back what is left in ``finish_bundle``
+(Beam's DaskRunner drops what ``finish_bundle`` emits: there, use one thread). Beam's metrics are per thread: the work returns what it would count, and
 the DoFn counts it when the result comes back, on the bundle's thread.
 """
 from __future__ import annotations
@@ -110,14 +110,14 @@ class OrderedThreads:
     def submit(self, work: Callable[..., Any], args: tuple, timestamp, window
                ) -> Iterator[Tuple[Any, Any, Any]]:
         """Start ``work(*args)``; yield the results now due (the oldest, while more than
-        ``threads`` are in flight). Inline without threads: yields this element's result."""
+        ``2 x threads`` are in flight). Inline without threads: yields this element's result."""
         if not self.threaded:
             yield work(*args), timestamp, window
             return
         if self._pool is None:
             self.start()
         self._pending.append((self._pool.submit(work, *args), timestamp, window))
-        while len(self._pending) > self.threads:
+        while len(self._pending) > 2 * self.threads:
             yield self._oldest()
 
     def drain(self) -> Iterator[Tuple[Any, Any, Any]]:
