@@ -99,41 +99,63 @@ def plain_column(column) -> pa.Array:
     return column
 
 
-def _fixed_matrix(column: pa.Array):
-    """The component encodings of a null-free integer, boolean or float column as an (n, width)
-    uint8 matrix (every value encodes to the same length); None for other columns."""
-    n = len(column)
-    typ = column.type
+#: Bytes of the component encoding of each fixed-width column type (tag byte included).
+_INT_WIDTH, _BOOL_WIDTH, _FLOAT_WIDTH = 18, 2, 9
+
+
+def _fixed_width(column: pa.Array):
+    """The length every value of a null-free integer, boolean or float column encodes to; None
+    for other columns (and columns with nulls)."""
     if column.null_count:
         return None
+    typ = column.type
+    if pa.types.is_integer(typ):
+        return _INT_WIDTH
+    if pa.types.is_boolean(typ):
+        return _BOOL_WIDTH
+    if pa.types.is_floating(typ):
+        return _FLOAT_WIDTH
+    return None
+
+
+def _fill_fixed(column: pa.Array, out: np.ndarray) -> None:
+    """Write the component encodings of a column with a :func:`_fixed_width` into ``out``, an
+    (n, width) uint8 view that is zero where an encoding has zero bytes."""
+    n = len(column)
+    typ = column.type
     if pa.types.is_integer(typ):
         values = column.to_numpy(zero_copy_only=False)
+        out[:, 0] = ord("I")
         if pa.types.is_signed_integer(typ):
-            values = values.astype(np.int64)
+            values = values.astype(np.int64, copy=False)
             negative = values < 0
-            magnitude = np.where(negative, (-(values + 1)).astype(_U64) + _U64(1), values.astype(_U64))
+            magnitude = values.view(_U64) if not negative.any() else \
+                np.where(negative, (-(values + 1)).astype(_U64) + _U64(1), values.astype(_U64))
+            out[:, 1] = negative
         else:
-            negative = np.zeros(n, dtype=bool)
-            magnitude = values.astype(_U64)
-        matrix = np.zeros((n, 18), dtype=np.uint8)
-        matrix[:, 0] = ord("I")
-        matrix[:, 1] = negative
-        matrix[:, 10:] = be_bytes(magnitude, 8)
-        return matrix
-    if pa.types.is_boolean(typ):
-        matrix = np.empty((n, 2), dtype=np.uint8)
-        matrix[:, 0] = ord("B")
-        matrix[:, 1] = column.to_numpy(zero_copy_only=False)
-        return matrix
-    if pa.types.is_floating(typ):
+            magnitude = values.astype(_U64, copy=False)
+        out[:, 10:] = be_bytes(magnitude, 8)
+    elif pa.types.is_boolean(typ):
+        out[:, 0] = ord("B")
+        out[:, 1] = column.to_numpy(zero_copy_only=False)
+    else:
         values = column.to_numpy(zero_copy_only=False).astype(np.float64)
         if np.isnan(values).any():
             raise ValueError("a key component must not be NaN")
-        matrix = np.empty((n, 9), dtype=np.uint8)
-        matrix[:, 0] = ord("F")
-        matrix[:, 1:] = (values + 0.0).astype(">f8").view(np.uint8).reshape(-1, 8)  # -0.0 -> 0.0
-        return matrix
-    return None
+        out[:, 0] = ord("F")
+        out[:, 1:] = (values + 0.0).astype(">f8").view(np.uint8).reshape(-1, 8)  # -0.0 -> 0.0
+    assert out.shape == (n, _fixed_width(column))
+
+
+def _fixed_matrix(column: pa.Array):
+    """The component encodings of a null-free integer, boolean or float column as an (n, width)
+    uint8 matrix (every value encodes to the same length); None for other columns."""
+    width = _fixed_width(column)
+    if width is None:
+        return None
+    matrix = np.zeros((len(column), width), dtype=np.uint8)
+    _fill_fixed(column, matrix)
+    return matrix
 
 
 def _encode_arrow_column(column: pa.Array) -> pa.Array:
@@ -171,21 +193,31 @@ def _key_head(n: int, num_columns: int) -> np.ndarray:
     return head
 
 
-def encode_keys_matrix(keys):
+def encode_keys_matrix(keys, pad_to: int = 1):
     """The bytes of :func:`encode_keys` as an (n, width) uint8 matrix when every key encodes to
     the same length (Arrow key columns of integers, booleans or floats, without nulls): the PRF
-    then reads whole blocks from it with no Arrow binary arrays in between. None otherwise."""
+    then reads whole blocks from it with no Arrow binary arrays in between. None otherwise.
+
+    pad_to: the matrix is a view of the first ``width`` columns of a zero-padded matrix whose
+    row length is a multiple of ``pad_to`` (``matrix.base``; the PRF's blocks, written in place
+    with no second copy)."""
     if isinstance(keys, (pa.Array, pa.ChunkedArray)):
         keys = pa.table({"k": keys})
     if not isinstance(keys, (pa.Table, pa.RecordBatch)):
         return None
-    parts = [_key_head(keys.num_rows, keys.num_columns)]
-    for column in keys.columns:
-        matrix = _fixed_matrix(plain_column(column))
-        if matrix is None:
-            return None
-        parts.append(matrix)
-    return np.hstack(parts)
+    columns = [plain_column(column) for column in keys.columns]
+    widths = [_fixed_width(column) for column in columns]
+    if any(w is None for w in widths):
+        return None
+    n, width = keys.num_rows, 5 + sum(widths)
+    padded = np.zeros((n, -(-width // pad_to) * pad_to), dtype=np.uint8)
+    padded[:, 0] = ord("T")
+    padded[:, 1:5] = be_bytes(np.array([len(columns)], dtype=np.uint32), 4)
+    start = 5
+    for column, w in zip(columns, widths):
+        _fill_fixed(column, padded[:, start:start + w])
+        start += w
+    return padded[:, :width]
 
 
 def encode_keys(keys) -> pa.Array:
