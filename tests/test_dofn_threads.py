@@ -49,6 +49,16 @@ def _store(rows, tag):
     _COLLECTED[tag] = rows  # in process: the FnApiRunner runs this in this interpreter
 
 
+def _collected(p, pcoll, tag):
+    """Run ``p``; ``pcoll``'s elements (as a list) and the run's counters."""
+    _ = pcoll | "Collect" >> beam.combiners.ToList() | "Store" >> beam.Map(_store, tag)
+    result = p.run()
+    result.wait_until_finish()
+    counters = {r.key.metric.name: r.committed
+                for r in result.metrics().query(MetricsFilter())["counters"]}
+    return _COLLECTED.pop(tag), counters
+
+
 def _run(threads: int, *, windowed: bool, pcollection_keyset: bool):
     """Per (window start, key): the count of bounded rows, and the job's counters."""
     batches = _batches(3)
@@ -65,18 +75,13 @@ def _run(threads: int, *, windowed: bool, pcollection_keyset: bool):
         keyset = PublicKeyset.from_pcollection(keys, ["k"], expected_size=50)
     partials = rows | BoundedKeyPartials(_config(keyset), keyset, threads=threads)
     tag = (threads, windowed, pcollection_keyset)
-    _ = (partials
+    counted = (partials
          | beam.FlatMap(lambda t, w=beam.DoFn.WindowParam: [
              (int(w.start) if hasattr(w, "start") else -1, k, c)
              for k, c in zip(t.column("k").to_pylist(), t.column("count").to_pylist())])
-         | "Global" >> beam.WindowInto(window.GlobalWindows())
-         | beam.combiners.ToList()
-         | beam.Map(_store, tag))
-    result = p.run()
-    result.wait_until_finish()
-    counters = {r.key.metric.name: r.committed
-                for r in result.metrics().query(MetricsFilter())["counters"]}
-    return sorted(_COLLECTED.pop(tag)), counters
+         | "Global" >> beam.WindowInto(window.GlobalWindows()))
+    rows, counters = _collected(p, counted, tag)
+    return sorted(rows), counters
 
 
 @pytest.mark.parametrize("windowed,pcollection_keyset", [(False, False), (True, False), (False, True)])
@@ -161,21 +166,16 @@ def _released(threads: int, kind: str, tmp_path, monkeypatch):
     else:
         selection = PrivateSelection()
     tag = ("dp", threads, kind)
-    _ = (p | beam.Create(batches, reshuffle=False)
+    released = (p | beam.Create(batches, reshuffle=False)
          | DPAggregate(privacy_unit="user", keys=["k"], value="v",
                        metrics=[Count(threshold=3), Sum()],
                        bounds=ContributionBounds(max_partitions=3, max_contributions_per_partition=2,
                                                  min_value=0, max_value=10),
                        budget=PrivacyBudget(epsilon=1.0, delta=1e-6), keyset=keyset,
                        selection=selection, num_shards=5, release_key=ReleaseKey.for_testing(9))
-         | beam.FlatMap(lambda t: t.to_pylist())
-         | beam.combiners.ToList()
-         | beam.Map(_store, tag))
-    result = p.run()
-    result.wait_until_finish()
-    counters = {r.key.metric.name: r.committed
-                for r in result.metrics().query(MetricsFilter())["counters"]}
-    return sorted(_COLLECTED.pop(tag), key=lambda r: r["k"]), counters
+         | beam.FlatMap(lambda t: t.to_pylist()))
+    rows, counters = _collected(p, released, tag)
+    return sorted(rows, key=lambda r: r["k"]), counters
 
 
 @pytest.mark.parametrize("kind", ["table", "pcollection", "staged", "selection"])

@@ -97,7 +97,7 @@ from transforms import arrow_coder  # noqa: F401  (registers the Arrow table cod
 from transforms.arrow_coder import table_list_coder
 from transforms import bounding, keyset_staging
 from transforms.privacy_units import canonical_unit_column, canonical_unit_dictionary, check_unit_type
-from transforms.parallel import OrderedThreads, runs_on_dask, threads_for
+from transforms.parallel import ThreadedDoFn, runs_on_dask, threads_for
 from transforms.partials import key_partials, routing_hash, shard_of, split_by_shard
 from transforms.keyset import KEYSET_POSITION, PublicKeyset
 from transforms.membership import KeyFilter, filter_words
@@ -235,7 +235,7 @@ class _ToArrowTables(beam.DoFn):
             yield WindowedValue(self._flush(), MIN_TIMESTAMP, [GlobalWindow()])
 
 
-class _PrepareAndBound(beam.DoFn):
+class _PrepareAndBound(ThreadedDoFn, beam.DoFn):
     """Row rules, keyset filter, priorities and per-batch bounding; routes rows by unit shard.
 
     threads > 1 (the in-process engine: :func:`~transforms.parallel.dofn_threads`): batches are prepared on that
@@ -247,42 +247,21 @@ class _PrepareAndBound(beam.DoFn):
     def __init__(self, config: BoundingConfig, by_position: bool = False, threads: int = 1):
         self._c = config
         self._by_position = by_position
-        self._work = OrderedThreads(threads, "dp-prepare")
+        self._threads(threads, "dp-prepare")
         self._counters = {}
         self._staged_filter = (None, None)  # (path, KeyFilter) of a staged keyset filter
 
     def setup(self):
         if self._work.threaded and self._c.keyset is not None and self._c.keyset.in_memory:
             self._c.keyset.size()  # its distinct keys, built once here rather than by each thread
-        self._work.start()
-
-    def teardown(self):
-        self._work.stop()
-
-    def start_bundle(self):
-        self._work.reset()
+        super().setup()
 
     def process(self, table: pa.Table, keyset_filter, timestamp=beam.DoFn.TimestampParam,
                 window=beam.DoFn.WindowParam):
         key_filter = self._filter(keyset_filter) if keyset_filter is not None else None
-        for result, ts, win in self._work.submit(self._prepare, (table, key_filter), timestamp, window):
-            yield from self._emit(result, ts, win)
+        yield from self._submit(self._prepare, (table, key_filter), timestamp, window)
 
-    def finish_bundle(self):
-        for result, ts, win in self._work.drain():
-            yield from self._emit(result, ts, win)
-
-    def _emit(self, result, timestamp, window):
-        outputs, counts = result
-        for name, amount in counts.items():
-            self._count(name, amount)
-        if not self._work.threaded:  # inline: outputs take the element's window as usual
-            yield from outputs
-            return
-        for output in outputs:
-            yield WindowedValue(output, timestamp, [window])
-
-    def _count(self, name, amount):
+    def count(self, name, amount):
         if amount:
             if name not in self._counters:
                 self._counters[name] = Metrics.counter(NAMESPACE, name)
@@ -354,7 +333,7 @@ class _PrepareAndBound(beam.DoFn):
                 count("dropped_outside_keyset", (~inside & ~excluded).sum())
                 table = table.filter(pa.array(inside & ~excluded))
         if not table.num_rows:
-            return [], counts
+            return [], list(counts.items())
         extra_words = None
         if c.vector is not None:
             matrix, _ = vectors_of(table.column(c.value), c.vector.dimension)
@@ -380,7 +359,7 @@ class _PrepareAndBound(beam.DoFn):
         if KEYSET_POSITION in table.column_names:
             table = table.drop_columns(list(c.keys))
         shards = shard_of(table.column(bounding.UNIT).to_numpy(), c.num_shards)
-        return list(split_by_shard(table, shards)), counts
+        return list(split_by_shard(table, shards)), list(counts.items())
 
 
 class _BoundRowsFn(beam.CombineFn):

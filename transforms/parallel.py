@@ -1,4 +1,4 @@
-"""A DoFn's per-element work on a few threads, its outputs in input order (pure Python, no Beam).
+"""A DoFn's per-element work on a few threads, its outputs in input order.
 
 The in-process engine (FnApiRunner with one worker) runs a job on one core. A DoFn whose work per
 element is a pure function of the element, and mostly Arrow, numpy or AES (which release the
@@ -131,3 +131,48 @@ class OrderedThreads:
     def _oldest(self):
         future, timestamp, window = self._pending.popleft()
         return future.result(), timestamp, window  # raises what the work raised
+
+
+class ThreadedDoFn:
+    """What a DoFn running its per-element work on :class:`OrderedThreads` shares (mixed into a
+    ``beam.DoFn``): the threads' life (setup, teardown, a fresh start per bundle), handing back
+    each result ``(outputs, counts)`` in order (outputs as they are when inline, else wrapped
+    with their element's timestamp and window; ``counts``: ``(counter, amount)`` pairs passed to
+    :meth:`count` on the bundle's thread) and the last results in ``finish_bundle``."""
+
+    def _threads(self, threads: int, name: str) -> None:
+        self._work = OrderedThreads(threads, name)
+
+    def setup(self):
+        self._work.start()
+
+    def teardown(self):
+        self._work.stop()
+
+    def start_bundle(self):
+        self._work.reset()
+
+    def finish_bundle(self):
+        for result, timestamp, window in self._work.drain():
+            yield from self._hand_back(result, timestamp, window)
+
+    def _submit(self, work: Callable, args: tuple, timestamp, window):
+        """Run ``work(*args)`` (a pure function of the element returning ``(outputs, counts)``);
+        yield the outputs now due."""
+        for result, ts, win in self._work.submit(work, args, timestamp, window):
+            yield from self._hand_back(result, ts, win)
+
+    def count(self, name: str, amount: int) -> None:
+        raise NotImplementedError
+
+    def _hand_back(self, result, timestamp, window):
+        from apache_beam.utils.windowed_value import WindowedValue
+
+        outputs, counts = result
+        for name, amount in counts:
+            self.count(name, amount)
+        if not self._work.threaded:  # inline: outputs take the element's window as usual
+            yield from outputs
+            return
+        for output in outputs:
+            yield WindowedValue(output, timestamp, [window])

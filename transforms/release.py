@@ -45,11 +45,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
-from apache_beam.utils.windowed_value import WindowedValue
 
 from accounting.calibration import NoiseSpec
 from transforms import keyset_staging
-from transforms.parallel import OrderedThreads, threads_for
+from transforms.parallel import ThreadedDoFn, threads_for
 from transforms.partials import routing_hash, shard_of, split_by_shard, sum_partials
 from transforms.arrow_coder import table_list_coder
 from transforms.keyset import KEYSET_POSITION, PublicKeyset, rows_to_table
@@ -233,7 +232,7 @@ def keyset_tables(element, columns) -> pa.Table:
     return rows_to_table([element], columns)
 
 
-class _RouteKeyset(beam.DoFn):
+class _RouteKeyset(ThreadedDoFn, beam.DoFn):
     """A PCollection keyset's elements (dicts, tuples, Rows, RecordBatches or Tables) to key
     shards by the public routing hash, exclusions applied. With a staging directory (``run_dir``)
     each shard's piece is written there and only its marker is routed
@@ -243,42 +242,21 @@ class _RouteKeyset(beam.DoFn):
         self._keyset = keyset
         self._keys = list(keys)
         self._run_dir = run_dir
-        self._work = OrderedThreads(threads, "dp-keyset")
-
-    def setup(self):
-        self._work.start()
-
-    def teardown(self):
-        self._work.stop()
-
-    def start_bundle(self):
-        self._work.reset()
+        self._threads(threads, "dp-keyset")
 
     def process(self, element, num_shards, timestamp=beam.DoFn.TimestampParam,
                 window=beam.DoFn.WindowParam):
-        for outputs, ts, win in self._work.submit(self._routed, (element, num_shards), timestamp, window):
-            yield from self._emit(outputs, ts, win)
+        yield from self._submit(self._routed, (element, num_shards), timestamp, window)
 
-    def finish_bundle(self):
-        for outputs, ts, win in self._work.drain():
-            yield from self._emit(outputs, ts, win)
-
-    def _emit(self, outputs, timestamp, window):
-        if not self._work.threaded:
-            yield from outputs
-            return
-        for output in outputs:
-            yield WindowedValue(output, timestamp, [window])
-
-    def _routed(self, element, num_shards) -> list:
-        """One keyset element's (shard, piece) outputs (staged: (shard, marker)); a function of
-        the element alone (staged files are named by uuid)."""
+    def _routed(self, element, num_shards):
+        """One keyset element's (shard, piece) outputs (staged: (shard, marker)), and nothing to
+        count; a function of the element alone (staged files are named by uuid)."""
         table = keyset_tables(element, self._keys)
         table = table.filter(pa.array(~self._keyset.excluded_mask(table)))
         if not table.num_rows:
-            return []
+            return [], ()
         pieces = _route_by_key(table, self._keys, num_shards)
-        return list(pieces if self._run_dir is None else keyset_staging.write_pieces(self._run_dir, pieces))
+        return list(pieces if self._run_dir is None else keyset_staging.write_pieces(self._run_dir, pieces)), ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -297,7 +275,7 @@ class _ReleaseSettings:
     keys_per_shard: int
 
 
-class _NoiseAndRelease(beam.DoFn):
+class _NoiseAndRelease(ThreadedDoFn, beam.DoFn):
     """One key shard -> its released table: keys joined (keyset) or selected, noised, thresholded,
     sorted by key. With threads > 1 (the in-process engine: :func:`transforms.parallel.dofn_threads`)
     shards are released on that many threads of the instance, in input order; the grouped values
@@ -307,20 +285,17 @@ class _NoiseAndRelease(beam.DoFn):
     def __init__(self, settings: _ReleaseSettings, threads: int = 1):
         self._s = settings
         self._pieces = None  # a staged keyset's reader (transforms.keyset_staging)
-        self._work = OrderedThreads(threads, "dp-release")
+        self._threads(threads, "dp-release")
 
     def setup(self):
         if self._work.threaded and self._s.keyset is not None and self._s.keyset.in_memory:
             self._s.keyset.size()  # its distinct keys, built once here rather than by each thread
-        self._work.start()
+        super().setup()
 
     def teardown(self):
-        self._work.stop()
+        super().teardown()
         if self._pieces is not None:
             self._pieces.close()
-
-    def start_bundle(self):
-        self._work.reset()
 
     def _zeros(self, keys: pa.Table) -> pa.Table:
         columns = {k: keys.column(k) for k in self._s.keys}
@@ -339,22 +314,10 @@ class _NoiseAndRelease(beam.DoFn):
         shard, value = element
         if self._s.keyset is not None:
             value = self._read_staged(value)
-        for result, ts, win in self._work.submit(self._released, (shard, value), timestamp, window):
-            yield from self._emit(result, ts, win)
+        yield from self._submit(self._released, (shard, value), timestamp, window)
 
-    def finish_bundle(self):
-        for result, ts, win in self._work.drain():
-            yield from self._emit(result, ts, win)
-
-    def _emit(self, result, timestamp, window):
-        outputs, counts = result
-        for name, amount in counts:
-            Metrics.counter(NAMESPACE, name).inc(amount)
-        if not self._work.threaded:  # inline: outputs take the element's window as usual
-            yield from outputs
-            return
-        for output in outputs:
-            yield WindowedValue(output, timestamp, [window])
+    def count(self, name, amount):
+        Metrics.counter(NAMESPACE, name).inc(amount)
 
     def _read_staged(self, tagged) -> list:
         """A keyset shard's grouped values as a list, staged keyset pieces read (on the bundle's
