@@ -97,7 +97,7 @@ from transforms import arrow_coder  # noqa: F401  (registers the Arrow table cod
 from transforms.arrow_coder import table_list_coder
 from transforms import bounding, keyset_staging
 from transforms.privacy_units import canonical_unit_column, canonical_unit_dictionary, check_unit_type
-from transforms.parallel import ThreadedDoFn, runs_on_dask, threads_for
+from transforms.parallel import ThreadedDoFn, check_threads, runs_on_dask, threads_for
 from transforms.partials import key_partials, routing_hash, shard_of, split_by_shard
 from transforms.keyset import KEYSET_POSITION, PublicKeyset
 from transforms.membership import KeyFilter, filter_words
@@ -520,7 +520,6 @@ class _StagedKeyFilterFn(_KeyFilterFn):
             self._pool = None
 
     def add_input(self, accumulator, element):
-        accumulator = _settled(accumulator) if not self._background else accumulator
         if isinstance(accumulator, str):  # a staged accumulator given more input
             accumulator = np.array(keyset_staging.load_filter(accumulator).words)
         if not self._background:
@@ -538,17 +537,10 @@ class _StagedKeyFilterFn(_KeyFilterFn):
 
     def merge_accumulators(self, accumulators):
         present = [_settled(a) for a in accumulators if a is not None]
-        if len(present) <= 1:
+        if len(present) <= 1:  # one staged file stays a file
             return present[0] if present else None
-        merged = None
-        for accumulator in present:
-            words = keyset_staging.load_filter(accumulator).words if isinstance(accumulator, str) \
-                else accumulator
-            if merged is None:
-                merged = np.array(words)  # a writable copy
-            else:
-                KeyFilter(merged).union(KeyFilter(words))
-        return merged
+        return super().merge_accumulators(
+            [keyset_staging.load_filter(a).words if isinstance(a, str) else a for a in present])
 
     def compact(self, accumulator):
         accumulator = _settled(accumulator)
@@ -576,14 +568,14 @@ class _StagedFilterCoder(beam.coders.Coder):
             return b""
         if isinstance(accumulator, str):
             return b"P" + accumulator.encode("utf-8")
-        return b"W" + KeyFilter(accumulator).to_bytes()
+        return b"W" + _FilterWordsCoder().encode(accumulator)
 
     def decode(self, encoded: bytes):
         if not encoded:
             return None
         if encoded[:1] == b"P":
             return encoded[1:].decode("utf-8")
-        return KeyFilter.from_bytes(encoded[1:]).words
+        return _FilterWordsCoder().decode(encoded[1:])
 
     def is_deterministic(self) -> bool:
         return True
@@ -619,8 +611,7 @@ class BoundedKeyPartials(beam.PTransform):
         super().__init__(label)
         if by_position and (config.keyset is None or not config.keyset.in_memory):
             raise ValueError("by_position needs an in-memory keyset in the bounding config")
-        if threads is not None and threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
+        check_threads(threads)
         self._by_position = by_position
         self._c = config
         self._pcollection_keyset = pcollection_keyset

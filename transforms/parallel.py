@@ -10,8 +10,9 @@ run bundles on every core already, so their DoFns keep one thread (no pool: the 
 them may be busy reading the next input while the threads finish theirs), so memory stays
 bounded; results come back in submission order with the timestamp and window of their element
 (a DoFn wraps them in ``WindowedValue``). The DoFn hands back what is left in ``finish_bundle``
-(Beam's DaskRunner drops what ``finish_bundle`` emits: there, use one thread). Beam's metrics are per thread: the work returns what it would count, and
-the DoFn counts it when the result comes back, on the bundle's thread.
+(Beam's DaskRunner drops what ``finish_bundle`` emits: there, use one thread). Beam's metrics
+are per thread: the work returns what it would count, and the DoFn counts it when the result
+comes back, on the bundle's thread (:class:`ThreadedDoFn`).
 """
 from __future__ import annotations
 
@@ -20,10 +21,25 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Optional, Tuple
 
+from apache_beam.utils.windowed_value import WindowedValue
+
 #: The most threads :func:`dofn_threads` gives the in-process engine.
 MAX_THREADS = 4
 _IN_PROCESS_RUNNERS = ("", "DirectRunner", "SwitchingDirectRunner", "FnApiRunner",
                        "BundleBasedDirectRunner")
+
+
+def _runner_name(pipeline) -> Optional[str]:
+    """The last dotted part of the pipeline's ``--runner`` ("" for the default), None without
+    options."""
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    options = getattr(pipeline, "_options", None)
+    if options is None:
+        return None
+    runner = options.view_as(StandardOptions).runner or ""
+    name = runner if isinstance(runner, str) else type(runner).__name__
+    return name.rsplit(".", 1)[-1]
 
 
 def dofn_threads(pipeline) -> int:
@@ -32,36 +48,32 @@ def dofn_threads(pipeline) -> int:
     which otherwise uses a single core; 1 on every other runner (Dataflow, Flink, Spark, Prism
     and Dask run bundles on every core already: more threads would oversubscribe them) and on
     the in-process engine run with ``--direct_num_workers`` other than 1."""
-    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
+    from apache_beam.options.pipeline_options import DirectOptions
 
-    options = getattr(pipeline, "_options", None)
-    if options is None:
+    if _runner_name(pipeline) not in _IN_PROCESS_RUNNERS:
         return 1
-    runner = options.view_as(StandardOptions).runner or ""
-    name = runner if isinstance(runner, str) else type(runner).__name__
-    if name.rsplit(".", 1)[-1] not in _IN_PROCESS_RUNNERS:
-        return 1
-    if options.view_as(DirectOptions).direct_num_workers != 1:
+    if pipeline._options.view_as(DirectOptions).direct_num_workers != 1:
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(MAX_THREADS, cores))
 
 
 def runs_on_dask(pipeline) -> bool:
-    from apache_beam.options.pipeline_options import StandardOptions
+    return _runner_name(pipeline) == "DaskRunner"
 
-    options = getattr(pipeline, "_options", None)
-    runner = (options.view_as(StandardOptions).runner if options is not None else None) or ""
-    name = runner if isinstance(runner, str) else type(runner).__name__
-    return name.rsplit(".", 1)[-1] == "DaskRunner"
+
+def check_threads(threads: Optional[int]) -> Optional[int]:
+    """``threads`` (None: chosen for the runner), refused below 1."""
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    return threads
 
 
 def threads_for(pipeline, requested: Optional[int] = None) -> int:
     """``requested`` threads (None: :func:`dofn_threads`), and 1 on Dask whatever was requested
     (its runner drops what finish_bundle emits, where threaded DoFns hand back their last
     results)."""
-    if requested is not None and requested < 1:
-        raise ValueError(f"threads must be >= 1, got {requested}")
+    check_threads(requested)
     if runs_on_dask(pipeline):
         return 1
     return dofn_threads(pipeline) if requested is None else int(requested)
@@ -72,9 +84,7 @@ class OrderedThreads:
     returned in submission order as ``(result, timestamp, window)``."""
 
     def __init__(self, threads: int, name: str = "dofn"):
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
-        self.threads = int(threads)
+        self.threads = int(check_threads(threads))
         self._name = name
         self._pool = None
         self._pending = collections.deque()
@@ -166,8 +176,6 @@ class ThreadedDoFn:
         raise NotImplementedError
 
     def _hand_back(self, result, timestamp, window):
-        from apache_beam.utils.windowed_value import WindowedValue
-
         outputs, counts = result
         for name, amount in counts:
             self.count(name, amount)

@@ -48,7 +48,7 @@ from apache_beam.metrics import Metrics
 
 from accounting.calibration import NoiseSpec
 from transforms import keyset_staging
-from transforms.parallel import ThreadedDoFn, threads_for
+from transforms.parallel import ThreadedDoFn, check_threads, threads_for
 from transforms.partials import routing_hash, shard_of, split_by_shard, sum_partials
 from transforms.arrow_coder import table_list_coder
 from transforms.keyset import KEYSET_POSITION, PublicKeyset, rows_to_table
@@ -464,9 +464,7 @@ class NoisyRelease(beam.PTransform):
                  keys_per_shard: Optional[int] = None, threads: Optional[int] = None,
                  label: str = None):
         super().__init__(label)
-        if threads is not None and threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
-        self._threads = threads
+        self._threads = check_threads(threads)
         if (keyset is None) == (selector is None):
             raise ValueError("give exactly one of keyset and selector")
         if threshold_mode not in ("key", "value"):
@@ -501,7 +499,8 @@ class NoisyRelease(beam.PTransform):
             self._settings.release_key.claim(noise_purpose(SELECTION_PURPOSE), owner=owner)
         keyset = self._keyset
         worker_keyset = self._settings.keyset
-        release = _NoiseAndRelease(self._settings, threads_for(partials.pipeline, self._threads))
+        threads = threads_for(partials.pipeline, self._threads)
+        release = _NoiseAndRelease(self._settings, threads)
         if keyset is None:  # private selection: a fixed number of shards (the data's keys are private)
             totals = self._summed(partials, beam.FlatMap(_route_by_key, self._keys, self._num_shards))
             return totals | "SelectNoiseAndRelease" >> beam.ParDo(release).with_output_types(pa.Table)
@@ -526,8 +525,7 @@ class NoisyRelease(beam.PTransform):
             totals = self._summed(partials, beam.FlatMap(_route_by_key, self._keys, num_shards))
             run_dir = keyset.staging_run
             keys = (keyset.pcollection
-                    | "RouteKeyset" >> beam.ParDo(_RouteKeyset(worker_keyset, self._keys, run_dir,
-                                                               threads_for(partials.pipeline, self._threads)),
+                    | "RouteKeyset" >> beam.ParDo(_RouteKeyset(worker_keyset, self._keys, run_dir, threads),
                                                   num_shards)
                     .with_output_types(_SHARD_TABLE)
                     | "TagKeyset" >> beam.FlatMap(_tagged, _KEYSET).with_output_types(_TAGGED))

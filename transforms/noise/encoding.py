@@ -186,10 +186,15 @@ def _encode_varlen(column: pa.Array, tag: bytes) -> pa.Array:
     return join_binary([binary_rows(head), values])
 
 
+def _fill_head(out: np.ndarray, num_columns: int) -> None:
+    """Write a key's head (tag and column count) into ``out``, an (n, 5) uint8 view."""
+    out[:, 0] = ord("T")
+    out[:, 1:5] = be_bytes(np.array([num_columns], dtype=np.uint32), 4)
+
+
 def _key_head(n: int, num_columns: int) -> np.ndarray:
     head = np.empty((n, 5), dtype=np.uint8)
-    head[:, 0] = ord("T")
-    head[:, 1:] = be_bytes(np.full(n, num_columns, dtype=np.uint32), 4)
+    _fill_head(head, num_columns)
     return head
 
 
@@ -211,8 +216,7 @@ def encode_keys_matrix(keys, pad_to: int = 1):
         return None
     n, width = keys.num_rows, 5 + sum(widths)
     padded = np.zeros((n, -(-width // pad_to) * pad_to), dtype=np.uint8)
-    padded[:, 0] = ord("T")
-    padded[:, 1:5] = be_bytes(np.array([len(columns)], dtype=np.uint32), 4)
+    _fill_head(padded[:, :5], len(columns))
     start = 5
     for column, w in zip(columns, widths):
         _fill_fixed(column, padded[:, start:start + w])

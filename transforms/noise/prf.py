@@ -59,25 +59,23 @@ def cbc_mac(mac_key: bytes, messages) -> np.ndarray:
 
 def _cbc_mac_fixed(mac_key: bytes, matrix: np.ndarray) -> np.ndarray:
     """``cbc_mac`` of the rows of an (n, width) uint8 matrix: zero-padded to whole blocks in one
-    numpy copy (none when the matrix is a view of its own padded rows, as
-    ``encode_keys_matrix(..., pad_to=16)`` gives), one AES call per block position (as the
-    Arrow path does for equal lengths)."""
+    numpy copy, then :func:`_cbc_mac_blocks`."""
     n, width = matrix.shape
+    blocks = np.zeros((n, -(-width // 16) * 16), dtype=np.uint8)
+    blocks[:, :width] = matrix
+    return _cbc_mac_blocks(mac_key, blocks, width)
+
+
+def _cbc_mac_blocks(mac_key: bytes, blocks: np.ndarray, width: int) -> np.ndarray:
+    """``cbc_mac`` of n messages of ``width`` bytes each, given zero-padded to whole blocks as an
+    (n, 16k) uint8 matrix: one AES call per block position (as the Arrow path does for equal
+    lengths), each pass encrypted into one buffer and the next pass's input XOR'd into one
+    array (no allocation per block position)."""
+    n = blocks.shape[0]
     if n == 0:
         return np.zeros((0, 16), dtype=np.uint8)
-    full = -(-width // 16) * 16
-    base = matrix.base
-    if (isinstance(base, np.ndarray) and base.dtype == np.uint8 and base.shape == (n, full)
-            and base.flags.c_contiguous and matrix.__array_interface__["data"][0] ==
-            base.__array_interface__["data"][0] and not base[:, width:].any()):
-        blocks = base  # already zero-padded in place
-    else:
-        blocks = np.zeros((n, full), dtype=np.uint8)
-        blocks[:, :width] = matrix
     blocks = blocks.reshape(n, -1, 16)
     encryptor = ecb(mac_key)
-    # AES writes each pass into one buffer (update_into), the next pass's input is XOR'd into
-    # one array: no allocation per block position.
     state = np.zeros((n, 16), dtype=np.uint8)
     state[:, :8] = be_bytes(np.full(n, width, dtype=_U64), 8)
     out = bytearray(n * 16 + 15)  # update_into wants room for one more block, less a byte
@@ -94,7 +92,9 @@ def mac_keys(mac_key: bytes, keys) -> np.ndarray:
     fixed-width byte matrix where every key encodes to the same length (integer, boolean or
     float key columns), through Arrow binary arrays otherwise. Same outputs either way."""
     matrix = encode_keys_matrix(keys, pad_to=16)
-    return cbc_mac(mac_key, matrix if matrix is not None else encode_keys(keys))
+    if matrix is not None:  # a view of its rows zero-padded to whole blocks (matrix.base)
+        return _cbc_mac_blocks(mac_key, matrix.base, matrix.shape[1])
+    return cbc_mac(mac_key, encode_keys(keys))
 
 
 def mac_words(mac: np.ndarray) -> np.ndarray:
