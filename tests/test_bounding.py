@@ -207,3 +207,37 @@ def test_preselection_applies_only_where_it_pays():
     many_units = few_units.set_column(0, bounding.UNIT, pa.array(np.arange(n, dtype=np.uint64)))
     assert bounding._rows_of_smallest_pairs(many_units, 2) is None
     assert bounding._rows_of_smallest_pairs(few_units, bounding.PRESELECT_MAX_PARTITIONS + 1) is None
+
+
+def test_keyed_hash_is_each_rows_mac_on_every_path():
+    """Fixed-width keys MAC'd row by row, a dictionary column through its dictionary (smaller or
+    larger than the batch, chunked, with duplicate entries), text keys once per distinct value:
+    each row's words are the MAC of its own values (mac_keys of that one row)."""
+    from transforms.noise.prf import mac_keys, mac_words
+
+    rng = np.random.default_rng(3)
+    units = [f"u{i}" for i in rng.integers(0, 30, 200)]
+    keys = rng.integers(-5, 5, 200)
+    tables = {
+        "int": pa.table({"c": keys}),
+        "int, float": pa.table({"c": keys, "f": keys * 0.5}),
+        "text": pa.table({"c": units}),
+        "text, int": pa.table({"c": units, "f": keys}),
+        "dictionary": pa.table({"c": pa.array(units).dictionary_encode()}),
+        "dictionary larger than the batch": pa.table({"c": pa.array(units).dictionary_encode()}).slice(5, 7),
+        "dictionary with repeated entries": pa.table({"c": pa.DictionaryArray.from_arrays(
+            pa.array(np.arange(200) % 4, pa.int32()), pa.array(["x", "y", "x", "z"]))}),
+        "chunked dictionaries": pa.Table.from_batches(
+            [pa.record_batch({"c": pa.array(units[:100]).dictionary_encode()}),
+             pa.record_batch({"c": pa.array(units[100:][::-1]).dictionary_encode()})]),
+    }
+    secret = KEY.derive("p").secret_bytes()
+    for name, table in tables.items():
+        columns = table.column_names
+        got = bounding._keyed_hash(KEY, "p", table, columns)
+        plain = pa.table({c: table.column(c).cast(table.column(c).type.value_type)
+                          if pa.types.is_dictionary(table.column(c).type) else table.column(c)
+                          for c in columns})
+        want = np.concatenate([mac_words(mac_keys(secret, plain.slice(i, 1)))
+                               for i in range(plain.num_rows)] or [np.zeros((0, 2), np.uint64)])
+        assert np.array_equal(got, want), name

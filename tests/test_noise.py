@@ -161,6 +161,43 @@ def test_fixed_width_paths_give_the_same_bytes_and_macs():
     assert np.array_equal(a, b)
 
 
+def _reference_cbc_mac(key: bytes, message: bytes) -> bytes:
+    """The PRF's definition, one message at a time through OpenSSL's own CBC mode: AES-CBC with a
+    zero IV over the 8-byte big-endian length (zero-padded to a block) and the zero-padded
+    message; the MAC is the last ciphertext block."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+    head = len(message).to_bytes(8, "big") + bytes(8)
+    body = message + bytes(-len(message) % 16)
+    encryptor = Cipher(algorithms.AES(key), modes.CBC(bytes(16))).encryptor()
+    return (encryptor.update(head + body) + encryptor.finalize())[-16:]
+
+
+def test_cbc_mac_equals_cbc_mode_on_every_path():
+    """Mixed lengths (one chain per message), one length as Arrow binaries (read in place) and as
+    a matrix, empty messages and empty batches all give OpenSSL's CBC-MAC of the definition."""
+    from transforms.noise.encoding import binary_rows
+    from transforms.noise.prf import cbc_mac
+
+    rng = np.random.default_rng(11)
+    key = rng.bytes(32)
+    mixed = [rng.bytes(int(n)) for n in rng.choice([0, 1, 15, 16, 17, 31, 32, 33, 40], 200)]
+    expected = [_reference_cbc_mac(key, m) for m in mixed]
+    for array in (pa.array(mixed, pa.binary()), pa.array(mixed, pa.large_binary()).slice(0)):
+        assert [bytes(r) for r in cbc_mac(key, array)] == expected
+    one_block = [rng.bytes(int(n)) for n in rng.integers(1, 17, 50)]  # one block, many lengths
+    assert [bytes(r) for r in cbc_mac(key, pa.array(one_block))] == \
+        [_reference_cbc_mac(key, m) for m in one_block]
+    assert [bytes(r) for r in cbc_mac(key, pa.array(mixed[::-1])[::-1].slice(3, 50))] == expected[3:53]
+    for width in (0, 5, 16, 23, 32, 33):
+        rows = rng.integers(0, 256, (40, width)).astype(np.uint8)
+        want = [_reference_cbc_mac(key, bytes(r)) for r in rows]
+        assert [bytes(r) for r in cbc_mac(key, rows)] == want
+        assert [bytes(r) for r in cbc_mac(key, binary_rows(rows))] == want
+        assert [bytes(r) for r in cbc_mac(key, binary_rows(rows).slice(7, 20))] == want[7:27]
+    assert cbc_mac(key, pa.array([], pa.binary())).shape == (0, 16)
+    assert cbc_mac(key, np.zeros((0, 23), dtype=np.uint8)).shape == (0, 16)
+
+
 def test_streams_are_uniform():
     streams = RandomStreams.for_range(ReleaseKey.generate(), "u", 200_000)
     u = streams.uniform_float()

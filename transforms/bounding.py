@@ -41,7 +41,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from accounting.keys import ReleaseKey
-from transforms.noise.prf import ecb, mac_keys, mac_words
+from transforms.noise.encoding import encodes_fixed_width
+from transforms.noise.prf import ecb, encrypt_words, mac_keys, mac_words
 
 UNIT = "__unit"
 PAIR = "__pair"
@@ -98,16 +99,30 @@ def _first_appearances(codes: np.ndarray):
 
 
 def _keyed_hash(release_key: ReleaseKey, purpose: str, table: pa.Table, columns: Sequence[str]) -> np.ndarray:
-    """PRF (AES CBC-MAC) of each row's values in ``columns``, computed once per distinct value."""
+    """PRF (AES CBC-MAC) of each row's values in ``columns``, as (n, 2) uint64 words.
+
+    Fixed-width keys (integers, booleans, floats: a few AES blocks) are MAC'd row by row, which
+    costs less than finding the distinct rows; a dictionary column (canonical unit ids:
+    :func:`~transforms.privacy_units.canonical_unit_dictionary`) has its dictionary MAC'd and
+    gathered by index; other keys are MAC'd once per distinct value. A MAC is a function of the
+    value alone, so all three give the same words."""
+    secret = release_key.derive(purpose).secret_bytes()
+    selected = table.select(list(columns))
+    if encodes_fixed_width(selected):
+        return mac_words(mac_keys(secret, selected))
+    if len(columns) == 1:
+        column = selected.column(0).combine_chunks()
+        if pa.types.is_dictionary(column.type) and not column.null_count \
+                and len(column.dictionary) <= len(column):
+            words = mac_words(mac_keys(secret, pa.table({"k": column.dictionary})))
+            return np.take(words, column.indices.to_numpy(zero_copy_only=False), axis=0)
     codes, first = _distinct(table, columns)
-    mac = mac_keys(release_key.derive(purpose).secret_bytes(), table.select(list(columns)).take(first))
-    return mac_words(mac)[codes]
+    return np.take(mac_words(mac_keys(secret, selected.take(first))), codes, axis=0)
 
 
 def _encrypt(key: bytes, blocks: np.ndarray) -> np.ndarray:
     """AES-256 (ECB: independent blocks) of each (n, 2) uint64 block, as (n, 2) uint64."""
-    return np.frombuffer(ecb(key).update(np.ascontiguousarray(blocks).tobytes()),
-                         dtype=np.uint64).reshape(-1, 2)
+    return encrypt_words(ecb(key), np.ascontiguousarray(blocks, dtype=np.uint64))
 
 
 def _value_words(table: pa.Table, value_column: Optional[str]) -> np.ndarray:

@@ -118,33 +118,55 @@ def _fixed_width(column: pa.Array):
     return None
 
 
-def _fill_fixed(column: pa.Array, out: np.ndarray) -> None:
-    """Write the component encodings of a column with a :func:`_fixed_width` into ``out``, an
-    (n, width) uint8 view that is zero where an encoding has zero bytes."""
-    n = len(column)
+def _field(rows: np.ndarray, offset: int, dtype) -> np.ndarray:
+    """The ``dtype`` value at byte ``offset`` of each row of a C-contiguous (n, L) uint8 matrix, as
+    an (n,) strided view: a multi-byte field is then written in one numpy loop over the rows
+    (byte order and unaligned stores included) rather than one short loop per row."""
+    if not rows.shape[0]:
+        return np.empty(0, dtype=dtype)
+    return np.ndarray((rows.shape[0],), dtype=dtype, buffer=rows, offset=offset,
+                      strides=(rows.strides[0],))
+
+
+def encodes_fixed_width(keys: pa.Table) -> bool:
+    """Whether every key of a table encodes to one length (:func:`encode_keys_matrix` is then not
+    None): its columns are integers, booleans or floats (dictionary-encoded or not) without
+    nulls. Read from the types and null counts alone."""
+    for column in keys.columns:
+        typ = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
+        fixed = pa.types.is_integer(typ) or pa.types.is_boolean(typ) or pa.types.is_floating(typ)
+        if column.null_count or not fixed:
+            return False
+    return True
+
+
+def _fill_fixed(column: pa.Array, rows: np.ndarray, start: int) -> None:
+    """Write the component encodings of a column with a :func:`_fixed_width` into bytes
+    ``start``, ``start + 1``, ... of each row of ``rows`` (a C-contiguous (n, L) uint8 matrix
+    that is zero where an encoding has zero bytes)."""
     typ = column.type
     if pa.types.is_integer(typ):
         values = column.to_numpy(zero_copy_only=False)
-        out[:, 0] = ord("I")
+        _field(rows, start, np.uint8)[:] = ord("I")
         if pa.types.is_signed_integer(typ):
             values = values.astype(np.int64, copy=False)
             negative = values < 0
             magnitude = values.view(_U64) if not negative.any() else \
                 np.where(negative, (-(values + 1)).astype(_U64) + _U64(1), values.astype(_U64))
-            out[:, 1] = negative
+            _field(rows, start + 1, np.uint8)[:] = negative
         else:
             magnitude = values.astype(_U64, copy=False)
-        out[:, 10:] = be_bytes(magnitude, 8)
+        _field(rows, start + 10, ">u8")[:] = magnitude  # bytes 2..9: the magnitude's high half
     elif pa.types.is_boolean(typ):
-        out[:, 0] = ord("B")
-        out[:, 1] = column.to_numpy(zero_copy_only=False)
+        _field(rows, start, np.uint8)[:] = ord("B")
+        _field(rows, start + 1, np.uint8)[:] = column.to_numpy(zero_copy_only=False)
     else:
         values = column.to_numpy(zero_copy_only=False).astype(np.float64)
         if np.isnan(values).any():
             raise ValueError("a key component must not be NaN")
-        out[:, 0] = ord("F")
-        out[:, 1:] = (values + 0.0).astype(">f8").view(np.uint8).reshape(-1, 8)  # -0.0 -> 0.0
-    assert out.shape == (n, _fixed_width(column))
+        _field(rows, start, np.uint8)[:] = ord("F")
+        _field(rows, start + 1, ">f8")[:] = values + 0.0  # -0.0 -> 0.0
+    assert rows.shape[1] >= start + _fixed_width(column)
 
 
 def _fixed_matrix(column: pa.Array):
@@ -154,7 +176,7 @@ def _fixed_matrix(column: pa.Array):
     if width is None:
         return None
     matrix = np.zeros((len(column), width), dtype=np.uint8)
-    _fill_fixed(column, matrix)
+    _fill_fixed(column, matrix, 0)
     return matrix
 
 
@@ -186,10 +208,11 @@ def _encode_varlen(column: pa.Array, tag: bytes) -> pa.Array:
     return join_binary([binary_rows(head), values])
 
 
-def _fill_head(out: np.ndarray, num_columns: int) -> None:
-    """Write a key's head (tag and column count) into ``out``, an (n, 5) uint8 view."""
-    out[:, 0] = ord("T")
-    out[:, 1:5] = be_bytes(np.array([num_columns], dtype=np.uint32), 4)
+def _fill_head(rows: np.ndarray, num_columns: int) -> None:
+    """Write a key's head (tag and column count) into the first 5 bytes of each row of ``rows``,
+    a C-contiguous (n, L) uint8 matrix."""
+    _field(rows, 0, np.uint8)[:] = ord("T")
+    _field(rows, 1, ">u4")[:] = num_columns
 
 
 def _key_head(n: int, num_columns: int) -> np.ndarray:
@@ -216,10 +239,10 @@ def encode_keys_matrix(keys, pad_to: int = 1):
         return None
     n, width = keys.num_rows, 5 + sum(widths)
     padded = np.zeros((n, -(-width // pad_to) * pad_to), dtype=np.uint8)
-    _fill_head(padded[:, :5], len(columns))
+    _fill_head(padded, len(columns))
     start = 5
     for column, w in zip(columns, widths):
-        _fill_fixed(column, padded[:, start:start + w])
+        _fill_fixed(column, padded, start)
         start += w
     return padded[:, :width]
 
