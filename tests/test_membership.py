@@ -176,3 +176,20 @@ def test_a_key_sets_its_six_probe_bits_in_its_word():
         assert w == ((h >> 32) * 12_345) >> 32
         mixed = (h * 0x9E3779B97F4A7C15) % 2 ** 64
         assert m == sum({1 << ((mixed >> (58 - 6 * p)) & 63) for p in range(membership.PROBES)})
+
+
+@pytest.mark.parametrize("num_words", [1, 3, 97, 5_000])
+def test_adding_keys_that_share_words_sets_every_keys_bits(num_words):
+    """Many keys per word in one add (down to a single word): the words equal the OR of each
+    key's mask into its word, key by key."""
+    from transforms import membership
+    hashes = _hashes(20_000)
+    word, mask = membership._word_and_mask(hashes, num_words)
+    expected = np.zeros(num_words, dtype=np.uint64)
+    for w, m in zip(word.tolist(), mask.tolist()):
+        expected[w] |= np.uint64(m)
+    filt = KeyFilter.empty(num_words)
+    for chunk in np.array_split(hashes, 3):
+        filt.add(chunk)
+    assert np.array_equal(filt.words, expected)
+    assert filt.contains(hashes).all()
