@@ -432,12 +432,17 @@ class _KeyFilterFn(beam.CombineFn):
 
     def add_input(self, accumulator, element):
         num_words, hashes = element
-        if accumulator is None:
-            accumulator = np.zeros(int(num_words), dtype=np.uint64)
-        elif not accumulator.flags.writeable:  # decoded from the coder's bytes
-            accumulator = accumulator.copy()
+        accumulator = self._writable(accumulator, num_words)
         KeyFilter(accumulator).add(hashes)
         return accumulator
+
+    @staticmethod
+    def _writable(words, num_words) -> np.ndarray:
+        """Words to add to: new zero words for no accumulator, a copy of read-only ones (decoded
+        from the coder's bytes)."""
+        if words is None:
+            return np.zeros(int(num_words), dtype=np.uint64)
+        return words if words.flags.writeable else words.copy()
 
     def merge_accumulators(self, accumulators):
         merged = None
@@ -521,15 +526,13 @@ class _StagedKeyFilterFn(_KeyFilterFn):
             self._pool = None
 
     def add_input(self, accumulator, element):
-        if isinstance(accumulator, str):  # a staged accumulator given more input
-            accumulator = np.array(keyset_staging.load_filter(accumulator).words)
+        if isinstance(accumulator, str):  # a staged accumulator given more input: its words
+            accumulator = keyset_staging.load_filter(accumulator).words  # (read-only: _writable copies)
         if not self._background:
             return super().add_input(accumulator, element)
         num_words, hashes = element
-        if accumulator is None:
-            accumulator = _AddingFilter(np.zeros(int(num_words), dtype=np.uint64))
-        elif isinstance(accumulator, np.ndarray):
-            accumulator = _AddingFilter(accumulator if accumulator.flags.writeable else accumulator.copy())
+        if not isinstance(accumulator, _AddingFilter):
+            accumulator = _AddingFilter(self._writable(accumulator, num_words))
         accumulator.settled()  # one add at a time: no two threads write the words
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="dp-filter")

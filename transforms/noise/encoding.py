@@ -103,12 +103,9 @@ def plain_column(column) -> pa.Array:
 _INT_WIDTH, _BOOL_WIDTH, _FLOAT_WIDTH = 18, 2, 9
 
 
-def _fixed_width(column: pa.Array):
-    """The length every value of a null-free integer, boolean or float column encodes to; None
-    for other columns (and columns with nulls)."""
-    if column.null_count:
-        return None
-    typ = column.type
+def _type_width(typ: pa.DataType):
+    """The length every value of an integer, boolean or float type encodes to; None for other
+    types."""
     if pa.types.is_integer(typ):
         return _INT_WIDTH
     if pa.types.is_boolean(typ):
@@ -116,6 +113,12 @@ def _fixed_width(column: pa.Array):
     if pa.types.is_floating(typ):
         return _FLOAT_WIDTH
     return None
+
+
+def _fixed_width(column: pa.Array):
+    """The length every value of a null-free integer, boolean or float column encodes to; None
+    for other columns (and columns with nulls)."""
+    return None if column.null_count else _type_width(column.type)
 
 
 def _field(rows: np.ndarray, offset: int, dtype) -> np.ndarray:
@@ -134,8 +137,7 @@ def encodes_fixed_width(keys: pa.Table) -> bool:
     nulls. Read from the types and null counts alone."""
     for column in keys.columns:
         typ = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
-        fixed = pa.types.is_integer(typ) or pa.types.is_boolean(typ) or pa.types.is_floating(typ)
-        if column.null_count or not fixed:
+        if column.null_count or _type_width(typ) is None:
             return False
     return True
 
