@@ -23,6 +23,7 @@ COPY transforms/ transforms/
 # the lock pins apache-beam to the base image's, so Beam itself is not reinstalled.
 RUN pip install --no-cache-dir --constraint requirements.lock ".[gcp,dask]"
 
-# Same hash seed on every worker process (Dask bag shuffles hash keys with Python's hash()).
+# Same hash seed on every worker process (whatever depends on Python's hash(), e.g. the order of a
+# set of strings, is then the same on every worker; Dask bag shuffles place keys by dask's tokenize).
 ENV PYTHONHASHSEED=0
 # The entrypoint stays the base image's SDK harness boot (/opt/apache/beam/boot).
