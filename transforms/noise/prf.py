@@ -66,9 +66,11 @@ def cbc_mac(mac_key: bytes, messages) -> np.ndarray:
 
 
 def encrypt_words(encryptor, words: np.ndarray) -> np.ndarray:
-    """AES (the ECB ``encryptor``) of each 16-byte row of a C-contiguous (n, 2) uint64 array."""
+    """AES (the ECB ``encryptor``) of each 16-byte row of a C-contiguous (n, 2) uint64 array,
+    encrypted straight from and into numpy buffers."""
     out = bytearray(words.nbytes + 15)  # update_into wants room for one more block, less a byte
-    encryptor.update_into(words.view(np.uint8), out)
+    written = encryptor.update_into(words.view(np.uint8), out)
+    assert written == words.nbytes
     return np.frombuffer(out, dtype=_U64, count=words.size).reshape(-1, 2)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from accounting.keys import ReleaseKey
-from transforms.noise.prf import ecb, mac_keys
+from transforms.noise.prf import ecb, encrypt_words, mac_keys
 
 _U64 = np.uint64
 
@@ -160,12 +160,6 @@ class RandomStreams:
 
 
 def _first_words(encryptor, blocks: np.ndarray) -> np.ndarray:
-    """AES(block) for each (n, 2) uint64 block (counter already applied): the first 64-bit word
-    of each ciphertext block, encrypted straight from and into numpy buffers."""
-    n = len(blocks)
-    if n == 0:
-        return np.zeros(0, dtype=np.uint64)
-    out = np.empty((n + 1, 2), dtype=np.uint64)  # update_into wants block_size - 1 spare bytes
-    written = encryptor.update_into(memoryview(blocks).cast("B"), memoryview(out).cast("B"))
-    assert written == 16 * n
-    return out[:n, 0].copy()
+    """AES(block) for each C-contiguous (n, 2) uint64 block (counter already applied): the first
+    64-bit word of each ciphertext block (:func:`~transforms.noise.prf.encrypt_words`)."""
+    return encrypt_words(encryptor, blocks)[:, 0].copy()
