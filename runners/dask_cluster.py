@@ -27,6 +27,17 @@ keys on 2 workers: 25.5 s with one partition per thread, 31.9 s with four; 1 wor
 Partitioning changes no released byte: bounding and noise never depend on batching
 (tests/test_dask_runner.py).
 
+The local cluster's workers keep glibc's own ``malloc`` tuning. Dask sets
+``MALLOC_TRIM_THRESHOLD_=65536`` in every worker it spawns (``distributed.nanny.pre-spawn-environ``)
+so that freed memory goes back to the operating system at once; setting it also switches off
+glibc's sliding ``mmap`` threshold, so every array above 128 KiB is mapped afresh and its pages
+fault in again each time. The jobs allocate such arrays per batch (Arrow columns turned into numpy,
+sort orders, AES buffers): at 30M keys on 1 worker that was 8.4M page faults and 23 s of kernel
+time in a 52 s leg, against 1.5M faults and 32 s without it (benchmarks/scale.py; about 10% more
+peak memory). ``--dask_trim_worker_memory`` keeps Dask's setting; a ``MALLOC_TRIM_THRESHOLD_`` in
+the environment is inherited either way. A remote cluster's workers get what their operator
+configured (runners/README.md, Dask).
+
 After the run the runner's client is closed before the cluster (a client left open on a closed
 scheduler keeps reconnecting and logs errors at exit). Nothing here imports Dask until a Dask run
 starts.
@@ -45,6 +56,10 @@ DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 DEFAULT_LOCAL_WORKERS = 2
 #: Dask bag partitions per worker thread when a run sets no partitioning of its own.
 PARTITIONS_PER_THREAD = 1
+#: Dask's config of the environment its nannies give the worker processes they spawn, and the
+#: variable in it this module unsets for local workers (module docstring).
+PRE_SPAWN_ENVIRON = "distributed.nanny.pre-spawn-environ"
+MALLOC_TRIM = "MALLOC_TRIM_THRESHOLD_"
 
 
 class DaskClusterOptions(PipelineOptions):
@@ -61,6 +76,11 @@ class DaskClusterOptions(PipelineOptions):
             "--dask_threads_per_worker", type=int, default=1,
             help="threads per local Dask worker process")
         parser.add_argument(
+            "--dask_trim_worker_memory", action="store_true", default=False,
+            help="keep Dask's MALLOC_TRIM_THRESHOLD_=65536 in the local workers: freed memory "
+                 "goes back to the system at once, at the cost of a page fault for every page "
+                 "of every array above 128 KiB (slower; see runners/dask_cluster.py)")
+        parser.add_argument(
             "--dask_worker_memory_limit", default="auto",
             help="memory limit per local Dask worker ('auto': the machine's memory shared out; "
                  "'0': none; or e.g. '4GiB')")
@@ -73,17 +93,21 @@ def is_dask(options: PipelineOptions) -> bool:
 
 @contextlib.contextmanager
 def local_cluster(workers: int = DEFAULT_LOCAL_WORKERS, threads_per_worker: int = 1,
-                  memory_limit: str | int = "auto") -> Iterator[str]:
+                  memory_limit: str | int = "auto", trim_memory: bool = False) -> Iterator[str]:
     """A :class:`distributed.LocalCluster` of ``workers`` processes; yields the scheduler
-    address and closes the cluster (and its processes) on exit."""
+    address and closes the cluster (and its processes) on exit. ``trim_memory``: keep Dask's
+    ``MALLOC_TRIM_THRESHOLD_`` in the workers (module docstring); otherwise glibc's default."""
     if workers < 1 or threads_per_worker < 1:
         raise ValueError("a local Dask cluster needs at least one worker and one thread")
+    import dask
     import distributed
 
     memory = 0 if str(memory_limit) == "0" else memory_limit
-    cluster = distributed.LocalCluster(
-        n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
-        memory_limit=memory, dashboard_address=":0", host="127.0.0.1")  # any free port
+    environ = {} if trim_memory else {f"{PRE_SPAWN_ENVIRON}.{MALLOC_TRIM}": None}  # None: unset
+    with dask.config.set(environ):  # read when the nannies are made, inside the constructor
+        cluster = distributed.LocalCluster(
+            n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
+            memory_limit=memory, dashboard_address=":0", host="127.0.0.1")  # any free port
     try:
         yield cluster.scheduler_address
     finally:
@@ -188,7 +212,7 @@ def cluster_for_run(options: PipelineOptions) -> Iterator[PipelineOptions]:
         return
     local = options.view_as(DaskClusterOptions)
     with local_cluster(local.dask_local_workers, local.dask_threads_per_worker,
-                       local.dask_worker_memory_limit) as address:
+                       local.dask_worker_memory_limit, local.dask_trim_worker_memory) as address:
         _LOG.info("Dask: local cluster of %d worker processes at %s",
                   local.dask_local_workers, address)
         dask.address = address

@@ -322,6 +322,26 @@ def _dp_aggregate(target: str, dict_rows: bool = False, staging_dir: str = None)
 
 
 @on_engine
+@pytest.mark.parametrize("trim", [False, True])
+def test_local_workers_keep_glibc_malloc_tuning_unless_asked(trim, monkeypatch):
+    """Dask's nannies set MALLOC_TRIM_THRESHOLD_=65536 in the workers they spawn (every array
+    above 128 KiB then faults its pages in afresh); local clusters unset it unless
+    --dask_trim_worker_memory keeps it."""
+    distributed = pytest.importorskip("distributed")
+    import os
+
+    monkeypatch.delenv(dask_cluster.MALLOC_TRIM, raising=False)
+    options = profiles.pipeline_options_for(
+        ["--runner=dask"] + (["--dask_trim_worker_memory"] if trim else []))
+    local = options.view_as(dask_cluster.DaskClusterOptions)
+    assert local.dask_trim_worker_memory is trim
+    with dask_cluster.local_cluster(1, trim_memory=local.dask_trim_worker_memory) as address:
+        with distributed.Client(address, set_as_default=False) as client:
+            [seen] = client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_")).values()
+    assert seen == ("65536" if trim else None)
+
+
+@on_engine
 def test_a_remote_cluster_is_asked_for_its_worker_threads(cluster):
     assert dask_cluster.scheduler_threads(cluster) == 2  # two worker processes of one thread
 
