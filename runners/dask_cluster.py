@@ -2,7 +2,8 @@
 
 Beam's Dask runner (``apache_beam.runners.dask.dask_runner.DaskRunner``, Beam >= 2.60) turns the
 pipeline into a Dask bag graph and submits it through a ``dask.distributed.Client`` it makes
-itself from ``--dask_client_address``. It never closes that client, and without an address the
+itself from ``--dask_client_address``. The profile runs it as :data:`DASK_RUNNER`, Beam's runner
+with side inputs computed once as dependencies in the graph (:mod:`runners.dask_runner`). It never closes that client, and without an address the
 client would start a local cluster sized by Dask's defaults that lives until interpreter exit.
 So every Dask run of this project goes through :func:`cluster_for_run`:
 
@@ -52,7 +53,10 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 _LOG = logging.getLogger(__name__)
 
-DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+#: The runner a Dask run of the project uses: Beam's, with side inputs as graph dependencies
+#: (runners/dask_runner.py); Beam's own stays available by its full name.
+DASK_RUNNER = "runners.dask_runner.DaskRunner"
+BEAM_DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 DEFAULT_LOCAL_WORKERS = 2
 #: Dask bag partitions per worker thread when a run sets no partitioning of its own.
 PARTITIONS_PER_THREAD = 1
@@ -82,27 +86,33 @@ class DaskClusterOptions(PipelineOptions):
                  "of every array above 128 KiB (slower; see runners/dask_cluster.py)")
         parser.add_argument(
             "--dask_worker_memory_limit", default="auto",
-            help="memory limit per local Dask worker ('auto': the machine's memory shared out; "
+            help="memory limit per local Dask worker ('auto': the machine's memory shared out "
+                 "equally among the workers; "
                  "'0': none; or e.g. '4GiB')")
 
 
 def is_dask(options: PipelineOptions) -> bool:
     runner = options.view_as(StandardOptions).runner or ""
-    return runner in (DASK_RUNNER, "DaskRunner") or runner.endswith(".DaskRunner")
+    return runner in (DASK_RUNNER, BEAM_DASK_RUNNER, "DaskRunner") or runner.endswith(".DaskRunner")
 
 
 @contextlib.contextmanager
 def local_cluster(workers: int = DEFAULT_LOCAL_WORKERS, threads_per_worker: int = 1,
                   memory_limit: str | int = "auto", trim_memory: bool = False) -> Iterator[str]:
     """A :class:`distributed.LocalCluster` of ``workers`` processes; yields the scheduler
-    address and closes the cluster (and its processes) on exit. ``trim_memory``: keep Dask's
+    address and closes the cluster (and its processes) on exit. ``memory_limit`` per worker:
+    ``"auto"``, the machine's memory over ``workers``; ``"0"``, none; else Dask's forms ("4GiB",
+    a fraction of the machine's memory). ``trim_memory``: keep Dask's
     ``MALLOC_TRIM_THRESHOLD_`` in the workers (module docstring); otherwise glibc's default."""
     if workers < 1 or threads_per_worker < 1:
         raise ValueError("a local Dask cluster needs at least one worker and one thread")
     import dask
     import distributed
 
-    memory = 0 if str(memory_limit) == "0" else memory_limit
+    # Dask's own "auto" gives a worker the share of the machine's memory that its threads are of
+    # the machine's cores: 1 worker of 1 thread on 2 cores got half, paused at 80% of it and hung
+    # (benchmarks/scale.py, 125M keys). A cluster made for one run shares out all of it.
+    memory = 0 if str(memory_limit) == "0" else 1 / workers if memory_limit == "auto" else memory_limit
     environ = {} if trim_memory else {f"{PRE_SPAWN_ENVIRON}.{MALLOC_TRIM}": None}  # None: unset
     with dask.config.set(environ):  # read when the nannies are made, inside the constructor
         cluster = distributed.LocalCluster(

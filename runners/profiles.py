@@ -291,8 +291,9 @@ PROFILES: dict[str, RunnerProfile] = {p.name: p for p in (
                   ("sdk_container_image", _worker_image(_local_spark), _IMAGE_WHY))),
     RunnerProfile(
         name="DaskRunner",
-        summary="Beam's Dask runner on a Dask cluster: --dask_client_address, or a local cluster of "
-        "worker processes started and shut down around the run.",
+        summary="Beam's Dask runner (side inputs computed once as graph tasks: runners/dask_runner.py) "
+        "on a Dask cluster: --dask_client_address, or a local cluster of worker processes started "
+        "and shut down around the run.",
         choose_runner=_dask_runner,
         defaults=(("dask_local_workers", _if(_no_scheduler, 2),
                    "local cluster of 2 worker processes for the run (no scheduler given)"),)),

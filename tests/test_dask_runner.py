@@ -33,7 +33,7 @@ DIRECT = RunnerCase(label="direct", runner="DirectRunner")
 
 def test_dask_profile_resolves_without_an_engine():
     resolved = profiles.resolve(["--runner=dask"])
-    assert resolved.runner == dask_cluster.DASK_RUNNER
+    assert resolved.runner == dask_cluster.DASK_RUNNER == "runners.dask_runner.DaskRunner"
     assert "--dask_local_workers=2" in resolved.argv
     remote = profiles.resolve(["--runner=DaskRunner", "--dask_client_address=tcp://h:8786"])
     assert not any(a.startswith("--dask_local_workers") for a in remote.argv)
@@ -338,7 +338,85 @@ def test_local_workers_keep_glibc_malloc_tuning_unless_asked(trim, monkeypatch):
     with dask_cluster.local_cluster(1, trim_memory=local.dask_trim_worker_memory) as address:
         with distributed.Client(address, set_as_default=False) as client:
             [seen] = client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_")).values()
+            [limit] = [w["memory_limit"] for w in client.scheduler_info()["workers"].values()]
     assert seen == ("65536" if trim else None)
+    # "auto": one worker gets the machine's memory, not Dask's share by threads over cores
+    from distributed.system import MEMORY_LIMIT
+    assert abs(limit - MEMORY_LIMIT) <= 1
+
+
+@on_engine
+def test_local_workers_share_the_machines_memory_out_equally():
+    distributed = pytest.importorskip("distributed")
+    from distributed.system import MEMORY_LIMIT
+
+    with dask_cluster.local_cluster(2) as address:
+        with distributed.Client(address, set_as_default=False) as client:
+            limits = [w["memory_limit"] for w in client.scheduler_info()["workers"].values()]
+    assert len(limits) == 2 and all(abs(limit - MEMORY_LIMIT / 2) <= 1 for limit in limits)
+    with dask_cluster.local_cluster(1, memory_limit="0") as address:
+        with distributed.Client(address, set_as_default=False) as client:
+            [limit] = [w["memory_limit"] for w in client.scheduler_info()["workers"].values()]
+    assert not limit  # no limit
+
+
+def _side_input_pipeline(calls: Path, out: Path):
+    """A ParDo reading four side inputs (list, singleton with a combine's default, dict, and a
+    side input read by two ParDos), the side input's producer also in the main graph; each call
+    of the producer leaves a file in ``calls``; the sorted results are written to ``out``."""
+    import json
+    import uuid
+
+    import apache_beam as beam
+
+    def record(value):
+        (calls / f"{value}-{uuid.uuid4().hex}").touch()
+        return value
+
+    def build(p):
+        side = p | "Side" >> beam.Create(["a", "b", "c"]) | "Record" >> beam.Map(record)
+        count = side | "Count" >> beam.combiners.Count.Globally()
+        upper = side | "Upper" >> beam.Map(lambda k: (k, k.upper()))
+        main = p | "Main" >> beam.Create(list(range(20)))
+        rows = main | "Read" >> beam.Map(
+            lambda x, listed, n, mapped: [x, sorted(listed), n, mapped[["a", "b", "c"][x % 3]]],
+            beam.pvalue.AsList(side), beam.pvalue.AsSingleton(count), beam.pvalue.AsDict(upper))
+        again = main | "ReadAgain" >> beam.Map(lambda x, n: [-x, n], beam.pvalue.AsSingleton(count))
+        empty = main | "None" >> beam.Filter(lambda x: x < 0) | "NoCount" >> beam.combiners.Count.Globally()
+        alone = main | "Default" >> beam.Map(lambda x, n: [x, "default", n], beam.pvalue.AsSingleton(empty))
+        ((rows, again, alone, side | "Plain" >> beam.Map(lambda s: [s]))
+         | beam.Flatten() | beam.combiners.ToList()
+         | beam.Map(lambda got: out.write_text(json.dumps(sorted(map(json.dumps, got))))))
+    return build
+
+
+@on_engine
+def test_side_inputs_are_computed_once_as_graph_dependencies(cluster, tmp_path):
+    """The project's DaskRunner (runners/dask_runner.py): every DoFn sees the side input values
+    the in-process engine gives it, and each side input is computed once, as a task of the graph
+    it shares with the main input's steps (Beam's translation computes it inside every task that
+    reads it, again for each partition and again for the main graph: more than 3 calls here)."""
+    import json
+
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    from runners import dask_runner
+    from runners.profiles import pipeline_options_for
+
+    results = {}
+    for name, argv in (("local", []), ("dask", dask_argv(cluster))):
+        calls, out = tmp_path / f"calls-{name}", tmp_path / f"{name}.json"
+        calls.mkdir()
+        options = pipeline_options_for(argv)
+        if name == "dask":
+            assert options.view_as(StandardOptions).runner == dask_runner.RUNNER
+        dask_cluster.run(options, _side_input_pipeline(calls, out))
+        results[name] = out.read_text()
+        assert sorted(p.name.split("-")[0] for p in calls.iterdir()) == ["a", "b", "c"], name
+    assert results["dask"] == results["local"]
+    got = json.loads(results["local"])
+    assert json.dumps([0, ["a", "b", "c"], 3, "A"]) in got and json.dumps([4, "default", 0]) in got
+    assert len(got) == 3 * 20 + 3
 
 
 @on_engine
