@@ -3,8 +3,9 @@
 Beam's Dask runner (``apache_beam.runners.dask.dask_runner.DaskRunner``, Beam >= 2.60) turns the
 pipeline into a Dask bag graph and submits it through a ``dask.distributed.Client`` it makes
 itself from ``--dask_client_address``. The profile runs it as :data:`DASK_RUNNER`, Beam's runner
-with side inputs computed once as dependencies in the graph (:mod:`runners.dask_runner`). It never closes that client, and without an address the
-client would start a local cluster sized by Dask's defaults that lives until interpreter exit.
+with side inputs computed once as dependencies in the graph (:mod:`runners.dask_runner`). It
+never closes that client, and without an address the client would start a local cluster sized
+by Dask's defaults that lives until interpreter exit.
 So every Dask run of this project goes through :func:`cluster_for_run`:
 
 * with ``--dask_client_address=tcp://host:8786`` (or ``--dask_scheduler_file``) the run uses that
