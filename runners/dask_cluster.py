@@ -23,9 +23,12 @@ on one worker thread, however many workers the cluster has. When the run gives n
 ``--dask_npartitions`` nor ``--dask_partition_size``, :func:`cluster_for_run` sets
 ``--dask_npartitions`` to :data:`PARTITIONS_PER_THREAD` per worker thread of the cluster (counted
 from the local cluster's settings, or asked of a remote scheduler). One per thread, not more:
-the runner evaluates a side input inside every partition that reads it (it iterates the side
-input's bag there), so extra partitions cost more than they balance (benchmarks/scale.py at 10M
-keys on 2 workers: 25.5 s with one partition per thread, 31.9 s with four; 1 worker: 40.7 s).
+with Beam's translation, which evaluates a side input inside every partition that reads it,
+extra partitions cost more than they balanced (benchmarks/scale.py at 10M keys on 2 workers:
+25.5 s with one partition per thread, 31.9 s with four; 1 worker: 40.7 s); with the project's
+runner, which computes it once, two per thread were no faster (30M keys: 1 worker 28.1-28.9 s
+against 27.9-31.8 s, 2 workers 18.7-22.7 s against 20.1-21.1 s) and slower with 2 workers at
+125M keys (82.5 s against 74.8 s; 1 worker 113.0 against 115.0 s).
 Partitioning changes no released byte: bounding and noise never depend on batching
 (tests/test_dask_runner.py).
 
