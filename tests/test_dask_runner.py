@@ -19,6 +19,7 @@ import contextlib
 import socket
 from pathlib import Path
 
+import apache_beam as beam
 import pytest
 
 from runners import dask_cluster, profiles
@@ -209,8 +210,9 @@ def test_transforms_the_dask_runner_would_get_wrong_are_refused():
     """BatchElements (its finish_bundle batch is dropped) and tagged outputs (not kept apart)
     run wrongly on Dask without an error: a pipeline holding either is refused before it runs.
     No job holds them any more (they fan out with transforms.fanout.ByTag and batch with
-    transforms.batching.ShardedBatches; every job is in the byte-identity test below)."""
-    import apache_beam as beam
+    transforms.batching.ShardedBatches; every job is in the byte-identity test below). Nor does
+    WindowInto other than the global window (Beam's translation ignores it)."""
+    from apache_beam.transforms import window
 
     class Tagged(beam.DoFn):
         def process(self, element):
@@ -218,7 +220,9 @@ def test_transforms_the_dask_runner_would_get_wrong_are_refused():
 
     for build, feature in ((lambda p: p | beam.Create([1, 2]) | beam.BatchElements(), "BatchElements"),
                            (lambda p: p | beam.Create([1, 2]) | beam.ParDo(Tagged()).with_outputs("odd", "even"),
-                            "ParDo with tagged outputs")):
+                            "ParDo with tagged outputs"),
+                           (lambda p: p | beam.Create([1, 2]) | beam.WindowInto(window.FixedWindows(10)),
+                            "WindowInto")):
         pipeline = beam.Pipeline()
         build(pipeline)
         with pytest.raises(NotImplementedError, match=feature):
