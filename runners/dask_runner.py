@@ -1,37 +1,58 @@
-"""Beam's DaskRunner, with a ParDo's side inputs computed once, as dependencies in the graph.
+"""Beam's DaskRunner, translated for a cluster: side inputs as graph dependencies, combines lifted
+before the shuffle, even partitions, and element sizes the scheduler can see.
 
-Beam's Dask translation (``apache_beam.runners.dask``, Beam 2.77) hands a ParDo its side inputs
-as the side input's dask bag, which each task of the ParDo computes when its DoFn first reads
-the side input (``list(bag)`` inside the task, through a worker client). So the side input's
-chain starts only once a main-input partition has reached its first element (after everything
-fused before it in the same task: reading the partition's files), it is computed again for each
-partition that reads it unless the results happen to be still held, and its upstream shared with
-the main graph (a keyset read for the release and for its filter) runs twice. At 30M keys on 2
-workers the keyset filter's chain started 0.9 s and 2.9 s into the run, while its tasks waited
-for workers busy reading rows, and bounding could not start before 7.4 s (runners/README.md,
-"Scale benchmark").
+Beam's Dask translation (``apache_beam.runners.dask``, Beam 2.77) turns each transform into Dask
+bag operations. :class:`DaskRunner` here keeps that translation except where a job at scale lost
+time to it (benchmarks/scale.py, Dask's task stream of 125M keys / 200M rows on 2 workers;
+runners/README.md, "Scale benchmark"):
 
-:class:`DaskRunner` here is Beam's runner with one change: a ParDo with side inputs gets each side
-input as one ``dask.delayed`` task over the side input bag's partitions (computed once, a
-dependency of every partition of the ParDo, scheduled with the rest of the graph, and sharing
-its upstream tasks with it), and each partition builds from its value the same
-:class:`~apache_beam.transforms.sideinputs.SideInputMap` Beam's translation builds from the bag.
-The DoFn sees the same values in the same order; every other transform is translated by Beam.
-(The partitions are passed one by one, ``bag.to_delayed(optimize_graph=False)``: with the bag
-passed whole to ``dask.delayed``, one of event-level reports' two ``ToList`` side inputs came out
-empty in one of the two partitions reading it; the cause was not pinned down, partition by
-partition every job releases the in-process bytes.)
+* **Side inputs** (:func:`par_do_with_side_inputs`). Beam hands a ParDo its side input as a bag
+  that each task computes when its DoFn first reads it (``list(bag)`` through a worker client):
+  the side input's chain starts only once a partition has read its files, runs again for each
+  partition unless its results are still held, and its upstream shared with the main graph (the
+  keyset, read for the release and for its filter) runs twice. Here each side input is one
+  ``dask.delayed`` task over the side input bag's partitions (computed once, a dependency of
+  every partition of the ParDo), from whose value each partition builds the same
+  :class:`~apache_beam.transforms.sideinputs.SideInputMap` Beam builds from the bag. (The
+  partitions are passed one by one, ``bag.to_delayed(optimize_graph=False)``: with the bag passed
+  whole, one of event-level reports' two ``ToList`` side inputs came out empty in one partition.)
+* **Combines** (:func:`combine_per_key`). Beam expands ``CombinePerKey`` into a GroupByKey and a
+  ParDo: every value crosses the shuffle and the combine runs after it, so a ``CombineGlobally``
+  is one task (the keyset filter's 125M adds: 11 s on one worker while the other idled). Here a
+  ``CombinePerKey`` of a ``CombineFn`` over the global window is lifted as the in-process engine
+  and Dataflow lift it: each partition adds its own values per key and compacts the
+  accumulators (``CombineFn.compact``; a staged filter is written as a file), only accumulators
+  cross the shuffle, and each key's are merged and extracted after it.
+* **Shuffles** (:func:`shuffled`). Dask places a key on a partition by an MD5 of its token; the
+  jobs' keys are shard numbers 0..S-1, and 120 key shards fell 22 to 36 per partition of 4.
+  Here an ``int`` key is placed by its Fibonacci hash (29-31 per partition); other keys as Dask
+  does.
+* **Create** (:func:`create`). Dask's ``from_sequence`` made 3 partitions of 125 file names when
+  asked for 2 (62, 62, 1), and the odd partition's steps made 5 release tasks for 2 workers.
+  Here a ``Create`` is split into exactly ``--dask_npartitions`` partitions.
+* **Element sizes** (:func:`register_element_sizes`, :class:`ElementSizes`). Beam holds every
+  element in a ``WindowedValue``, which Dask sized at 80 bytes whatever it held: partitions of
+  100 files' Arrow batches looked empty to the scheduler, which ran both bounding tasks on one
+  worker after copying the other's rows to it, while that worker idled 40 s. Every worker of the
+  run's cluster now sizes an element by what it holds.
 
-Measured (benchmarks/scale.py, runners/README.md): 125M keys / 200M rows, 1 worker 118.5 s
-against 178.6 s with Beam's translation, 2 workers 83.8 s against 90.6 s; at 30M keys 1 worker
-30.0-32.8 s against 31.9-39.2 s, 2 workers 21.9-25.6 s against 23.3-26.4 s. The profile names it
-for ``--runner DaskRunner`` (:data:`runners.dask_cluster.DASK_RUNNER`); Beam's own runner stays
-available by its full name. Released bytes are the same on both and in process
-(tests/test_dask_runner.py).
+The DoFns see the same values; released bytes are the in-process ones for every job
+(tests/test_dask_runner.py). The profile names this runner for ``--runner DaskRunner``
+(:data:`runners.dask_cluster.DASK_RUNNER`); Beam's own stays available by its full name.
+
+Measured at 125M keys / 200M rows (benchmarks/scale.py, process trees from start; this code, as
+its parts were added, and the code with side inputs alone run back to back, six pairs, on a
+machine whose speed drifted by a fifth within the hour): 2 workers 73.7-95.1 s (median 83.1 s) against 74.4-96.6 s (87.8 s);
+2 over 1 1.36x-1.78x against 1.26x-1.47x; 1 worker unchanged by lifting (117.6 and 119.0 s
+against 121.7 and 116.4 s with it switched off). Dask's task stream of a 2-worker run: each
+worker reads a keyset half and a rows half, adds its half of the filter, bounds one partition
+and releases two, and both end within 0.3 s of each other (73.2 and 73.5 s); with side inputs
+alone one worker's three release tasks ended 6.4 s after the other's two.
 """
 from __future__ import annotations
 
 from apache_beam.runners.dask.dask_runner import DaskRunner as BeamDaskRunner
+from distributed.diagnostics.plugin import WorkerPlugin
 
 #: What ``--runner`` names to run on this module's runner.
 RUNNER = "runners.dask_runner.DaskRunner"
@@ -83,18 +104,208 @@ def par_do_with_side_inputs(node, input_bag, side_bags):
         _apply_with_side_inputs, invoker_args, invoker_kwargs, receivers, views, *values)
 
 
+#: Fibonacci hashing's multiplier (2**64 over the golden ratio, odd).
+_FIBONACCI = 0x9E3779B97F4A7C15
+_MASK64 = (1 << 64) - 1
+
+
+def _key(pair):
+    return pair[0]
+
+
+def partition_hash(key) -> int:
+    """Which shuffle partition a key goes to (its value modulo the partitions): for an ``int``
+    (the jobs' shard numbers 0..S-1), the high bits of its Fibonacci hash, which spread
+    consecutive integers almost evenly (120 key shards over 4 partitions: 29-31 each, against
+    22-36 by Dask's default token hash); anything else by Dask's token, as Dask does."""
+    if type(key) is int:
+        return ((key * _FIBONACCI) & _MASK64) >> 32
+    from dask.base import tokenize
+
+    return int(tokenize(key), 16)
+
+
+def shuffled(bag):
+    """``bag`` of ``(key, value)`` grouped by key: Dask's ``Bag.groupby``, partitioned by
+    :func:`partition_hash` when it shuffles through tasks (the method a distributed client uses;
+    ``dataframe.shuffle.method: disk`` in Dask's config keeps Dask's disk shuffle). Choosing it
+    here also spares importing ``dask.dataframe``, which Dask's own choice does (0.8 s)."""
+    import dask
+    from dask.bag.core import groupby_tasks
+
+    if dask.config.get("dataframe.shuffle.method", None) == "disk":
+        return bag.groupby(_key, shuffle="disk")
+    return groupby_tasks(bag, _key, hash=partition_hash)
+
+
+def _grouped_values(group):
+    """Beam's GroupByKey output for one shuffled group: the key and its values, out of their
+    windows (as Beam's Dask translation gives them)."""
+    from apache_beam.runners.dask.transform_evaluator import defenestrate
+
+    key, items = group
+    return key, [defenestrate(item[1]) for item in items]
+
+
+def _combine_partition(items, fn):
+    """One partition's ``(key, value)`` elements -> ``(key, accumulator)`` per key, compacted,
+    keys in the order they were first met."""
+    from apache_beam.runners.dask.transform_evaluator import defenestrate
+
+    fn.setup()
+    try:
+        accumulators = {}
+        for item in items:
+            key, value = defenestrate(item)
+            accumulator = accumulators[key] if key in accumulators else fn.create_accumulator()
+            accumulators[key] = fn.add_input(accumulator, value)
+        return [(key, fn.compact(accumulator)) for key, accumulator in accumulators.items()]
+    finally:
+        fn.teardown()
+
+
+def _merge_partition(groups, fn):
+    """One partition of grouped ``(key, [(key, accumulator), ...])`` -> ``(key, output)``."""
+    fn.setup()
+    try:
+        return [(key, fn.extract_output(fn.merge_accumulators([a for _, a in pairs])))
+                for key, pairs in groups]
+    finally:
+        fn.teardown()
+
+
+def create(node, bag_kwargs):
+    """The bag of a ``Create`` in exactly ``npartitions`` partitions (as many as it has elements
+    if fewer), their sizes differing by at most one element. Dask's ``from_sequence``, which
+    Beam's translation calls, derives a partition size from ``npartitions`` and can make one
+    more: 125 files in 2 partitions gave 62, 62 and 1, and the third partition's steps made an
+    uneven number of partitions downstream (5 release tasks on 2 workers). With
+    ``partition_size`` (or neither) it is Beam's translation."""
+    from dask.bag.core import Bag
+    from dask.base import tokenize
+
+    items = list(node.transform.values)
+    parts = max(1, min(int(bag_kwargs["npartitions"]), len(items)))
+    name = "create-" + tokenize(node.full_label, items, parts)
+    bounds = [len(items) * i // parts for i in range(parts + 1)]
+    graph = {(name, i): items[bounds[i]:bounds[i + 1]] for i in range(parts)}
+    return Bag(graph, name, parts)
+
+
+def lifts(node) -> bool:
+    """Whether :func:`combine_per_key` translates composite ``node``: a ``CombinePerKey`` of a
+    :class:`~apache_beam.transforms.core.CombineFn` without extra arguments or side inputs, over
+    the global window (anything else keeps Beam's expansion: a GroupByKey, then the combine)."""
+    import apache_beam as beam
+    from apache_beam.transforms.window import GlobalWindows
+
+    transform = node.transform
+    if type(transform) is not beam.CombinePerKey or transform.args or transform.kwargs \
+            or node.side_inputs or not isinstance(transform.fn, beam.CombineFn):
+        return False
+    [main] = list(node.main_inputs.values()) or [None]
+    outputs = list(node.outputs.values())
+    return (main is not None and len(outputs) == 1
+            and isinstance(main.windowing.windowfn, GlobalWindows))
+
+
+def combine_per_key(node, input_bag):
+    """The bag of ``CombinePerKey`` ``node`` (:func:`lifts`) over ``input_bag``, lifted: each
+    partition combines its own elements per key and compacts the accumulators
+    (``CombineFn.compact``), only accumulators cross the shuffle, and each key's are merged and
+    extracted after it (module docstring)."""
+    fn = node.transform.fn
+    return shuffled(input_bag.map_partitions(_combine_partition, fn)).map_partitions(_merge_partition, fn)
+
+
+def _windowed_value_size(windowed) -> int:
+    from dask.sizeof import sizeof
+
+    return 64 + sizeof(windowed.value)
+
+
+def register_element_sizes() -> None:
+    """Teach this process's ``dask.sizeof`` the bytes of a Beam element: Beam's translation holds
+    every element in a ``WindowedValue``, which Dask sized at 80 bytes whatever it holds (a
+    partition of 100 files' Arrow batches looked like a few kilobytes). The scheduler places a
+    task where the bytes of its inputs are and weighs moving them by their size; misled, it ran
+    both bounding tasks of 125M keys on the worker holding the side input, after copying the
+    other worker's rows to it, while that worker idled 40 s (benchmarks/scale.py, task stream)."""
+    from apache_beam.utils.windowed_value import WindowedValue
+    from dask.sizeof import sizeof
+
+    sizeof.register(WindowedValue, _windowed_value_size)
+
+
+class ElementSizes(WorkerPlugin):
+    """A Dask worker plugin that calls :func:`register_element_sizes` in every worker process
+    (sizes are measured where results are held); registered by :class:`DaskRunner` before the
+    graph is submitted, and kept by workers that join later."""
+
+    name = "beam-dp-element-sizes"
+    idempotent = True
+
+    def setup(self, worker) -> None:
+        register_element_sizes()
+
+
+def _register_on_cluster(options) -> None:
+    """Register :class:`ElementSizes` on the cluster the run's options name (the profile always
+    names one: runners/dask_cluster.py); without an address Beam's client would start a cluster
+    of its own, and nothing is registered."""
+    import distributed
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+
+    dask = options.view_as(DaskOptions)
+    if not (dask.address or dask.scheduler_file):
+        return
+    register_element_sizes()
+    with distributed.Client(address=dask.address, scheduler_file=dask.scheduler_file,
+                            set_as_default=False) as client:
+        client.register_plugin(ElementSizes(), name=ElementSizes.name)
+
+
 class DaskRunner(BeamDaskRunner):
     """Beam's DaskRunner with :func:`par_do_with_side_inputs` for ParDos that have side inputs
-    (module docstring)."""
+    and :func:`combine_per_key` for combines (module docstring)."""
+
+    def run_pipeline(self, pipeline, options):
+        _register_on_cluster(options)
+        return super().run_pipeline(pipeline, options)
 
     @staticmethod
     def to_dask_bag_visitor(bag_kwargs=None):
         import apache_beam as beam
+        from apache_beam.runners.dask.overrides import _Create, _GroupByKeyOnly
+
+        exact = bool((bag_kwargs or {}).get("npartitions")) and not (bag_kwargs or {}).get("partition_size")
 
         base = type(BeamDaskRunner.to_dask_bag_visitor(bag_kwargs))
 
         class Visitor(base):
+            lifting = None  # the CombinePerKey whose parts are being skipped
+
+            def enter_composite_transform(self, node) -> None:
+                if self.lifting is None and lifts(node):
+                    [main] = [self.bags[pcoll.producer] for pcoll in node.main_inputs.values()]
+                    [output] = node.outputs.values()
+                    self.bags[output.producer] = combine_per_key(node, main)
+                    self.lifting = node
+
+            def leave_composite_transform(self, node) -> None:
+                if node is self.lifting:
+                    self.lifting = None
+
             def visit_transform(self, node) -> None:
+                if self.lifting is not None:  # translated whole by combine_per_key
+                    return
+                if exact and type(node.transform) is _Create:
+                    self.bags[node] = create(node, bag_kwargs)
+                    return
+                if type(node.transform) is _GroupByKeyOnly:
+                    [main] = [self.bags[pcoll.producer] for pcoll in node.inputs]
+                    self.bags[node] = shuffled(main).map(_grouped_values)
+                    return
                 if not (type(node.transform) is beam.ParDo and node.side_inputs):
                     super().visit_transform(node)
                     return
