@@ -634,6 +634,7 @@ def test_a_create_makes_exactly_the_partitions_asked_for():
     assert partitions(DaskRunner, ["a"], 4) == ([1], ["a"])
 
 
+@on_engine
 def test_workers_size_beam_elements_by_what_they_hold():
     """Beam's translation wraps every element in a WindowedValue, which Dask sized at 80 bytes
     whatever it held, so its scheduler placed tasks as if partitions of Arrow batches were
