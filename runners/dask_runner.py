@@ -52,7 +52,21 @@ worker's three release tasks ended 6.4 s after the other's two.
 """
 from __future__ import annotations
 
-from apache_beam.runners.dask.dask_runner import DaskRunner as BeamDaskRunner
+import apache_beam as beam
+import dask
+import distributed
+from apache_beam.runners.common import DoFnContext, DoFnSignature, _OutputHandler
+from apache_beam.runners.dask.dask_runner import DaskOptions, DaskRunner as BeamDaskRunner
+from apache_beam.runners.dask.overrides import _Create, _GroupByKeyOnly
+from apache_beam.runners.dask.transform_evaluator import (OneReceiver, apply_dofn_to_bundle,
+                                                          defenestrate, get_windowed_value)
+from apache_beam.transforms.core import DoFn
+from apache_beam.transforms.sideinputs import SideInputMap
+from apache_beam.transforms.window import GlobalWindows
+from apache_beam.utils.windowed_value import WindowedValue
+from dask.bag.core import Bag, groupby_tasks
+from dask.base import tokenize
+from dask.sizeof import sizeof
 from distributed.diagnostics.plugin import WorkerPlugin
 
 #: What ``--runner`` names to run on this module's runner.
@@ -67,9 +81,6 @@ def _values(*partitions):
 def _apply_with_side_inputs(items, invoker_args, invoker_kwargs, receivers, views, *values):
     """Beam's ``apply_dofn_to_bundle`` with the side inputs rebuilt from their computed values,
     as Beam's ``DaskBagWindowedIterator`` yields them (each element in its window)."""
-    from apache_beam.runners.dask.transform_evaluator import apply_dofn_to_bundle, get_windowed_value
-    from apache_beam.transforms.sideinputs import SideInputMap
-
     side_inputs = [SideInputMap(view_class, options, [get_windowed_value(v, window_fn) for v in vals])
                    for (view_class, options, window_fn), vals in zip(views, values)]
     return apply_dofn_to_bundle(items, invoker_args, {**invoker_kwargs, "side_inputs": side_inputs},
@@ -79,11 +90,6 @@ def _apply_with_side_inputs(items, invoker_args, invoker_kwargs, receivers, view
 def par_do_with_side_inputs(node, input_bag, side_bags):
     """The bag of ParDo ``node`` over ``input_bag``, its side inputs' bags ``side_bags`` passed as
     delayed dependencies (module docstring). Beam's ``transform_evaluator.ParDo.apply`` otherwise."""
-    import dask
-    from apache_beam.runners.common import DoFnContext, DoFnSignature, _OutputHandler
-    from apache_beam.runners.dask.transform_evaluator import OneReceiver, get_windowed_value
-    from apache_beam.transforms.core import DoFn
-
     transform = node.transform
     args, kwargs = transform.raw_side_inputs
     main_input = next(iter(node.main_inputs.values()))
@@ -121,7 +127,6 @@ def partition_hash(key) -> int:
     22-36 by Dask's default token hash); anything else by Dask's token, as Dask does."""
     if type(key) is int:
         return ((key * _FIBONACCI) & _MASK64) >> 32
-    from dask.base import tokenize
 
     return int(tokenize(key), 16)
 
@@ -131,9 +136,6 @@ def shuffled(bag):
     :func:`partition_hash` when it shuffles through tasks (the method a distributed client uses;
     ``dataframe.shuffle.method: disk`` in Dask's config keeps Dask's disk shuffle). Choosing it
     here also spares importing ``dask.dataframe``, which Dask's own choice does (0.8 s)."""
-    import dask
-    from dask.bag.core import groupby_tasks
-
     if dask.config.get("dataframe.shuffle.method", None) == "disk":
         return bag.groupby(_key, shuffle="disk")
     return groupby_tasks(bag, _key, hash=partition_hash)
@@ -142,8 +144,6 @@ def shuffled(bag):
 def _grouped_values(group):
     """Beam's GroupByKey output for one shuffled group: the key and its values, out of their
     windows (as Beam's Dask translation gives them)."""
-    from apache_beam.runners.dask.transform_evaluator import defenestrate
-
     key, items = group
     return key, [defenestrate(item[1]) for item in items]
 
@@ -151,8 +151,6 @@ def _grouped_values(group):
 def _combine_partition(items, fn):
     """One partition's ``(key, value)`` elements -> ``(key, accumulator)`` per key, compacted,
     keys in the order they were first met."""
-    from apache_beam.runners.dask.transform_evaluator import defenestrate
-
     fn.setup()
     try:
         accumulators = {}
@@ -182,9 +180,6 @@ def create(node, bag_kwargs):
     more: 125 files in 2 partitions gave 62, 62 and 1, and the third partition's steps made an
     uneven number of partitions downstream (5 release tasks on 2 workers). With
     ``partition_size`` (or neither) it is Beam's translation."""
-    from dask.bag.core import Bag
-    from dask.base import tokenize
-
     items = list(node.transform.values)
     parts = max(1, min(int(bag_kwargs["npartitions"]), len(items)))
     name = "create-" + tokenize(node.full_label, items, parts)
@@ -197,17 +192,13 @@ def lifts(node) -> bool:
     """Whether :func:`combine_per_key` translates composite ``node``: a ``CombinePerKey`` of a
     :class:`~apache_beam.transforms.core.CombineFn` without extra arguments or side inputs, over
     the global window (anything else keeps Beam's expansion: a GroupByKey, then the combine)."""
-    import apache_beam as beam
-    from apache_beam.transforms.window import GlobalWindows
-
     transform = node.transform
     if type(transform) is not beam.CombinePerKey or transform.args or transform.kwargs \
             or node.side_inputs or not isinstance(transform.fn, beam.CombineFn):
         return False
-    [main] = list(node.main_inputs.values()) or [None]
-    outputs = list(node.outputs.values())
-    return (main is not None and len(outputs) == 1
-            and isinstance(main.windowing.windowfn, GlobalWindows))
+    mains = list(node.main_inputs.values())
+    return (len(mains) == 1 and len(node.outputs) == 1
+            and isinstance(mains[0].windowing.windowfn, GlobalWindows))
 
 
 def combine_per_key(node, input_bag):
@@ -220,8 +211,6 @@ def combine_per_key(node, input_bag):
 
 
 def _windowed_value_size(windowed) -> int:
-    from dask.sizeof import sizeof
-
     return 64 + sizeof(windowed.value)
 
 
@@ -232,9 +221,6 @@ def register_element_sizes() -> None:
     task where the bytes of its inputs are and weighs moving them by their size; misled, it ran
     both bounding tasks of 125M keys on the worker holding the side input, after copying the
     other worker's rows to it, while that worker idled 40 s (benchmarks/scale.py, task stream)."""
-    from apache_beam.utils.windowed_value import WindowedValue
-    from dask.sizeof import sizeof
-
     sizeof.register(WindowedValue, _windowed_value_size)
 
 
@@ -254,14 +240,10 @@ def _register_on_cluster(options) -> None:
     """Register :class:`ElementSizes` on the cluster the run's options name (the profile always
     names one: runners/dask_cluster.py); without an address Beam's client would start a cluster
     of its own, and nothing is registered."""
-    import distributed
-    from apache_beam.runners.dask.dask_runner import DaskOptions
-
-    dask = options.view_as(DaskOptions)
-    if not (dask.address or dask.scheduler_file):
+    given = options.view_as(DaskOptions)
+    if not (given.address or given.scheduler_file):
         return
-    register_element_sizes()
-    with distributed.Client(address=dask.address, scheduler_file=dask.scheduler_file,
+    with distributed.Client(address=given.address, scheduler_file=given.scheduler_file,
                             set_as_default=False) as client:
         client.register_plugin(ElementSizes(), name=ElementSizes.name)
 
@@ -276,19 +258,21 @@ class DaskRunner(BeamDaskRunner):
 
     @staticmethod
     def to_dask_bag_visitor(bag_kwargs=None):
-        import apache_beam as beam
-        from apache_beam.runners.dask.overrides import _Create, _GroupByKeyOnly
-
-        exact = bool((bag_kwargs or {}).get("npartitions")) and not (bag_kwargs or {}).get("partition_size")
-
+        kwargs = bag_kwargs or {}
+        exact = bool(kwargs.get("npartitions")) and not kwargs.get("partition_size")
         base = type(BeamDaskRunner.to_dask_bag_visitor(bag_kwargs))
 
         class Visitor(base):
             lifting = None  # the CombinePerKey whose parts are being skipped
 
+            def main_bag(self, node):
+                """The bag of ``node``'s one main input."""
+                [main] = [self.bags[pcoll.producer] for pcoll in node.main_inputs.values()]
+                return main
+
             def enter_composite_transform(self, node) -> None:
                 if self.lifting is None and lifts(node):
-                    [main] = [self.bags[pcoll.producer] for pcoll in node.main_inputs.values()]
+                    main = self.main_bag(node)
                     [output] = node.outputs.values()
                     self.bags[output.producer] = combine_per_key(node, main)
                     self.lifting = node
@@ -304,14 +288,12 @@ class DaskRunner(BeamDaskRunner):
                     self.bags[node] = create(node, bag_kwargs)
                     return
                 if type(node.transform) is _GroupByKeyOnly:
-                    [main] = [self.bags[pcoll.producer] for pcoll in node.inputs]
-                    self.bags[node] = shuffled(main).map(_grouped_values)
+                    self.bags[node] = shuffled(self.main_bag(node)).map(_grouped_values)
                     return
                 if not (type(node.transform) is beam.ParDo and node.side_inputs):
                     super().visit_transform(node)
                     return
-                [main] = [self.bags[pcoll.producer] for pcoll in node.main_inputs.values()]
                 sides = [self.bags[si.pvalue.producer] for si in node.side_inputs]
-                self.bags[node] = par_do_with_side_inputs(node, main, sides)
+                self.bags[node] = par_do_with_side_inputs(node, self.main_bag(node), sides)
 
         return Visitor()
