@@ -52,12 +52,16 @@ worker's three release tasks ended 6.4 s after the other's two.
 """
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+
 import apache_beam as beam
 import dask
 import distributed
 from apache_beam.runners.common import DoFnContext, DoFnSignature, _OutputHandler
-from apache_beam.runners.dask.dask_runner import DaskOptions, DaskRunner as BeamDaskRunner
-from apache_beam.runners.dask.overrides import _Create, _GroupByKeyOnly
+from apache_beam.runners.dask.dask_runner import (DaskOptions, DaskRunner as BeamDaskRunner,
+                                                  DaskRunnerResult)
+from apache_beam.runners.dask.overrides import _Create, _GroupByKeyOnly, dask_overrides
 from apache_beam.runners.dask.transform_evaluator import (OneReceiver, apply_dofn_to_bundle,
                                                           defenestrate, get_windowed_value)
 from apache_beam.transforms.core import DoFn
@@ -66,6 +70,7 @@ from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.windowed_value import WindowedValue
 from dask.bag.core import Bag, groupby_tasks
 from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.sizeof import sizeof
 from distributed.diagnostics.plugin import WorkerPlugin
 
@@ -236,25 +241,75 @@ class ElementSizes(WorkerPlugin):
         register_element_sizes()
 
 
-def _register_on_cluster(options) -> None:
-    """Register :class:`ElementSizes` on the cluster the run's options name (the profile always
-    names one: runners/dask_cluster.py); without an address Beam's client would start a cluster
-    of its own, and nothing is registered."""
-    given = options.view_as(DaskOptions)
-    if not (given.address or given.scheduler_file):
-        return
-    with distributed.Client(address=given.address, scheduler_file=given.scheduler_file,
-                            set_as_default=False) as client:
-        client.register_plugin(ElementSizes(), name=ElementSizes.name)
+def worker_slots(nthreads: Mapping[str, int]) -> list[str]:
+    """The cluster's threads as worker addresses, dealt round the workers (``{a: 2, b: 1}`` ->
+    ``[a, b, a]``), workers in address order; ``nthreads`` as ``Client.nthreads()`` gives it."""
+    workers = sorted(nthreads)
+    return [worker for turn in range(max(nthreads.values(), default=0))
+            for worker in workers if nthreads[worker] > turn]
+
+
+def spread_roots(graph: Mapping, slots: Sequence[str]) -> dict:
+    """Where the partitions of each small root stage go: the tasks of a stage (one key name)
+    that have no dependencies after fusion (a ``Create``'s partitions and what was fused onto
+    them: reading files, a combine's first half), taken in partition order, are dealt round
+    ``slots``, for stages of at most twice as many partitions as slots. Dask assigns such a
+    stage's tasks at once, each to the worker with the least work it expects; with every task of
+    a stage guessed at 0.5 s, ties go by the order the tasks arrive, which follows the graph's
+    random tokens: in some runs one of 2 workers read both halves of the rows, the other both
+    halves of the keyset, and both bounding tasks then followed the rows (module docstring).
+    Larger stages are left to Dask, which queues them and hands them out as threads free up."""
+    if len(slots) < 2:
+        return {}
+    stages = defaultdict(list)
+    for key, task in graph.items():
+        if type(key) is tuple and len(key) > 1 and not task.dependencies:
+            stages[key[0]].append(key)
+    return {key: slots[i % len(slots)]
+            for keys in stages.values() if len(keys) <= 2 * len(slots)
+            for i, key in enumerate(sorted(keys, key=_partition))}
+
+
+def _partition(key: tuple) -> tuple:
+    return key[1:]
+
+
+def placed(bag: Bag, placement: Mapping) -> Bag:
+    """``bag`` (already optimized) with the tasks of ``placement`` asked to run on the worker it
+    names (loosely: another worker may run them if that one is gone or busy, and work stealing
+    may still move them); computed with ``optimize_graph=False``, which keeps the annotation."""
+    if not placement:
+        return bag
+    graph = dict(bag.__dask_graph__())
+    roots = {key: graph.pop(key) for key in placement}
+    name = "placed-roots-" + bag.name
+    layers = {name: MaterializedLayer(roots, annotations={"workers": placement.__getitem__,
+                                                          "allow_other_workers": True}),
+              bag.name: MaterializedLayer(graph)}
+    return Bag(HighLevelGraph(layers, {name: set(), bag.name: {name}}), bag.name, bag.npartitions)
 
 
 class DaskRunner(BeamDaskRunner):
-    """Beam's DaskRunner with :func:`par_do_with_side_inputs` for ParDos that have side inputs
-    and :func:`combine_per_key` for combines (module docstring)."""
+    """Beam's DaskRunner with :func:`par_do_with_side_inputs` for ParDos that have side inputs,
+    :func:`combine_per_key` for combines, and root stages spread over the workers (module
+    docstring)."""
 
     def run_pipeline(self, pipeline, options):
-        _register_on_cluster(options)
-        return super().run_pipeline(pipeline, options)
+        """Beam's ``DaskRunner.run_pipeline``, with :class:`ElementSizes` registered on the cluster
+        before the graph is submitted and the graph's small root stages placed by
+        :func:`spread_roots`."""
+        dask_options = options.view_as(DaskOptions).get_all_options(drop_default=True,
+                                                                    current_only=True)
+        bag_kwargs = DaskOptions._extract_bag_kwargs(dask_options)
+        client = distributed.Client(**dask_options)
+        client.register_plugin(ElementSizes(), name=ElementSizes.name)
+        pipeline.replace_all(dask_overrides())
+        visitor = self.to_dask_bag_visitor(bag_kwargs)
+        pipeline.visit(visitor)
+        (optimized,) = dask.optimize(list(visitor.bags.values())[-1])
+        graph = optimized.__dask_graph__()
+        bag = placed(optimized, spread_roots(graph, worker_slots(client.nthreads())))
+        return DaskRunnerResult(client, [client.compute(bag, optimize_graph=False)])
 
     @staticmethod
     def to_dask_bag_visitor(bag_kwargs=None):

@@ -661,3 +661,81 @@ def test_workers_size_beam_elements_by_what_they_hold():
                              lambda p: p | beam.Create([1, 2]) | beam.Map(lambda x: x))
             [after] = client.run(held_size).values()
     assert before < 0.01 and 1 <= after < 1.1, (before, after)
+
+
+def _optimized_graph(build, npartitions: int):
+    """The graph the project's runner submits for ``build(pipeline)``, before placement."""
+    import dask
+    from apache_beam.runners.dask.overrides import dask_overrides
+
+    from runners.dask_runner import DaskRunner
+
+    p = beam.Pipeline()
+    build(p)
+    p.replace_all(dask_overrides())
+    visitor = DaskRunner.to_dask_bag_visitor({"npartitions": npartitions})
+    p.visit(visitor)
+    (optimized,) = dask.optimize(list(visitor.bags.values())[-1])
+    return dict(optimized.__dask_graph__())
+
+
+def test_small_root_stages_are_dealt_round_the_workers():
+    """With every task of a stage guessed at the same duration, Dask assigned a small stage's
+    partitions in the order the graph's random tokens gave, and in some runs one worker read both
+    halves of the rows. Partition i of a root stage now goes to the i-th worker thread."""
+    from runners.dask_runner import spread_roots, worker_slots
+
+    assert worker_slots({"tcp://b:1": 1, "tcp://a:1": 2}) == ["tcp://a:1", "tcp://b:1", "tcp://a:1"]
+    assert worker_slots({}) == []
+
+    def build(p):
+        files = p | "Files" >> beam.Create(["f0", "f1", "f2", "f3", "f4"]) | "Read" >> beam.Map(str.upper)
+        one = p | "One" >> beam.Create(["x"])
+        (files, one) | beam.Flatten() | beam.Map(lambda x: (x, 1)) | beam.CombinePerKey(sum)
+
+    graph = _optimized_graph(build, npartitions=2)
+    roots = {key for key, task in graph.items() if not task.dependencies}
+    placement = spread_roots(graph, ["w0", "w1"])
+    assert set(placement) == roots and len(roots) == 3, (placement, roots)
+    # the Flatten's 3 partitions (the files' 2, then "x"), each fused with the combine's first half
+    assert [placement[key] for key in sorted(roots)] == ["w0", "w1", "w0"]
+    assert spread_roots(graph, ["w0"]) == {}
+    # a stage of more partitions than twice the threads is left to Dask's queueing
+    assert spread_roots(_optimized_graph(build, npartitions=5), ["w0", "w1"]) == {}
+    assert len(spread_roots(_optimized_graph(build, npartitions=5), ["w0", "w1", "w2"])) == 6
+
+
+@on_engine
+def test_root_partitions_run_on_the_workers_they_are_dealt_to(cluster):
+    """The placement reaches the scheduler as a loose worker restriction on each root task (a
+    scheduler plugin records what the graph carried), and the tasks run there."""
+    import distributed
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    from runners.profiles import pipeline_options_for
+
+    class Recorder(SchedulerPlugin):
+        name = "test-placement-recorder"
+
+        def __init__(self):
+            self.annotations = []
+
+        def update_graph(self, scheduler, *, annotations=None, **kwargs):
+            self.annotations.append({kind: dict(values) for kind, values in (annotations or {}).items()
+                                     if kind in ("workers", "allow_other_workers")})
+
+    with distributed.Client(cluster, set_as_default=False) as client:
+        client.register_plugin(Recorder())
+        workers = sorted(client.nthreads())
+        with distributed.get_task_stream(client=client) as stream:
+            dask_cluster.run(pipeline_options_for(dask_argv(cluster)),
+                             lambda p: p | beam.Create(range(40)) | beam.Map(lambda x: x * x)
+                             | beam.Map(lambda x: (x % 3, x)) | beam.CombinePerKey(sum))
+        [recorded] = client.run_on_scheduler(
+            lambda dask_scheduler: dask_scheduler.plugins[Recorder.name].annotations)
+    ran_on = {s["key"]: s["worker"] for s in stream.data}
+    placed = recorded["workers"]
+    assert sorted(placed.values()) == workers, placed  # the Create's 2 partitions, one per worker
+    assert all(recorded["allow_other_workers"][key] for key in placed)
+    assert {key: ran_on[key] for key in placed} == placed
+    assert [placed[key] for key in sorted(placed)] == workers  # partition i on the i-th worker
