@@ -1,5 +1,6 @@
 """Beam's DaskRunner, translated for a cluster: side inputs as graph dependencies, combines lifted
-before the shuffle, even partitions, and element sizes the scheduler can see.
+before the shuffle, even partitions, element sizes the scheduler can see, and root stages spread
+over the workers.
 
 Beam's Dask translation (``apache_beam.runners.dask``, Beam 2.77) turns each transform into Dask
 bag operations. :class:`DaskRunner` here keeps that translation except where a job at scale lost
@@ -35,6 +36,13 @@ runners/README.md, "Scale benchmark"):
   100 files' Arrow batches looked empty to the scheduler, which ran both bounding tasks on one
   worker after copying the other's rows to it, while that worker idled 40 s. Every worker of the
   run's cluster now sizes an element by what it holds.
+* **Root stages** (:func:`spread_roots`). Dask hands a stage of few tasks out at once, each to the
+  worker it expects to be free first; with every task guessed at 0.5 s, ties follow the order the
+  tasks arrive in, which follows the graph's random tokens: in some runs one of 2 workers read
+  both halves of the rows and the other both halves of the keyset, both bounding tasks then
+  followed the rows, and the other worker idled 15-17 s. The runner now submits the graph itself
+  (Beam's ``run_pipeline`` otherwise) and deals each small root stage's partitions round the
+  worker threads, as a loose restriction (another worker may still run them).
 
 The DoFns see the same values; released bytes are the in-process ones for every job
 (tests/test_dask_runner.py). The profile names this runner for ``--runner DaskRunner``

@@ -110,12 +110,21 @@ def test_staged_pieces_and_filter_read_back(tmp_path):
     pieces = [(3, pa.table({"country": ["DE", "FR"], "day": ["d1", "d2"]})),
               (5, pa.table({"country": ["US"], "day": ["d3"]}))]
     markers = keyset_staging.write_pieces(str(tmp_path), pieces)
-    assert [shard for shard, _ in markers] == [3, 5] and all(m.num_rows == 0 for _, m in markers)
-    assert keyset_staging.staged_path(markers[0][1]).startswith(str(tmp_path))
-    assert keyset_staging.staged_path(pieces[0][1]) is None
+    assert [shard for shard, _ in markers] == [3, 5] and all(m.num_rows == 1 for _, m in markers)
+    assert markers[0][1].column("path")[0].as_py().startswith(str(tmp_path))
+    assert keyset_staging.is_marker(markers[0][1]) and not keyset_staging.is_marker(pieces[0][1])
     reader = keyset_staging.PieceReader()
     read = reader.read([markers[1][1], markers[0][1]])
     assert read[0].equals(pieces[1][1]) and read[1].equals(pieces[0][1])
+    # markers of several elements merge into one, in file and offset order, and read the same
+    italy = pa.table({"country": ["IT"], "day": ["d4"]})
+    more = keyset_staging.write_pieces(str(tmp_path), [(3, italy)])
+    merged = keyset_staging.merge_markers([more[0][1], markers[1][1], markers[0][1]])
+    assert keyset_staging.is_marker(merged) and merged.num_rows == 3
+    rows = merged.to_pylist()
+    assert rows == sorted(rows, key=lambda r: (r["path"], r["offset"]))
+    expected = sorted([pieces[0][1], pieces[1][1], italy], key=lambda t: t.column("day")[0].as_py())
+    assert sorted(reader.read([merged]), key=lambda t: t.column("day")[0].as_py()) == expected
     reader.close()
     filt = KeyFilter.of(np.arange(1, 1000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15), 40)
     loaded = keyset_staging.load_filter(keyset_staging.stage_filter(filt.to_bytes(), str(tmp_path)))
@@ -124,6 +133,33 @@ def test_staged_pieces_and_filter_read_back(tmp_path):
         path.unlink()
     with pytest.raises(FileNotFoundError, match="staged keyset file .*keys-.*kept until"):
         keyset_staging.PieceReader().read([markers[0][1]])
+
+
+def test_staged_markers_are_merged_per_shard_before_the_shuffle(tmp_path):
+    """Each keyset element writes one piece per shard; one marker per shard, not one per element
+    and shard, reaches the release."""
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that
+
+    from transforms import keyset_staging
+    from transforms.release import _MergeMarkersFn
+
+    elements = [[(shard, pa.table({"k": [10 * e + shard]})) for shard in range(3)] for e in range(5)]
+    markers = [m for pieces in elements for m in keyset_staging.write_pieces(str(tmp_path), pieces)]
+    assert len(markers) == 15
+
+    def check(merged):
+        assert sorted(shard for shard, _ in merged) == [0, 1, 2], merged
+        reader = keyset_staging.PieceReader()
+        for shard, marker in merged:
+            assert keyset_staging.is_marker(marker) and marker.num_rows == 5
+            keys = sorted(k for table in reader.read([marker]) for k in table.column("k").to_pylist())
+            assert keys == [10 * e + shard for e in range(5)]
+        reader.close()
+
+    with TestPipeline() as p:
+        merged = p | beam.Create(markers, reshuffle=False) | beam.CombinePerKey(_MergeMarkersFn())
+        assert_that(merged, check)
 
 
 def test_positions_and_keyed_by_position():

@@ -12,8 +12,9 @@ of the side input.
 With ``PublicKeyset.from_pcollection(..., staging_dir=D)`` the keyset gets its own directory
 ``D/keyset-<run>`` (``PublicKeyset.staging_run``). Each keyset element's keys (after exclusions)
 are split by key shard and written as one file of consecutive Arrow IPC streams, one per shard;
-only markers (empty tables whose schema metadata names the file, offset and length of a piece)
-cross the shuffle, and each release shard reads its pieces back. The filter is written once as a
+only markers cross the shuffle (tables of the file, offset and length of pieces, one row per
+piece, merged per shard before the shuffle: :func:`merge_markers`), and each release shard reads
+its pieces back. The filter is written once as a
 file of its words, which local workers memory-map (one copy in the page cache, shared by every
 process) and others read once per process; only its path is a side input.
 
@@ -35,10 +36,10 @@ import uuid
 
 import pyarrow as pa
 
-#: Schema metadata of a marker: the staged piece's file, offset and length.
-_PATH, _OFFSET, _LENGTH = (b"beam_dp.staged_keyset_piece", b"beam_dp.staged_keyset_offset",
-                           b"beam_dp.staged_keyset_length")
-
+#: A marker's schema: one row per staged piece (its file, offset and length), and the metadata
+#: that tells a marker from a table of keys.
+MARKER_SCHEMA = pa.schema([("path", pa.string()), ("offset", pa.int64()), ("length", pa.int64())],
+                          metadata={b"beam_dp.staged_keyset_marker": b"1"})
 
 def run_directory(staging_dir: str) -> str:
     """A new directory name under ``staging_dir`` for one keyset's staged files."""
@@ -58,29 +59,38 @@ def _write(path: str, data) -> None:
 
 def write_pieces(run_dir: str, pieces) -> list:
     """Write one keyset element's shard pieces (``(shard, keys)`` pairs) as one file of Arrow IPC
-    streams; return ``(shard, marker)`` pairs (a marker is an empty table of the keys' schema
-    whose metadata names the file, offset and length of the shard's piece)."""
+    streams; return ``(shard, marker)`` pairs (a marker: a one-row table of
+    :data:`MARKER_SCHEMA` naming the file, offset and length of the shard's piece)."""
     pieces = list(pieces)
     if not pieces:
         return []
     path = _join(run_dir, f"keys-{uuid.uuid4().hex}.arrow")
     sink = pa.BufferOutputStream()
-    markers = []
+    places = []
     for shard, keys in pieces:
         offset = sink.tell()
         with pa.ipc.new_stream(sink, keys.schema) as writer:
             writer.write_table(keys)
-        metadata = {_PATH: path.encode(), _OFFSET: str(offset).encode(),
-                    _LENGTH: str(sink.tell() - offset).encode()}
-        markers.append((shard, keys.schema.empty_table().replace_schema_metadata(metadata)))
+        places.append((shard, offset, sink.tell() - offset))
     _write(path, sink.getvalue())
-    return markers
+    return [(shard, pa.table([[path], [offset], [length]], schema=MARKER_SCHEMA))
+            for shard, offset, length in places]
 
 
-def staged_path(marker: pa.Table):
-    """The file a marker names, or None for a table that is not a marker."""
-    path = (marker.schema.metadata or {}).get(_PATH)
-    return None if path is None else path.decode()
+def is_marker(table) -> bool:
+    """Whether ``table`` is a marker of staged pieces (else a table of keys)."""
+    return table.schema.metadata == MARKER_SCHEMA.metadata
+
+
+def merge_markers(markers) -> pa.Table:
+    """One marker of every piece the ``markers`` name, ordered by file and offset (the order
+    pieces are read in; not an output order: a release shard's table is sorted by its keys).
+    The staged keyset's markers are merged per shard before the shuffle: an element writes one
+    piece per shard, and at 125M keys in elements of 250k keys 60k one-row markers crossed the
+    shuffle, each an Arrow table that a Dask worker pickles in about 0.2 ms (benchmarks/scale.py:
+    6 s of transfer before 2 workers could start bounding); merged, one per shard and bundle."""
+    merged = pa.concat_tables([MARKER_SCHEMA.empty_table(), *markers])
+    return merged.sort_by([("path", "ascending"), ("offset", "ascending")]).combine_chunks()
 
 
 class PieceReader:
@@ -108,17 +118,17 @@ class PieceReader:
         return handle
 
     def read(self, markers) -> list:
-        """The keys of each marker's piece (one table each).
+        """The keys of each piece the markers name (one table each), in the markers' order.
 
         Synchronous IPC reads: the tables own the Python bytes read, and no Arrow thread keeps a
         reference to them (compare pipelines.release.arrow_files)."""
         tables = []
         for marker in markers:
-            metadata = marker.schema.metadata
-            handle = self._handle(metadata[_PATH].decode())
-            handle.seek(int(metadata[_OFFSET]))
-            data = handle.read(int(metadata[_LENGTH]))
-            tables.append(pa.ipc.open_stream(pa.py_buffer(data)).read_all())
+            for path, offset, length in zip(*(marker.column(name).to_pylist()
+                                              for name in MARKER_SCHEMA.names)):
+                handle = self._handle(path)
+                handle.seek(offset)
+                tables.append(pa.ipc.open_stream(pa.py_buffer(handle.read(length))).read_all())
         return tables
 
     def close(self) -> None:

@@ -135,9 +135,10 @@ KEYS_PER_SHARD = 1 << 17
 
 
 #: Keyset keys per key shard of a PCollection keyset staged as files
-#: (:mod:`transforms.keyset_staging`): every keyset element writes one piece per shard and each
-#: piece's marker crosses the shuffle, so fewer, larger shards keep the markers few (at 125M keys
-#: and elements of 250k keys: 62k markers instead of 477k); a shard's working set stays bounded.
+#: (:mod:`transforms.keyset_staging`): every keyset element writes one piece per shard, and each
+#: piece's marker is merged into its shard's before the shuffle; fewer, larger shards keep the
+#: files' pieces few (at 125M keys and elements of 250k keys: 62k pieces instead of 477k); a
+#: shard's working set stays bounded.
 STAGED_KEYS_PER_SHARD = 1 << 20
 
 
@@ -156,7 +157,7 @@ _TAGGED = Tuple[int, Tuple[int, pa.Table]]
 
 def _tagged(element, tag):
     shard, table = element
-    if table is not None and (table.num_rows or keyset_staging.staged_path(table)):
+    if table is not None and table.num_rows:
         yield shard, (tag, table)
 
 
@@ -211,6 +212,31 @@ class _SumPartialsFn(beam.CombineFn):
 
     def extract_output(self, accumulator):
         return sum_partials(accumulator, self._keys) if accumulator else None
+
+    def get_accumulator_coder(self):
+        return table_list_coder()
+
+
+class _MergeMarkersFn(beam.CombineFn):
+    """Per key shard: a staged keyset's markers merged into one
+    (:func:`~transforms.keyset_staging.merge_markers`; accumulator: a list of markers, merged
+    when compacted before the shuffle)."""
+
+    def create_accumulator(self):
+        return []
+
+    def add_input(self, accumulator, marker):
+        accumulator.append(marker)
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        return [keyset_staging.merge_markers([m for acc in accumulators for m in acc])]
+
+    def compact(self, accumulator):
+        return [keyset_staging.merge_markers(accumulator)] if len(accumulator) > 1 else accumulator
+
+    def extract_output(self, accumulator):
+        return keyset_staging.merge_markers(accumulator)
 
     def get_accumulator_coder(self):
         return table_list_coder()
@@ -325,7 +351,7 @@ class _NoiseAndRelease(ThreadedDoFn, beam.DoFn):
         engine's state)."""
         values, staged = [], []
         for tag, table in tagged:
-            (staged if tag == _KEYSET and keyset_staging.staged_path(table) else values).append((tag, table))
+            (staged if tag == _KEYSET and keyset_staging.is_marker(table) else values).append((tag, table))
         if staged:
             if self._pieces is None:
                 self._pieces = keyset_staging.PieceReader()
@@ -527,8 +553,10 @@ class NoisyRelease(beam.PTransform):
             keys = (keyset.pcollection
                     | "RouteKeyset" >> beam.ParDo(_RouteKeyset(worker_keyset, self._keys, run_dir, threads),
                                                   num_shards)
-                    .with_output_types(_SHARD_TABLE)
-                    | "TagKeyset" >> beam.FlatMap(_tagged, _KEYSET).with_output_types(_TAGGED))
+                    .with_output_types(_SHARD_TABLE))
+            if run_dir is not None:  # one marker per shard and bundle crosses the shuffle
+                keys = keys | "MergeMarkers" >> beam.CombinePerKey(_MergeMarkersFn()).with_output_types(_SHARD_TABLE)
+            keys = keys | "TagKeyset" >> beam.FlatMap(_tagged, _KEYSET).with_output_types(_TAGGED)
         # The keyset join: both sides tagged, one GroupByKey (typed, so tables use the Arrow coder).
         tagged = (keys, totals | "TagTotals" >> beam.FlatMap(_tagged, _TOTALS).with_output_types(_TAGGED))
         return (tagged
