@@ -48,15 +48,13 @@ The DoFns see the same values; released bytes are the in-process ones for every 
 (tests/test_dask_runner.py). The profile names this runner for ``--runner DaskRunner``
 (:data:`runners.dask_cluster.DASK_RUNNER`); Beam's own stays available by its full name.
 
-Measured at 125M keys / 200M rows (benchmarks/scale.py, process trees from start, on a machine
-whose speed drifted by a fifth within the hour): seven runs of this code, 1 worker 107.6-129.9 s
-and 2 workers 66.9-90.5 s, 2 over 1 1.26x-1.79x (median 1.60x; 66.9-69.3 s and 1.60x-1.79x in
-four runs, 87.8 and 90.5 s in two); the code with side inputs alone in the same hours 1.43x-1.55x
-(2 workers 74.4-85.6 s, four runs). Lifting leaves 1 worker as it was (117.6 and 119.0 s against
-121.7 and 116.4 s with it switched off). Dask's task stream of a 2-worker run: each worker reads
-a keyset half and a rows half, adds its half of the filter, bounds one partition and releases
-two, and both end within 0.3 s of each other (73.2 and 73.5 s); with side inputs alone one
-worker's three release tasks ended 6.4 s after the other's two.
+Measured at 125M keys / 200M rows (benchmarks/scale.py, process trees from start; runners/README.md,
+"Scale benchmark"): before root stages were dealt round the workers, 2 over 1 was 1.26x-1.79x in
+seven runs (median 1.60x): in the slow runs one worker had read both halves of the rows. With it
+and the staged keyset's markers merged before the shuffle (transforms/keyset_staging.py), eight
+runs: 1 worker 106.2-128.8 s, 2 workers 61.5-72.6 s, 2 over 1 1.59x-1.83x (median 1.72x). Dask's
+task stream of a 2-worker run: each worker reads a keyset half and a rows half, adds its half of
+the filter, bounds one partition and releases two.
 """
 from __future__ import annotations
 
