@@ -41,6 +41,7 @@ import pyarrow as pa
 MARKER_SCHEMA = pa.schema([("path", pa.string()), ("offset", pa.int64()), ("length", pa.int64())],
                           metadata={b"beam_dp.staged_keyset_marker": b"1"})
 
+
 def run_directory(staging_dir: str) -> str:
     """A new directory name under ``staging_dir`` for one keyset's staged files."""
     return _join(staging_dir, f"keyset-{uuid.uuid4().hex}")
