@@ -51,8 +51,9 @@ The DoFns see the same values; released bytes are the in-process ones for every 
 Measured at 125M keys / 200M rows (benchmarks/scale.py, process trees from start; runners/README.md,
 "Scale benchmark"): before root stages were dealt round the workers, 2 over 1 was 1.26x-1.79x in
 seven runs (median 1.60x): in the slow runs one worker had read both halves of the rows. With it
-and the staged keyset's markers merged before the shuffle (transforms/keyset_staging.py), eight
-runs: 1 worker 106.2-128.8 s, 2 workers 61.5-72.6 s, 2 over 1 1.59x-1.83x (median 1.72x). Dask's
+and the staged keyset's markers merged before the shuffle (transforms/keyset_staging.py), twelve
+runs: 1 worker 97.7-128.8 s, 2 workers 59.3-72.6 s, 2 over 1 1.54x-1.84x (median 1.72x; 10 of 12
+at or above 1.6x). Dask's
 task stream of a 2-worker run: each worker reads a keyset half and a rows half, adds its half of
 the filter, bounds one partition and releases two.
 """
