@@ -53,9 +53,8 @@ Measured at 125M keys / 200M rows (benchmarks/scale.py, process trees from start
 seven runs (median 1.60x): in the slow runs one worker had read both halves of the rows. With it
 and the staged keyset's markers merged before the shuffle (transforms/keyset_staging.py), twelve
 runs: 1 worker 97.7-128.8 s, 2 workers 59.3-72.6 s, 2 over 1 1.54x-1.84x (median 1.72x; 10 of 12
-at or above 1.6x). Dask's
-task stream of a 2-worker run: each worker reads a keyset half and a rows half, adds its half of
-the filter, bounds one partition and releases two.
+at or above 1.6x). Dask's task stream of a 2-worker run: each worker reads a keyset half and a
+rows half, adds its half of the filter, bounds one partition and releases two.
 """
 from __future__ import annotations
 
@@ -310,13 +309,20 @@ class DaskRunner(BeamDaskRunner):
         bag_kwargs = DaskOptions._extract_bag_kwargs(dask_options)
         client = distributed.Client(**dask_options)
         client.register_plugin(ElementSizes(), name=ElementSizes.name)
+        optimized = self.translate(pipeline, bag_kwargs)
+        bag = placed(optimized, spread_roots(optimized.__dask_graph__(), worker_slots(client.nthreads())))
+        return DaskRunnerResult(client, [client.compute(bag, optimize_graph=False)])
+
+    @classmethod
+    def translate(cls, pipeline, bag_kwargs=None) -> Bag:
+        """``pipeline`` as the optimized Dask bag this runner submits (before placement): Beam's
+        Dask overrides applied, every transform translated, the last one's graph culled and
+        fused."""
         pipeline.replace_all(dask_overrides())
-        visitor = self.to_dask_bag_visitor(bag_kwargs)
+        visitor = cls.to_dask_bag_visitor(bag_kwargs)
         pipeline.visit(visitor)
         (optimized,) = dask.optimize(list(visitor.bags.values())[-1])
-        graph = optimized.__dask_graph__()
-        bag = placed(optimized, spread_roots(graph, worker_slots(client.nthreads())))
-        return DaskRunnerResult(client, [client.compute(bag, optimize_graph=False)])
+        return optimized
 
     @staticmethod
     def to_dask_bag_visitor(bag_kwargs=None):

@@ -665,18 +665,11 @@ def test_workers_size_beam_elements_by_what_they_hold():
 
 def _optimized_graph(build, npartitions: int):
     """The graph the project's runner submits for ``build(pipeline)``, before placement."""
-    import dask
-    from apache_beam.runners.dask.overrides import dask_overrides
-
     from runners.dask_runner import DaskRunner
 
     p = beam.Pipeline()
     build(p)
-    p.replace_all(dask_overrides())
-    visitor = DaskRunner.to_dask_bag_visitor({"npartitions": npartitions})
-    p.visit(visitor)
-    (optimized,) = dask.optimize(list(visitor.bags.values())[-1])
-    return dict(optimized.__dask_graph__())
+    return dict(DaskRunner.translate(p, {"npartitions": npartitions}).__dask_graph__())
 
 
 def test_small_root_stages_are_dealt_round_the_workers():
