@@ -14,25 +14,91 @@ noise engine adds zero noise and selection is deterministic under it (the exact 
 neighbouring-pair audits, accounting/audit.py, which bound how much exact outputs move). It is a
 testing key in every respect (never stored, refused by every real release), and a key cannot be
 noise-free without being a testing key.
+
+One secret, one use
+-------------------
+The same key and purpose on a second input repeat the noise: the difference of the two outputs
+is noise-free. So every transform holding a key *claims* its purposes when it is applied
+(:meth:`ReleaseKey.claim`), and a claim is held for the whole process per (secret fingerprint,
+purpose) -- not per key object: a key loaded twice, unpickled, copied or rebuilt from the same
+bytes is the same secret and shares its claims. The rules:
+
+* a second claim of a purpose is refused (:class:`KeyReuseError`), whichever object makes it;
+* :meth:`ReleaseKey.derive` hands a child key to another holder (a part of a
+  :class:`~accounting.shared_budget.SharedBudget`, a helper): it claims ``derive/<label>`` on the
+  parent, so the same label cannot be derived twice, and the child's claims are those of its own
+  secret, which is a function of the parent's -- deriving it again (in any object) yields the same
+  claims. :meth:`ReleaseKey.subkey` is the same derivation for the key's own holder *inside* one
+  transform or mechanism (keyed streams, ciphers): it claims nothing, runs on workers, and its
+  result shares its secret's claims like any key;
+* the remedy for a second release is a fresh key per release from the key store
+  (:meth:`accounting.keystore.KeyStore.issue`, or the budget ledger, which issues one per
+  release); for several aggregations of one release, one part each of a SharedBudget.
+
+Claims are a pipeline-construction guard (transforms claim in ``expand``); keys pickled to
+workers carry no claims and workers never claim. Two kinds of key re-run one computation on
+purpose, and are scoped by a *binding* and a *session* instead: a claim repeated under the same
+binding from another session is a re-run, from the same session a reuse.
+
+* Testing keys (binding ``testing``): each ``for_testing`` / ``for_exact_testing`` call (or
+  construction) is a session, so tests and the neighbouring-pair audits build the same public key
+  per run; one key object (and its unpickled copies and derived children) still drives each
+  purpose once.
+* Keys the budget ledger issued (:meth:`bound`, binding: ledger, release version and input
+  digest): a re-run of a release on the same input gets the same key, bound in a new session,
+  and reproduces the release. Loaded from its file by anything but the ledger, such a key drives
+  nothing (:meth:`claim` refuses it): it belongs to its release.
+
+Across processes the ledger binds a stored key to its release and input digest.
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import secrets
+import threading
+from typing import Optional
 
 KEY_BYTES = 32
 _TESTING_PREFIX = b"beam-dp-release/testing-key/v1"
 _EXACT_TESTING_PREFIX = b"beam-dp-release/exact-testing-key/v1"
+_TESTING = "testing"
+_DERIVE = "derive/"
+#: Labels of the noise engine's and bounding's own sub-keys: never handed out by ``derive``.
+_INTERNAL_LABELS = ("stream:", "key-mac:", "bound:")
+_ISSUED_FOR = "issued-for: "
+
+REMEDY = ("Use a fresh key per release from the key store (KeyStore.issue(name), or the budget "
+          "ledger, which issues one per release); for several aggregations of one release, give "
+          "each a part of one SharedBudget")
 
 
 class KeyReuseError(RuntimeError):
     """A release key asked to drive the same random choices a second time (see ReleaseKey.claim)."""
 
 
+class _Claim:
+    """Who holds one (fingerprint, purpose) claim: mutable registry state, not a value."""
+
+    __slots__ = ("owner", "binding", "sessions")
+
+    def __init__(self, owner: str, binding: Optional[str], sessions: set):
+        self.owner, self.binding, self.sessions = owner, binding, sessions
+
+
+# (secret fingerprint, purpose) -> _Claim, for the whole process.
+_CLAIMS: dict = {}
+_CLAIMS_LOCK = threading.Lock()
+
+
+def _new_session() -> str:
+    return secrets.token_hex(8)
+
+
 class ReleaseKey:
-    __slots__ = ("_secret", "is_testing", "noise_free", "_claims")
+    __slots__ = ("_secret", "is_testing", "noise_free", "_binding", "_session", "_issued_for")
 
     def __init__(self, secret: bytes, *, is_testing: bool = False, noise_free: bool = False):
         if not isinstance(secret, (bytes, bytearray)) or len(secret) != KEY_BYTES:
@@ -42,7 +108,9 @@ class ReleaseKey:
         self._secret = bytes(secret)
         self.is_testing = bool(is_testing)
         self.noise_free = bool(noise_free)
-        self._claims = set()
+        self._binding = _TESTING if self.is_testing else None
+        self._session = _new_session()
+        self._issued_for = None
 
     @classmethod
     def generate(cls) -> "ReleaseKey":
@@ -63,30 +131,97 @@ class ReleaseKey:
         digest = hashlib.sha256(_EXACT_TESTING_PREFIX + str(int(seed)).encode()).digest()
         return cls(digest, is_testing=True, noise_free=True)
 
-    def derive(self, label: str) -> "ReleaseKey":
-        """An independent sub-key for one purpose (HMAC-SHA256 as a PRF)."""
+    # ------------------------------------------------------------------ derivation
+
+    def _child(self, label: str) -> "ReleaseKey":
         sub = hmac.new(self._secret, label.encode("utf-8"), hashlib.sha256).digest()
-        return ReleaseKey(sub, is_testing=self.is_testing, noise_free=self.noise_free)
+        child = ReleaseKey(sub, is_testing=self.is_testing, noise_free=self.noise_free)
+        child._binding, child._session, child._issued_for = \
+            self._binding, self._session, self._issued_for
+        return child
+
+    def derive(self, label: str, owner: str = "ReleaseKey.derive") -> "ReleaseKey":
+        """An independent child key for another holder (HMAC-SHA256 as a PRF), once per label.
+
+        Claims ``derive/<label>`` on this key (:meth:`claim`): deriving the same label again --
+        from this object, a copy or a reloaded key -- is refused, since the child would be the
+        same secret. The child's claims are its secret's, in this key's binding and session.
+        """
+        if not isinstance(label, str) or not label:
+            raise ValueError("derive needs a non-empty label")
+        if label.startswith(_INTERNAL_LABELS):
+            raise ValueError(f"derive label {label!r}: labels starting with "
+                             f"{', '.join(_INTERNAL_LABELS)} name the noise engine's own sub-keys")
+        self.claim(_DERIVE + label, owner=owner)
+        return self._child(label)
+
+    def subkey(self, label: str) -> "ReleaseKey":
+        """The sub-key of ``label`` for this key's own holder, inside one transform or mechanism
+        whose purposes are claimed (keyed streams and ciphers; per batch, on workers): the same
+        derivation as :meth:`derive` without claiming the label. It shares its secret's claims.
+        """
+        if not isinstance(label, str) or not label:
+            raise ValueError("subkey needs a non-empty label")
+        return self._child(label)
+
+    def bound(self, binding: str, issued_for: Optional[str] = None) -> "ReleaseKey":
+        """THE BUDGET LEDGER ONLY: this key bound to one release and input (``binding``) in a new
+        session, so that a re-run of that release in this process may claim its purposes again
+        (it reproduces the release). ``issued_for``: the release id the key was issued for."""
+        if self.is_testing:
+            raise ValueError("a testing key is never bound to a release")
+        if not isinstance(binding, str) or not binding:
+            raise ValueError("a key binding is a non-empty string")
+        if self._issued_for is not None and issued_for is not None and \
+                self._issued_for != issued_for:
+            raise KeyReuseError(f"this key was issued for release {self._issued_for!r}, not "
+                                f"{issued_for!r}: one key, one release")
+        key = ReleaseKey(self._secret)
+        key._binding = "ledger:" + binding
+        key._issued_for = issued_for or self._issued_for or binding
+        return key
+
+    # ------------------------------------------------------------------ claims
 
     def claim(self, purpose: str, owner: str = "a transform") -> None:
-        """Record that ``owner`` draws the randomness of ``purpose`` from this key object.
+        """Record that ``owner`` draws the randomness of ``purpose`` from this key's secret.
 
-        A second claim of the same purpose raises :class:`KeyReuseError`: the same key and
-        purpose on other input would repeat the noise, and the difference of the two outputs
-        would be noise-free. Every transform holding a key claims its purposes when it is
-        applied, so one instance cannot be applied twice and two transforms cannot share a
-        stream. (Across processes a stored key is bound to its input digest by the ledger.)
-        Claims belong to this object: they are not pickled to workers.
+        Held for the whole process per (secret fingerprint, purpose): a second claim raises
+        :class:`KeyReuseError`, whichever object makes it (a copy, an unpickled or reloaded key,
+        a child derived again), except a re-run of a testing or ledger-bound key in a new
+        session (module docstring). Every transform holding a key claims its purposes when it
+        is applied, so one instance cannot be applied twice, two transforms cannot share a
+        stream, and one key cannot drive two releases. Thread-safe; pipeline construction only
+        (workers never claim).
         """
         if not isinstance(purpose, str) or not purpose:
             raise ValueError("a key claim needs a non-empty purpose")
-        if purpose in self._claims:
+        if self._issued_for is not None and self._binding is None:
             raise KeyReuseError(
-                f"{owner}: this release key already drives {purpose!r} in this process; applying "
-                "it again (another input, another day, a second application of the same "
-                "transform) would repeat its noise. Use a fresh key per release (the ledger "
-                "issues one), or ReleaseKey.derive(label) for a second, independent aggregation")
-        self._claims.add(purpose)
+                f"{owner}: this key was issued by the budget ledger for release "
+                f"{self._issued_for!r}; it drives that release only, through the ledger (a re-run "
+                f"of the same input gets it from BudgetLedger.reserve). Loaded from its file it "
+                f"cannot drive {purpose!r}. {REMEDY}")
+        slot = (self.fingerprint(), purpose)
+        with _CLAIMS_LOCK:
+            held = _CLAIMS.get(slot)
+            if held is None:
+                _CLAIMS[slot] = _Claim(owner=owner, binding=self._binding,
+                                       sessions={self._session})
+                return
+            rerun = (held.binding is not None and held.binding == self._binding
+                     and self._session not in held.sessions)
+            if not rerun:
+                raise KeyReuseError(
+                    f"{owner}: this release key (fingerprint {slot[0]}) already drives "
+                    f"{purpose!r} in this process (claimed by {held.owner}); applying it again "
+                    "(another input, another day, a second application of the same transform, "
+                    "the same key loaded, copied or derived again) would repeat its noise, and "
+                    f"the difference of the two outputs would be exact. {REMEDY}")
+            held.owner = owner
+            held.sessions.add(self._session)
+
+    # ------------------------------------------------------------------ secret and storage
 
     def secret_bytes(self) -> bytes:
         """The raw key. Only the noise engine and ``save`` should call this."""
@@ -96,23 +231,50 @@ class ReleaseKey:
         """A public reference to the key (safe to log and to record in a ledger)."""
         return hmac.new(self._secret, b"fingerprint", hashlib.sha256).hexdigest()[:16]
 
-    def save(self, path: str) -> None:
+    def to_text(self, issued_for: Optional[str] = None) -> str:
+        """The key file's text: the hex secret, and the release the ledger issued it for."""
+        text = self._secret.hex() + "\n"
+        if issued_for is not None:
+            text += _ISSUED_FOR + json.dumps(str(issued_for)) + "\n"
+        return text
+
+    @classmethod
+    def from_text(cls, text: str, where: str) -> "ReleaseKey":
+        """A key from :meth:`to_text`'s format (``where`` names the file in errors)."""
+        lines = text.strip().splitlines() or [""]
+        try:
+            key = cls(bytes.fromhex(lines[0].strip()))
+        except ValueError:
+            raise ValueError(f"{where} does not hold a hex release key")
+        for line in lines[1:]:
+            if line.startswith(_ISSUED_FOR):
+                try:
+                    key._issued_for = str(json.loads(line[len(_ISSUED_FOR):]))
+                except ValueError:
+                    raise ValueError(f"{where}: unreadable issued-for line")
+            elif line.strip():
+                raise ValueError(f"{where} does not hold a release key (unknown line)")
+        return key
+
+    def save(self, path: str, issued_for: Optional[str] = None) -> None:
         """Write the key to a new file readable by its owner only; refuses to overwrite."""
         if self.is_testing:
             raise ValueError("refusing to store a testing key as a release secret")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as handle:
-            handle.write(self._secret.hex() + "\n")
+            handle.write(self.to_text(issued_for))
 
     @classmethod
     def load(cls, path: str) -> "ReleaseKey":
+        """The key in ``path``. A key the budget ledger issued loads (e.g. to check a keyed
+        binding) but drives no transform (:meth:`claim`)."""
         with open(path) as handle:
-            text = handle.read().strip()
-        try:
-            secret = bytes.fromhex(text)
-        except ValueError:
-            raise ValueError(f"{path} does not hold a hex release key")
-        return cls(secret)
+            return cls.from_text(handle.read(), path)
+
+    @property
+    def issued_for(self) -> Optional[str]:
+        """The release the budget ledger issued this key for (None for other keys)."""
+        return self._issued_for
 
     def __eq__(self, other):
         return isinstance(other, ReleaseKey) and hmac.compare_digest(self._secret, other._secret)
@@ -125,13 +287,13 @@ class ReleaseKey:
         return f"ReleaseKey({kind}, fingerprint={self.fingerprint()})"
 
     def __reduce__(self):
-        # Beam pickles DoFns holding the key to ship them to workers.
-        return (ReleaseKey, (self._secret,), {"is_testing": self.is_testing,
-                                               "noise_free": self.noise_free})
+        # Beam pickles DoFns holding the key to ship them to workers; an unpickled copy is the
+        # same key in the same session (it shares the original's claims, in-process too).
+        return (_restore, (self._secret, self.is_testing, self.noise_free, self._binding,
+                           self._session, self._issued_for))
 
-    def __setstate__(self, state):
-        if isinstance(state, tuple):  # (None, slots-dict) form
-            state = state[1]
-        self.is_testing = state["is_testing"]
-        self.noise_free = bool(state.get("noise_free", False)) and self.is_testing
-        self._claims = set()
+
+def _restore(secret, is_testing, noise_free, binding, session, issued_for) -> ReleaseKey:
+    key = ReleaseKey(secret, is_testing=is_testing, noise_free=bool(noise_free) and is_testing)
+    key._binding, key._session, key._issued_for = binding, session, issued_for
+    return key

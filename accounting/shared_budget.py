@@ -9,6 +9,10 @@ play this role). Each aggregation takes one part as its ``budget``; the part car
   further, see :func:`transforms.metrics.plan_measures`), and
 * its own release key, ``release_key.derive("part:<name>")``, so every aggregation draws from
   independent keyed streams (two transforms never share a stream: :meth:`ReleaseKey.claim`).
+  One key drives one SharedBudget: a second SharedBudget over the same key (another day's
+  release built with the same key, in any key object) is refused, and each part's key is
+  derived once (:mod:`accounting.keys`, "One secret, one use"). A daily release takes a fresh
+  key per day from the key store or the ledger.
   A SharedBudget without a release key (a job whose release layer holds the keys) issues
   parts without keys: the job's measures then draw from streams of the release key labelled by
   their own names (e.g. ``centralnotice/<campaign>/clicks``), claimed once each.
@@ -127,6 +131,8 @@ class SharedBudget:
             self._budgets = self._explicit(total, budgets, self.accountant)
         self._issued: set[str] = set()
         self._releases: dict[str, object] = {}
+        if release_key is not None:  # last: a refused SharedBudget claims nothing
+            release_key.claim("shared-budget", owner="SharedBudget")
 
     @staticmethod
     def _split(total: PrivacyBudget, weights: Mapping[str, float]) -> dict[str, PrivacyBudget]:
@@ -186,7 +192,8 @@ class SharedBudget:
         if name in self._issued:
             raise ValueError(f"budget part {name!r} was already issued: one aggregation per part")
         self._issued.add(name)
-        key = None if self.release_key is None else self.release_key.derive(f"part:{name}")
+        key = None if self.release_key is None else \
+            self.release_key.derive(f"part:{name}", owner=f"SharedBudget part {name!r}")
         return BudgetPart(name=name, budget=self._budgets[name], release_key=key, shared=self)
 
     def _check_known(self, name: str) -> None:

@@ -53,7 +53,7 @@ def _expected(table, *, campaigns, publishers, config, epsilon, seed, k=10, help
             if helpers:
                 # The job's testing keys: helper-i derived from the seed's key (the release
                 # layer's testing mode); real releases reserve one key per helper.
-                for helper_key in [key.derive(f"key:helper-{i}") for i in range(helpers)]:
+                for helper_key in [key.subkey(f"key:helper-{i}") for i in range(helpers)]:
                     stats = add_helper_share(stats, helper_key, helpers, budget, c, scope)
                 mode = f"distributed/{helpers}"
             else:

@@ -127,7 +127,7 @@ def _lane_sampler(spec, values, tag):
     values = np.asarray(values, np.int64)
 
     def sample(n):
-        streams = RandomStreams.for_range(KEY.derive(tag), "dp-test", n * values.size)
+        streams = RandomStreams.for_range(KEY.subkey(tag), "dp-test", n * values.size)
         out = add_noise(spec, np.tile(values, n), streams).reshape(n, values.size)
         return out[:, 0] if values.size == 1 else out
     return sample

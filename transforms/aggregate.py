@@ -63,11 +63,12 @@ PCollection keyset is tested through a compact filter of its key hashes
 passes it wrongly is bounded with its unit's rows, then dropped by the exact keyset join of the
 release stage (``dropped_outside_keyset_after_bounding``, in namespace ``dp_release``).
 
-Keys: every random choice derives from ``release_key``. A key object drives each purpose once
-(:meth:`accounting.keys.ReleaseKey.claim`): one ``DPAggregate`` applied twice, or two transforms
-given the same key object, raise :class:`~accounting.keys.KeyReuseError` at pipeline
-construction, because the same noise on other input would cancel in the difference. Give each
-release a fresh key (the ledger issues one), or ``key.derive(label)`` for a second aggregation.
+Keys: every random choice derives from ``release_key``. A key's secret drives each purpose once
+per process (:meth:`accounting.keys.ReleaseKey.claim`): one ``DPAggregate`` applied twice, or two
+transforms given the same key (any object holding its secret), raise
+:class:`~accounting.keys.KeyReuseError` at pipeline construction, because the same noise on other
+input would cancel in the difference. Give each release a fresh key (``KeyStore.issue``, or the
+ledger), and each aggregation of one release a part of one ``SharedBudget``.
 
 Testing mode (``testing=True``) is for users' own unit tests: bounding as in a release, no noise,
 and it refuses a secret release key, so it cannot make a real release.

@@ -106,7 +106,7 @@ def _keyed_hash(release_key: ReleaseKey, purpose: str, table: pa.Table, columns:
     :func:`~transforms.privacy_units.canonical_unit_dictionary`) has its dictionary MAC'd and
     gathered by index; other keys are MAC'd once per distinct value. A MAC is a function of the
     value alone, so all three give the same words."""
-    secret = release_key.derive(purpose).secret_bytes()
+    secret = release_key.subkey(purpose).secret_bytes()
     selected = table.select(list(columns))
     if encodes_fixed_width(selected):
         return mac_words(mac_keys(secret, selected))
@@ -146,7 +146,7 @@ def prioritize(table: pa.Table, unit_column: str, key_columns: Sequence[str],
     unit_words = _keyed_hash(release_key, "bound:unit", table, [unit_column])
     key_words = _keyed_hash(release_key, "bound:key", table, list(key_columns)) if key_columns \
         else np.zeros_like(unit_words)  # no key: one "key" per unit, its pair seed the unit's
-    pair_words = _encrypt(release_key.derive("bound:pair").secret_bytes(), unit_words ^ key_words)
+    pair_words = _encrypt(release_key.subkey("bound:pair").secret_bytes(), unit_words ^ key_words)
     # Row priority: AES under its own sub-key of (pair seed XOR value bits, pair seed). Distinct
     # (pair, value) give distinct blocks except with probability ~2^-128 (the seeds are secret
     # and uniform), and AES is a permutation, so distinct rows get independent priorities.
@@ -154,7 +154,7 @@ def prioritize(table: pa.Table, unit_column: str, key_columns: Sequence[str],
     block[:, 0] ^= _value_words(table, value_column)
     if extra_words is not None:
         block[:, 0] ^= np.asarray(extra_words, dtype=np.uint64)
-    row_words = _encrypt(release_key.derive("bound:row").secret_bytes(), block)
+    row_words = _encrypt(release_key.subkey("bound:row").secret_bytes(), block)
     return table.append_column(UNIT, pa.array(unit_words[:, 0])) \
                 .append_column(PAIR, pa.array(pair_words[:, 0])) \
                 .append_column(ROW, pa.array(row_words[:, 0]))

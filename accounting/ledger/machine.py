@@ -51,6 +51,15 @@ from accounting.ledger.stores import store_for
 from accounting.measures import Measure
 
 
+def _bound(key: ReleaseKey, ledger_id: str, record: dict, name: str) -> ReleaseKey:
+    """A reservation's key, bound to its release version and input digest in a new session: a
+    re-run of the same input in this process reproduces the release (it may claim the key's
+    purposes again); nothing else can draw from it (accounting.keys, "One secret, one use")."""
+    label = record["release_id"] if name == "release" else f"{record['release_id']}/{name}"
+    return key.bound(f"{ledger_id}/{record['versioned_id']}/{name}@{record['input_digest']}",
+                     issued_for=label)
+
+
 def _scope_names(record: dict) -> list:
     return list(record.get("scopes", []))
 
@@ -212,7 +221,8 @@ class BudgetLedger:
                 if (request.release_id, name) not in pending:
                     key = ReleaseKey.generate()
                     label = request.release_id if name == "release" else f"{request.release_id}/{name}"
-                    pending[(request.release_id, name)] = (key, self.key_store.save(key, label))
+                    pending[(request.release_id, name)] = (key, self.key_store.save(
+                        key, label, issued_for=label))
                 refs[name] = pending[(request.release_id, name)][1].to_json()
             return refs
 
@@ -240,6 +250,7 @@ class BudgetLedger:
                 keys = {name: pending[(record["release_id"], name)][0] for name in refs}
             else:
                 keys = {name: self.key_store.load(ref) for name, ref in refs.items()}
+            keys = {name: _bound(key, ledger_id, record, name) for name, key in keys.items()}
             out.append(R.Reservation(release_id=record["release_id"], version=record["version"],
                                      versioned_id=record["versioned_id"], keys=keys, key_refs=refs,
                                      record=record, ledger_id=ledger_id,

@@ -98,6 +98,7 @@ class ShareRecords(beam.PTransform):
             self._num_helpers = num_helpers
 
     def expand(self, records):
+        self._randomness.claim("ShareRecords")
         tags = [f"helper_{h}" for h in range(self._num_helpers)]
         outputs = (records
                    | "Share" >> beam.ParDo(_ShareFn(self._kind, self._params, self._randomness,

@@ -319,7 +319,7 @@ def helper_key(release_key: ReleaseKey, helper: int) -> ReleaseKey:
     """The sub-key of one helper's noise (distinct even if an operator reused a key)."""
     if not isinstance(release_key, ReleaseKey):
         raise TypeError("a helper needs an accounting.keys.ReleaseKey")
-    return release_key.derive(f"masked-lark/helper={int(helper)}")
+    return release_key.subkey(f"masked-lark/helper={int(helper)}")
 
 
 def _screen(partial: BatchPartial, params) -> tuple[Optional[np.ndarray], BatchOutcome]:

@@ -81,13 +81,19 @@ class BrowserRandomness:
     def is_testing(self) -> bool:
         return self.mode == "testing"
 
+    def claim(self, owner: str) -> None:
+        """A keyed source drives one sharing (:meth:`accounting.keys.ReleaseKey.claim`); the
+        secure source draws fresh keys and claims nothing."""
+        if self._key is not None:
+            self._key.claim("masked-lark/browser", owner=owner)
+
     def records(self, purpose: str, lanes: pa.Table) -> RecordDraws:
         """Draws for each row of ``lanes``; in the keyed modes the row's content is the identity
         of its stream."""
         if self.mode == "secure":
             return RecordDraws(lanes.num_rows, key=ReleaseKey.generate(), purpose=purpose)
         return RecordDraws(lanes.num_rows, streams=RandomStreams.for_keys(
-            self._key.derive("masked-lark/browser"), purpose, lanes))
+            self._key.subkey("masked-lark/browser"), purpose, lanes))
 
     def streams(self, purpose: str, lanes: pa.Table) -> RandomStreams:
         """One AES stream per row of ``lanes`` (a fresh secret key in secure mode)."""

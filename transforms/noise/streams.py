@@ -36,11 +36,11 @@ class RandomStreams:
         self.purpose = purpose
         self._seeds = seeds.view(np.uint64).reshape(-1, 2).copy()
         self._counters = np.zeros(len(self._seeds), dtype=np.uint64)
-        self._encryptor = ecb(release_key.derive("stream:" + purpose).secret_bytes())
+        self._encryptor = ecb(release_key.subkey("stream:" + purpose).secret_bytes())
 
     @classmethod
     def for_keys(cls, release_key: ReleaseKey, purpose: str, keys) -> "RandomStreams":
-        mac_key = release_key.derive("key-mac:" + purpose).secret_bytes()
+        mac_key = release_key.subkey("key-mac:" + purpose).secret_bytes()
         return cls(release_key, purpose, mac_keys(mac_key, keys))
 
     @classmethod
@@ -96,7 +96,7 @@ class RandomStreams:
         uint64, C-contiguous), no copies. For callers that give every word its own lane seed."""
         if not isinstance(release_key, ReleaseKey):
             raise TypeError("release_key must be a ReleaseKey")
-        encryptor = ecb(release_key.derive("stream:" + purpose).secret_bytes())
+        encryptor = ecb(release_key.subkey("stream:" + purpose).secret_bytes())
         return _first_words(encryptor, np.ascontiguousarray(seeds, dtype=np.uint64).reshape(-1, 2))
 
     def uniform_uint64(self, lanes: np.ndarray = None) -> np.ndarray:
