@@ -14,7 +14,7 @@ The neighbouring relation is folded into the sensitivities (a substitution doubl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Collection, Mapping, Optional
 
 from accounting import composition, guarantee
@@ -23,7 +23,8 @@ from accounting.guarantee import ACCOUNTANTS
 from accounting.measures import BudgetShare, Measure
 from accounting.validation import check_delta, check_epsilon, check_rho
 
-__all__ = ["PrivacyBudget", "BudgetShare", "Measure", "ReleasePlan", "ACCOUNTANTS"]
+__all__ = ["PrivacyBudget", "BudgetShare", "Measure", "ReleasePlan", "ACCOUNTANTS",
+           "check_spendable"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,11 +33,19 @@ class PrivacyBudget:
 
     Give exactly one of ``epsilon`` and ``rho``. With ``rho``, ``delta`` is the delta at which
     the guarantee is also reported as (epsilon, delta) (0: not reported).
+
+    ``part`` is set by a :class:`~accounting.shared_budget.SharedBudget` only, on the budget of
+    one of its parts as ``BudgetPart.budget`` and ``SharedBudget.budget(name)`` show it: readable
+    (it compares equal to the same numbers), never spendable on its own -- a
+    :class:`ReleasePlan` (every aggregation's) and every other budget consumer refuse it
+    (:func:`check_spendable`), so what a part spends goes through the part and the
+    SharedBudget's guarantee composes it.
     """
 
     epsilon: Optional[float] = None
     delta: float = 0.0
     rho: Optional[float] = None
+    part: Optional[str] = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if (self.epsilon is None) == (self.rho is None):
@@ -109,6 +118,15 @@ class PrivacyBudget:
         return out
 
 
+def check_spendable(budget, where: str = "a release plan") -> None:
+    """Refuse a SharedBudget part's budget (``budget.part`` set) spent outside its part."""
+    if isinstance(budget, PrivacyBudget) and budget.part is not None:
+        raise ValueError(
+            f"{where}: this budget is part {budget.part!r} of a SharedBudget and is spendable only "
+            f"through it: pass the part itself (shared.part({budget.part!r})) to the aggregation, "
+            "or spend it with part.spend(measures), so the job's guarantee composes it")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ReleasePlan:
     """The measures of one release, checked against the budget they share.
@@ -121,6 +139,7 @@ class ReleasePlan:
     measures: tuple[Measure, ...] = ()
 
     def __post_init__(self):
+        check_spendable(self.budget)
         measures = tuple(self.measures)
         names = set()
         for measure in measures:

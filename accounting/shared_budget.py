@@ -17,8 +17,11 @@ play this role). Each aggregation takes one part as its ``budget``; the part car
   parts without keys: the job's measures then draw from streams of the release key labelled by
   their own names (e.g. ``centralnotice/<campaign>/clicks``), claimed once each.
 
-A part is spent once, either by an aggregation that registers with it (``DPAggregate``,
-``choose_bounds``) or directly by a job's own measures (:meth:`BudgetPart.spend`, e.g. the
+A part is spent once, and only through its SharedBudget: either by an aggregation that
+registers with it (``DPAggregate``, ``choose_bounds``: pass them the part) or directly by a job's
+own measures (:meth:`BudgetPart.spend`). ``part.budget`` is a
+budget marked as the part's (``budget.part``): readable, refused by every aggregation given it
+directly (it would spend the part outside the job's guarantee). Measures spent directly (e.g. the
 CentralNotice impressions and clicks, each calibrated by the job's configuration and drawn from
 its own named noise stream). Once the parts are spent, :meth:`SharedBudget.explain` and
 :meth:`SharedBudget.guarantee` describe the whole job: every measure of every part -- private
@@ -56,12 +59,20 @@ __all__ = ["SharedBudget", "BudgetPart"]
 
 @dataclass(frozen=True, kw_only=True)
 class BudgetPart:
-    """One aggregation's part of a :class:`SharedBudget`: its budget and its own release key."""
+    """One aggregation's part of a :class:`SharedBudget`: its budget (marked ``budget.part``:
+    spendable only through this part) and its own release key."""
 
     name: str
     budget: PrivacyBudget
     release_key: Optional[ReleaseKey] = None
     shared: "SharedBudget" = field(repr=False, compare=False)
+
+    def spendable_budget(self) -> PrivacyBudget:
+        """The part's budget as a plain PrivacyBudget, for the aggregation that registers with
+        this part (:meth:`register`: DPAggregate, choose_bounds). Spent by anything that does
+        not register, it would escape the job's guarantee."""
+        b = self.budget
+        return PrivacyBudget(epsilon=b.epsilon, delta=b.delta, rho=b.rho)
 
     def register(self, release) -> None:
         """Record the aggregation spending this part (it must offer ``plan`` and ``explain()``;
@@ -75,7 +86,7 @@ class BudgetPart:
         measures = list(measures)
         if not measures or not all(isinstance(m, Measure) for m in measures):
             raise TypeError("spend() takes one or more accounting.measures.Measure")
-        plan = ReleasePlan(budget=self.budget, measures=measures)
+        plan = ReleasePlan(budget=self.spendable_budget(), measures=measures)
         self.shared._register(self.name, _SpentMeasures(plan))
         return plan
 
@@ -182,9 +193,11 @@ class SharedBudget:
         return tuple(self._budgets)
 
     def budget(self, name: str) -> PrivacyBudget:
-        """The budget of part ``name`` (without issuing it)."""
+        """The budget of part ``name`` (without issuing it; readable, spendable only through
+        the part)."""
         self._check_known(name)
-        return self._budgets[name]
+        b = self._budgets[name]
+        return PrivacyBudget(epsilon=b.epsilon, delta=b.delta, rho=b.rho, part=name)
 
     def part(self, name: str) -> BudgetPart:
         """Issue part ``name`` (once) for one aggregation: its budget and derived release key."""
@@ -194,7 +207,7 @@ class SharedBudget:
         self._issued.add(name)
         key = None if self.release_key is None else \
             self.release_key.derive(f"part:{name}", owner=f"SharedBudget part {name!r}")
-        return BudgetPart(name=name, budget=self._budgets[name], release_key=key, shared=self)
+        return BudgetPart(name=name, budget=self.budget(name), release_key=key, shared=self)
 
     def _check_known(self, name: str) -> None:
         if name not in self._budgets:

@@ -148,3 +148,24 @@ def test_private_selection_is_a_measure_composed_with_the_others():
     assert whole == guarantee.compose(shared.measures(), "basic")
     assert whole.epsilon == pytest.approx(2.0) and whole.delta == pytest.approx(5e-7)  # b spends no delta
     assert a.guarantee() == guarantee.compose(shared.measures()[:2], "basic")
+
+
+def test_a_parts_budget_is_spendable_only_through_its_shared_budget():
+    """``part.budget`` passed to a second aggregation spent the part outside the job's
+    guarantee (main f02cb62): every consumer refuses it; the part itself is spent once."""
+    from accounting.budget import ReleasePlan
+    from transforms.sketches.dp import ReachFrequencyNoise
+
+    shared = SharedBudget(PrivacyBudget(epsilon=1.0), weights={"a": 1, "b": 1})
+    part = shared.part("a")
+    assert part.budget == PrivacyBudget(epsilon=0.5) and shared.budget("b") == PrivacyBudget(epsilon=0.5)
+    _aggregate(part, "A")
+    for budget in (part.budget, shared.budget("b")):
+        with pytest.raises(ValueError, match=r"spendable only through it.*shared\.part"):
+            _aggregate(budget, "Escapes")
+        with pytest.raises(ValueError, match="spendable only through it"):
+            ReleasePlan(budget=budget)
+        with pytest.raises(ValueError, match="spendable only through it"):
+            ReachFrequencyNoise(budget=budget, num_publishers=1)
+    assert [m.name for m in shared.measures()] == ["count", "sum"]
+    assert shared.guarantee().epsilon == pytest.approx(0.5)

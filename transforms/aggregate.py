@@ -677,7 +677,7 @@ class DPAggregate(beam.PTransform):
         super().__init__(label)
         part = None
         if isinstance(budget, BudgetPart):
-            part, budget = budget, budget.budget
+            part, budget = budget, budget.spendable_budget()
             if release_key is None and part.release_key is not None and \
                     (not testing or part.release_key.is_testing):
                 release_key = part.release_key

@@ -66,7 +66,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from accounting.budget import PrivacyBudget
+from accounting.budget import PrivacyBudget, check_spendable
 from accounting.calibration import NoiseKind, NoiseSpec, calibrate
 from accounting.composition import EpsDelta, sequential
 from accounting.sensitivity import Neighbouring, Sensitivities
@@ -117,6 +117,7 @@ class ReachFrequencyNoise:
     neighbouring: Neighbouring = Neighbouring.ADD_REMOVE
 
     def __post_init__(self):
+        check_spendable(self.budget, "ReachFrequencyNoise")
         if not isinstance(self.budget, PrivacyBudget) or self.budget.is_zcdp:
             raise ValueError(f"budget: an (epsilon, delta) PrivacyBudget (sketch statistics "
                              f"compose sequentially), got {self.budget!r}")
