@@ -252,13 +252,15 @@ class ChooseBoundsJob:
         return pa.Table.from_pylist([{c: r.get(c) for c in (self.unit, *self.keys)} for r in rows])
 
     def __call__(self, dataset: Dataset, seed: int, exact: bool) -> Release:
+        from accounting.shared_budget import SharedBudget
         from transforms.utility import bound_statistics, bound_utilities, choose_bounds
 
         table = self._table(dataset)
         key = ReleaseKey.for_testing(seed)
         if exact:
             key = ReleaseKey(key.secret_bytes(), is_testing=True, noise_free=True)
-        choice = choose_bounds(table, privacy_unit=self.unit, keys=list(self.keys), budget=self.budget,
+        part = SharedBudget(self.budget, weights={"bounds": 1}).part("bounds")
+        choice = choose_bounds(table, privacy_unit=self.unit, keys=list(self.keys), budget=part,
                                release_key=key, quantile=self.quantile, candidates=self.candidates,
                                neighbouring=self.neighbouring)
         utilities = bound_utilities(bound_statistics(table, privacy_unit=self.unit, keys=list(self.keys)),

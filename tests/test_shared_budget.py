@@ -155,6 +155,7 @@ def test_a_parts_budget_is_spendable_only_through_its_shared_budget():
     guarantee (main f02cb62): every consumer refuses it; the part itself is spent once."""
     from accounting.budget import ReleasePlan
     from transforms.sketches.dp import ReachFrequencyNoise
+    from transforms.utility import choose_bounds
 
     shared = SharedBudget(PrivacyBudget(epsilon=1.0), weights={"a": 1, "b": 1})
     part = shared.part("a")
@@ -167,5 +168,7 @@ def test_a_parts_budget_is_spendable_only_through_its_shared_budget():
             ReleasePlan(budget=budget)
         with pytest.raises(ValueError, match="spendable only through it"):
             ReachFrequencyNoise(budget=budget, num_publishers=1)
+        with pytest.raises(ValueError, match="spendable only through it"):
+            choose_bounds([{"u": 1, "k": "x"}], privacy_unit="u", keys=["k"], budget=budget)
     assert [m.name for m in shared.measures()] == ["count", "sum"]
     assert shared.guarantee().epsilon == pytest.approx(0.5)

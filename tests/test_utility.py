@@ -10,6 +10,7 @@ from accounting.sensitivity import ContributionBounds
 from accounting.shared_budget import SharedBudget
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Count, Mean, PrivacyUnitCount, Sum
+from transforms.noise import RandomStreams
 from transforms.selection import PrivateSelection
 from transforms.utility import Candidate, analyze, choose_bounds, exponential_choice
 
@@ -85,14 +86,68 @@ def test_dp_tester_on_the_exponential_choice_and_a_broken_sensitivity():
     rng_counts = np.array([10, 11, 11])   # units at or below each candidate, dataset D
     other = np.array([9, 10, 10])          # D': one unit fewer (n 19 vs 20)
 
-    def sampler(counts, units, sensitivity, seed):
+    def sampler(counts, units, epsilon_used, seed):
         def sample(m):
-            u = np.random.default_rng(seed).random((m, 3))
-            return np.array([exponential_choice(counts, units, 0.5, epsilon, sensitivity, row) for row in u],
-                            dtype=float)
+            streams = RandomStreams.for_range(ReleaseKey.for_testing(seed), "dp-test", m)
+            return exponential_choice(counts, units, 0.5, epsilon_used, 1, streams).astype(float)
         return sample
 
     tester = DPTester(n_samples=n)
-    assert tester.run(sampler(rng_counts, 20, 1.0, 1), sampler(other, 19, 1.0, 2), epsilon=epsilon).passed
-    result = tester.run(sampler(rng_counts, 20, 0.2, 3), sampler(other, 19, 0.2, 4), epsilon=epsilon)
+    assert tester.run(sampler(rng_counts, 20, epsilon, 1), sampler(other, 19, epsilon, 2), epsilon=epsilon).passed
+    # A mechanism that ignores the sensitivity (5x the epsilon it states) is caught.
+    result = tester.run(sampler(rng_counts, 20, 5 * epsilon, 3), sampler(other, 19, 5 * epsilon, 4),
+                        epsilon=epsilon)
     assert not result.passed, result
+
+
+def test_choose_bounds_with_a_plain_budget_is_refused():
+    """A plain budget was composed nowhere (main f02cb62): the choice spends budget, so it takes
+    a SharedBudget part and the job's guarantee includes its cost."""
+    with pytest.raises(TypeError, match="SharedBudget"):
+        choose_bounds(_data(), privacy_unit="user", keys=["country"], budget=PrivacyBudget(epsilon=1.0),
+                      release_key=ReleaseKey.for_testing(3))
+    shared = SharedBudget(PrivacyBudget(epsilon=2.0), weights={"bounds": 1, "release": 3})
+    choose_bounds(_data(), privacy_unit="user", keys=["country"], budget=shared.part("bounds"))
+    assert [m.name for m in shared.measures()] == ["bounds.max_partitions",
+                                                   "bounds.max_contributions_per_partition"]
+    assert shared.guarantee().epsilon == pytest.approx(0.5)
+
+
+def test_the_exponential_draw_is_exact_and_uses_no_floating_point_uniforms(monkeypatch):
+    """Gumbel-max from clipped 2^-53-grid uniforms gave some candidates probability exactly 0
+    (main f02cb62). The draw now reads only uniform integers: a choice made with the float
+    uniforms disabled still works, and the sampled frequencies match the exact probabilities,
+    a candidate of probability ~3e-3 included."""
+    from transforms.noise.exponential import exponential_mechanism, exponential_probabilities
+    from transforms.utility import candidate_distances, exponential_exponents, grid_quantile
+
+    def no_floats(self, lanes=None):
+        raise AssertionError("a floating-point uniform was drawn")
+
+    monkeypatch.setattr(RandomStreams, "uniform_float", no_floats)
+    shared = SharedBudget(PrivacyBudget(epsilon=2.0), weights={"bounds": 1})
+    choose_bounds(_data(), privacy_unit="user", keys=["country"], budget=shared.part("bounds"),
+                  release_key=ReleaseKey.for_testing(8))
+
+    counts = np.array([3, 10, 18, 20, 20])
+    num, den = exponential_exponents(candidate_distances(counts, 20, grid_quantile(0.5)), 1.0, 1)
+    p = exponential_probabilities(num, den)
+    assert p.min() < 5e-3 and abs(p.sum() - 1) < 1e-12
+    n = 200_000
+    streams = RandomStreams.for_range(ReleaseKey.for_testing(12), "exact-em", n)
+    observed = np.bincount(exponential_mechanism(streams, num, den), minlength=len(counts))
+    chi2 = float((((observed - n * p) ** 2) / (n * p)).sum())
+    assert chi2 < 25, (observed, n * p)  # 4 degrees of freedom: P(chi2 > 25) < 1e-4
+    assert observed[np.argmin(p)] > 0
+
+
+def test_exact_bernoulli_exp_of_large_and_fractional_exponents():
+    from transforms.noise.exponential import bernoulli_exp_rational
+
+    n = 100_000
+    streams = RandomStreams.for_range(ReleaseKey.for_testing(13), "bexp", n)
+    lanes = np.arange(n)
+    for num, den in ((0, 7), (3, 4), (9, 4), (10 ** 12, 10 ** 11 + 1)):
+        hits = bernoulli_exp_rational(streams, np.full(n, num), den, lanes).mean()
+        expected = np.exp(-num / den)
+        assert abs(hits - expected) < 5 * np.sqrt(expected * (1 - expected) / n) + 1e-9, (num, den)

@@ -28,8 +28,12 @@ differential privacy: each as the candidate (powers of two by default) nearest t
 by the exponential mechanism (McSherry & Talwar 2007) with utility minus the distance of the
 target rank ``q n`` to ``[#{units <= c_prev}, #{units <= c}]`` (:func:`exponential_choice`),
 sensitivity 1 under add/remove (2 under substitution), each with half the given epsilon. The
-choice is a :class:`BoundsChoice` with a plan and ``explain()``; pass a
-:class:`~accounting.shared_budget.SharedBudget` part so the job's guarantee includes it.
+draw is exact (:mod:`transforms.noise.exponential`: integer arithmetic on the release key's
+streams, every candidate with its exact positive probability): the quantile is taken on the 2^-20
+grid and epsilon rounded down to it, so the distances and the mechanism's exponents are exact
+rationals. The choice spends budget, so it takes a part of the job's
+:class:`~accounting.shared_budget.SharedBudget` (a plain budget is refused: it would be composed
+nowhere); the part's guarantee (``shared.guarantee()``) includes the choice.
 """
 from __future__ import annotations
 
@@ -42,7 +46,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from accounting.budget import PrivacyBudget, ReleasePlan
+from accounting.budget import PrivacyBudget, ReleasePlan, check_spendable
 from accounting.keys import ReleaseKey
 from accounting.measures import Measure
 from accounting.sensitivity import ContributionBounds, Neighbouring
@@ -178,7 +182,8 @@ def analyze(data, *, privacy_unit: str, keys: Sequence[str], metrics, candidates
         if not isinstance(candidate, Candidate):
             raise TypeError(f"candidates must be Candidate objects, got {type(candidate).__name__}")
         aggregate = DPAggregate(privacy_unit=privacy_unit, keys=keys, value=value, metrics=metrics,
-                                bounds=candidate.bounds, budget=candidate.budget, keyset=keyset,
+                                bounds=candidate.bounds, budget=_analysed(candidate.budget),
+                                keyset=keyset,
                                 selection=selection, neighbouring=neighbouring,
                                 release_key=ReleaseKey.for_testing(0))
         aggregate.check_schema(table.schema)
@@ -253,6 +258,14 @@ def analyze(data, *, privacy_unit: str, keys: Sequence[str], metrics, candidates
     return report
 
 
+def _analysed(budget):
+    """A candidate's budget for the analysis (which spends nothing): a SharedBudget part's
+    budget is analysed as the plain budget of its values."""
+    if isinstance(budget, PrivacyBudget) and budget.part is not None:
+        return PrivacyBudget(epsilon=budget.epsilon, delta=budget.delta, rho=budget.rho)
+    return budget
+
+
 def _keys_of(aggregate, raw: Optional[pa.Table], keys) -> list:
     if aggregate.keyset is not None and aggregate.keyset.in_memory:
         table = aggregate.keyset.batch_at(0, max_rows=aggregate.keyset.size())
@@ -307,6 +320,30 @@ class BoundsChoice:
                 + self.plan.explain())
 
 
+#: The quantile and the mechanism's epsilon are taken on this grid (2^-GRID_BITS), so the
+#: exponential mechanism's exponents are exact rationals with a 64-bit denominator.
+GRID_BITS = 20
+
+
+def grid_quantile(quantile: float) -> int:
+    """``quantile`` in units of 2^-GRID_BITS (nearest), strictly between 0 and 1."""
+    units = int(round(float(quantile) * (1 << GRID_BITS)))
+    if not 0 < units < 1 << GRID_BITS:
+        raise ValueError(f"quantile must be in (0, 1) on the 2^-{GRID_BITS} grid, got {quantile!r}")
+    return units
+
+
+def candidate_distances(counts_at_or_below, n: int, quantile_units: int) -> np.ndarray:
+    """Minus :func:`candidate_utility` in units of 2^-GRID_BITS ranks, exactly (integers), for
+    the quantile ``quantile_units * 2^-GRID_BITS``."""
+    upper = np.asarray(counts_at_or_below, dtype=np.int64) << GRID_BITS
+    lower = np.concatenate([[0], upper[:-1]]).astype(np.int64)
+    target = int(quantile_units) * int(n)
+    if int(n) >= 1 << (62 - GRID_BITS):
+        raise ValueError("too many units for the exact exponential mechanism (2^42)")
+    return np.maximum(target - upper, 0) + np.maximum(lower - target, 0)
+
+
 def candidate_utility(counts_at_or_below: np.ndarray, n: float, quantile: float) -> np.ndarray:
     """The exponential mechanism's utility of each candidate ``c_i``: good when the target rank
     ``quantile * n`` lies in ``[count(<= c_{i-1}), count(<= c_i)]``, so minus the distance to
@@ -319,19 +356,34 @@ def candidate_utility(counts_at_or_below: np.ndarray, n: float, quantile: float)
     return -(np.maximum(target - upper, 0.0) + np.maximum(lower - target, 0.0))
 
 
-def exponential_choice(counts_at_or_below: np.ndarray, n: float, quantile: float, epsilon: float,
-                       sensitivity: float, uniforms: np.ndarray) -> int:
-    """Index of the candidate chosen by the exponential mechanism (Gumbel-max with the given
-    uniforms in (0, 1)) over :func:`candidate_utility`."""
-    return gumbel_argmax(candidate_utility(counts_at_or_below, n, quantile), epsilon, sensitivity,
-                         uniforms)
+def exponential_exponents(distances: np.ndarray, epsilon: float, sensitivity: int) -> tuple[np.ndarray, int]:
+    """``(num, den)`` with ``num / den = epsilon' * distance / (2 * sensitivity)`` exactly, per
+    candidate: the exponents of the exponential mechanism over distances in 2^-GRID_BITS rank
+    units, ``epsilon'`` = ``epsilon`` rounded down to the 2^-GRID_BITS grid (so the choice is
+    ``epsilon'``-DP, ``epsilon' <= epsilon``)."""
+    eps_units = int(np.floor(float(epsilon) * (1 << GRID_BITS)))
+    if eps_units < 1:
+        raise ValueError(f"epsilon {epsilon!r} is below the exponential mechanism's 2^-{GRID_BITS} grid")
+    if sensitivity not in (1, 2):
+        raise ValueError(f"utility sensitivity must be 1 or 2, got {sensitivity!r}")
+    distances = np.asarray(distances, dtype=np.int64)
+    shifted = distances - distances.min()
+    if shifted.size and int(shifted.max()) * eps_units >= 1 << 63:
+        raise ValueError("epsilon * (units) too large for the exact exponential mechanism")
+    return shifted * eps_units, 2 * int(sensitivity) << (2 * GRID_BITS)
 
 
-def gumbel_argmax(utility: np.ndarray, epsilon: float, sensitivity: float, uniforms: np.ndarray) -> int:
-    """The exponential mechanism (McSherry & Talwar 2007) as Gumbel-max: the index maximising
-    ``epsilon * utility / (2 * sensitivity) + Gumbel noise`` from uniforms in (0, 1)."""
-    gumbel = -np.log(-np.log(np.clip(uniforms, 1e-300, 1 - 1e-16)))
-    return int(np.argmax(epsilon * np.asarray(utility, dtype=float) / (2 * sensitivity) + gumbel))
+def exponential_choice(counts_at_or_below: np.ndarray, n: int, quantile: float, epsilon: float,
+                       sensitivity: int, streams, lanes: np.ndarray = None) -> np.ndarray:
+    """Per lane of ``streams`` (a :class:`~transforms.noise.RandomStreams`), the index of the
+    candidate chosen by the exact exponential mechanism (:mod:`transforms.noise.exponential`)
+    over the utility minus :func:`candidate_distances`: ``P(i) ∝ exp(-epsilon' d_i / (2
+    sensitivity))``."""
+    from transforms.noise.exponential import exponential_mechanism
+
+    distances = candidate_distances(counts_at_or_below, n, grid_quantile(quantile))
+    num, den = exponential_exponents(distances, epsilon, sensitivity)
+    return exponential_mechanism(streams, num, den, lanes)
 
 
 def bound_statistics(data, *, privacy_unit: str, keys: Sequence[str]) -> dict[str, np.ndarray]:
@@ -371,41 +423,50 @@ def bound_utilities(statistics: Mapping[str, np.ndarray], candidates: Sequence[i
 def choose_bounds(data, *, privacy_unit: str, keys: Sequence[str], budget, release_key: ReleaseKey = None,
                   quantile: float = 0.9, candidates: Sequence[int] = tuple(2 ** i for i in range(11)),
                   neighbouring=Neighbouring.ADD_REMOVE) -> BoundsChoice:
-    """Choose L0 and Linf with DP (module docstring). ``budget``: a PrivacyBudget (pure
-    epsilon) or a SharedBudget part (registered, so the job's guarantee includes the choice)."""
+    """Choose L0 and Linf with DP (module docstring). ``budget``: a part of the job's
+    SharedBudget (``shared.part(name)``, an (epsilon, delta) part; pure epsilon is used): the
+    choice registers with it, so the job's guarantee includes it. ``release_key``: the key the
+    choice draws from (default: the part's, else a fresh one)."""
     from accounting.shared_budget import BudgetPart
     from transforms.noise import RandomStreams
 
-    part = budget if isinstance(budget, BudgetPart) else None
-    budget = part.budget if part is not None else budget
-    if not isinstance(budget, PrivacyBudget) or budget.is_zcdp:
-        raise ValueError("choose_bounds needs an (epsilon, delta) budget (pure epsilon is used)")
-    if not 0 < quantile < 1:
-        raise ValueError(f"quantile must be in (0, 1), got {quantile!r}")
+    if not isinstance(budget, BudgetPart):
+        check_spendable(budget, "choose_bounds")
+        raise TypeError("choose_bounds spends privacy budget: give it a part of the job's "
+                        "SharedBudget (budget=shared.part(name)) so the job's guarantee composes "
+                        f"it; a plain {type(budget).__name__} would be composed nowhere")
+    part = budget
+    budget = part.spendable_budget()
+    if budget.is_zcdp:
+        raise ValueError("choose_bounds needs an (epsilon, delta) budget part (pure epsilon is used)")
+    quantile_units = grid_quantile(quantile)
     candidates = sorted({int(c) for c in candidates})
     if not candidates or candidates[0] < 1:
         raise ValueError("candidates must be positive integers")
     if release_key is None:
-        release_key = part.release_key if part is not None and part.release_key else ReleaseKey.generate()
+        release_key = part.release_key if part.release_key else ReleaseKey.generate()
     statistics = bound_statistics(data, privacy_unit=privacy_unit, keys=keys)
-    sensitivity = float(Neighbouring(neighbouring).factor)
+    sensitivity = int(Neighbouring(neighbouring).factor)
     epsilon = budget.epsilon / 2
+    exponential_exponents(np.zeros(1, np.int64), epsilon, sensitivity)  # refuse before any claim
     chosen = []
-    for name, utility in bound_utilities(statistics, candidates, quantile).items():
+    for name, stat in statistics.items():
         purpose = f"bounds:{name}"
         release_key.claim(purpose, owner="choose_bounds")
-        uniforms = RandomStreams.for_range(release_key, purpose, len(candidates)).uniform_float()
-        chosen.append(candidates[gumbel_argmax(utility, epsilon, sensitivity, uniforms)])
+        at_or_below = np.array([(stat <= c).sum() for c in candidates])
+        streams = RandomStreams.for_range(release_key, purpose, 1)
+        index = exponential_choice(at_or_below, len(stat), quantile_units / (1 << GRID_BITS),
+                                   epsilon, sensitivity, streams)[0]
+        chosen.append(candidates[int(index)])
     plan = ReleasePlan(budget=PrivacyBudget(epsilon=budget.epsilon, delta=budget.delta))
     for name, stat_text in (("max_partitions", "keys per unit"),
                             ("max_contributions_per_partition", "largest rows of a unit in one key")):
         plan = plan.with_measures(Measure(
             name=f"bounds.{name}", mechanism="exponential", epsilon=epsilon,
             neighbouring=neighbouring,
-            description=f"{name}: the candidate nearest the {quantile:g} quantile of {stat_text}, "
-                        f"exponential mechanism, utility sensitivity {sensitivity:g}, "
-                        f"candidates {candidates}"))
+            description=f"{name}: the candidate nearest the {quantile:g} quantile of {stat_text} "
+                        f"(on the 2^-{GRID_BITS} grid), exponential mechanism sampled exactly, "
+                        f"utility sensitivity {sensitivity:g}, candidates {candidates}"))
     choice = BoundsChoice(max_partitions=chosen[0], max_contributions_per_partition=chosen[1], plan=plan)
-    if part is not None:
-        part.register(choice)
+    part.register(choice)
     return choice
