@@ -6,33 +6,50 @@ a null) and ``"7"`` (text), a type-tagged hash would see three people and let th
 three times their bound. So every path that groups, bounds or hashes by a privacy unit first maps
 its ids to one canonical text form, here.
 
-Which ids count as the same unit (the rules, in order):
+Which ids count as the same unit (the rules, in order; tests/test_privacy_units.py holds them as a
+table):
 
 * null, and NaN in a float column, is *no id*: the caller drops the row by its documented rule
   and counts it;
 * integers of any width, and integral floats or decimals (``7``, ``7.0``, ``Decimal("7.00")``)
   are the integer, written in decimal without leading zeros or sign for non-negative values
   (``"7"``, ``"-3"``);
-* text is normalised to Unicode NFKC, lower-cased and stripped of surrounding white space; a
-  text that then reads as a decimal integer, optionally signed and with a zero fraction
-  (``"7"``, ``" +007 "``, ``"7.00"``, fullwidth ``"７"``), is that integer; any other text is kept
-  (``"alice@example.org"``);
+* text is folded as Unicode's NFKC_Casefold does, in this order: format characters (category
+  Cf: zero-width spaces and joiners, the byte-order mark, soft hyphens, bidirectional marks) are
+  removed; the text is normalised to NFKC, *fully* case-folded (``"Straße"`` and ``"STRASSE"`` are
+  ``"strasse"``; lower-casing alone keeps the ``ß``) and normalised to NFKC again; decimal digits
+  of every script (category Nd: ``"٧"``, ``"७"``, fullwidth ``"７"``) become ASCII digits; and
+  surrounding white space is stripped;
+* a folded text that reads as a decimal number -- optional sign, digits with an optional
+  fraction, an optional exponent (``"7"``, ``" +007 "``, ``"7.00"``, ``"7."``, ``"7e0"``,
+  ``"0.7E1"``) -- is that number: an integral one is the integer (``"7"``), so text and numbers
+  agree; a non-integral one is its exact plain decimal without trailing zeros (``"7.50"`` and
+  ``"75e-1"`` are ``"7.5"``); leading zeros never count (``"007"`` is ``7``). Any other text is
+  kept as folded (``"alice@example.org"``, ``"0x1f"``, ``"inf"``);
 * anything else is refused before any work: booleans, dates and times, binary, nested types,
-  non-integral numbers (``7.5`` is not an id), and integral floats too large to be exact
-  (|x| >= 2^53).
+  non-integral numbers *of a numeric type* (``7.5`` is not an id: a float is no exact
+  identifier), integral floats too large to be exact (|x| >= 2^53), and numeric text whose plain
+  decimal form would be longer than both the text and 64 characters (``"1e999"``).
 
 When in doubt the rules *merge*: two different people mapped to one id are bounded together,
 which can only remove contributions (less utility, never less privacy); one person split into
-two ids would break the guarantee. So ``"007"`` and ``7``, and ``"Alice"`` and ``"alice"``, are one
-unit. Error messages name the column, never a value (ids are personal data).
+two ids would break the guarantee. So ``"007"`` and ``7``, ``"Alice"`` and ``"alice"``, and
+``"user\u200b1"`` and ``"user1"`` are one unit. Error messages name the column, never a value (ids
+are personal data).
 
-Pure pyarrow; vectorised over Arrow arrays, with a scalar form for Python values.
+Vectorised with pyarrow and numpy: an all-ASCII array (the usual case) takes a fast path (ASCII
+lower-casing is the whole fold there); non-ASCII values are folded in Python once per distinct
+value. Only texts starting with a digit, a sign or a point (read from the Arrow buffers) are
+checked for numbers; canonical integers (the usual numeric id) stay as they are, and the rest
+(signs, leading zeros, fractions, exponents: rare) are converted exactly, with :mod:`decimal`
+where needed. A scalar form serves Python values.
 """
 from __future__ import annotations
 
 import decimal
 import math
 import numbers
+import unicodedata
 from typing import Optional
 
 import numpy as np
@@ -41,7 +58,14 @@ import pyarrow.compute as pc
 
 #: Integral floats at or beyond this magnitude are not exact: refused.
 _EXACT_FLOAT = 2.0 ** 53
+#: Numbers in folded text: what they start with, canonical integers (kept as they are), other
+#: integer text (vectorised), and any decimal number (exact, in Python).
+_NUMBER_STARTS = np.frombuffer(b"0123456789+-.", dtype=np.uint8)
+_CANONICAL_INTEGER = r"^(0|-?[1-9][0-9]*)$"
 _INTEGER_TEXT = r"^[+-]?[0-9]+(\.0*)?$"
+_NUMBER_TEXT = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)(e[+-]?[0-9]+)?$"
+#: A numeric text may expand by its exponent to this many characters (or its own length).
+_MAX_NUMBER_CHARS = 64
 
 
 class UnitIdError(ValueError):
@@ -72,12 +96,98 @@ def _integer_text(text: pa.Array) -> pa.Array:
     return pc.if_else(pc.and_(negative, pc.invert(zero)), signed, digits)
 
 
-def _canonical_text(text: pa.Array) -> pa.Array:
-    text = pc.utf8_trim_whitespace(pc.utf8_lower(pc.utf8_normalize(text, form="NFKC")))
-    looks_integral = pc.fill_null(pc.match_substring_regex(text, _INTEGER_TEXT), False)
-    if not pc.any(looks_integral).as_py():
+def _fold(value: str) -> str:
+    """One non-ASCII text folded (module docstring): Cf removed, NFKC, full case folding, NFKC,
+    decimal digits of every script as ASCII (and any Cf the normalisation produced removed)."""
+    value = "".join(ch for ch in value if unicodedata.category(ch) != "Cf")
+    value = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", value).casefold())
+    return "".join(ch if ch.isascii() or not ch.isdecimal() else chr(48 + unicodedata.decimal(ch))
+                   for ch in value if unicodedata.category(ch) != "Cf")
+
+
+def _folded(text: pa.Array) -> pa.Array:
+    """The folded texts: ASCII lower-casing for ASCII values (their whole fold), :func:`_fold`
+    once per distinct non-ASCII value."""
+    ascii_ = pc.fill_null(pc.string_is_ascii(text), True)
+    lowered = pc.ascii_lower(text)
+    if pc.all(ascii_).as_py():
+        return lowered
+    others = pc.dictionary_encode(pc.filter(text, pc.invert(ascii_)))
+    folded = pa.array([_fold(v) for v in others.dictionary.to_pylist()], pa.string())
+    rows = np.flatnonzero(~ascii_.to_numpy(zero_copy_only=False))
+    return _scatter(lowered, rows, folded.take(others.indices))
+
+
+def _scatter(base: pa.Array, rows: np.ndarray, replacements: pa.Array) -> pa.Array:
+    """``base`` with ``rows`` (ascending positions) replaced by ``replacements``, in order (one
+    gather: faster than ``replace_with_mask`` on strings)."""
+    n = len(base)
+    order = np.arange(n, dtype=np.int64)
+    order[rows] = n + np.arange(len(rows), dtype=np.int64)
+    return pa.concat_arrays([base, replacements.cast(base.type)]).take(pa.array(order))
+
+
+def _number_text(value: str, name: str) -> str:
+    """The exact canonical text of a decimal number written as ``value`` (``_NUMBER_TEXT``)."""
+    sign, digits, exponent = decimal.Decimal(value).as_tuple()
+    digits = "".join(map(str, digits)).lstrip("0")
+    if not digits:
+        return "0"
+    stripped = digits.rstrip("0")
+    exponent += len(digits) - len(stripped)
+    digits = stripped
+    point = len(digits) + exponent  # digits before the decimal point
+    length = point if exponent >= 0 else len(digits) + 1 if point > 0 else 2 - point + len(digits)
+    if length > max(len(value), _MAX_NUMBER_CHARS):
+        raise UnitIdError(f"privacy unit column {name!r} holds numeric text whose exponent "
+                          f"expands it past {_MAX_NUMBER_CHARS} digits: not an id")
+    if exponent >= 0:
+        body = digits + "0" * exponent
+    elif point > 0:
+        body = digits[:point] + "." + digits[point:]
+    else:
+        body = "0." + "0" * -point + digits
+    return ("-" if sign else "") + body
+
+
+def _first_bytes(text: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Each string's first byte and whether it has one (non-null, non-empty), read from the
+    Arrow buffers: no per-string kernel."""
+    width = np.int64 if pa.types.is_large_string(text.type) else np.int32
+    _, offsets, data = text.buffers()
+    offsets = np.frombuffer(offsets, dtype=width)[text.offset:text.offset + len(text) + 1]
+    present = offsets[1:] > offsets[:-1]
+    if text.null_count:
+        present &= text.is_valid().to_numpy(zero_copy_only=False)
+    if data is None or not present.any():
+        return np.zeros(len(text), np.uint8), present
+    raw = np.frombuffer(data, dtype=np.uint8)
+    return raw[np.minimum(offsets[:-1], len(raw) - 1)], present
+
+
+def _canonical_text(text: pa.Array, name: str = "privacy unit") -> pa.Array:
+    text = pc.utf8_trim_whitespace(_folded(text))
+    # Numbers start with a digit, a sign or a point: most text ids stop here.
+    first, present = _first_bytes(text)
+    maybe = present & np.isin(first, _NUMBER_STARTS)
+    if not maybe.any():
         return text
-    return pc.if_else(looks_integral, _integer_text(text), text)
+    rows = np.flatnonzero(maybe)
+    candidates = text.take(pa.array(rows))
+    # Already canonical integers (the usual numeric id) stay as they are.
+    done = pc.match_substring_regex(candidates, _CANONICAL_INTEGER).to_numpy(zero_copy_only=False)
+    if done.all():
+        return text
+    rows, candidates = rows[~done], candidates.filter(pa.array(~done))
+    integral = pc.match_substring_regex(candidates, _INTEGER_TEXT)
+    numeric = pc.match_substring_regex(candidates, _NUMBER_TEXT).to_numpy(zero_copy_only=False)
+    if not numeric.any():
+        return text
+    out = pc.if_else(integral, _integer_text(candidates), candidates).to_pylist()
+    integral = integral.to_numpy(zero_copy_only=False)
+    for i in np.flatnonzero(numeric & ~integral):
+        out[i] = _number_text(out[i], name)
+    return _scatter(text, rows, pa.array(out, pa.string()))
 
 
 def canonical_unit_ids(column, name: str = "privacy unit") -> pa.Array:
@@ -114,7 +224,7 @@ def canonical_unit_ids(column, name: str = "privacy unit") -> pa.Array:
             raise UnitIdError(f"privacy unit column {name!r} holds non-integral numbers: ids must "
                               "be integers or text")
         return _integer_text(text)
-    return _canonical_text(pc.cast(column, pa.string()))
+    return _canonical_text(pc.cast(column, pa.string()), name)
 
 
 def canonical_unit_dictionary(column, name: str = "privacy unit") -> pa.DictionaryArray:
@@ -160,7 +270,7 @@ def canonical_unit_id(value, name: str = "privacy unit") -> Optional[str]:
             raise UnitIdError(f"privacy unit {name!r}: non-integral (or inexact) number is not an id")
         return str(int(value))
     if isinstance(value, str):
-        return _canonical_text(pa.array([value], pa.string()))[0].as_py()
+        return _canonical_text(pa.array([value], pa.string()), name)[0].as_py()
     raise UnitIdError(f"privacy unit {name!r}: a {type(value).__name__} is not an id")
 
 
