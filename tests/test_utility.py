@@ -118,9 +118,6 @@ def test_the_exponential_draw_is_exact_and_uses_no_floating_point_uniforms(monke
     (main f02cb62). The draw now reads only uniform integers: a choice made with the float
     uniforms disabled still works, and the sampled frequencies match the exact probabilities,
     a candidate of probability ~3e-3 included."""
-    from transforms.noise.exponential import exponential_mechanism, exponential_probabilities
-    from transforms.utility import candidate_distances, exponential_exponents, grid_quantile
-
     def no_floats(self, lanes=None):
         raise AssertionError("a floating-point uniform was drawn")
 
@@ -128,6 +125,9 @@ def test_the_exponential_draw_is_exact_and_uses_no_floating_point_uniforms(monke
     shared = SharedBudget(PrivacyBudget(epsilon=2.0), weights={"bounds": 1})
     choose_bounds(_data(), privacy_unit="user", keys=["country"], budget=shared.part("bounds"),
                   release_key=ReleaseKey.for_testing(8))
+
+    from transforms.noise.exponential import exponential_mechanism, exponential_probabilities
+    from transforms.utility import candidate_distances, exponential_exponents, grid_quantile
 
     counts = np.array([3, 10, 18, 20, 20])
     num, den = exponential_exponents(candidate_distances(counts, 20, grid_quantile(0.5)), 1.0, 1)
