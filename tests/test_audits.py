@@ -80,25 +80,25 @@ def test_point1_output_order_showing_which_keys_had_data(monkeypatch):
 
 def test_point2_unit_ids_of_three_types_as_three_units(monkeypatch):
     """A type-tagged id encoding: 7, 7.0 and "7" are bounded as three units."""
-    import transforms.aggregate as aggregate
+    import transforms.bounding_stage as stage
 
-    canonical = aggregate.canonical_unit_dictionary
+    canonical = stage.canonical_unit_dictionary
 
     def tagged(column, name="privacy unit"):
         ids = canonical(column, name).dictionary_decode().to_pylist()
         return pa.array([None if v is None else f"{column.type}:{v}" for v in ids],
                         pa.string()).dictionary_encode()
 
-    monkeypatch.setattr(aggregate, "canonical_unit_dictionary", tagged)
+    monkeypatch.setattr(stage, "canonical_unit_dictionary", tagged)
     result = audit_job("dp_aggregate/keyset", changes=[Change.ADD_MIXED_IDS])
     _fails(result, "sensitivity linf", "sensitivity l1", "sensitivity l0")
 
 
 def test_point2_in_a_job_through_the_release_layer(monkeypatch):
     """CentralNotice user-DP clicks with ids taken as written ("7", "7.0", " 7" three users)."""
-    import transforms.aggregate as aggregate
+    import transforms.bounding_stage as stage
 
-    monkeypatch.setattr(aggregate, "canonical_unit_dictionary",
+    monkeypatch.setattr(stage, "canonical_unit_dictionary",
                         lambda column, name="privacy unit":
                         pa.compute.cast(column, pa.string()).dictionary_encode())
     result = audit_job("centralnotice", changes=[Change.ADD_MIXED_IDS])
@@ -277,9 +277,9 @@ def test_lark_browser_without_clipping_is_caught(monkeypatch):
 def test_vector_sum_without_clipping_is_caught(monkeypatch, norm):
     """Vector sums whose rows are not clipped to max_norm: a unit's far-out vectors move a
     coordinate by more than the stated sensitivity (the exact mode's bound check)."""
-    import transforms.aggregate as aggregate
+    import transforms.bounding_stage as stage
 
-    monkeypatch.setattr(aggregate, "clip", lambda matrix, max_norm, norm: matrix)
+    monkeypatch.setattr(stage, "clip", lambda matrix, max_norm, norm: matrix)
     _fails(audit_job(f"dp_aggregate/keyset/vector_sum_{norm}", changes=[Change.ADD_HEAVY]),
            "sensitivity linf", "sensitivity l1")
 

@@ -13,9 +13,10 @@ from apache_beam.transforms import window
 from accounting.budget import PrivacyBudget
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds
-from transforms import aggregate
+from transforms import bounding_stage
 from transforms import parallel
-from transforms.aggregate import BoundedKeyPartials, BoundingConfig, DPAggregate
+from transforms.aggregate import DPAggregate
+from transforms.bounding_stage import BoundedKeyPartials, BoundingConfig
 from transforms.metrics import Count, Sum
 from transforms.parallel import dofn_threads
 from transforms.keyset import PublicKeyset
@@ -107,7 +108,7 @@ def test_an_error_in_a_thread_fails_the_bundle_naming_the_column():
 
 
 def test_the_dofn_keeps_at_most_twice_threads_batches_in_flight():
-    fn = aggregate._PrepareAndBound(_config(), threads=2)
+    fn = bounding_stage._PrepareAndBound(_config(), threads=2)
     fn.setup()
     try:
         fn.start_bundle()
@@ -119,7 +120,7 @@ def test_the_dofn_keeps_at_most_twice_threads_batches_in_flight():
     finally:
         fn.teardown()
     plain = [out for batch in _batches(5, count=6, rows=500)
-             for out in aggregate._PrepareAndBound(_config())._prepare(batch, None)[0]]
+             for out in bounding_stage._PrepareAndBound(_config())._prepare(batch, None)[0]]
     assert [(w.value[0], w.value[1].to_pydict()) for w in emitted] == \
         [(s, t.to_pydict()) for s, t in plain]  # the same outputs, in input order
     assert all(w.windows == [window.GlobalWindow()] for w in emitted)

@@ -1,9 +1,10 @@
 """What a DP aggregation releases per key, and the noisy measures each metric needs.
 
-A :class:`Metric` is one output column (count, sum, mean or privacy-unit count) with its noise
-kind, release threshold and budget weight. :func:`plan_measures` turns metrics, contribution
-bounds and a budget into the noisy *measures* actually drawn (a mean is post-processing of a
-noisy count and a noisy normalized sum; it reuses a requested count) and a
+A :class:`Metric` is one released metric (count, sum, mean, privacy-unit count, variance,
+standard deviation, quantiles, vector sum) with its noise kind, release threshold and budget
+weight. Each metric plans the noisy *measures* it is computed from (:meth:`Metric.plan`, one
+planner per kind: a mean is post-processing of a noisy count and a noisy normalized sum, and
+reuses a requested count); :func:`plan_measures` splits the budget among them and returns a
 :class:`~accounting.budget.ReleasePlan` that states every measure's mechanism, sensitivity and
 budget share.
 """
@@ -172,6 +173,13 @@ class Metric:
         return QuantileTree(low=low, high=high, branching=self.branching, depth=self.depth,
                             prefix=f"{self.column}.node")
 
+    def plan(self, planned: "_Planned") -> None:
+        """Ask ``planned`` for the noisy measures this metric is computed from (its kind's
+        planner: a count or a sum is one measure; a mean, a variance or a standard deviation
+        derive from a normalized sum, a count and, for the latter two, a normalized sum of
+        squares; quantiles from one noisy tree)."""
+        _PLANNERS[self.kind](self, planned)
+
 
 def as_metric(metric) -> Metric:
     """A Metric, or a metric kind given as a string (``"count"``, ``"mean"``...)."""
@@ -241,14 +249,124 @@ def Median(**kwargs) -> Metric:
     return Metric(kind=MetricKind.QUANTILES, quantiles=(0.5,), **kwargs)
 
 
+class _Planned:
+    """The measures one aggregation's metrics ask for, collected as each metric plans its own
+    (:meth:`Metric.plan`): per measure name its budget weight, noise kind, sensitivities,
+    partial column(s) and description, in the order asked."""
+
+    def __init__(self, bounds: ContributionBounds, neighbouring, *, integer_values: bool,
+                 has_count: bool):
+        self.bounds, self.neighbouring = bounds, neighbouring
+        self.integer_values, self.has_count = integer_values, has_count
+        self.weights, self.kinds, self.sensitivities, self.partials, self.descriptions = {}, {}, {}, {}, {}
+
+    def measure(self, name: str, weight: float, kind: NoiseKind, sensitivities, partial: str,
+                integer: bool, description: str, columns: tuple = ()) -> None:
+        self.weights[name], self.kinds[name], self.sensitivities[name] = weight, kind, sensitivities
+        self.partials[name] = (partial, integer, columns)
+        self.descriptions[name] = description
+
+    def count_for(self, m: "Metric", share: float, count_sensitivities, what: str) -> None:
+        """A derived metric's own noisy count, unless a released count is reused."""
+        if not self.has_count:
+            kind = NoiseKind.DISCRETE_GAUSSIAN if m.noise.is_gaussian else NoiseKind.DISCRETE_LAPLACE
+            self.measure(f"{m.column}.count", share, kind, count_sensitivities, "count", True,
+                         f"rows per key, for the {what}")
+
+
+def _real_noise(m: "Metric", what: str) -> None:
+    if m.noise.is_integer:
+        raise ValueError(f"{m.column}: a {what} needs real-valued noise (laplace or gaussian)")
+
+
+def _plan_count(m: "Metric", p: _Planned) -> None:
+    p.measure(m.column, m.weight, m.noise, count_sensitivity(p.bounds, p.neighbouring), "count",
+              m.noise.is_integer, "rows per key")
+
+
+def _plan_privacy_unit_count(m: "Metric", p: _Planned) -> None:
+    p.measure(m.column, m.weight, m.noise, privacy_unit_count_sensitivity(p.bounds, p.neighbouring),
+              "units", m.noise.is_integer, "distinct privacy units per key")
+
+
+def _plan_sum(m: "Metric", p: _Planned) -> None:
+    if m.noise.is_integer and not p.integer_values:
+        raise ValueError(f"{m.column}: {m.noise.value} noise needs integer values and integer "
+                         "clamping bounds")
+    p.measure(m.column, m.weight, m.noise, sum_sensitivity(p.bounds, p.neighbouring), "sum",
+              m.noise.is_integer, "sum of clamped values per key")
+
+
+def _plan_mean(m: "Metric", p: _Planned) -> None:
+    """A noisy normalized sum plus a noisy count (a released count is reused)."""
+    _real_noise(m, "mean")
+    mean = mean_sensitivity(p.bounds, p.neighbouring)
+    share = m.weight if p.has_count else m.weight / 2
+    p.measure(f"{m.column}.normalized_sum", share, m.noise, mean.normalized_sum, "nsum", False,
+              "sum of (value - midpoint) per key, for the mean")
+    p.count_for(m, share, mean.count, "mean")
+
+
+def _plan_variance(m: "Metric", p: _Planned) -> None:
+    """A noisy normalized sum, a noisy normalized sum of squares and a noisy count (a released
+    count is reused); the standard deviation is the variance's square root."""
+    _real_noise(m, m.kind.value)
+    var = variance_sensitivity(p.bounds, p.neighbouring)
+    share = m.weight / 2 if p.has_count else m.weight / 3
+    p.measure(f"{m.column}.normalized_sum", share, m.noise, var.normalized_sum, "nsum", False,
+              f"sum of (value - midpoint) per key, for the {m.kind.value}")
+    p.measure(f"{m.column}.normalized_squares", share, m.noise, var.normalized_squares, "nsq",
+              False, f"sum of ((value - midpoint)^2 - h^2/2) per key, h = {var.half_range:g}, "
+              f"for the {m.kind.value}")
+    p.count_for(m, share, var.count, m.kind.value)
+
+
+def _plan_quantiles(m: "Metric", p: _Planned) -> None:
+    """One noisy tree of node counts; one row moves one node per level."""
+    from transforms.quantiles import tree_sensitivity
+
+    tree = m.tree(p.bounds)
+    p.measure(m.column, m.weight, m.noise,
+              tree_sensitivity(count_sensitivity(p.bounds, p.neighbouring), tree.depth),
+              tree.prefix, True,
+              f"quantile tree: {tree.num_nodes} node counts per key (branching {tree.branching}, "
+              f"depth {tree.depth}, leaf width {tree.leaf_width:.4g}) for quantiles "
+              f"{list(m.quantiles)}; one row moves one node per level", columns=tree.columns)
+
+
+def _plan_vector_sum(m: "Metric", p: _Planned) -> None:
+    from transforms.vectors import vector_sum_sensitivity
+
+    spec = m.vector_spec()
+    p.measure(m.column, m.weight, m.noise,
+              vector_sum_sensitivity(count_sensitivity(p.bounds, p.neighbouring), spec),
+              spec.prefix, False,
+              f"sum of {spec.dimension}-dimensional vectors per key, each row clipped to "
+              f"{spec.norm.upper()} norm {spec.max_norm:g}", columns=spec.columns)
+
+
+#: How each metric kind plans its measures (:meth:`Metric.plan`).
+_PLANNERS = {
+    MetricKind.COUNT: _plan_count,
+    MetricKind.PRIVACY_UNIT_COUNT: _plan_privacy_unit_count,
+    MetricKind.SUM: _plan_sum,
+    MetricKind.MEAN: _plan_mean,
+    MetricKind.VARIANCE: _plan_variance,
+    MetricKind.STD: _plan_variance,
+    MetricKind.QUANTILES: _plan_quantiles,
+    MetricKind.VECTOR_SUM: _plan_vector_sum,
+}
+
+
 def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget: PrivacyBudget,
                   *, neighbouring=Neighbouring.ADD_REMOVE, selection_weight: float = 0.0,
                   selection_needs_delta: bool = False, integer_values: bool = False):
-    """Split ``budget`` among the measures the metrics need and calibrate each.
+    """Split ``budget`` among the measures the metrics need (each metric plans its own:
+    :meth:`Metric.plan`) and calibrate each.
 
     Returns ``(plan, measures, selection_share)``: the ReleasePlan, a mapping measure name ->
     calibrated :class:`~transforms.release.NoisedPartial` (partial columns: count, units, sum,
-    nsum), and the budget share for private key selection (or None).
+    nsum...), and the budget share for private key selection (or None).
     """
     if isinstance(metrics, (str, Metric)):
         metrics = [metrics]
@@ -260,73 +378,11 @@ def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget:
         raise ValueError(f"metric columns must be unique, got {columns}")
     for column in columns:
         check_metric_name(column)
-    has_count = any(m.kind is MetricKind.COUNT for m in metrics)
-    weights, kinds, sens, partials, descriptions = {}, {}, {}, {}, {}
-
-    def measure(name, weight, kind, sensitivities, partial, integer, description, columns=()):
-        weights[name], kinds[name], sens[name] = weight, kind, sensitivities
-        partials[name] = (partial, integer, columns)
-        descriptions[name] = description
-
+    planned = _Planned(bounds, neighbouring, integer_values=integer_values,
+                       has_count=any(m.kind is MetricKind.COUNT for m in metrics))
     for m in metrics:
-        if m.kind is MetricKind.COUNT:
-            measure(m.column, m.weight, m.noise, count_sensitivity(bounds, neighbouring), "count",
-                    m.noise.is_integer, "rows per key")
-        elif m.kind is MetricKind.PRIVACY_UNIT_COUNT:
-            measure(m.column, m.weight, m.noise, privacy_unit_count_sensitivity(bounds, neighbouring),
-                    "units", m.noise.is_integer, "distinct privacy units per key")
-        elif m.kind is MetricKind.SUM:
-            if m.noise.is_integer and not integer_values:
-                raise ValueError(f"{m.column}: {m.noise.value} noise needs integer values and "
-                                 "integer clamping bounds")
-            measure(m.column, m.weight, m.noise, sum_sensitivity(bounds, neighbouring), "sum",
-                    m.noise.is_integer, "sum of clamped values per key")
-        elif m.kind in (MetricKind.VARIANCE, MetricKind.STD):
-            # count (reused if released), normalized sum and normalized sum of squares
-            if m.noise.is_integer:
-                raise ValueError(f"{m.column}: a {m.kind.value} needs real-valued noise (laplace or gaussian)")
-            var = variance_sensitivity(bounds, neighbouring)
-            share = m.weight / 2 if has_count else m.weight / 3
-            measure(f"{m.column}.normalized_sum", share, m.noise, var.normalized_sum, "nsum", False,
-                    f"sum of (value - midpoint) per key, for the {m.kind.value}")
-            measure(f"{m.column}.normalized_squares", share, m.noise, var.normalized_squares, "nsq",
-                    False, f"sum of ((value - midpoint)^2 - h^2/2) per key, h = {var.half_range:g}, "
-                    f"for the {m.kind.value}")
-            if not has_count:
-                count_kind = NoiseKind.DISCRETE_GAUSSIAN if m.noise.is_gaussian else NoiseKind.DISCRETE_LAPLACE
-                measure(f"{m.column}.count", share, count_kind, var.count, "count", True,
-                        f"rows per key, for the {m.kind.value}")
-        elif m.kind is MetricKind.QUANTILES:
-            from transforms.quantiles import tree_sensitivity
-
-            tree = m.tree(bounds)
-            measure(m.column, m.weight, m.noise,
-                    tree_sensitivity(count_sensitivity(bounds, neighbouring), tree.depth),
-                    tree.prefix, True,
-                    f"quantile tree: {tree.num_nodes} node counts per key (branching {tree.branching}, "
-                    f"depth {tree.depth}, leaf width {tree.leaf_width:.4g}) for quantiles "
-                    f"{list(m.quantiles)}; one row moves one node per level",
-                    columns=tree.columns)
-        elif m.kind is MetricKind.VECTOR_SUM:
-            from transforms.vectors import vector_sum_sensitivity
-
-            spec = m.vector_spec()
-            measure(m.column, m.weight, m.noise,
-                    vector_sum_sensitivity(count_sensitivity(bounds, neighbouring), spec),
-                    spec.prefix, False,
-                    f"sum of {spec.dimension}-dimensional vectors per key, each row clipped to "
-                    f"{spec.norm.upper()} norm {spec.max_norm:g}", columns=spec.columns)
-        else:  # MEAN: a noisy normalized sum plus a noisy count (reused if one is released)
-            if m.noise.is_integer:
-                raise ValueError(f"{m.column}: a mean needs real-valued noise (laplace or gaussian)")
-            mean = mean_sensitivity(bounds, neighbouring)
-            share = m.weight if has_count else m.weight / 2
-            measure(f"{m.column}.normalized_sum", share, m.noise, mean.normalized_sum, "nsum", False,
-                    "sum of (value - midpoint) per key, for the mean")
-            if not has_count:
-                count_kind = NoiseKind.DISCRETE_GAUSSIAN if m.noise.is_gaussian else NoiseKind.DISCRETE_LAPLACE
-                measure(f"{m.column}.count", share, count_kind, mean.count, "count", True,
-                        "rows per key, for the mean")
+        m.plan(planned)
+    weights, kinds = dict(planned.weights), planned.kinds
     if selection_weight:
         weights[SELECTION_PURPOSE] = selection_weight
     needs_delta = [n for n, k in kinds.items() if k.is_gaussian]
@@ -334,14 +390,15 @@ def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget:
         needs_delta.append(SELECTION_PURPOSE)
     shares = budget.split(weights, needs_delta=needs_delta)
     plan = ReleasePlan(budget=budget)
-    plan = plan.with_measures(*(plan.calibrated(name, kinds[name], shares[name], sens[name],
+    plan = plan.with_measures(*(plan.calibrated(name, kinds[name], shares[name],
+                                                planned.sensitivities[name],
                                                 neighbouring=neighbouring,
-                                                description=descriptions[name])
+                                                description=planned.descriptions[name])
                                 for name in kinds))
     specs = {m.name: m.noise for m in plan.measures}
     measures = {name: NoisedPartial(name=name, partial=partial, spec=specs[name], integer=integer,
                                    columns=columns)
-                for name, (partial, integer, columns) in partials.items()}
+                for name, (partial, integer, columns) in planned.partials.items()}
     selection_share = shares.get(SELECTION_PURPOSE)
     if selection_share is not None:
         check_within_budget(plan, (selection_share.epsilon, selection_share.delta))
