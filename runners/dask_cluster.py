@@ -55,6 +55,8 @@ from typing import Iterator
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+from runners.execution import Execution, join_leaves
+
 _LOG = logging.getLogger(__name__)
 
 #: The runner a Dask run of the project uses: Beam's, with side inputs as graph dependencies
@@ -243,20 +245,19 @@ def cluster_for_run(options: PipelineOptions) -> Iterator[PipelineOptions]:
             dask.address = None
 
 
-def run(pipeline_options: PipelineOptions, build):
-    """Build a pipeline with ``build(pipeline)``, run it to the end (on a run-scoped local Dask
-    cluster where needed) and return the finished result; the Dask client is closed before the
-    cluster. Raises what the run raised."""
-    import apache_beam as beam
+class DaskExecution(Execution):
+    """How a run goes on Dask (the DaskRunner profile's :class:`~runners.execution.Execution`):
+    a cluster for the run (:func:`cluster_for_run`), the transforms the runner gets wrong
+    refused (:func:`check_supported`), one final leaf depending on every other leaf (Beam's
+    Dask translation computes only the last-applied transform's graph: a write on any other
+    branch would never run), and the runner's client closed before the cluster."""
 
-    with cluster_for_run(pipeline_options) as options:
-        pipeline = beam.Pipeline(options=options)
-        build(pipeline)
-        if is_dask(options):
-            check_supported(pipeline)
-        result = pipeline.run()
-        try:
-            result.wait_until_finish()
-        finally:
-            close_client(result)
-    return result
+    def session(self, options):
+        return cluster_for_run(options)
+
+    def prepare(self, pipeline) -> None:
+        check_supported(pipeline)
+        join_leaves(pipeline, "AllLeavesForDask")
+
+    def close(self, result) -> None:
+        close_client(result)

@@ -64,10 +64,8 @@ from collections.abc import Mapping, Sequence
 import apache_beam as beam
 import dask
 import distributed
-from apache_beam.runners.common import DoFnContext, DoFnSignature, _OutputHandler
 from apache_beam.runners.dask.dask_runner import (DaskOptions, DaskRunner as BeamDaskRunner,
                                                   DaskRunnerResult)
-from apache_beam.runners.dask.overrides import _Create, _GroupByKeyOnly, dask_overrides
 from apache_beam.runners.dask.transform_evaluator import (OneReceiver, apply_dofn_to_bundle,
                                                           defenestrate, get_windowed_value)
 from apache_beam.transforms.core import DoFn
@@ -79,6 +77,32 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.sizeof import sizeof
 from distributed.diagnostics.plugin import WorkerPlugin
+
+#: The Beam releases (major.minor) this runner was written against and tested on. It replaces
+#: five steps of Beam's Dask translation and reuses six of Beam's private names
+#: (``apache_beam.runners.common._OutputHandler``, ``overrides._Create``,
+#: ``overrides._GroupByKeyOnly``, ``DaskOptions._extract_bag_kwargs``, and a side input's
+#: ``_view_options()`` and ``_window_mapping_fn``), which any Beam release may change: a release
+#: is added here once this module was read against it and ``make test-runners`` passed on it
+#: (the lock, requirements.lock, pins the Beam that suite runs on).
+BEAM_VERSIONS = ("2.77",)
+
+
+def check_beam_version(version: str) -> None:
+    """Refuse a Beam release this runner was not written against (:data:`BEAM_VERSIONS`)."""
+    if ".".join(version.split(".")[:2]) not in BEAM_VERSIONS:
+        raise ImportError(
+            f"runners.dask_runner was written against Apache Beam {', '.join(BEAM_VERSIONS)} "
+            f"and relies on private Beam names; Beam {version} is installed. Install the locked "
+            "Beam (pip install --constraint requirements.lock -e .), or run Beam's own Dask runner "
+            "by its full name: --runner=apache_beam.runners.dask.dask_runner.DaskRunner")
+
+
+check_beam_version(beam.__version__)
+
+# Beam's private names, imported once the version is known to have them.
+from apache_beam.runners.common import DoFnContext, DoFnSignature, _OutputHandler  # noqa: E402
+from apache_beam.runners.dask.overrides import _Create, _GroupByKeyOnly, dask_overrides  # noqa: E402
 
 #: What ``--runner`` names to run on this module's runner.
 RUNNER = "runners.dask_runner.DaskRunner"

@@ -56,7 +56,7 @@ from transforms import bounding, keyset_staging
 from transforms.arrow_coder import table_list_coder
 from transforms.keyset import KEYSET_POSITION, PublicKeyset
 from transforms.membership import KeyFilter, filter_words
-from transforms.parallel import ThreadedDoFn, check_threads, runs_on_dask, threads_for
+from transforms.parallel import BATCH_ROWS, ThreadedDoFn, batch_rows, check_threads, threads_for
 from transforms.partials import PartialsSpec, key_partials, routing_hash, shard_of, split_by_shard
 from transforms.privacy_units import canonical_unit_column, canonical_unit_dictionary, check_unit_type
 from transforms.release import keyset_tables
@@ -67,8 +67,6 @@ from transforms.vectors import clip, row_words, vectors_of
 NAMESPACE = "dp_aggregate"
 #: What bounding claims of its release key (ReleaseKey.claim): the priorities' sub-keys.
 BOUNDING_PURPOSE = "bounding"
-#: Rows buffered per Arrow batch when the input is dicts / Rows.
-DICT_BATCH_ROWS = 20_000
 #: Rows held by a bounding accumulator before it re-bounds them.
 COMPACT_ROWS = 200_000
 
@@ -160,7 +158,7 @@ class _ToArrowTables(beam.DoFn):
     :func:`~transforms.privacy_units.canonical_unit_column`, one canonical id per row.
     """
 
-    def __init__(self, columns: Sequence[str], unit: str, batch_rows: int = DICT_BATCH_ROWS):
+    def __init__(self, columns: Sequence[str], unit: str, batch_rows: int = BATCH_ROWS):
         self._columns = list(columns)
         self._unit = unit
         self._batch_rows = batch_rows
@@ -198,10 +196,10 @@ class _ToArrowTables(beam.DoFn):
 class _PrepareAndBound(ThreadedDoFn, beam.DoFn):
     """Row rules, keyset filter, priorities and per-batch bounding; routes rows by unit shard.
 
-    threads > 1 (the in-process engine: :func:`~transforms.parallel.dofn_threads`): batches are prepared on that
-    many threads of this DoFn instance (:class:`~transforms.parallel.OrderedThreads`: outputs in
-    input order, with their input's timestamp and window, counters counted on the bundle's
-    thread; never on Dask, which drops what finish_bundle emits). Each batch's result is a
+    threads > 1 (:func:`~transforms.parallel.threads_for`: the in-process engine's profile):
+    batches are prepared on that many threads of this DoFn instance
+    (:class:`~transforms.parallel.OrderedThreads`: outputs in input order, with their input's
+    timestamp and window, counters counted on the bundle's thread). Each batch's result is a
     function of the batch alone: threads change no output."""
 
     def __init__(self, config: BoundingConfig, by_position: bool = False, threads: int = 1):
@@ -558,9 +556,9 @@ class BoundedKeyPartials(beam.PTransform):
     pcollection_keyset: the PCollection keyset (a :class:`~transforms.keyset.PublicKeyset`
     with its PCollection) whose membership filter drops rows before bounding, if any.
 
-    threads: threads preparing and bounding batches in each DoFn instance (None: as
-    :func:`~transforms.parallel.dofn_threads` chooses for the runner; always 1 on Dask). No
-    output depends on it.
+    threads: threads preparing and bounding batches in each DoFn instance (None: the
+    pipeline's ``--dofn_threads``, which also caps it: :func:`~transforms.parallel.threads_for`).
+    No output depends on it.
 
     by_position (with an in-memory keyset in the config): bounded rows and partials carry the
     key's keyset position (:data:`~transforms.keyset.KEYSET_POSITION`, what NoisyRelease joins
@@ -605,11 +603,10 @@ class BoundedKeyPartials(beam.PTransform):
                 keyset_filter = hashes | "KeysetFilter" >> beam.CombineGlobally(
                     _KeyFilterFn()).with_output_types(bytes)
             side = beam.pvalue.AsSingleton(keyset_filter)
-        # Beam's DaskRunner drops what finish_bundle emits: there, dict rows become one-row
-        # tables as they come (slower; give Arrow batches). Bounding never depends on batching.
-        batch_rows = 1 if runs_on_dask(pcoll.pipeline) else DICT_BATCH_ROWS
+        # Dict rows are gathered into tables of --dofn_batch_rows rows (1 where the runner drops
+        # what finish_bundle emits: slower; give Arrow batches). Bounding never depends on batching.
         return (pcoll
-                | "ToArrow" >> beam.ParDo(_ToArrowTables(columns, c.unit, batch_rows))
+                | "ToArrow" >> beam.ParDo(_ToArrowTables(columns, c.unit, batch_rows(pcoll.pipeline)))
                 .with_output_types(pa.Table)
                 | "PrepareAndBound" >> beam.ParDo(_PrepareAndBound(c, self._by_position, threads), side)
                 .with_output_types(Tuple[int, pa.Table])

@@ -409,8 +409,9 @@ class SummaryReport(beam.PTransform):
                 | "JoinDomain" >> beam.CoGroupByKey()
                 | "Restrict" >> beam.ParDo(_RestrictToDomainFn())
                 # Batches for vectorised noise from a shuffle on a key-derived shard, not from
-                # BatchElements (Dask drops its finish_bundle batch). Noise is keyed per bucket,
-                # so batching never changes it.
+                # BatchElements (its last batch comes from finish_bundle, which some runners
+                # drop: transforms.batching). Noise is keyed per bucket, so batching never
+                # changes it.
                 | "Batch" >> ShardedBatches(operator.itemgetter(0), shards=NOISE_SHARDS,
                                             batch_size=NOISE_BATCH)
                 | "Noise" >> beam.ParDo(_AddNoiseFn(self.epsilon, self.release_key, self.purpose)))

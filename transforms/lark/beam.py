@@ -67,7 +67,7 @@ class _ShareFn(beam.DoFn):
                                                **self._options)
         _count("records_shared", records.num_rows)
         for h, table in enumerate(reports):
-            yield f"helper_{h}", table  # fanned out by ByTag (no tagged outputs: Dask)
+            yield f"helper_{h}", table  # fanned out by ByTag (no tagged outputs: transforms.fanout)
 
 
 class ShareRecords(beam.PTransform):

@@ -183,7 +183,7 @@ class _SplitGroups(beam.DoFn):
                 continue
             self._null.inc(arrays.dropped_null)
             self._bad.inc(arrays.dropped_out_of_domain)
-            yield "n", arrays.n  # fanned out by ByTag (no tagged outputs: Dask)
+            yield "n", arrays.n  # fanned out by ByTag (no tagged outputs: transforms.fanout)
             yield f"round{r}", arrays
 
 
