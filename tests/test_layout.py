@@ -167,3 +167,21 @@ def test_runner_knowledge_stays_in_runners():
     assert sorted(named - set(DASK_WORKAROUNDS) - set(DASK_PENDING)) == []
     assert sorted(set(DASK_PENDING) - named) == []  # the allowance stays honest
 
+
+def _imported_modules(text: str) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
+def test_runners_import_no_job():
+    """runners/ puts any pipeline on a runner; only its deployment files (runners/deploy/:
+    Flex Template metadata, the Airflow DAG) know the jobs under pipelines/."""
+    offenders = sorted(path for path, text in _sources()
+                       if path.startswith("runners") and not path.startswith("runners/deploy")
+                       and any(m.split(".")[0] == "pipelines" for m in _imported_modules(text)))
+    assert offenders == []
