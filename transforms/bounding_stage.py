@@ -328,8 +328,7 @@ class _BoundRowsFn(beam.CombineFn):
     rows. As a CombineFn it is lifted by engines that can (the in-process engine, Dataflow): a
     bundle's batches are re-bounded before the shuffle (``compact``), so a unit with rows in many
     batches (a heavy reader is in every one) crosses the shuffle about once per bundle, not once
-    per batch (16M rows / 64 batches of the scale benchmark: 1.33M bounded rows per batch, 143k
-    units in all). The accumulator is a list of tables (:func:`transforms.bounding.accumulate`:
+    per batch. The accumulator is a list of tables (:func:`transforms.bounding.accumulate`:
     re-bounded when it doubles, so it holds at most about twice its bounded rows).
     """
 
@@ -456,17 +455,16 @@ class _StagedKeyFilterFn(_KeyFilterFn):
     """:class:`_KeyFilterFn` for a staged keyset (:mod:`transforms.keyset_staging`): the result
     is the path of the filter's file under the staging run, and an accumulator leaves its worker
     as such a file too (``compact``, called by engines that lift the combine before the shuffle),
-    so the filter (2 bytes per key: 250 MB at 125M keys) never crosses a shuffle or a side input
-    as bytes (at 125M keys in process: 3.8 s of copies through the engine's data plane, now one
-    file write). Accumulators merge by OR whether they are words or staged files; the filter's
+    so the filter (2 bytes per key) never crosses a shuffle or a side input as bytes (copies
+    through the engine's data plane: one file write instead). Accumulators merge by OR whether they are words or staged files; the filter's
     bytes are those :class:`_KeyFilterFn` gives.
 
     background (the in-process engine's threads, :func:`~transforms.parallel.threads_for`): each
     add runs on one background thread while the engine prepares the next input (reading and
     hashing the keyset, routing it); one add at a time, and every use of an accumulator other
-    than adding to it (merge, compact, extract, the coder) waits for its add first. Adding 125M
-    keys is ~5 s of random reads and writes of a 250 MB array that would otherwise hold up the
-    stage."""
+    than adding to it (merge, compact, extract, the coder) waits for its add first. Adding a
+    large keyset is random reads and writes all over a large array, which would otherwise hold
+    up the stage."""
 
     def __init__(self, run_dir: str, background: bool = False):
         self._run_dir = run_dir
