@@ -23,11 +23,16 @@ columns (their input types), then per metric, in the order given:
   integer noise and integer values); ``mean``, ``variance``, ``std``: float64;
 * quantiles: one float64 column per quantile, ``<name>_p<100 q>`` (``median``,
   ``percentile_p50``...); ``vector_sum``: fixed_size_list<float64>[dimension];
-* with ``error_columns=True``, after each count / sum / privacy-unit count ``<name>``:
-  ``<name>_ci95_low``, ``<name>_ci95_high`` (the noise's symmetric 95% interval around the
-  released value) and ``<name>_std`` (the noise's standard deviation), all float64. They
-  describe the noise only, not the bias of contribution bounding and clamping; derived metrics
-  (mean, variance, std, quantiles) state their error in ``explain()``.
+* with ``error_columns=True``, after each count / sum / privacy-unit count / mean / variance /
+  std ``<name>``: ``<name>_ci95_low``, ``<name>_ci95_high`` and ``<name>_std``, all float64.
+  For a count or a sum they are the noise's symmetric 95% interval around the released value
+  and its standard deviation. A mean, variance or std derives its error from the noise of the
+  sums and count it is computed from (:func:`transforms.metrics.mean_error`,
+  :func:`~transforms.metrics.variance_error`): the std by the delta method at the released
+  values, the interval as a bound that holds the noise-free value with probability at least 95%
+  for every count (a union bound over the noisy answers' own intervals); ``explain()`` states
+  how, with the numbers. They describe the noise only, not the bias of contribution bounding and
+  clamping; quantiles state their error in ``explain()``.
 
 A null value (``threshold_mode="value"``) means *suppressed*: the noisy value was not above its
 threshold, and its error columns are null too. With ``threshold_mode="key"`` such a key is not
@@ -58,7 +63,7 @@ and it refuses a secret release key, so it cannot make a real release.
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from typing import Optional, Sequence
 
 import apache_beam as beam
 import numpy as np
@@ -72,16 +77,18 @@ from accounting.sensitivity import ContributionBounds, Neighbouring
 from accounting.shared_budget import BudgetPart, selection_measure
 from transforms.bounding_stage import BoundedKeyPartials, BoundingConfig, check_schema
 from transforms.keyset import PublicKeyset
-from transforms.metrics import (Metric, MetricKind, as_metric, is_integer_range, mean_from_noisy,
-                                plan_measures, variance_from_noisy)
+from transforms.metrics import (Metric, MetricKind, as_metric, is_integer_range, mean_error,
+                                mean_from_noisy, plan_measures, variance_error, variance_from_noisy)
 from transforms.partials import PartialsSpec
 from transforms.release import SELECTION_PURPOSE, NoisyRelease, OutputColumn
 from transforms.selection import PrivateSelection, Selector
 from transforms.tables import static_schema
 
-#: Metrics released directly from one noisy measure, whose noise std and 95% interval are
-#: public constants: they get error columns on request (``error_columns=True``).
-ERROR_COLUMN_KINDS = (MetricKind.COUNT, MetricKind.SUM, MetricKind.PRIVACY_UNIT_COUNT)
+#: Metrics that get error columns on request (``error_columns=True``): those released from one
+#: noisy measure (their noise std and 95% interval are public constants), and the mean,
+#: variance and standard deviation, whose errors derive from the noise of their sums and count.
+ERROR_COLUMN_KINDS = (MetricKind.COUNT, MetricKind.SUM, MetricKind.PRIVACY_UNIT_COUNT,
+                      MetricKind.MEAN, MetricKind.VARIANCE, MetricKind.STD)
 
 
 # --------------------------------------------------------------------------- the transform
@@ -209,6 +216,7 @@ class DPAggregate(beam.PTransform):
         """The release plan: each measure's mechanism, sensitivity, noise and budget share."""
         text = self.plan.explain()
         text += self._quantile_errors()
+        text += self._error_statements()
         if self.selector is not None:
             s = self.selector
             total = self.guarantee()
@@ -241,10 +249,15 @@ class DPAggregate(beam.PTransform):
         c = self._config
         check_schema(schema, c.unit, c.keys, c.value, vector=c.vector is not None)
 
+    def _count_name(self) -> Optional[str]:
+        """The released count a mean, variance or standard deviation reuses, if any."""
+        return next((m.column for m in self._metrics if m.kind is MetricKind.COUNT), None)
+
     def _outputs(self):
-        """Released columns from the metrics (a mean derives from two noisy measures)."""
+        """Released columns from the metrics (a mean derives from two noisy measures), each
+        followed by its error columns when asked for."""
         outputs = []
-        count_name = next((m.column for m in self._metrics if m.kind is MetricKind.COUNT), None)
+        count_name = self._count_name()
         for metric in self._metrics:
             if metric.kind is MetricKind.MEAN:
                 low, high = self._config.bounds.value_range()
@@ -268,17 +281,84 @@ class DPAggregate(beam.PTransform):
             else:
                 outputs.append(OutputColumn(name=metric.column, measure=metric.column,
                                             threshold=metric.threshold))
-                if self._error_columns and metric.kind in ERROR_COLUMN_KINDS:
-                    spec = self.measures[metric.column].spec
-                    std, half = spec.std, spec.ci_halfwidth(0.95)
-                    for suffix, offset in (("_ci95_low", -half), ("_ci95_high", half)):
-                        outputs.append(OutputColumn(
-                            name=metric.column + suffix, follows=metric.column,
-                            derive=functools.partial(_offset_output, measure=metric.column, offset=offset)))
-                    outputs.append(OutputColumn(name=metric.column + "_std", follows=metric.column,
-                                                derive=functools.partial(_constant_output,
-                                                                         measure=metric.column, value=std)))
+            if self._error_columns and metric.kind in ERROR_COLUMN_KINDS:
+                outputs += self._error_outputs(metric)
         return outputs
+
+    def _error_outputs(self, metric: Metric) -> list:
+        """``<name>_ci95_low``, ``<name>_ci95_high`` and ``<name>_std`` of ``metric`` (each null
+        where its value is suppressed); :meth:`_error_statements` says how they are computed."""
+        if metric.kind in (MetricKind.COUNT, MetricKind.SUM, MetricKind.PRIVACY_UNIT_COUNT):
+            spec = self.measures[metric.column].spec
+            std, half = spec.std, spec.ci_halfwidth(0.95)
+            return [OutputColumn(name=metric.column + "_ci95_low", follows=metric.column,
+                                 derive=functools.partial(_offset_output, measure=metric.column, offset=-half)),
+                    OutputColumn(name=metric.column + "_ci95_high", follows=metric.column,
+                                 derive=functools.partial(_offset_output, measure=metric.column, offset=half)),
+                    OutputColumn(name=metric.column + "_std", follows=metric.column,
+                                 derive=functools.partial(_constant_output, measure=metric.column, value=std))]
+        errors = self._derived_errors(metric)
+        return [OutputColumn(name=metric.column + suffix, follows=metric.column,
+                             derive=functools.partial(_error_output, errors=errors, part=part))
+                for suffix, part in (("_ci95_low", 1), ("_ci95_high", 2), ("_std", 0))]
+
+    def _derived_errors(self, metric: Metric):
+        """``noisy answers -> (std, ci low, ci high)`` of a mean, variance or standard deviation
+        (transforms.metrics.mean_error / variance_error), from its measures' public noise."""
+        low, high = self._config.bounds.value_range()
+        nsum, count = f"{metric.column}.normalized_sum", self._count_name() or f"{metric.column}.count"
+        sum_spec, count_spec = self.measures[nsum].spec, self.measures[count].spec
+        if metric.kind is MetricKind.MEAN:
+            level = 1 - (1 - 0.95) / 2  # two noisy answers: a union bound
+            return functools.partial(_mean_errors, nsum=nsum, count=count, low=low, high=high,
+                                     sum_std=sum_spec.std, count_std=count_spec.std,
+                                     sum_half=sum_spec.ci_halfwidth(level),
+                                     count_half=count_spec.ci_halfwidth(level))
+        nsq = f"{metric.column}.normalized_squares"
+        squares_spec = self.measures[nsq].spec
+        level = 1 - (1 - 0.95) / 3  # three noisy answers: a union bound
+        return functools.partial(_variance_errors, nsum=nsum, nsq=nsq, count=count, low=low,
+                                 high=high, sum_std=sum_spec.std, squares_std=squares_spec.std,
+                                 count_std=count_spec.std, sum_half=sum_spec.ci_halfwidth(level),
+                                 squares_half=squares_spec.ci_halfwidth(level),
+                                 count_half=count_spec.ci_halfwidth(level),
+                                 std=metric.kind is MetricKind.STD)
+
+    def _error_statements(self) -> str:
+        """How each metric's error columns are computed (explain(), with error_columns=True)."""
+        if not self._error_columns:
+            return ""
+        lines = []
+        for metric in self._metrics:
+            name = metric.column
+            if metric.kind in (MetricKind.COUNT, MetricKind.SUM, MetricKind.PRIVACY_UNIT_COUNT):
+                spec = self.measures[name].spec
+                lines.append(f"{name}: error columns {name}_std = {spec.std:.4g} and {name}_ci95 = "
+                             f"value -/+ {spec.ci_halfwidth(0.95):.4g}: the noise's own standard "
+                             "deviation and symmetric 95% interval")
+            elif metric.kind in (MetricKind.MEAN, MetricKind.VARIANCE, MetricKind.STD):
+                errors = self._derived_errors(metric).keywords
+                answers = [errors["nsum"]] + ([errors["nsq"]] if "nsq" in errors else []) + [errors["count"]]
+                halves = [errors["sum_half"]] + ([errors["squares_half"]] if "nsq" in errors else []) + \
+                    [errors["count_half"]]
+                how = {MetricKind.MEAN: "sqrt(std(S)^2 + m^2 std(N)^2) / N, m the released mean minus "
+                                        "the midpoint",
+                       MetricKind.VARIANCE: "of Q/N + h^2/2 - (S/N)^2",
+                       MetricKind.STD: "of the variance Q/N + h^2/2 - (S/N)^2, over twice the "
+                                       "released std, at most the square root of the variance's"}[metric.kind]
+                within = ", ".join(f"{a} -/+ {h:.4g}" for a, h in zip(answers, halves))
+                lines.append(
+                    f"{name}: error columns derived from the noise of {', '.join(answers)}: "
+                    f"{name}_std by the delta method ({how}) at the released values, at most what "
+                    f"the clamping range allows; {name}_ci95_low/high a bound: every "
+                    f"{metric.kind.value} the noise-free answers may give within {within} (each its "
+                    f"noise's {100 - 5 / len(answers):.4g}% interval, so all hold with probability "
+                    f">= 95%: a union bound), clamped to the range; it holds the noise-free (bounded) "
+                    f"{metric.kind.value} with probability at least 95% whatever the count "
+                    "(conservative: its coverage is often above 95%)")
+        lines.append("error columns describe the noise only, not the bias of contribution "
+                     "bounding and clamping")
+        return "\n" + "\n".join(lines)
 
     def output_schema(self) -> pa.Schema:
         """The released table's schema (module docstring, "Output schema"); key columns typed
@@ -359,3 +439,15 @@ def _quantile_output(noisy, *, measure, tree, q):
 
 def _mean_output(noisy, *, nsum, count, low, high):
     return mean_from_noisy(noisy[nsum], noisy[count], low, high)
+
+
+def _mean_errors(noisy, *, nsum, count, **noise):
+    return mean_error(noisy[nsum], noisy[count], **noise)
+
+
+def _variance_errors(noisy, *, nsum, nsq, count, **noise):
+    return variance_error(noisy[nsum], noisy[nsq], noisy[count], **noise)
+
+
+def _error_output(noisy, *, errors, part):
+    return np.asarray(errors(noisy)[part], dtype=np.float64)

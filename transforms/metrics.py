@@ -459,6 +459,98 @@ def mean_from_noisy(nsum, count, low: float, high: float):
     return np.clip(mean, low, high)
 
 
+def _ratio_range(numerator_low, numerator_high, count_low, count_high):
+    """The range of ``x / n`` over ``x`` in [numerator_low, numerator_high] and ``n`` in
+    [count_low, count_high] (count_low >= 1)."""
+    import numpy as np
+
+    low = np.where(numerator_low >= 0, numerator_low / count_high, numerator_low / count_low)
+    high = np.where(numerator_high >= 0, numerator_high / count_low, numerator_high / count_high)
+    return low, high
+
+
+def mean_error(nsum, count, low: float, high: float, *, sum_std: float, count_std: float,
+               sum_half: float, count_half: float):
+    """The error of the released mean (:func:`mean_from_noisy`) from the noise of the normalized
+    sum ``S`` and the count ``N`` it divides (post-processing of released values and public
+    noise parameters only). Returns ``(std, ci_low, ci_high)`` per key:
+
+    * std, by the delta method at the released values: ``sqrt(sum_std^2 + m^2 count_std^2) /
+      max(N, 1)`` with ``m`` the released mean minus the midpoint, at most half the range (no
+      value in the range is further off);
+    * the interval: every mean ``mid + s / n`` with ``|s - S| <= sum_half`` and ``|n - N| <=
+      count_half``, within the range (and the midpoint, a key without rows, when ``n`` may be
+      0). With ``sum_half`` and ``count_half`` each the noise's symmetric interval of level
+      ``1 - alpha / 2``, both hold with probability at least ``1 - alpha`` (a union bound), and
+      then the interval holds the noise-free (bounded) mean, whatever the count.
+    """
+    import numpy as np
+
+    half, midpoint = (high - low) / 2, (low + high) / 2
+    nsum, count = np.asarray(nsum, dtype=float), np.asarray(count, dtype=float)
+    n = np.maximum(count, 1.0)
+    m = np.clip(nsum / n, -half, half)
+    std = np.minimum(np.sqrt(sum_std ** 2 + m * m * count_std ** 2) / n, half)
+    lower, upper = _ratio_range(nsum - sum_half, nsum + sum_half,
+                                np.maximum(count - count_half, 1.0), np.maximum(count + count_half, 1.0))
+    empty = count - count_half < 1  # the count may be 0: the noise-free mean is the midpoint
+    lower, upper = np.where(empty, np.minimum(lower, 0.0), lower), np.where(empty, np.maximum(upper, 0.0), upper)
+    return std, midpoint + np.clip(lower, -half, half), midpoint + np.clip(upper, -half, half)
+
+
+def variance_error(nsum, nsq, count, low: float, high: float, *, sum_std: float,
+                   squares_std: float, count_std: float, sum_half: float, squares_half: float,
+                   count_half: float, std: bool = False):
+    """The error of the released variance, or standard deviation (``std``), of
+    :func:`variance_from_noisy`, from the noise of the normalized sum ``S``, the normalized sum
+    of squares ``Q`` and the count ``N``. Returns ``(std, ci_low, ci_high)`` per key:
+
+    * std, by the delta method at the released values: the variance ``Q/N + h^2/2 - (S/N)^2``
+      has ``sqrt(squares_std^2 + 4 m^2 sum_std^2 + (2 m^2 - q)^2 count_std^2) / max(N, 1)``
+      (``m = S/N``, ``q = Q/N``), at most ``h^2 / 2``; the standard deviation ``sd`` has that
+      over ``2 sd``, at most its square root (``|sqrt(a) - sqrt(b)| <= sqrt(|a - b|)``) and at
+      most ``h / 2``;
+    * the interval: every variance ``E - m^2`` with ``E = q + h^2/2`` and ``q``, ``m`` from sums
+      and counts within ``squares_half``, ``sum_half`` and ``count_half`` of the released ones,
+      within ``[0, h^2]`` (and ``h^2 / 2``, a key without rows, when the count may be 0, and
+      the released value); its square roots for the standard deviation. With each half-width the noise's symmetric
+      interval of level ``1 - alpha / 3``, all three hold with probability at least
+      ``1 - alpha`` (a union bound), and then the interval holds the noise-free value.
+    """
+    import numpy as np
+
+    half = (high - low) / 2
+    nsum, nsq = np.asarray(nsum, dtype=float), np.asarray(nsq, dtype=float)
+    count = np.asarray(count, dtype=float)
+    n = np.maximum(count, 1.0)
+    m = np.clip(nsum / n, -half, half)
+    q = nsq / n
+    variance_std = np.minimum(np.sqrt(squares_std ** 2 + 4 * m * m * sum_std ** 2
+                                      + (2 * m * m - q) ** 2 * count_std ** 2) / n, half * half / 2)
+    count_low, count_high = np.maximum(count - count_half, 1.0), np.maximum(count + count_half, 1.0)
+    q_low, q_high = _ratio_range(nsq - squares_half, nsq + squares_half, count_low, count_high)
+    e_low = np.clip(q_low + half * half / 2, 0.0, half * half)
+    e_high = np.clip(q_high + half * half / 2, 0.0, half * half)
+    m_low, m_high = _ratio_range(nsum - sum_half, nsum + sum_half, count_low, count_high)
+    m_low, m_high = np.clip(m_low, -half, half), np.clip(m_high, -half, half)
+    m2_min = np.where((m_low <= 0) & (m_high >= 0), 0.0, np.minimum(m_low * m_low, m_high * m_high))
+    m2_max = np.maximum(m_low * m_low, m_high * m_high)
+    lower = np.clip(e_low - m2_max, 0.0, half * half)
+    upper = np.maximum(np.clip(e_high - m2_min, 0.0, half * half), lower)
+    empty = count - count_half < 1  # the count may be 0: the noise-free variance is h^2 / 2
+    released = variance_from_noisy(nsum, nsq, count, low, high)
+    # The released value (its noisy sum of squares may exceed what any data gives) is inside too.
+    lower = np.minimum(np.where(empty, np.minimum(lower, half * half / 2), lower), released)
+    upper = np.maximum(np.where(empty, np.maximum(upper, half * half / 2), upper), released)
+    if not std:
+        return variance_std, lower, upper
+    released = np.sqrt(released)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        by_delta = np.where(released > 0, variance_std / (2 * released), np.inf)
+    sd_std = np.minimum(np.minimum(by_delta, np.sqrt(variance_std)), half / 2)
+    return sd_std, np.sqrt(lower), np.sqrt(upper)
+
+
 def is_integer_range(bounds: ContributionBounds) -> bool:
     low, high = bounds.min_value, bounds.max_value
     return low is not None and float(low).is_integer() and float(high).is_integer() \
