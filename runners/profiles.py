@@ -56,6 +56,9 @@ from typing import Callable, Mapping, Sequence
 from runners import cache
 from runners.dask_cluster import DASK_RUNNER, DaskExecution, is_dask
 from runners.execution import Execution
+# The options view the profiles fill (--dofn_threads, --dofn_batch_rows): defined where the DoFns
+# read it, imported here so that Beam knows its flags wherever options are built.
+from transforms.parallel import ExecutionOptions  # noqa: F401
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -227,3 +227,18 @@ def test_ordered_threads_return_results_in_submission_order():
     assert list(inline.submit(lambda x: x + 1, (1,), 5, "w")) == [(2, 5, "w")]
     with pytest.raises(ValueError):
         parallel.OrderedThreads(0)
+
+
+def test_the_options_a_profile_fills_are_known_to_beam_in_a_fresh_process():
+    """Beam discards flags of an options class it has not seen: the profiles import the view
+    they fill, so a main that builds its options first keeps them."""
+    import subprocess
+    import sys
+
+    from runners.harness import REPO_ROOT, project_env
+
+    code = ("from runners.profiles import pipeline_options_for\n"
+            "print(pipeline_options_for(['--runner=dask']).get_all_options()['dofn_batch_rows'])")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=project_env(),
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "1" and "Discarding unparseable" not in done.stderr
