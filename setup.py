@@ -35,7 +35,7 @@ setup(
         "plot": ["matplotlib>=3.7"],
         # `make lock`: requirements.lock compiled from this file.
         "lock": ["uv>=0.5"],
-        # The example DAG (runners/airflow_dag.py); large, so not part of "test".
+        # The example DAG (runners/deploy/airflow_dag.py); large, so not part of "test".
         "airflow": ["apache-airflow>=3", "apache-airflow-providers-apache-beam>=6.3",
                     "apache-airflow-providers-google"],
     },

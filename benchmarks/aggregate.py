@@ -67,6 +67,13 @@ def generate(path: str, rows: int, seed: int = 0) -> None:
 
 # --------------------------------------------------------------------------- legs (subprocesses)
 
+def _in_process_options():
+    """The in-process engine as the project's jobs run on it (its runner profile: DoFn threads)."""
+    from runners.profiles import pipeline_options_for
+
+    return pipeline_options_for(["--runner=FnApiRunner"])
+
+
 def leg_ours(data: str, out: str, seed: int, testing: bool) -> dict:
     import apache_beam as beam
     import pyarrow as pa
@@ -87,7 +94,7 @@ def leg_ours(data: str, out: str, seed: int, testing: bool) -> dict:
                             budget=PrivacyBudget(epsilon=EPSILON), keyset=keyset,
                             release_key=ReleaseKey.for_testing(seed), testing=testing)
     start = time.perf_counter()
-    with beam.Pipeline(runner="FnApiRunner") as p:
+    with beam.Pipeline(options=_in_process_options()) as p:
         (p | ReadFromParquetBatched(data) | transform
          | beam.io.WriteToParquetBatched(out, schema=pa.schema([("key", pa.int64()), ("count", pa.int64()),
                                                                 ("sum", pa.float64())]),
@@ -186,7 +193,7 @@ def leg_ours_new(data: str, out: str, seed: int) -> dict:
                          bounds=ContributionBounds(max_partitions=L0, max_contributions_per_partition=LINF),
                          budget=PrivacyBudget(epsilon=EPSILON, delta=1e-6),
                          selection=PrivateSelection(), release_key=key.derive("b"))
-    with beam.Pipeline(runner="FnApiRunner") as p:
+    with beam.Pipeline(options=_in_process_options()) as p:
         rows = p | ReadParquetTables(data, columns=["user_id", "key", "value", "vec"])
         (rows | "Scalar" >> scalar
          | "WriteScalar" >> WriteReleasedParquet(out + ".scalar.parquet", keys=["key"]))

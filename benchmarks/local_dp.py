@@ -485,10 +485,10 @@ def _run_beam(glob, transform, output):
     """Read Parquet report files, apply ``transform``; returns (seconds, output table)."""
     import apache_beam as beam
     from apache_beam.io.parquetio import ReadFromParquetBatched
-    from runners.profiles import build_options
+    from runners.profiles import pipeline_options_for
 
     start = time.perf_counter()
-    with beam.Pipeline(options=build_options([])) as p:
+    with beam.Pipeline(options=pipeline_options_for([])) as p:
         out = p | ReadFromParquetBatched(glob) | transform
         if isinstance(out, dict):
             out = out["heavy_hitters"]

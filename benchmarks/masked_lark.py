@@ -53,6 +53,7 @@ from transforms.lark.local_dp import LocalFeatureNoise
 from transforms.lark.model import LogisticModel
 from transforms.lark.params import AggregationParams, GradientParams
 from transforms.lark.randomness import BrowserRandomness
+from transforms.randomness import SystemRandomness
 from transforms.lark.training import (TrainingConfig, train_central, train_central_dp,
                                       train_masked)
 
@@ -86,7 +87,7 @@ def browser_speed(n: int, repeats: int) -> list[tuple]:
     for d in (1, 4):
         records = _records_with_values(n, d)
         params = _agg_params(d)
-        for mode, randomness in (("secure", BrowserRandomness.secure()),
+        for mode, randomness in (("secure", SystemRandomness()),
                                  ("keyed", BrowserRandomness.keyed(ReleaseKey.generate()))):
             def work():
                 for i in range(0, n, BUNDLE):
@@ -95,7 +96,7 @@ def browser_speed(n: int, repeats: int) -> list[tuple]:
                          _best_rate(work, n * d, repeats)))
     x, y, _ = classification_data(n // 4, num_features=30, seed=1)
     records = gradient_records(x, y)
-    for mode, randomness in (("secure", BrowserRandomness.secure()),
+    for mode, randomness in (("secure", SystemRandomness()),
                              ("keyed", BrowserRandomness.keyed(ReleaseKey.generate()))):
         def work():
             for i in range(0, records.num_rows, BUNDLE):
@@ -110,7 +111,7 @@ def _helper_reports(n: int, d: int, directory: str, batches: int = 10) -> str:
     """Helper 0's reports of n records as Parquet files (row groups of 100k), ``batches``
     batches."""
     params = _agg_params(d)
-    randomness = BrowserRandomness.secure()
+    randomness = SystemRandomness()
     records = _records_with_values(n, d)
     batch = pa.array([f"batch-{i % batches}" for i in range(n)], pa.string())
     records = records.set_column(records.column_names.index("batch_id"), "batch_id", batch)

@@ -99,7 +99,7 @@ def leg(directory: str, engine: str, keyset_via: str = "staging") -> dict:
     from accounting.budget import PrivacyBudget
     from accounting.keys import ReleaseKey
     from accounting.sensitivity import ContributionBounds
-    from runners import dask_cluster
+    from runners import execution
     from runners.profiles import pipeline_options_for
     from transforms.aggregate import DPAggregate
     from transforms.keyset import PublicKeyset
@@ -134,7 +134,7 @@ def leg(directory: str, engine: str, keyset_via: str = "staging") -> dict:
                     .write(str(n))))
 
     try:
-        dask_cluster.run(pipeline_options_for(argv), build)
+        execution.run(pipeline_options_for(argv), build)
     finally:
         if staging:
             shutil.rmtree(staging, ignore_errors=True)

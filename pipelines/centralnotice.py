@@ -54,7 +54,7 @@ from pipelines.centralnotice_impressions import clean_impressions, per_key_contr
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseContext,
                                ReleaseOptions, ReleaseRefused, cli)
 from pipelines.release import run as run_release
-from transforms.aggregate import BoundedKeyPartials, BoundingConfig
+from transforms.bounding_stage import BoundedKeyPartials, BoundingConfig
 from transforms.keyset import KEYSET_POSITION, PublicKeyset
 from transforms.release import NoisedPartial, NoisyRelease, OutputColumn
 

@@ -77,6 +77,7 @@ from accounting.ledger import Scope
 from accounting.measures import Measure
 from accounting.shared_budget import SharedBudget
 from accounting.sensitivity import ContributionBounds, Sensitivities, count_sensitivity
+from pipelines.release import storage
 from pipelines.release.names import check_segment
 from transforms.keyset import PublicKeyset
 
@@ -573,14 +574,6 @@ def _check_schedule_fits(campaign: CampaignConfig, path: str, accountant: str) -
                                              f"measures: {err}")
 
 
-def read_text(path: str) -> str:
-    """Text of a local file or a gs:// object."""
-    if gcs.is_gcs(path):
-        return gcs.blob(path).download_as_bytes().decode("utf-8")
-    with open(path, encoding="utf-8") as handle:
-        return handle.read()
-
-
 def _join(base: str, relative: str) -> str:
     if gcs.is_gcs(relative) or os.path.isabs(relative):
         return relative
@@ -618,7 +611,7 @@ def parse_config(data: Any, source: str = "<config>") -> CentralNoticeConfig:
             raise ConfigError("protected_countries_file", f"must be a path, got {name!r}")
         path = _join(source, name)
         try:
-            text = read_text(path)
+            text = storage.read_text(path)
         except OSError as err:
             raise ConfigError("protected_countries_file", f"cannot read {path}: {err}")
         protected |= parse_protected_countries(text, path)
@@ -635,7 +628,7 @@ def parse_config(data: Any, source: str = "<config>") -> CentralNoticeConfig:
 def load_config(path: str) -> CentralNoticeConfig:
     """Read and validate a configuration from a local path or ``gs://`` URI (see module doc)."""
     try:
-        text = read_text(path)
+        text = storage.read_text(path)
     except OSError as err:
         raise ConfigError("<file>", f"cannot read configuration {path}: {err}")
     try:

@@ -33,7 +33,7 @@ content, so a re-run reproduces the published bytes and the helpers -- who never
 -- get uniform shares. Whoever holds that key and one helper's reports can test guesses of a
 record's values: the key store stays with the party that holds the records (the browsers' side
 of the simulation), never with a helper. Real browsers draw from their OS CSPRNG
-(``transforms.lark.randomness.BrowserRandomness.secure``).
+(``transforms.randomness.SystemRandomness``).
 """
 from __future__ import annotations
 

@@ -81,13 +81,6 @@ class SummaryReportsRequest:
     options: ReleaseOptions = field(metadata={"cli": False})
 
 
-def _read_text(path: str) -> str:
-    data = storage.read_bytes(storage.absolute(path))
-    if data is None:
-        raise ReleaseRefused(f"{path} does not exist")
-    return data.decode("utf-8")
-
-
 def _format(request) -> str:
     if request.input_format:
         return request.input_format
@@ -264,15 +257,17 @@ class SummaryReportsJob(Job):
         if not request.config:
             return None
         try:
-            return ContributionConfig.from_json(_read_text(request.config))
-        except (ValueError, KeyError, TypeError) as err:
+            text = storage.read_text(storage.absolute(request.config))
+            return ContributionConfig.from_json(text)
+        except (OSError, ValueError, KeyError, TypeError) as err:
             raise ReleaseRefused(f"--config {request.config}: {err}")
 
     def _keys(self, request, config) -> list[int]:
         if request.output_domain:
             try:
-                return parse_output_domain(_read_text(request.output_domain)).keys
-            except ValueError as err:
+                text = storage.read_text(storage.absolute(request.output_domain))
+                return parse_output_domain(text).keys
+            except (OSError, ValueError) as err:
                 raise ReleaseRefused(f"--output_domain {request.output_domain}: {err}")
         return config.output_domain()
 

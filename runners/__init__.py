@@ -1,17 +1,24 @@
-"""Putting the project's pipelines on a runner: DirectRunner, Prism, Flink, Spark, Dataflow.
+"""Putting the project's pipelines on a runner: DirectRunner, Prism, Flink, Spark, Dask, Dataflow.
 
 * :mod:`runners.profiles` — ``pipeline_options_for(argv)``: ``--runner`` plus Beam's options with
-  per-runner defaults (every pipeline main builds its options with it);
+  per-runner defaults, including the threads and batch sizes DoFns take
+  (:class:`transforms.parallel.ExecutionOptions`); every pipeline main builds its options with it;
+* :mod:`runners.execution` — ``run(options, build)``: the one seam through which every run goes;
+  the profile's execution owns what differs between runners (a cluster for the run, checks of
+  the built pipeline, one final leaf where the runner needs it, clients to close);
+* :mod:`runners.dask_cluster` and :mod:`runners.dask_runner` — Dask: the run's cluster and
+  execution, and Beam's Dask runner translated for a cluster;
 * :mod:`runners.cache` and :mod:`runners.fetch` — the Flink/Spark job server jars and the Prism
   binary, fetched once (``python -m runners.fetch all``) and found by the profiles;
 * :mod:`runners.harness` — run a pipeline main on a runner and read back its output (tests and
   benchmarks), and a worker pool for ``--environment_type=EXTERNAL``;
 * :mod:`runners.demo_release` — a runner check (noisy counts from a public testing seed; never a
   release: releases go through the jobs on the release layer);
-* ``airflow_dag.py``, ``cron.example``, ``daily_release.sh`` — scheduling examples.
+* :mod:`runners.deploy` — deployment that names the jobs: Dataflow Flex Template metadata,
+  scheduling examples (Airflow DAG, cron). The rest of ``runners/`` imports no job.
 
 See runners/README.md.
 """
-from runners.profiles import build_options, describe_profiles, pipeline_options_for
+from runners.profiles import describe_profiles, pipeline_options_for
 
-__all__ = ["build_options", "describe_profiles", "pipeline_options_for"]
+__all__ = ["describe_profiles", "pipeline_options_for"]

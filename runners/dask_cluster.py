@@ -24,11 +24,9 @@ on one worker thread, however many workers the cluster has. When the run gives n
 ``--dask_npartitions`` to :data:`PARTITIONS_PER_THREAD` per worker thread of the cluster (counted
 from the local cluster's settings, or asked of a remote scheduler). One per thread, not more:
 with Beam's translation, which evaluates a side input inside every partition that reads it,
-extra partitions cost more than they balanced (benchmarks/scale.py at 10M keys on 2 workers:
-25.5 s with one partition per thread, 31.9 s with four; 1 worker: 40.7 s); with the project's
-runner, which computes it once, two per thread were no faster (30M keys: 1 worker 28.1-28.9 s
-against 27.9-31.8 s, 2 workers 18.7-22.7 s against 20.1-21.1 s) and slower with 2 workers at
-125M keys (82.5 s against 74.8 s; 1 worker 113.0 against 115.0 s).
+extra partitions cost more than they balanced; with the project's runner, which computes it
+once, two per thread were no faster, and slower with 2 workers at the largest keyset
+(benchmarks/scale.py; the runs are in benchmarks/RESULTS.md).
 Partitioning changes no released byte: bounding and noise never depend on batching
 (tests/test_dask_runner.py).
 
@@ -37,10 +35,10 @@ The local cluster's workers keep glibc's own ``malloc`` tuning. Dask sets
 so that freed memory goes back to the operating system at once; setting it also switches off
 glibc's sliding ``mmap`` threshold, so every array above 128 KiB is mapped afresh and its pages
 fault in again each time. The jobs allocate such arrays per batch (Arrow columns turned into numpy,
-sort orders, AES buffers): at 30M keys on 1 worker that was 8.4M page faults and 23 s of kernel
-time in a 52 s leg, against 1.5M faults and 32 s without it (benchmarks/scale.py; about 10% more
-peak memory). ``--dask_trim_worker_memory`` keeps Dask's setting; a ``MALLOC_TRIM_THRESHOLD_`` in
-the environment is inherited either way. A remote cluster's workers get what their operator
+sort orders, AES buffers), so the page faults took a large share of a leg's time, against a
+little more peak memory without the setting (benchmarks/RESULTS.md).
+``--dask_trim_worker_memory`` keeps Dask's setting; a ``MALLOC_TRIM_THRESHOLD_`` in the
+environment is inherited either way. A remote cluster's workers get what their operator
 configured (runners/README.md, Dask).
 
 After the run the runner's client is closed before the cluster (a client left open on a closed
@@ -54,6 +52,8 @@ import logging
 from typing import Iterator
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+from runners.execution import Execution, join_leaves
 
 _LOG = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def local_cluster(workers: int = DEFAULT_LOCAL_WORKERS, threads_per_worker: int 
 
     # Dask's own "auto" gives a worker the share of the machine's memory that its threads are of
     # the machine's cores: 1 worker of 1 thread on 2 cores got half, paused at 80% of it and hung
-    # (benchmarks/scale.py, 125M keys). A cluster made for one run shares out all of it.
+    # on the largest keyset of benchmarks/scale.py. A cluster made for one run shares out all of it.
     memory = 0 if str(memory_limit) == "0" else 1 / workers if memory_limit == "auto" else memory_limit
     environ = {} if trim_memory else {f"{PRE_SPAWN_ENVIRON}.{MALLOC_TRIM}": None}  # None: unset
     with dask.config.set(environ):  # read when the nannies are made, inside the constructor
@@ -243,20 +243,19 @@ def cluster_for_run(options: PipelineOptions) -> Iterator[PipelineOptions]:
             dask.address = None
 
 
-def run(pipeline_options: PipelineOptions, build):
-    """Build a pipeline with ``build(pipeline)``, run it to the end (on a run-scoped local Dask
-    cluster where needed) and return the finished result; the Dask client is closed before the
-    cluster. Raises what the run raised."""
-    import apache_beam as beam
+class DaskExecution(Execution):
+    """How a run goes on Dask (the DaskRunner profile's :class:`~runners.execution.Execution`):
+    a cluster for the run (:func:`cluster_for_run`), the transforms the runner gets wrong
+    refused (:func:`check_supported`), one final leaf depending on every other leaf (Beam's
+    Dask translation computes only the last-applied transform's graph: a write on any other
+    branch would never run), and the runner's client closed before the cluster."""
 
-    with cluster_for_run(pipeline_options) as options:
-        pipeline = beam.Pipeline(options=options)
-        build(pipeline)
-        if is_dask(options):
-            check_supported(pipeline)
-        result = pipeline.run()
-        try:
-            result.wait_until_finish()
-        finally:
-            close_client(result)
-    return result
+    def session(self, options):
+        return cluster_for_run(options)
+
+    def prepare(self, pipeline) -> None:
+        check_supported(pipeline)
+        join_leaves(pipeline, "AllLeavesForDask")
+
+    def close(self, result) -> None:
+        close_client(result)

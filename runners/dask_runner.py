@@ -4,8 +4,7 @@ over the workers.
 
 Beam's Dask translation (``apache_beam.runners.dask``, Beam 2.77) turns each transform into Dask
 bag operations. :class:`DaskRunner` here keeps that translation except where a job at scale lost
-time to it (benchmarks/scale.py, Dask's task stream of 125M keys / 200M rows on 2 workers;
-runners/README.md, "Scale benchmark"):
+time to it (Dask's task streams of benchmarks/scale.py; the runs are in benchmarks/RESULTS.md):
 
 * **Side inputs** (:func:`par_do_with_side_inputs`). Beam hands a ParDo its side input as a bag
   that each task computes when its DoFn first reads it (``list(bag)`` through a worker client):
@@ -19,7 +18,7 @@ runners/README.md, "Scale benchmark"):
   whole, one of event-level reports' two ``ToList`` side inputs came out empty in one partition.)
 * **Combines** (:func:`combine_per_key`). Beam expands ``CombinePerKey`` into a GroupByKey and a
   ParDo: every value crosses the shuffle and the combine runs after it, so a ``CombineGlobally``
-  is one task (the keyset filter's 125M adds: 11 s on one worker while the other idled). Here a
+  is one task (the keyset filter's adds ran on one worker while the other idled). Here a
   ``CombinePerKey`` of a ``CombineFn`` over the global window is lifted as the in-process engine
   and Dataflow lift it: each partition adds its own values per key and compacts the
   accumulators (``CombineFn.compact``; a staged filter is written as a file), only accumulators
@@ -34,27 +33,20 @@ runners/README.md, "Scale benchmark"):
 * **Element sizes** (:func:`register_element_sizes`, :class:`ElementSizes`). Beam holds every
   element in a ``WindowedValue``, which Dask sized at 80 bytes whatever it held: partitions of
   100 files' Arrow batches looked empty to the scheduler, which ran both bounding tasks on one
-  worker after copying the other's rows to it, while that worker idled 40 s. Every worker of the
+  worker after copying the other's rows to it, while that worker idled. Every worker of the
   run's cluster now sizes an element by what it holds.
 * **Root stages** (:func:`spread_roots`). Dask hands a stage of few tasks out at once, each to the
   worker it expects to be free first; with every task guessed at 0.5 s, ties follow the order the
   tasks arrive in, which follows the graph's random tokens: in some runs one of 2 workers read
   both halves of the rows and the other both halves of the keyset, both bounding tasks then
-  followed the rows, and the other worker idled 15-17 s. The runner now submits the graph itself
+  followed the rows, and the other worker idled. The runner now submits the graph itself
   (Beam's ``run_pipeline`` otherwise) and deals each small root stage's partitions round the
   worker threads, as a loose restriction (another worker may still run them).
 
 The DoFns see the same values; released bytes are the in-process ones for every job
 (tests/test_dask_runner.py). The profile names this runner for ``--runner DaskRunner``
 (:data:`runners.dask_cluster.DASK_RUNNER`); Beam's own stays available by its full name.
-
-Measured at 125M keys / 200M rows (benchmarks/scale.py, process trees from start; runners/README.md,
-"Scale benchmark"): before root stages were dealt round the workers, 2 over 1 was 1.26x-1.79x in
-seven runs (median 1.60x): in the slow runs one worker had read both halves of the rows. With it
-and the staged keyset's markers merged before the shuffle (transforms/keyset_staging.py), twelve
-runs: 1 worker 97.7-128.8 s, 2 workers 59.3-72.6 s, 2 over 1 1.54x-1.84x (median 1.72x; 10 of 12
-at or above 1.6x). Dask's task stream of a 2-worker run: each worker reads a keyset half and a
-rows half, adds its half of the filter, bounds one partition and releases two.
+What each step gained, run by run, is in benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -64,10 +56,8 @@ from collections.abc import Mapping, Sequence
 import apache_beam as beam
 import dask
 import distributed
-from apache_beam.runners.common import DoFnContext, DoFnSignature, _OutputHandler
 from apache_beam.runners.dask.dask_runner import (DaskOptions, DaskRunner as BeamDaskRunner,
                                                   DaskRunnerResult)
-from apache_beam.runners.dask.overrides import _Create, _GroupByKeyOnly, dask_overrides
 from apache_beam.runners.dask.transform_evaluator import (OneReceiver, apply_dofn_to_bundle,
                                                           defenestrate, get_windowed_value)
 from apache_beam.transforms.core import DoFn
@@ -79,6 +69,32 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.sizeof import sizeof
 from distributed.diagnostics.plugin import WorkerPlugin
+
+#: The Beam releases (major.minor) this runner was written against and tested on. It replaces
+#: five steps of Beam's Dask translation and reuses six of Beam's private names
+#: (``apache_beam.runners.common._OutputHandler``, ``overrides._Create``,
+#: ``overrides._GroupByKeyOnly``, ``DaskOptions._extract_bag_kwargs``, and a side input's
+#: ``_view_options()`` and ``_window_mapping_fn``), which any Beam release may change: a release
+#: is added here once this module was read against it and ``make test-runners`` passed on it
+#: (the lock, requirements.lock, pins the Beam that suite runs on).
+BEAM_VERSIONS = ("2.77",)
+
+
+def check_beam_version(version: str) -> None:
+    """Refuse a Beam release this runner was not written against (:data:`BEAM_VERSIONS`)."""
+    if ".".join(version.split(".")[:2]) not in BEAM_VERSIONS:
+        raise ImportError(
+            f"runners.dask_runner was written against Apache Beam {', '.join(BEAM_VERSIONS)} "
+            f"and relies on private Beam names; Beam {version} is installed. Install the locked "
+            "Beam (pip install --constraint requirements.lock -e .), or run Beam's own Dask runner "
+            "by its full name: --runner=apache_beam.runners.dask.dask_runner.DaskRunner")
+
+
+check_beam_version(beam.__version__)
+
+# Beam's private names, imported once the version is known to have them.
+from apache_beam.runners.common import DoFnContext, DoFnSignature, _OutputHandler  # noqa: E402
+from apache_beam.runners.dask.overrides import _Create, _GroupByKeyOnly, dask_overrides  # noqa: E402
 
 #: What ``--runner`` names to run on this module's runner.
 RUNNER = "runners.dask_runner.DaskRunner"
@@ -146,7 +162,8 @@ def shuffled(bag):
     """``bag`` of ``(key, value)`` grouped by key: Dask's ``Bag.groupby``, partitioned by
     :func:`partition_hash` when it shuffles through tasks (the method a distributed client uses;
     ``dataframe.shuffle.method: disk`` in Dask's config keeps Dask's disk shuffle). Choosing it
-    here also spares importing ``dask.dataframe``, which Dask's own choice does (0.8 s)."""
+    here also spares importing ``dask.dataframe``, which Dask's own choice does (a heavy
+    import)."""
     if dask.config.get("dataframe.shuffle.method", None) == "disk":
         return bag.groupby(_key, shuffle="disk")
     return groupby_tasks(bag, _key, hash=partition_hash)
@@ -230,8 +247,8 @@ def register_element_sizes() -> None:
     every element in a ``WindowedValue``, which Dask sized at 80 bytes whatever it holds (a
     partition of 100 files' Arrow batches looked like a few kilobytes). The scheduler places a
     task where the bytes of its inputs are and weighs moving them by their size; misled, it ran
-    both bounding tasks of 125M keys on the worker holding the side input, after copying the
-    other worker's rows to it, while that worker idled 40 s (benchmarks/scale.py, task stream)."""
+    both bounding tasks on the worker holding the side input, after copying the other worker's
+    rows to it, while that worker idled (benchmarks/scale.py's task stream)."""
     sizeof.register(WindowedValue, _windowed_value_size)
 
 

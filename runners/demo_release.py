@@ -148,13 +148,11 @@ def build(pipeline: beam.Pipeline, args) -> None:
 def run(argv=None, defaults=()):
     """Build and run the release; returns the PipelineResult (finished unless the runner
     only translates, as with Dataflow's dry run or a template)."""
+    from runners.execution import run as run_on_runner
+
     args, beam_args = parse_args(argv)
-    pipeline = beam.Pipeline(options=pipeline_options_for(beam_args, defaults))
-    build(pipeline, args)
-    result = pipeline.run()
-    if hasattr(result, "wait_until_finish"):
-        result.wait_until_finish()
-    return result
+    return run_on_runner(pipeline_options_for(beam_args, defaults),
+                         lambda pipeline: build(pipeline, args))
 
 
 def main(argv=None) -> None:

@@ -1,19 +1,25 @@
 """One way to put any pipeline of this project on a runner: ``--runner`` plus Beam's own options.
 
-Every pipeline main passes the arguments it does not know itself to :func:`build_options`::
+Every pipeline main passes the arguments it does not know itself to :func:`pipeline_options_for`
+and runs through the runner seam (:func:`runners.execution.run`)::
 
     known, beam_args = parser.parse_known_args(argv)
-    options = build_options(beam_args)
-    with beam.Pipeline(options=options) as p: ...
+    result = runners.execution.run(pipeline_options_for(beam_args), build)
 
 which applies the profile of the chosen runner: defaults that make that runner work here (local
-engines, no Docker, cached jars and binaries) and checks that what a remote runner needs is there.
-Anything given explicitly on the command line wins over a profile default. The profiles:
+engines, no Docker, cached jars and binaries), checks that what a remote runner needs is there,
+fills the options DoFns take their threads and batch sizes from
+(:class:`transforms.parallel.ExecutionOptions`) and owns how a run goes on the runner (its
+:class:`~runners.execution.Execution`: a cluster for the run, checks of the built pipeline, what
+to close). Anything given explicitly on the command line wins over a profile default. The
+profiles:
 
 * ``DirectRunner`` (the default) — deterministic: Beam's DirectRunner tries Prism first and
   silently falls back to the FnApiRunner, so this profile picks one itself: the FnApiRunner (the
   embedded runner), or PrismRunner when ``--prism_location`` is given.
-* ``FnApiRunner`` — the embedded runner, as is.
+* ``FnApiRunner`` — the embedded runner, as is. With one worker (``--direct_num_workers=1``, Beam's
+  default) it runs a job on one core, so its DoFns run their per-element work on
+  ``--dofn_threads`` threads: the cores, at most :data:`MAX_THREADS`.
 * ``PrismRunner`` — LOOPBACK workers; ``--prism_location`` defaults to the binary built by
   ``python -m runners.fetch prism`` if it is there (otherwise Beam downloads a release binary);
   each run gets its own Prism job server (``disable_prism_server_singleton``: Beam's
@@ -27,7 +33,8 @@ Anything given explicitly on the command line wins over a profile default. The p
   Beam does not know by its short name) on the scheduler at ``--dask_client_address``, or on a
   local cluster of ``--dask_local_workers`` worker processes (default 2) started and shut down
   around the run (:mod:`runners.dask_cluster`). Beam counters are not collected by this runner:
-  see runners/README.md ("Dask").
+  see runners/README.md ("Dask"). It drops what a DoFn emits in ``finish_bundle``, so DoFns get
+  one thread and one-row batches (``--dofn_threads=1 --dofn_batch_rows=1``, refused otherwise).
 * Remote Flink and Spark masters and Dataflow get ``--sdk_container_image`` from
   ``$BEAM_DP_WORKER_IMAGE`` when it is set (the image the repository's Dockerfile builds).
 * ``DataflowRunner`` — requires ``--project``, ``--region`` and a ``gs://`` ``--temp_location``;
@@ -47,6 +54,11 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from runners import cache
+from runners.dask_cluster import DASK_RUNNER, DaskExecution, is_dask
+from runners.execution import Execution
+# The options view the profiles fill (--dofn_threads, --dofn_batch_rows): defined where the DoFns
+# read it, imported here so that Beam knows its flags wherever options are built.
+from transforms.parallel import ExecutionOptions  # noqa: F401
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -113,6 +125,8 @@ class RunnerProfile:
     check: Callable[[dict], None] | None = None
     # arguments added whenever the chosen runner is one of these keys (e.g. experiments)
     always: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    # how a run goes on this runner (runners.execution)
+    execution: Execution = Execution()
 
     def resolve(self, argv: Sequence[str], extra_defaults: Mapping[str, object] = ()) -> Resolved:
         given = given_options(argv)
@@ -211,8 +225,37 @@ def _check_dataflow(given) -> None:
 
 
 def _dask_runner(_given) -> str:
-    from runners.dask_cluster import DASK_RUNNER
     return DASK_RUNNER
+
+
+def _check_dask(given) -> None:
+    for option in ("dofn_threads", "dofn_batch_rows"):
+        if given.get(option) not in (None, "1"):
+            raise ValueError(f"DaskRunner drops what a DoFn emits in finish_bundle: --{option} must "
+                             f"be 1 there, got {given.get(option)}")
+
+
+#: The most threads the in-process engine's profile gives a DoFn (``--dofn_threads``).
+MAX_THREADS = 4
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _in_process_threads(given) -> int | None:
+    """``--dofn_threads`` for the in-process engine run with one worker, which otherwise uses a
+    single core: the machine's cores, at most :data:`MAX_THREADS` (threads of a DoFn do the
+    Arrow, numpy and AES work of bounding and noise, which releases the GIL). None (one thread)
+    with several workers, or when the DirectRunner profile picks Prism (which runs bundles on
+    every core already)."""
+    if given.get("prism_location") or given.get("direct_num_workers", "1") != "1":
+        return None
+    return max(1, min(MAX_THREADS, _cores()))
+
+
+_THREADS_WHY = "threads per DoFn: the in-process engine with one worker uses one core"
+_IN_PROCESS_THREADS = ("dofn_threads", _in_process_threads, _THREADS_WHY)
 
 
 def _no_scheduler(given) -> bool:
@@ -262,8 +305,10 @@ PROFILES: dict[str, RunnerProfile] = {p.name: p for p in (
         name="DirectRunner",
         summary="Embedded and deterministic: the FnApiRunner, or PrismRunner if --prism_location is given "
         "(Beam's own DirectRunner would try Prism and fall back silently).",
-        choose_runner=_direct_runner, always={"PrismRunner": (_PRISM_OWN_SERVER,)}),
-    RunnerProfile(name="FnApiRunner", summary="Beam's embedded Python runner, unchanged."),
+        choose_runner=_direct_runner, always={"PrismRunner": (_PRISM_OWN_SERVER,)},
+        defaults=(_IN_PROCESS_THREADS,)),
+    RunnerProfile(name="FnApiRunner", summary="Beam's embedded Python runner, unchanged.",
+                  defaults=(_IN_PROCESS_THREADS,)),
     RunnerProfile(
         name="PrismRunner",
         summary="Beam's Go runner on this machine; LOOPBACK workers; a Prism job server per run.",
@@ -294,9 +339,13 @@ PROFILES: dict[str, RunnerProfile] = {p.name: p for p in (
         summary="Beam's Dask runner (side inputs computed once as graph tasks: runners/dask_runner.py) "
         "on a Dask cluster: --dask_client_address, or a local cluster of worker processes started "
         "and shut down around the run.",
-        choose_runner=_dask_runner,
+        choose_runner=_dask_runner, check=_check_dask, execution=DaskExecution(),
         defaults=(("dask_local_workers", _if(_no_scheduler, 2),
-                   "local cluster of 2 worker processes for the run (no scheduler given)"),)),
+                   "local cluster of 2 worker processes for the run (no scheduler given)"),
+                  ("dofn_threads", 1, "the runner drops what finish_bundle emits, where threaded "
+                   "DoFns hand back their last results"),
+                  ("dofn_batch_rows", 1, "the runner drops what finish_bundle emits, where a "
+                   "batch not yet full is emitted"))),
     RunnerProfile(
         name="DataflowRunner",
         summary="Google Cloud Dataflow; this project is staged to the workers through setup.py.",
@@ -338,9 +387,17 @@ def pipeline_options_for(argv: Sequence[str] | None = None,
     return options
 
 
-def build_options(argv: Sequence[str] | None = None):
-    """PipelineOptions for ``argv`` with the runner profile applied (no pipeline defaults)."""
-    return pipeline_options_for(argv)
+def profile_of(options) -> RunnerProfile:
+    """The profile of the runner ``options`` run on (a pass-through profile for a runner without
+    one): what :func:`runners.execution.run` asks how a run goes."""
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    if is_dask(options):
+        return PROFILES["DaskRunner"]
+    runner = options.view_as(StandardOptions).runner
+    name = runner if isinstance(runner, str) or runner is None else type(runner).__name__
+    name = canonical_runner(name.rsplit(".", 1)[-1] if name else None)
+    return PROFILES.get(name) or RunnerProfile(name=name, summary="no profile")
 
 
 def describe_profiles() -> str:

@@ -27,8 +27,8 @@ Adding the audit of a new job (local DP, Masked LARk, ARA event-level, ...) take
         datasets=lambda: [synthetic_dataset(...)],
     ))
 
-and add its name to ``AUDITED`` in tests/test_audits.py (a test fails when a registered job is
-not audited). The job runs through the release layer exactly as a user runs it
+and tests/test_audits.py runs it (every registered audit; tests/test_layout.py fails while a job
+under pipelines/ has none). The job runs through the release layer exactly as a user runs it
 (``run(Request)``), with ``ReleaseOptions(testing_seed=..., exact_testing=...)``:
 ``exact_testing`` gives the job a noise-free testing key
 (:meth:`accounting.keys.ReleaseKey.for_exact_testing`), refused by every real release. The

@@ -14,7 +14,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from accounting.budget import PrivacyBudget
 from accounting.dp_tester import DPTester
 from accounting.sensitivity import ContributionBounds
-from transforms.aggregate import BoundingConfig, DPAggregate
+from transforms.aggregate import DPAggregate
+from transforms.bounding_stage import BoundingConfig
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Count, Mean, PrivacyUnitCount, Sum
 from accounting.keys import ReleaseKey
@@ -251,14 +252,14 @@ def test_keyset_from_files(tmp_path):
 
 def test_a_unit_with_millions_of_rows_stays_bounded_in_memory():
     """Each batch sends at most L0 * Linf rows of a unit; the shard re-bounds as rows accumulate."""
-    from transforms import aggregate
+    from transforms import bounding_stage
     from transforms.partials import key_partials
 
     bounds = ContributionBounds(max_partitions=3, max_contributions_per_partition=2)
-    config = aggregate.BoundingConfig(unit="user", keys=["k"], value=None, bounds=bounds,
-                                      release_key=ReleaseKey.for_testing(1), num_shards=4)
-    prepare = aggregate._PrepareAndBound(config)
-    combine = aggregate._BoundRowsFn(3, 2, min_rows=50)
+    config = BoundingConfig(unit="user", keys=["k"], value=None, bounds=bounds,
+                            release_key=ReleaseKey.for_testing(1), num_shards=4)
+    prepare = bounding_stage._PrepareAndBound(config)
+    combine = bounding_stage._BoundRowsFn(3, 2, min_rows=50)
     held, largest = combine.create_accumulator(), 0
     for i in range(20):  # two million rows of one unit, in distinct batches
         batch = pa.table({"user": pa.array(["heavy"] * 100_000),

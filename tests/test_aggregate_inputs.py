@@ -85,8 +85,10 @@ def test_error_columns_state_std_and_interval_and_follow_suppression():
             assert r["count_ci95_high"] - r["count"] == pytest.approx(spec.ci_halfwidth(0.95))
         assert r["sum_ci95_high"] - r["sum_ci95_low"] == pytest.approx(
             2 * transform.measures["sum"].spec.ci_halfwidth(0.95))
-        assert "mean_std" not in r  # derived metrics state their error in explain()
+        assert r["mean_ci95_low"] <= r["mean"] <= r["mean_ci95_high"] and r["mean_std"] > 0
     assert {r["count"] is None for r in rows} == {True, False}  # the threshold bites on this data
+    assert "mean: error columns derived from the noise of mean.normalized_sum, count" in \
+        transform.explain()
 
 
 @pytest.mark.parametrize("metrics", [[Count(), Sum(noise="discrete_laplace")], [Quantiles([0.5, 0.9])],

@@ -22,7 +22,7 @@ from pathlib import Path
 import apache_beam as beam
 import pytest
 
-from runners import dask_cluster, profiles
+from runners import dask_cluster, execution, profiles
 from runners.harness import REPO_ROOT, RunnerCase, run_pipeline_main
 
 on_engine = pytest.mark.runners  # the engine tests (make test-runners); the profile test is quick
@@ -63,6 +63,59 @@ def test_dask_runs_are_partitioned_for_the_cluster_unless_the_run_says_how():
     dask = pipeline_options_for(["--runner=dask"]).view_as(DaskOptions)
     with dask_cluster._partitioned(dask, threads=0):  # a scheduler that could not be asked
         assert dask.npartitions is None
+
+
+def test_each_profile_owns_how_a_run_goes_on_its_runner():
+    """The runner seam (runners.execution): the Dask profile's execution starts a cluster for the
+    run, refuses what the runner gets wrong and joins every leaf into one last transform; other
+    runners' executions leave Beam's run as it is."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    dask = profiles.profile_of(profiles.pipeline_options_for(["--runner=dask"]))
+    assert isinstance(dask.execution, dask_cluster.DaskExecution)
+    for argv in ([], ["--runner=FnApiRunner"], ["--runner=PrismRunner"],
+                 ["--runner=apache_beam.runners.portability.flink_runner.FlinkRunner"],
+                 ["--runner=DataflowRunner"], ["--runner=some.other.Runner"]):
+        assert type(profiles.profile_of(PipelineOptions(argv)).execution) is execution.Execution, argv
+    assert profiles.profile_of(PipelineOptions(["--runner=DataflowRunner"])).name == "DataflowRunner"
+    assert isinstance(profiles.profile_of(PipelineOptions(
+        ["--runner=" + dask_cluster.BEAM_DASK_RUNNER])).execution, dask_cluster.DaskExecution)
+
+    pipeline = beam.Pipeline()
+    numbers = pipeline | "Numbers" >> beam.Create([1, 2, 3])
+    _ = numbers | "Double" >> beam.Map(lambda x: 2 * x)
+    _ = numbers | "Square" >> beam.Map(lambda x: x * x)
+    assert len(execution.leaves(pipeline)) == 2
+    dask.execution.prepare(pipeline)
+    [leaf] = execution.leaves(pipeline)
+    assert leaf.producer.full_label == "AllLeavesForDask"
+    dask.execution.prepare(pipeline)  # one leaf: nothing more is added
+    assert execution.leaves(pipeline) == [leaf]
+
+
+def test_the_dask_runner_states_the_beam_it_was_written_against():
+    """runners/dask_runner.py relies on private Beam names: it refuses other Beam releases at
+    import, and the lock pins a Beam it was written against (the runners suite runs on it)."""
+    import re
+
+    from runners import dask_runner
+
+    locked = re.search(r"^apache-beam==(\S+)$", (REPO_ROOT / "requirements.lock").read_text(),
+                       re.MULTILINE).group(1)
+    dask_runner.check_beam_version(locked)
+    for other in ("2.60.0", "2.78.0", "3.0.0"):
+        with pytest.raises(ImportError, match="written against Apache Beam"):
+            dask_runner.check_beam_version(other)
+
+
+@on_engine
+def test_the_runners_suite_runs_on_the_locked_beam():
+    import re
+    from importlib.metadata import version
+
+    locked = re.search(r"^apache-beam==(\S+)$", (REPO_ROOT / "requirements.lock").read_text(),
+                       re.MULTILINE).group(1)
+    assert version("apache-beam") == locked, "install with --constraint requirements.lock (make setup)"
 
 
 @pytest.fixture(scope="module")
@@ -279,6 +332,29 @@ def test_release_without_counters_is_refused(cluster, tmp_path):
     assert failures and "dropped-rows rule could not be checked" in failures[0].read_text()
 
 
+def _write_text(lines, path):
+    Path(path).write_text("\n".join(str(x) for x in sorted(lines)))
+
+
+@on_engine
+def test_every_branch_of_a_pipeline_runs_on_dask(cluster, tmp_path):
+    """Beam's Dask translation computes only the last-applied transform's graph; the profile's
+    execution joins every leaf into one, so a write on another branch runs too."""
+    from runners.profiles import pipeline_options_for
+
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+
+    def build(p):
+        numbers = p | "Numbers" >> beam.Create([1, 2, 3])
+        _ = (numbers | "Double" >> beam.Map(lambda x: 2 * x) | "AllDoubled" >> beam.combiners.ToList()
+             | "WriteFirst" >> beam.Map(_write_text, str(first)))
+        _ = (numbers | "Square" >> beam.Map(lambda x: x * x) | "AllSquared" >> beam.combiners.ToList()
+             | "WriteSecond" >> beam.Map(_write_text, str(second)))
+
+    execution.run(pipeline_options_for(dask_argv(cluster)), build)
+    assert first.read_text() == "2\n4\n6" and second.read_text() == "1\n4\n9"
+
+
 def _dp_aggregate(target: str, dict_rows: bool = False, staging_dir: str = None):
     """The DPAggregate of tests/test_release_digests.py, writing its table to ``target``; its
     input is Arrow tables, or dicts (``dict_rows``: buffered into tables by the transform). With
@@ -414,7 +490,7 @@ def test_side_inputs_are_computed_once_as_graph_dependencies(cluster, tmp_path):
         options = pipeline_options_for(argv)
         if name == "dask":
             assert options.view_as(StandardOptions).runner == dask_runner.RUNNER
-        dask_cluster.run(options, _side_input_pipeline(calls, out))
+        execution.run(options, _side_input_pipeline(calls, out))
         results[name] = out.read_text()
         assert sorted(p.name.split("-")[0] for p in calls.iterdir()) == ["a", "b", "c"], name
     assert results["dask"] == results["local"]
@@ -435,8 +511,8 @@ def test_dp_aggregate_of_dict_rows_on_dask(cluster, tmp_path):
     from runners.profiles import pipeline_options_for
 
     local, dask = str(tmp_path / "local.parquet"), str(tmp_path / "dask.parquet")
-    dask_cluster.run(pipeline_options_for([]), _dp_aggregate(local, dict_rows=True))
-    dask_cluster.run(pipeline_options_for(dask_argv(cluster)), _dp_aggregate(dask, dict_rows=True))
+    execution.run(pipeline_options_for([]), _dp_aggregate(local, dict_rows=True))
+    execution.run(pipeline_options_for(dask_argv(cluster)), _dp_aggregate(dask, dict_rows=True))
     assert Path(dask).read_bytes() == Path(local).read_bytes()
 
 
@@ -447,9 +523,9 @@ def test_dp_aggregate_with_a_staged_keyset_on_dask(cluster, tmp_path):
     from runners.profiles import pipeline_options_for
 
     cross, local, dask = (str(tmp_path / f"{name}.parquet") for name in ("cross", "local", "dask"))
-    dask_cluster.run(pipeline_options_for([]), _dp_aggregate(cross))
-    dask_cluster.run(pipeline_options_for([]), _dp_aggregate(local, staging_dir=str(tmp_path / "stage")))
-    dask_cluster.run(pipeline_options_for(dask_argv(cluster)),
+    execution.run(pipeline_options_for([]), _dp_aggregate(cross))
+    execution.run(pipeline_options_for([]), _dp_aggregate(local, staging_dir=str(tmp_path / "stage")))
+    execution.run(pipeline_options_for(dask_argv(cluster)),
                      _dp_aggregate(dask, staging_dir=str(tmp_path / "stage")))
     assert Path(dask).read_bytes() == Path(local).read_bytes() == Path(cross).read_bytes()
     runs = list((tmp_path / "stage").iterdir())
@@ -465,7 +541,7 @@ def test_dp_aggregate_on_a_run_scoped_local_cluster(tmp_path, monkeypatch):
     from runners.profiles import pipeline_options_for
 
     local, dask = str(tmp_path / "local.parquet"), str(tmp_path / "dask.parquet")
-    dask_cluster.run(pipeline_options_for(["--runner=FnApiRunner"]), _dp_aggregate(local))
+    execution.run(pipeline_options_for(["--runner=FnApiRunner"]), _dp_aggregate(local))
     started = []
     real_local_cluster = dask_cluster.local_cluster
 
@@ -485,7 +561,7 @@ def test_dp_aggregate_on_a_run_scoped_local_cluster(tmp_path, monkeypatch):
         partitions.append(pipeline.options.view_as(DaskOptions).npartitions)
         build(pipeline)
 
-    result = dask_cluster.run(options, recording_build)
+    result = execution.run(options, recording_build)
     assert result.client.status == "closed"
     assert Path(dask).read_bytes() == Path(local).read_bytes()
     [(workers, address)] = started
@@ -573,7 +649,7 @@ def test_combines_are_lifted_before_the_shuffle(cluster, tmp_path):
     for name, argv in (("local", []), ("dask", dask_argv(cluster) + ["--dask_npartitions=2"])):
         calls, out = tmp_path / f"calls-{name}", tmp_path / f"{name}.json"
         calls.mkdir()
-        dask_cluster.run(pipeline_options_for(argv), build_for(calls, out))
+        execution.run(pipeline_options_for(argv), build_for(calls, out))
         results[name] = json.loads(out.read_text())
         if name == "dask":
             made = sorted(p.name.rsplit("-", 1)[0] for p in calls.iterdir())
@@ -657,7 +733,7 @@ def test_workers_size_beam_elements_by_what_they_hold():
     with dask_cluster.local_cluster(1) as address:
         with distributed.Client(address, set_as_default=False) as client:
             [before] = client.run(held_size).values()
-            dask_cluster.run(pipeline_options_for(["--runner=DaskRunner", f"--dask_client_address={address}"]),
+            execution.run(pipeline_options_for(["--runner=DaskRunner", f"--dask_client_address={address}"]),
                              lambda p: p | beam.Create([1, 2]) | beam.Map(lambda x: x))
             [after] = client.run(held_size).values()
     assert before < 0.01 and 1 <= after < 1.1, (before, after)
@@ -721,7 +797,7 @@ def test_root_partitions_run_on_the_workers_they_are_dealt_to(cluster):
         client.register_plugin(Recorder())
         workers = sorted(client.nthreads())
         with distributed.get_task_stream(client=client) as stream:
-            dask_cluster.run(pipeline_options_for(dask_argv(cluster)),
+            execution.run(pipeline_options_for(dask_argv(cluster)),
                              lambda p: p | beam.Create(range(40)) | beam.Map(lambda x: x * x)
                              | beam.Map(lambda x: (x % 3, x)) | beam.CombinePerKey(sum))
         [recorded] = client.run_on_scheduler(

@@ -13,11 +13,11 @@ from apache_beam.transforms import window
 from accounting.budget import PrivacyBudget
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds
-from transforms import aggregate
+from transforms import bounding_stage
 from transforms import parallel
-from transforms.aggregate import BoundedKeyPartials, BoundingConfig, DPAggregate
+from transforms.aggregate import DPAggregate
+from transforms.bounding_stage import BoundedKeyPartials, BoundingConfig
 from transforms.metrics import Count, Sum
-from transforms.parallel import dofn_threads
 from transforms.keyset import PublicKeyset
 from transforms.privacy_units import UnitIdError
 from transforms.selection import PrivateSelection
@@ -107,7 +107,7 @@ def test_an_error_in_a_thread_fails_the_bundle_naming_the_column():
 
 
 def test_the_dofn_keeps_at_most_twice_threads_batches_in_flight():
-    fn = aggregate._PrepareAndBound(_config(), threads=2)
+    fn = bounding_stage._PrepareAndBound(_config(), threads=2)
     fn.setup()
     try:
         fn.start_bundle()
@@ -119,41 +119,56 @@ def test_the_dofn_keeps_at_most_twice_threads_batches_in_flight():
     finally:
         fn.teardown()
     plain = [out for batch in _batches(5, count=6, rows=500)
-             for out in aggregate._PrepareAndBound(_config())._prepare(batch, None)[0]]
+             for out in bounding_stage._PrepareAndBound(_config())._prepare(batch, None)[0]]
     assert [(w.value[0], w.value[1].to_pydict()) for w in emitted] == \
         [(s, t.to_pydict()) for s, t in plain]  # the same outputs, in input order
     assert all(w.windows == [window.GlobalWindow()] for w in emitted)
 
 
-def _options(*argv):
-    """What dofn_threads reads of a pipeline (building a Dataflow pipeline would want GCP)."""
-    return types.SimpleNamespace(_options=PipelineOptions(list(argv)))
+def _threads(*argv, requested=None):
+    """The threads a DoFn of a pipeline built with the options of ``argv`` (the runner profile
+    applied) would use."""
+    from runners.profiles import pipeline_options_for
+
+    pipeline = types.SimpleNamespace(options=pipeline_options_for(list(argv)))
+    return parallel.threads_for(pipeline, requested)
 
 
 def test_threads_only_on_the_in_process_engine_with_one_worker(monkeypatch):
-    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda _: set(range(16)), raising=False)
-    assert dofn_threads(_options("--runner=FnApiRunner")) == parallel.MAX_THREADS
-    assert dofn_threads(_options()) == parallel.MAX_THREADS  # DirectRunner
-    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda _: {0, 1}, raising=False)
-    assert dofn_threads(_options("--runner=DirectRunner")) == 2
-    for argv in (["--runner=DataflowRunner"], ["--runner=FlinkRunner"], ["--runner=PrismRunner"],
-                 ["--runner=apache_beam.runners.dask.dask_runner.DaskRunner"],
+    from runners import profiles
+
+    monkeypatch.setattr(profiles.os, "sched_getaffinity", lambda _: set(range(16)), raising=False)
+    assert _threads("--runner=FnApiRunner") == profiles.MAX_THREADS
+    assert _threads() == profiles.MAX_THREADS  # DirectRunner
+    monkeypatch.setattr(profiles.os, "sched_getaffinity", lambda _: {0, 1}, raising=False)
+    assert _threads("--runner=DirectRunner") == 2
+    assert _threads("--runner=DirectRunner", requested=3) == 2  # the profile's count caps a request
+    assert _threads("--runner=FnApiRunner", "--dofn_threads=3") == 3  # given: wins over the profile
+    for argv in (["--runner=FlinkRunner"], ["--runner=PrismRunner"], ["--runner=SparkRunner"],
+                 ["--runner=DaskRunner"], ["--runner=DirectRunner", "--prism_location=/x/prism"],
                  ["--runner=FnApiRunner", "--direct_num_workers=2"],
                  ["--runner=FnApiRunner", "--direct_num_workers=0"]):
-        assert dofn_threads(_options(*argv)) == 1, argv
+        assert _threads(*argv) == 1, argv
+    assert _threads("--runner=DaskRunner", requested=3) == 1  # it drops finish_bundle's outputs
+    with pytest.raises(ValueError, match="dofn_threads must be 1"):
+        _threads("--runner=DaskRunner", "--dofn_threads=2")
+    plain = types.SimpleNamespace(options=PipelineOptions([]))  # no profile: one thread
+    assert parallel.threads_for(plain) == 1 and parallel.threads_for(plain, 3) == 3
+    assert parallel.batch_rows(plain) == parallel.BATCH_ROWS
     with pytest.raises(ValueError, match="threads"):
         BoundedKeyPartials(_config(), threads=0)
+    with pytest.raises(ValueError, match="dofn_threads must be at least 1"):
+        parallel.threads_for(types.SimpleNamespace(options=PipelineOptions(["--dofn_threads=0"])))
 
 
 def _released(threads: int, kind: str, tmp_path, monkeypatch):
     """DPAggregate (count and sum, thresholds on) with ``threads`` chosen for the in-process
-    engine; the released rows and the counters."""
-    monkeypatch.setattr(parallel, "dofn_threads", lambda pipeline: threads)
+    engine (``--dofn_threads``); the released rows and the counters."""
     rng = np.random.default_rng(11)
     batches = [pa.table({"user": pa.array(rng.integers(0, 3_000, 4_000)),
                          "k": pa.array(rng.integers(0, 20 if kind == "selection" else 300, 4_000)),
                          "v": pa.array(rng.random(4_000) * 10)}) for _ in range(6)]
-    p = beam.Pipeline("FnApiRunner")
+    p = beam.Pipeline("FnApiRunner", options=PipelineOptions([f"--dofn_threads={threads}"]))
     keyset, selection = None, None
     if kind == "table":
         keyset = PublicKeyset.from_table(pa.table({"k": pa.array(np.arange(0, 400, 2))}))
@@ -212,3 +227,18 @@ def test_ordered_threads_return_results_in_submission_order():
     assert list(inline.submit(lambda x: x + 1, (1,), 5, "w")) == [(2, 5, "w")]
     with pytest.raises(ValueError):
         parallel.OrderedThreads(0)
+
+
+def test_the_options_a_profile_fills_are_known_to_beam_in_a_fresh_process():
+    """Beam discards flags of an options class it has not seen: the profiles import the view
+    they fill, so a main that builds its options first keeps them."""
+    import subprocess
+    import sys
+
+    from runners.harness import REPO_ROOT, project_env
+
+    code = ("from runners.profiles import pipeline_options_for\n"
+            "print(pipeline_options_for(['--runner=dask']).get_all_options()['dofn_batch_rows'])")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=project_env(),
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "1" and "Discarding unparseable" not in done.stderr

@@ -43,7 +43,7 @@ from accounting.dp_tester import DPTester, ReleaseLayout
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds, Neighbouring
 from aggregate_kit import REPLICA, AggregateJob, run_and_collect, sample_releases
-from transforms import aggregate as aggregate_module
+from transforms import bounding_stage
 from transforms import bounding
 from transforms import release as release_module
 from transforms.keyset import PublicKeyset
@@ -330,7 +330,7 @@ def test_unit_ids_of_several_types_are_caught_as_twice_the_sensitivity(monkeypat
     result = check(*fixed, None, claim, n)
     assert result.passed, result
 
-    monkeypatch.setattr(aggregate_module, "canonical_unit_dictionary",
+    monkeypatch.setattr(bounding_stage, "canonical_unit_dictionary",
                         lambda column, name: type_tagged_unit_ids(column, name).dictionary_encode())
     broken = mixed_id_releases(job, n, True, 19), mixed_id_releases(job, n, False, 20)
     assert np.median(broken[0][:, 1]) == 4                        # unit 7 counted twice

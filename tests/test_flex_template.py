@@ -1,4 +1,4 @@
-"""Dataflow Flex Template metadata (runners/flex_template.py) matches each job's CLI exactly."""
+"""Dataflow Flex Template metadata (runners/deploy/flex_template.py) matches each job's CLI exactly."""
 from __future__ import annotations
 
 import importlib
@@ -8,7 +8,7 @@ import re
 import pytest
 
 from pipelines.release import cli
-from runners import flex_template
+from runners.deploy import flex_template
 
 
 @pytest.mark.parametrize("module", flex_template.JOB_MODULES)

@@ -16,7 +16,8 @@ from transforms.lark.masks import blinding, mask_labels
 from transforms.lark.model import (LogisticModel, clipped_gradient_floats, deterministic_exp,
                                    sigmoid)
 from transforms.lark.params import AggregationParams, GradientParams
-from transforms.lark.randomness import BrowserRandomness, RecordDraws, words
+from transforms.lark.randomness import BrowserRandomness
+from transforms.randomness import RecordDraws, SystemRandomness, stream_words
 from transforms.lark.reports import LarkInputError, hex_to_ids, ids_to_hex, uint64_column
 from transforms.lark.ring import FixedPoint, RingOverflowError, sum_fits
 from transforms.lark.sharing import recover, share, share_from_words
@@ -86,12 +87,12 @@ def test_share_recover_round_trip(num_helpers):
     values = rng.integers(-2 ** 62, 2 ** 62, size=(1000, 3))
     streams = _streams(1000)
     shares = share(values, num_helpers, lambda shape: np.stack(
-        [words(streams, shape[2]) for _ in range(shape[0])]))
+        [stream_words(streams, shape[2]) for _ in range(shape[0])]))
     assert len(shares) == num_helpers
     assert np.array_equal(recover(shares).view(np.int64), values)
     codec = FixedPoint(fraction_bits=12)
     reals = rng.normal(0, 1000, 500)
-    real_shares = share_from_words(codec.encode(reals), words(_streams(500, 2), 1).T)
+    real_shares = share_from_words(codec.encode(reals), stream_words(_streams(500, 2), 1).T)
     assert np.allclose(codec.decode(recover(real_shares)), reals, atol=2.0 ** -13)
     # any single share is far from the value it hides
     assert not np.any(real_shares[0] == codec.encode(reals))
@@ -331,7 +332,7 @@ def _shares_of(values, helper, seed, random_bits=64):
     if random_bits == 64:
         return aggregation_reports(records, params, randomness=R(seed))[helper] \
             .column("share_value").to_numpy()
-    uniform = words(_streams(len(values), seed), 1).T >> np.uint64(64 - random_bits)
+    uniform = stream_words(_streams(len(values), seed), 1).T >> np.uint64(64 - random_bits)
     return share_from_words(params.codec.encode(values), uniform)[helper]
 
 
@@ -435,7 +436,8 @@ def test_secure_and_keyed_randomness():
     params = _agg_params(k=0)
     records = _records(["a", "b", "a"], [1, 2, 3])
     secure = aggregation_reports(records, params)  # default: the OS CSPRNG
-    assert BrowserRandomness.secure().mode == "secure" and not BrowserRandomness.secure().is_testing
+    assert not SystemRandomness().is_testing and not BrowserRandomness.keyed(ReleaseKey.generate()).is_testing
+    assert BrowserRandomness.for_testing(1).is_testing
     out, _ = _run_helpers(secure, params)
     assert combine_aggregation(out, params).column("value").to_pylist() == [4, 2]
     assert secure[0].column("share_value") != aggregation_reports(records, params)[0] \
@@ -449,8 +451,8 @@ def test_secure_and_keyed_randomness():
     other = aggregation_reports(changed, params, randomness=keyed)[1]
     assert other.to_pylist()[1]["share_value"] != together.to_pylist()[1]["share_value"]
     assert other.to_pylist()[1]["report_id"] != together.to_pylist()[1]["report_id"]
-    with pytest.raises(TypeError):
-        BrowserRandomness(None, "keyed")
+    with pytest.raises(TypeError, match="ReleaseKey"):
+        BrowserRandomness(None)
 
 
 def test_reports_read_back_from_csv_text(tmp_path):

@@ -1,11 +1,13 @@
 """The layout a maintainer relies on: each concept once, sources cited by public name.
 
-Static checks over the source tree (ast, no imports): fast and independent of Beam.
+Static checks over the source tree (ast, no imports: fast and independent of Beam), and one
+that reads the audit registry (tests/audit_kit.py) to find every job's audit.
 """
 from __future__ import annotations
 
 import ast
 import collections
+import functools
 import os
 import re
 
@@ -13,7 +15,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("accounting", "transforms", "pipelines", "runners", "benchmarks", "tests")
 
 
-def _sources():
+@functools.lru_cache(maxsize=None)
+def _sources() -> tuple:
+    """(path, text) of every Python file of the project's packages."""
+    return tuple(_read_sources())
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed(path: str) -> ast.Module:
+    return ast.parse(dict(_sources())[path])
+
+
+def _read_sources():
     for package in PACKAGES:
         for folder, dirs, files in os.walk(os.path.join(ROOT, package)):
             dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
@@ -146,3 +159,316 @@ def test_the_shape_rule_catches_a_second_budget_or_measure():
     assert shape("class Noisy:\n    name: str\n    spec: Optional[NoiseSpec] = None") == "measure"
     assert shape("class Release:\n    mechanism: str\n    epsilon: float") == "measure"
     assert shape("class ReachFrequencyNoise:\n    budget: PrivacyBudget\n    kind: NoiseKind") is None
+
+
+#: The only modules outside runners/ that may name Dask: the two transforms that work around its
+#: limits (finish_bundle outputs dropped, tagged outputs not kept apart), for every runner alike.
+DASK_WORKAROUNDS = ("transforms/batching.py", "transforms/fanout.py")
+#: Modules that still name Dask while another change in flight moves the knowledge out (each
+#: must still name it: drop the entry when it no longer does). lifecycle.py: its staging leaf and
+#: a comment, now the runner profile's (runners.execution), go with the lifecycle's phases.
+DASK_PENDING = {"pipelines/release/lifecycle.py": "staging leaf and counters comment"}
+
+
+def test_runner_knowledge_stays_in_runners():
+    """Dask is named only in runners/ and in the transforms that work around its limits:
+    transforms take threads and batch sizes from the pipeline's options (filled by the runner
+    profile), and how a run goes on a runner is the profile's (runners.execution)."""
+    named = {path for path, text in _sources()
+             if path.startswith(("accounting", "transforms", "pipelines"))
+             and re.search("dask", text, re.IGNORECASE)}
+    assert sorted(named - set(DASK_WORKAROUNDS) - set(DASK_PENDING)) == []
+    assert sorted(set(DASK_PENDING) - named) == []  # the allowance stays honest
+
+
+def _imported_modules(text: str) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
+def test_runners_import_no_job():
+    """runners/ puts any pipeline on a runner; only its deployment files (runners/deploy/:
+    Flex Template metadata, the Airflow DAG) know the jobs under pipelines/."""
+    offenders = sorted(path for path, text in _sources()
+                       if path.startswith("runners") and not path.startswith("runners/deploy")
+                       and any(m.split(".")[0] == "pipelines" for m in _imported_modules(text)))
+    assert offenders == []
+
+
+#: Documents and scripts that cite source files, besides the Python sources.
+DOCUMENTS = (".md", ".sh", ".example")
+
+
+def _documents():
+    """(path, text) of every Python file, document and script of the repository."""
+    yield from _sources()
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("__pycache__", "node_modules")]
+        for name in files:
+            if name.endswith(DOCUMENTS):
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as handle:
+                    yield os.path.relpath(path, ROOT), handle.read()
+
+
+def _base_names(node: ast.ClassDef) -> set[str]:
+    return {b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", None) for b in node.bases}
+
+
+def _classes():
+    """(path, ClassDef) of every class of the product (not tests, not benchmarks)."""
+    for path, _ in _sources():
+        if not path.startswith(("tests", "benchmarks")):
+            for node in ast.walk(_parsed(path)):
+                if isinstance(node, ast.ClassDef):
+                    yield path, node
+
+
+def _calls(path: str, attribute: str, owners: set[str]) -> bool:
+    """Whether ``path`` calls ``<owner>.<attribute>(...)`` for an owner named in ``owners``."""
+    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+               and node.func.attr == attribute and isinstance(node.func.value, ast.Name)
+               and node.func.value.id in owners for node in ast.walk(_parsed(path)))
+
+
+#: The one home of each concept that once existed twice (issue 31); a second definition fails.
+ONE_HOME = {
+    ("class", "RandomSource"): "transforms/randomness.py",
+    ("class", "SystemRandomness"): "transforms/randomness.py",
+    ("class", "RecordDraws"): "transforms/randomness.py",
+    ("def", "read_text"): "pipelines/release/storage.py",
+    ("def", "conform"): "transforms/released_files.py",
+    ("def", "encode"): "transforms/released_files.py",
+}
+
+
+def test_each_concept_has_one_home():
+    homes = collections.defaultdict(list)
+    for path, _ in _sources():
+        if path.startswith(("tests", "benchmarks")):
+            continue
+        for node in _parsed(path).body:  # module level: methods named encode are coders
+            kind = "class" if isinstance(node, ast.ClassDef) else \
+                "def" if isinstance(node, ast.FunctionDef) else None
+            name = getattr(node, "name", "").lstrip("_")
+            if (kind, name) in ONE_HOME:
+                homes[(kind, name)].append(path)
+    assert {k: v for k, v in homes.items() if v != [ONE_HOME[k]]} == {}
+    assert sorted(set(ONE_HOME) - set(homes)) == []
+
+
+def test_every_client_randomness_source_implements_the_one_interface():
+    """A class drawing a client's random words (``words`` with ``word_at`` or ``records``) is a
+    transforms.randomness.RandomSource: LDP and Masked LARk clients take one interface."""
+    classes = dict((node.name, node) for _, node in _classes())
+
+    def derives(name, seen=()):
+        node = classes.get(name)
+        return name == "RandomSource" or (node is not None and name not in seen and any(
+            derives(base, (*seen, name)) for base in _base_names(node)))
+
+    sources = [f"{path}: {node.name}" for path, node in _classes()
+               if {"words"} <= {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+               and {"word_at", "records"} & {f.name for f in node.body if isinstance(f, ast.FunctionDef)}]
+    assert sources and [s for s in sources if not derives(s.split(": ")[1])] == []
+
+
+#: Product modules that write Parquet or Arrow CSV files which are not releases (inputs).
+NOT_RELEASED_FILES = {
+    "transforms/ldp/sample_data.py": "writes the sample clients' report files (job inputs)",
+    "pipelines/centralnotice_data.py": "writes synthetic impressions and clicks (job inputs)",
+}
+
+
+def test_released_files_have_one_encoder():
+    """Released Parquet and CSV files are encoded by transforms/released_files.py only (the
+    library sink and the jobs alike): the same release gives the same bytes."""
+    writers = {path for path, _ in _sources() if not path.startswith(("tests", "benchmarks"))
+               and (_calls(path, "write_table", {"pq", "parquet"})
+                    or _calls(path, "write_csv", {"pacsv", "csv"}))}
+    assert sorted(writers - set(NOT_RELEASED_FILES)) == ["transforms/released_files.py"]
+    assert sorted(set(NOT_RELEASED_FILES) - writers) == []
+
+
+def test_every_beam_class_is_used():
+    """A PTransform, DoFn or CombineFn of the product that nothing applies, tests or documents
+    is dead code (like the ARA reader nobody used): use it or delete it."""
+    words = collections.Counter(w for _, text in _documents() for w in re.findall(r"\w+", text))
+    dead = [f"{path}: {node.name}" for path, node in _classes()
+            if _base_names(node) & {"PTransform", "DoFn", "CombineFn"} and words[node.name] <= 1]
+    assert dead == []
+
+
+#: Thin wrappers kept on purpose, and why.
+NOT_ALIASES = {
+    "pipelines/release/storage.py:is_gcs": "the release layer asks its one file-system facade, "
+                                           "storage, whether a path is on GCS",
+}
+
+
+def _parameters(node: ast.FunctionDef) -> list[tuple[str, str | None]]:
+    """(name, default as source or None) of each parameter, positional ones first."""
+    args = node.args
+    positional = args.posonlyargs + args.args
+    defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    return [(a.arg, None if d is None else ast.unparse(d)) for a, d in zip(positional, defaults)] + \
+        [(a.arg, None if d is None else ast.unparse(d)) for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+
+
+def _forwards_to(wrapper: ast.FunctionDef, call: ast.Call, wrapped: ast.FunctionDef) -> bool:
+    """Whether ``call`` (the wrapper's only statement) hands each of its parameters, unchanged,
+    to a parameter of ``wrapped`` with the same default, every other parameter of ``wrapped``
+    keeping its own default: the wrapper is another name for ``wrapped``."""
+    own = dict(_parameters(wrapper))
+    theirs = _parameters(wrapped)
+    positional = len(wrapped.args.posonlyargs + wrapped.args.args)
+    mapped = {}
+    for i, arg in enumerate(call.args):
+        if not isinstance(arg, ast.Name) or arg.id not in own or i >= positional:
+            return False
+        mapped[theirs[i][0]] = own[arg.id]
+    for keyword in call.keywords:
+        if not isinstance(keyword.value, ast.Name) or keyword.value.id not in own:
+            return False
+        mapped[keyword.arg] = own[keyword.value.id]
+    if len(mapped) != len(own):
+        return False
+    return all((name in mapped and mapped[name] == default) or (name not in mapped and default is not None)
+               for name, default in theirs)
+
+
+def _module_path(module: str) -> str | None:
+    """The repository file of a dotted module name, if the repository ships it."""
+    base = module.replace(".", "/")
+    for candidate in (base + ".py", base + "/__init__.py"):
+        if os.path.isfile(os.path.join(ROOT, candidate)):
+            return candidate
+    return None
+
+
+def _wrapped_function(path: str, call: ast.Call) -> ast.FunctionDef | None:
+    """The module-level function of the repository that ``call`` (in ``path``) calls by name
+    (``g(...)``, defined in the module or imported from another) or through a module
+    (``module.g(...)``), if any."""
+    tree = _parsed(path)
+    names = {}  # local name -> (module, attribute or None)
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                names[alias.asname or alias.name] = (node.module, alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                names[alias.asname or alias.name] = (alias.name, None)
+    module, name = path[:-3].replace("/", "."), None
+    if isinstance(call.func, ast.Name):
+        module, name = names.get(call.func.id, (module, call.func.id))
+        if _module_path(f"{module}.{name}"):  # ``from package import function`` of a module?
+            return None
+    elif isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) \
+            and call.func.value.id in names:
+        imported, attribute = names[call.func.value.id]
+        module, name = (f"{imported}.{attribute}" if attribute else imported), call.func.attr
+    target = _module_path(module) if name else None
+    if target is None or target not in dict(_sources()):
+        return None
+    return next((node for node in _parsed(target).body
+                 if isinstance(node, ast.FunctionDef) and node.name == name), None)
+
+
+def test_no_function_is_an_alias_of_another():
+    """A module-level function whose body only returns another function of the project called
+    with its own parameters, unchanged and with the same defaults, is an alias: one concept,
+    two names (like ``build_options`` for ``pipeline_options_for``). Call the function itself."""
+    aliases = []
+    for path, _ in _sources():
+        if path.startswith(("tests", "benchmarks")):
+            continue
+        for node in _parsed(path).body:
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+                continue
+            body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+            if len(body) != 1 or not isinstance(body[0], ast.Return) \
+                    or not isinstance(body[0].value, ast.Call):
+                continue
+            wrapped = _wrapped_function(path, body[0].value)
+            if wrapped is not None and wrapped is not node and _forwards_to(node, body[0].value, wrapped):
+                aliases.append(f"{path}:{node.name}")
+    assert sorted(set(aliases) - set(NOT_ALIASES)) == []
+    assert sorted(set(NOT_ALIASES) - set(aliases)) == []
+
+
+def test_every_job_has_a_registered_audit():
+    """Every job under pipelines/ (a module with a top-level ``JOB``) has a neighbouring-pair
+    audit in the registry tests/test_audits.py runs (tests/audit_kit.py's docstring: a few
+    lines), read from the registry itself."""
+    import importlib
+
+    from audit_kit import REGISTRY
+
+    jobs = []
+    for path, _ in _sources():
+        if path.startswith("pipelines/") and path.count("/") == 1 and any(
+                isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "JOB" for t in node.targets)
+                for node in _parsed(path).body):
+            jobs.append(importlib.import_module(path[:-3].replace("/", ".")).JOB.name)
+    assert len(jobs) >= 10
+    missing = sorted(j for j in jobs if not any(a == j or a.startswith(j + "/") for a in REGISTRY))
+    assert missing == [], f"jobs without a neighbouring-pair audit: {missing}"
+
+
+_CITED_PATH = re.compile(r"(?<![\w/.-])((?:accounting|transforms|pipelines|runners|benchmarks|tests)"
+                         r"/[\w./-]*\.(?:py|md|sh|example|lock|json|csv|txt))(?![\w/])")
+_CITED_MODULE = re.compile(r":(?:mod|class|func|meth|data|attr|exc):`~?((?:accounting|transforms|"
+                           r"pipelines|runners|benchmarks)(?:\.\w+)+)")
+#: Documents owned by a change in flight that still cite files another change moved (each must
+#: still cite them: drop the entry when it no longer does). The deployment files moved to
+#: runners/deploy/ with the runner seam; the READMEs are being rewritten as guides.
+CITATIONS_PENDING = {
+    "README.md": {"runners/airflow_dag.py", "runners/cron.example"},
+    "runners/README.md": {"runners/airflow_dag.py", "runners/cron.example", "runners/daily_release.sh"},
+}
+
+
+def _module_exists(parts: list[str]) -> int:
+    """How many leading parts of a dotted name are a module or package of the repository."""
+    for i in range(len(parts), 0, -1):
+        base = os.path.join(ROOT, *parts[:i])
+        if os.path.isfile(base + ".py") or os.path.isfile(os.path.join(base, "__init__.py")):
+            return i
+    return 0
+
+
+def test_cited_source_files_exist():
+    """A file or module cited in a docstring, comment or document (``transforms/x.py``,
+    ``:mod:`transforms.x```) is one the repository ships: a citation of a moved, renamed or
+    deleted file misleads the reader."""
+    broken = {}
+    for path, text in _documents():
+        if path == os.path.join("tests", "test_layout.py"):  # its examples of broken citations
+            continue
+        for match in _CITED_PATH.finditer(text):
+            if not os.path.exists(os.path.join(ROOT, match.group(1))):
+                broken.setdefault(path, set()).add(match.group(1))
+        for match in _CITED_MODULE.finditer(text):
+            parts = match.group(1).split(".")
+            if _module_exists(parts) < max(1, len(parts) - 2):  # module[.Class[.member]]
+                broken.setdefault(path, set()).add(match.group(1))
+    pending = {path: cited & CITATIONS_PENDING.get(path, set()) for path, cited in broken.items()}
+    assert {path: cited - CITATIONS_PENDING.get(path, set()) for path, cited in broken.items()
+            if cited - CITATIONS_PENDING.get(path, set())} == {}
+    assert {path: cited for path, cited in CITATIONS_PENDING.items() if pending.get(path) != cited} == {}
+
+
+def test_the_citation_rule_catches_a_missing_file():
+    assert _CITED_PATH.search("see transforms/aggregate_old.py, step 2").group(1) == \
+        "transforms/aggregate_old.py"
+    assert not os.path.exists(os.path.join(ROOT, "transforms/aggregate_old.py"))
+    assert _CITED_MODULE.search(":class:`~transforms.aggregate.DPAggregate`").group(1) == \
+        "transforms.aggregate.DPAggregate"
+    assert _module_exists("transforms.aggregate.DPAggregate".split(".")) == 2
+    assert _module_exists("transforms.aggregate_old.DPAggregate".split(".")) == 1

@@ -10,7 +10,8 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from accounting.budget import PrivacyBudget
 from accounting.sensitivity import ContributionBounds
-from transforms.aggregate import DPAggregate, _FilterWordsCoder, _KeyFilterFn, _StagedKeyFilterFn
+from transforms.aggregate import DPAggregate
+from transforms.bounding_stage import _FilterWordsCoder, _KeyFilterFn, _StagedKeyFilterFn
 from transforms.keyset import PublicKeyset
 from transforms.membership import BITS_PER_KEY, KeyFilter, filter_words
 from transforms.metrics import Count

@@ -158,7 +158,7 @@ def _noise_samplers(measure, exact_a, exact_b, n):
 
 def _tree_pair(agg):
     """Worst case for one key's tree: a unit's Linf rows all in one leaf (one node per level)."""
-    tree = agg._config.trees[0]
+    tree = agg._config.partials.trees[0]
     linf = agg._config.bounds.max_contributions_per_partition
     base = np.zeros((1, tree.leaves), dtype=np.int64)
     base[0, :] = 2

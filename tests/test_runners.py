@@ -390,7 +390,7 @@ def test_airflow_dag_builds_one_task_per_campaign(monkeypatch, tmp_path):
     monkeypatch.setenv("BEAM_DP_RUNNER", "FlinkRunner")
     monkeypatch.setenv("BEAM_DP_RUNNER_OPTIONS", '{"flink_master": "jm:8081"}')
     spec = importlib.util.spec_from_file_location("centralnotice_dag",
-                                                  REPO_ROOT / "runners" / "airflow_dag.py")
+                                                  REPO_ROOT / "runners" / "deploy" / "airflow_dag.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     dag = module.dag
@@ -408,7 +408,7 @@ def test_airflow_dag_builds_one_task_per_campaign(monkeypatch, tmp_path):
 def test_cron_wrapper_builds_one_release_per_campaign():
     import subprocess
 
-    script = REPO_ROOT / "runners" / "daily_release.sh"
+    script = REPO_ROOT / "runners" / "deploy" / "daily_release.sh"
     env = dict(os.environ, BEAM_DP_DRY_RUN="1", BEAM_DP_CAMPAIGNS="c1, c2",
                BEAM_DP_RUNNER="SparkRunner",
                BEAM_DP_RUNNER_ARGS="--spark_master_url=spark://m:7077")
@@ -441,7 +441,7 @@ def test_cron_wrapper_releases_a_day_and_a_rerun_reproduces_it(tmp_path):
                BEAM_DP_LEDGER=str(tmp_path / "ledger.json"),
                BEAM_DP_KEY_STORE=str(tmp_path / "keys"), BEAM_DP_PYTHON=sys.executable,
                PYTHONPATH=str(REPO_ROOT))
-    script = str(REPO_ROOT / "runners" / "daily_release.sh")
+    script = str(REPO_ROOT / "runners" / "deploy" / "daily_release.sh")
     release_dir = tmp_path / "releases" / "C2026_000_fr" / day
     subprocess.run(["bash", script, day], env=env, cwd=REPO_ROOT, check=True,
                    capture_output=True, timeout=300)

@@ -109,8 +109,8 @@ def test_remote_profiles_take_the_worker_image(monkeypatch):
 
 
 def _dag_function(name: str):
-    """A function of runners/airflow_dag.py, without importing Airflow."""
-    source = (ROOT / "runners" / "airflow_dag.py").read_text()
+    """A function of runners/deploy/airflow_dag.py, without importing Airflow."""
+    source = (ROOT / "runners" / "deploy" / "airflow_dag.py").read_text()
     tree = ast.parse(source)
     nodes = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name or
              isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "DATAFLOW_JOB_NAME"

@@ -23,11 +23,16 @@ columns (their input types), then per metric, in the order given:
   integer noise and integer values); ``mean``, ``variance``, ``std``: float64;
 * quantiles: one float64 column per quantile, ``<name>_p<100 q>`` (``median``,
   ``percentile_p50``...); ``vector_sum``: fixed_size_list<float64>[dimension];
-* with ``error_columns=True``, after each count / sum / privacy-unit count ``<name>``:
-  ``<name>_ci95_low``, ``<name>_ci95_high`` (the noise's symmetric 95% interval around the
-  released value) and ``<name>_std`` (the noise's standard deviation), all float64. They
-  describe the noise only, not the bias of contribution bounding and clamping; derived metrics
-  (mean, variance, std, quantiles) state their error in ``explain()``.
+* with ``error_columns=True``, after each count / sum / privacy-unit count / mean / variance /
+  std ``<name>``: ``<name>_ci95_low``, ``<name>_ci95_high`` and ``<name>_std``, all float64.
+  For a count or a sum they are the noise's symmetric 95% interval around the released value
+  and its standard deviation. A mean, variance or std derives its error from the noise of the
+  sums and count it is computed from (:func:`transforms.metrics.mean_error`,
+  :func:`~transforms.metrics.variance_error`): the std by the delta method at the released
+  values, the interval as a bound that holds the noise-free value with probability at least 95%
+  for every count (a union bound over the noisy answers' own intervals); ``explain()`` states
+  how, with the numbers. They describe the noise only, not the bias of contribution bounding and
+  clamping; quantiles state their error in ``explain()``.
 
 A null value (``threshold_mode="value"``) means *suppressed*: the noisy value was not above its
 threshold, and its error columns are null too. With ``threshold_mode="key"`` such a key is not
@@ -35,33 +40,16 @@ released at all. Rows are sorted by the key columns (:mod:`transforms.release`).
 
 Data flow (every step works on Arrow batches; only bounded partials are shuffled):
 
-1. Prepare (per batch): check columns, apply the row rules below, drop keys outside a public
-   keyset, give rows their secret priorities and bound the batch (L0 keys per unit, Linf rows per
-   unit and key), then route the survivors to a shard by a hash of the privacy unit.
-2. Per unit shard, the partial batches are re-bounded as they meet (bounding by global
-   priorities is mergeable; a CombineFn, so engines that lift it re-bound a bundle's batches
-   before the shuffle) and the bounded rows become exact per-key partials.
+1. and 2. The bounding stage (:class:`~transforms.bounding_stage.BoundedKeyPartials`): per batch,
+   the row rules, the keyset filter, secret priorities and bounding (L0 keys per unit, Linf rows
+   per unit and key); per unit shard, re-bounding as partial batches meet and exact per-key
+   partials. Its module states the row rules (each counted under namespace ``dp_aggregate``,
+   for the operator only) and the canonical form of privacy-unit ids (7, 7.0 and "7" are one
+   unit; a unit column that cannot hold ids is refused before the pipeline runs).
 3. The release stage (:class:`~transforms.release.NoisyRelease`) sums partials per key shard.
 4. Keys are chosen: the public keyset (left join: keys without rows get zeros) or private key
    selection. Noise is drawn per key from the release key and the measure's name, and release
    thresholds (post-processing) suppress keys.
-
-Privacy units: every id is first mapped to its canonical form
-(:mod:`transforms.privacy_units`: integers, integral floats and integer-like text are one
-unit, text is NFKC-normalised, lower-cased and stripped), before any hashing, for Arrow and
-dict / Row input alike; a unit column whose type cannot hold ids is refused by
-:func:`check_schema` before the pipeline runs, and a value without a canonical form (7.5, a
-boolean in dict rows) fails the job with :class:`~transforms.privacy_units.UnitIdError`.
-
-Row rules (each counted in Beam metrics under namespace ``dp_aggregate``, which reach the
-operator's logs and never the release): a null (or NaN) privacy unit, a null key component or a null /
-NaN / infinite value drops the row; values outside the clamping range are clamped (counted as
-``clamped_below_min`` / ``clamped_above_max``); rows whose key is outside the public keyset, or
-excluded from it, are dropped (``dropped_outside_keyset``, ``dropped_excluded_key``). A
-PCollection keyset is tested through a compact filter of its key hashes
-(:mod:`transforms.membership`: no false negatives, about 0.4% false positives); a row that
-passes it wrongly is bounded with its unit's rows, then dropped by the exact keyset join of the
-release stage (``dropped_outside_keyset_after_bounding``, in namespace ``dp_release``).
 
 Keys: every random choice derives from ``release_key``. A key's secret drives each purpose once
 per process (:meth:`accounting.keys.ReleaseKey.claim`): one ``DPAggregate`` applied twice, or two
@@ -76,590 +64,32 @@ and it refuses a secret release key, so it cannot make a real release.
 from __future__ import annotations
 
 import functools
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-from apache_beam.metrics import Metrics
-from apache_beam.transforms.window import GlobalWindow
-from apache_beam.utils.timestamp import MIN_TIMESTAMP
-from apache_beam.utils.windowed_value import WindowedValue
 
 from accounting.budget import PrivacyBudget
-from accounting.guarantee import compose as compose_measures
-from accounting.shared_budget import BudgetPart, selection_measure
 from accounting.composition import EpsDelta
-from accounting.sensitivity import ContributionBounds, Neighbouring
-from transforms import arrow_coder  # noqa: F401  (registers the Arrow table coder)
-from transforms.arrow_coder import table_list_coder
-from transforms import bounding, keyset_staging
-from transforms.privacy_units import canonical_unit_column, canonical_unit_dictionary, check_unit_type
-from transforms.parallel import ThreadedDoFn, check_threads, runs_on_dask, threads_for
-from transforms.partials import key_partials, routing_hash, shard_of, split_by_shard
-from transforms.keyset import KEYSET_POSITION, PublicKeyset
-from transforms.membership import KeyFilter, filter_words
-from transforms.metrics import (Metric, MetricKind, as_metric, is_integer_range, mean_from_noisy,
-                                plan_measures, variance_from_noisy)
+from accounting.guarantee import compose as compose_measures
 from accounting.keys import ReleaseKey
-from transforms.release import SELECTION_PURPOSE, NoisyRelease, OutputColumn, keyset_tables
+from accounting.sensitivity import ContributionBounds, Neighbouring
+from accounting.shared_budget import BudgetPart, selection_measure
+from transforms.bounding_stage import BoundedKeyPartials, BoundingConfig, check_schema
+from transforms.keyset import PublicKeyset
+from transforms.metrics import (Metric, MetricKind, as_metric, is_integer_range, mean_error,
+                                mean_from_noisy, plan_measures, variance_error, variance_from_noisy)
+from transforms.partials import PartialsSpec
+from transforms.release import SELECTION_PURPOSE, NoisyRelease, OutputColumn
 from transforms.selection import PrivateSelection, Selector
-from transforms.tables import as_arrow_table, static_schema
-from transforms.vectors import clip, row_words, vectors_of
-
-NAMESPACE = "dp_aggregate"
-#: Metrics released directly from one noisy measure, whose noise std and 95% interval are
-#: public constants: they get error columns on request (``error_columns=True``).
-ERROR_COLUMN_KINDS = (MetricKind.COUNT, MetricKind.SUM, MetricKind.PRIVACY_UNIT_COUNT)
-#: What bounding claims of its release key (ReleaseKey.claim): the priorities' sub-keys.
-BOUNDING_PURPOSE = "bounding"
-#: Rows buffered per Arrow batch when the input is dicts / Rows.
-DICT_BATCH_ROWS = 20_000
-#: Rows held by a bounding accumulator before it re-bounds them.
-COMPACT_ROWS = 200_000
-
-
-# --------------------------------------------------------------------------- configuration
-
-@dataclass(frozen=True, kw_only=True)
-class BoundingConfig:
-    """What contribution bounding needs (picklable; shared by the DoFns of one transform).
-
-    unit / keys / value: column names (value None for counts only); bounds: the contribution
-    bounds; release_key: derives the secret priorities; keyset: rows outside it are dropped
-    before bounding (a PCollection keyset is kept as its columns and exclusions only);
-    num_shards: unit and key shards; integer_values: integer sums; midpoint: centre of the
-    clamping range (for normalized sums).
-    """
-
-    unit: str
-    keys: tuple
-    value: Optional[str]
-    bounds: ContributionBounds
-    release_key: ReleaseKey
-    keyset: Optional[PublicKeyset] = None
-    num_shards: int = 32
-    integer_values: bool = False
-    midpoint: float = 0.0
-    #: half the clamping range when a variance or standard deviation needs sums of squares.
-    half_range: Optional[float] = None
-    #: the quantile trees (transforms.quantiles.QuantileTree) whose node counts are partials.
-    trees: tuple = ()
-    #: a vector sum's clipping and shape (transforms.vectors.VectorSpec); ``value`` is then a
-    #: list column.
-    vector: Optional[object] = None
-
-    def __post_init__(self):
-        keys = (self.keys,) if isinstance(self.keys, str) else tuple(self.keys)
-        object.__setattr__(self, "keys", keys)
-        if self.keyset is not None and not self.keyset.in_memory:
-            object.__setattr__(self, "keyset", self.keyset.without_source())
-        if not isinstance(self.release_key, ReleaseKey):
-            raise TypeError("release_key must be a ReleaseKey")
-
-
-def _is_numeric(typ: pa.DataType) -> bool:
-    return pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ)
-
-
-def check_schema(schema: pa.Schema, unit: str, keys: Sequence[str], value: Optional[str],
-                 vector: bool = False) -> None:
-    """Raise ValueError naming the first missing or mistyped column (a privacy-unit column that
-    cannot hold ids raises :class:`~transforms.privacy_units.UnitIdError`, a ValueError).
-    ``vector``: the value column holds lists of numbers (vector sums)."""
-    names = set(schema.names)
-    for role, column in [("privacy unit", unit)] + [("key", k) for k in keys] + \
-            ([("value", value)] if value else []):
-        if column not in names:
-            raise ValueError(f"input has no {role} column {column!r} (columns: {sorted(names)})")
-        typ = schema.field(column).type
-        if vector and column == value:
-            if not ((pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ))
-                    and _is_numeric(typ.value_type)):
-                raise ValueError(f"value column {column!r} must hold lists of numbers for a vector "
-                                 f"sum, got {typ}")
-            continue
-        if pa.types.is_nested(typ) or pa.types.is_map(typ):
-            raise ValueError(f"{role} column {column!r} has unsupported type {typ}")
-    check_unit_type(schema.field(unit).type, unit)
-    if vector:
-        return
-    if value and not (_is_numeric(schema.field(value).type) or pa.types.is_null(schema.field(value).type)):
-        raise ValueError(f"value column {value!r} must be numeric, got {schema.field(value).type}")
-
-
-# --------------------------------------------------------------------------- DoFns
-
-class _ToArrowTables(beam.DoFn):
-    """Pass Arrow batches through, convert pandas / Polars DataFrames; buffer dicts / Rows into
-    Arrow tables.
-
-    The privacy-unit column of dict rows may mix types (7, 7.0, "7"): it is built with
-    :func:`~transforms.privacy_units.canonical_unit_column`, one canonical id per row.
-    """
-
-    def __init__(self, columns: Sequence[str], unit: str, batch_rows: int = DICT_BATCH_ROWS):
-        self._columns = list(columns)
-        self._unit = unit
-        self._batch_rows = batch_rows
-
-    def start_bundle(self):
-        self._rows = []
-
-    def process(self, element):
-        table = as_arrow_table(element)
-        if table is not None:
-            yield table
-        else:
-            if not isinstance(element, dict):
-                element = element._asdict() if hasattr(element, "_asdict") else dict(element.__dict__)
-            self._rows.append(element)
-            if len(self._rows) >= self._batch_rows:
-                yield self._flush()
-
-    def _flush(self):
-        rows, self._rows = self._rows, []
-        columns = {}
-        for name in self._columns:
-            if name not in rows[0]:
-                raise ValueError(f"input rows have no column {name!r} (keys: {sorted(rows[0])})")
-            values = [r.get(name) for r in rows]
-            columns[name] = canonical_unit_column(values, name) if name == self._unit else \
-                pa.array(values, from_pandas=True)
-        return pa.table(columns)
-
-    def finish_bundle(self):
-        if self._rows:
-            yield WindowedValue(self._flush(), MIN_TIMESTAMP, [GlobalWindow()])
-
-
-class _PrepareAndBound(ThreadedDoFn, beam.DoFn):
-    """Row rules, keyset filter, priorities and per-batch bounding; routes rows by unit shard.
-
-    threads > 1 (the in-process engine: :func:`~transforms.parallel.dofn_threads`): batches are prepared on that
-    many threads of this DoFn instance (:class:`~transforms.parallel.OrderedThreads`: outputs in
-    input order, with their input's timestamp and window, counters counted on the bundle's
-    thread; never on Dask, which drops what finish_bundle emits). Each batch's result is a
-    function of the batch alone: threads change no output."""
-
-    def __init__(self, config: BoundingConfig, by_position: bool = False, threads: int = 1):
-        self._c = config
-        self._by_position = by_position
-        self._threads(threads, "dp-prepare")
-        self._counters = {}
-        self._staged_filter = (None, None)  # (path, KeyFilter) of a staged keyset filter
-
-    def setup(self):
-        if self._work.threaded and self._c.keyset is not None and self._c.keyset.in_memory:
-            self._c.keyset.size()  # its distinct keys, built once here rather than by each thread
-        super().setup()
-
-    def process(self, table: pa.Table, keyset_filter, timestamp=beam.DoFn.TimestampParam,
-                window=beam.DoFn.WindowParam):
-        key_filter = self._filter(keyset_filter) if keyset_filter is not None else None
-        yield from self._submit(self._prepare, (table, key_filter), timestamp, window)
-
-    def count(self, name, amount):
-        if amount:
-            if name not in self._counters:
-                self._counters[name] = Metrics.counter(NAMESPACE, name)
-            self._counters[name].inc(int(amount))
-
-    def _filter(self, side) -> KeyFilter:
-        """The keyset filter from its side input: its bytes, or the path of its staged file
-        (loaded once per DoFn instance; transforms.keyset_staging)."""
-        if not isinstance(side, str):
-            return KeyFilter.from_bytes(side)
-        if self._staged_filter[0] != side:
-            self._staged_filter = (side, keyset_staging.load_filter(side))
-        return self._staged_filter[1]
-
-    def _prepare(self, table: pa.Table, key_filter: Optional[KeyFilter]):
-        """One batch -> ([(unit shard, bounded rows)], {counter: amount}): a pure function of
-        the batch (and the filter), so batches may be prepared on several threads at once."""
-        c = self._c
-        counts = {}
-
-        def count(name, amount):
-            if amount:
-                counts[name] = counts.get(name, 0) + int(amount)
-        check_schema(table.schema, c.unit, c.keys, c.value, vector=c.vector is not None)
-        count("rows_read", table.num_rows)
-        columns = [c.unit, *c.keys] + ([c.value] if c.value else [])
-        table = table.select(columns)
-        # One canonical id per privacy unit before any hashing (7, 7.0 and "7" are one unit);
-        # NaN is no id. Raises UnitIdError (naming the column) for a value without a canonical form.
-        # As a dictionary of distinct canonical ids: each distinct raw id is canonicalised once.
-        table = table.set_column(0, c.unit, canonical_unit_dictionary(table.column(c.unit), c.unit))
-        valid = pc.is_valid(table.column(c.unit)).to_numpy(zero_copy_only=False)
-        count("dropped_null_privacy_unit", (~valid).sum())
-        key_valid = np.ones(table.num_rows, dtype=bool)
-        for k in c.keys:
-            key_valid &= pc.is_valid(table.column(k)).to_numpy(zero_copy_only=False)
-        count("dropped_null_key", (valid & ~key_valid).sum())
-        valid &= key_valid
-        if c.vector is not None:
-            _, ok = vectors_of(table.column(c.value), c.vector.dimension)
-            count("dropped_invalid_vector", (valid & ~ok).sum())
-            valid &= ok
-        elif c.value:
-            raw = table.column(c.value)
-            values = pc.cast(raw, pa.float64()).to_numpy(zero_copy_only=False) \
-                if not pa.types.is_null(raw.type) else np.full(table.num_rows, np.nan)
-            finite = np.isfinite(values)
-            count("dropped_invalid_value", (valid & ~finite).sum())
-            valid &= finite
-        table = table.filter(pa.array(valid))
-        if c.keyset is not None and table.num_rows:
-            table = c.keyset.cast_like(table)
-            excluded = c.keyset.excluded_mask(table)
-            count("dropped_excluded_key", excluded.sum())
-            if c.keyset.in_memory:
-                # Rows keep their key's position in the keyset: after bounding it replaces the
-                # key columns (8 bytes per row through the shuffle; NoisyRelease joins on it).
-                position = c.keyset.positions(table)
-                inside = position >= 0
-                count("dropped_outside_keyset", (~inside & ~excluded).sum())
-                table = table.filter(pa.array(inside))
-                if self._by_position:
-                    table = table.append_column(KEYSET_POSITION, pa.array(position[inside]))
-            else:
-                # A PCollection keyset is too large to hold: a compact filter of its key hashes
-                # (a side input; no false negatives) drops rows before bounding, and the exact
-                # join before release removes the filter's rare false positives (counted there).
-                inside = key_filter.contains(routing_hash(table.select(c.keys)))
-                count("dropped_outside_keyset", (~inside & ~excluded).sum())
-                table = table.filter(pa.array(inside & ~excluded))
-        if not table.num_rows:
-            return [], list(counts.items())
-        extra_words = None
-        if c.vector is not None:
-            matrix, _ = vectors_of(table.column(c.value), c.vector.dimension)
-            clipped = clip(matrix, c.vector.max_norm, c.vector.norm)
-            count("clipped_vector_norm", (np.any(clipped != matrix, axis=1)).sum())
-            table = table.drop_columns([c.value])
-            for j, name in enumerate(c.vector.columns):
-                table = table.append_column(name, pa.array(clipped[:, j]))
-            extra_words = row_words(clipped)
-        elif c.value:
-            values = pc.cast(table.column(c.value), pa.float64()).to_numpy(zero_copy_only=False)
-            low, high = c.bounds.value_range()
-            count("clamped_below_min", (values < low).sum())
-            count("clamped_above_max", (values > high).sum())
-            table = table.drop_columns([c.value]).append_column(
-                bounding.VALUE, pa.array(np.clip(values, low, high)))
-        scalar = c.value and c.vector is None
-        table = bounding.prioritize(table, c.unit, c.keys, c.release_key,
-                                   bounding.VALUE if scalar else None, extra_words).drop_columns([c.unit])
-        table = bounding.bound(table, c.bounds.max_partitions, c.bounds.max_contributions_per_partition)
-        if not c.value and c.bounds.max_contributions is None:  # rows are (unit, key) only
-            table = bounding.without_row_priority(table)
-        if KEYSET_POSITION in table.column_names:
-            table = table.drop_columns(list(c.keys))
-        shards = shard_of(table.column(bounding.UNIT).to_numpy(), c.num_shards)
-        return list(split_by_shard(table, shards)), list(counts.items())
-
-
-class _BoundRowsFn(beam.CombineFn):
-    """Per unit shard: bounded batches -> the shard's bounded rows, re-bounded as they meet.
-
-    Bounding by row-content priorities is mergeable (``bound(bound(A) + bound(B)) ==
-    bound(A + B)``, :mod:`transforms.bounding`), so any grouping of the batches gives the same
-    rows. As a CombineFn it is lifted by engines that can (the in-process engine, Dataflow): a
-    bundle's batches are re-bounded before the shuffle (``compact``), so a unit with rows in many
-    batches (a heavy reader is in every one) crosses the shuffle about once per bundle, not once
-    per batch (16M rows / 64 batches of the scale benchmark: 1.33M bounded rows per batch, 143k
-    units in all). The accumulator is a list of tables (:func:`transforms.bounding.accumulate`:
-    re-bounded when it doubles, so it holds at most about twice its bounded rows).
-    """
-
-    def __init__(self, max_partitions: int, max_per_partition: int, min_rows: int = COMPACT_ROWS):
-        self._l0, self._linf, self._min_rows = max_partitions, max_per_partition, min_rows
-
-    def create_accumulator(self):
-        return []
-
-    def add_input(self, accumulator, table):
-        return bounding.accumulate(accumulator, table, self._l0, self._linf, self._min_rows)
-
-    def merge_accumulators(self, accumulators):
-        return self.compact([t for accumulator in accumulators for t in accumulator])
-
-    def compact(self, accumulator):
-        return bounding.rebound(accumulator, self._l0, self._linf)
-
-    def extract_output(self, accumulator):
-        return self.compact(accumulator)[0] if accumulator else None
-
-    def get_accumulator_coder(self):
-        return table_list_coder()
-
-
-class _ShardPartials(beam.DoFn):
-    """One unit shard's bounded rows -> exact per-key partials (the total bound L1 applied)."""
-
-    def __init__(self, config: BoundingConfig):
-        self._c = config
-
-    def process(self, element):
-        _, bounded = element
-        c = self._c
-        if bounded is None or not bounded.num_rows:
-            return
-        if c.bounds.max_contributions is not None:
-            bounded = bounding.bound_total(bounded, c.bounds.max_contributions)
-        keys = [KEYSET_POSITION] if KEYSET_POSITION in bounded.column_names else c.keys
-        yield key_partials(bounded, keys, has_value=c.value is not None and c.vector is None,
-                           midpoint=c.midpoint, integer_sum=c.integer_values,
-                           half_range=c.half_range, trees=c.trees,
-                           vector_columns=c.vector.columns if c.vector is not None else ())
-
-
-class _KeyFilterFn(beam.CombineFn):
-    """A PCollection keyset's key hashes -> one :class:`~transforms.membership.KeyFilter`, as bytes
-    (a side input read in place with ``KeyFilter.from_bytes``: never pickled, never copied per
-    bundle).
-
-    Inputs are ``(num_words, hashes)``: the filter's size travels with the hashes (from the
-    keyset's stated size, or its count in the pipeline). The accumulator is the filter's words
-    (None before any input); filters merge by OR, so the result does not depend on how the
-    keyset was split into elements, bundles or partitions."""
-
-    def create_accumulator(self):
-        return None
-
-    def add_input(self, accumulator, element):
-        num_words, hashes = element
-        accumulator = self._writable(accumulator, num_words)
-        KeyFilter(accumulator).add(hashes)
-        return accumulator
-
-    @staticmethod
-    def _writable(words, num_words) -> np.ndarray:
-        """Words to add to: new zero words for no accumulator, a copy of read-only ones (decoded
-        from the coder's bytes)."""
-        if words is None:
-            return np.zeros(int(num_words), dtype=np.uint64)
-        return words if words.flags.writeable else words.copy()
-
-    def merge_accumulators(self, accumulators):
-        merged = None
-        for words in accumulators:
-            if words is None:
-                continue
-            if merged is None:
-                merged = words if words.flags.writeable else words.copy()
-            else:
-                KeyFilter(merged).union(KeyFilter(words))
-        return merged
-
-    def extract_output(self, accumulator) -> bytes:
-        """The filter's bytes; an empty keyset gives a one-word filter holding no key."""
-        return (KeyFilter.empty(1) if accumulator is None else KeyFilter(accumulator)).to_bytes()
-
-    def get_accumulator_coder(self):
-        return _FilterWordsCoder()
-
-
-class _FilterWordsCoder(beam.coders.Coder):
-    """A filter's words (or None: no bytes) as raw little-endian bytes."""
-
-    def encode(self, words) -> bytes:
-        return b"" if words is None else KeyFilter(words).to_bytes()
-
-    def decode(self, encoded: bytes):
-        return KeyFilter.from_bytes(encoded).words if encoded else None
-
-    def is_deterministic(self) -> bool:
-        return True
-
-
-class _AddingFilter:
-    """A staged filter's words with at most one add running on a background thread."""
-
-    __slots__ = ("words", "adding")
-
-    def __init__(self, words: np.ndarray):
-        self.words, self.adding = words, None
-
-    def settled(self) -> np.ndarray:
-        """The words once the add in flight (if any) is done; raises what it raised."""
-        if self.adding is not None:
-            adding, self.adding = self.adding, None
-            adding.result()
-        return self.words
-
-
-def _settled(accumulator):
-    return accumulator.settled() if isinstance(accumulator, _AddingFilter) else accumulator
-
-
-class _StagedKeyFilterFn(_KeyFilterFn):
-    """:class:`_KeyFilterFn` for a staged keyset (:mod:`transforms.keyset_staging`): the result
-    is the path of the filter's file under the staging run, and an accumulator leaves its worker
-    as such a file too (``compact``, called by engines that lift the combine before the shuffle),
-    so the filter (2 bytes per key: 250 MB at 125M keys) never crosses a shuffle or a side input
-    as bytes (at 125M keys in process: 3.8 s of copies through the engine's data plane, now one
-    file write). Accumulators merge by OR whether they are words or staged files; the filter's
-    bytes are those :class:`_KeyFilterFn` gives.
-
-    background (the in-process engine's threads, :func:`~transforms.parallel.threads_for`): each
-    add runs on one background thread while the engine prepares the next input (reading and
-    hashing the keyset, routing it); one add at a time, and every use of an accumulator other
-    than adding to it (merge, compact, extract, the coder) waits for its add first. Adding 125M
-    keys is ~5 s of random reads and writes of a 250 MB array that would otherwise hold up the
-    stage."""
-
-    def __init__(self, run_dir: str, background: bool = False):
-        self._run_dir = run_dir
-        self._background = background
-        self._pool = None
-
-    def __getstate__(self):
-        return {"_run_dir": self._run_dir, "_background": self._background, "_pool": None}
-
-    def teardown(self):
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-
-    def add_input(self, accumulator, element):
-        if isinstance(accumulator, str):  # a staged accumulator given more input: its words
-            accumulator = keyset_staging.load_filter(accumulator).words  # (read-only: _writable copies)
-        if not self._background:
-            return super().add_input(accumulator, element)
-        num_words, hashes = element
-        if not isinstance(accumulator, _AddingFilter):
-            accumulator = _AddingFilter(self._writable(accumulator, num_words))
-        accumulator.settled()  # one add at a time: no two threads write the words
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="dp-filter")
-        accumulator.adding = self._pool.submit(KeyFilter(accumulator.words).add, hashes)
-        return accumulator
-
-    def merge_accumulators(self, accumulators):
-        present = [_settled(a) for a in accumulators if a is not None]
-        if len(present) <= 1:  # one staged file stays a file
-            return present[0] if present else None
-        return super().merge_accumulators(
-            [keyset_staging.load_filter(a).words if isinstance(a, str) else a for a in present])
-
-    def compact(self, accumulator):
-        accumulator = _settled(accumulator)
-        if isinstance(accumulator, np.ndarray):
-            return keyset_staging.stage_filter(KeyFilter(accumulator).to_bytes(), self._run_dir)
-        return accumulator
-
-    def extract_output(self, accumulator) -> str:
-        """The staged filter's path (an empty keyset: a one-word filter holding no key)."""
-        if accumulator is None:
-            accumulator = KeyFilter.empty(1).words
-        return self.compact(accumulator)
-
-    def get_accumulator_coder(self):
-        return _StagedFilterCoder()
-
-
-class _StagedFilterCoder(beam.coders.Coder):
-    """A staged filter's accumulator: None (no bytes), a staged file's path (b"P" + UTF-8) or
-    words not yet staged (b"W" + little-endian words; an add in flight is waited for)."""
-
-    def encode(self, accumulator) -> bytes:
-        accumulator = _settled(accumulator)
-        if accumulator is None:
-            return b""
-        if isinstance(accumulator, str):
-            return b"P" + accumulator.encode("utf-8")
-        return b"W" + _FilterWordsCoder().encode(accumulator)
-
-    def decode(self, encoded: bytes):
-        if not encoded:
-            return None
-        if encoded[:1] == b"P":
-            return encoded[1:].decode("utf-8")
-        return _FilterWordsCoder().decode(encoded[1:])
-
-    def is_deterministic(self) -> bool:
-        return True
-
-
-def _sized_hashes(table: pa.Table, num_words: int):
-    return int(num_words), routing_hash(table)
-
-
-class BoundedKeyPartials(beam.PTransform):
-    """Rows -> exact per-key partials (count, units, sum, nsum) of the bounded contributions.
-
-    Steps 1 and 2 of DPAggregate, usable alone by pipelines that release through
-    :class:`~transforms.release.NoisyRelease` with measures of their own (CentralNotice's
-    user-DP clicks). Not to be confused with ARA's on-device contribution bounding
-    (:mod:`transforms.ara`), which drops reports beyond an L1 budget.
-
-    pcollection_keyset: the PCollection keyset (a :class:`~transforms.keyset.PublicKeyset`
-    with its PCollection) whose membership filter drops rows before bounding, if any.
-
-    threads: threads preparing and bounding batches in each DoFn instance (None: as
-    :func:`~transforms.parallel.dofn_threads` chooses for the runner; always 1 on Dask). No
-    output depends on it.
-
-    by_position (with an in-memory keyset in the config): bounded rows and partials carry the
-    key's keyset position (:data:`~transforms.keyset.KEYSET_POSITION`, what NoisyRelease joins
-    an in-memory keyset on) in place of the key columns; priorities are still of the key's
-    values, so the same rows are kept.
-    """
-
-    def __init__(self, config: "BoundingConfig", pcollection_keyset: PublicKeyset = None,
-                 label=None, *, by_position: bool = False, threads: Optional[int] = None):
-        super().__init__(label)
-        if by_position and (config.keyset is None or not config.keyset.in_memory):
-            raise ValueError("by_position needs an in-memory keyset in the bounding config")
-        check_threads(threads)
-        self._by_position = by_position
-        self._c = config
-        self._pcollection_keyset = pcollection_keyset
-        self._threads = threads
-
-    def expand(self, pcoll):
-        c = self._c
-        # One application per key object: the same priorities on other input would keep rows
-        # chosen by the same secret, and two transforms must not share a stream.
-        c.release_key.claim(BOUNDING_PURPOSE, owner=f"{type(self).__name__} {self.label!r}")
-        columns = [c.unit, *c.keys] + ([c.value] if c.value else [])
-        threads = threads_for(pcoll.pipeline, self._threads)
-        side = None  # the keyset filter (a side input), passed positionally: process() also
-        # takes the element's timestamp and window, which Beam cannot mix with side-input kwargs
-        if self._pcollection_keyset is not None:
-            keyset = self._pcollection_keyset
-            if keyset.expected_size is not None:  # stated (public): the filter is sized now
-                num_words = filter_words(keyset.expected_size)
-            else:  # counted in the pipeline first (once per keyset: the release shares it)
-                num_words = beam.pvalue.AsSingleton(
-                    keyset.counted_size() | "FilterWords" >> beam.Map(filter_words))
-            hashes = (keyset.pcollection
-                      | "KeysetTables" >> beam.Map(keyset_tables, list(c.keys)).with_output_types(pa.Table)
-                      | "KeysetHashes" >> beam.Map(_sized_hashes, num_words))
-            if c.keyset.staging_run is not None:  # a staged file's path instead of the bytes
-                keyset_filter = hashes | "KeysetFilter" >> beam.CombineGlobally(
-                    _StagedKeyFilterFn(c.keyset.staging_run, background=threads > 1)).with_output_types(str)
-            else:
-                keyset_filter = hashes | "KeysetFilter" >> beam.CombineGlobally(
-                    _KeyFilterFn()).with_output_types(bytes)
-            side = beam.pvalue.AsSingleton(keyset_filter)
-        # Beam's DaskRunner drops what finish_bundle emits: there, dict rows become one-row
-        # tables as they come (slower; give Arrow batches). Bounding never depends on batching.
-        batch_rows = 1 if runs_on_dask(pcoll.pipeline) else DICT_BATCH_ROWS
-        return (pcoll
-                | "ToArrow" >> beam.ParDo(_ToArrowTables(columns, c.unit, batch_rows))
-                .with_output_types(pa.Table)
-                | "PrepareAndBound" >> beam.ParDo(_PrepareAndBound(c, self._by_position, threads), side)
-                .with_output_types(Tuple[int, pa.Table])
-                | "BoundPerUnitShard" >> beam.CombinePerKey(
-                    _BoundRowsFn(c.bounds.max_partitions, c.bounds.max_contributions_per_partition))
-                .with_output_types(Tuple[int, pa.Table])
-                | "ShardPartials" >> beam.ParDo(_ShardPartials(c)).with_output_types(pa.Table))
+from transforms.tables import static_schema
+
+#: Metrics that get error columns on request (``error_columns=True``): those released from one
+#: noisy measure (their noise std and 95% interval are public constants), and the mean,
+#: variance and standard deviation, whose errors derive from the noise of their sums and count.
+ERROR_COLUMN_KINDS = (MetricKind.COUNT, MetricKind.SUM, MetricKind.PRIVACY_UNIT_COUNT,
+                      MetricKind.MEAN, MetricKind.VARIANCE, MetricKind.STD)
 
 
 # --------------------------------------------------------------------------- the transform
@@ -757,14 +187,14 @@ class DPAggregate(beam.PTransform):
         low_high = bounds.value_range() if any(m.needs_range for m in metrics) else (0.0, 0.0)
         self.keyset = keyset
         squares = any(m.kind in (MetricKind.VARIANCE, MetricKind.STD) for m in metrics)
+        partials = PartialsSpec(
+            half_range=(low_high[1] - low_high[0]) / 2 if squares else None,
+            trees=tuple(m.tree(bounds) for m in metrics if m.kind is MetricKind.QUANTILES),
+            vector=vectors[0].vector_spec() if vectors else None)
         self._config = BoundingConfig(unit=privacy_unit, keys=keys, value=value if needs_value else None,
                                       bounds=bounds, release_key=release_key, keyset=keyset,
                                       num_shards=num_shards, integer_values=integer_values,
-                                      midpoint=(low_high[0] + low_high[1]) / 2,
-                                      half_range=(low_high[1] - low_high[0]) / 2 if squares else None,
-                                      trees=tuple(m.tree(bounds) for m in metrics
-                                                  if m.kind is MetricKind.QUANTILES),
-                                      vector=vectors[0].vector_spec() if vectors else None)
+                                      midpoint=(low_high[0] + low_high[1]) / 2, partials=partials)
         self._metrics = metrics
         self._output = output
         self._threshold_mode = threshold_mode
@@ -787,6 +217,7 @@ class DPAggregate(beam.PTransform):
         """The release plan: each measure's mechanism, sensitivity, noise and budget share."""
         text = self.plan.explain()
         text += self._quantile_errors()
+        text += self._error_statements()
         if self.selector is not None:
             s = self.selector
             total = self.guarantee()
@@ -819,10 +250,15 @@ class DPAggregate(beam.PTransform):
         c = self._config
         check_schema(schema, c.unit, c.keys, c.value, vector=c.vector is not None)
 
+    def _count_name(self) -> Optional[str]:
+        """The released count a mean, variance or standard deviation reuses, if any."""
+        return next((m.column for m in self._metrics if m.kind is MetricKind.COUNT), None)
+
     def _outputs(self):
-        """Released columns from the metrics (a mean derives from two noisy measures)."""
+        """Released columns from the metrics (a mean derives from two noisy measures), each
+        followed by its error columns when asked for."""
         outputs = []
-        count_name = next((m.column for m in self._metrics if m.kind is MetricKind.COUNT), None)
+        count_name = self._count_name()
         for metric in self._metrics:
             if metric.kind is MetricKind.MEAN:
                 low, high = self._config.bounds.value_range()
@@ -846,17 +282,84 @@ class DPAggregate(beam.PTransform):
             else:
                 outputs.append(OutputColumn(name=metric.column, measure=metric.column,
                                             threshold=metric.threshold))
-                if self._error_columns and metric.kind in ERROR_COLUMN_KINDS:
-                    spec = self.measures[metric.column].spec
-                    std, half = spec.std, spec.ci_halfwidth(0.95)
-                    for suffix, offset in (("_ci95_low", -half), ("_ci95_high", half)):
-                        outputs.append(OutputColumn(
-                            name=metric.column + suffix, follows=metric.column,
-                            derive=functools.partial(_offset_output, measure=metric.column, offset=offset)))
-                    outputs.append(OutputColumn(name=metric.column + "_std", follows=metric.column,
-                                                derive=functools.partial(_constant_output,
-                                                                         measure=metric.column, value=std)))
+            if self._error_columns and metric.kind in ERROR_COLUMN_KINDS:
+                outputs += self._error_outputs(metric)
         return outputs
+
+    def _error_outputs(self, metric: Metric) -> list:
+        """``<name>_ci95_low``, ``<name>_ci95_high`` and ``<name>_std`` of ``metric`` (each null
+        where its value is suppressed); :meth:`_error_statements` says how they are computed."""
+        if metric.kind in (MetricKind.COUNT, MetricKind.SUM, MetricKind.PRIVACY_UNIT_COUNT):
+            spec = self.measures[metric.column].spec
+            std, half = spec.std, spec.ci_halfwidth(0.95)
+            return [OutputColumn(name=metric.column + "_ci95_low", follows=metric.column,
+                                 derive=functools.partial(_offset_output, measure=metric.column, offset=-half)),
+                    OutputColumn(name=metric.column + "_ci95_high", follows=metric.column,
+                                 derive=functools.partial(_offset_output, measure=metric.column, offset=half)),
+                    OutputColumn(name=metric.column + "_std", follows=metric.column,
+                                 derive=functools.partial(_constant_output, measure=metric.column, value=std))]
+        errors = self._derived_errors(metric)
+        return [OutputColumn(name=metric.column + suffix, follows=metric.column,
+                             derive=functools.partial(_error_output, errors=errors, part=part))
+                for suffix, part in (("_ci95_low", 1), ("_ci95_high", 2), ("_std", 0))]
+
+    def _derived_errors(self, metric: Metric):
+        """``noisy answers -> (std, ci low, ci high)`` of a mean, variance or standard deviation
+        (transforms.metrics.mean_error / variance_error), from its measures' public noise."""
+        low, high = self._config.bounds.value_range()
+        nsum, count = f"{metric.column}.normalized_sum", self._count_name() or f"{metric.column}.count"
+        sum_spec, count_spec = self.measures[nsum].spec, self.measures[count].spec
+        if metric.kind is MetricKind.MEAN:
+            level = 1 - (1 - 0.95) / 2  # two noisy answers: a union bound
+            return functools.partial(_mean_errors, nsum=nsum, count=count, low=low, high=high,
+                                     sum_std=sum_spec.std, count_std=count_spec.std,
+                                     sum_half=sum_spec.ci_halfwidth(level),
+                                     count_half=count_spec.ci_halfwidth(level))
+        nsq = f"{metric.column}.normalized_squares"
+        squares_spec = self.measures[nsq].spec
+        level = 1 - (1 - 0.95) / 3  # three noisy answers: a union bound
+        return functools.partial(_variance_errors, nsum=nsum, nsq=nsq, count=count, low=low,
+                                 high=high, sum_std=sum_spec.std, squares_std=squares_spec.std,
+                                 count_std=count_spec.std, sum_half=sum_spec.ci_halfwidth(level),
+                                 squares_half=squares_spec.ci_halfwidth(level),
+                                 count_half=count_spec.ci_halfwidth(level),
+                                 std=metric.kind is MetricKind.STD)
+
+    def _error_statements(self) -> str:
+        """How each metric's error columns are computed (explain(), with error_columns=True)."""
+        if not self._error_columns:
+            return ""
+        lines = []
+        for metric in self._metrics:
+            name = metric.column
+            if metric.kind in (MetricKind.COUNT, MetricKind.SUM, MetricKind.PRIVACY_UNIT_COUNT):
+                spec = self.measures[name].spec
+                lines.append(f"{name}: error columns {name}_std = {spec.std:.4g} and {name}_ci95 = "
+                             f"value -/+ {spec.ci_halfwidth(0.95):.4g}: the noise's own standard "
+                             "deviation and symmetric 95% interval")
+            elif metric.kind in (MetricKind.MEAN, MetricKind.VARIANCE, MetricKind.STD):
+                errors = self._derived_errors(metric).keywords
+                answers = [errors["nsum"]] + ([errors["nsq"]] if "nsq" in errors else []) + [errors["count"]]
+                halves = [errors["sum_half"]] + ([errors["squares_half"]] if "nsq" in errors else []) + \
+                    [errors["count_half"]]
+                how = {MetricKind.MEAN: "sqrt(std(S)^2 + m^2 std(N)^2) / N, m the released mean minus "
+                                        "the midpoint",
+                       MetricKind.VARIANCE: "of Q/N + h^2/2 - (S/N)^2",
+                       MetricKind.STD: "of the variance Q/N + h^2/2 - (S/N)^2, over twice the "
+                                       "released std, at most the square root of the variance's"}[metric.kind]
+                within = ", ".join(f"{a} -/+ {h:.4g}" for a, h in zip(answers, halves))
+                lines.append(
+                    f"{name}: error columns derived from the noise of {', '.join(answers)}: "
+                    f"{name}_std by the delta method ({how}) at the released values, at most what "
+                    f"the clamping range allows; {name}_ci95_low/high a bound: every "
+                    f"{metric.kind.value} the noise-free answers may give within {within} (each its "
+                    f"noise's {100 - 5 / len(answers):.4g}% interval, so all hold with probability "
+                    f">= 95%: a union bound), clamped to the range; it holds the noise-free (bounded) "
+                    f"{metric.kind.value} with probability at least 95% whatever the count "
+                    "(conservative: its coverage is often above 95%)")
+        lines.append("error columns describe the noise only, not the bias of contribution "
+                     "bounding and clamping")
+        return "\n" + "\n".join(lines)
 
     def output_schema(self) -> pa.Schema:
         """The released table's schema (module docstring, "Output schema"); key columns typed
@@ -903,15 +406,8 @@ class DPAggregate(beam.PTransform):
         partials = pcoll | "BoundContributions" >> BoundedKeyPartials(c, pcollection_keyset,
                                                                       by_position=by_position)
         measures = list(self.measures.values())
-        partial_types = {"count": pa.int64(), "units": pa.int64()}
-        if c.vector is not None:
-            partial_types.update({name: pa.float64() for name in c.vector.columns})
-        elif c.value:
-            partial_types.update(sum=pa.int64() if c.integer_values else pa.float64(), nsum=pa.float64())
-            if c.half_range is not None:
-                partial_types["nsq"] = pa.float64()
-            for tree in c.trees:
-                partial_types.update({name: pa.int64() for name in tree.columns})
+        partial_types = c.partials.partial_types(has_value=c.value is not None,
+                                                 integer_sum=c.integer_values)
         released = partials | "Release" >> NoisyRelease(
             keys=c.keys, measures=measures, outputs=self._outputs(), partial_types=partial_types,
             release_key=self.release_key, keyset=self.keyset, selector=self.selector,
@@ -944,3 +440,15 @@ def _quantile_output(noisy, *, measure, tree, q):
 
 def _mean_output(noisy, *, nsum, count, low, high):
     return mean_from_noisy(noisy[nsum], noisy[count], low, high)
+
+
+def _mean_errors(noisy, *, nsum, count, **noise):
+    return mean_error(noisy[nsum], noisy[count], **noise)
+
+
+def _variance_errors(noisy, *, nsum, nsq, count, **noise):
+    return variance_error(noisy[nsum], noisy[nsq], noisy[count], **noise)
+
+
+def _error_output(noisy, *, errors, part):
+    return np.asarray(errors(noisy)[part], dtype=np.float64)

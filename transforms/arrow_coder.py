@@ -2,8 +2,9 @@
 
 Arrow's own pickle support writes every buffer a table refers to in full: a 1,000-row slice of
 a 1M-row batch pickles as the whole batch, and a table whose chunks share buffers (e.g. a
-multithreaded ``group_by`` result) repeats them once per chunk -- measured 2.4 GB instead of
-77 MB for one day's CentralNotice impression partials, which broke gRPC's message limit. The
+multithreaded ``group_by`` result) repeats them once per chunk: one day's CentralNotice
+impression partials pickled to many times their size, beyond gRPC's message limit
+(benchmarks/RESULTS.md). The
 Arrow IPC stream format writes only the ranges a table references, so this coder encodes
 through IPC.
 

@@ -117,7 +117,7 @@ class PublicKeyset:
         ``staging_dir``: a directory every worker reads and writes (Beam ``FileSystems``) where
         the keyset's key shards and membership filter are staged as files instead of crossing
         the shuffle or a side input, so that engines holding a shuffle in memory (the in-process
-        engine, Dask) never hold the keyset. The files go to this keyset's own directory,
+        engine, a cluster's workers) never hold the keyset. The files go to this keyset's own directory,
         :attr:`staging_run`, which the pipeline never deletes: remove it when the pipeline has
         finished. See :mod:`transforms.keyset_staging`."""
         if expected_size is not None and expected_size < 0:

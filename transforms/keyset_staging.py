@@ -5,9 +5,9 @@ The release stage joins each key shard's summed partials with the shard's keyset
 key hashes (:mod:`transforms.membership`). By default the keys reach their shard through the
 join's GroupByKey and the filter reaches every worker as a side input. Engines that hold a
 shuffle in memory (the in-process FnApiRunner buffers every grouped value, then copies them again
-when it hands them out; a Dask bag partition holds its share) then hold the whole keyset twice
-(about 40 bytes per key, 5 GB at 125M keys), and the in-process engine holds about four copies
-of the side input.
+when it hands them out; a cluster's worker holds its partitions' share) then hold the whole
+keyset twice (about 40 bytes per key), and the in-process engine holds about four copies of the
+side input.
 
 With ``PublicKeyset.from_pcollection(..., staging_dir=D)`` the keyset gets its own directory
 ``D/keyset-<run>`` (``PublicKeyset.staging_run``). Each keyset element's keys (after exclusions)
@@ -19,7 +19,7 @@ file of its words, which local workers memory-map (one copy in the page cache, s
 process) and others read once per process; only its path is a side input.
 
 What the directory must be: readable and writable by every worker, through Beam's
-``FileSystems`` (a local path for the in-process engine or a local Dask cluster; a shared
+``FileSystems`` (a local path for the in-process engine or a local cluster; a shared
 filesystem or an object store path elsewhere). The keyset is public, so its files are public:
 the directory needs no secrecy, only room for the keyset (about its Arrow size plus 2 bytes per
 key). Files are written once and never changed; the pipeline does not delete them (a release
@@ -87,9 +87,9 @@ def merge_markers(markers) -> pa.Table:
     """One marker of every piece the ``markers`` name, ordered by file and offset (the order
     pieces are read in; not an output order: a release shard's table is sorted by its keys).
     The staged keyset's markers are merged per shard before the shuffle: an element writes one
-    piece per shard, and at 125M keys in elements of 250k keys 60k one-row markers crossed the
-    shuffle, each an Arrow table that a Dask worker pickles in about 0.2 ms (benchmarks/scale.py:
-    6 s of transfer before 2 workers could start bounding); merged, one per shard and bundle."""
+    piece per shard, so a large keyset in many elements would send one small Arrow table per
+    piece through the shuffle, each pickled and moved on its own before the release shards can
+    start; merged, one per shard and bundle (benchmarks/RESULTS.md has the measurement)."""
     merged = pa.concat_tables([MARKER_SCHEMA.empty_table(), *markers])
     return merged.sort_by([("path", "ascending"), ("offset", "ascending")]).combine_chunks()
 

@@ -11,8 +11,8 @@ Filters", WEA 2007): the filter is an array of 64-bit words; a key hash selects 
 its high 32 bits, by a multiply-shift onto the number of words) and :data:`PROBES` bit positions
 inside it (6-bit fields of the hash times an odd constant). A key is added by setting its bits
 in its word and is reported present when all its bits are set. One word per lookup: a batch of
-rows costs one gather, not a binary search over the keyset (about 20x faster than searching a
-sorted array of 10M hashes), and the filter takes :data:`BITS_PER_KEY` bits per key (2 bytes),
+rows costs one gather, not a binary search over the keyset (benchmarks/RESULTS.md compares
+the two), and the filter takes :data:`BITS_PER_KEY` bits per key (2 bytes),
 a quarter of a sorted array of 64-bit hashes.
 
 False positives: at :data:`BITS_PER_KEY` = 16 and :data:`PROBES` = 6, a key outside the keyset
@@ -89,8 +89,8 @@ class KeyFilter:
         # larger than the cache; plain fancy indexing overlaps them, np.bitwise_or.at does not).
         # Hashes sharing a word in one scatter keep only the last one's bits, so the words are
         # read back and the keys whose bits are missing added again, until none is missing
-        # (each round settles at least one key per shared word; ~1.6% of keys repeat once at
-        # 1M adds into a filter of 31M words). 1M adds into a 125M-key filter: 53 -> 42 ms.
+        # (each round settles at least one key per shared word; a small share of keys repeats
+        # once; benchmarks/RESULTS.md has the timings).
         while word.size:
             self.words[word] = self.words[word] | mask
             missing = (self.words[word] & mask) != mask

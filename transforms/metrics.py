@@ -1,9 +1,10 @@
 """What a DP aggregation releases per key, and the noisy measures each metric needs.
 
-A :class:`Metric` is one output column (count, sum, mean or privacy-unit count) with its noise
-kind, release threshold and budget weight. :func:`plan_measures` turns metrics, contribution
-bounds and a budget into the noisy *measures* actually drawn (a mean is post-processing of a
-noisy count and a noisy normalized sum; it reuses a requested count) and a
+A :class:`Metric` is one released metric (count, sum, mean, privacy-unit count, variance,
+standard deviation, quantiles, vector sum) with its noise kind, release threshold and budget
+weight. Each metric plans the noisy *measures* it is computed from (:meth:`Metric.plan`, one
+planner per kind: a mean is post-processing of a noisy count and a noisy normalized sum, and
+reuses a requested count); :func:`plan_measures` splits the budget among them and returns a
 :class:`~accounting.budget.ReleasePlan` that states every measure's mechanism, sensitivity and
 budget share.
 """
@@ -172,6 +173,13 @@ class Metric:
         return QuantileTree(low=low, high=high, branching=self.branching, depth=self.depth,
                             prefix=f"{self.column}.node")
 
+    def plan(self, planned: "_Planned") -> None:
+        """Ask ``planned`` for the noisy measures this metric is computed from (its kind's
+        planner: a count or a sum is one measure; a mean, a variance or a standard deviation
+        derive from a normalized sum, a count and, for the latter two, a normalized sum of
+        squares; quantiles from one noisy tree)."""
+        _PLANNERS[self.kind](self, planned)
+
 
 def as_metric(metric) -> Metric:
     """A Metric, or a metric kind given as a string (``"count"``, ``"mean"``...)."""
@@ -241,14 +249,124 @@ def Median(**kwargs) -> Metric:
     return Metric(kind=MetricKind.QUANTILES, quantiles=(0.5,), **kwargs)
 
 
+class _Planned:
+    """The measures one aggregation's metrics ask for, collected as each metric plans its own
+    (:meth:`Metric.plan`): per measure name its budget weight, noise kind, sensitivities,
+    partial column(s) and description, in the order asked."""
+
+    def __init__(self, bounds: ContributionBounds, neighbouring, *, integer_values: bool,
+                 has_count: bool):
+        self.bounds, self.neighbouring = bounds, neighbouring
+        self.integer_values, self.has_count = integer_values, has_count
+        self.weights, self.kinds, self.sensitivities, self.partials, self.descriptions = {}, {}, {}, {}, {}
+
+    def measure(self, name: str, weight: float, kind: NoiseKind, sensitivities, partial: str,
+                integer: bool, description: str, columns: tuple = ()) -> None:
+        self.weights[name], self.kinds[name], self.sensitivities[name] = weight, kind, sensitivities
+        self.partials[name] = (partial, integer, columns)
+        self.descriptions[name] = description
+
+    def count_for(self, m: "Metric", share: float, count_sensitivities, what: str) -> None:
+        """A derived metric's own noisy count, unless a released count is reused."""
+        if not self.has_count:
+            kind = NoiseKind.DISCRETE_GAUSSIAN if m.noise.is_gaussian else NoiseKind.DISCRETE_LAPLACE
+            self.measure(f"{m.column}.count", share, kind, count_sensitivities, "count", True,
+                         f"rows per key, for the {what}")
+
+
+def _real_noise(m: "Metric", what: str) -> None:
+    if m.noise.is_integer:
+        raise ValueError(f"{m.column}: a {what} needs real-valued noise (laplace or gaussian)")
+
+
+def _plan_count(m: "Metric", p: _Planned) -> None:
+    p.measure(m.column, m.weight, m.noise, count_sensitivity(p.bounds, p.neighbouring), "count",
+              m.noise.is_integer, "rows per key")
+
+
+def _plan_privacy_unit_count(m: "Metric", p: _Planned) -> None:
+    p.measure(m.column, m.weight, m.noise, privacy_unit_count_sensitivity(p.bounds, p.neighbouring),
+              "units", m.noise.is_integer, "distinct privacy units per key")
+
+
+def _plan_sum(m: "Metric", p: _Planned) -> None:
+    if m.noise.is_integer and not p.integer_values:
+        raise ValueError(f"{m.column}: {m.noise.value} noise needs integer values and integer "
+                         "clamping bounds")
+    p.measure(m.column, m.weight, m.noise, sum_sensitivity(p.bounds, p.neighbouring), "sum",
+              m.noise.is_integer, "sum of clamped values per key")
+
+
+def _plan_mean(m: "Metric", p: _Planned) -> None:
+    """A noisy normalized sum plus a noisy count (a released count is reused)."""
+    _real_noise(m, "mean")
+    mean = mean_sensitivity(p.bounds, p.neighbouring)
+    share = m.weight if p.has_count else m.weight / 2
+    p.measure(f"{m.column}.normalized_sum", share, m.noise, mean.normalized_sum, "nsum", False,
+              "sum of (value - midpoint) per key, for the mean")
+    p.count_for(m, share, mean.count, "mean")
+
+
+def _plan_variance(m: "Metric", p: _Planned) -> None:
+    """A noisy normalized sum, a noisy normalized sum of squares and a noisy count (a released
+    count is reused); the standard deviation is the variance's square root."""
+    _real_noise(m, m.kind.value)
+    var = variance_sensitivity(p.bounds, p.neighbouring)
+    share = m.weight / 2 if p.has_count else m.weight / 3
+    p.measure(f"{m.column}.normalized_sum", share, m.noise, var.normalized_sum, "nsum", False,
+              f"sum of (value - midpoint) per key, for the {m.kind.value}")
+    p.measure(f"{m.column}.normalized_squares", share, m.noise, var.normalized_squares, "nsq",
+              False, f"sum of ((value - midpoint)^2 - h^2/2) per key, h = {var.half_range:g}, "
+              f"for the {m.kind.value}")
+    p.count_for(m, share, var.count, m.kind.value)
+
+
+def _plan_quantiles(m: "Metric", p: _Planned) -> None:
+    """One noisy tree of node counts; one row moves one node per level."""
+    from transforms.quantiles import tree_sensitivity
+
+    tree = m.tree(p.bounds)
+    p.measure(m.column, m.weight, m.noise,
+              tree_sensitivity(count_sensitivity(p.bounds, p.neighbouring), tree.depth),
+              tree.prefix, True,
+              f"quantile tree: {tree.num_nodes} node counts per key (branching {tree.branching}, "
+              f"depth {tree.depth}, leaf width {tree.leaf_width:.4g}) for quantiles "
+              f"{list(m.quantiles)}; one row moves one node per level", columns=tree.columns)
+
+
+def _plan_vector_sum(m: "Metric", p: _Planned) -> None:
+    from transforms.vectors import vector_sum_sensitivity
+
+    spec = m.vector_spec()
+    p.measure(m.column, m.weight, m.noise,
+              vector_sum_sensitivity(count_sensitivity(p.bounds, p.neighbouring), spec),
+              spec.prefix, False,
+              f"sum of {spec.dimension}-dimensional vectors per key, each row clipped to "
+              f"{spec.norm.upper()} norm {spec.max_norm:g}", columns=spec.columns)
+
+
+#: How each metric kind plans its measures (:meth:`Metric.plan`).
+_PLANNERS = {
+    MetricKind.COUNT: _plan_count,
+    MetricKind.PRIVACY_UNIT_COUNT: _plan_privacy_unit_count,
+    MetricKind.SUM: _plan_sum,
+    MetricKind.MEAN: _plan_mean,
+    MetricKind.VARIANCE: _plan_variance,
+    MetricKind.STD: _plan_variance,
+    MetricKind.QUANTILES: _plan_quantiles,
+    MetricKind.VECTOR_SUM: _plan_vector_sum,
+}
+
+
 def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget: PrivacyBudget,
                   *, neighbouring=Neighbouring.ADD_REMOVE, selection_weight: float = 0.0,
                   selection_needs_delta: bool = False, integer_values: bool = False):
-    """Split ``budget`` among the measures the metrics need and calibrate each.
+    """Split ``budget`` among the measures the metrics need (each metric plans its own:
+    :meth:`Metric.plan`) and calibrate each.
 
     Returns ``(plan, measures, selection_share)``: the ReleasePlan, a mapping measure name ->
     calibrated :class:`~transforms.release.NoisedPartial` (partial columns: count, units, sum,
-    nsum), and the budget share for private key selection (or None).
+    nsum...), and the budget share for private key selection (or None).
     """
     if isinstance(metrics, (str, Metric)):
         metrics = [metrics]
@@ -260,73 +378,11 @@ def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget:
         raise ValueError(f"metric columns must be unique, got {columns}")
     for column in columns:
         check_metric_name(column)
-    has_count = any(m.kind is MetricKind.COUNT for m in metrics)
-    weights, kinds, sens, partials, descriptions = {}, {}, {}, {}, {}
-
-    def measure(name, weight, kind, sensitivities, partial, integer, description, columns=()):
-        weights[name], kinds[name], sens[name] = weight, kind, sensitivities
-        partials[name] = (partial, integer, columns)
-        descriptions[name] = description
-
+    planned = _Planned(bounds, neighbouring, integer_values=integer_values,
+                       has_count=any(m.kind is MetricKind.COUNT for m in metrics))
     for m in metrics:
-        if m.kind is MetricKind.COUNT:
-            measure(m.column, m.weight, m.noise, count_sensitivity(bounds, neighbouring), "count",
-                    m.noise.is_integer, "rows per key")
-        elif m.kind is MetricKind.PRIVACY_UNIT_COUNT:
-            measure(m.column, m.weight, m.noise, privacy_unit_count_sensitivity(bounds, neighbouring),
-                    "units", m.noise.is_integer, "distinct privacy units per key")
-        elif m.kind is MetricKind.SUM:
-            if m.noise.is_integer and not integer_values:
-                raise ValueError(f"{m.column}: {m.noise.value} noise needs integer values and "
-                                 "integer clamping bounds")
-            measure(m.column, m.weight, m.noise, sum_sensitivity(bounds, neighbouring), "sum",
-                    m.noise.is_integer, "sum of clamped values per key")
-        elif m.kind in (MetricKind.VARIANCE, MetricKind.STD):
-            # count (reused if released), normalized sum and normalized sum of squares
-            if m.noise.is_integer:
-                raise ValueError(f"{m.column}: a {m.kind.value} needs real-valued noise (laplace or gaussian)")
-            var = variance_sensitivity(bounds, neighbouring)
-            share = m.weight / 2 if has_count else m.weight / 3
-            measure(f"{m.column}.normalized_sum", share, m.noise, var.normalized_sum, "nsum", False,
-                    f"sum of (value - midpoint) per key, for the {m.kind.value}")
-            measure(f"{m.column}.normalized_squares", share, m.noise, var.normalized_squares, "nsq",
-                    False, f"sum of ((value - midpoint)^2 - h^2/2) per key, h = {var.half_range:g}, "
-                    f"for the {m.kind.value}")
-            if not has_count:
-                count_kind = NoiseKind.DISCRETE_GAUSSIAN if m.noise.is_gaussian else NoiseKind.DISCRETE_LAPLACE
-                measure(f"{m.column}.count", share, count_kind, var.count, "count", True,
-                        f"rows per key, for the {m.kind.value}")
-        elif m.kind is MetricKind.QUANTILES:
-            from transforms.quantiles import tree_sensitivity
-
-            tree = m.tree(bounds)
-            measure(m.column, m.weight, m.noise,
-                    tree_sensitivity(count_sensitivity(bounds, neighbouring), tree.depth),
-                    tree.prefix, True,
-                    f"quantile tree: {tree.num_nodes} node counts per key (branching {tree.branching}, "
-                    f"depth {tree.depth}, leaf width {tree.leaf_width:.4g}) for quantiles "
-                    f"{list(m.quantiles)}; one row moves one node per level",
-                    columns=tree.columns)
-        elif m.kind is MetricKind.VECTOR_SUM:
-            from transforms.vectors import vector_sum_sensitivity
-
-            spec = m.vector_spec()
-            measure(m.column, m.weight, m.noise,
-                    vector_sum_sensitivity(count_sensitivity(bounds, neighbouring), spec),
-                    spec.prefix, False,
-                    f"sum of {spec.dimension}-dimensional vectors per key, each row clipped to "
-                    f"{spec.norm.upper()} norm {spec.max_norm:g}", columns=spec.columns)
-        else:  # MEAN: a noisy normalized sum plus a noisy count (reused if one is released)
-            if m.noise.is_integer:
-                raise ValueError(f"{m.column}: a mean needs real-valued noise (laplace or gaussian)")
-            mean = mean_sensitivity(bounds, neighbouring)
-            share = m.weight if has_count else m.weight / 2
-            measure(f"{m.column}.normalized_sum", share, m.noise, mean.normalized_sum, "nsum", False,
-                    "sum of (value - midpoint) per key, for the mean")
-            if not has_count:
-                count_kind = NoiseKind.DISCRETE_GAUSSIAN if m.noise.is_gaussian else NoiseKind.DISCRETE_LAPLACE
-                measure(f"{m.column}.count", share, count_kind, mean.count, "count", True,
-                        "rows per key, for the mean")
+        m.plan(planned)
+    weights, kinds = dict(planned.weights), planned.kinds
     if selection_weight:
         weights[SELECTION_PURPOSE] = selection_weight
     needs_delta = [n for n, k in kinds.items() if k.is_gaussian]
@@ -334,14 +390,15 @@ def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget:
         needs_delta.append(SELECTION_PURPOSE)
     shares = budget.split(weights, needs_delta=needs_delta)
     plan = ReleasePlan(budget=budget)
-    plan = plan.with_measures(*(plan.calibrated(name, kinds[name], shares[name], sens[name],
+    plan = plan.with_measures(*(plan.calibrated(name, kinds[name], shares[name],
+                                                planned.sensitivities[name],
                                                 neighbouring=neighbouring,
-                                                description=descriptions[name])
+                                                description=planned.descriptions[name])
                                 for name in kinds))
     specs = {m.name: m.noise for m in plan.measures}
     measures = {name: NoisedPartial(name=name, partial=partial, spec=specs[name], integer=integer,
                                    columns=columns)
-                for name, (partial, integer, columns) in partials.items()}
+                for name, (partial, integer, columns) in planned.partials.items()}
     selection_share = shares.get(SELECTION_PURPOSE)
     if selection_share is not None:
         check_within_budget(plan, (selection_share.epsilon, selection_share.delta))
@@ -400,6 +457,98 @@ def mean_from_noisy(nsum, count, low: float, high: float):
     with np.errstate(divide="ignore", invalid="ignore"):
         mean = midpoint + np.asarray(nsum, dtype=float) / np.maximum(np.asarray(count, dtype=float), 1.0)
     return np.clip(mean, low, high)
+
+
+def _ratio_range(numerator_low, numerator_high, count_low, count_high):
+    """The range of ``x / n`` over ``x`` in [numerator_low, numerator_high] and ``n`` in
+    [count_low, count_high] (count_low >= 1)."""
+    import numpy as np
+
+    low = np.where(numerator_low >= 0, numerator_low / count_high, numerator_low / count_low)
+    high = np.where(numerator_high >= 0, numerator_high / count_low, numerator_high / count_high)
+    return low, high
+
+
+def mean_error(nsum, count, low: float, high: float, *, sum_std: float, count_std: float,
+               sum_half: float, count_half: float):
+    """The error of the released mean (:func:`mean_from_noisy`) from the noise of the normalized
+    sum ``S`` and the count ``N`` it divides (post-processing of released values and public
+    noise parameters only). Returns ``(std, ci_low, ci_high)`` per key:
+
+    * std, by the delta method at the released values: ``sqrt(sum_std^2 + m^2 count_std^2) /
+      max(N, 1)`` with ``m`` the released mean minus the midpoint, at most half the range (no
+      value in the range is further off);
+    * the interval: every mean ``mid + s / n`` with ``|s - S| <= sum_half`` and ``|n - N| <=
+      count_half``, within the range (and the midpoint, a key without rows, when ``n`` may be
+      0). With ``sum_half`` and ``count_half`` each the noise's symmetric interval of level
+      ``1 - alpha / 2``, both hold with probability at least ``1 - alpha`` (a union bound), and
+      then the interval holds the noise-free (bounded) mean, whatever the count.
+    """
+    import numpy as np
+
+    half, midpoint = (high - low) / 2, (low + high) / 2
+    nsum, count = np.asarray(nsum, dtype=float), np.asarray(count, dtype=float)
+    n = np.maximum(count, 1.0)
+    m = np.clip(nsum / n, -half, half)
+    std = np.minimum(np.sqrt(sum_std ** 2 + m * m * count_std ** 2) / n, half)
+    lower, upper = _ratio_range(nsum - sum_half, nsum + sum_half,
+                                np.maximum(count - count_half, 1.0), np.maximum(count + count_half, 1.0))
+    empty = count - count_half < 1  # the count may be 0: the noise-free mean is the midpoint
+    lower, upper = np.where(empty, np.minimum(lower, 0.0), lower), np.where(empty, np.maximum(upper, 0.0), upper)
+    return std, midpoint + np.clip(lower, -half, half), midpoint + np.clip(upper, -half, half)
+
+
+def variance_error(nsum, nsq, count, low: float, high: float, *, sum_std: float,
+                   squares_std: float, count_std: float, sum_half: float, squares_half: float,
+                   count_half: float, std: bool = False):
+    """The error of the released variance, or standard deviation (``std``), of
+    :func:`variance_from_noisy`, from the noise of the normalized sum ``S``, the normalized sum
+    of squares ``Q`` and the count ``N``. Returns ``(std, ci_low, ci_high)`` per key:
+
+    * std, by the delta method at the released values: the variance ``Q/N + h^2/2 - (S/N)^2``
+      has ``sqrt(squares_std^2 + 4 m^2 sum_std^2 + (2 m^2 - q)^2 count_std^2) / max(N, 1)``
+      (``m = S/N``, ``q = Q/N``), at most ``h^2 / 2``; the standard deviation ``sd`` has that
+      over ``2 sd``, at most its square root (``|sqrt(a) - sqrt(b)| <= sqrt(|a - b|)``) and at
+      most ``h / 2``;
+    * the interval: every variance ``E - m^2`` with ``E = q + h^2/2`` and ``q``, ``m`` from sums
+      and counts within ``squares_half``, ``sum_half`` and ``count_half`` of the released ones,
+      within ``[0, h^2]`` (and ``h^2 / 2``, a key without rows, when the count may be 0, and
+      the released value); its square roots for the standard deviation. With each half-width the noise's symmetric
+      interval of level ``1 - alpha / 3``, all three hold with probability at least
+      ``1 - alpha`` (a union bound), and then the interval holds the noise-free value.
+    """
+    import numpy as np
+
+    half = (high - low) / 2
+    nsum, nsq = np.asarray(nsum, dtype=float), np.asarray(nsq, dtype=float)
+    count = np.asarray(count, dtype=float)
+    n = np.maximum(count, 1.0)
+    m = np.clip(nsum / n, -half, half)
+    q = nsq / n
+    variance_std = np.minimum(np.sqrt(squares_std ** 2 + 4 * m * m * sum_std ** 2
+                                      + (2 * m * m - q) ** 2 * count_std ** 2) / n, half * half / 2)
+    count_low, count_high = np.maximum(count - count_half, 1.0), np.maximum(count + count_half, 1.0)
+    q_low, q_high = _ratio_range(nsq - squares_half, nsq + squares_half, count_low, count_high)
+    e_low = np.clip(q_low + half * half / 2, 0.0, half * half)
+    e_high = np.clip(q_high + half * half / 2, 0.0, half * half)
+    m_low, m_high = _ratio_range(nsum - sum_half, nsum + sum_half, count_low, count_high)
+    m_low, m_high = np.clip(m_low, -half, half), np.clip(m_high, -half, half)
+    m2_min = np.where((m_low <= 0) & (m_high >= 0), 0.0, np.minimum(m_low * m_low, m_high * m_high))
+    m2_max = np.maximum(m_low * m_low, m_high * m_high)
+    lower = np.clip(e_low - m2_max, 0.0, half * half)
+    upper = np.maximum(np.clip(e_high - m2_min, 0.0, half * half), lower)
+    empty = count - count_half < 1  # the count may be 0: the noise-free variance is h^2 / 2
+    released = variance_from_noisy(nsum, nsq, count, low, high)
+    # The released value (its noisy sum of squares may exceed what any data gives) is inside too.
+    lower = np.minimum(np.where(empty, np.minimum(lower, half * half / 2), lower), released)
+    upper = np.maximum(np.where(empty, np.maximum(upper, half * half / 2), upper), released)
+    if not std:
+        return variance_std, lower, upper
+    released = np.sqrt(released)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        by_delta = np.where(released > 0, variance_std / (2 * released), np.inf)
+    sd_std = np.minimum(np.minimum(by_delta, np.sqrt(variance_std)), half / 2)
+    return sd_std, np.sqrt(lower), np.sqrt(upper)
 
 
 def is_integer_range(bounds: ContributionBounds) -> bool:

@@ -2,64 +2,72 @@
 
 The in-process engine (FnApiRunner with one worker) runs a job on one core. A DoFn whose work per
 element is a pure function of the element, and mostly Arrow, numpy or AES (which release the
-GIL), can run several elements' work at once on threads of its instance: two threads do the
-bounding and noise of this project's jobs about 1.7x as fast as one on two cores. Other runners
-run bundles on every core already, so their DoFns keep one thread (no pool: the work runs inline).
+GIL), can run several elements' work at once on threads of its instance. Other runners run
+bundles on every core already, so their DoFns keep one thread (no pool: the work runs inline).
+
+How many threads, and how many rows a DoFn gathers into one batch, the DoFns read from the
+pipeline's :class:`ExecutionOptions` (``--dofn_threads``, ``--dofn_batch_rows``), never from the
+runner's name: the runner profile fills them (:mod:`runners.profiles`: the cores, at most four,
+on the in-process engine with one worker; one thread and one-row batches where the runner drops
+what ``finish_bundle`` emits). A pipeline whose options no profile filled gets one thread and
+full batches.
 
 :class:`OrderedThreads` keeps at most ``2 x threads`` elements in flight (the thread that feeds
 them may be busy reading the next input while the threads finish theirs), so memory stays
 bounded; results come back in submission order with the timestamp and window of their element
 (a DoFn wraps them in ``WindowedValue``). The DoFn hands back what is left in ``finish_bundle``
-(Beam's DaskRunner drops what ``finish_bundle`` emits: there, use one thread). Beam's metrics
-are per thread: the work returns what it would count, and the DoFn counts it when the result
+(so a runner that drops what ``finish_bundle`` emits needs one thread). Beam's metrics are per
+thread: the work returns what it would count, and the DoFn counts it when the result
 comes back, on the bundle's thread (:class:`ThreadedDoFn`).
 """
 from __future__ import annotations
 
 import collections
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Optional, Tuple
 
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.utils.windowed_value import WindowedValue
 
-#: The most threads :func:`dofn_threads` gives the in-process engine.
-MAX_THREADS = 4
-_IN_PROCESS_RUNNERS = ("", "DirectRunner", "SwitchingDirectRunner", "FnApiRunner",
-                       "BundleBasedDirectRunner")
+#: Rows a DoFn gathers from row elements (dicts, Rows) into one Arrow batch, unless the
+#: pipeline's :class:`ExecutionOptions` say otherwise.
+BATCH_ROWS = 20_000
 
 
-def _runner_name(pipeline) -> Optional[str]:
-    """The last dotted part of the pipeline's ``--runner`` ("" for the default), None without
-    options."""
-    from apache_beam.options.pipeline_options import StandardOptions
+class ExecutionOptions(PipelineOptions):
+    """How this project's DoFns work on the pipeline's runner (module docstring). The runner
+    profile fills them (:func:`runners.profiles.pipeline_options_for`); given on the command
+    line, they win over the profile's choice."""
 
-    options = getattr(pipeline, "_options", None)
-    if options is None:
-        return None
-    runner = options.view_as(StandardOptions).runner or ""
-    name = runner if isinstance(runner, str) else type(runner).__name__
-    return name.rsplit(".", 1)[-1]
+    @classmethod
+    def _add_argparse_args(cls, parser) -> None:
+        parser.add_argument(
+            "--dofn_threads", type=int, default=None,
+            help="the most threads a DoFn of this project runs its per-element work on (and how "
+                 "many it uses when the transform asks for none); default 1, or what the runner "
+                 "profile chooses (the cores, at most 4, on the in-process engine with one worker)")
+        parser.add_argument(
+            "--dofn_batch_rows", type=int, default=None,
+            help=f"rows a DoFn gathers from row elements (dicts, Rows) into one Arrow batch "
+                 f"(default {BATCH_ROWS:,}); a batch not full at the end of a bundle is emitted from "
+                 "finish_bundle, so a runner that drops what finish_bundle emits needs 1")
 
-
-def dofn_threads(pipeline) -> int:
-    """Threads for a DoFn's per-element work (:class:`OrderedThreads`) in ``pipeline``: the
-    machine's cores (at most :data:`MAX_THREADS`) on the in-process engine run with one worker,
-    which otherwise uses a single core; 1 on every other runner (Dataflow, Flink, Spark, Prism
-    and Dask run bundles on every core already: more threads would oversubscribe them) and on
-    the in-process engine run with ``--direct_num_workers`` other than 1."""
-    from apache_beam.options.pipeline_options import DirectOptions
-
-    if _runner_name(pipeline) not in _IN_PROCESS_RUNNERS:
-        return 1
-    if pipeline._options.view_as(DirectOptions).direct_num_workers != 1:
-        return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(MAX_THREADS, cores))
+    def validate(self, validator=None):
+        errors = []
+        for name in ("dofn_threads", "dofn_batch_rows"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                errors.append(f"--{name} must be at least 1, got {value}")
+        return errors
 
 
-def runs_on_dask(pipeline) -> bool:
-    return _runner_name(pipeline) == "DaskRunner"
+def execution_options(pipeline) -> ExecutionOptions:
+    """The :class:`ExecutionOptions` view of ``pipeline``'s options (defaults without options)."""
+    options = getattr(pipeline, "options", None)
+    view = (options if options is not None else PipelineOptions([])).view_as(ExecutionOptions)
+    for error in view.validate():
+        raise ValueError(error)
+    return view
 
 
 def check_threads(threads: Optional[int]) -> Optional[int]:
@@ -70,13 +78,21 @@ def check_threads(threads: Optional[int]) -> Optional[int]:
 
 
 def threads_for(pipeline, requested: Optional[int] = None) -> int:
-    """``requested`` threads (None: :func:`dofn_threads`), and 1 on Dask whatever was requested
-    (its runner drops what finish_bundle emits, where threaded DoFns hand back their last
-    results)."""
+    """Threads for a DoFn's per-element work in ``pipeline``: ``requested`` (None: the
+    pipeline's ``--dofn_threads``, default 1), never more than ``--dofn_threads`` when that is
+    set (a runner that drops what finish_bundle emits, where threaded DoFns hand back their last
+    results, sets 1)."""
     check_threads(requested)
-    if runs_on_dask(pipeline):
-        return 1
-    return dofn_threads(pipeline) if requested is None else int(requested)
+    most = execution_options(pipeline).dofn_threads
+    if requested is None:
+        return most or 1
+    return int(requested) if most is None else min(int(requested), most)
+
+
+def batch_rows(pipeline) -> int:
+    """Rows a DoFn of ``pipeline`` gathers into one batch (``--dofn_batch_rows``, default
+    :data:`BATCH_ROWS`)."""
+    return execution_options(pipeline).dofn_batch_rows or BATCH_ROWS
 
 
 class OrderedThreads:

@@ -7,7 +7,8 @@
   only which worker sums and noises a key, and the filter's mistakes are removed by the exact
   keyset join;
 * :func:`key_partials`: bounded rows (see :mod:`transforms.bounding`) -> exact per-key partial
-  aggregates (count, distinct units, sum, normalized sum);
+  aggregates (count, distinct units, sum, normalized sum, and what a :class:`PartialsSpec`
+  adds for the metrics that need more);
 * :func:`sum_partials`: merge partial tables of the same keys (associative and commutative, so a
   CombineFn may apply it in any order).
 * :func:`check_int64_sums`: integer sums never wrap. Arrow's (and numpy's) int64 sums wrap
@@ -21,6 +22,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
@@ -166,13 +168,46 @@ def check_int64_sums(table: pa.Table, key_columns: Sequence[str], columns: Seque
                 f"value (check the input values, the clamping or the contribution bounds)")
 
 
+@dataclass(frozen=True, kw_only=True)
+class PartialsSpec:
+    """The per-key partial columns some metrics need beyond count, units, sum and nsum.
+
+    half_range: half the clamping range, when a variance or standard deviation needs the sum of
+    squares ``nsq``; trees: the :class:`~transforms.quantiles.QuantileTree` s whose node counts
+    are partials; vector: a vector sum's clipping and shape
+    (:class:`~transforms.vectors.VectorSpec`), whose coordinates' sums are partials.
+    """
+
+    half_range: Optional[float] = None
+    trees: tuple = ()
+    vector: Optional[object] = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "trees", tuple(self.trees))
+
+    def partial_types(self, *, has_value: bool, integer_sum: bool) -> dict:
+        """Every partial column :func:`key_partials` gives with this spec, and its Arrow type."""
+        types = {"count": pa.int64(), "units": pa.int64()}
+        if self.vector is not None:
+            types.update({name: pa.float64() for name in self.vector.columns})
+        elif has_value:
+            types.update(sum=pa.int64() if integer_sum else pa.float64(), nsum=pa.float64())
+            if self.half_range is not None:
+                types["nsq"] = pa.float64()
+            for tree in self.trees:
+                types.update({name: pa.int64() for name in tree.columns})
+        return types
+
+
 def key_partials(bounded: pa.Table, key_columns: Sequence[str], *, has_value: bool,
-                 midpoint: float = 0.0, integer_sum: bool = False, half_range: float = None,
-                 trees: Sequence = (), vector_columns: Sequence[str] = ()) -> pa.Table:
+                 midpoint: float = 0.0, integer_sum: bool = False,
+                 spec: PartialsSpec = PartialsSpec()) -> pa.Table:
     """Exact per-key partial aggregates of bounded rows: count, units, and sum / nsum; with
-    ``half_range`` also nsq (sum of ``(v - midpoint)^2 - half_range^2 / 2``, for variances);
-    for each :class:`~transforms.quantiles.QuantileTree` in ``trees`` its node counts; the sums
-    of ``vector_columns`` (clipped vector coordinates)."""
+    ``spec.half_range`` also nsq (sum of ``(v - midpoint)^2 - half_range^2 / 2``, for
+    variances); for each quantile tree of ``spec.trees`` its node counts; the sums of a vector
+    sum's clipped coordinates (``spec.vector``)."""
+    half_range, trees = spec.half_range, spec.trees
+    vector_columns = spec.vector.columns if spec.vector is not None else ()
     aggregations = [([], "count_all"), (PAIR, "count_distinct")]
     aggregations += [(c, "sum") for c in vector_columns]
     table = bounded

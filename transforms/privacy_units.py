@@ -232,9 +232,9 @@ def canonical_unit_dictionary(column, name: str = "privacy unit") -> pa.Dictiona
     there is no id) into a dictionary of *distinct* canonical ids, numbered in order of first
     appearance. Decoded, it is :func:`canonical_unit_ids` of the column (same rules, same
     errors); only each distinct raw value is canonicalised, and hashing per distinct id reads the
-    indices instead of hashing the ids' text row by row (an integer id column of 250k rows with
-    21k users: one integer dictionary encoding and 21k casts instead of 250k casts and a string
-    dictionary encoding, 4.5 ms instead of 9.1 ms)."""
+    indices instead of hashing the ids' text row by row (an integer id column then costs one
+    integer dictionary encoding and a cast per distinct user instead of a cast per row and a
+    string dictionary encoding; benchmarks/RESULTS.md has the measurement)."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks else pa.array([], column.type)
     if pa.types.is_dictionary(column.type):

@@ -303,8 +303,8 @@ class _ReleaseSettings:
 
 class _NoiseAndRelease(ThreadedDoFn, beam.DoFn):
     """One key shard -> its released table: keys joined (keyset) or selected, noised, thresholded,
-    sorted by key. With threads > 1 (the in-process engine: :func:`transforms.parallel.dofn_threads`)
-    shards are released on that many threads of the instance, in input order; the grouped values
+    sorted by key. With threads > 1 (:func:`transforms.parallel.threads_for`: the in-process
+    engine's profile) shards are released on that many threads of the instance, in input order; the grouped values
     are materialised and staged keyset pieces read on the bundle's thread, and counters counted
     there. A shard's release is a function of the shard alone: threads change no output."""
 
@@ -479,8 +479,8 @@ class NoisyRelease(beam.PTransform):
     has one shard per ``keys_per_shard`` keys (default :data:`KEYS_PER_SHARD`;
     :data:`STAGED_KEYS_PER_SHARD` for a staged PCollection keyset). Noise is keyed
     by the key, so neither changes a released value. threads: threads releasing shards in each
-    DoFn instance (None: :func:`transforms.parallel.dofn_threads`; always 1 on Dask); no
-    output depends on it.
+    DoFn instance (None: the pipeline's ``--dofn_threads``, which also caps it:
+    :func:`transforms.parallel.threads_for`); no output depends on it.
     """
 
     def __init__(self, *, keys: Sequence[str], measures: Sequence[NoisedPartial],

@@ -118,8 +118,11 @@ class WriteReleasedParquet(beam.PTransform):
     A release arrives as several tables (one per key shard) in no fixed order; written as they
     come, the file's row order would follow arrival order, which no release may show (see
     :mod:`transforms.release`, "Output order"). This sink gathers the tables (a release has one
-    row per key), sorts them by the key columns and writes them with ``schema`` (e.g.
-    ``aggregate.output_schema()``; key columns typed null there take the data's type).
+    row per key) and writes them with the project's one released-file encoder
+    (:mod:`transforms.released_files`: sorted by the key columns, zstd Parquet), so the same
+    release gives the same bytes as a job's output. ``schema`` (e.g.
+    ``aggregate.output_schema()``; key columns typed null there take the data's type; default:
+    the data's own) is the file's.
     """
 
     def __init__(self, path: str, *, keys, schema: pa.Schema = None, label=None):
@@ -136,20 +139,14 @@ class WriteReleasedParquet(beam.PTransform):
 
 def _write_sorted(tables, path, keys, schema):
     from apache_beam.io.filesystems import FileSystems
-    import pyarrow.parquet as pq
 
-    from transforms.release import sorted_by_keys
+    from transforms.released_files import conform, encode
 
-    tables = [t for t in tables if t.num_rows]
-    if tables:
-        table = sorted_by_keys(pa.concat_tables(tables, promote_options="permissive"), keys)
-    else:
-        table = (schema or pa.schema([(k, pa.null()) for k in keys])).empty_table()
-    if schema is not None:
-        fields = [table.schema.field(f.name) if pa.types.is_null(f.type) else f for f in schema]
-        table = table.select([f.name for f in fields]).cast(pa.schema(fields))
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink)
+    if schema is None:
+        present = [t.schema for t in tables if t.num_rows]
+        schema = pa.unify_schemas(present, promote_options="permissive") if present else \
+            pa.schema([(k, pa.null()) for k in keys])
+    data = encode(conform(tables, schema=schema, sort_by=keys, name=path), "parquet")
     with FileSystems.create(path) as handle:
-        handle.write(sink.getvalue().to_pybytes())
+        handle.write(data)
     return path

@@ -143,7 +143,7 @@ def _as_table(data) -> pa.Table:
 
 def _partials(config, table: pa.Table) -> Optional[pa.Table]:
     """Per-key partials through DPAggregate's own bounding DoFns (no runner)."""
-    from transforms.aggregate import _BoundRowsFn, _PrepareAndBound, _ShardPartials
+    from transforms.bounding_stage import _BoundRowsFn, _PrepareAndBound, _ShardPartials
     from transforms.partials import sum_partials
 
     combine = _BoundRowsFn(config.bounds.max_partitions, config.bounds.max_contributions_per_partition)
@@ -391,7 +391,7 @@ def bound_statistics(data, *, privacy_unit: str, keys: Sequence[str]) -> dict[st
     number of keys it contributes to (``max_partitions``) and its largest row count in one key
     (``max_contributions_per_partition``) -- the statistics :func:`choose_bounds` picks a
     quantile of. Adding or removing one unit adds or removes one entry of each."""
-    from transforms.aggregate import check_schema
+    from transforms.bounding_stage import check_schema
     from transforms.privacy_units import canonical_unit_ids
 
     keys = [keys] if isinstance(keys, str) else list(keys)

@@ -89,7 +89,7 @@ def normalise(argv: Sequence[str], flags: Sequence[str],
               switches: Sequence[str] = ()) -> list[str]:
     """Dashed spellings of the job's own flags become the underscore ones; a switch given as
     ``--switch=true`` / ``--switch=false`` (how Dataflow Flex Templates pass parameters, see
-    runners/flex_template.py) becomes ``--switch`` / nothing."""
+    runners/deploy/flex_template.py) becomes ``--switch`` / nothing."""
     known = {f.replace("_", "-"): f for f in flags}
     out = []
     for token in argv:

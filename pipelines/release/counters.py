@@ -69,8 +69,8 @@ def query(result, job: str, library: Sequence[str] = ()) -> dict[str, dict[str, 
     ``library`` namespaces (transforms the job uses that count in a namespace of their own, e.g.
     ``ara``) are run-level counters named ``<namespace>.<name>``.
 
-    None when the runner's result has no metrics at all (Beam's DaskRunner raises
-    NotImplementedError): "no counters" must not read as "nothing dropped", so the caller
+    None when the runner's result has no metrics at all (its ``metrics()`` is not
+    implemented): "no counters" must not read as "nothing dropped", so the caller
     decides what a release without them may do (pipelines.release.lifecycle refuses it unless
     the operator passes --allow_dropped_rows)."""
     out: dict[str, dict[str, int]] = {}

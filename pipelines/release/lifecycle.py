@@ -97,27 +97,12 @@ def _report_root(options, output: str) -> str:
 
 
 def run_pipeline(options, build) -> object:
-    """Build and run one Beam pipeline; returns its finished result (raises on failure)."""
-    import apache_beam as beam
-    from apache_beam.runners.runner import PipelineState
+    """Build and run one Beam pipeline; returns its finished result (raises on failure). How a
+    run goes on the chosen runner (a cluster for the run, checks of the built pipeline, what to
+    close) is its runner profile's (runners.execution)."""
+    from runners.execution import run as run_on_runner
 
-    from runners import dask_cluster
-
-    # A Dask run without a scheduler gets a local cluster for the length of the run; the Dask
-    # runner's client is closed before that cluster (runners/dask_cluster.py).
-    with dask_cluster.cluster_for_run(options) as options:
-        pipeline = beam.Pipeline(options=options)
-        build(pipeline)
-        if dask_cluster.is_dask(options):
-            dask_cluster.check_supported(pipeline)  # what the Dask runner would get wrong
-        result = pipeline.run()
-        try:
-            state = result.wait_until_finish()
-        finally:
-            dask_cluster.close_client(result)
-    if state not in (None, PipelineState.DONE):
-        raise RuntimeError(f"the pipeline ended in state {state}")
-    return result
+    return run_on_runner(options, build)
 
 
 def run(job: Job, request) -> RunResult:

@@ -1,53 +1,21 @@
-"""Released files: gathered, put in their public order, encoded deterministically, staged.
+"""A job's released files, staged: gathered, put in their public order, encoded, written.
 
 Nothing but noisy values and public information may shape a released file, so every output is
 sorted by its declared public order (key columns) before it is written -- whatever order the
-runner, the shards or the data produced its rows in -- and encoded deterministically (Parquet
-with zstd and Arrow's fixed writer, CSV, or JSON lines with sorted keys), so that a re-run with
-the same key reproduces the same bytes.
+runner, the shards or the data produced its rows in -- and encoded deterministically, so that a
+re-run with the same key reproduces the same bytes. Both steps are the project's one
+released-file encoder (:mod:`transforms.released_files`), which the library's sink uses too.
 """
 from __future__ import annotations
 
-import io
 import json
-from typing import Sequence
 
 import apache_beam as beam
 import pyarrow as pa
 
 from pipelines.release import storage
 from pipelines.release.job import OutputSpec
-
-
-def conform(tables: Sequence[pa.Table], spec: OutputSpec) -> pa.Table:
-    """All released tables of an output as one table with the declared schema, in public order."""
-    empty = spec.schema.empty_table()
-    parts = [t.select([c for c in spec.schema.names if c in t.column_names]) for t in tables
-             if t is not None and t.num_rows]
-    table = pa.concat_tables(parts + [empty], promote_options="permissive") if parts else empty
-    missing = [c for c in spec.schema.names if c not in table.column_names]
-    if missing:
-        raise ValueError(f"output {spec.name!r}: the job released no column {missing}")
-    table = table.select(spec.schema.names).cast(spec.schema)
-    if spec.sort_by and table.num_rows:
-        table = table.sort_by([(c, "ascending") for c in spec.sort_by])
-    return table.combine_chunks()
-
-
-def encode(table: pa.Table, spec: OutputSpec) -> bytes:
-    sink = io.BytesIO()
-    if spec.format == "parquet":
-        import pyarrow.parquet as pq
-
-        pq.write_table(table, sink, compression="zstd")
-    elif spec.format == "csv":
-        from pyarrow import csv as pacsv
-
-        pacsv.write_csv(table, sink)
-    else:
-        for row in table.to_pylist():
-            sink.write((json.dumps(row, sort_keys=True, default=str) + "\n").encode("utf-8"))
-    return sink.getvalue()
+from transforms.released_files import conform, encode
 
 
 def decode(data: bytes, spec: OutputSpec) -> pa.Table:
@@ -72,7 +40,9 @@ class _WriteStaged(beam.DoFn):
         self._folder, self._spec = folder, spec
 
     def process(self, tables):
-        data = encode(conform(tables, self._spec), self._spec)
+        spec = self._spec
+        data = encode(conform(tables, schema=spec.schema, sort_by=spec.sort_by, name=spec.name),
+                      spec.format)
         storage.write_bytes(storage.join(self._folder, self._spec.name), data)
         yield self._spec.name
 

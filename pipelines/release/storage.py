@@ -87,6 +87,15 @@ def read_bytes(path: str) -> Optional[bytes]:
         return None
 
 
+def read_text(path: str) -> str:
+    """The UTF-8 text of a local file or a ``gs://`` object (a job's configuration, a domain
+    file); FileNotFoundError (an OSError) if it does not exist."""
+    data = read_bytes(path)
+    if data is None:
+        raise FileNotFoundError(f"{path} does not exist")
+    return data.decode("utf-8")
+
+
 def write_bytes(path: str, data: bytes, *, exclusive: bool = False) -> bool:
     """Write ``data``; with ``exclusive``, only if ``path`` does not exist (returns False then)."""
     if is_gcs(path):

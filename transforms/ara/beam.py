@@ -72,38 +72,6 @@ def check_conversion_schema(schema, config: ContributionConfig) -> None:
                          f"{schema.field('order').type}")
 
 
-def _read_batches(readable_file, fmt: str, batch_rows: int):
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-    from apache_beam.io.filesystem import CompressionTypes
-    if fmt == "parquet":
-        with readable_file.open(compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            pf = pq.ParquetFile(f)
-            yield from pf.iter_batches(batch_size=batch_rows)
-    else:
-        with readable_file.open() as f:
-            reader = pacsv.open_csv(f, read_options=pacsv.ReadOptions(block_size=1 << 22))
-            for batch in reader:
-                yield batch
-
-
-class ReadConversionBatches(beam.PTransform):
-    """Files matching ``pattern`` (CSV with a header, or Parquet) as pyarrow RecordBatches."""
-
-    def __init__(self, pattern: str, fmt: str, batch_rows: int = 65536):
-        super().__init__()
-        if fmt not in ("csv", "parquet"):
-            raise ValueError(f"conversions format must be csv or parquet, got {fmt!r}")
-        self.pattern, self.fmt, self.batch_rows = pattern, fmt, batch_rows
-
-    def expand(self, pbegin):
-        from apache_beam.io import fileio
-        return (pbegin
-                | "Match" >> fileio.MatchFiles(self.pattern)
-                | "Open" >> fileio.ReadMatches()
-                | "Batches" >> beam.FlatMap(_read_batches, self.fmt, self.batch_rows))
-
-
 class _EncodeConversionsFn(beam.DoFn):
     def __init__(self, config: ContributionConfig, release_key, purpose: str):
         self.config = config
@@ -409,8 +377,9 @@ class SummaryReport(beam.PTransform):
                 | "JoinDomain" >> beam.CoGroupByKey()
                 | "Restrict" >> beam.ParDo(_RestrictToDomainFn())
                 # Batches for vectorised noise from a shuffle on a key-derived shard, not from
-                # BatchElements (Dask drops its finish_bundle batch). Noise is keyed per bucket,
-                # so batching never changes it.
+                # BatchElements (its last batch comes from finish_bundle, which some runners
+                # drop: transforms.batching). Noise is keyed per bucket, so batching never
+                # changes it.
                 | "Batch" >> ShardedBatches(operator.itemgetter(0), shards=NOISE_SHARDS,
                                             batch_size=NOISE_BATCH)
                 | "Noise" >> beam.ParDo(_AddNoiseFn(self.epsilon, self.release_key, self.purpose)))

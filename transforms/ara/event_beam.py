@@ -294,7 +294,8 @@ class SimulateEventReports(beam.PTransform):
         return ({"sources": sources, "triggers": triggers}
                 | "BySource" >> beam.CoGroupByKey()
                 | "Join" >> beam.ParDo(_JoinSourcesFn())
-                # Not BatchElements (its finish_bundle batch is lost on Dask): each source's
+                # Not BatchElements (its finish_bundle batch is lost on some runners:
+                # transforms.batching): each source's
                 # randomness is its own keyed lane, so batching never changes a report.
                 | "Batch" >> ShardedBatches(operator.itemgetter(0), shards=RANDOMIZE_SHARDS,
                                             batch_size=self.batch_size)

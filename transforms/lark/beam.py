@@ -26,7 +26,7 @@ from transforms.lark import browser, combine, helper as core
 from transforms.lark.local_dp import LocalFeatureNoise
 from transforms.lark.model import LogisticModel
 from transforms.lark.params import AggregationParams, GradientParams
-from transforms.lark.randomness import BrowserRandomness
+from transforms.randomness import RandomSource, SystemRandomness
 
 NAMESPACE = "masked_lark"
 
@@ -53,7 +53,7 @@ def _check_key(params, release_key, owner: str, purpose: str):
 # --------------------------------------------------------------------------- browsers
 
 class _ShareFn(beam.DoFn):
-    def __init__(self, kind: str, params, randomness: BrowserRandomness, options: dict):
+    def __init__(self, kind: str, params, randomness: RandomSource, options: dict):
         self._kind, self._params, self._randomness, self._options = kind, params, randomness, options
 
     def process(self, records: pa.Table):
@@ -67,7 +67,7 @@ class _ShareFn(beam.DoFn):
                                                **self._options)
         _count("records_shared", records.num_rows)
         for h, table in enumerate(reports):
-            yield f"helper_{h}", table  # fanned out by ByTag (no tagged outputs: Dask)
+            yield f"helper_{h}", table  # fanned out by ByTag (no tagged outputs: transforms.fanout)
 
 
 class ShareRecords(beam.PTransform):
@@ -78,7 +78,7 @@ class ShareRecords(beam.PTransform):
     source per pipeline construction.
     """
 
-    def __init__(self, *, randomness: Optional[BrowserRandomness] = None,
+    def __init__(self, *, randomness: Optional[RandomSource] = None,
                  aggregation: Optional[AggregationParams] = None,
                  num_features: Optional[int] = None, num_helpers: int = 2,
                  local_noise: Optional[LocalFeatureNoise] = None,
@@ -86,7 +86,7 @@ class ShareRecords(beam.PTransform):
         super().__init__()
         if (aggregation is None) == (num_features is None):
             raise ValueError("give exactly one of aggregation= or num_features=")
-        self._randomness = randomness or BrowserRandomness.secure()
+        self._randomness = randomness or SystemRandomness()
         if aggregation is not None:
             self._kind, self._params = "aggregation", aggregation
             self._options = {"batch_id": batch_id}

@@ -1,7 +1,7 @@
 """The browser side (the map step): records in, one Arrow table of reports per helper out.
 
 Pure numpy/pyarrow, importable without Beam. Randomness comes from a
-:class:`~transforms.lark.randomness.BrowserRandomness` (the OS CSPRNG by default); in its keyed
+:class:`~transforms.randomness.RandomSource` (the OS CSPRNG by default); in its keyed
 modes each record's stream is keyed by its content and the draws are made in a fixed order --
 report id, then masks or shares, then blinding -- so a record's reports do not depend on the
 other records of its table.
@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from transforms.lark.local_dp import LocalFeatureNoise, check_byte_features
 from transforms.lark.masks import blinding, check_labels, mask_labels
 from transforms.lark.params import AggregationParams
-from transforms.lark.randomness import BrowserRandomness
+from transforms.randomness import RandomSource, SystemRandomness
 from transforms.lark.reports import (LarkInputError, blind_columns, feature_columns,
                                      ids_to_hex, require_columns, share_column)
 from transforms.lark.sharing import check_num_helpers, share_from_words
@@ -67,10 +67,10 @@ def _real_matrix(records: pa.Table, columns: Sequence[str]) -> np.ndarray:
 
 
 def aggregation_reports(records: pa.Table, params: AggregationParams, *,
-                        randomness: Optional[BrowserRandomness] = None,
+                        randomness: Optional[RandomSource] = None,
                         batch_id: Optional[str] = None) -> list[pa.Table]:
     """One report table per helper (Algorithm 1) for every record."""
-    randomness = randomness or BrowserRandomness.secure()
+    randomness = randomness or SystemRandomness()
     require_columns(records, ["record_id", "key", *params.value_columns], "aggregation records")
     n = records.num_rows
     values = _real_matrix(records, params.value_columns)
@@ -97,10 +97,10 @@ def aggregation_reports(records: pa.Table, params: AggregationParams, *,
 
 def gradient_reports(records: pa.Table, *, num_features: int, num_helpers: int = 2,
                      num_labels: int = 2, local_noise: Optional[LocalFeatureNoise] = None,
-                     randomness: Optional[BrowserRandomness] = None,
+                     randomness: Optional[RandomSource] = None,
                      batch_id: Optional[str] = None) -> list[pa.Table]:
     """One report table per helper for masked gradient computation (Section 4)."""
-    randomness = randomness or BrowserRandomness.secure()
+    randomness = randomness or SystemRandomness()
     num_helpers = check_num_helpers(num_helpers)
     xcols = feature_columns(num_features)
     require_columns(records, ["record_id", "label", *xcols], "gradient records")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from transforms.lark.randomness import RecordDraws
+from transforms.randomness import RecordDraws
 from transforms.lark.sharing import check_num_helpers, share_from_words
 
 

@@ -39,7 +39,7 @@ def share_from_words(values, uniform: np.ndarray) -> list[np.ndarray]:
 
 def share(values, num_helpers: int, rng_words) -> list[np.ndarray]:
     """Shares of ``values`` for ``num_helpers`` helpers; ``rng_words(shape)`` returns uniform
-    uint64 words of that shape (e.g. from :func:`transforms.lark.randomness.words`)."""
+    uint64 words of that shape (e.g. from :func:`transforms.randomness.stream_words`)."""
     num_helpers = check_num_helpers(num_helpers)
     values = to_ring(values)
     return share_from_words(values, rng_words((num_helpers - 1,) + values.shape))

@@ -39,7 +39,7 @@ from transforms.lark.helper import (BatchOutcome, gradient_params_digest, gradie
 from transforms.lark.local_dp import LocalFeatureNoise
 from transforms.lark.model import LogisticModel, clipped_gradient_floats
 from transforms.lark.params import GradientParams
-from transforms.lark.randomness import BrowserRandomness
+from transforms.randomness import RandomSource, SystemRandomness
 from transforms.noise import RandomStreams, add_noise
 
 HelperRelease = Callable[[int, pa.Table, LogisticModel, str],
@@ -126,7 +126,7 @@ def in_process_helpers(params: GradientParams,
 
 def train_masked(features: np.ndarray, labels: np.ndarray, config: TrainingConfig, *,
                  helper_keys: Optional[Sequence[ReleaseKey]] = None,
-                 randomness: Optional[BrowserRandomness] = None,
+                 randomness: Optional[RandomSource] = None,
                  helpers: Optional[HelperRelease] = None,
                  evaluate: Optional[tuple] = None,
                  start: Optional[LogisticModel] = None) -> TrainingResult:
@@ -138,7 +138,7 @@ def train_masked(features: np.ndarray, labels: np.ndarray, config: TrainingConfi
     helpers = helpers or in_process_helpers(params, helper_keys)
     reports = gradient_reports(gradient_records(features, labels), num_features=d,
                                num_helpers=config.num_helpers, local_noise=config.local_noise,
-                               randomness=randomness or BrowserRandomness.secure(),
+                               randomness=randomness or SystemRandomness(),
                                batch_id="unassigned")
     reports = [r.drop(["batch_id"]) for r in reports]
     model = start or LogisticModel.zeros(d, config.feature_scale, config.feature_offset)

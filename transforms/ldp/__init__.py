@@ -20,7 +20,8 @@ Beam wiring is in :mod:`transforms.ldp.beam` (imported on demand).
 """
 from transforms.ldp.oracles import (BasicRappor, BinaryRR, GRR, OLH, ORACLES, Oracle,
                                     UnaryEncoding, make_oracle)
-from transforms.ldp.randomness import KeyedRandomness, RandomSource, SystemRandomness
+from transforms.ldp.randomness import KeyedRandomness
+from transforms.randomness import RandomSource, SystemRandomness
 
 __all__ = ["BasicRappor", "BinaryRR", "GRR", "OLH", "ORACLES", "Oracle", "UnaryEncoding",
            "make_oracle", "KeyedRandomness", "RandomSource", "SystemRandomness"]

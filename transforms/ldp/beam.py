@@ -31,7 +31,8 @@ from transforms.ldp.labels import (LabelRandomizer, debias_table, label_counts,
                                    randomize_label_table)
 from transforms.ldp.oracles import Oracle
 from transforms.ldp.randomizers import randomize
-from transforms.ldp.randomness import KeyedRandomness, RandomSource, record_ids
+from transforms.ldp.randomness import KeyedRandomness, record_ids
+from transforms.randomness import RandomSource
 from transforms.ldp.reports import report_arrays
 from transforms.ldp.shuffle import SHARE_COLUMN, SplitAndMix
 
@@ -183,7 +184,7 @@ class _SplitGroups(beam.DoFn):
                 continue
             self._null.inc(arrays.dropped_null)
             self._bad.inc(arrays.dropped_out_of_domain)
-            yield "n", arrays.n  # fanned out by ByTag (no tagged outputs: Dask)
+            yield "n", arrays.n  # fanned out by ByTag (no tagged outputs: transforms.fanout)
             yield f"round{r}", arrays
 
 

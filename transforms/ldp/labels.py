@@ -37,8 +37,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from transforms.ldp.oracles import check_local_epsilon
-from transforms.ldp.randomness import (TWO32, KeyedRandomness, RandomSource, SystemRandomness,
-                                       retry_u32, threshold_floor, uniform_below)
+from transforms.ldp.randomness import (TWO32, KeyedRandomness, retry_u32, threshold_floor,
+                                       uniform_below)
+from transforms.randomness import RandomSource, SystemRandomness
 
 
 @dataclass(frozen=True, kw_only=True)

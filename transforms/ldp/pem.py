@@ -33,7 +33,8 @@ from transforms.ldp import hashing
 from transforms.ldp.estimators import SupportCounts, count_support, estimate_table
 from transforms.ldp.oracles import Oracle, check_local_epsilon, make_oracle
 from transforms.ldp.randomizers import randomize
-from transforms.ldp.randomness import RandomSource, SystemRandomness, retry_u32, uniform_below
+from transforms.ldp.randomness import retry_u32, uniform_below
+from transforms.randomness import RandomSource, SystemRandomness
 from transforms.ldp.reports import report_arrays, report_fields
 
 PEM_METADATA_KEY = b"ldp.pem"

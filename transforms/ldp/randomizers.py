@@ -1,7 +1,7 @@
 """Client-side local randomizers: values in, Arrow report tables out (pure, vectorised numpy).
 
 ``randomize(oracle, values, source=..., ids=...)`` runs the oracle's randomizer for a batch of
-clients. The randomness comes from a :class:`~transforms.ldp.randomness.RandomSource`: the OS
+clients. The randomness comes from a :class:`~transforms.randomness.RandomSource`: the OS
 CSPRNG on a device (:class:`SystemRandomness`, ids not needed), keyed AES streams in a
 simulation, a server-side randomizer or a test (:class:`KeyedRandomness`, one integer id per
 client: a client's report then depends only on the key, the purpose and its id). Each oracle
@@ -19,8 +19,8 @@ import pyarrow as pa
 
 from transforms.ldp import hashing
 from transforms.ldp.oracles import GRR, OLH, Oracle, UnaryEncoding
-from transforms.ldp.randomness import (RandomSource, SystemRandomness, bernoulli_bytes,
-                                       retry_u32, u32_stream, uniform_below)
+from transforms.ldp.randomness import bernoulli_bytes, retry_u32, u32_stream, uniform_below
+from transforms.randomness import RandomSource, SystemRandomness
 from transforms.ldp.reports import report_schema, unary_width
 
 _UNARY_CHUNK_CELLS = 1 << 23  # clients x domain bits per chunk (8 MB of random bytes)

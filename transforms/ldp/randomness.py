@@ -1,19 +1,16 @@
-"""Where a client's random bits come from, and exact samplers on top of them (pure numpy).
+"""Local DP clients' randomness: the keyed source of records named by id, and exact samplers.
 
-A local randomizer runs on the client's device in production; in this toolkit the same code runs
-in three settings, each behind one :class:`RandomSource` interface:
-
-* :class:`KeyedRandomness` -- keyed streams of the noise engine
-  (:class:`transforms.noise.RandomStreams`) under a :class:`accounting.keys.ReleaseKey`: a
-  server-side randomizer (label randomization for a training export), a simulation of millions of
-  clients, or a test. Record ``i``'s bits are a function of (key, purpose, stage, record id)
-  only -- never of batching, bundling, worker or order -- so a re-run reproduces exactly, and with
-  a secret key (``ReleaseKey.generate()``, the default of every job) nobody without the key can
-  predict or reproduce them. :meth:`KeyedRandomness.for_testing` is the seeded testing mode: the
-  same code under a public key derived from a seed (``ReleaseKey.for_testing``), flagged
-  ``is_testing``.
-* :class:`SystemRandomness` -- the operating system's CSPRNG, what a real client device uses (it
-  has no release key, and nothing needs to reproduce its report).
+A local randomizer takes its bits from a :class:`~transforms.randomness.RandomSource` (the one
+client-randomness interface, :mod:`transforms.randomness`): the OS CSPRNG on a device
+(:class:`~transforms.randomness.SystemRandomness`, the default) or, here,
+:class:`KeyedRandomness` -- keyed streams of the noise engine
+(:class:`transforms.noise.RandomStreams`) under a :class:`accounting.keys.ReleaseKey`: a
+server-side randomizer (label randomization for a training export), a simulation of millions of
+clients, or a test. Record ``i``'s bits are a function of (key, purpose, stage, record id) only,
+so a re-run reproduces exactly, and with a secret key (``ReleaseKey.generate()``, the default of
+every job) nobody without the key can predict or reproduce them.
+:meth:`KeyedRandomness.for_testing` is the seeded testing mode: the same code under a public key
+derived from a seed (``ReleaseKey.for_testing``), flagged ``is_testing``.
 
 Lane layout. The noise engine's stream for lane ``i`` encrypts ``seed_i XOR counter`` under an
 AES-256 key derived from (release key, purpose). Here a record's ``j``-th 64-bit word comes from
@@ -32,42 +29,18 @@ records redraw from a separate stage).
 from __future__ import annotations
 
 import math
-import os
 from typing import Callable, Optional
 
 import numpy as np
 import pyarrow as pa
 
 from accounting.keys import ReleaseKey
+from transforms.randomness import RandomSource, RecordDraws
 
 _U64 = np.uint64
 TWO32 = 1 << 32
 _MASK32 = _U64(0xFFFFFFFF)
 MAX_RETRY_ROUNDS = 64
-
-
-class RandomSource:
-    """Uniform 64-bit words for a batch of records (subclasses say where they come from)."""
-
-    #: True when the bits are reproducible from public information (tests, benchmarks).
-    is_testing: bool = False
-
-    def words(self, ids, count: int, stage: str) -> np.ndarray:
-        """``(len(ids), count)`` uint64 words, independent across records and stages.
-
-        ``ids``: one id per record (keyed sources derive the bits from it; others only use its
-        length). ``stage`` names what the words are for (e.g. ``"grr"``); a keyed source gives
-        independent bits per stage.
-        """
-        raise NotImplementedError
-
-    def word_at(self, ids, index: np.ndarray, stage: str) -> np.ndarray:
-        """Word ``index[i]`` of record ``ids[i]``'s ``stage`` stream (uint64, one per pair): the
-        same word :meth:`words` would return at that position."""
-        raise NotImplementedError
-
-    def describe(self) -> str:
-        raise NotImplementedError
 
 
 def record_ids(ids) -> np.ndarray:
@@ -140,6 +113,12 @@ class KeyedRandomness(RandomSource):
         seeds = np.stack([base0 ^ index, base1], axis=1)
         return RandomStreams.first_draw(self.release_key, purpose, seeds)
 
+    def records(self, stage: str, lanes: pa.Table) -> RecordDraws:
+        """Draws per row of ``lanes``, keyed by the row's content (stage ``<stage>/records``)."""
+        RandomStreams, purpose = self._streams(f"{stage}/records")
+        streams = RandomStreams.for_keys(self.release_key, purpose, lanes)
+        return RecordDraws(lanes.num_rows, streams=streams)
+
     def words(self, ids, count: int, stage: str) -> np.ndarray:
         if count < 0:
             raise ValueError("count must not be negative")
@@ -154,25 +133,6 @@ class KeyedRandomness(RandomSource):
         # Each word has its own lane seed (j, id): its first stream word is the word itself.
         return RandomStreams.first_draw(self.release_key, purpose,
                                         seeds.reshape(-1, 2)).reshape(n, count)
-
-
-class SystemRandomness(RandomSource):
-    """The operating system's CSPRNG (``os.urandom``): a client device's default; not reproducible."""
-
-    is_testing = False
-
-    def words(self, ids, count: int, stage: str) -> np.ndarray:
-        n = len(ids) if not isinstance(ids, int) else ids
-        if count < 0:
-            raise ValueError("count must not be negative")
-        raw = os.urandom(8 * n * count)
-        return np.frombuffer(raw, dtype=np.uint64).reshape(n, count).copy()
-
-    def word_at(self, ids, index, stage: str) -> np.ndarray:
-        return self.words(len(np.asarray(index)), 1, stage)[:, 0]
-
-    def describe(self) -> str:
-        return "operating-system CSPRNG (os.urandom)"
 
 
 # ------------------------------------------------------------------------------------- samplers

@@ -53,7 +53,8 @@ import pyarrow as pa
 from scipy import stats
 
 from accounting.validation import check_delta, check_epsilon, check_positive_int
-from transforms.ldp.randomness import TWO32, RandomSource, u32_stream
+from transforms.ldp.randomness import TWO32, u32_stream
+from transforms.randomness import RandomSource
 
 SHARE_COLUMN = "share"
 SHARES_METADATA_KEY = b"ldp.split_and_mix"

@@ -20,7 +20,8 @@ from scipy import stats
 
 from transforms.ldp.oracles import Oracle
 from transforms.ldp.randomizers import randomize
-from transforms.ldp.randomness import KeyedRandomness, RandomSource
+from transforms.ldp.randomness import KeyedRandomness
+from transforms.randomness import RandomSource
 
 _TAIL = 1e-15
 

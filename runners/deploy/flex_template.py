@@ -1,6 +1,6 @@
 """Dataflow Flex Template metadata for every job, generated from the job's CLI.
 
-    python -m runners.flex_template --output DIR        # DIR/<job>.metadata.json per job
+    python -m runners.deploy.flex_template --output DIR        # DIR/<job>.metadata.json per job
 
 A Flex Template launches a job by running its ``main()`` in a launcher container, so a scheduled
 release reserves its key from the ledger at run time inside the launcher: nothing secret is staged
@@ -24,8 +24,8 @@ from typing import Sequence
 
 def _job_modules() -> tuple[str, ...]:
     """Every ``pipelines`` module that defines a release-layer job (a top-level ``JOB = ``)."""
-    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          "pipelines")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    folder = os.path.join(root, "pipelines")
     found = []
     for name in sorted(os.listdir(folder)):
         if name.endswith(".py"):

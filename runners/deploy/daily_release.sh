@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Daily CentralNotice release for every campaign, for cron (see runners/cron.example).
+# Daily CentralNotice release for every campaign, for cron (see runners/deploy/cron.example).
 #
-#   runners/daily_release.sh [YYYY-MM-DD]     # default: yesterday (UTC)
+#   runners/deploy/daily_release.sh [YYYY-MM-DD]     # default: yesterday (UTC)
 #
 # One `python -m pipelines.centralnotice` run per campaign, release id "<campaign>/<date>" (the
 # campaigns' schedule must be daily): the
 # budget ledger charges each release once, so re-running a day (after a failure) reproduces the
 # same release instead of spending budget again. Configuration by environment, as for the Airflow
-# DAG (runners/airflow_dag.py):
+# DAG (runners/deploy/airflow_dag.py):
 #   BEAM_DP_CAMPAIGNS (comma-separated, required), BEAM_DP_DATA, BEAM_DP_OUTPUT, BEAM_DP_CONFIG,
 #   BEAM_DP_LEDGER, BEAM_DP_KEY_STORE, BEAM_DP_RUNNER (default DirectRunner),
 #   BEAM_DP_RUNNER_ARGS (extra Beam options, e.g. "--flink_master=host:8081"),

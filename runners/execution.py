@@ -1,0 +1,92 @@
+"""The one seam between this project's pipelines and a runner: build, run, wait, clean up.
+
+Every run of the project (each job through the release layer's ``run_pipeline``, the runner
+check, the benchmarks) goes through :func:`run`, and the runner profile of the run's options
+(:func:`runners.profiles.profile_of`) owns what differs between runners, as an
+:class:`Execution`:
+
+* ``session``: what must exist around the run (a local Dask cluster started for it and shut
+  down after it, failed or not) and the options the run then uses;
+* ``prepare``: what the built pipeline needs before it is submitted: refusing transforms the
+  runner would run wrongly without an error, and one final leaf depending on every other leaf
+  where the runner computes only the last-applied transform;
+* ``close``: what the finished result holds open (the Dask runner's client, closed before its
+  cluster).
+
+What DoFns need to know of the runner (threads, batch sizes) the profile states in the options
+(:class:`transforms.parallel.ExecutionOptions`), not here: transforms never ask which runner
+they are on.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+
+class Execution:
+    """How a run goes on a runner that needs nothing around Beam's own ``run`` (the base of every
+    profile's execution)."""
+
+    @contextlib.contextmanager
+    def session(self, options) -> Iterator[object]:
+        """The options of a run, valid inside the block (nothing to start or stop here)."""
+        yield options
+
+    def prepare(self, pipeline) -> None:
+        """Check or complete the built ``pipeline`` before it is submitted (nothing here)."""
+
+    def close(self, result) -> None:
+        """Release what the finished ``result`` holds (nothing here)."""
+
+
+def leaves(pipeline) -> list:
+    """The PCollections of ``pipeline`` that no transform reads (as a main or a side input), in
+    the order their producers were applied."""
+    from apache_beam import pvalue
+    from apache_beam.pipeline import PipelineVisitor
+
+    produced, read = [], set()
+
+    class Visitor(PipelineVisitor):
+        def visit_transform(self, node):
+            read.update(id(p) for p in node.inputs)
+            read.update(id(s.pvalue) for s in node.side_inputs)
+            produced.extend(p for p in node.outputs.values() if isinstance(p, pvalue.PCollection))
+
+    pipeline.visit(Visitor())
+    return [p for p in produced if id(p) not in read]
+
+
+def join_leaves(pipeline, label: str = "AllLeaves") -> None:
+    """Apply one ``Flatten`` of every leaf of ``pipeline`` (when there are several) as its last
+    transform: a runner that computes only the last-applied transform's graph then computes all
+    of them."""
+    import apache_beam as beam
+
+    found = leaves(pipeline)
+    if len(found) > 1:
+        _ = tuple(found) | label >> beam.Flatten()
+
+
+def run(options, build: Callable) -> object:
+    """Build a pipeline with ``build(pipeline)`` on ``options``, run it to the end on its runner
+    profile's :class:`Execution` and return the finished result. Raises what the run raised, or
+    RuntimeError when it ended in a state other than done."""
+    import apache_beam as beam
+    from apache_beam.runners.runner import PipelineState
+
+    from runners.profiles import profile_of
+
+    execution = profile_of(options).execution
+    with execution.session(options) as run_options:
+        pipeline = beam.Pipeline(options=run_options)
+        build(pipeline)
+        execution.prepare(pipeline)
+        result = pipeline.run()
+        try:
+            state = result.wait_until_finish()
+        finally:
+            execution.close(result)
+    if state not in (None, PipelineState.DONE):
+        raise RuntimeError(f"the pipeline ended in state {state}")
+    return result
