@@ -234,7 +234,7 @@ def test_a_release_splits_its_budget_through_a_shared_budget():
                                    impressions=("x.csv",), clicks=("y.csv",), first_releases=True,
                                    options=ReleaseOptions(output="/tmp/unused", testing_seed=1))
     config = load_config(request.config)
-    for planned, campaign in zip(JOB.plan(request), config.campaigns):
+    for planned, campaign in zip(JOB.planned(request), config.campaigns):
         assert isinstance(planned.budget, SharedBudget)
         assert planned.budget.names == ("impressions", "clicks")
         assert planned.measures == tuple(campaign.measures())

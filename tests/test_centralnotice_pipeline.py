@@ -753,3 +753,31 @@ def test_impressions_that_would_wrap_int64_fail_clearly_and_publish_nothing(tmp_
     err = capsys.readouterr().err
     assert "'impressions'" in err and "outside the int64 range" in err and "nothing was published" in err
     assert not list(out.rglob("*.parquet"))
+
+
+def test_a_run_of_three_releases_reads_its_configuration_once(tmp_path, monkeypatch, capsys):
+    """Job.prepare reads the configuration once per run and every hook reads what it prepared:
+    one read for a run of three releases (the bundled sample's first releases), and one for
+    --explain."""
+    from pipelines import centralnotice_config
+
+    sample = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "pipelines", "sample_data", "centralnotice")
+    config = os.path.join(sample, "campaigns.json")
+    real, reads = centralnotice_config.read_text, []
+
+    def counting(path):
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(centralnotice_config, "read_text", counting)
+    result = run(CentralNoticeRequest(
+        config=config, impressions=(os.path.join(sample, "impressions.csv"),),
+        clicks=(os.path.join(sample, "clicks.csv"),), first_releases=True, num_shards=2,
+        options=ReleaseOptions(output=str(tmp_path / "out"), testing_seed=SEED)))
+    assert len(result.releases) == 3
+    assert reads.count(config) == 1
+    reads.clear()
+    assert main(["--config", config, "--first_releases", "--explain", "--testing_seed", "1",
+                 "--output", str(tmp_path / "explain")]) == 0
+    assert reads.count(config) == 1 and capsys.readouterr().out.count("centralnotice release") == 3

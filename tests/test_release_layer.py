@@ -436,17 +436,17 @@ class ToyJob(Job):
     request_type = ToyRequest
     description = "A toy job."
 
-    def inputs(self, request):
-        return [InputSpec(name="rows", paths=request.rows, columns={"key": "text", "value": "text"},
+    def inputs(self, prepared):
+        return [InputSpec(name="rows", paths=prepared.request.rows, columns={"key": "text", "value": "text"},
                           flag="--rows")]
 
-    def plan(self, request):
+    def plan(self, prepared):
         return [PlannedRelease(
-            release_id=request.label, measures=[Measure.of_noise("count", NOISE, ONE)],
+            release_id=prepared.request.label, measures=[Measure.of_noise("count", NOISE, ONE)],
             scopes=[Scope(name="toy", budget=PrivacyBudget(epsilon=10.0))],
             outputs=[OutputSpec(name="counts.csv", sort_by=["key"], schema=TOY_SCHEMA)], config={})]
 
-    def build(self, pipeline, request, inputs, release):
+    def build(self, pipeline, prepared, inputs, release):
         rows = release.counters(self.name, "rows")
         return {"counts.csv": (inputs["rows"]
                                | release.label("All") >> beam.combiners.ToList()
@@ -552,9 +552,10 @@ class TwoReleaseToyJob(ToyJob):
 
     name = "toyjob2"
 
-    def plan(self, request):
-        (one,) = ToyJob.plan(self, request)
-        return [dataclasses.replace(one, release_id=f"{request.label}/{part}") for part in "ab"]
+    def plan(self, prepared):
+        (one,) = ToyJob.plan(self, prepared)
+        return [dataclasses.replace(one, release_id=f"{prepared.request.label}/{part}")
+                for part in "ab"]
 
 
 def _toy_argv(tmp_path, label="toy/2026"):

@@ -42,10 +42,10 @@ owns everything else, the same way for every job:
 from pipelines.release.counters import RowCounters
 from pipelines.release.errors import ReleaseFailed, ReleaseRefused
 from pipelines.release.inputs import InputSpec
-from pipelines.release.job import (Job, OutputSpec, PlannedRelease, ReleaseContext,
+from pipelines.release.job import (Job, OutputSpec, PlannedRelease, Prepared, ReleaseContext,
                                    ReleaseOptions)
 from pipelines.release.lifecycle import ReleaseOutcome, RunResult, run
 
-__all__ = ["Job", "InputSpec", "OutputSpec", "PlannedRelease", "ReleaseContext",
+__all__ = ["Job", "InputSpec", "OutputSpec", "PlannedRelease", "Prepared", "ReleaseContext",
            "ReleaseOptions", "ReleaseRefused", "ReleaseFailed", "RowCounters", "RunResult",
            "ReleaseOutcome", "run"]

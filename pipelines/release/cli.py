@@ -119,8 +119,8 @@ def parse_request(job: Job, argv: Sequence[str]):
 
 def _explain(job: Job, request) -> int:
     """``--explain``: the plan of every release the request would make (nothing read or charged)."""
-    job.check(request)
-    for planned in job.plan(request):
+    prepared = job.prepare(request)
+    for planned in job.plan(prepared):
         print(f"{job.name} release {planned.release_id}")
         print("\n".join(f"  {line}" if line else "" for line in planned.explain().splitlines()))
     return EXIT_RELEASED

@@ -125,14 +125,15 @@ def run(job: Job, request) -> RunResult:
     (nothing charged) or ReleaseFailed (reserved, nothing published)."""
     started = time.time()
     options = request.options
-    job.check(request)
-    planned = list(job.plan(request))
+    prepared = job.prepare(request)
+    job.check(prepared)
+    planned = list(job.plan(prepared))
     if not planned:
         raise ReleaseRefused(f"{job.name}: the request plans no release")
     ids = [p.release_id for p in planned]
     if len(set(ids)) != len(ids):
         raise ReleaseRefused(f"{job.name}: release ids repeat: {ids}")
-    resolved = {spec.name: release_inputs.preflight(spec) for spec in job.inputs(request)}
+    resolved = {spec.name: release_inputs.preflight(spec) for spec in job.inputs(prepared)}
     for p in planned:
         unknown = set(p.inputs or ()) - set(resolved)
         if unknown:
@@ -179,7 +180,7 @@ def run(job: Job, request) -> RunResult:
             requests = [ReleaseRequest(
                 release_id=p.release_id, measures=p.measures, input_digest=_digest(job, p, resolved),
                 scopes=p.scopes, key_names=p.key_names, content_key=job.content_key(
-                    request, p, {n: resolved[n] for n in (p.inputs or sorted(resolved))}),
+                    prepared, p, {n: resolved[n] for n in (p.inputs or sorted(resolved))}),
                 metadata={"job": job.name}) for p in planned]
             reserved = ledger.reserve(requests, new_release=options.new_release)
             publish.bind(output, ledger)
@@ -208,7 +209,7 @@ def run(job: Job, request) -> RunResult:
 
         read = {name: pipeline | f"Read[{name}]" >> release_inputs.ReadInput(r, job.name)
                 for name, r in resolved.items()}
-        built = job.build_all(pipeline, request, read, contexts)
+        built = job.build_all(pipeline, prepared, read, contexts)
         written = []
         for context in contexts:
             p = context.planned
@@ -262,7 +263,7 @@ def run(job: Job, request) -> RunResult:
               for c in contexts}
 
     # ----------------------------------------------------------------- dropped-rows rule
-    shares = {rid: job.dropped_rows(c) for rid, c in counts.items()}
+    shares = {rid: job.dropped_rows(prepared, c) for rid, c in counts.items()}
     problems = [f"{rid}: {name}: {s['dropped']} of {s['eligible']} eligible rows dropped"
                 for rid, per_input in shares.items() for name, s in per_input.items()
                 if s["eligible"] > 0 and (s["dropped"] == s["eligible"]
@@ -290,7 +291,7 @@ def run(job: Job, request) -> RunResult:
                 raise ReleaseFailed(f"{job.name}: {spec.name} of {rid} was not written")
             tables[spec.name] = release_outputs.decode(data, spec)
             files[spec.name] = storage.sha256_of(storage.join(folder, spec.name))
-        marker = report.marker(job, request, context, versions[rid], files, tables,
+        marker = report.marker(job, prepared, context, versions[rid], files, tables,
                                ledger=ledger, reservation=reservations.get(rid))
         storage.write_bytes(storage.join(folder, publish.MARKER), publish.marker_bytes(marker))
         finals[rid] = publish.release_folder(output, rid, versions[rid], context.testing)

@@ -26,7 +26,7 @@ def _finite(value):
     return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def marker(job, request, context, version: int, files: Mapping[str, str], tables, *,
+def marker(job, prepared, context, version: int, files: Mapping[str, str], tables, *,
            ledger=None, reservation=None) -> dict:
     p = context.planned
     out = {
@@ -42,7 +42,7 @@ def marker(job, request, context, version: int, files: Mapping[str, str], tables
                                 "columns": {f.name: str(f.type) for f in spec.schema},
                                 "description": spec.description}
                     for spec in p.outputs},
-        "summary": job.public_summary(request, p, tables),
+        "summary": job.public_summary(prepared, p, tables),
         "key_fingerprints": {n: k.fingerprint() for n, k in sorted(context.keys.items())},
     }
     if reservation is not None:
