@@ -19,8 +19,9 @@ Every case asserts, besides its own outcome: the ledger file is unchanged on eve
 no key was stored); no published file was replaced by different bytes (and a failed run
 published nothing); no secret key appears in any output, report, ledger or message.
 
-Kill points inside the publish step (a forked child running a job's ``main`` with a function
-patched to ``os._exit`` at that point) and concurrent runs are checked at the end.
+Kill points named after the lifecycle's phases (a forked child running a job's ``main`` with the
+phase, or a step inside it, patched to ``os._exit`` right after it) and concurrent runs are
+checked at the end.
 """
 from __future__ import annotations
 
@@ -752,7 +753,7 @@ def test_the_table_covers_every_job_with_sixty_cases_or_more():
     assert all(c.fixture in FIXES for c in CASES if c.expect.then == "takeover")
 
 
-# --------------------------------------------------------------------------- kill points in the publish step
+# --------------------------------------------------------------------------- kill points at the phases
 
 def _die_after(module, name, *, when=lambda *a, **k: True):
     """Patch ``module.name`` (in a forked child only) to run, then kill the process like kill -9."""
@@ -780,45 +781,37 @@ def _run_killed(job, argv, patch):
     return process.exitcode
 
 
-def _kill_begin_publish():
-    from accounting.ledger import machine
-
-    _die_after(machine.BudgetLedger, "begin_publish")
-
-
-def _kill_after_rename():
-    from pipelines.release import storage
-
-    _die_after(storage, "rename_dir")
+#: Kill points, named after the phases of pipelines.release.lifecycle: a phase ("rule": right
+#: after it returned) or a step inside one ("publish/pin"), each a function of that module.
+KILL_POINTS = {"compute": "compute", "rule": "rule", "publish/pin": "pin", "publish": "publish",
+               "commit/record": "commit_record"}
 
 
-def _kill_after_commit():
-    from accounting.ledger import machine
+def _kill_after(point):
+    def patch():
+        from pipelines.release import lifecycle
 
-    _die_after(machine.BudgetLedger, "commit")
-
-
-def _kill_before_publishing():
-    from pipelines.release import publish
-
-    _die_after(publish, "check_publishable", when=lambda staging, final, **kw: True)
+        _die_after(lifecycle, KILL_POINTS[point])
+    return patch
 
 
-@pytest.mark.parametrize("kill, state, visible", [
-    (_kill_before_publishing, "reserved", False),   # staged, checked, not yet pinned
-    (_kill_begin_publish, "publishing", False),     # pinned, nothing published
-    (_kill_after_rename, "publishing", True),       # published, not committed
-    (_kill_after_commit, "committed", True),        # committed, no operator report yet
-], ids=["before-begin-publish", "after-begin-publish", "after-rename", "after-commit"])
-def test_kill_inside_the_publish_step_then_rerun(tmp_path_factory, kill, state, visible):
+@pytest.mark.parametrize("point, state, visible", [
+    ("compute", "reserved", False),          # staged, nothing checked or published
+    ("rule", "reserved", False),             # staged and ruled, not yet pinned
+    ("publish/pin", "publishing", False),    # pinned, nothing published
+    ("publish", "publishing", True),         # published, not committed
+    ("commit/record", "committed", True),    # committed, no operator report yet
+])
+def test_kill_at_a_phase_then_rerun(tmp_path_factory, point, state, visible):
     ws = Workspace.get("cn", tmp_path_factory)
     argv = base_argv("cn", ws.path) + ["--release", "C1/2026-11-02"]
     charged_before = charged(ws.ledger)
-    assert _run_killed("cn", argv, kill) == 137
+    assert _run_killed("cn", argv, _kill_after(point)) == 137
     record = read_json(ws.ledger)["releases"]["C1/2026-11-02"]
     assert record["state"] == state
     folder = ws.path / "out" / "C1" / "2026-11-02" / "v1"
     assert (folder / "RELEASE.json").exists() == visible
+    assert not (ws.path / "private" / "reports" / "C1" / "2026-11-02" / "v1" / "report.json").exists()
     killed = published(ws.path / "out")
     charged_after_kill = charged(ws.ledger)
     assert charged_after_kill > charged_before
@@ -833,6 +826,14 @@ def test_kill_inside_the_publish_step_then_rerun(tmp_path_factory, kill, state, 
     assert charged(ws.ledger) == pytest.approx(charged_after_kill)  # no extra spend
     assert (ws.path / "private" / "reports" / "C1" / "2026-11-02" / "v1" / "report.json").exists()
     assert not list((ws.path / "out" / ".staging").rglob("*.parquet"))  # no attempt survives
+
+
+def test_every_kill_point_is_a_function_of_the_lifecycle():
+    from pipelines.release import lifecycle
+
+    assert all(callable(getattr(lifecycle, name, None)) for name in KILL_POINTS.values())
+    phases = {p.split("/")[0] for p in KILL_POINTS}
+    assert phases <= {"preflight", "reserve", "compute", "rule", "publish", "commit"}
 
 
 def test_kill_between_gcs_objects_then_rerun(tmp_path):

@@ -608,6 +608,10 @@ def test_a_publication_failing_part_way_names_what_is_out_and_a_rerun_publishes_
     assert "internal error" not in err
     assert (tmp_path / "out" / "toy" / "2026" / "a" / "v1" / "RELEASE.json").exists()
     assert not (tmp_path / "out" / "toy" / "2026" / "b" / "v1").exists()
+    # What is out is committed, with its operator report (publish's failure policy).
+    states = {r: v["state"] for r, v in read_json(tmp_path / "l.json")["releases"].items()}
+    assert states == {"toy/2026/a": "committed", "toy/2026/b": "publishing"}
+    assert (tmp_path / "reports" / "toy" / "2026" / "a" / "v1" / "report.json").exists()
     first = (tmp_path / "out" / "toy" / "2026" / "a" / "v1" / "counts.csv").read_bytes()
     monkeypatch.setattr(publish, "publish", real_publish)
     assert cli.main(job, argv) == 0

@@ -8,7 +8,8 @@ owns everything else, the same way for every job:
    once (that list is both what is read and what the input digest covers) and checked -- it
    opens, its format and compression are known, its columns exist with usable types. Bad flags,
    configuration or input: exit 2, nothing charged.
-2. **Reserve, compute, publish, commit** (:mod:`~pipelines.release.lifecycle`): the ledger
+2. **Reserve, compute, rule, publish, commit** (:mod:`~pipelines.release.lifecycle`: a run is
+   these named phases after preflight, each with its failure policy beside it): the ledger
    reserves every release of the run, all or nothing, with fresh keys bound to the input digest
    (:mod:`accounting.ledger`); the pipeline writes to private staging; counters are read and the
    dropped-rows rule applied; each release is published atomically with its marker last

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import Mapping, Optional
+from typing import Mapping
 
 from accounting.ledger import keyed_binding
 from pipelines.release import names, publish, storage
@@ -26,8 +26,9 @@ def _finite(value):
     return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def marker(job, prepared, context, version: int, files: Mapping[str, str], tables, *,
+def marker(*, job, prepared, context, version: int, files: Mapping[str, str], tables,
            ledger=None, reservation=None) -> dict:
+    """The public marker of one release (see the module docstring)."""
     p = context.planned
     out = {
         "format": publish.MARKER_FORMAT, "job": job.name, "release_id": p.release_id,
@@ -52,8 +53,9 @@ def marker(job, prepared, context, version: int, files: Mapping[str, str], table
     return json.loads(json.dumps(out, default=str))
 
 
-def operator_report(job, context, marker: Mapping, status: str, folder: str, counters, shares,
-                    ledger, reservation, started: float, *, dropped_rule_overridden: bool) -> dict:
+def operator_report(*, context, marker: Mapping, status: str, folder: str, counters, shares,
+                    ledger, reservation, started: float, dropped_rule_overridden: bool) -> dict:
+    """The operator's report of one published release (raw-data facts: never published)."""
     out = {"marker": dict(marker), "status": status, "folder": folder,
            "counters": dict(counters), "dropped_rows": shares,
            "dropped_rule_overridden": dropped_rule_overridden,
@@ -112,7 +114,7 @@ def _folder(root: str, release_id: str, version: int) -> str:
     return storage.join(root, *names.release_path(release_id), f"v{version}")
 
 
-def write(report: Mapping, root: str, release_id: str, version: int, job) -> str:
+def write(report: Mapping, *, root: str, release_id: str, version: int, job) -> str:
     """The operator report of a published release. A failure record of an earlier attempt at
     this version (a run that published nothing and was then taken over) moves into it as
     ``earlier_failure``, so the folder never shows a failure beside a release that succeeded."""
@@ -130,7 +132,8 @@ def write(report: Mapping, root: str, release_id: str, version: int, job) -> str
     return path
 
 
-def write_failure(body: Mapping, root: str, release_id: str, version: int) -> str:
+def write_failure(body: Mapping, *, root: str, release_id: str, version: int) -> str:
+    """The operator's record of a run that published nothing for this release version."""
     path = storage.join(_folder(root, release_id, version), "failure.json")
     storage.write_bytes(path, (json.dumps(body, indent=1, sort_keys=True, default=str) + "\n")
                         .encode("utf-8"))
