@@ -429,9 +429,12 @@ def then_staging_cleaned(ws, case, argv, charged_after):
     assert not any((ws.path / "out" / ".staging" / "C1" / "2026-11-02").iterdir())
 
 
-def then_overridden(ws, case, argv, charged_after):
+def then_alert(ws, case, argv, charged_after):
+    """The alert is the operator's: in the operator report, never in what is published."""
     reports = [read_json(p) for p in (ws.path / "private" / "reports").rglob("report.json")]
-    assert any(r["dropped_rule_overridden"] for r in reports)
+    assert any(r["alerts"] for r in reports)
+    for path, data in published(ws.path / "out").items():
+        assert b"alert" not in data.lower() and b"eligible rows" not in data, path
 
 
 def then_new_version(ws, case, argv, charged_after):
@@ -446,7 +449,7 @@ def then_testing_prefix(ws, case, argv, charged_after):
 
 THEN = {"takeover": then_takeover, "reproduce": then_reproduce, "symlink": then_symlink_kept,
         "directory": then_directory_digest, "rf_directory": then_rf_directory,
-        "staging": then_staging_cleaned, "overridden": then_overridden,
+        "staging": then_staging_cleaned, "alert": then_alert,
         "new_version": then_new_version, "testing": then_testing_prefix,
         "writable": then_rerun_writable}
 
@@ -473,6 +476,16 @@ def released(*says, spend="more", then=None):
     return Expect(0, ("(released)",) + says if spend == "more" else says, spend, then)
 
 
+def alerted(code, *says, then=None):
+    """Released with an operator alert, and --alert_exit_code ``code`` asked for (stderr)."""
+    return Expect(code, says, "more", then)
+
+
+def _published(expect: Expect) -> bool:
+    """Exit 0, or an operator's --alert_exit_code (4..125): released."""
+    return expect.code == 0 or expect.code >= 4
+
+
 def reproduced(*says, then=None):
     return Expect(0, ("(reproduced)",) + says, "same", then)
 
@@ -487,6 +500,7 @@ class Case:
 
 
 TESTING = "--testing_seed 1 -ledger -key_store"
+ALERT = "ALERT (operator only; the release is published): "
 DAY2 = "--release C1/2026-11-02"
 CASES = [
     # ---- CentralNotice: re-runs, testing seeds, output roots
@@ -576,22 +590,28 @@ CASES = [
     Case("cn-corrupt-parquet-page", "cn", "cn_corrupt_page", f"{DAY2} --impressions {{ws}}/imp.parquet",
          failed("the computation failed (--impressions: {ws}/imp.parquet could not be read in full",
                 "takes it over without spending again", then="takeover")),
+    # ---- row rules: operator-only alerts, never a refusal (pipelines/release/__init__.py)
     Case("cn-all-us-dates", "cn", "cn_us_dates", f"{DAY2} --impressions {{ws}}/bad.csv",
-         failed("refusing to publish", "impressions: 12 of 12 eligible rows dropped",
-                "impressions.dropped.missing_key=12", then="takeover")),
+         released(f"{ALERT}impressions: all 12 eligible rows dropped",
+                  "impressions.dropped.missing_key=12", then="alert")),
     Case("cn-all-us-dates-allowed", "cn", "cn_us_dates", f"{DAY2} --impressions {{ws}}/bad.csv "
-         "--allow_dropped_rows", released("published despite the dropped-rows rule", then="overridden")),
+         "--allow_dropped_rows", refused("--allow_dropped_rows was removed", "--alert_exit_code")),
     Case("cn-thousands-separators", "cn", "cn_thousands", f"{DAY2} --impressions {{ws}}/bad.csv",
-         failed("refusing to publish", "12 of 12 eligible rows dropped",
-                "impressions.dropped.unparseable=12", then="takeover")),
+         released(f"{ALERT}impressions: all 12 eligible rows dropped",
+                  "impressions.dropped.unparseable=12", then="alert")),
     Case("cn-thousands-allowed-dashed", "cn", "cn_thousands", f"{DAY2} --impressions {{ws}}/bad.csv "
-         "--allow-dropped-rows", released("impressions.dropped.unparseable=12")),
+         "--allow-dropped-rows", refused("--allow_dropped_rows was removed")),
     Case("cn-most-rows-dropped", "cn", "cn_most_dropped", f"{DAY2} --impressions {{ws}}/bad.csv",
-         failed("refusing to publish", "6 of 10 eligible rows dropped", "more than 50%")),
+         released(f"{ALERT}impressions: 6 of 10 eligible rows dropped (more than 50%)",
+                   then="alert")),
+    Case("cn-most-rows-dropped-alert-exit-code", "cn", "cn_most_dropped",
+         f"{DAY2} --impressions {{ws}}/bad.csv --alert_exit_code 9",
+         alerted(9, "alert (operator only; published): C1/2026-11-02: impressions: 6 of 10")),
     Case("cn-most-rows-dropped-share-raised", "cn", "cn_most_dropped",
-         f"{DAY2} --impressions {{ws}}/bad.csv --max_dropped_fraction 0.7", released()),
-    Case("cn-header-only-input", "cn", "cn_header_only", f"{DAY2} --impressions {{ws}}/bad.csv",
+         f"{DAY2} --impressions {{ws}}/bad.csv --max_dropped_fraction 0.7 --alert_exit_code 9",
          released()),
+    Case("cn-header-only-input", "cn", "cn_header_only", f"{DAY2} --impressions {{ws}}/bad.csv",
+         released(f"{ALERT}impressions: no eligible rows", then="alert")),
     # ---- folders, stale staging, spellings
     Case("cn-directory-input", "cn", "cn_directory", f"{DAY2} --impressions {{ws}}/dir",
          released(then="directory")),
@@ -614,10 +634,11 @@ CASES = [
     Case("rf-campaign-escapes", "rf", None, "--campaigns c1,../../etc", refused("is not a valid name")),
     Case("rf-release-prefix-escapes", "rf", None, "--release_prefix ../x", refused("is not a valid name")),
     Case("rf-ids-unparseable", "rf", "rf_ids_unparseable", "--campaigns c2 --input {ws}/bad.csv",
-         failed("refusing to publish", "60 of 60 eligible rows dropped", "rows_missing_id=60",
-                then="takeover")),
+         released(f"{ALERT}impressions: all 60 eligible rows dropped", "rows_missing_id=60",
+                  then="alert")),
     Case("rf-ids-unparseable-allowed", "rf", "rf_ids_unparseable",
-         "--campaigns c2 --input {ws}/bad.csv --allow_dropped_rows", released(then="overridden")),
+         "--campaigns c2 --input {ws}/bad.csv --allow_dropped_rows",
+         refused("--allow_dropped_rows was removed")),
     Case("rf-header-with-spaces", "rf", "rf_header_spaces", "--campaigns c2 --input {ws}/bad.csv",
          refused("header field 3 is column 'vid' with surrounding spaces")),
     Case("rf-gzip-named-csv", "rf", "rf_gzip_named_csv", "--campaigns c2 --input {ws}/bad.csv",
@@ -649,10 +670,12 @@ CASES = [
          "--batch_id B --input {ws}/conv2.csv --output {ws}/conv.csv/out",
          refused("--output: cannot write {ws}/conv.csv/out", then="writable")),
     Case("sr-all-values-bad", "sr", "sr_all_values_bad", "--batch_id B --input {ws}/conv2.csv",
-         failed("refusing to publish", "40 of 40 eligible rows dropped",
-                "ara.conversion_rows_dropped_null_or_nonfinite=40", then="takeover")),
-    Case("sr-all-source-ids-missing", "sr", "sr_source_ids_missing", "--batch_id B --input {ws}/conv2.csv",
-         failed("refusing to publish", "40 of 40 eligible rows dropped")),
+         released(f"{ALERT}conversions: all 40 eligible rows dropped",
+                  "ara.conversion_rows_dropped_null_or_nonfinite=40", then="alert")),
+    Case("sr-all-source-ids-missing", "sr", "sr_source_ids_missing",
+         "--batch_id B --input {ws}/conv2.csv --alert_exit_code 5",
+         alerted(5, "alert (operator only; published): summary_reports/B: conversions: all 40 "
+                    "eligible rows dropped")),
     Case("sr-batch-id-dotdot", "sr", None, "--batch_id ..", refused("--batch_id '..' is not a valid name")),
     Case("sr-header-with-spaces", "sr", "sr_header_spaces", "--batch_id B --input {ws}/conv2.csv",
          refused("header field 1 is column 'source_id' with surrounding spaces")),
@@ -714,7 +737,7 @@ def test_fault(case: Case, tmp_path_factory):
     code, out, err = run_main(case.job, argv)
 
     subs = {"{ws}": str(ws.path), "{key}": ws.key_file()}
-    message = err if case.expect.code else out
+    message = out if case.expect.code == 0 else err
     assert code == case.expect.code, f"exit {code}: {err or out}"
     for text in case.expect.says:
         for placeholder, value in subs.items():
@@ -724,7 +747,7 @@ def test_fault(case: Case, tmp_path_factory):
     # No published file is ever replaced by different bytes; a run that did not release
     # published nothing.
     assert {p: after.get(p) for p in published_before} == published_before
-    if case.expect.code != 0:
+    if not _published(case.expect):
         assert after == published_before
     charged_after = charged(os.path.realpath(ws.ledger))
     if case.expect.code == 2:  # refused: nothing charged, nothing stored

@@ -24,7 +24,7 @@ from accounting.ledger import Scope
 from accounting.measures import Measure
 from accounting.shared_budget import SharedBudget
 from pipelines.release import names
-from pipelines.release.errors import ReleaseRefused
+from pipelines.release.errors import ALERT_EXIT_CODES, ReleaseRefused
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,10 +53,15 @@ class ReleaseOptions:
     staging_dir: Optional[str] = field(default=None, metadata={
         "help": "private staging root (default: OUTPUT/.staging; must not be public)"})
     max_dropped_fraction: float = field(default=0.5, metadata={
-        "help": "refuse to publish when more than this share of an input's eligible rows was "
-                "dropped by the row rules (all dropped is always refused)"})
-    allow_dropped_rows: bool = field(default=False, metadata={
-        "help": "publish even when the dropped-rows rule would refuse (the report says so)"})
+        "help": "alert the operator when more than this share of an input's eligible rows was "
+                "dropped by the row rules (also alerted: all dropped, no eligible rows, no "
+                "counters). An alert never stops a release: it is published, and the alert "
+                "goes to the operator report and stderr only"})
+    alert_exit_code: Optional[int] = field(default=None, metadata={
+        "help": "exit with this code (4..125) instead of 0 when a release was published with "
+                "an operator alert: a DATA-DEPENDENT signal (it comes from raw row counts) for "
+                "the scheduler only -- never publish it, never decide a publication from it "
+                "(default: exit 0)"})
     explain: bool = field(default=False, metadata={
         "help": "print each planned release's budget split, measures and guarantee (the "
                 "SharedBudget explain) and exit: nothing is read, charged or published"})
@@ -80,6 +85,12 @@ class ReleaseOptions:
         if not (isinstance(self.max_dropped_fraction, (int, float))
                 and 0 <= self.max_dropped_fraction < 1):
             raise ReleaseRefused("--max_dropped_fraction must be in [0, 1)")
+        if self.alert_exit_code is not None and (
+                isinstance(self.alert_exit_code, bool) or not isinstance(self.alert_exit_code, int)
+                or not ALERT_EXIT_CODES[0] <= self.alert_exit_code <= ALERT_EXIT_CODES[1]):
+            raise ReleaseRefused(f"--alert_exit_code must be an integer in "
+                                 f"{ALERT_EXIT_CODES[0]}..{ALERT_EXIT_CODES[1]} (0-3 have their "
+                                 "own meanings; 126 and above are the shell's)")
         object.__setattr__(self, "pipeline_args", tuple(self.pipeline_args))
 
     @property

@@ -16,7 +16,8 @@ reserve     the ledger reserves every release, all or nothing,   ReleaseRefused 
 compute     one Beam pipeline reads each input once and writes   ReleaseFailed (exit 3): the
             every release to private staging; counters read      failure recorded for the
                                                                  operator, the reservation kept
-rule        the dropped-rows rule over each release's counters   see :func:`rule`
+rule        the row rules over each release's counters: alerts   never refuses (operator-only:
+            for the operator (dropped rows, empty inputs)        the release is published)
 publish     markers staged; every release checked publishable,   ReleaseFailed (exit 3) before
             pinned in the ledger, published atomically, marker   the first is out; part-way:
             last                                                 those out are committed first
@@ -75,11 +76,16 @@ class ReleaseOutcome:
 
 @dataclass(frozen=True, kw_only=True)
 class RunResult:
+    """What a run did. ``alerts``: operator-only findings of the row rules ("<release id>:
+    <input>: ..."; the releases were published); ``exit_code``: 0, or ``--alert_exit_code``
+    when there are alerts (a data-dependent signal for the scheduler, see errors)."""
+
     job: str
     releases: Sequence[ReleaseOutcome]
     counters: Mapping[str, int]
     exit_code: int = 0
     warnings: Sequence[str] = ()
+    alerts: Sequence[str] = ()
 
 
 # --------------------------------------------------------------------------- the states
@@ -136,12 +142,12 @@ class Computed:
 
 @dataclass(frozen=True, kw_only=True)
 class Ruled:
-    """Each release's counters and dropped-rows shares, and the rule's findings."""
+    """Each release's counters, dropped-rows shares and operator alerts (release id ->)."""
 
     computed: Computed
     counts: Mapping[str, Mapping[str, int]]
     shares: Mapping[str, Mapping[str, dict]]
-    findings: tuple = ()
+    alerts: Mapping[str, tuple]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -415,13 +421,12 @@ def _computation_failed(reserved: Reserved, err: Exception) -> ReleaseFailed:
         f"{pre.places.reports}")
 
 
-def _record_failure(reserved: Reserved, detail: str, counts=None) -> None:
+def _record_failure(reserved: Reserved, detail: str) -> None:
     """The operator's record of a run that published nothing (raw details stay private)."""
     root = reserved.pre.places.reports
     for context in reserved.releases:
         body = {"release_id": context.release_id, "versioned_id": context.versioned_id,
-                "status": "failed: nothing published", "detail": detail,
-                "counters": dict(counts or {})}
+                "status": "failed: nothing published", "detail": detail}
         try:
             report.write_failure(body, root=root, release_id=context.release_id,
                                  version=reserved.versions[context.release_id])
@@ -432,45 +437,30 @@ def _record_failure(reserved: Reserved, detail: str, counts=None) -> None:
 # --------------------------------------------------------------------------- 4. rule
 
 def rule(computed: Computed) -> Ruled:
-    """The dropped-rows rule: per release, the job's dropped-rows shares of its counters; a
-    release whose input lost all, or more than ``--max_dropped_fraction``, of its eligible rows
-    to row rules -- or a run whose runner reported no counters -- is refused.
+    """The row rules over each release's counters: the job's dropped-rows shares, and the
+    operator's alerts made from them (:func:`pipelines.release.counters.alerts`: an input
+    without eligible rows, all or more than ``--max_dropped_fraction`` of them dropped; a runner
+    that reported no counters).
 
-    Failure policy: ReleaseFailed (exit 3) with the failure recorded, unless
-    ``--allow_dropped_rows`` (then the operator report says the rule was overridden)."""
+    Failure policy: none -- these rules are operator-only and never refuse or withhold a
+    release. They read exact raw counts, so a decision taken from them would let one privacy
+    unit's faulty rows decide whether a release is published (pipelines/release/__init__.py,
+    "Publication decisions"). A rule that may withhold a release belongs here only as a DP
+    decision: counts computed as pipeline output, noised under a measure planned and charged
+    with the release, its threshold stated in the guarantee."""
     reserved = computed.reserved
-    pre, options = reserved.pre, reserved.pre.options
-    all_counts = computed.counters
-    unchecked = None
-    if all_counts is None:
-        # e.g. Beam's DaskRunner: its result has no metrics, and counters incremented on its
-        # workers are lost. Without them the dropped-rows rule cannot be applied.
-        unchecked = ("the runner returned no Beam counters, so the dropped-rows rule could not "
-                     "be checked")
-        all_counts = {}
-    counts = {c.release_id: row_counters.of_release(all_counts, pre.job.name, c.release_id)
-              for c in reserved.releases}
+    pre = reserved.pre
+    ids = [c.release_id for c in reserved.releases]
+    if computed.counters is None:  # e.g. Beam's DaskRunner: its result has no metrics
+        counts, shares = {rid: {} for rid in ids}, {rid: {} for rid in ids}
+        return Ruled(computed=computed, counts=counts, shares=shares,
+                     alerts={rid: (row_counters.NO_COUNTERS,) for rid in ids})
+    counts = {rid: row_counters.of_release(computed.counters, pre.job.name, rid) for rid in ids}
     shares = {rid: pre.job.dropped_rows(pre.prepared, c) for rid, c in counts.items()}
-    problems = [f"{rid}: {name}: {s['dropped']} of {s['eligible']} eligible rows dropped"
-                for rid, per_input in shares.items() for name, s in per_input.items()
-                if s["eligible"] > 0 and (s["dropped"] == s["eligible"]
-                                          or s["share"] > options.max_dropped_fraction)]
-    if unchecked:
-        problems.append(unchecked)
-    if problems and not options.allow_dropped_rows:
-        reasons = "; ".join(f"{rid}: {_dropped_reasons(s)}" for rid, s in shares.items())
-        _record_failure(reserved, "; ".join(problems), all_counts)
-        raise ReleaseFailed(
-            f"{pre.job.name}: refusing to publish: {'; '.join(problems)} (rule: all dropped, or "
-            f"more than {options.max_dropped_fraction:.0%}; the counters say which rule dropped "
-            f"them: {reasons}). Fix the input (a re-run takes the reservation over) "
-            "or pass --allow_dropped_rows")
-    return Ruled(computed=computed, counts=counts, shares=shares, findings=tuple(problems))
-
-
-def _dropped_reasons(shares: Mapping[str, Mapping]) -> str:
-    reasons = {k: v for s in shares.values() for k, v in s.get("reasons", {}).items() if v}
-    return ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())) or "none recorded"
+    alerts = {c.release_id: tuple(row_counters.alerts(
+        shares[c.release_id], c.planned.inputs or sorted(pre.inputs),
+        pre.options.max_dropped_fraction)) for c in reserved.releases}
+    return Ruled(computed=computed, counts=counts, shares=shares, alerts=alerts)
 
 
 # --------------------------------------------------------------------------- 5. publish
@@ -585,9 +575,14 @@ def commit(published: Published) -> RunResult:
             report_path=path, report=operator))
     for warning in warnings:
         _LOG.warning("%s", warning)
+    alerts = tuple(f"{r.context.release_id}: {a}" for r in published.releases
+                   for a in ruled.alerts[r.context.release_id])
+    for alert in alerts:
+        _LOG.warning("operator alert (published): %s", alert)
     _LOG.info("%s: %d release(s) in %.1f s", pre.job.name, len(results), time.time() - pre.started)
+    code = pre.options.alert_exit_code if alerts and pre.options.alert_exit_code else 0
     return RunResult(job=pre.job.name, releases=results, counters=ruled.computed.counters or {},
-                     warnings=tuple(warnings))
+                     warnings=tuple(warnings), alerts=alerts, exit_code=code)
 
 
 def commit_record(published: Published, release: PublishedRelease) -> None:
@@ -606,8 +601,8 @@ def write_report(published: Published, release: PublishedRelease):
     operator = report.operator_report(
         context=release.context, marker=release.marker, status=release.status,
         folder=release.folder, counters=ruled.counts[rid], shares=ruled.shares[rid],
-        ledger=reserved.ledger, reservation=reserved.reservations.get(rid), started=pre.started,
-        dropped_rule_overridden=bool(ruled.findings))
+        alerts=ruled.alerts[rid], ledger=reserved.ledger,
+        reservation=reserved.reservations.get(rid), started=pre.started)
     path = report.write(operator, root=pre.places.reports, release_id=rid,
                         version=reserved.versions[rid], job=pre.job)
     return operator, path

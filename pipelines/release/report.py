@@ -8,8 +8,8 @@
   deterministic (no clock), so an identical re-run reproduces it byte for byte.
 * The **operator report** (``report.json`` and ``report.txt``, in ``--report_dir``, by default
   beside the ledger) adds what only the operator may see: row counters (raw-data facts), the
-  dropped-rows rule, the ledger state of every scope (spent and remaining), the input digest and
-  timings. It is never published.
+  dropped-rows shares and the alerts made from them, the ledger state of every scope (spent and
+  remaining), the input digest and timings. It is never published.
 """
 from __future__ import annotations
 
@@ -54,11 +54,10 @@ def marker(*, job, prepared, context, version: int, files: Mapping[str, str], ta
 
 
 def operator_report(*, context, marker: Mapping, status: str, folder: str, counters, shares,
-                    ledger, reservation, started: float, dropped_rule_overridden: bool) -> dict:
+                    alerts, ledger, reservation, started: float) -> dict:
     """The operator's report of one published release (raw-data facts: never published)."""
     out = {"marker": dict(marker), "status": status, "folder": folder,
-           "counters": dict(counters), "dropped_rows": shares,
-           "dropped_rule_overridden": dropped_rule_overridden,
+           "counters": dict(counters), "dropped_rows": shares, "alerts": list(alerts),
            "seconds": round(time.time() - started, 3)}
     if ledger is not None and reservation is not None:
         scopes = []
@@ -105,8 +104,8 @@ def text(job, report: Mapping) -> str:
     rows = {k: v for k, v in report["counters"].items() if v}
     if rows:
         lines.append("  rows (operator only): " + ", ".join(f"{k}={v}" for k, v in rows.items()))
-    if report.get("dropped_rule_overridden"):
-        lines.append("  WARNING: published despite the dropped-rows rule (--allow_dropped_rows)")
+    for alert in report.get("alerts", ()):
+        lines.append(f"  ALERT (operator only; the release is published): {alert}")
     return "\n".join(lines) + "\n"
 
 
