@@ -784,6 +784,5 @@ def test_a_run_of_three_releases_reads_its_configuration_once(tmp_path, monkeypa
     assert len(result.releases) == 3
     assert reads.count(config) == 1
     reads.clear()
-    assert main(["--config", config, "--first_releases", "--explain", "--testing_seed", "1",
-                 "--output", str(tmp_path / "explain")]) == 0
+    assert main(["--config", config, "--first_releases", "--explain"]) == 0
     assert reads.count(config) == 1 and capsys.readouterr().out.count("centralnotice release") == 3

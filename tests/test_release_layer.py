@@ -548,6 +548,32 @@ def test_an_alert_exits_zero_unless_the_operator_asks_for_a_code(tmp_path, capsy
     assert "alert" not in capsys.readouterr().err
 
 
+def test_explain_needs_no_ledger_key_store_or_output_and_prepares_once(tmp_path, monkeypatch,
+                                                                       capsys):
+    """--explain reads no input and charges nothing: it runs with none of --ledger,
+    --key_store, --output (and the input need not exist), preparing the request once."""
+    calls = []
+    real = ToyJob.prepare
+
+    def counting(self, request):
+        calls.append(request)
+        return real(self, request)
+
+    monkeypatch.setattr(ToyJob, "prepare", counting)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(TOY, ["--rows", "missing.csv", "--label", "toy/2026", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "toyjob release toy/2026" in out and "count:" in out
+    assert len(calls) == 1 and list(tmp_path.iterdir()) == []  # nothing read or written
+    # The Python API makes releases only: explain is the command line's (or Job.planned).
+    with pytest.raises(ReleaseRefused, match="--explain makes no release"):
+        run_release(TOY, ToyRequest(rows=("missing.csv",),
+                                    options=ReleaseOptions(explain=True)))
+    # Without --explain the release flags are required again.
+    assert cli.main(TOY, ["--rows", "missing.csv"]) == 2
+    assert "--output is required" in capsys.readouterr().err
+
+
 def test_alerts_are_made_from_the_dropped_shares_alone():
     share = {"rows": {"eligible": 4, "dropped": 3, "share": 0.75, "reasons": {"rows.dropped.x": 3}}}
     assert counters.alerts(share, ["rows", "other"], 0.5) == [

@@ -136,7 +136,9 @@ def parse_request(job: Job, argv: Sequence[str]):
 
 
 def _explain(job: Job, request) -> int:
-    """``--explain``: the plan of every release the request would make (nothing read or charged)."""
+    """``--explain``: the plan of every release the request would make. The request is prepared
+    (its configuration read) once and planned; no input is read (``Job.check`` is the run's),
+    and no ledger, key store or output is opened."""
     prepared = job.prepare(request)
     for planned in job.plan(prepared):
         print(f"{job.name} release {planned.release_id}")

@@ -31,8 +31,9 @@ from pipelines.release.errors import ALERT_EXIT_CODES, ReleaseRefused
 class ReleaseOptions:
     """The options every job shares (the CLI's ``--output``, ``--ledger``, ...)."""
 
-    output: str = field(metadata={"help": "output root (local or gs://): a release is published "
-                                          "under OUTPUT/<release id>/v<version>/"})
+    output: Optional[str] = field(default=None, metadata={
+        "help": "output root (local or gs://): a release is published under "
+                "OUTPUT/<release id>/v<version>/; required (except with --explain)"})
     ledger: Optional[str] = field(default=None, metadata={
         "help": "budget ledger file (local or gs://); required for a release"})
     key_store: Optional[str] = field(default=None, metadata={
@@ -64,11 +65,12 @@ class ReleaseOptions:
                 "(default: exit 0)"})
     explain: bool = field(default=False, metadata={
         "help": "print each planned release's budget split, measures and guarantee (the "
-                "SharedBudget explain) and exit: nothing is read, charged or published"})
+                "SharedBudget explain) and exit: no input is read, nothing is charged or "
+                "published; needs no --output, --ledger or --key_store"})
     pipeline_args: tuple = field(default=(), metadata={"cli": False})
 
     def __post_init__(self):
-        if not isinstance(self.output, str) or not self.output:
+        if not self.explain and (not isinstance(self.output, str) or not self.output):
             raise ReleaseRefused("--output is required")
         if self.testing_seed is not None:
             if isinstance(self.testing_seed, bool) or not isinstance(self.testing_seed, int):
@@ -79,7 +81,7 @@ class ReleaseOptions:
         elif self.exact_testing:
             raise ReleaseRefused("exact_testing (noise-free) is a testing mode: it needs "
                                  "testing_seed and can never make a release")
-        elif not (self.ledger and self.key_store):
+        elif not (self.ledger and self.key_store) and not self.explain:
             raise ReleaseRefused("a release needs --ledger and --key_store (or --testing_seed "
                                  "for a run that is not a release)")
         if not (isinstance(self.max_dropped_fraction, (int, float))

@@ -189,6 +189,9 @@ def preflight(job: Job, request) -> Preflight:
     Failure policy: everything here raises ReleaseRefused (or ValueError: exit 2); nothing has
     been charged or written."""
     started = time.time()
+    if request.options.explain:
+        raise ReleaseRefused(f"{job.name}: --explain makes no release: it is answered by the "
+                             "command line (pipelines.release.cli), or use Job.planned(request)")
     prepared = job.prepare(request)
     job.check(prepared)
     planned = tuple(job.plan(prepared))
