@@ -404,11 +404,15 @@ def test_row_level_faults_follow_the_rules_and_are_counted(tmp_path):
     reasons = ", ".join(f"impressions.dropped.{r}={n}" for r, n in [
         ("fractional", 1), ("malformed_csv_line", 2), ("missing", 1), ("missing_key", 2),
         ("negative", 1), ("outside_keyset", 1), ("unparseable", 1)])
+    clicks = ", ".join(f"clicks.dropped.{r}={n}" for r, n in [
+        ("malformed_csv_line", 1), ("missing_or_unparseable_key", 1), ("missing_user", 2),
+        ("outside_keyset", 1)])
     assert report["alerts"] == [
+        f"clicks: 5 of 8 eligible rows dropped (more than 50%); by {clicks}",
         f"impressions: 9 of 13 eligible rows dropped (more than 50%); by {reasons}"]
     assert report["dropped_rows"]["impressions"]["eligible"] == 14 - 3 + 2
     assert report["dropped_rows"]["impressions"]["dropped"] == 9
-    assert result.alerts == (f"{RELEASE1}: {report['alerts'][0]}",)
+    assert result.alerts == tuple(f"{RELEASE1}: {alert}" for alert in report["alerts"])
     text = open(os.path.join(os.path.dirname(result.releases[0].report_path), "report.txt")).read()
     assert "ALERT (operator only; the release is published): impressions: 9 of 13" in text
     assert "impressions.dropped.unparseable=1" in text
