@@ -48,11 +48,11 @@ import pyarrow.compute as pc
 
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds
-from pipelines.centralnotice_config import (KEY_COLUMNS, KEY_SCHEMA, CampaignConfig, ConfigError,
-                                            load_config)
+from pipelines.centralnotice_config import (KEY_COLUMNS, KEY_SCHEMA, CampaignConfig,
+                                            CentralNoticeConfig, ConfigError, load_config)
 from pipelines.centralnotice_impressions import clean_impressions, per_key_contribution
-from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseContext,
-                               ReleaseOptions, ReleaseRefused, cli)
+from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepared,
+                               ReleaseContext, ReleaseOptions, ReleaseRefused, cli)
 from pipelines.release import run as run_release
 from transforms.bounding_stage import BoundedKeyPartials, BoundingConfig
 from transforms.keyset import KEYSET_POSITION, PublicKeyset
@@ -280,55 +280,68 @@ class CentralNoticeRequest:
     options: ReleaseOptions = field(metadata={"cli": False})
 
 
+@dataclass(frozen=True, kw_only=True)
+class CentralNoticePrepared(Prepared):
+    """The configuration, read once per run, and the scheduled releases the request names."""
+
+    config: CentralNoticeConfig
+    targets: tuple  # ((CampaignConfig, ScheduledRelease), ...) in the request's order
+
+    def target(self, release_id: str):
+        return next((c, r) for c, r in self.targets if r.release_id == release_id)
+
+
+def _targets(request, config: CentralNoticeConfig) -> list:
+    if request.first_releases or request.demo:
+        return [(c, c.releases()[0]) for c in config.campaigns]
+    if request.release:
+        for campaign in config.campaigns:
+            for release in campaign.releases():
+                if release.release_id == request.release:
+                    return [(campaign, release)]
+        raise ReleaseRefused(f"--release {request.release!r} is not scheduled by "
+                             f"{config.source} (see --list_releases)")
+    if request.campaign and request.date:
+        try:
+            campaign = config.campaign(request.campaign)
+            day = _dt.date.fromisoformat(request.date)
+        except (KeyError, ValueError) as err:
+            raise ReleaseRefused(f"--campaign/--date: {err}")
+        for release in campaign.releases():
+            if day in release.dates:
+                return [(campaign, release)]
+        raise ReleaseRefused(f"--date {request.date} is outside campaign {request.campaign!r}")
+    raise ReleaseRefused("name the release: --release ID, or --campaign and --date "
+                         "(--list_releases shows the schedule)")
+
+
 class CentralNoticeJob(Job):
     name = NAME
     request_type = CentralNoticeRequest
     description = __doc__.split("\n\n")[0]
 
-    def _config(self, request):
-        try:
-            return load_config(request.config)
-        except ConfigError as err:
-            raise ReleaseRefused(str(err))
-
-    def _targets(self, request):
-        config = self._config(request)
-        if request.first_releases or request.demo:
-            return config, [(c, c.releases()[0]) for c in config.campaigns]
-        if request.release:
-            for campaign in config.campaigns:
-                for release in campaign.releases():
-                    if release.release_id == request.release:
-                        return config, [(campaign, release)]
-            raise ReleaseRefused(f"--release {request.release!r} is not scheduled by "
-                                 f"{config.source} (see --list_releases)")
-        if request.campaign and request.date:
-            try:
-                campaign = config.campaign(request.campaign)
-                day = _dt.date.fromisoformat(request.date)
-            except (KeyError, ValueError) as err:
-                raise ReleaseRefused(f"--campaign/--date: {err}")
-            for release in campaign.releases():
-                if day in release.dates:
-                    return config, [(campaign, release)]
-            raise ReleaseRefused(f"--date {request.date} is outside campaign {request.campaign!r}")
-        raise ReleaseRefused("name the release: --release ID, or --campaign and --date "
-                             "(--list_releases shows the schedule)")
-
-    def check(self, request) -> None:
+    def prepare(self, request) -> CentralNoticePrepared:
         if request.num_shards < 1:
             raise ReleaseRefused("--num_shards must be >= 1")
-        if not request.impressions or not request.clicks:
-            raise ReleaseRefused("--impressions and --clicks are required")
-        for campaign, _ in self._targets(request)[1]:
+        try:
+            config = load_config(request.config)
+        except ConfigError as err:
+            raise ReleaseRefused(str(err))
+        targets = _targets(request, config)
+        for campaign, _ in targets:
             try:
                 CentralNoticeRelease.check_plan(campaign)
             except ValueError as err:
                 raise ReleaseRefused(str(err))
+        return CentralNoticePrepared(request=request, config=config, targets=tuple(targets))
 
-    def inputs(self, request):
-        config, targets = self._targets(request)
-        user_dp = any(c.clicks.neighbouring == "user" for c, _ in targets)
+    def check(self, prepared: CentralNoticePrepared) -> None:
+        if not prepared.request.impressions or not prepared.request.clicks:
+            raise ReleaseRefused("--impressions and --clicks are required")
+
+    def inputs(self, prepared: CentralNoticePrepared):
+        request = prepared.request
+        user_dp = any(c.clicks.neighbouring == "user" for c, _ in prepared.targets)
         keys = {f.name: "date" if pa.types.is_date(f.type) else "text" for f in KEY_SCHEMA}
         clicks = dict(keys, **({"user_id": "id"} if user_dp else {}))
         return [InputSpec(name="impressions", paths=request.impressions, format=request.input_format,
@@ -336,55 +349,33 @@ class CentralNoticeJob(Job):
                 InputSpec(name="clicks", paths=request.clicks, format=request.input_format,
                           columns=clicks, flag="--clicks")]
 
-    def plan(self, request):
-        config, targets = self._targets(request)
-        output = OutputSpec(name=f"centralnotice.{request.output_format}", sort_by=KEYS,
+    def plan(self, prepared: CentralNoticePrepared):
+        config = prepared.config
+        output = OutputSpec(name=f"centralnotice.{prepared.request.output_format}", sort_by=KEYS,
                             schema=OUTPUT_SCHEMA, noisy=["impressions", "clicks"],
                             description="one row per released key; null = suppressed by the "
                                         "release threshold (not zero)")
-        planned = []
-        for campaign, release in targets:
-            raw = next((r for r in config.raw.get("campaigns", [])
-                        if r.get("campaign_id") == campaign.campaign_id), {})
-            planned.append(PlannedRelease(
-                release_id=release.release_id, budget=campaign.shared_budget(config.accountant),
-                scopes=campaign.scopes(release), outputs=[output],
-                config={"campaign": raw, "protected_countries": sorted(campaign.protected_countries),
-                        "unit_budget_per_period": config.raw.get("unit_budget_per_period"),
-                        "accountant": config.accountant},
-                parameters={"campaign_id": campaign.campaign_id,
-                            "dates": [d.isoformat() for d in release.dates],
-                            "impressions": {"k": campaign.impressions.k,
-                                            "release_threshold": campaign.impressions.release_threshold,
-                                            "neighbouring": campaign.impressions.neighbouring},
-                            "clicks": {"neighbouring": campaign.clicks.neighbouring,
-                                       "max_clicks_per_user": campaign.clicks.max_clicks_per_user,
-                                       "bound_per": campaign.clicks.bound_per,
-                                       "release_threshold": campaign.clicks.release_threshold},
-                            "keyset": {"banners": list(campaign.banners),
-                                       "countries": list(campaign.released_countries()),
-                                       "projects": list(campaign.projects),
-                                       "size": campaign.keyset_size(release.dates)},
-                            "protected_countries_excluded": sorted(
-                                set(campaign.countries) & set(campaign.protected_countries))},
-                guarantee_covers=_covers(campaign.guarantee_scopes(release))))
-        return planned
+        return [PlannedRelease(
+            release_id=release.release_id, budget=campaign.shared_budget(config.accountant),
+            scopes=campaign.scopes(release), outputs=[output],
+            config=_release_config(config, campaign), parameters=_parameters(campaign, release),
+            guarantee_covers=_covers(campaign.guarantee_scopes(release)))
+            for campaign, release in prepared.targets]
 
-    def build(self, pipeline, request, inputs, release: ReleaseContext):
-        config, targets = self._targets(request)
-        campaign, scheduled = next((c, r) for c, r in targets if r.release_id == release.release_id)
+    def build(self, pipeline, prepared: CentralNoticePrepared, inputs, release: ReleaseContext):
+        campaign, scheduled = prepared.target(release.release_id)
         transform = CentralNoticeRelease(
             campaign, scheduled.dates, release.key,
             impressions_counters=release.counters(NAME, "impressions"),
-            clicks_counters=release.counters(NAME, "clicks"), num_shards=request.num_shards)
+            clicks_counters=release.counters(NAME, "clicks"),
+            num_shards=prepared.request.num_shards)
         released = (inputs["impressions"], inputs["clicks"]) | release.label("Release") >> transform
         return {release.planned.outputs[0].name: released}
 
-    def public_summary(self, request, planned, tables):
+    def public_summary(self, prepared: CentralNoticePrepared, planned, tables):
         table = next(iter(tables.values()))
         size = planned.parameters["keyset"]["size"]
-        _, targets = self._targets(request)
-        campaign, release = next((c, r) for c, r in targets if r.release_id == planned.release_id)
+        campaign, release = prepared.target(planned.release_id)
         return {"keys": {"keyset": size, "released": table.num_rows,
                          "not_released": size - table.num_rows,
                          "impressions_suppressed": int(table.column("impressions").null_count),
@@ -418,6 +409,34 @@ class CentralNoticeJob(Job):
             limit = f" <= epsilon {bound['epsilon']:g}, delta {bound['delta']:g}" if bound else ""
             lines.append(f"  scope {scope['scope']}{limit}{where}: {scope['means']}")
         return lines
+
+
+def _release_config(config: CentralNoticeConfig, campaign: CampaignConfig) -> dict:
+    """What shapes one release (hashed into the digest its keys are bound to)."""
+    raw = next((r for r in config.raw.get("campaigns", [])
+                if r.get("campaign_id") == campaign.campaign_id), {})
+    return {"campaign": raw, "protected_countries": sorted(campaign.protected_countries),
+            "unit_budget_per_period": config.raw.get("unit_budget_per_period"),
+            "accountant": config.accountant}
+
+
+def _parameters(campaign: CampaignConfig, release) -> dict:
+    """The public parameters stated in the release's marker."""
+    return {"campaign_id": campaign.campaign_id,
+            "dates": [d.isoformat() for d in release.dates],
+            "impressions": {"k": campaign.impressions.k,
+                            "release_threshold": campaign.impressions.release_threshold,
+                            "neighbouring": campaign.impressions.neighbouring},
+            "clicks": {"neighbouring": campaign.clicks.neighbouring,
+                       "max_clicks_per_user": campaign.clicks.max_clicks_per_user,
+                       "bound_per": campaign.clicks.bound_per,
+                       "release_threshold": campaign.clicks.release_threshold},
+            "keyset": {"banners": list(campaign.banners),
+                       "countries": list(campaign.released_countries()),
+                       "projects": list(campaign.projects),
+                       "size": campaign.keyset_size(release.dates)},
+            "protected_countries_excluded": sorted(
+                set(campaign.countries) & set(campaign.protected_countries))}
 
 
 def _covers(scopes) -> str:

@@ -49,8 +49,8 @@ from accounting.budget import PrivacyBudget
 from accounting.ledger import Scope
 from accounting.measures import Measure
 from accounting.sensitivity import Sensitivities
-from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
-                               ReleaseRefused, cli)
+from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepared,
+                               ReleaseOptions, ReleaseRefused, cli)
 from pipelines.release import run as run_release
 from pipelines.release.names import check_segment
 from transforms.ara.event_beam import (EVENT_PURPOSE, NAMESPACE, DebiasConversionCounts,
@@ -189,37 +189,45 @@ def _parse_numbers(column) -> pa.Array:
         return pa.array(out, pa.float64())
 
 
+@dataclass(frozen=True, kw_only=True)
+class EventLevelPrepared(Prepared):
+    """The browser's event-level configuration and the optional value/delay mapping."""
+
+    config: EventLevelConfig
+    mapping: Optional[TriggerMapping]
+
+
 class EventLevelReportsJob(Job):
     name = NAME
     request_type = EventLevelReportsRequest
     description = __doc__.split("\n\n")[0]
     counter_namespaces = (NAMESPACE,)
 
-    def check(self, request) -> None:
+    def prepare(self, request) -> EventLevelPrepared:
         try:
             check_segment(request.batch_id, "--batch_id")
         except ValueError as err:
             raise ReleaseRefused(str(err))
         config = event_config(request)
-        trigger_mapping(request, config)
+        mapping = trigger_mapping(request, config)
         if len(set(request.group_by)) != len(request.group_by):
             raise ReleaseRefused("--group_by names a column twice")
         for column in request.group_by:
             if column in _RESERVED:
                 raise ReleaseRefused(f"--group_by: {column!r} is a column of the released "
                                      "estimates; rename it in --sources")
+        return EventLevelPrepared(request=request, config=config, mapping=mapping)
 
-    def inputs(self, request):
-        config = event_config(request)
-        mapping = trigger_mapping(request, config)
-        cells = ({"value": "number", "delay": "number"} if mapping is not None
+    def inputs(self, prepared: EventLevelPrepared):
+        request = prepared.request
+        cells = ({"value": "number", "delay": "number"} if prepared.mapping is not None
                  else {"trigger_data": "number", "window": "number"})
         return [InputSpec(name="sources", paths=request.sources, flag="--sources",
                           columns={"source_id": "id", **{g: "any" for g in request.group_by}}),
                 InputSpec(name="conversions", paths=request.conversions, flag="--conversions",
                           columns={"source_id": "id", **cells}, optional={"order": "number"})]
 
-    def dropped_rows(self, counters):
+    def dropped_rows(self, prepared, counters):
         """Eligible: rows read. Dropped: rows the event-level transforms drop for a fault of
         their own (null ids, trigger data or windows outside the configuration, conversions of
         unregistered sources); triggers beyond R are the mechanism, not a fault."""
@@ -244,9 +252,8 @@ class EventLevelReportsJob(Job):
                          "reasons": {**share["reasons"], **extra}}
         return out
 
-    def plan(self, request):
-        config = event_config(request)
-        mapping = trigger_mapping(request, config)
+    def plan(self, prepared: EventLevelPrepared):
+        request, config, mapping = prepared.request, prepared.config, prepared.mapping
         sensitivities = estimate_sensitivities(config)
         measure = Measure(
             name="event_level_reports", mechanism="k_ary_randomized_response",
@@ -284,14 +291,13 @@ class EventLevelReportsJob(Job):
             guarantee_covers="every registered source's event-level reports (epsilon per "
                              "source) and the estimates derived from them")]
 
-    def content_key(self, request, planned, inputs):
+    def content_key(self, prepared, planned, inputs):
         from pipelines.summary_reports import content_digest
 
         return "event-level:" + content_digest([inputs[name] for name in sorted(inputs)])
 
-    def build(self, pipeline, request, inputs, release):
-        config = event_config(request)
-        mapping = trigger_mapping(request, config)
+    def build(self, pipeline, prepared: EventLevelPrepared, inputs, release):
+        request, config, mapping = prepared.request, prepared.config, prepared.mapping
         sources = inputs["sources"] | release.label("SourceColumns") >> beam.ParDo(
             _Columns(text=request.group_by))
         conversions = inputs["conversions"] | release.label("ConversionColumns") >> beam.ParDo(

@@ -44,8 +44,8 @@ import pyarrow as pa
 from accounting.budget import PrivacyBudget
 from accounting.ledger import Scope
 from accounting.measures import Measure
-from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
-                               ReleaseRefused, cli)
+from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepared,
+                               ReleaseOptions, ReleaseRefused, cli)
 from pipelines.release import run as run_release
 from pipelines.release.names import check_segment
 
@@ -203,31 +203,40 @@ def _tables(path, inp, columns, open_input):
             yield pa.Table.from_batches([batch])
 
 
+@dataclass(frozen=True, kw_only=True)
+class LabelDPPrepared(Prepared):
+    """The label randomizer the flags declare."""
+
+    randomizer: object  # transforms.ldp.labels.LabelRandomizer
+
+
 class LabelDPJob(Job):
     name = NAME
     request_type = LabelDPRequest
     description = __doc__.split("\n\n")[0]
     counter_namespaces = ("ldp",)
 
-    def check(self, request) -> None:
+    def prepare(self, request) -> LabelDPPrepared:
         try:
             check_segment(request.dataset_id, "--dataset_id")
         except ValueError as err:
             raise ReleaseRefused(str(err))
-        randomizer_of(request)
+        randomizer = randomizer_of(request)
         names = [request.id_column, request.label_column, *request.features]
         if len(set(names)) != len(names) or "example_id" in request.features \
                 or UNBIASED in names:
             raise ReleaseRefused("--id_column, --label_column and --features must name distinct "
                                  f"columns (and none may be named example_id or {UNBIASED})")
+        return LabelDPPrepared(request=request, randomizer=randomizer)
 
-    def inputs(self, request):
+    def inputs(self, prepared: LabelDPPrepared):
+        request = prepared.request
         columns = {request.id_column: "id", request.label_column: "any",
                    **{f: "number" for f in request.features}}
         return [InputSpec(name="rows", paths=request.input, columns=columns, flag="--input")]
 
-    def plan(self, request):
-        randomizer = randomizer_of(request)
+    def plan(self, prepared: LabelDPPrepared):
+        request, randomizer = prepared.request, prepared.randomizer
         described = randomizer.describe()
         measure = Measure(
             name="labels", mechanism=described["mechanism"],
@@ -259,13 +268,13 @@ class LabelDPJob(Job):
                         "examples_per_person": "one (bound examples per person before export)"},
             guarantee_covers="every example's label in this export (label-DP)")]
 
-    def content_key(self, request, planned, inputs):
-        return _content_digest(request, [inputs[name] for name in sorted(inputs)])
+    def content_key(self, prepared, planned, inputs):
+        return _content_digest(prepared.request, [inputs[name] for name in sorted(inputs)])
 
-    def build(self, pipeline, request, inputs, release):
+    def build(self, pipeline, prepared: LabelDPPrepared, inputs, release):
         from transforms.ldp.beam import RandomizeLabels
 
-        randomizer = randomizer_of(request)
+        request, randomizer = prepared.request, prepared.randomizer
         rows = inputs["rows"] | release.label("Prepare") >> beam.ParDo(
             _Prepare(request, release.counters(NAME, "rows")))
         out = rows | release.label("RandomizeLabels") >> RandomizeLabels(

@@ -31,8 +31,8 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines import ldp_release
-from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
-                               ReleaseRefused, cli, storage)
+from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepared,
+                               ReleaseOptions, ReleaseRefused, cli, storage)
 from pipelines.release import run as run_release
 from pipelines.release.names import check_segment
 
@@ -118,48 +118,61 @@ def parse_text_reports(table: pa.Table) -> pa.Table:
                             pa.array(values, pa.int64()))
 
 
+@dataclass(frozen=True, kw_only=True)
+class FrequenciesPrepared(Prepared):
+    """The clients' oracle and the candidate values estimated (``--candidates``, read once)."""
+
+    oracle: object
+    candidates: np.ndarray = field(compare=False)
+
+
+def _candidates(request, oracle) -> np.ndarray:
+    from transforms.ldp.estimators import candidate_values
+
+    if request.candidates:
+        return read_candidates(request.candidates, "--candidates", request.domain_size)
+    try:
+        return candidate_values(oracle, None)
+    except ValueError as err:
+        raise ReleaseRefused(f"{err} (--candidates)")
+
+
 class FrequenciesJob(Job):
     name = NAME
     request_type = FrequenciesRequest
     description = __doc__.split("\n\n")[0]
     counter_namespaces = ("ldp",)
 
-    def _candidates(self, request, oracle) -> np.ndarray:
-        from transforms.ldp.estimators import candidate_values
-
-        if request.candidates:
-            return read_candidates(request.candidates, "--candidates", request.domain_size)
-        try:
-            return candidate_values(oracle, None)
-        except ValueError as err:
-            raise ReleaseRefused(f"{err} (--candidates)")
-
-    def check(self, request) -> None:
+    def prepare(self, request) -> FrequenciesPrepared:
         try:
             check_segment(request.collection_id, "--collection_id")
         except ValueError as err:
             raise ReleaseRefused(str(err))
         oracle = oracle_of(request)
-        self._candidates(request, oracle)
+        return FrequenciesPrepared(request=request, oracle=oracle,
+                                   candidates=_candidates(request, oracle))
+
+    def check(self, prepared: FrequenciesPrepared) -> None:
         from transforms.ldp.reports import check_schema
 
-        ldp_release.check_files(self.inputs(request)[0], lambda s: check_schema(oracle, s),
-                                text_ok=request.oracle in FLAT_ORACLES)
+        ldp_release.check_files(self.inputs(prepared)[0],
+                                lambda s: check_schema(prepared.oracle, s),
+                                text_ok=prepared.request.oracle in FLAT_ORACLES)
 
-    def inputs(self, request):
+    def inputs(self, prepared: FrequenciesPrepared):
         from transforms.ldp.reports import report_fields
 
-        columns = {f.name: "any" for f in report_fields(oracle_of(request))}
+        request = prepared.request
+        columns = {f.name: "any" for f in report_fields(prepared.oracle)}
         fmt = None if request.oracle in FLAT_ORACLES else "parquet"
         return [InputSpec(name="reports", paths=request.input, format=fmt,
                           columns=columns, flag="--input")]
 
-    def dropped_rows(self, counters):
+    def dropped_rows(self, prepared, counters):
         return ldp_release.dropped_reports(counters, "reports")
 
-    def plan(self, request):
-        oracle = oracle_of(request)
-        candidates = self._candidates(request, oracle)
+    def plan(self, prepared: FrequenciesPrepared):
+        request, oracle, candidates = prepared.request, prepared.oracle, prepared.candidates
         described = oracle.describe()
         measure = ldp_release.local_measure(
             "client_reports", oracle.oracle_name, oracle.realised_epsilon,
@@ -175,13 +188,12 @@ class FrequenciesJob(Job):
                         "candidates": int(candidates.size)},
             guarantee_covers="the clients' reports of this collection (local model)")]
 
-    def build(self, pipeline, request, inputs, release):
+    def build(self, pipeline, prepared: FrequenciesPrepared, inputs, release):
         from transforms.ldp.beam import EstimateFrequencies
 
-        oracle = oracle_of(request)
-        candidates = self._candidates(request, oracle)
+        oracle, candidates = prepared.oracle, prepared.candidates
         reports = inputs["reports"]
-        if request.oracle in FLAT_ORACLES:
+        if prepared.request.oracle in FLAT_ORACLES:
             reports = reports | release.label("ParseText") >> beam.Map(parse_text_reports)
         return {OUTPUT: reports | release.label("Estimate") >> EstimateFrequencies(
             oracle, candidates=candidates)}

@@ -33,8 +33,8 @@ from typing import Optional, Sequence
 import pyarrow as pa
 
 from pipelines import ldp_release
-from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
-                               ReleaseRefused, cli)
+from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepared,
+                               ReleaseOptions, ReleaseRefused, cli)
 from pipelines.release import run as run_release
 from pipelines.release.names import check_segment
 
@@ -86,33 +86,44 @@ def _check_schema(plan, schema) -> None:
     check_schema(plan.oracle_for_round(plan.rounds - 1), schema.remove_metadata())
 
 
+@dataclass(frozen=True, kw_only=True)
+class HeavyHittersPrepared(Prepared):
+    """The PEM plan (rounds, oracle, prefix bits) the flags declare."""
+
+    pem: object  # transforms.ldp.pem.PEMPlan
+
+
 class HeavyHittersJob(Job):
     name = NAME
     request_type = HeavyHittersRequest
     description = __doc__.split("\n\n")[0]
     counter_namespaces = ("ldp",)
 
-    def check(self, request) -> None:
+    def prepare(self, request) -> HeavyHittersPrepared:
         try:
             check_segment(request.collection_id, "--collection_id")
         except ValueError as err:
             raise ReleaseRefused(str(err))
-        plan = plan_of(request)
-        ldp_release.check_files(self.inputs(request)[0], lambda s: _check_schema(plan, s))
+        return HeavyHittersPrepared(request=request, pem=plan_of(request))
 
-    def inputs(self, request):
+    def check(self, prepared: HeavyHittersPrepared) -> None:
+        ldp_release.check_files(self.inputs(prepared)[0],
+                                lambda s: _check_schema(prepared.pem, s))
+
+    def inputs(self, prepared: HeavyHittersPrepared):
         from transforms.ldp.pem import GROUP_COLUMN
 
-        columns = {f.name: "any" for f in plan_of(request).report_schema()}
+        request = prepared.request
+        columns = {f.name: "any" for f in prepared.pem.report_schema()}
         columns[GROUP_COLUMN] = "integer"
         return [InputSpec(name="reports", paths=request.input, format="parquet",
                           columns=columns, flag="--input")]
 
-    def dropped_rows(self, counters):
+    def dropped_rows(self, prepared, counters):
         return ldp_release.dropped_reports(counters, "reports")
 
-    def plan(self, request):
-        plan = plan_of(request)
+    def plan(self, prepared: HeavyHittersPrepared):
+        request, plan = prepared.request, prepared.pem
         described = plan.describe()
         epsilon = described["realised_epsilon"]
         measure = ldp_release.local_measure(
@@ -132,10 +143,10 @@ class HeavyHittersJob(Job):
             parameters={"model": ldp_release.LOCAL_MODEL, "pem": described},
             guarantee_covers="the clients' reports of this collection (local model)")]
 
-    def build(self, pipeline, request, inputs, release):
+    def build(self, pipeline, prepared: HeavyHittersPrepared, inputs, release):
         from transforms.ldp.beam import PEMHeavyHitters
 
-        out = inputs["reports"] | release.label("PEM") >> PEMHeavyHitters(plan_of(request))
+        out = inputs["reports"] | release.label("PEM") >> PEMHeavyHitters(prepared.pem)
         return {HEAVY_HITTERS: out["heavy_hitters"], ROUNDS: out["rounds"]}
 
 

@@ -33,11 +33,10 @@ import apache_beam as beam
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.masked_lark_config import load_model, load_params, params_to_json
+from pipelines.masked_lark_config import LarkPrepared, params_to_json, prepare_lark
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
                                ReleaseRefused, cli)
 from pipelines.release import run as run_release
-from pipelines.release.names import check_segment
 from transforms.lark import combine
 from transforms.lark.beam import CombineHelperOutputs
 from transforms.lark.helper import gradient_params_digest
@@ -93,21 +92,9 @@ class CombineJob(Job):
     request_type = CombineRequest
     description = __doc__.split("\n\n")[0]
 
-    def _params(self, request):
-        return load_params(request.params, testing=request.options.testing)
-
-    def _digest(self, request, params) -> str:
-        if isinstance(params, AggregationParams):
-            return params.digest()
-        return gradient_params_digest(params, load_model(request.model, params))
-
-    def check(self, request) -> None:
-        try:
-            check_segment(request.batch_id, "--batch_id")
-        except ValueError as err:
-            raise ReleaseRefused(str(err))
-        params = self._params(request)
-        load_model(request.model, params)
+    def prepare(self, request) -> LarkPrepared:
+        prepared = prepare_lark(request, run_id=request.batch_id, flag="--batch_id")
+        params = prepared.params
         if isinstance(params, AggregationParams):
             clash = {"batch_id", "key"} & set(params.value_columns)
             if clash:
@@ -117,15 +104,16 @@ class CombineJob(Job):
             raise ReleaseRefused(f"--helper_outputs: {len(request.helper_outputs)} entries, "
                                  f"--params declares {params.num_helpers} helpers (one entry "
                                  "per helper, in helper order)")
-        self._check_outputs(request, params)
+        return prepared
 
-    def _check_outputs(self, request, params) -> None:
+    def check(self, prepared: LarkPrepared) -> None:
         """Read the helpers' (small) outputs and combine them before anything is recorded, so
         that mismatched outputs are refused (exit 2), naming batch and helpers."""
         from pipelines.release.inputs import open_input, preflight
 
+        request, params = prepared.request, prepared.params
         tables = []
-        for h, spec in enumerate(self.inputs(request)):
+        for h, spec in enumerate(self.inputs(prepared)):
             resolved = preflight(spec)
             for path in resolved.files:
                 try:
@@ -145,21 +133,21 @@ class CombineJob(Job):
             if isinstance(params, AggregationParams):
                 combine.combine_aggregation(tables, params)
             else:
-                combine.combine_gradients(tables, params, self._digest(request, params))
+                combine.combine_gradients(tables, params,
+                                          gradient_params_digest(params, prepared.model))
         except LarkInputError as err:
             raise ReleaseRefused(f"--helper_outputs: {err}")
 
-    def inputs(self, request):
-        params = self._params(request)
+    def inputs(self, prepared: LarkPrepared):
+        request, params = prepared.request, prepared.params
         names = (list(AGGREGATION_OUTPUT_FIXED) + [share_column(c) for c in params.value_columns]
                  if isinstance(params, AggregationParams) else list(GRADIENT_OUTPUT_COLUMNS))
         return [InputSpec(name=_input_name(h), paths=(path,), format="parquet",
                           columns={c: "any" for c in names}, flag="--helper_outputs")
                 for h, path in enumerate(request.helper_outputs)]
 
-    def plan(self, request):
-        params = self._params(request)
-        model = load_model(request.model, params)
+    def plan(self, prepared: LarkPrepared):
+        request, params, model = prepared.request, prepared.params, prepared.model
         return [PlannedRelease(
             release_id=f"{NAME}/{request.batch_id}", measures=[], scopes=[],
             outputs=[output_spec(params)],
@@ -171,9 +159,8 @@ class CombineJob(Job):
             spends_nothing="post-processing of the helpers' releases: their sum is decoded; "
                            "each helper's release states and charges its own guarantee")]
 
-    def build(self, pipeline, request, inputs, release):
-        params = self._params(request)
-        model = load_model(request.model, params)
+    def build(self, pipeline, prepared: LarkPrepared, inputs, release):
+        request, params, model = prepared.request, prepared.params, prepared.model
         outputs = ([inputs[_input_name(h)]
                     | release.label(f"Batch{h}") >> beam.FlatMap(_only_batch, request.batch_id)
                     for h in range(params.num_helpers)]

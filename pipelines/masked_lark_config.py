@@ -13,14 +13,17 @@ digest into their outputs and the combine refuses a mismatch):
 ``epsilon`` may be null only in testing mode (exact sums, to check the system, never released).
 A gradient run also needs the model the ad server sends (``--model``):
 ``{"weights": [...], "bias": 0, "feature_scale": 0.03125, "feature_offset": 128}``.
-Errors name the file and the field, never the file's content.
+Errors name the file and the field, never the file's content. :func:`prepare_lark` is what every
+Masked LARk job's ``Job.prepare`` starts with (the run id, ``--params`` and ``--model``, read once).
 """
 from __future__ import annotations
 
 import json
-from typing import Union
+from dataclasses import dataclass
+from typing import Optional, Union
 
-from pipelines.release import ReleaseRefused, storage
+from pipelines.release import Prepared, ReleaseRefused, storage
+from pipelines.release.names import check_segment
 from transforms.lark.model import LogisticModel
 from transforms.lark.params import AggregationParams, GradientParams
 
@@ -102,3 +105,24 @@ def load_model(path, params: Params) -> LogisticModel:
         raise ReleaseRefused(f"--model {path}: {model.num_features} weights, --params declares "
                              f"{params.num_features} features")
     return model
+
+
+@dataclass(frozen=True, kw_only=True)
+class LarkPrepared(Prepared):
+    """A Masked LARk request with its public parameters and model (gradients) read once."""
+
+    params: Params
+    model: Optional[LogisticModel] = None
+
+
+def prepare_lark(request, *, run_id: str, flag: str, model: bool = True) -> LarkPrepared:
+    """The run id checked as a path segment (``flag`` names it), ``--params`` read (exact
+    parameters only in testing mode) and, with ``model``, ``--model`` (required for gradient
+    parameters, refused for aggregation ones)."""
+    try:
+        check_segment(run_id, flag)
+    except ValueError as err:
+        raise ReleaseRefused(str(err))
+    params = load_params(request.params, testing=request.options.testing)
+    return LarkPrepared(request=request, params=params,
+                        model=load_model(request.model, params) if model else None)

@@ -46,11 +46,10 @@ import pyarrow.compute as pc
 from accounting.budget import PrivacyBudget
 from accounting.ledger import Scope
 from accounting.measures import Measure
-from pipelines.masked_lark_config import load_model, load_params, params_to_json
+from pipelines.masked_lark_config import LarkPrepared, params_to_json, prepare_lark
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
                                ReleaseRefused, cli)
 from pipelines.release import run as run_release
-from pipelines.release.names import check_segment
 from transforms.lark.beam import NAMESPACE, HelperAggregate, HelperGradient
 from transforms.lark.params import MECHANISM, AggregationParams
 from transforms.lark.reports import (aggregation_output_schema, aggregation_report_columns,
@@ -109,29 +108,23 @@ class HelperJob(Job):
     description = __doc__.split("\n\n")[0]
     counter_namespaces = (NAMESPACE,)
 
-    def _params(self, request):
-        return load_params(request.params, testing=request.options.testing)
-
-    def check(self, request) -> None:
-        try:
-            check_segment(request.batch_id, "--batch_id")
-        except ValueError as err:
-            raise ReleaseRefused(str(err))
-        params = self._params(request)
+    def prepare(self, request) -> LarkPrepared:
+        prepared = prepare_lark(request, run_id=request.batch_id, flag="--batch_id")
+        params = prepared.params
         if isinstance(request.helper, bool) or not isinstance(request.helper, int) or \
                 not 0 <= request.helper < params.num_helpers:
             raise ReleaseRefused(f"--helper must be in [0, {params.num_helpers}) "
                                  f"(num_helpers of --params)")
-        load_model(request.model, params)
         if request.budget_scope is not None and not request.budget_scope.strip():
             raise ReleaseRefused("--budget_scope must not be empty")
         if request.budget_epsilon is not None and params.epsilon is not None and \
                 not request.budget_epsilon >= params.epsilon:
             raise ReleaseRefused(f"--budget_epsilon must be at least the release's epsilon "
                                  f"({params.epsilon:g})")
+        return prepared
 
-    def inputs(self, request):
-        params = self._params(request)
+    def inputs(self, prepared: LarkPrepared):
+        request, params = prepared.request, prepared.params
         if isinstance(params, AggregationParams):
             names = aggregation_report_columns(params.value_columns)
         else:
@@ -152,9 +145,8 @@ class HelperJob(Job):
                                              f"{'key' if kind == 'aggregation' else 'batch'}: "
                                              f"{params.dimension} coordinate(s)")]
 
-    def plan(self, request):
-        params = self._params(request)
-        model = load_model(request.model, params)
+    def plan(self, prepared: LarkPrepared):
+        request, params, model = prepared.request, prepared.params, prepared.model
         measures = self._measures(request, params)
         aggregation = isinstance(params, AggregationParams)
         schema = (aggregation_output_schema(params.value_columns) if aggregation
@@ -186,13 +178,13 @@ class HelperJob(Job):
             guarantee_covers="the batch: every released key's (or coordinate's) noisy sum; "
                              "epsilon-DP for the decoded sum with this helper honest")]
 
-    def content_key(self, request, planned, inputs):
+    def content_key(self, prepared: LarkPrepared, planned, inputs):
         """The batch's report-id set at this helper (and the model, for gradients): released
         once per ledger under any batch id. Read before any charge, refusing duplicate report
         ids and reports addressed to another helper (messages name the file, never content)."""
-        ids, model = _scan_reports(inputs["reports"], request.batch_id, request.helper), ""
-        if request.model:
-            model = load_model(request.model, self._params(request)).digest()
+        request, params = prepared.request, prepared.params
+        ids = _scan_reports(inputs["reports"], request.batch_id, request.helper)
+        model = prepared.model.digest() if request.model else ""
         if len(ids) == 0:
             raise ReleaseRefused(f"--input has no reports of batch {request.batch_id!r}; "
                                  "nothing was charged")
@@ -200,7 +192,6 @@ class HelperJob(Job):
         if bool(np.any(words[1:] == words[:-1])) and _has_duplicate(ids):
             raise ReleaseRefused(f"--input: batch {request.batch_id!r} holds a report id twice "
                                  "(a replayed report); nothing was charged")
-        params = self._params(request)
         if not params.batch_fits(len(ids)):
             raise ReleaseRefused(f"--input: batch {request.batch_id!r} has {len(ids)} reports, "
                                  "more than the ring holds with these bounds and noise; split it "
@@ -212,15 +203,15 @@ class HelperJob(Job):
         digest = hashlib.sha256(words.tobytes() + model.encode()).hexdigest()
         return f"masked-lark-reports:helper-{request.helper}:{digest}"
 
-    def build(self, pipeline, request, inputs, release):
-        params = self._params(request)
+    def build(self, pipeline, prepared: LarkPrepared, inputs, release):
+        request, params = prepared.request, prepared.params
         key = release.keys[key_name(request.helper)]
         if params.epsilon is None:
             key = None
         if isinstance(params, AggregationParams):
             transform = HelperAggregate(params, helper=request.helper, release_key=key)
         else:
-            transform = HelperGradient(params, load_model(request.model, params),
+            transform = HelperGradient(params, prepared.model,
                                        helper=request.helper, release_key=key)
         table = (inputs["reports"]
                  | release.label("ThisBatch") >> beam.FlatMap(_skip_other_batches,
@@ -228,7 +219,7 @@ class HelperJob(Job):
                  | release.label("Helper") >> transform)
         return {output_name(request.helper): table}
 
-    def dropped_rows(self, counters: Mapping[str, int]) -> Mapping[str, dict]:
+    def dropped_rows(self, prepared, counters: Mapping[str, int]) -> Mapping[str, dict]:
         """Reports of the batch are eligible; malformed ones are dropped (a dropped report
         makes this helper's batch digest differ, so the ad server refuses to combine)."""
         read = counters.get(f"{NAMESPACE}.reports_read", 0)

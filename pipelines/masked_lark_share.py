@@ -48,11 +48,10 @@ import pyarrow.compute as pc
 from accounting.budget import PrivacyBudget
 from accounting.ledger import Scope
 from accounting.measures import Measure
-from pipelines.masked_lark_config import load_params, params_to_json
+from pipelines.masked_lark_config import LarkPrepared, params_to_json, prepare_lark
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
                                ReleaseRefused, cli)
 from pipelines.release import run as run_release
-from pipelines.release.names import check_segment
 from transforms.lark.beam import NAMESPACE, ShareRecords
 from transforms.lark.local_dp import LocalFeatureNoise
 from transforms.lark.params import AggregationParams
@@ -134,25 +133,19 @@ class ShareJob(Job):
     description = __doc__.split("\n\n")[0]
     counter_namespaces = (NAMESPACE,)
 
-    def _params(self, request):
-        return load_params(request.params, testing=request.options.testing)
-
-    def check(self, request) -> None:
-        try:
-            check_segment(request.batch_id, "--batch_id")
-        except ValueError as err:
-            raise ReleaseRefused(str(err))
-        params = self._params(request)
+    def prepare(self, request) -> LarkPrepared:
+        prepared = prepare_lark(request, run_id=request.batch_id, flag="--batch_id", model=False)
         if request.local_noise_epsilon is not None:
-            if isinstance(params, AggregationParams):
+            if isinstance(prepared.params, AggregationParams):
                 raise ReleaseRefused("--local_noise_epsilon is for gradient parameters only")
             try:
                 LocalFeatureNoise(epsilon_per_feature=request.local_noise_epsilon)
             except ValueError as err:
                 raise ReleaseRefused(f"--local_noise_epsilon: {err}")
+        return prepared
 
-    def inputs(self, request):
-        params = self._params(request)
+    def inputs(self, prepared: LarkPrepared):
+        request, params = prepared.request, prepared.params
         if isinstance(params, AggregationParams):
             columns = {"record_id": "any", "key": "any",
                        **{c: "number" for c in params.value_columns}}
@@ -165,8 +158,8 @@ class ShareJob(Job):
         return [InputSpec(name="records", paths=request.input, format=request.input_format,
                           columns=columns, optional=optional, flag="--input")]
 
-    def plan(self, request):
-        params = self._params(request)
+    def plan(self, prepared: LarkPrepared):
+        request, params = prepared.request, prepared.params
         measures, scopes = [], []
         if request.local_noise_epsilon is not None:
             noise = LocalFeatureNoise(epsilon_per_feature=request.local_noise_epsilon)
@@ -194,8 +187,8 @@ class ShareJob(Job):
                 "independent of the records; the helpers' noisy releases carry the guarantee"),
             guarantee_covers="the local DP of the shared features" if measures else "")]
 
-    def build(self, pipeline, request, inputs, release):
-        params = self._params(request)
+    def build(self, pipeline, prepared: LarkPrepared, inputs, release):
+        request, params = prepared.request, prepared.params
         # Keyed by the run's ledger key (see the module docstring): a re-run reproduces the
         # published bytes, as the release layer requires.
         randomness = BrowserRandomness.keyed(release.key)

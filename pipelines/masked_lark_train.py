@@ -47,12 +47,12 @@ import pyarrow.compute as pc
 from accounting.budget import PrivacyBudget
 from accounting.ledger import Scope
 from accounting.measures import Measure
-from pipelines.masked_lark_config import load_model, load_params, params_to_json
+from pipelines.masked_lark_config import (LarkPrepared, load_model, params_to_json,
+                                         prepare_lark)
 from pipelines.masked_lark_share import LOCAL_NEIGHBOURING
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
                                ReleaseRefused, cli)
 from pipelines.release import run as run_release
-from pipelines.release.names import check_segment
 from transforms.lark.local_dp import LocalFeatureNoise
 from transforms.lark.params import MECHANISM, AggregationParams
 from transforms.lark.reports import feature_columns
@@ -137,8 +137,8 @@ def _matrix(table: pa.Table, num_features: int, where: str):
 
 
 class _Train:
-    def __init__(self, request, params, model, keys, testing: bool, test_tables):
-        self.request, self.params, self.model = request, params, model
+    def __init__(self, config, params, model, keys, testing: bool, test_tables):
+        self.config, self.params, self.model = config, params, model
         self.keys, self.testing, self.test_tables = keys, testing, test_tables
 
     def __call__(self, tables):
@@ -150,7 +150,7 @@ class _Train:
         if table.num_rows == 0:
             raise ReleaseRefused("--input holds no records")
         features, labels = _matrix(table, d, "--input")
-        config = _config(self.request, self.params, self.model)
+        config = self.config
         helper_keys = [self.keys[f"helper-{h}"] for h in range(self.params.num_helpers)]
         # Keyed by the release key (see pipelines.masked_lark_share): re-runs reproduce.
         randomness = BrowserRandomness.keyed(self.keys["release"])
@@ -224,42 +224,45 @@ def _model_table(model) -> pa.Table:
                     schema=MODEL_SCHEMA)
 
 
+@dataclass(frozen=True, kw_only=True)
+class TrainPrepared(LarkPrepared):
+    """Gradient parameters, the initial model and the training configuration, read once."""
+
+    training: object  # transforms.lark.training.TrainingConfig
+
+
 class TrainJob(Job):
     name = NAME
     request_type = TrainRequest
     description = __doc__.split("\n\n")[0]
 
-    def _params(self, request):
-        params = load_params(request.params, testing=request.options.testing)
-        if isinstance(params, AggregationParams):
+    def prepare(self, request) -> TrainPrepared:
+        base = prepare_lark(request, run_id=request.model_id, flag="--model_id", model=False)
+        if isinstance(base.params, AggregationParams):
             raise ReleaseRefused("--params: training needs gradient parameters (kind gradient)")
-        return params
-
-    def check(self, request) -> None:
+        model = load_model(request.model, base.params)
         try:
-            check_segment(request.model_id, "--model_id")
-        except ValueError as err:
-            raise ReleaseRefused(str(err))
-        params = self._params(request)
-        model = load_model(request.model, params)
-        try:
-            _config(request, params, model)
+            training = _config(request, base.params, model)
         except ValueError as err:
             raise ReleaseRefused(str(err))
         if request.test_input is not None and not request.options.testing:
             raise ReleaseRefused("--test_input (the comparison with non-private training) is "
                                  "for testing mode only: give --testing_seed")
+        return TrainPrepared(request=request, params=base.params, model=model, training=training)
+
+    def check(self, prepared: TrainPrepared) -> None:
         # The records are held in memory by the driver anyway: read and check them before any
         # charge (messages name the flag and the column, never a value).
-        for spec in self.inputs(request):
-            table = _read_records(spec, params.num_features)
-            _matrix(table, params.num_features, spec.label)
-            if spec.name == "records" and table.num_rows < request.batch_size:
+        d = prepared.params.num_features
+        for spec in self.inputs(prepared):
+            table = _read_records(spec, d)
+            _matrix(table, d, spec.label)
+            if spec.name == "records" and table.num_rows < prepared.request.batch_size:
                 raise ReleaseRefused(f"--input has fewer records than --batch_size: no step "
                                      "would be taken")
 
-    def inputs(self, request):
-        d = self._params(request).num_features
+    def inputs(self, prepared: TrainPrepared):
+        request, d = prepared.request, prepared.params.num_features
         columns = {"record_id": "any", **{c: "number" for c in feature_columns(d)},
                    "label": "number"}
         specs = [InputSpec(name="records", paths=request.input, format=request.input_format,
@@ -270,8 +273,8 @@ class TrainJob(Job):
                                    flag="--test_input"))
         return specs
 
-    def _measures(self, request, params):
-        config = _config(request, params, load_model(request.model, params))
+    def _measures(self, prepared: TrainPrepared):
+        request, params, config = prepared.request, prepared.params, prepared.training
         measures = []
         if params.epsilon is not None:
             measures = [Measure.of_noise(
@@ -289,10 +292,9 @@ class TrainJob(Job):
                             f"255/{request.local_noise_epsilon:g}"))
         return measures
 
-    def plan(self, request):
-        params = self._params(request)
-        model = load_model(request.model, params)
-        measures = self._measures(request, params)
+    def plan(self, prepared: TrainPrepared):
+        request, params, model = prepared.request, prepared.params, prepared.model
+        measures = self._measures(prepared)
         total = sum(m.epsilon for m in measures)
         outputs = [OutputSpec(name=MODEL, sort_by=["coordinate"], schema=MODEL_SCHEMA,
                               noisy=["value"], description="the trained model"),
@@ -323,17 +325,16 @@ class TrainJob(Job):
             guarantee_covers="every report of the training set: epochs x epsilon "
                              "(+ local feature noise)")]
 
-    def build(self, pipeline, request, inputs, release):
-        params = self._params(request)
-        model = load_model(request.model, params)
+    def build(self, pipeline, prepared: TrainPrepared, inputs, release):
+        request, params, model = prepared.request, prepared.params, prepared.model
         test = None
         if request.test_input:
             test = (inputs["test"] | release.label("TestRecords") >> beam.combiners.ToList())
         trained = (inputs["records"]
                    | release.label("Records") >> beam.combiners.ToList()
                    | release.label("Train") >> beam.Map(
-                       _train_with_test, _Train(request, params, model, dict(release.keys),
-                                                release.testing, None),
+                       _train_with_test, _Train(prepared.training, params, model,
+                                                dict(release.keys), release.testing, None),
                        beam.pvalue.AsSingleton(test) if test is not None else None))
         names = [MODEL, TRAINING] + ([COMPARISON] if request.test_input else [])
         return {name: trained | release.label(f"Out[{name}]") >> beam.Map(

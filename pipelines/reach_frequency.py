@@ -39,8 +39,8 @@ from accounting.ledger import Scope
 from accounting.measures import Measure
 from accounting.shared_budget import SharedBudget
 from accounting.sensitivity import Neighbouring
-from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
-                               ReleaseRefused, cli)
+from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepared,
+                               ReleaseOptions, ReleaseRefused, cli)
 from pipelines.release import run as run_release
 from pipelines.release.names import check_release_id, check_segment
 from transforms.sketches.beam import (PUBLISHER, UNION, BuildSketches, ReleaseReachFrequency,
@@ -154,12 +154,20 @@ def _shared_budget(request, noise: ReachFrequencyNoise) -> SharedBudget:
     return shared
 
 
+@dataclass(frozen=True, kw_only=True)
+class ReachFrequencyPrepared(Prepared):
+    """The sketch configuration and the noise of every statistic the flags declare."""
+
+    sketch: SketchConfig
+    noise: ReachFrequencyNoise
+
+
 class ReachFrequencyJob(Job):
     name = NAME
     request_type = ReachFrequencyRequest
     description = __doc__.split("\n\n")[0]
 
-    def check(self, request) -> None:
+    def prepare(self, request) -> ReachFrequencyPrepared:
         try:
             for campaign in request.campaigns:
                 check_segment(campaign, "campaign")
@@ -173,19 +181,22 @@ class ReachFrequencyJob(Job):
             if request.num_helpers < 0 or (request.num_helpers and
                                            request.noise_kind != "discrete_laplace"):
                 raise ValueError("--num_helpers must be >= 0, and > 0 only with discrete_laplace")
-            SketchConfig(num_registers=request.num_registers, decay_rate=request.decay_rate)
-            _noise(request)
+            sketch = SketchConfig(num_registers=request.num_registers,
+                                  decay_rate=request.decay_rate)
+            noise = _noise(request)
         except ValueError as err:
             raise ReleaseRefused(str(err))
+        return ReachFrequencyPrepared(request=request, sketch=sketch, noise=noise)
 
-    def inputs(self, request):
+    def inputs(self, prepared: ReachFrequencyPrepared):
+        request = prepared.request
         columns = {request.publisher_column: "text", request.campaign_column: "text",
                    request.id_column: "id"}
         return [InputSpec(name="impressions", paths=request.input, format=request.input_format,
                           columns=columns, flag="--input")]
 
-    def plan(self, request):
-        noise = _noise(request)
+    def plan(self, prepared: ReachFrequencyPrepared):
+        request, noise = prepared.request, prepared.noise
         total = PrivacyBudget(
             epsilon=request.epsilon if request.campaign_budget_epsilon is None
             else request.campaign_budget_epsilon,
@@ -214,10 +225,9 @@ class ReachFrequencyJob(Job):
             guarantee_covers="one campaign: every scope's reach and frequency, composed")
             for campaign in sorted(set(request.campaigns))]
 
-    def build_all(self, pipeline, request, inputs, releases):
+    def build_all(self, pipeline, prepared: ReachFrequencyPrepared, inputs, releases):
         by_campaign = {r.planned.config["campaign"]: r for r in releases}
-        config = SketchConfig(num_registers=request.num_registers, decay_rate=request.decay_rate)
-        noise = _noise(request)
+        request, config, noise = prepared.request, prepared.sketch, prepared.noise
         campaigns = sorted(by_campaign)
         scoped = (inputs["impressions"]
                   | "BuildSketches" >> BuildSketches(
@@ -253,7 +263,7 @@ class ReachFrequencyJob(Job):
                     lambda rows: pa.Table.from_pylist(rows, schema=output_schema())))}
         return out
 
-    def dropped_rows(self, counters: Mapping[str, int]) -> Mapping[str, dict]:
+    def dropped_rows(self, prepared, counters: Mapping[str, int]) -> Mapping[str, dict]:
         read = counters.get("rows_read", 0)
         reasons = {name: counters[name] for name in ("rows_missing_id", "rows_missing_key")
                    if counters.get(name)}

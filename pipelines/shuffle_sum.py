@@ -37,8 +37,8 @@ from accounting.budget import PrivacyBudget
 from accounting.ledger import Scope
 from accounting.measures import Measure
 from pipelines import ldp_release
-from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
-                               ReleaseRefused, cli)
+from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepared,
+                               ReleaseOptions, ReleaseRefused, cli)
 from pipelines.release import run as run_release
 from pipelines.release.names import check_segment
 
@@ -83,20 +83,30 @@ def spec_of(request):
         raise ReleaseRefused(f"split-and-mix parameters: {err}")
 
 
+@dataclass(frozen=True, kw_only=True)
+class ShuffleSumPrepared(Prepared):
+    """The split-and-mix protocol the flags declare."""
+
+    spec: object  # transforms.ldp.shuffle.SplitAndMix
+
+
 class ShuffleSumJob(Job):
     name = NAME
     request_type = ShuffleSumRequest
     description = __doc__.split("\n\n")[0]
 
-    def check(self, request) -> None:
-        from transforms.ldp.shuffle import check_shares_schema
-
+    def prepare(self, request) -> ShuffleSumPrepared:
         try:
             check_segment(request.collection_id, "--collection_id")
         except ValueError as err:
             raise ReleaseRefused(str(err))
-        spec = spec_of(request)
-        files = ldp_release.check_files(self.inputs(request)[0],
+        return ShuffleSumPrepared(request=request, spec=spec_of(request))
+
+    def check(self, prepared: ShuffleSumPrepared) -> None:
+        from transforms.ldp.shuffle import check_shares_schema
+
+        spec = prepared.spec
+        files = ldp_release.check_files(self.inputs(prepared)[0],
                                         lambda s: check_shares_schema(spec, s))
         messages = sum(rows for _, rows in files.values())
         if messages % spec.messages:
@@ -107,16 +117,16 @@ class ShuffleSumJob(Job):
                                  f"the noise is split over --num_clients {spec.num_clients}: the "
                                  "sum would carry less noise than planned; nothing was charged")
 
-    def inputs(self, request):
+    def inputs(self, prepared: ShuffleSumPrepared):
         from transforms.ldp.shuffle import SHARE_COLUMN
 
-        return [InputSpec(name="shares", paths=request.input, format="parquet",
+        return [InputSpec(name="shares", paths=prepared.request.input, format="parquet",
                           columns={SHARE_COLUMN: "integer"}, flag="--input")]
 
-    def plan(self, request):
+    def plan(self, prepared: ShuffleSumPrepared):
         from transforms.ldp.shuffle import compare_models
 
-        spec = spec_of(request)
+        request, spec = prepared.request, prepared.spec
         measure = Measure(
             name="shuffled_sum", mechanism="split-and-mix with distributed Binomial noise",
             epsilon=spec.epsilon, delta=spec.total_delta,
@@ -142,10 +152,10 @@ class ShuffleSumJob(Job):
                                                  for row in models]},
             guarantee_covers="the clients' values summed in this collection (shuffle model)")]
 
-    def public_summary(self, request, planned, tables):
+    def public_summary(self, prepared, planned, tables):
         """Rows released, and the error of each trust model at this epsilon (public: from the
         protocol's parameters only)."""
-        out = super().public_summary(request, planned, tables)
+        out = super().public_summary(prepared, planned, tables)
         out["error_by_trust_model"] = planned.parameters["error_by_trust_model"]
         return out
 
@@ -156,11 +166,11 @@ class ShuffleSumJob(Job):
             lines.append(f"    {row['model']}: {rmse} ({row['mechanism']})")
         return lines
 
-    def build(self, pipeline, request, inputs, release):
+    def build(self, pipeline, prepared: ShuffleSumPrepared, inputs, release):
         from transforms.ldp.beam import ShuffleSum
 
         return {OUTPUT: inputs["shares"] | release.label("ShuffleSum") >> ShuffleSum(
-            spec_of(request))}
+            prepared.spec)}
 
 
 JOB = ShuffleSumJob()

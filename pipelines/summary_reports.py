@@ -39,8 +39,8 @@ from accounting.calibration import calibrate
 from accounting.ledger import Scope
 from accounting.measures import Measure
 from accounting.sensitivity import Sensitivities
-from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
-                               ReleaseRefused, cli, storage)
+from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepared,
+                               ReleaseOptions, ReleaseRefused, cli, storage)
 from pipelines.release import run as run_release
 from pipelines.release.names import check_segment
 from transforms.ara.beam import (ROUNDING_PURPOSE, SUMMARY_PURPOSE, BoundSourceContributions,
@@ -232,13 +232,42 @@ _BOUNDING_COUNTERS = ("ara.reports_dropped_source_budget_exhausted",
                       "ara.reports_dropped_over_max_reports_per_source")
 
 
+@dataclass(frozen=True, kw_only=True)
+class SummaryReportsPrepared(Prepared):
+    """The input format, the contribution configuration (``--config``, read once) and the
+    declared buckets (``--output_domain``, or the configuration's domain)."""
+
+    format: str
+    config: Optional[ContributionConfig]
+    buckets: tuple
+
+
+def _contribution_config(request) -> Optional[ContributionConfig]:
+    if not request.config:
+        return None
+    try:
+        return ContributionConfig.from_json(storage.read_text(storage.absolute(request.config)))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ReleaseRefused(f"--config {request.config}: {err}")
+
+
+def _buckets(request, config) -> list[int]:
+    if request.output_domain:
+        try:
+            text = storage.read_text(storage.absolute(request.output_domain))
+            return parse_output_domain(text).keys
+        except (OSError, ValueError) as err:
+            raise ReleaseRefused(f"--output_domain {request.output_domain}: {err}")
+    return config.output_domain()
+
+
 class SummaryReportsJob(Job):
     name = NAME
     request_type = SummaryReportsRequest
     description = __doc__.split("\n\n")[0]
     counter_namespaces = ("ara",)
 
-    def dropped_rows(self, counters):
+    def dropped_rows(self, prepared, counters):
         """Rows read (and malformed CSV lines) are eligible; conversion rows and reports the ARA
         transforms drop for a fault are dropped (bounding a source's contributions is not)."""
         from pipelines.release.counters import dropped_share
@@ -253,25 +282,7 @@ class SummaryReportsJob(Job):
                          "reasons": {**share["reasons"], **faults}}
         return out
 
-    def _config(self, request) -> Optional[ContributionConfig]:
-        if not request.config:
-            return None
-        try:
-            text = storage.read_text(storage.absolute(request.config))
-            return ContributionConfig.from_json(text)
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise ReleaseRefused(f"--config {request.config}: {err}")
-
-    def _keys(self, request, config) -> list[int]:
-        if request.output_domain:
-            try:
-                text = storage.read_text(storage.absolute(request.output_domain))
-                return parse_output_domain(text).keys
-            except (OSError, ValueError) as err:
-                raise ReleaseRefused(f"--output_domain {request.output_domain}: {err}")
-        return config.output_domain()
-
-    def check(self, request) -> None:
+    def prepare(self, request) -> SummaryReportsPrepared:
         try:
             check_segment(request.batch_id, "--batch_id")
             check_summary_epsilon(request.epsilon)
@@ -280,37 +291,38 @@ class SummaryReportsJob(Job):
         if request.max_reports_per_source < 1:
             raise ReleaseRefused("--max_reports_per_source must be positive")
         fmt = _format(request)
-        config = self._config(request)
+        config = _contribution_config(request)
         if fmt != "reports" and config is None:
             raise ReleaseRefused("--config is required for conversions input")
         if fmt == "reports" and not request.output_domain:
             raise ReleaseRefused("--output_domain is required for reports input")
+        buckets = _buckets(request, config)
         if config is not None:
-            for key in self._keys(request, config):
+            for key in buckets:
                 try:
                     config.scale_of_key(key)
                 except (ValueError, KeyError):
                     raise ReleaseRefused("--output_domain declares a bucket that belongs to no "
                                          "query of --config")
+        return SummaryReportsPrepared(request=request, format=fmt, config=config,
+                                      buckets=tuple(buckets))
 
-    def inputs(self, request):
-        fmt = _format(request)
-        if fmt == "reports":
+    def inputs(self, prepared: SummaryReportsPrepared):
+        request, config = prepared.request, prepared.config
+        if prepared.format == "reports":
             return [InputSpec(name="reports", paths=request.input, format="jsonl", columns={},
                               flag="--input")]
-        config = self._config(request)
         columns = {"source_id": "id",
                    **{f"dim_{d}": "number" for d in range(len(config.slice_dimensions))},
                    **{m: "number" for m in config.measures if m != "count"}}
-        optional = {"order": "integer" if fmt == "parquet" else "any"}
+        optional = {"order": "integer" if prepared.format == "parquet" else "any"}
         if "count" in config.measures:
             optional["count"] = "number"
-        return [InputSpec(name="conversions", paths=request.input, format=fmt, columns=columns,
-                          optional=optional, flag="--input")]
+        return [InputSpec(name="conversions", paths=request.input, format=prepared.format,
+                          columns=columns, optional=optional, flag="--input")]
 
-    def plan(self, request):
-        config = self._config(request)
-        keys = self._keys(request, config)
+    def plan(self, prepared: SummaryReportsPrepared):
+        request, config, keys = prepared.request, prepared.config, prepared.buckets
         spec = calibrate("discrete_laplace", epsilon=request.epsilon,
                          l1_sensitivity=CONTRIBUTION_BUDGET)
         measure = Measure.of_noise(
@@ -326,7 +338,7 @@ class SummaryReportsJob(Job):
             outputs=[OutputSpec(name=OUTPUT, sort_by=["bucket"], schema=_schema(config is not None),
                                 noisy=["noisy_sum"] + (["estimate"] if config else []),
                                 description="one row per declared bucket (hex key)")],
-            config={"format": _format(request), "epsilon": request.epsilon,
+            config={"format": prepared.format, "epsilon": request.epsilon,
                     "contribution_config": None if config is None else json.loads(config.to_json()),
                     "buckets": [f"{k:#034x}" for k in keys],
                     "max_reports_per_source": request.max_reports_per_source},
@@ -334,14 +346,13 @@ class SummaryReportsJob(Job):
                         "contribution_budget": CONTRIBUTION_BUDGET},
             guarantee_covers="one batch of reports: every declared bucket's noisy sum")]
 
-    def content_key(self, request, planned, inputs):
+    def content_key(self, prepared, planned, inputs):
         return content_digest([inputs[name] for name in sorted(inputs)])
 
-    def build(self, pipeline, request, inputs, release):
-        config = self._config(request)
-        keys = self._keys(request, config)
+    def build(self, pipeline, prepared: SummaryReportsPrepared, inputs, release):
+        request, config, keys = prepared.request, prepared.config, prepared.buckets
         key, batch = release.key, request.batch_id
-        if _format(request) == "reports":
+        if prepared.format == "reports":
             reports = (inputs["reports"]
                        | release.label("Lines") >> beam.FlatMap(lambda t: t.column("line").to_pylist())
                        | release.label("ParseReports") >> ParseReports())

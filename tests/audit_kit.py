@@ -32,7 +32,7 @@ under pipelines/ has none). The job runs through the release layer exactly as a 
 (``run(Request)``), with ``ReleaseOptions(testing_seed=..., exact_testing=...)``:
 ``exact_testing`` gives the job a noise-free testing key
 (:meth:`accounting.keys.ReleaseKey.for_exact_testing`), refused by every real release. The
-sensitivity bounds are read from the job's own plan (``Job.plan(request)``: each released
+sensitivity bounds are read from the job's own plan (``Job.planned(request)``: each released
 column's :class:`~accounting.measures.Measure`), never re-typed here; the published marker
 (RELEASE.json) is compared as a report with its noisy fields masked.
 
@@ -163,8 +163,7 @@ class ReleaseLayerJob:
             files = self.write(dataset, folder)
             request = self.request(files, ReleaseOptions(output=os.path.join(folder, "out"),
                                                          testing_seed=0))
-            self.module.JOB.check(request)
-            return list(self.module.JOB.plan(request))
+            return self.module.JOB.planned(request)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -896,7 +895,7 @@ class LarkChain:
         folder = tempfile.mkdtemp(prefix="audit-lark-plan-")
         try:
             params = self._params(folder)
-            return [p for h in (0, 1) for p in masked_lark_helper.JOB.plan(
+            return [p for h in (0, 1) for p in masked_lark_helper.JOB.planned(
                 masked_lark_helper.HelperRequest(
                     input=(os.path.join(folder, "none.parquet"),), params=params, helper=h,
                     batch_id="b1", options=ReleaseOptions(output=folder, testing_seed=0)))]

@@ -234,7 +234,7 @@ def test_a_release_splits_its_budget_through_a_shared_budget():
                                    impressions=("x.csv",), clicks=("y.csv",), first_releases=True,
                                    options=ReleaseOptions(output="/tmp/unused", testing_seed=1))
     config = load_config(request.config)
-    for planned, campaign in zip(JOB.plan(request), config.campaigns):
+    for planned, campaign in zip(JOB.planned(request), config.campaigns):
         assert isinstance(planned.budget, SharedBudget)
         assert planned.budget.names == ("impressions", "clicks")
         assert planned.measures == tuple(campaign.measures())
@@ -270,3 +270,7 @@ def test_explain_flag_prints_the_plan_and_touches_nothing(tmp_path, capsys):
     assert text.count("Shared privacy budget:") == 3
     assert "== impressions ==" in text and "== clicks ==" in text and "Whole job" in text
     assert not out.exists() and not (tmp_path / "ledger.json").exists()
+    # Nothing is opened: no ledger, key store or output needed.
+    assert main(["--config", os.path.join(SAMPLE_DIR, "campaigns.json"), "--first_releases",
+                 "--explain"]) == 0
+    assert capsys.readouterr().out == text

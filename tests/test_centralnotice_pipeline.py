@@ -122,7 +122,7 @@ def test_help_and_schedule(capsys, tmp_path):
     text = capsys.readouterr().out
     for option in ("--config", "--impressions", "--clicks", "--release", "--output", "--ledger",
                    "--key_store", "--new_release", "--testing_seed", "--list_releases",
-                   "--allow_dropped_rows", "--max_dropped_fraction", "Exit codes"):
+                   "--alert_exit_code", "--max_dropped_fraction", "Exit codes"):
         assert option in text
     config = write_config(tmp_path, config_dict())
     for flag in ("--list_releases", "--list-releases"):
@@ -381,11 +381,11 @@ def test_row_level_faults_follow_the_rules_and_are_counted(tmp_path):
            ("C1", "C1_dsk", "", "de.wikipedia", d, "u3"),         # missing country
            ("C1", "C1_dsk", "DE", "de.wikipedia", "2026-12-25", "u3"),
            f"C1,C1_dsk,DE,de.wikipedia,{d},u4,extra"]             # malformed
-    # More than half of the eligible impression rows are faulty: published only on request.
+    # More than half of the eligible impression rows are faulty: published, the operator alerted.
     result = run(make_request(write_config(tmp_path, data),
                                  write_csv(tmp_path / "i.csv", IMP_HEADER, imp),
                                  write_csv(tmp_path / "c.csv", CLK_HEADER, clk), tmp_path / "o",
-                                 release=RELEASE1, allow_dropped_rows=True))
+                                 release=RELEASE1))
     want = {k: (0, 0) for k in KEYSET_DAY1}
     want[key[1:]] = (42, 2)
     want[other[1:]] = (7, 1)
@@ -401,11 +401,21 @@ def test_row_level_faults_follow_the_rules_and_are_counted(tmp_path):
         "clicks.skipped.other_release": 1, "clicks.dropped.outside_keyset": 1,
     }
     report = result.releases[0].report
-    assert report["dropped_rule_overridden"] is True
+    reasons = ", ".join(f"impressions.dropped.{r}={n}" for r, n in [
+        ("fractional", 1), ("malformed_csv_line", 2), ("missing", 1), ("missing_key", 2),
+        ("negative", 1), ("outside_keyset", 1), ("unparseable", 1)])
+    clicks = ", ".join(f"clicks.dropped.{r}={n}" for r, n in [
+        ("malformed_csv_line", 1), ("missing_or_unparseable_key", 1), ("missing_user", 2),
+        ("outside_keyset", 1)])
+    assert report["alerts"] == [
+        f"clicks: 5 of 8 eligible rows dropped (more than 50%); by {clicks}",
+        f"impressions: 9 of 13 eligible rows dropped (more than 50%); by {reasons}"]
     assert report["dropped_rows"]["impressions"]["eligible"] == 14 - 3 + 2
     assert report["dropped_rows"]["impressions"]["dropped"] == 9
+    assert result.alerts == tuple(f"{RELEASE1}: {alert}" for alert in report["alerts"])
     text = open(os.path.join(os.path.dirname(result.releases[0].report_path), "report.txt")).read()
-    assert "--allow_dropped_rows" in text and "impressions.dropped.unparseable=1" in text
+    assert "ALERT (operator only; the release is published): impressions: 9 of 13" in text
+    assert "impressions.dropped.unparseable=1" in text
     # Raw-data facts stay with the operator: the released marker has none of them.
     assert "dropped" not in json.dumps(result.releases[0].marker)
 
@@ -753,3 +763,30 @@ def test_impressions_that_would_wrap_int64_fail_clearly_and_publish_nothing(tmp_
     err = capsys.readouterr().err
     assert "'impressions'" in err and "outside the int64 range" in err and "nothing was published" in err
     assert not list(out.rglob("*.parquet"))
+
+
+def test_a_run_of_three_releases_reads_its_configuration_once(tmp_path, monkeypatch, capsys):
+    """Job.prepare reads the configuration once per run and every hook reads what it prepared:
+    one read for a run of three releases (the bundled sample's first releases), and one for
+    --explain."""
+    from pipelines import centralnotice_config
+
+    sample = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "pipelines", "sample_data", "centralnotice")
+    config = os.path.join(sample, "campaigns.json")
+    real, reads = centralnotice_config.read_text, []
+
+    def counting(path):
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(centralnotice_config, "read_text", counting)
+    result = run(CentralNoticeRequest(
+        config=config, impressions=(os.path.join(sample, "impressions.csv"),),
+        clicks=(os.path.join(sample, "clicks.csv"),), first_releases=True, num_shards=2,
+        options=ReleaseOptions(output=str(tmp_path / "out"), testing_seed=SEED)))
+    assert len(result.releases) == 3
+    assert reads.count(config) == 1
+    reads.clear()
+    assert main(["--config", config, "--first_releases", "--explain"]) == 0
+    assert reads.count(config) == 1 and capsys.readouterr().out.count("centralnotice release") == 3

@@ -19,8 +19,9 @@ Every case asserts, besides its own outcome: the ledger file is unchanged on eve
 no key was stored); no published file was replaced by different bytes (and a failed run
 published nothing); no secret key appears in any output, report, ledger or message.
 
-Kill points inside the publish step (a forked child running a job's ``main`` with a function
-patched to ``os._exit`` at that point) and concurrent runs are checked at the end.
+Kill points named after the lifecycle's phases (a forked child running a job's ``main`` with the
+phase, or a step inside it, patched to ``os._exit`` right after it) and concurrent runs are
+checked at the end.
 """
 from __future__ import annotations
 
@@ -428,9 +429,12 @@ def then_staging_cleaned(ws, case, argv, charged_after):
     assert not any((ws.path / "out" / ".staging" / "C1" / "2026-11-02").iterdir())
 
 
-def then_overridden(ws, case, argv, charged_after):
+def then_alert(ws, case, argv, charged_after):
+    """The alert is the operator's: in the operator report, never in what is published."""
     reports = [read_json(p) for p in (ws.path / "private" / "reports").rglob("report.json")]
-    assert any(r["dropped_rule_overridden"] for r in reports)
+    assert any(r["alerts"] for r in reports)
+    for path, data in published(ws.path / "out").items():
+        assert b"alert" not in data.lower() and b"eligible rows" not in data, path
 
 
 def then_new_version(ws, case, argv, charged_after):
@@ -445,7 +449,7 @@ def then_testing_prefix(ws, case, argv, charged_after):
 
 THEN = {"takeover": then_takeover, "reproduce": then_reproduce, "symlink": then_symlink_kept,
         "directory": then_directory_digest, "rf_directory": then_rf_directory,
-        "staging": then_staging_cleaned, "overridden": then_overridden,
+        "staging": then_staging_cleaned, "alert": then_alert,
         "new_version": then_new_version, "testing": then_testing_prefix,
         "writable": then_rerun_writable}
 
@@ -472,6 +476,16 @@ def released(*says, spend="more", then=None):
     return Expect(0, ("(released)",) + says if spend == "more" else says, spend, then)
 
 
+def alerted(code, *says, then=None):
+    """Released with an operator alert, and --alert_exit_code ``code`` asked for (stderr)."""
+    return Expect(code, says, "more", then)
+
+
+def _published(expect: Expect) -> bool:
+    """Exit 0, or an operator's --alert_exit_code (4..125): released."""
+    return expect.code == 0 or expect.code >= 4
+
+
 def reproduced(*says, then=None):
     return Expect(0, ("(reproduced)",) + says, "same", then)
 
@@ -486,6 +500,7 @@ class Case:
 
 
 TESTING = "--testing_seed 1 -ledger -key_store"
+ALERT = "ALERT (operator only; the release is published): "
 DAY2 = "--release C1/2026-11-02"
 CASES = [
     # ---- CentralNotice: re-runs, testing seeds, output roots
@@ -575,22 +590,28 @@ CASES = [
     Case("cn-corrupt-parquet-page", "cn", "cn_corrupt_page", f"{DAY2} --impressions {{ws}}/imp.parquet",
          failed("the computation failed (--impressions: {ws}/imp.parquet could not be read in full",
                 "takes it over without spending again", then="takeover")),
+    # ---- row rules: operator-only alerts, never a refusal (pipelines/release/__init__.py)
     Case("cn-all-us-dates", "cn", "cn_us_dates", f"{DAY2} --impressions {{ws}}/bad.csv",
-         failed("refusing to publish", "impressions: 12 of 12 eligible rows dropped",
-                "impressions.dropped.missing_key=12", then="takeover")),
+         released(f"{ALERT}impressions: all 12 eligible rows dropped",
+                  "impressions.dropped.missing_key=12", then="alert")),
     Case("cn-all-us-dates-allowed", "cn", "cn_us_dates", f"{DAY2} --impressions {{ws}}/bad.csv "
-         "--allow_dropped_rows", released("published despite the dropped-rows rule", then="overridden")),
+         "--allow_dropped_rows", refused("--allow_dropped_rows was removed", "--alert_exit_code")),
     Case("cn-thousands-separators", "cn", "cn_thousands", f"{DAY2} --impressions {{ws}}/bad.csv",
-         failed("refusing to publish", "12 of 12 eligible rows dropped",
-                "impressions.dropped.unparseable=12", then="takeover")),
+         released(f"{ALERT}impressions: all 12 eligible rows dropped",
+                  "impressions.dropped.unparseable=12", then="alert")),
     Case("cn-thousands-allowed-dashed", "cn", "cn_thousands", f"{DAY2} --impressions {{ws}}/bad.csv "
-         "--allow-dropped-rows", released("impressions.dropped.unparseable=12")),
+         "--allow-dropped-rows", refused("--allow_dropped_rows was removed")),
     Case("cn-most-rows-dropped", "cn", "cn_most_dropped", f"{DAY2} --impressions {{ws}}/bad.csv",
-         failed("refusing to publish", "6 of 10 eligible rows dropped", "more than 50%")),
+         released(f"{ALERT}impressions: 6 of 10 eligible rows dropped (more than 50%)",
+                   then="alert")),
+    Case("cn-most-rows-dropped-alert-exit-code", "cn", "cn_most_dropped",
+         f"{DAY2} --impressions {{ws}}/bad.csv --alert_exit_code 9",
+         alerted(9, "alert (operator only; published): C1/2026-11-02: impressions: 6 of 10")),
     Case("cn-most-rows-dropped-share-raised", "cn", "cn_most_dropped",
-         f"{DAY2} --impressions {{ws}}/bad.csv --max_dropped_fraction 0.7", released()),
-    Case("cn-header-only-input", "cn", "cn_header_only", f"{DAY2} --impressions {{ws}}/bad.csv",
+         f"{DAY2} --impressions {{ws}}/bad.csv --max_dropped_fraction 0.7 --alert_exit_code 9",
          released()),
+    Case("cn-header-only-input", "cn", "cn_header_only", f"{DAY2} --impressions {{ws}}/bad.csv",
+         released(f"{ALERT}impressions: no eligible rows", then="alert")),
     # ---- folders, stale staging, spellings
     Case("cn-directory-input", "cn", "cn_directory", f"{DAY2} --impressions {{ws}}/dir",
          released(then="directory")),
@@ -613,10 +634,11 @@ CASES = [
     Case("rf-campaign-escapes", "rf", None, "--campaigns c1,../../etc", refused("is not a valid name")),
     Case("rf-release-prefix-escapes", "rf", None, "--release_prefix ../x", refused("is not a valid name")),
     Case("rf-ids-unparseable", "rf", "rf_ids_unparseable", "--campaigns c2 --input {ws}/bad.csv",
-         failed("refusing to publish", "60 of 60 eligible rows dropped", "rows_missing_id=60",
-                then="takeover")),
+         released(f"{ALERT}impressions: all 60 eligible rows dropped", "rows_missing_id=60",
+                  then="alert")),
     Case("rf-ids-unparseable-allowed", "rf", "rf_ids_unparseable",
-         "--campaigns c2 --input {ws}/bad.csv --allow_dropped_rows", released(then="overridden")),
+         "--campaigns c2 --input {ws}/bad.csv --allow_dropped_rows",
+         refused("--allow_dropped_rows was removed")),
     Case("rf-header-with-spaces", "rf", "rf_header_spaces", "--campaigns c2 --input {ws}/bad.csv",
          refused("header field 3 is column 'vid' with surrounding spaces")),
     Case("rf-gzip-named-csv", "rf", "rf_gzip_named_csv", "--campaigns c2 --input {ws}/bad.csv",
@@ -648,10 +670,12 @@ CASES = [
          "--batch_id B --input {ws}/conv2.csv --output {ws}/conv.csv/out",
          refused("--output: cannot write {ws}/conv.csv/out", then="writable")),
     Case("sr-all-values-bad", "sr", "sr_all_values_bad", "--batch_id B --input {ws}/conv2.csv",
-         failed("refusing to publish", "40 of 40 eligible rows dropped",
-                "ara.conversion_rows_dropped_null_or_nonfinite=40", then="takeover")),
-    Case("sr-all-source-ids-missing", "sr", "sr_source_ids_missing", "--batch_id B --input {ws}/conv2.csv",
-         failed("refusing to publish", "40 of 40 eligible rows dropped")),
+         released(f"{ALERT}conversions: all 40 eligible rows dropped",
+                  "ara.conversion_rows_dropped_null_or_nonfinite=40", then="alert")),
+    Case("sr-all-source-ids-missing", "sr", "sr_source_ids_missing",
+         "--batch_id B --input {ws}/conv2.csv --alert_exit_code 5",
+         alerted(5, "alert (operator only; published): summary_reports/B: conversions: all 40 "
+                    "eligible rows dropped")),
     Case("sr-batch-id-dotdot", "sr", None, "--batch_id ..", refused("--batch_id '..' is not a valid name")),
     Case("sr-header-with-spaces", "sr", "sr_header_spaces", "--batch_id B --input {ws}/conv2.csv",
          refused("header field 1 is column 'source_id' with surrounding spaces")),
@@ -713,7 +737,7 @@ def test_fault(case: Case, tmp_path_factory):
     code, out, err = run_main(case.job, argv)
 
     subs = {"{ws}": str(ws.path), "{key}": ws.key_file()}
-    message = err if case.expect.code else out
+    message = out if case.expect.code == 0 else err
     assert code == case.expect.code, f"exit {code}: {err or out}"
     for text in case.expect.says:
         for placeholder, value in subs.items():
@@ -723,7 +747,7 @@ def test_fault(case: Case, tmp_path_factory):
     # No published file is ever replaced by different bytes; a run that did not release
     # published nothing.
     assert {p: after.get(p) for p in published_before} == published_before
-    if case.expect.code != 0:
+    if not _published(case.expect):
         assert after == published_before
     charged_after = charged(os.path.realpath(ws.ledger))
     if case.expect.code == 2:  # refused: nothing charged, nothing stored
@@ -752,7 +776,7 @@ def test_the_table_covers_every_job_with_sixty_cases_or_more():
     assert all(c.fixture in FIXES for c in CASES if c.expect.then == "takeover")
 
 
-# --------------------------------------------------------------------------- kill points in the publish step
+# --------------------------------------------------------------------------- kill points at the phases
 
 def _die_after(module, name, *, when=lambda *a, **k: True):
     """Patch ``module.name`` (in a forked child only) to run, then kill the process like kill -9."""
@@ -780,45 +804,37 @@ def _run_killed(job, argv, patch):
     return process.exitcode
 
 
-def _kill_begin_publish():
-    from accounting.ledger import machine
-
-    _die_after(machine.BudgetLedger, "begin_publish")
-
-
-def _kill_after_rename():
-    from pipelines.release import storage
-
-    _die_after(storage, "rename_dir")
+#: Kill points, named after the phases of pipelines.release.lifecycle: a phase ("rule": right
+#: after it returned) or a step inside one ("publish/pin"), each a function of that module.
+KILL_POINTS = {"compute": "compute", "rule": "rule", "publish/pin": "pin", "publish": "publish",
+               "commit/record": "commit_record"}
 
 
-def _kill_after_commit():
-    from accounting.ledger import machine
+def _kill_after(point):
+    def patch():
+        from pipelines.release import lifecycle
 
-    _die_after(machine.BudgetLedger, "commit")
-
-
-def _kill_before_publishing():
-    from pipelines.release import publish
-
-    _die_after(publish, "check_publishable", when=lambda staging, final, **kw: True)
+        _die_after(lifecycle, KILL_POINTS[point])
+    return patch
 
 
-@pytest.mark.parametrize("kill, state, visible", [
-    (_kill_before_publishing, "reserved", False),   # staged, checked, not yet pinned
-    (_kill_begin_publish, "publishing", False),     # pinned, nothing published
-    (_kill_after_rename, "publishing", True),       # published, not committed
-    (_kill_after_commit, "committed", True),        # committed, no operator report yet
-], ids=["before-begin-publish", "after-begin-publish", "after-rename", "after-commit"])
-def test_kill_inside_the_publish_step_then_rerun(tmp_path_factory, kill, state, visible):
+@pytest.mark.parametrize("point, state, visible", [
+    ("compute", "reserved", False),          # staged, nothing checked or published
+    ("rule", "reserved", False),             # staged and ruled, not yet pinned
+    ("publish/pin", "publishing", False),    # pinned, nothing published
+    ("publish", "publishing", True),         # published, not committed
+    ("commit/record", "committed", True),    # committed, no operator report yet
+])
+def test_kill_at_a_phase_then_rerun(tmp_path_factory, point, state, visible):
     ws = Workspace.get("cn", tmp_path_factory)
     argv = base_argv("cn", ws.path) + ["--release", "C1/2026-11-02"]
     charged_before = charged(ws.ledger)
-    assert _run_killed("cn", argv, kill) == 137
+    assert _run_killed("cn", argv, _kill_after(point)) == 137
     record = read_json(ws.ledger)["releases"]["C1/2026-11-02"]
     assert record["state"] == state
     folder = ws.path / "out" / "C1" / "2026-11-02" / "v1"
     assert (folder / "RELEASE.json").exists() == visible
+    assert not (ws.path / "private" / "reports" / "C1" / "2026-11-02" / "v1" / "report.json").exists()
     killed = published(ws.path / "out")
     charged_after_kill = charged(ws.ledger)
     assert charged_after_kill > charged_before
@@ -833,6 +849,14 @@ def test_kill_inside_the_publish_step_then_rerun(tmp_path_factory, kill, state, 
     assert charged(ws.ledger) == pytest.approx(charged_after_kill)  # no extra spend
     assert (ws.path / "private" / "reports" / "C1" / "2026-11-02" / "v1" / "report.json").exists()
     assert not list((ws.path / "out" / ".staging").rglob("*.parquet"))  # no attempt survives
+
+
+def test_every_kill_point_is_a_function_of_the_lifecycle():
+    from pipelines.release import lifecycle
+
+    assert all(callable(getattr(lifecycle, name, None)) for name in KILL_POINTS.values())
+    phases = {p.split("/")[0] for p in KILL_POINTS}
+    assert phases <= {"preflight", "reserve", "compute", "rule", "publish", "commit"}
 
 
 def test_kill_between_gcs_objects_then_rerun(tmp_path):

@@ -64,9 +64,9 @@ def test_a_switch_passed_as_a_template_parameter_parses(value, expected):
 
     request = cli.parse_request(JOB, [
         "--input=in.csv", "--output=out", "--campaigns=c1", "--publishers=p",
-        "--epsilon=1", "--testing_seed=7", f"--allow_dropped_rows={value}", "--runner=dask"])
-    assert request.options.allow_dropped_rows is expected
+        "--epsilon=1", "--testing_seed=7", f"--explain={value}", "--runner=dask"])
+    assert request.options.explain is expected
     assert "--runner=dask" in request.options.pipeline_args
     with pytest.raises(SystemExit):
         cli.parse_request(JOB, ["--input=in.csv", "--output=out", "--campaigns=c1",
-                                "--publishers=p", "--epsilon=1", "--allow_dropped_rows=yes"])
+                                "--publishers=p", "--epsilon=1", "--explain=yes"])

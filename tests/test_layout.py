@@ -164,10 +164,6 @@ def test_the_shape_rule_catches_a_second_budget_or_measure():
 #: The only modules outside runners/ that may name Dask: the two transforms that work around its
 #: limits (finish_bundle outputs dropped, tagged outputs not kept apart), for every runner alike.
 DASK_WORKAROUNDS = ("transforms/batching.py", "transforms/fanout.py")
-#: Modules that still name Dask while another change in flight moves the knowledge out (each
-#: must still name it: drop the entry when it no longer does). lifecycle.py: its staging leaf and
-#: a comment, now the runner profile's (runners.execution), go with the lifecycle's phases.
-DASK_PENDING = {"pipelines/release/lifecycle.py": "staging leaf and counters comment"}
 
 
 def test_runner_knowledge_stays_in_runners():
@@ -177,8 +173,7 @@ def test_runner_knowledge_stays_in_runners():
     named = {path for path, text in _sources()
              if path.startswith(("accounting", "transforms", "pipelines"))
              and re.search("dask", text, re.IGNORECASE)}
-    assert sorted(named - set(DASK_WORKAROUNDS) - set(DASK_PENDING)) == []
-    assert sorted(set(DASK_PENDING) - named) == []  # the allowance stays honest
+    assert sorted(named - set(DASK_WORKAROUNDS)) == []
 
 
 def _imported_modules(text: str) -> set[str]:

@@ -299,7 +299,7 @@ def test_label_export_refuses_the_same_labels_under_another_id(tmp_path, inputs,
     assert glob.glob(str(tmp_path / "out" / "label_dp" / "d2")) == []
 
 
-def test_malformed_reports_count_towards_the_dropped_rows_rule(tmp_path, capsys):
+def test_malformed_reports_count_towards_the_dropped_rows_alert(tmp_path, capsys):
     from transforms.ldp.reports import report_schema
 
     schema = pa.schema([pa.field("report", pa.uint32())],
@@ -309,11 +309,12 @@ def test_malformed_reports_count_towards_the_dropped_rows_rule(tmp_path, capsys)
                                                 pa.uint32())}, schema=schema), path)
     argv = ["--input", path, "--oracle", "grr", "--epsilon", "1", "--domain_size", "10",
             "--collection_id", "c", "--output", str(tmp_path / "out"), "--testing_seed", "1"]
-    assert ldp_frequencies.main(argv) == 3
+    assert ldp_frequencies.main(argv + ["--alert_exit_code", "4"]) == 4
     err = capsys.readouterr().err
     assert "6 of 10 eligible rows dropped" in err and "reports_dropped_out_of_domain=5" in err
-    assert not glob.glob(str(tmp_path / "out" / "testing-not-a-release" / "ldp_frequencies" / "c"
-                             / "*.csv"))
+    # An operator-only alert: the release is published all the same.
+    assert glob.glob(str(tmp_path / "out" / "testing-not-a-release" / "ldp_frequencies" / "c"
+                         / "*.csv"))
 
 
 def test_bundled_sample_is_what_the_generator_makes(tmp_path):

@@ -155,7 +155,7 @@ def test_parquet_distributed_release_with_empty_and_single_id_publishers(tmp_pat
     # ... split through one SharedBudget per campaign: 8 parts, each spent by its measure.
     from pipelines.reach_frequency import JOB
 
-    planned = JOB.plan(request)[0]
+    planned = JOB.planned(request)[0]
     assert len(planned.budget.names) == 8 and planned.budget.total.epsilon == 3.0
     assert planned.guarantee() == planned.budget.guarantee()
     assert planned.guarantee().delta == pytest.approx(marker["guarantee"]["delta"])

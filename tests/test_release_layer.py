@@ -436,17 +436,17 @@ class ToyJob(Job):
     request_type = ToyRequest
     description = "A toy job."
 
-    def inputs(self, request):
-        return [InputSpec(name="rows", paths=request.rows, columns={"key": "text", "value": "text"},
+    def inputs(self, prepared):
+        return [InputSpec(name="rows", paths=prepared.request.rows, columns={"key": "text", "value": "text"},
                           flag="--rows")]
 
-    def plan(self, request):
+    def plan(self, prepared):
         return [PlannedRelease(
-            release_id=request.label, measures=[Measure.of_noise("count", NOISE, ONE)],
+            release_id=prepared.request.label, measures=[Measure.of_noise("count", NOISE, ONE)],
             scopes=[Scope(name="toy", budget=PrivacyBudget(epsilon=10.0))],
             outputs=[OutputSpec(name="counts.csv", sort_by=["key"], schema=TOY_SCHEMA)], config={})]
 
-    def build(self, pipeline, request, inputs, release):
+    def build(self, pipeline, prepared, inputs, release):
         rows = release.counters(self.name, "rows")
         return {"counts.csv": (inputs["rows"]
                                | release.label("All") >> beam.combiners.ToList()
@@ -458,17 +458,30 @@ TOY = ToyJob()
 
 def test_dashed_flags_are_the_underscore_flags():
     _, flags = cli.build_parser(TOY)
-    argv = ["--rows", "a.csv,b.csv", "--testing-seed=3", "--output", "o", "--allow-dropped-rows",
-            "--max-dropped-fraction", "0.25", "--runner", "FnApiRunner", "--temp-location", "t"]
+    argv = ["--rows", "a.csv,b.csv", "--testing-seed=3", "--output", "o", "--new-release",
+            "--max-dropped-fraction", "0.25", "--alert-exit-code", "9", "--runner", "FnApiRunner",
+            "--temp-location", "t"]
     assert cli.normalise(argv, flags) == [
-        "--rows", "a.csv,b.csv", "--testing_seed=3", "--output", "o", "--allow_dropped_rows",
-        "--max_dropped_fraction", "0.25", "--runner", "FnApiRunner", "--temp-location", "t"]
+        "--rows", "a.csv,b.csv", "--testing_seed=3", "--output", "o", "--new_release",
+        "--max_dropped_fraction", "0.25", "--alert_exit_code", "9", "--runner", "FnApiRunner",
+        "--temp-location", "t"]
+    argv.remove("--new-release")  # (no release with --testing_seed)
     dashed = cli.parse_request(TOY, argv)
     underscore = cli.parse_request(TOY, cli.normalise(argv, flags))
     assert dashed == underscore
     assert dashed.rows == ("a.csv", "b.csv") and dashed.options.testing_seed == 3
-    assert dashed.options.allow_dropped_rows and dashed.options.max_dropped_fraction == 0.25
+    assert dashed.options.alert_exit_code == 9 and dashed.options.max_dropped_fraction == 0.25
     assert dashed.options.pipeline_args == ("--runner", "FnApiRunner", "--temp-location", "t")
+
+
+@pytest.mark.parametrize("flag", ["--allow_dropped_rows", "--allow-dropped-rows",
+                                  "--allow_dropped_rows=true"])
+def test_the_removed_allow_dropped_rows_flag_is_refused_naming_its_replacement(flag, capsys):
+    """It meant "publish although the dropped-rows rule refuses"; nothing is refused for
+    dropped rows any more, so it is refused rather than passed on to Beam and ignored."""
+    assert cli.main(TOY, ["--rows", "a.csv", "--testing_seed", "1", "--output", "o", flag]) == 2
+    err = capsys.readouterr().err
+    assert "--allow_dropped_rows was removed" in err and "--alert_exit_code" in err
 
 
 @pytest.mark.parametrize("options, message", [
@@ -476,6 +489,9 @@ def test_dashed_flags_are_the_underscore_flags():
     (dict(testing_seed=True), "--testing_seed must be an integer"),
     (dict(ledger="l"), "a release needs --ledger and --key_store"),
     (dict(testing_seed=1, max_dropped_fraction=1.0), r"--max_dropped_fraction must be in \[0, 1\)"),
+    (dict(testing_seed=1, alert_exit_code=3), r"--alert_exit_code must be an integer in 4\.\.125"),
+    (dict(testing_seed=1, alert_exit_code=126), r"--alert_exit_code must be an integer"),
+    (dict(testing_seed=1, alert_exit_code=True), r"--alert_exit_code must be an integer"),
     (dict(output=""), "--output is required"),
 ])
 def test_release_options_are_checked_when_built(options, message):
@@ -489,33 +505,81 @@ def _toy(tmp_path, rows, **options):
                                                            testing_seed=1, **options))
 
 
-@pytest.mark.parametrize("rows, options, published", [
-    ([("a", 1), ("b", 2)], {}, True),
-    ([("a", 1), ("b", "x")], {}, True),                          # 1 of 2: not more than 50 %
-    ([("a", 1), ("b", "x"), ("c", "y")], {}, False),             # 2 of 3
-    ([("a", 1), ("b", "x"), ("c", "y")], {"allow_dropped_rows": True}, True),
-    ([("a", 1), ("b", "x"), ("c", "y")], {"max_dropped_fraction": 0.7}, True),
-    ([("a", "x"), ("b", "y")], {"max_dropped_fraction": 0.99}, False),  # all: always refused
-    ([("a", 1)] * 4 + [("b", "x")], {"max_dropped_fraction": 0.1}, False),
-    ([("other", "x")] * 5 + [("a", 1)], {}, True),               # skipped rows are not eligible
-    ([], {}, True),                                              # no eligible row: nothing dropped
+@pytest.mark.parametrize("rows, options, alert", [
+    ([("a", 1), ("b", 2)], {}, None),
+    ([("a", 1), ("b", "x")], {}, None),                          # 1 of 2: not more than 50 %
+    ([("a", 1), ("b", "x"), ("c", "y")], {}, "rows: 2 of 3 eligible rows dropped (more than 50%)"),
+    ([("a", 1), ("b", "x"), ("c", "y")], {"max_dropped_fraction": 0.7}, None),
+    ([("a", "x"), ("b", "y")], {"max_dropped_fraction": 0.99}, "rows: all 2 eligible rows dropped"),
+    ([("a", 1)] * 4 + [("b", "x")], {"max_dropped_fraction": 0.1}, "1 of 5 eligible rows dropped"),
+    ([("other", "x")] * 5 + [("a", 1)], {}, None),               # skipped rows are not eligible
+    ([("other", "x")] * 5, {}, "rows: no eligible rows"),        # rows of other releases only
+    ([], {}, "rows: no eligible rows (an empty or header-only input"),
 ])
-def test_the_dropped_rows_rule(tmp_path, rows, options, published):
-    request = _toy(tmp_path, rows, **options)
-    if published:
-        (outcome,) = run_release(TOY, request).releases
-        report = outcome.report
-        assert report["dropped_rule_overridden"] == bool(options.get("allow_dropped_rows"))
-        assert report["counters"].get("rows.read", 0) == len(rows)
-        assert "rows.read" not in json.dumps(outcome.marker)  # operator facts never published
-        return
-    dropped = sum(1 for _, v in rows if not str(v).isdigit())
-    with pytest.raises(ReleaseFailed) as info:
-        run_release(TOY, request)
-    message = str(info.value)
-    assert f"rows: {dropped} of {len(rows)} eligible rows dropped" in message
-    assert f"rows.dropped.unparseable={dropped}" in message and "--allow_dropped_rows" in message
-    assert not os.path.exists(tmp_path / "out" / publish.TESTING_PREFIX / "toy")
+def test_the_row_rules_alert_the_operator_and_never_stop_a_release(tmp_path, rows, options, alert):
+    (outcome,) = run_release(TOY, _toy(tmp_path, rows, **options)).releases
+    report = outcome.report
+    assert os.path.exists(os.path.join(outcome.folder, publish.MARKER))  # published, always
+    if alert is None:
+        assert report["alerts"] == []
+    else:
+        (found,) = report["alerts"]
+        assert found.startswith(alert) or alert in found, found
+    dropped = sum(1 for k, v in rows if k != "other" and not str(v).isdigit())
+    if dropped:
+        assert f"rows.dropped.unparseable={dropped}" in "".join(report["alerts"]) or alert is None
+    assert report["counters"].get("rows.read", 0) == len(rows)
+    public = json.dumps(outcome.marker)
+    assert "rows.read" not in public and "alert" not in public  # operator facts never published
+
+
+def test_an_alert_exits_zero_unless_the_operator_asks_for_a_code(tmp_path, capsys):
+    path = write_csv(tmp_path / "rows.csv", ["key", "value"], [("a", "x"), ("b", 2), ("c", "y")])
+    argv = ["--rows", path, "--testing_seed", "1", "--output", str(tmp_path / "out")]
+    assert cli.main(TOY, argv) == 0
+    captured = capsys.readouterr()
+    line = "toyjob: alert (operator only; published): toy: rows: 2 of 3 eligible rows dropped"
+    assert line in captured.err
+    assert "ALERT (operator only; the release is published): rows: 2 of 3" in captured.out
+    assert cli.main(TOY, argv + ["--alert_exit_code", "9"]) == 9
+    assert line in capsys.readouterr().err
+    clean = write_csv(tmp_path / "rows.csv", ["key", "value"], [("a", 1), ("b", 2)])
+    assert cli.main(TOY, ["--rows", clean] + argv[2:] + ["--alert_exit_code", "9"]) == 0
+    assert "alert" not in capsys.readouterr().err
+
+
+def test_explain_needs_no_ledger_key_store_or_output_and_prepares_once(tmp_path, monkeypatch,
+                                                                       capsys):
+    """--explain reads no input and charges nothing: it runs with none of --ledger,
+    --key_store, --output (and the input need not exist), preparing the request once."""
+    calls = []
+    real = ToyJob.prepare
+
+    def counting(self, request):
+        calls.append(request)
+        return real(self, request)
+
+    monkeypatch.setattr(ToyJob, "prepare", counting)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(TOY, ["--rows", "missing.csv", "--label", "toy/2026", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "toyjob release toy/2026" in out and "count:" in out
+    assert len(calls) == 1 and list(tmp_path.iterdir()) == []  # nothing read or written
+    # The Python API makes releases only: explain is the command line's (or Job.planned).
+    with pytest.raises(ReleaseRefused, match="--explain makes no release"):
+        run_release(TOY, ToyRequest(rows=("missing.csv",),
+                                    options=ReleaseOptions(explain=True)))
+    # Without --explain the release flags are required again.
+    assert cli.main(TOY, ["--rows", "missing.csv"]) == 2
+    assert "--output is required" in capsys.readouterr().err
+
+
+def test_alerts_are_made_from_the_dropped_shares_alone():
+    share = {"rows": {"eligible": 4, "dropped": 3, "share": 0.75, "reasons": {"rows.dropped.x": 3}}}
+    assert counters.alerts(share, ["rows", "other"], 0.5) == [
+        "other: no eligible rows (an empty or header-only input, or rows of other releases only)",
+        "rows: 3 of 4 eligible rows dropped (more than 50%); by rows.dropped.x=3"]
+    assert counters.alerts(share, ["rows"], 0.75) == []
 
 
 def test_the_dropped_share_counts_eligible_rows():
@@ -552,9 +616,10 @@ class TwoReleaseToyJob(ToyJob):
 
     name = "toyjob2"
 
-    def plan(self, request):
-        (one,) = ToyJob.plan(self, request)
-        return [dataclasses.replace(one, release_id=f"{request.label}/{part}") for part in "ab"]
+    def plan(self, prepared):
+        (one,) = ToyJob.plan(self, prepared)
+        return [dataclasses.replace(one, release_id=f"{prepared.request.label}/{part}")
+                for part in "ab"]
 
 
 def _toy_argv(tmp_path, label="toy/2026"):
@@ -607,6 +672,10 @@ def test_a_publication_failing_part_way_names_what_is_out_and_a_rerun_publishes_
     assert "internal error" not in err
     assert (tmp_path / "out" / "toy" / "2026" / "a" / "v1" / "RELEASE.json").exists()
     assert not (tmp_path / "out" / "toy" / "2026" / "b" / "v1").exists()
+    # What is out is committed, with its operator report (publish's failure policy).
+    states = {r: v["state"] for r, v in read_json(tmp_path / "l.json")["releases"].items()}
+    assert states == {"toy/2026/a": "committed", "toy/2026/b": "publishing"}
+    assert (tmp_path / "reports" / "toy" / "2026" / "a" / "v1" / "report.json").exists()
     first = (tmp_path / "out" / "toy" / "2026" / "a" / "v1" / "counts.csv").read_bytes()
     monkeypatch.setattr(publish, "publish", real_publish)
     assert cli.main(job, argv) == 0
@@ -617,13 +686,22 @@ def test_a_publication_failing_part_way_names_what_is_out_and_a_rerun_publishes_
     assert {r["state"] for r in ledger.records()} == {"committed"}
 
 
-def test_a_taken_over_reservation_leaves_no_failure_record_beside_the_release(tmp_path, capsys):
+def test_a_taken_over_reservation_leaves_no_failure_record_beside_the_release(
+        tmp_path, monkeypatch, capsys):
+    from pipelines.release import lifecycle
+
     argv = _toy_argv(tmp_path)
-    write_csv(tmp_path / "rows.csv", ["key", "value"], [("a", "x"), ("b", "y")])  # all dropped
+    real = lifecycle.run_pipeline
+
+    def disk_full(options, build):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(lifecycle, "run_pipeline", disk_full)
     assert cli.main(TOY, argv) == 3
     folder = tmp_path / "reports" / "toy" / "2026" / "v1"
     assert read_json(folder / "failure.json")["status"] == "failed: nothing published"
-    write_csv(tmp_path / "rows.csv", ["key", "value"], [("a", 1), ("b", 2)])  # corrected
+    monkeypatch.setattr(lifecycle, "run_pipeline", real)
+    write_csv(tmp_path / "rows.csv", ["key", "value"], [("a", 1), ("b", 3)])  # another input
     assert cli.main(TOY, argv) == 0
     assert not (folder / "failure.json").exists()
     report = read_json(folder / "report.json")

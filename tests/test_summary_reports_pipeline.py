@@ -230,7 +230,7 @@ def test_help_runs():
         assert option in out.stdout
 
 
-def test_conversion_row_faults_are_counted_not_fatal(tmp_path):
+def test_conversion_row_faults_are_counted_not_fatal(tmp_path, capsys):
     from transforms.ara.contribution import ContributionConfig
     config = ContributionConfig(measures=("count", "value"), clip_thresholds=(1.0, 20.0),
                                 slice_dimensions=(2, 3), prefixes=(0, 2),
@@ -245,15 +245,18 @@ def test_conversion_row_faults_are_counted_not_fatal(tmp_path):
         "s4,0,1,1,\n")        # null value: dropped, counted
     argv = _args(tmp_path, **{"--input": str(tmp_path / "conv.csv"), "--input_format": "csv",
                               "--config": str(tmp_path / "config.json")})
-    # 3 of 5 rows dropped: over the default 50 %, so the run says so and publishes nothing ...
-    assert cli.main(argv) == 3
-    assert not (tmp_path / "out" / "testing-not-a-release" / "summary_reports").exists()
-    # ... unless the operator raises the share deliberately.
+    # 3 of 5 rows dropped: over the default 50 %, so the operator is alerted (stderr; exit 0, or
+    # the code they ask for) -- and the release is published all the same ...
+    assert cli.main(argv + ["--alert_exit_code", "7"]) == 7
+    assert "conversions: 3 of 5 eligible rows dropped (more than 50%)" in capsys.readouterr().err
+    assert (tmp_path / "out" / "testing-not-a-release" / "summary_reports").exists()
+    # ... and not alerted when the operator raises the share deliberately.
     (outcome,) = cli.run(cli.JOB.request_type(
         input=(str(tmp_path / "conv.csv"),), input_format="csv", config=str(tmp_path / "config.json"),
         epsilon=8.0, batch_id="batch-A",
         options=ReleaseOptions(output=str(tmp_path / "out"), testing_seed=SEED,
                                max_dropped_fraction=0.75))).releases
+    assert outcome.report["alerts"] == []
     counters = outcome.report["counters"]
     assert counters["ara.conversion_rows"] == 5
     assert counters["ara.conversion_rows_dropped_null_or_nonfinite"] == 2

@@ -8,7 +8,8 @@ owns everything else, the same way for every job:
    once (that list is both what is read and what the input digest covers) and checked -- it
    opens, its format and compression are known, its columns exist with usable types. Bad flags,
    configuration or input: exit 2, nothing charged.
-2. **Reserve, compute, publish, commit** (:mod:`~pipelines.release.lifecycle`): the ledger
+2. **Reserve, compute, rule, publish, commit** (:mod:`~pipelines.release.lifecycle`: a run is
+   these named phases after preflight, each with its failure policy beside it): the ledger
    reserves every release of the run, all or nothing, with fresh keys bound to the input digest
    (:mod:`accounting.ledger`); the pipeline writes to private staging; counters are read and the
    dropped-rows rule applied; each release is published atomically with its marker last
@@ -27,9 +28,9 @@ owns everything else, the same way for every job:
 5. **One key policy**: every real release of every job gets its keys from the ledger; a stored
    key is never applied to other input; ``--testing_seed`` is the only other key source.
 6. **Row faults are counted and shown** (:mod:`~pipelines.release.counters`): in the console
-   summary and the operator's report, never in released files; a release that dropped all, or
-   more than ``--max_dropped_fraction``, of an input's rows is refused unless
-   ``--allow_dropped_rows``.
+   summary and the operator's report, never in released files; an input that lost all, or more
+   than ``--max_dropped_fraction``, of its eligible rows, or had none, is an operator alert --
+   never a reason not to publish (below).
 7. **Safe names and messages** (:mod:`~pipelines.release.names`): one pattern for every id that
    becomes a path; messages name files and columns, never file content.
 8. **One CLI convention and a Python API** (:mod:`~pipelines.release.cli`): each job is
@@ -37,15 +38,53 @@ owns everything else, the same way for every job:
    Exit codes (:mod:`~pipelines.release.errors`): 0 released (or an identical re-run), 2
    refused before any charge, 3 failed after the reservation, 1 internal error; anything but 0
    means nothing new was published, except a multi-release run whose publication failed part-way
-   (exit 3 names the releases that are out; the same command finishes the rest).
+   (exit 3 names the releases that are out; the same command finishes the rest) and
+   ``--alert_exit_code N`` (released, with an operator alert).
+
+**Publication decisions.** Nothing but noisy values and public information may decide *whether*
+a release is published: a rule that reads exact raw rows and withholds a release lets one
+privacy unit's rows flip it (all of one unit's rows faulty, and the dropped share crosses the
+threshold: published one day, refused the next), deterministically. Each rule of this layer and
+of the jobs, and what it is:
+
+* **Operator-only** (the release is published; the operator is alerted: the alert and the row
+  counters it comes from in the operator report and console summary, a stderr line, the run's
+  log; exit 0, or ``--alert_exit_code N``, a data-dependent signal for the scheduler only,
+  :mod:`~pipelines.release.errors`) -- the rule phase of
+  :mod:`~pipelines.release.lifecycle`, :func:`~pipelines.release.counters.alerts`:
+
+  - more than ``--max_dropped_fraction`` of an input's eligible rows dropped by row rules;
+  - all of an input's eligible rows dropped;
+  - an input without eligible rows: empty, header-only, or holding only other releases' rows;
+  - a runner that reported no counters (its result has no metrics), so the rules above cannot be read.
+
+  They were refusals (exit 3) until issue 30; ``--allow_dropped_rows`` went with them (given,
+  it is refused naming its replacement). The neighbouring-pair audit checks that one unit's
+  faulty rows change neither the outcome, nor the files, nor the public marker
+  (tests/test_publication_decisions.py).
+* **Refused before the charge, from public facts** (exit 2): flags and configuration; a file's
+  format -- that it opens, its compression, its header, columns and column types -- which its
+  producer fixes whatever the rows hold; and counts the job's neighbouring relation holds
+  public: where one unit *replaces* its values and every unit, report or share stays (Masked
+  LARk's report set and k, shuffle_sum's shares against ``--num_clients``, a LARk training set
+  against ``--batch_size``), a count cannot move between neighbours.
+* **Still refused on one record's content (open)**: Masked LARk share and train refuse a record
+  whose value is not a number or outside its byte / label domain, and shuffle_sum a null or
+  out-of-range share. Under their replace-one relations the remedy is not to drop the record
+  (the number of records is public there) but to give it a documented default value, counted
+  for the operator.
+* **A DP decision**, when a release should be withheld on data: a noisy count (each unit's
+  contribution bounded) against a threshold, planned as a measure of the release and charged,
+  its cost part of the stated guarantee. None exists yet; the rule phase is where one goes,
+  reading counters computed as pipeline output.
 """
 from pipelines.release.counters import RowCounters
 from pipelines.release.errors import ReleaseFailed, ReleaseRefused
 from pipelines.release.inputs import InputSpec
-from pipelines.release.job import (Job, OutputSpec, PlannedRelease, ReleaseContext,
+from pipelines.release.job import (Job, OutputSpec, PlannedRelease, Prepared, ReleaseContext,
                                    ReleaseOptions)
 from pipelines.release.lifecycle import ReleaseOutcome, RunResult, run
 
-__all__ = ["Job", "InputSpec", "OutputSpec", "PlannedRelease", "ReleaseContext",
+__all__ = ["Job", "InputSpec", "OutputSpec", "PlannedRelease", "Prepared", "ReleaseContext",
            "ReleaseOptions", "ReleaseRefused", "ReleaseFailed", "RowCounters", "RunResult",
            "ReleaseOutcome", "run"]

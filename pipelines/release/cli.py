@@ -19,8 +19,7 @@ import typing
 from typing import Optional, Sequence
 
 from pipelines.release import lifecycle, report
-from pipelines.release.errors import (EXIT_INTERNAL, EXIT_RELEASED, ReleaseFailed,
-                                      ReleaseRefused)
+from pipelines.release.errors import EXIT_INTERNAL, EXIT_RELEASED, ReleaseFailed, ReleaseRefused
 from pipelines.release.job import Job, ReleaseOptions
 
 _LOG = logging.getLogger(__name__)
@@ -79,7 +78,9 @@ def build_parser(job: Job) -> tuple[argparse.ArgumentParser, list[str]]:
         epilog="Other arguments are Beam pipeline options (e.g. --runner PrismRunner; default: "
                "the in-process engine); see runners/README.md. Exit codes: 0 released (or an "
                "identical re-run), 2 refused before any charge, 3 failed after the reservation "
-               "(nothing published; a corrected re-run takes the reservation over).")
+               "(nothing published; a corrected re-run takes the reservation over), "
+               "--alert_exit_code N: released with an operator alert (a data-dependent signal "
+               "for the scheduler only).")
     flags = add_arguments(parser.add_argument_group(f"{job.name}"), job.request_type)
     flags += add_arguments(parser.add_argument_group("release (every job)"), ReleaseOptions)
     return parser, flags
@@ -105,7 +106,24 @@ def normalise(argv: Sequence[str], flags: Sequence[str],
     return out
 
 
+#: Flags that were removed, and why (given one, a run is refused naming it: never silently passed
+#: on to Beam as an unknown option).
+REMOVED_FLAGS = {
+    "--allow_dropped_rows": "no release is refused for dropped rows any more: it is published "
+                            "and the operator alerted (--alert_exit_code N makes the alert an "
+                            "exit code for the scheduler)",
+}
+
+
+def _refuse_removed(argv: Sequence[str]) -> None:
+    for token in argv:
+        flag = "--" + token.split("=", 1)[0][2:].replace("-", "_")
+        if token.startswith("--") and flag in REMOVED_FLAGS:
+            raise ReleaseRefused(f"{flag} was removed: {REMOVED_FLAGS[flag]}")
+
+
 def parse_request(job: Job, argv: Sequence[str]):
+    _refuse_removed(argv)
     parser, flags = build_parser(job)
     switches = [a.option_strings[0] for a in parser._actions
                 if a.option_strings and a.nargs == 0 and a.option_strings[0] in flags]
@@ -118,9 +136,11 @@ def parse_request(job: Job, argv: Sequence[str]):
 
 
 def _explain(job: Job, request) -> int:
-    """``--explain``: the plan of every release the request would make (nothing read or charged)."""
-    job.check(request)
-    for planned in job.plan(request):
+    """``--explain``: the plan of every release the request would make. The request is prepared
+    (its configuration read) once and planned; no input is read (``Job.check`` is the run's),
+    and no ledger, key store or output is opened."""
+    prepared = job.prepare(request)
+    for planned in job.plan(prepared):
         print(f"{job.name} release {planned.release_id}")
         print("\n".join(f"  {line}" if line else "" for line in planned.explain().splitlines()))
     return EXIT_RELEASED
@@ -155,4 +175,6 @@ def main(job: Job, argv: Optional[Sequence[str]] = None) -> int:
             print(f"  operator report: {outcome.report_path}")
     for warning in result.warnings:
         print(f"{job.name}: warning: {warning}", file=sys.stderr)
-    return EXIT_RELEASED
+    for alert in result.alerts:
+        print(f"{job.name}: alert (operator only; published): {alert}", file=sys.stderr)
+    return result.exit_code

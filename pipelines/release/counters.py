@@ -6,14 +6,15 @@ Jobs count what happens to input rows with Beam counters in the job's namespace,
 * ``read``: rows read (counted by the release layer's reader);
 * ``dropped.<reason>``: faulty rows removed by a documented rule (a value that does not parse,
   a missing id, a key outside the public keyset, a malformed CSV line) -- these count towards the
-  dropped-rows rule: a release whose eligible rows were all dropped, or more than
-  ``--max_dropped_fraction`` of them, is refused before publication;
+  dropped-rows rule: an input whose eligible rows were all dropped, or more than
+  ``--max_dropped_fraction`` of them, raises an operator alert (:func:`alerts`; the release is
+  published: see pipelines/release/__init__.py, "Publication decisions");
 * ``skipped.<reason>``: rows that belong to other releases (another campaign or day in a shared
   file): not faults, and not eligible;
 * ``excluded.<reason>``: rows removed by policy (a protected country): not faults.
 
 The release layer reads the counters from the pipeline result into the CLI summary and the
-operator's ``report.json``, never into a released file.
+operator's ``report.json``, never into a released file; so do the alerts made from them.
 """
 from __future__ import annotations
 
@@ -69,10 +70,9 @@ def query(result, job: str, library: Sequence[str] = ()) -> dict[str, dict[str, 
     ``library`` namespaces (transforms the job uses that count in a namespace of their own, e.g.
     ``ara``) are run-level counters named ``<namespace>.<name>``.
 
-    None when the runner's result has no metrics at all (its ``metrics()`` is not
-    implemented): "no counters" must not read as "nothing dropped", so the caller
-    decides what a release without them may do (pipelines.release.lifecycle refuses it unless
-    the operator passes --allow_dropped_rows)."""
+    None when the runner's result has no metrics at all (its ``metrics()`` raises
+    NotImplementedError): "no counters" must not read as "nothing dropped" (the release layer
+    alerts the operator that the row rules could not be checked)."""
     out: dict[str, dict[str, int]] = {}
     try:
         counters = result.metrics().query()["counters"]
@@ -117,3 +117,35 @@ def dropped_share(counters: Mapping[str, int]) -> dict[str, dict]:
                      "reasons": {k: v for k, v in counters.items()
                                  if k.startswith(f"{name}.dropped.") and v}}
     return out
+
+
+#: The alert of a run whose runner reported no counters at all.
+NO_COUNTERS = ("the runner reported no counters, so the row rules (dropped rows, inputs without "
+               "eligible rows) could not be checked")
+
+
+def alerts(shares: Mapping[str, Mapping], inputs: Sequence[str],
+           max_dropped_fraction: float) -> list[str]:
+    """The operator-only alerts of one release, from its dropped-rows ``shares`` (per input, as
+    ``Job.dropped_rows`` returns them) over the ``inputs`` it reads: an input with no eligible
+    row (empty, header-only, or holding other releases' rows only), one whose eligible rows
+    were all dropped, and one that lost more than ``max_dropped_fraction`` of them. Raw-data
+    facts: for the operator report and stderr, never for a publication decision."""
+    out = []
+    for name in sorted(set(inputs) | set(shares)):
+        share = shares.get(name) or {"eligible": 0, "dropped": 0, "share": 0.0}
+        eligible, dropped = share["eligible"], share["dropped"]
+        if eligible <= 0:
+            out.append(f"{name}: no eligible rows (an empty or header-only input, or rows of "
+                       "other releases only)")
+        elif dropped >= eligible:
+            out.append(f"{name}: all {eligible} eligible rows dropped{_by(share)}")
+        elif share["share"] > max_dropped_fraction:
+            out.append(f"{name}: {dropped} of {eligible} eligible rows dropped (more than "
+                       f"{max_dropped_fraction:.0%}){_by(share)}")
+    return out
+
+
+def _by(share: Mapping) -> str:
+    reasons = {k: v for k, v in share.get("reasons", {}).items() if v}
+    return "; by " + ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())) if reasons else ""

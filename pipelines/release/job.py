@@ -1,11 +1,14 @@
 """What a job gives the release layer, and what the release layer gives a job.
 
 A job is a :class:`Job` subclass with a frozen, keyword-only request type (its parameters plus an
-``options: ReleaseOptions`` field). It declares its inputs (:class:`~pipelines.release.inputs.
-InputSpec`), plans its releases (:class:`PlannedRelease`: id, measures, budget scopes, outputs,
-configuration) and builds the Beam graph of one release from Arrow-table PCollections and the
-release's keys (:class:`ReleaseContext`). Everything else -- preflight, ledger, keys, staging,
-publication, reports, the CLI -- is the release layer's.
+``options: ReleaseOptions`` field). It prepares the request once per run (:meth:`Job.prepare`: its
+configuration read and validated, its targets and parameters resolved, into a frozen
+:class:`Prepared`), declares its inputs (:class:`~pipelines.release.inputs.InputSpec`), plans its
+releases (:class:`PlannedRelease`: id, measures, budget scopes, outputs, configuration) and builds
+the Beam graph of one release from Arrow-table PCollections and the release's keys
+(:class:`ReleaseContext`). Every hook gets the same :class:`Prepared`, so nothing is loaded
+twice. Everything else -- preflight, ledger, keys, staging, publication, reports, the CLI -- is
+the release layer's.
 """
 from __future__ import annotations
 
@@ -21,15 +24,16 @@ from accounting.ledger import Scope
 from accounting.measures import Measure
 from accounting.shared_budget import SharedBudget
 from pipelines.release import names
-from pipelines.release.errors import ReleaseRefused
+from pipelines.release.errors import ALERT_EXIT_CODES, ReleaseRefused
 
 
 @dataclass(frozen=True, kw_only=True)
 class ReleaseOptions:
     """The options every job shares (the CLI's ``--output``, ``--ledger``, ...)."""
 
-    output: str = field(metadata={"help": "output root (local or gs://): a release is published "
-                                          "under OUTPUT/<release id>/v<version>/"})
+    output: Optional[str] = field(default=None, metadata={
+        "help": "output root (local or gs://): a release is published under "
+                "OUTPUT/<release id>/v<version>/; required (except with --explain)"})
     ledger: Optional[str] = field(default=None, metadata={
         "help": "budget ledger file (local or gs://); required for a release"})
     key_store: Optional[str] = field(default=None, metadata={
@@ -50,17 +54,23 @@ class ReleaseOptions:
     staging_dir: Optional[str] = field(default=None, metadata={
         "help": "private staging root (default: OUTPUT/.staging; must not be public)"})
     max_dropped_fraction: float = field(default=0.5, metadata={
-        "help": "refuse to publish when more than this share of an input's eligible rows was "
-                "dropped by the row rules (all dropped is always refused)"})
-    allow_dropped_rows: bool = field(default=False, metadata={
-        "help": "publish even when the dropped-rows rule would refuse (the report says so)"})
+        "help": "alert the operator when more than this share of an input's eligible rows was "
+                "dropped by the row rules (also alerted: all dropped, no eligible rows, no "
+                "counters). An alert never stops a release: it is published, and the alert "
+                "goes to the operator report and stderr only"})
+    alert_exit_code: Optional[int] = field(default=None, metadata={
+        "help": "exit with this code (4..125) instead of 0 when a release was published with "
+                "an operator alert: a DATA-DEPENDENT signal (it comes from raw row counts) for "
+                "the scheduler only -- never publish it, never decide a publication from it "
+                "(default: exit 0)"})
     explain: bool = field(default=False, metadata={
         "help": "print each planned release's budget split, measures and guarantee (the "
-                "SharedBudget explain) and exit: nothing is read, charged or published"})
+                "SharedBudget explain) and exit: no input is read, nothing is charged or "
+                "published; needs no --output, --ledger or --key_store"})
     pipeline_args: tuple = field(default=(), metadata={"cli": False})
 
     def __post_init__(self):
-        if not isinstance(self.output, str) or not self.output:
+        if not self.explain and (not isinstance(self.output, str) or not self.output):
             raise ReleaseRefused("--output is required")
         if self.testing_seed is not None:
             if isinstance(self.testing_seed, bool) or not isinstance(self.testing_seed, int):
@@ -71,12 +81,18 @@ class ReleaseOptions:
         elif self.exact_testing:
             raise ReleaseRefused("exact_testing (noise-free) is a testing mode: it needs "
                                  "testing_seed and can never make a release")
-        elif not (self.ledger and self.key_store):
+        elif not (self.ledger and self.key_store) and not self.explain:
             raise ReleaseRefused("a release needs --ledger and --key_store (or --testing_seed "
                                  "for a run that is not a release)")
         if not (isinstance(self.max_dropped_fraction, (int, float))
                 and 0 <= self.max_dropped_fraction < 1):
             raise ReleaseRefused("--max_dropped_fraction must be in [0, 1)")
+        if self.alert_exit_code is not None and (
+                isinstance(self.alert_exit_code, bool) or not isinstance(self.alert_exit_code, int)
+                or not ALERT_EXIT_CODES[0] <= self.alert_exit_code <= ALERT_EXIT_CODES[1]):
+            raise ReleaseRefused(f"--alert_exit_code must be an integer in "
+                                 f"{ALERT_EXIT_CODES[0]}..{ALERT_EXIT_CODES[1]} (0-3 have their "
+                                 "own meanings; 126 and above are the shell's)")
         object.__setattr__(self, "pipeline_args", tuple(self.pipeline_args))
 
     @property
@@ -230,9 +246,27 @@ class ReleaseContext:
         return RowCounters(job, input_name, release_id=self.release_id)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """A request as a job's hooks read it: made once per run by :meth:`Job.prepare` (by the
+    release lifecycle and by ``--explain``) and passed to every hook.
+
+    A job with a configuration subclasses it (frozen, keyword-only) with typed fields -- the
+    loaded configuration, the releases it targets, parameters derived from the flags -- so no
+    hook loads or parses anything again. Preparing reads configuration files only, never input
+    data, and raises ReleaseRefused (or ValueError) for what it cannot accept."""
+
+    request: Any = field(repr=False)
+
+    @property
+    def options(self) -> ReleaseOptions:
+        return self.request.options
+
+
 class Job:
     """Base class of a job (see the module docstring). Subclasses set ``name`` and
-    ``request_type`` and implement ``inputs``, ``plan`` and ``build``."""
+    ``request_type`` and implement ``inputs``, ``plan`` and ``build`` (or ``build_all``); a job
+    with a configuration overrides ``prepare``. Every hook gets the run's :class:`Prepared`."""
 
     name: str = ""
     request_type: type = None
@@ -242,16 +276,23 @@ class Job:
     #: ``<namespace>.<name>`` (see pipelines.release.counters.query).
     counter_namespaces: Sequence[str] = ()
 
-    def check(self, request) -> None:
-        """Job-level validation before any work (raise ReleaseRefused / ValueError)."""
+    def prepare(self, request) -> Prepared:
+        """Read and validate what the request names (configuration files, parameters): once
+        per run. The default keeps the request alone."""
+        return Prepared(request=request)
 
-    def inputs(self, request) -> Sequence:
+    def check(self, prepared: Prepared) -> None:
+        """Checks a run needs beyond its plan, before any charge (input files' schemas, records
+        a job holds in memory); ``--explain`` skips them (it reads no input). Raise
+        ReleaseRefused / ValueError."""
+
+    def inputs(self, prepared: Prepared) -> Sequence:
         raise NotImplementedError
 
-    def plan(self, request) -> Sequence[PlannedRelease]:
+    def plan(self, prepared: Prepared) -> Sequence[PlannedRelease]:
         raise NotImplementedError
 
-    def build(self, pipeline, request, inputs: Mapping[str, Any],
+    def build(self, pipeline, prepared: Prepared, inputs: Mapping[str, Any],
               release: ReleaseContext) -> Mapping[str, Any]:
         """The Beam graph of one release: {output file name: PCollection of released tables}.
 
@@ -260,23 +301,24 @@ class Job:
         """
         raise NotImplementedError
 
-    def build_all(self, pipeline, request, inputs: Mapping[str, Any],
+    def build_all(self, pipeline, prepared: Prepared, inputs: Mapping[str, Any],
                   releases: Sequence[ReleaseContext]) -> Mapping[str, Mapping[str, Any]]:
         """{release id: outputs} of every release of the run; by default ``build`` per release.
         Override when the releases share one computation (e.g. one pass over the rows)."""
         out = {}
         for release in releases:
             wanted = {n: inputs[n] for n in (release.planned.inputs or sorted(inputs))}
-            out[release.release_id] = self.build(pipeline, request, wanted, release)
+            out[release.release_id] = self.build(pipeline, prepared, wanted, release)
         return out
 
-    def content_key(self, request, planned: PlannedRelease, inputs: Mapping[str, Any]):
+    def content_key(self, prepared: Prepared, planned: PlannedRelease,
+                    inputs: Mapping[str, Any]):
         """A digest of content that may be released only once under any id (default: none).
         ``inputs``: {input name: its preflighted ``ResolvedInput`` (files, formats, compression,
         columns)}; read files with ``pipelines.release.inputs.open_input``."""
         return None
 
-    def dropped_rows(self, counters: Mapping[str, int]) -> Mapping[str, dict]:
+    def dropped_rows(self, prepared: Prepared, counters: Mapping[str, int]) -> Mapping[str, dict]:
         """Per input: eligible rows, dropped rows, share and ``reasons`` (the counters that
         dropped them): the dropped-rows rule's input. The default reads the counter convention
         of pipelines.release.counters; a job whose transforms count otherwise overrides it."""
@@ -284,11 +326,19 @@ class Job:
 
         return dropped_share(counters)
 
-    def public_summary(self, request, planned: PlannedRelease,
+    def public_summary(self, prepared: Prepared, planned: PlannedRelease,
                        tables: Mapping[str, pa.Table]) -> dict:
         """Public facts of the released tables for the release metadata (e.g. keys released)."""
         return {name: {"rows": table.num_rows} for name, table in tables.items()}
 
     def report_lines(self, summary: Mapping) -> list[str]:
-        """Extra lines for the operator's report.txt."""
+        """Extra lines for the operator's report.txt, rendered from the public ``summary``
+        alone (a stored report is re-rendered without a run)."""
         return []
+
+    def planned(self, request) -> list[PlannedRelease]:
+        """The releases ``request`` would make (prepared once, checked, planned): for callers
+        that want a job's plan without running it (audits, notebooks)."""
+        prepared = self.prepare(request)
+        self.check(prepared)
+        return list(self.plan(prepared))

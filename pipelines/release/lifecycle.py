@@ -1,45 +1,63 @@
-"""One run of a job: validate, preflight, reserve, compute to staging, check, publish, commit, report.
+"""One run of a job, in named phases: preflight, reserve, compute, rule, publish, commit.
 
-See :mod:`pipelines.release` for the guarantees; this module is the sequence:
+See :mod:`pipelines.release` for the guarantees. A run is the composition of six phases
+(:func:`run`); each takes the small frozen state the one before returned and states its own
+failure policy in its docstring, implemented beside it:
 
-1. the job checks its request and plans its releases; every input is resolved once and
-   preflighted; Beam options are built (runner profile) -- any fault here: nothing charged;
-2. the output, staging, report, ledger and key-store locations are checked writable (local
-   paths), and the output root's ownership (ledger binding, markers of the release ids);
-3. the ledger reserves every release of the run, all or nothing, with fresh keys bound to the
-   input digest (testing runs: a public key from the seed, no ledger);
-4. one Beam pipeline reads each input once and builds every release; outputs are written, sorted
-   by their public order, to a private staging folder per release;
-5. counters are read from the pipeline result; the dropped-rows rule is applied;
-6. every release is checked publishable (never replacing different bytes), then pinned in the
-   ledger, published atomically with its marker last, and committed;
-7. the operator's report (counters included) is written beside the ledger, and summarised on
-   the console.
+==========  ===================================================  ===============================
+phase       what it does                                         a fault in it
+==========  ===================================================  ===============================
+preflight   the job prepares (once), checks and plans; inputs    ReleaseRefused (exit 2):
+            resolved and checked; Beam options; locations        nothing charged
+            writable; output root ownership
+reserve     the ledger reserves every release, all or nothing,   ReleaseRefused (exit 2):
+            with fresh keys bound to the input digest (testing   nothing charged
+            runs: a public key from the seed, no ledger)
+compute     one Beam pipeline reads each input once and writes   ReleaseFailed (exit 3): the
+            every release to private staging; counters read      failure recorded for the
+                                                                 operator, the reservation kept
+rule        the row rules over each release's counters: alerts   never refuses (operator-only:
+            for the operator (dropped rows, empty inputs)        the release is published)
+publish     markers staged; every release checked publishable,   ReleaseFailed (exit 3) before
+            pinned in the ledger, published atomically, marker   the first is out; part-way:
+            last                                                 those out are committed first
+commit      ledger records completed, operator reports written   a warning (exit 0): the
+                                                                 release is out
+==========  ===================================================  ===============================
+
+The states: :class:`Preflight` -> :class:`Reserved` -> :class:`Computed` -> :class:`Ruled` ->
+:class:`Published` -> :class:`RunResult`. ``compute`` is :func:`stage` (fresh private staging
+folders), :func:`run_pipeline` (the one place where execution happens) and :func:`collect` (the
+counters), so that a release can also be submitted by one process and finished by another: submit
+= preflight + reserve + stage and start the pipeline (recording the job handle and the staging
+attempt with the reservation); finalize = the same preflight, the reservation found again, wait
+for the handle, collect + rule + publish + commit.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from accounting.keys import ReleaseKey
-from accounting.ledger import (BudgetLedger, LedgerError, ReleaseRequest, input_digest,
-                               keyed_binding)
+from accounting.ledger import BudgetLedger, LedgerError, ReleaseRequest, input_digest
 from pipelines.release import counters as row_counters
 from pipelines.release import inputs as release_inputs
 from pipelines.release import outputs as release_outputs
-from pipelines.release import publish, report, storage
+from pipelines.release import publish as publication
+from pipelines.release import report, storage
 from pipelines.release.errors import ReleaseFailed, ReleaseRefused
-from pipelines.release.job import Job, PlannedRelease, ReleaseContext
+from pipelines.release.job import Job, PlannedRelease, Prepared, ReleaseContext
 from transforms.noise.mechanisms import IntegerSumOverflowError
 
 _LOG = logging.getLogger(__name__)
 
+
+# --------------------------------------------------------------------------- results
 
 @dataclass(frozen=True, kw_only=True)
 class ReleaseOutcome:
@@ -58,11 +76,144 @@ class ReleaseOutcome:
 
 @dataclass(frozen=True, kw_only=True)
 class RunResult:
+    """What a run did. ``alerts``: operator-only findings of the row rules ("<release id>:
+    <input>: ..."; the releases were published); ``exit_code``: 0, or ``--alert_exit_code``
+    when there are alerts (a data-dependent signal for the scheduler, see errors)."""
+
     job: str
     releases: Sequence[ReleaseOutcome]
     counters: Mapping[str, int]
     exit_code: int = 0
     warnings: Sequence[str] = ()
+    alerts: Sequence[str] = ()
+
+
+# --------------------------------------------------------------------------- the states
+
+@dataclass(frozen=True, kw_only=True)
+class Places:
+    """Where a run writes: the output root, private staging, the operator's reports."""
+
+    output: str
+    staging: str
+    reports: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Preflight:
+    """What preflight established: the job's prepared request and plan, every input resolved
+    and checked, the Beam options, the places."""
+
+    job: Job
+    prepared: Prepared
+    planned: tuple
+    inputs: Mapping[str, Any]          # input name -> inputs.ResolvedInput
+    beam_options: Any = field(repr=False)
+    translate_only: bool
+    places: Places
+    started: float
+
+    @property
+    def options(self):
+        return self.prepared.options
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reserved:
+    """The run's releases with their keys and versions (and, for a release, its ledger and
+    reservations; a testing run has neither)."""
+
+    pre: Preflight
+    releases: tuple                    # ReleaseContext per planned release, in plan order
+    versions: Mapping[str, int]
+    ledger: Optional[BudgetLedger] = field(default=None, repr=False)
+    reservations: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Computed:
+    """Every release written to its private staging folder; the runner's counters (None: the
+    runner reported none)."""
+
+    reserved: Reserved
+    staging: Mapping[str, str]
+    counters: Optional[Mapping[str, Mapping[str, int]]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ruled:
+    """Each release's counters, dropped-rows shares and operator alerts (release id ->)."""
+
+    computed: Computed
+    counts: Mapping[str, Mapping[str, int]]
+    shares: Mapping[str, Mapping[str, dict]]
+    alerts: Mapping[str, tuple]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublishedRelease:
+    context: ReleaseContext
+    folder: str
+    status: str
+    files: Mapping[str, str]
+    marker: Mapping
+
+
+@dataclass(frozen=True, kw_only=True)
+class Published:
+    """The releases that are out (all of them, unless publication failed part-way)."""
+
+    ruled: Ruled
+    releases: tuple
+
+
+# --------------------------------------------------------------------------- the run
+
+def run(job: Job, request) -> RunResult:
+    """Make the releases ``request`` asks for (see the module docstring); raises ReleaseRefused
+    (nothing charged) or ReleaseFailed (reserved, nothing published)."""
+    pre = preflight(job, request)
+    computed = compute(reserve(pre))
+    if pre.translate_only:
+        return RunResult(job=job.name, releases=[], counters={})
+    return commit(publish(rule(computed)))
+
+
+# --------------------------------------------------------------------------- 1. preflight
+
+def preflight(job: Job, request) -> Preflight:
+    """The job prepares its request (once), checks it and plans its releases; every input is
+    resolved once and preflighted; Beam options are built (runner profile); the output,
+    staging, report, ledger and key-store locations are checked writable.
+
+    Failure policy: everything here raises ReleaseRefused (or ValueError: exit 2); nothing has
+    been charged or written."""
+    started = time.time()
+    if request.options.explain:
+        raise ReleaseRefused(f"{job.name}: --explain makes no release: it is answered by the "
+                             "command line (pipelines.release.cli), or use Job.planned(request)")
+    prepared = job.prepare(request)
+    job.check(prepared)
+    planned = tuple(job.plan(prepared))
+    if not planned:
+        raise ReleaseRefused(f"{job.name}: the request plans no release")
+    ids = [p.release_id for p in planned]
+    if len(set(ids)) != len(ids):
+        raise ReleaseRefused(f"{job.name}: release ids repeat: {ids}")
+    resolved = {spec.name: release_inputs.preflight(spec) for spec in job.inputs(prepared)}
+    for p in planned:
+        unknown = set(p.inputs or ()) - set(resolved)
+        if unknown:
+            raise ValueError(f"release {p.release_id} reads unknown inputs {sorted(unknown)}")
+    options = prepared.options
+    beam_options, translate_only = _pipeline_options(options.pipeline_args)
+    if translate_only and not options.testing:
+        raise ReleaseRefused("--dry_run and --template_location only translate the job: give "
+                             "--testing_seed. A release is never a template: a template would "
+                             "hold one release's key and could run again on other data")
+    return Preflight(job=job, prepared=prepared, planned=planned, inputs=resolved,
+                     beam_options=beam_options, translate_only=translate_only,
+                     places=_places(options), started=started)
 
 
 def _pipeline_options(args: Sequence[str]):
@@ -76,63 +227,14 @@ def _pipeline_options(args: Sequence[str]):
     return options, bool(every.get("dry_run")) or bool(every.get("template_location"))
 
 
-def _testing_keys(seed: int, names: Sequence[str], exact: bool = False) -> dict:
-    base = ReleaseKey.for_exact_testing(seed) if exact else ReleaseKey.for_testing(seed)
-    return {name: base if name == "release" else base.derive(f"key:{name}") for name in names}
-
-
-def _digest(job: Job, planned: PlannedRelease, resolved: Mapping) -> str:
-    names = planned.inputs or sorted(resolved)
-    files = sorted(f for n in names for f in resolved[n].files)
-    config = {"job": job.name, "release_id": planned.release_id, "config": planned.config}
-    return input_digest(files, config, open_chunks=storage.size_and_chunks)
-
-
-def _report_root(options, output: str) -> str:
-    if options.report_dir:
-        return storage.absolute(options.report_dir)
-    if options.testing:
-        return storage.join(output, publish.TESTING_PREFIX, ".reports")
-    return storage.join(storage.parent(storage.absolute(options.ledger)), "reports")
-
-
-def run_pipeline(options, build) -> object:
-    """Build and run one Beam pipeline; returns its finished result (raises on failure). How a
-    run goes on the chosen runner (a cluster for the run, checks of the built pipeline, what to
-    close) is its runner profile's (runners.execution)."""
-    from runners.execution import run as run_on_runner
-
-    return run_on_runner(options, build)
-
-
-def run(job: Job, request) -> RunResult:
-    """Make the releases ``request`` asks for (see the module docstring); raises ReleaseRefused
-    (nothing charged) or ReleaseFailed (reserved, nothing published)."""
-    started = time.time()
-    options = request.options
-    job.check(request)
-    planned = list(job.plan(request))
-    if not planned:
-        raise ReleaseRefused(f"{job.name}: the request plans no release")
-    ids = [p.release_id for p in planned]
-    if len(set(ids)) != len(ids):
-        raise ReleaseRefused(f"{job.name}: release ids repeat: {ids}")
-    resolved = {spec.name: release_inputs.preflight(spec) for spec in job.inputs(request)}
-    for p in planned:
-        unknown = set(p.inputs or ()) - set(resolved)
-        if unknown:
-            raise ValueError(f"release {p.release_id} reads unknown inputs {sorted(unknown)}")
-    pipeline_options, translate_only = _pipeline_options(options.pipeline_args)
-    if translate_only and not options.testing:
-        raise ReleaseRefused("--dry_run and --template_location only translate the job: give "
-                             "--testing_seed. A release is never a template: a template would "
-                             "hold one release's key and could run again on other data")
+def _places(options) -> Places:
+    """The run's places, each checked writable (local paths), and the output root's own rules."""
     output = storage.absolute(options.output)
-    publish.check_output_root(output, options.testing)
-    staging_root = storage.absolute(options.staging_dir) if options.staging_dir else \
-        storage.join(output, publish.STAGING)
-    folders = [("--output", output), ("--staging_dir", staging_root),
-               ("--report_dir", _report_root(options, output))]
+    publication.check_output_root(output, options.testing)
+    staging = storage.absolute(options.staging_dir) if options.staging_dir else \
+        storage.join(output, publication.STAGING)
+    places = Places(output=output, staging=staging, reports=_report_root(options, output))
+    folders = [("--output", output), ("--staging_dir", staging), ("--report_dir", places.reports)]
     if not options.testing:
         ledger_path = storage.absolute(options.ledger)
         if not storage.is_gcs(ledger_path) and os.path.isdir(ledger_path):
@@ -144,170 +246,294 @@ def run(job: Job, request) -> RunResult:
         reason = storage.unwritable(folder)
         if reason:
             raise ReleaseRefused(f"{flag}: cannot write {folder} ({reason}); nothing was charged")
+    return places
 
-    # ----------------------------------------------------------------- reserve
-    ledger, reservations = None, {}
+
+def _report_root(options, output: str) -> str:
+    if options.report_dir:
+        return storage.absolute(options.report_dir)
     if options.testing:
-        contexts = [ReleaseContext(planned=p, keys=_testing_keys(options.testing_seed, p.key_names,
-                                                                  options.exact_testing),
-                                   versioned_id=p.release_id, testing=True) for p in planned]
-        versions = {p.release_id: 1 for p in planned}
-    else:
-        accountants = {p.accountant for p in planned}
-        if len(accountants) != 1:
-            raise ReleaseRefused(f"one run's releases must share an accountant, got {accountants}")
-        try:
-            ledger = BudgetLedger(options.ledger, options.key_store, accountant=accountants.pop())
-            publish.check_binding(output, ledger)
-            for p in planned:
-                publish.check_markers_in_ledger(output, p.release_id, ledger)
-            requests = [ReleaseRequest(
-                release_id=p.release_id, measures=p.measures, input_digest=_digest(job, p, resolved),
-                scopes=p.scopes, key_names=p.key_names, content_key=job.content_key(
-                    request, p, {n: resolved[n] for n in (p.inputs or sorted(resolved))}),
-                metadata={"job": job.name}) for p in planned]
-            reserved = ledger.reserve(requests, new_release=options.new_release)
-            publish.bind(output, ledger)
-        except LedgerError as err:
-            raise ReleaseRefused(str(err))
-        reservations = {r.release_id: r for r in reserved}
-        if any(k.is_testing or k.noise_free for r in reserved for k in r.keys.values()):
-            raise ReleaseFailed("the ledger issued a testing key for a release")  # never: defence in depth
-        contexts = [ReleaseContext(planned=p, keys=reservations[p.release_id].keys,
-                                   versioned_id=reservations[p.release_id].versioned_id,
-                                   testing=False) for p in planned]
-        versions = {rid: r.version for rid, r in reservations.items()}
+        return storage.join(output, publication.TESTING_PREFIX, ".reports")
+    return storage.join(storage.parent(storage.absolute(options.ledger)), "reports")
 
-    # ----------------------------------------------------------------- compute to staging
-    attempt = secrets.token_hex(4)
-    staging = {}
-    for context in contexts:
-        rid = context.release_id
-        for old in publish.staging_attempts(staging_root, rid, versions[rid]):
+
+# --------------------------------------------------------------------------- 2. reserve
+
+def reserve(pre: Preflight) -> Reserved:
+    """The ledger reserves every release of the run, all or nothing, with fresh keys bound to
+    the input digest, after checking the output root's ownership (ledger binding, the markers
+    of the release ids); a testing run gets a public key from its seed and no ledger.
+
+    Failure policy: a ledger or ownership refusal is ReleaseRefused (exit 2): the ledger
+    reserves all or nothing, so nothing was charged."""
+    options = pre.options
+    if options.testing:
+        contexts = tuple(ReleaseContext(
+            planned=p, keys=_testing_keys(options.testing_seed, p.key_names, options.exact_testing),
+            versioned_id=p.release_id, testing=True) for p in pre.planned)
+        return Reserved(pre=pre, releases=contexts, versions={p.release_id: 1 for p in pre.planned})
+    accountants = {p.accountant for p in pre.planned}
+    if len(accountants) != 1:
+        raise ReleaseRefused(f"one run's releases must share an accountant, got {accountants}")
+    output = pre.places.output
+    try:
+        ledger = BudgetLedger(options.ledger, options.key_store, accountant=accountants.pop())
+        publication.check_binding(output, ledger)
+        for p in pre.planned:
+            publication.check_markers_in_ledger(output, p.release_id, ledger)
+        requests = [ReleaseRequest(
+            release_id=p.release_id, measures=p.measures, input_digest=_digest(pre, p),
+            scopes=p.scopes, key_names=p.key_names, content_key=pre.job.content_key(
+                pre.prepared, p, {n: pre.inputs[n] for n in (p.inputs or sorted(pre.inputs))}),
+            metadata={"job": pre.job.name}) for p in pre.planned]
+        reserved = ledger.reserve(requests, new_release=options.new_release)
+        publication.bind(output, ledger)
+    except LedgerError as err:
+        raise ReleaseRefused(str(err))
+    reservations = {r.release_id: r for r in reserved}
+    if any(k.is_testing or k.noise_free for r in reserved for k in r.keys.values()):
+        raise ReleaseFailed("the ledger issued a testing key for a release")  # never: defence in depth
+    contexts = tuple(ReleaseContext(planned=p, keys=reservations[p.release_id].keys,
+                                    versioned_id=reservations[p.release_id].versioned_id,
+                                    testing=False) for p in pre.planned)
+    return Reserved(pre=pre, releases=contexts, ledger=ledger, reservations=reservations,
+                    versions={rid: r.version for rid, r in reservations.items()})
+
+
+def _testing_keys(seed: int, names: Sequence[str], exact: bool = False) -> dict:
+    base = ReleaseKey.for_exact_testing(seed) if exact else ReleaseKey.for_testing(seed)
+    return {name: base if name == "release" else base.derive(f"key:{name}") for name in names}
+
+
+def _digest(pre: Preflight, planned: PlannedRelease) -> str:
+    names = planned.inputs or sorted(pre.inputs)
+    files = sorted(f for n in names for f in pre.inputs[n].files)
+    config = {"job": pre.job.name, "release_id": planned.release_id, "config": planned.config}
+    return input_digest(files, config, open_chunks=storage.size_and_chunks)
+
+
+# --------------------------------------------------------------------------- 3. compute
+
+def compute(reserved: Reserved) -> Computed:
+    """One Beam pipeline reads each input once, builds every release and writes each output,
+    sorted by its public order, to the release's private staging folder; the counters are read
+    from the result. ``stage`` + ``run_pipeline`` + ``collect`` (see the module docstring).
+
+    Failure policy (:func:`_computation_failed`): any fault of the computation publishes
+    nothing: the operator's failure record is written, and ReleaseFailed (exit 3) says the
+    reservation stays (a corrected re-run takes it over without spending again)."""
+    staging = stage(reserved)
+    try:
+        result = run_pipeline(reserved.pre.beam_options, _graph(reserved, staging))
+    except Exception as err:  # noqa: BLE001 -- any fault of the computation: nothing published
+        raise _computation_failed(reserved, err) from None
+    if reserved.pre.translate_only:
+        return Computed(reserved=reserved, staging=staging, counters={})
+    return collect(reserved, staging, result)
+
+
+def stage(reserved: Reserved) -> Mapping[str, str]:
+    """A fresh private staging folder per release (one attempt token for the run); staging of
+    abandoned attempts at the same versions is deleted first."""
+    root, attempt, staging = reserved.pre.places.staging, secrets.token_hex(4), {}
+    for context in reserved.releases:
+        rid, version = context.release_id, reserved.versions[context.release_id]
+        for old in publication.staging_attempts(root, rid, version):
             storage.delete_tree(old)  # an abandoned attempt's outputs never survive
-        staging[rid] = publish.staging_folder(staging_root, rid, versions[rid], attempt)
+        staging[rid] = publication.staging_folder(root, rid, version, attempt)
         storage.make_private_dir(staging[rid])
+    return staging
+
+
+def _graph(reserved: Reserved, staging: Mapping[str, str]):
+    """The run's Beam graph: every input read once, the job's releases, each output staged."""
+    pre = reserved.pre
 
     def build(pipeline):
-        import apache_beam as beam
-
-        read = {name: pipeline | f"Read[{name}]" >> release_inputs.ReadInput(r, job.name)
-                for name, r in resolved.items()}
-        built = job.build_all(pipeline, request, read, contexts)
-        written = []
-        for context in contexts:
+        read = {name: pipeline | f"Read[{name}]" >> release_inputs.ReadInput(r, pre.job.name)
+                for name, r in pre.inputs.items()}
+        built = pre.job.build_all(pipeline, pre.prepared, read, reserved.releases)
+        for context in reserved.releases:
             p = context.planned
             released = built[p.release_id]
             for spec in p.outputs:
                 if spec.name not in released:
-                    raise ValueError(f"{job.name}: build() released no {spec.name!r}")
-                written.append(
-                    released[spec.name]
-                    | f"Stage[{p.release_id}/{spec.name}]" >> release_outputs.WriteStaged(
-                        staging[p.release_id], spec))
-        # One leaf that depends on every staged write, applied last: Beam's DaskRunner computes
-        # only the last-applied transform's graph, so a write on any other branch would never
-        # run there (the publish step would then refuse: "was not written").
-        if len(written) > 1:
-            tuple(written) | "AllStaged" >> beam.Flatten()
+                    raise ValueError(f"{pre.job.name}: build() released no {spec.name!r}")
+                (released[spec.name]
+                 | f"Stage[{p.release_id}/{spec.name}]" >> release_outputs.WriteStaged(
+                     staging[p.release_id], spec))
+    return build
 
-    try:
-        result = run_pipeline(pipeline_options, build)
-    except Exception as err:  # noqa: BLE001 -- any fault of the computation: nothing published
-        detail = "".join(traceback.format_exception_only(type(err), err)).strip()
-        _LOG.debug("pipeline failure", exc_info=True)
-        _write_failure(options, output, contexts, versions, detail)
-        cause = type(err).__name__
-        if isinstance(err, (release_inputs.InputReadError, IntegerSumOverflowError)):
-            # Their messages name files, columns and counts, never content.
-            cause = str(err).split(" [while running")[0].strip()
-        raise ReleaseFailed(
-            f"{job.name}: the computation failed ({cause}); nothing was published"
-            + ("" if options.testing else "; the reservation stays and a corrected re-run takes "
-               "it over without spending again") + f". Details: the operator report under "
-            f"{_report_root(options, output)}") from None
-    if translate_only:
-        return RunResult(job=job.name, releases=[], counters={})
-    all_counts = row_counters.query(result, job.name, job.counter_namespaces)
-    unchecked = None
-    if all_counts is None:
-        # e.g. Beam's DaskRunner: its result has no metrics, and counters incremented on its
-        # workers are lost. Without them the dropped-rows rule cannot be applied: refuse, unless
-        # the operator accepts publishing without the rule (runners/README.md, "Dask").
-        unchecked = (f"the runner returned no Beam counters ({type(result).__name__}.metrics() "
-                     "is not implemented), so the dropped-rows rule could not be checked")
-        if not options.allow_dropped_rows:
-            _write_failure(options, output, contexts, versions, unchecked)
-            raise ReleaseFailed(
-                f"{job.name}: refusing to publish: {unchecked}. Run on a runner that reports "
-                "counters, or pass --allow_dropped_rows to publish without the rule "
-                "(the operator report records it)")
-        all_counts = {}
-    counts = {c.release_id: row_counters.of_release(all_counts, job.name, c.release_id)
-              for c in contexts}
 
-    # ----------------------------------------------------------------- dropped-rows rule
-    shares = {rid: job.dropped_rows(c) for rid, c in counts.items()}
-    problems = [f"{rid}: {name}: {s['dropped']} of {s['eligible']} eligible rows dropped"
-                for rid, per_input in shares.items() for name, s in per_input.items()
-                if s["eligible"] > 0 and (s["dropped"] == s["eligible"]
-                                          or s["share"] > options.max_dropped_fraction)]
-    if unchecked:
-        problems.append(unchecked)
-    if problems and not options.allow_dropped_rows:
-        reasons = "; ".join(f"{rid}: {_dropped_reasons(s)}" for rid, s in shares.items())
-        _write_failure(options, output, contexts, versions, "; ".join(problems), all_counts)
-        raise ReleaseFailed(
-            f"{job.name}: refusing to publish: {'; '.join(problems)} (rule: all dropped, or more "
-            f"than {options.max_dropped_fraction:.0%}; the counters say which rule dropped them: "
-            f"{reasons}). Fix the input (a re-run takes the reservation over) "
-            "or pass --allow_dropped_rows")
+def run_pipeline(options, build) -> object:
+    """Build and run one Beam pipeline; returns its finished result (raises on failure). How a
+    run goes on the chosen runner (a cluster for the run, checks of the built pipeline, what to
+    close) is its runner profile's (runners.execution)."""
+    from runners.execution import run as run_on_runner
 
-    # ----------------------------------------------------------------- publish
-    finals, markers, staged_files = {}, {}, {}
-    for context in contexts:
-        p, rid = context.planned, context.release_id
-        folder = staging[rid]
-        tables, files = {}, {}
-        for spec in p.outputs:
-            data = storage.read_bytes(storage.join(folder, spec.name))
-            if data is None:
-                raise ReleaseFailed(f"{job.name}: {spec.name} of {rid} was not written")
-            tables[spec.name] = release_outputs.decode(data, spec)
-            files[spec.name] = storage.sha256_of(storage.join(folder, spec.name))
-        marker = report.marker(job, request, context, versions[rid], files, tables,
-                               ledger=ledger, reservation=reservations.get(rid))
-        storage.write_bytes(storage.join(folder, publish.MARKER), publish.marker_bytes(marker))
-        finals[rid] = publish.release_folder(output, rid, versions[rid], context.testing)
-        markers[rid], staged_files[rid] = marker, files
-    outcomes = {rid: publish.check_publishable(staging[rid], finals[rid], testing=options.testing)
-                for rid in finals}
-    results, published, warnings = [], [], []
-    for context in contexts:
-        rid = context.release_id
-        reservation = reservations.get(rid)
+    return run_on_runner(options, build)
+
+
+def collect(reserved: Reserved, staging: Mapping[str, str], result) -> Computed:
+    """The finished pipeline's counters (None when the runner's result has no metrics)."""
+    pre = reserved.pre
+    return Computed(reserved=reserved, staging=staging,
+                    counters=row_counters.query(result, pre.job.name, pre.job.counter_namespaces))
+
+
+def _computation_failed(reserved: Reserved, err: Exception) -> ReleaseFailed:
+    """compute's failure policy: record the failure for the operator (the full detail stays
+    private), and name only its cause class -- or the message of faults whose messages name
+    files, columns and counts, never content."""
+    pre = reserved.pre
+    detail = "".join(traceback.format_exception_only(type(err), err)).strip()
+    _LOG.debug("pipeline failure", exc_info=err)
+    _record_failure(reserved, detail)
+    cause = type(err).__name__
+    if isinstance(err, (release_inputs.InputReadError, IntegerSumOverflowError)):
+        cause = str(err).split(" [while running")[0].strip()
+    return ReleaseFailed(
+        f"{pre.job.name}: the computation failed ({cause}); nothing was published"
+        + ("" if pre.options.testing else "; the reservation stays and a corrected re-run takes "
+           "it over without spending again") + f". Details: the operator report under "
+        f"{pre.places.reports}")
+
+
+def _record_failure(reserved: Reserved, detail: str) -> None:
+    """The operator's record of a run that published nothing (raw details stay private)."""
+    root = reserved.pre.places.reports
+    for context in reserved.releases:
+        body = {"release_id": context.release_id, "versioned_id": context.versioned_id,
+                "status": "failed: nothing published", "detail": detail}
         try:
-            if reservation is not None:
-                ledger.begin_publish(reservation)
-            outcome = publish.publish(staging[rid], finals[rid], testing=options.testing)
+            report.write_failure(body, root=root, release_id=context.release_id,
+                                 version=reserved.versions[context.release_id])
+        except Exception:  # noqa: BLE001 -- the failure itself is what the operator must see
+            _LOG.warning("could not write the failure report", exc_info=True)
+
+
+# --------------------------------------------------------------------------- 4. rule
+
+def rule(computed: Computed) -> Ruled:
+    """The row rules over each release's counters: the job's dropped-rows shares, and the
+    operator's alerts made from them (:func:`pipelines.release.counters.alerts`: an input
+    without eligible rows, all or more than ``--max_dropped_fraction`` of them dropped; a runner
+    that reported no counters).
+
+    Failure policy: none -- these rules are operator-only and never refuse or withhold a
+    release. They read exact raw counts, so a decision taken from them would let one privacy
+    unit's faulty rows decide whether a release is published (pipelines/release/__init__.py,
+    "Publication decisions"). A rule that may withhold a release belongs here only as a DP
+    decision: counts computed as pipeline output, noised under a measure planned and charged
+    with the release, its threshold stated in the guarantee."""
+    reserved = computed.reserved
+    pre = reserved.pre
+    ids = [c.release_id for c in reserved.releases]
+    if computed.counters is None:  # the runner's result has no metrics
+        counts, shares = {rid: {} for rid in ids}, {rid: {} for rid in ids}
+        return Ruled(computed=computed, counts=counts, shares=shares,
+                     alerts={rid: (row_counters.NO_COUNTERS,) for rid in ids})
+    counts = {rid: row_counters.of_release(computed.counters, pre.job.name, rid) for rid in ids}
+    shares = {rid: pre.job.dropped_rows(pre.prepared, c) for rid, c in counts.items()}
+    alerts = {c.release_id: tuple(row_counters.alerts(
+        shares[c.release_id], c.planned.inputs or sorted(pre.inputs),
+        pre.options.max_dropped_fraction)) for c in reserved.releases}
+    return Ruled(computed=computed, counts=counts, shares=shares, alerts=alerts)
+
+
+# --------------------------------------------------------------------------- 5. publish
+
+def publish(ruled: Ruled) -> Published:
+    """Every release's marker is staged last in its folder; every release is checked
+    publishable (never replacing different bytes) before any is touched; then each is pinned in
+    the ledger (:func:`pin`) and published atomically, its marker last.
+
+    Failure policy: before the first release is out, the fault propagates (a publication
+    conflict is ReleaseFailed, exit 3; nothing new is published). Part-way through a
+    multi-release run, the releases already out are committed (:func:`commit`) and
+    ReleaseFailed names them: re-running the same command reproduces them byte for byte and
+    publishes the rest without spending again."""
+    reserved = ruled.computed.reserved
+    staged = [_stage_marker(ruled, context) for context in reserved.releases]
+    testing = reserved.pre.options.testing
+    for release in staged:
+        publication.check_publishable(ruled.computed.staging[release.context.release_id],
+                                      release.folder, testing=testing)
+    out = []
+    for release in staged:
+        rid = release.context.release_id
+        try:
+            pin(reserved, rid)
+            outcome = publication.publish(ruled.computed.staging[rid], release.folder,
+                                          testing=testing)
         except Exception as err:  # noqa: BLE001
-            if not published:
+            if not out:
                 raise
-            # Exit 0 means released, anything else nothing new: with part of a multi-release run
-            # out, the operator is told exactly which releases are out and how to finish.
-            raise ReleaseFailed(
-                f"{job.name}: published {', '.join(published)}, but {rid} could not be published "
-                f"({type(err).__name__}); re-run the same command: it reproduces what is published "
-                "byte for byte and publishes the rest without spending again") from None
-        published.append(rid)
-        status = "testing" if options.testing else \
-            ("reproduced" if outcome == "identical" else "released")
-        # After publication the release is out: a failing ledger commit or operator report must
-        # not turn it into a failure (the budget was charged at the reservation; the next run of
-        # the same command completes the record without spending).
+            raise _published_part_way(Published(ruled=ruled, releases=tuple(out)), rid, err)
+        status = "testing" if testing else ("reproduced" if outcome == "identical" else "released")
+        out.append(PublishedRelease(context=release.context, folder=release.folder,
+                                    status=status, files=release.files, marker=release.marker))
+    return Published(ruled=ruled, releases=tuple(out))
+
+
+def _stage_marker(ruled: Ruled, context: ReleaseContext) -> PublishedRelease:
+    """Decode the staged outputs (for the public summary), digest them, write the marker."""
+    reserved = ruled.computed.reserved
+    pre, rid = reserved.pre, context.release_id
+    folder = ruled.computed.staging[rid]
+    tables, files = {}, {}
+    for spec in context.planned.outputs:
+        data = storage.read_bytes(storage.join(folder, spec.name))
+        if data is None:
+            raise ReleaseFailed(f"{pre.job.name}: {spec.name} of {rid} was not written")
+        tables[spec.name] = release_outputs.decode(data, spec)
+        files[spec.name] = storage.sha256_of(storage.join(folder, spec.name))
+    marker = report.marker(job=pre.job, prepared=pre.prepared, context=context,
+                           version=reserved.versions[rid], files=files, tables=tables,
+                           ledger=reserved.ledger, reservation=reserved.reservations.get(rid))
+    storage.write_bytes(storage.join(folder, publication.MARKER), publication.marker_bytes(marker))
+    final = publication.release_folder(pre.places.output, rid, reserved.versions[rid],
+                                       context.testing)
+    return PublishedRelease(context=context, folder=final, status="staged", files=files,
+                            marker=marker)
+
+
+def pin(reserved: Reserved, release_id: str) -> None:
+    """Pin the release's record (its key and input fixed) before its first byte is published
+    (a testing run has no record)."""
+    reservation = reserved.reservations.get(release_id)
+    if reservation is not None:
+        reserved.ledger.begin_publish(reservation)
+
+
+def _published_part_way(published: Published, release_id: str, err: Exception) -> ReleaseFailed:
+    """publish's failure policy part-way: exit 0 means released and anything else nothing new,
+    so the operator is told exactly which releases are out (and those are committed)."""
+    job = published.ruled.computed.reserved.pre.job
+    commit(published)
+    out = ", ".join(r.context.release_id for r in published.releases)
+    return ReleaseFailed(
+        f"{job.name}: published {out}, but {release_id} could not be published "
+        f"({type(err).__name__}); re-run the same command: it reproduces what is published "
+        "byte for byte and publishes the rest without spending again")
+
+
+# --------------------------------------------------------------------------- 6. commit
+
+def commit(published: Published) -> RunResult:
+    """Each published release's ledger record is completed (:func:`commit_record`) and its
+    operator report written beside the ledger (:func:`write_report`).
+
+    Failure policy: the releases are out, so a failing commit or report is a warning (exit 0):
+    the budget was charged at the reservation, and the next run of the same command completes
+    the record without spending."""
+    ruled = published.ruled
+    pre = ruled.computed.reserved.pre
+    results, warnings = [], []
+    for release in published.releases:
+        rid = release.context.release_id
         try:
-            if reservation is not None:
-                ledger.commit(reservation, finals[rid], staged_files[rid])
+            commit_record(published, release)
         except Exception as err:  # noqa: BLE001
             _LOG.debug("ledger commit failed", exc_info=True)
             warnings.append(f"{rid} is published but its ledger record was not committed "
@@ -315,38 +541,46 @@ def run(job: Job, request) -> RunResult:
                             "(nothing more is spent)")
         operator = path = None
         try:
-            operator = report.operator_report(
-                job, context, markers[rid], status, finals[rid], counts[rid], shares[rid], ledger,
-                reservation, started, dropped_rule_overridden=bool(problems))
-            path = report.write(operator, _report_root(options, output), rid, versions[rid], job)
+            operator, path = write_report(published, release)
         except Exception as err:  # noqa: BLE001
             _LOG.debug("operator report failed", exc_info=True)
             warnings.append(f"{rid} is published but its operator report could not be written "
                             f"({type(err).__name__})")
-        results.append(ReleaseOutcome(release_id=rid, versioned_id=context.versioned_id,
-                                      version=versions[rid], folder=finals[rid], status=status,
-                                      files=staged_files[rid], marker=markers[rid],
-                                      report_path=path, report=operator))
+        results.append(ReleaseOutcome(
+            release_id=rid, versioned_id=release.context.versioned_id,
+            version=ruled.computed.reserved.versions[rid], folder=release.folder,
+            status=release.status, files=release.files, marker=release.marker,
+            report_path=path, report=operator))
     for warning in warnings:
         _LOG.warning("%s", warning)
-    _LOG.info("%s: %d release(s) in %.1f s", job.name, len(results), time.time() - started)
-    return RunResult(job=job.name, releases=results, counters=all_counts,
-                     warnings=tuple(warnings))
+    alerts = tuple(f"{r.context.release_id}: {a}" for r in published.releases
+                   for a in ruled.alerts[r.context.release_id])
+    for alert in alerts:
+        _LOG.warning("operator alert (published): %s", alert)
+    _LOG.info("%s: %d release(s) in %.1f s", pre.job.name, len(results), time.time() - pre.started)
+    code = pre.options.alert_exit_code if alerts and pre.options.alert_exit_code else 0
+    return RunResult(job=pre.job.name, releases=results, counters=ruled.computed.counters or {},
+                     warnings=tuple(warnings), alerts=alerts, exit_code=code)
 
 
-def _dropped_reasons(shares: Mapping[str, Mapping]) -> str:
-    reasons = {k: v for s in shares.values() for k, v in s.get("reasons", {}).items() if v}
-    return ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())) or "none recorded"
+def commit_record(published: Published, release: PublishedRelease) -> None:
+    """The ledger record of a published release completed (a testing run has none)."""
+    reserved = published.ruled.computed.reserved
+    reservation = reserved.reservations.get(release.context.release_id)
+    if reservation is not None:
+        reserved.ledger.commit(reservation, release.folder, release.files)
 
 
-def _write_failure(options, output, contexts, versions, detail: str, counts=None) -> None:
-    """The operator's record of a run that published nothing (raw details stay private)."""
-    root = _report_root(options, output)
-    for context in contexts:
-        body = {"release_id": context.release_id, "versioned_id": context.versioned_id,
-                "status": "failed: nothing published", "detail": detail,
-                "counters": dict(counts or {})}
-        try:
-            report.write_failure(body, root, context.release_id, versions[context.release_id])
-        except Exception:  # noqa: BLE001 -- the failure itself is what the operator must see
-            _LOG.warning("could not write the failure report", exc_info=True)
+def write_report(published: Published, release: PublishedRelease):
+    """The operator's report of a published release: (report, path)."""
+    ruled = published.ruled
+    reserved = ruled.computed.reserved
+    pre, rid = reserved.pre, release.context.release_id
+    operator = report.operator_report(
+        context=release.context, marker=release.marker, status=release.status,
+        folder=release.folder, counters=ruled.counts[rid], shares=ruled.shares[rid],
+        alerts=ruled.alerts[rid], ledger=reserved.ledger,
+        reservation=reserved.reservations.get(rid), started=pre.started)
+    path = report.write(operator, root=pre.places.reports, release_id=rid,
+                        version=reserved.versions[rid], job=pre.job)
+    return operator, path

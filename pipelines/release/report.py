@@ -8,15 +8,15 @@
   deterministic (no clock), so an identical re-run reproduces it byte for byte.
 * The **operator report** (``report.json`` and ``report.txt``, in ``--report_dir``, by default
   beside the ledger) adds what only the operator may see: row counters (raw-data facts), the
-  dropped-rows rule, the ledger state of every scope (spent and remaining), the input digest and
-  timings. It is never published.
+  dropped-rows shares and the alerts made from them, the ledger state of every scope (spent and
+  remaining), the input digest and timings. It is never published.
 """
 from __future__ import annotations
 
 import json
 import math
 import time
-from typing import Mapping, Optional
+from typing import Mapping
 
 from accounting.ledger import keyed_binding
 from pipelines.release import names, publish, storage
@@ -26,8 +26,9 @@ def _finite(value):
     return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def marker(job, request, context, version: int, files: Mapping[str, str], tables, *,
+def marker(*, job, prepared, context, version: int, files: Mapping[str, str], tables,
            ledger=None, reservation=None) -> dict:
+    """The public marker of one release (see the module docstring)."""
     p = context.planned
     out = {
         "format": publish.MARKER_FORMAT, "job": job.name, "release_id": p.release_id,
@@ -42,7 +43,7 @@ def marker(job, request, context, version: int, files: Mapping[str, str], tables
                                 "columns": {f.name: str(f.type) for f in spec.schema},
                                 "description": spec.description}
                     for spec in p.outputs},
-        "summary": job.public_summary(request, p, tables),
+        "summary": job.public_summary(prepared, p, tables),
         "key_fingerprints": {n: k.fingerprint() for n, k in sorted(context.keys.items())},
     }
     if reservation is not None:
@@ -52,11 +53,11 @@ def marker(job, request, context, version: int, files: Mapping[str, str], tables
     return json.loads(json.dumps(out, default=str))
 
 
-def operator_report(job, context, marker: Mapping, status: str, folder: str, counters, shares,
-                    ledger, reservation, started: float, *, dropped_rule_overridden: bool) -> dict:
+def operator_report(*, context, marker: Mapping, status: str, folder: str, counters, shares,
+                    alerts, ledger, reservation, started: float) -> dict:
+    """The operator's report of one published release (raw-data facts: never published)."""
     out = {"marker": dict(marker), "status": status, "folder": folder,
-           "counters": dict(counters), "dropped_rows": shares,
-           "dropped_rule_overridden": dropped_rule_overridden,
+           "counters": dict(counters), "dropped_rows": shares, "alerts": list(alerts),
            "seconds": round(time.time() - started, 3)}
     if ledger is not None and reservation is not None:
         scopes = []
@@ -103,8 +104,8 @@ def text(job, report: Mapping) -> str:
     rows = {k: v for k, v in report["counters"].items() if v}
     if rows:
         lines.append("  rows (operator only): " + ", ".join(f"{k}={v}" for k, v in rows.items()))
-    if report.get("dropped_rule_overridden"):
-        lines.append("  WARNING: published despite the dropped-rows rule (--allow_dropped_rows)")
+    for alert in report.get("alerts", ()):
+        lines.append(f"  ALERT (operator only; the release is published): {alert}")
     return "\n".join(lines) + "\n"
 
 
@@ -112,7 +113,7 @@ def _folder(root: str, release_id: str, version: int) -> str:
     return storage.join(root, *names.release_path(release_id), f"v{version}")
 
 
-def write(report: Mapping, root: str, release_id: str, version: int, job) -> str:
+def write(report: Mapping, *, root: str, release_id: str, version: int, job) -> str:
     """The operator report of a published release. A failure record of an earlier attempt at
     this version (a run that published nothing and was then taken over) moves into it as
     ``earlier_failure``, so the folder never shows a failure beside a release that succeeded."""
@@ -130,7 +131,8 @@ def write(report: Mapping, root: str, release_id: str, version: int, job) -> str
     return path
 
 
-def write_failure(body: Mapping, root: str, release_id: str, version: int) -> str:
+def write_failure(body: Mapping, *, root: str, release_id: str, version: int) -> str:
+    """The operator's record of a run that published nothing for this release version."""
     path = storage.join(_folder(root, release_id, version), "failure.json")
     storage.write_bytes(path, (json.dumps(body, indent=1, sort_keys=True, default=str) + "\n")
                         .encode("utf-8"))
