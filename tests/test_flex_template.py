@@ -67,6 +67,6 @@ def test_a_switch_passed_as_a_template_parameter_parses(value, expected):
         "--epsilon=1", "--testing_seed=7", f"--allow_dropped_rows={value}", "--runner=dask"])
     assert request.options.allow_dropped_rows is expected
     assert "--runner=dask" in request.options.pipeline_args
-    with pytest.raises(SystemExit):
+    with pytest.raises(cli.FlagError, match="--allow_dropped_rows: ignored explicit argument 'yes'"):
         cli.parse_request(JOB, ["--input=in.csv", "--output=out", "--campaigns=c1",
                                 "--publishers=p", "--epsilon=1", "--allow_dropped_rows=yes"])

@@ -66,8 +66,10 @@ class RunResult:
 
 
 def _pipeline_options(args: Sequence[str]):
+    from pipelines.release.flags import check_beam_args
     from runners.profiles import pipeline_options_for
 
+    args = check_beam_args(args)  # every flag one of Beam's, spelled out (FlagError: exit 2)
     try:
         options = pipeline_options_for(list(args))
     except (ValueError, SystemExit) as err:
