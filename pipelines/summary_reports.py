@@ -40,7 +40,7 @@ from accounting.ledger import Scope
 from accounting.measures import Measure
 from accounting.sensitivity import Sensitivities
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
-                               ReleaseRefused, cli, storage)
+                               ReleaseRefused, cli, textfiles)
 from pipelines.release import run as run_release
 from pipelines.release.names import check_segment
 from transforms.ara.beam import (ROUNDING_PURPOSE, SUMMARY_PURPOSE, BoundSourceContributions,
@@ -81,11 +81,8 @@ class SummaryReportsRequest:
     options: ReleaseOptions = field(metadata={"cli": False})
 
 
-def _read_text(path: str) -> str:
-    data = storage.read_bytes(storage.absolute(path))
-    if data is None:
-        raise ReleaseRefused(f"{path} does not exist")
-    return data.decode("utf-8")
+def _read_text(path: str, flag: str) -> str:
+    return textfiles.read(path, flag).text
 
 
 def _format(request) -> str:
@@ -263,15 +260,17 @@ class SummaryReportsJob(Job):
     def _config(self, request) -> Optional[ContributionConfig]:
         if not request.config:
             return None
+        text = _read_text(request.config, "--config")
         try:
-            return ContributionConfig.from_json(_read_text(request.config))
+            return ContributionConfig.from_json(text)
         except (ValueError, KeyError, TypeError) as err:
             raise ReleaseRefused(f"--config {request.config}: {err}")
 
     def _keys(self, request, config) -> list[int]:
         if request.output_domain:
+            text = _read_text(request.output_domain, "--output_domain")
             try:
-                return parse_output_domain(_read_text(request.output_domain)).keys
+                return parse_output_domain(text).keys
             except ValueError as err:
                 raise ReleaseRefused(f"--output_domain {request.output_domain}: {err}")
         return config.output_domain()

@@ -34,7 +34,7 @@ from typing import Mapping, Optional, Sequence
 import apache_beam as beam
 
 from accounting import gcs
-from pipelines.release import storage
+from pipelines.release import storage, textfiles
 from pipelines.release.counters import RowCounters
 from pipelines.release.errors import ReleaseRefused
 
@@ -317,11 +317,13 @@ def preflight(spec: InputSpec) -> ResolvedInput:
     formats, compression, present = {}, {}, {}
     for path in files:
         try:
-            head = storage.read_head(path, 8)
+            head = storage.read_head(path, textfiles.KEY_PROBE_BYTES)
         except (OSError, IOError):
             raise ReleaseRefused(f"{spec.label}: {path} cannot be opened")
         if head is None:
             raise ReleaseRefused(f"{spec.label}: {path} cannot be opened")
+        if textfiles.is_key_file(head):
+            raise ReleaseRefused(f"{spec.label}: {path} is {textfiles.KEY_FILE_REASON}")
         kind = None if head.startswith(b"PAR1") else _compression_of(spec, path, head)
         fmt = _format_of(spec, path, kind)
         if fmt == "parquet":
