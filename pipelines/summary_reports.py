@@ -209,10 +209,11 @@ def _conversion_tables(path: str, inp):
     from pipelines.release.inputs import open_input
 
     if inp.formats[path] == "parquet":
-        import pyarrow.parquet as pq
+        from transforms import parquet_files
 
         with open_input(path) as handle:
-            for batch in pq.ParquetFile(handle).iter_batches(batch_size=65536, use_threads=False):
+            for batch in parquet_files.open_file(handle).iter_batches(batch_size=65536,
+                                                                      use_threads=False):
                 yield pa.Table.from_batches([batch])
         return
     from pyarrow import csv as pacsv

@@ -275,13 +275,14 @@ def _check_csv(spec: InputSpec, path: str, compression: Optional[str]) -> tuple[
 
 
 def _check_parquet(spec: InputSpec, path: str) -> tuple[str, ...]:
-    import pyarrow.parquet as pq
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
+    from transforms import parquet_files
+
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            schema = pq.ParquetFile(handle).schema_arrow
+            schema = parquet_files.open_file(handle).schema_arrow
     except Exception:  # noqa: BLE001 -- any footer fault: the file is not readable Parquet
         raise ReleaseRefused(f"{spec.label}: {path} is not a readable Parquet file (bad footer)")
     names = schema.names
@@ -371,6 +372,12 @@ class _ReadFile(beam.DoFn):
             except StopIteration:
                 break
             except Exception as err:  # noqa: BLE001 -- name the file, never its content
+                from transforms.parquet_files import is_checksum_error
+
+                if is_checksum_error(err):
+                    raise InputReadError(f"{spec.label}: {path} could not be read in full (a "
+                                         "Parquet page failed its checksum: the file is "
+                                         "corrupt)") from None
                 raise InputReadError(f"{spec.label}: {path} could not be read in full "
                                      f"({type(err).__name__}: a corrupt page or block, invalid "
                                      "UTF-8 or a truncated file?)") from None
@@ -388,10 +395,10 @@ def _read_tables(path: str, fmt: str, columns: Sequence[str], compression, count
     from apache_beam.io.filesystems import FileSystems
 
     if fmt == "parquet":
-        import pyarrow.parquet as pq
+        from transforms import parquet_files
 
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            parquet = pq.ParquetFile(handle)
+            parquet = parquet_files.open_file(handle)
             for group in range(parquet.num_row_groups):
                 yield parquet.read_row_group(group, columns=list(columns), use_threads=False)
         return

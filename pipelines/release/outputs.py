@@ -37,9 +37,9 @@ def conform(tables: Sequence[pa.Table], spec: OutputSpec) -> pa.Table:
 def encode(table: pa.Table, spec: OutputSpec) -> bytes:
     sink = io.BytesIO()
     if spec.format == "parquet":
-        import pyarrow.parquet as pq
+        from transforms import parquet_files
 
-        pq.write_table(table, sink, compression="zstd")
+        parquet_files.write_table(table, sink, compression="zstd")
     elif spec.format == "csv":
         from pyarrow import csv as pacsv
 

@@ -74,11 +74,11 @@ def check_conversion_schema(schema, config: ContributionConfig) -> None:
 
 def _read_batches(readable_file, fmt: str, batch_rows: int):
     import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
+    from transforms import parquet_files
     from apache_beam.io.filesystem import CompressionTypes
     if fmt == "parquet":
         with readable_file.open(compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            pf = pq.ParquetFile(f)
+            pf = parquet_files.open_file(f)
             yield from pf.iter_batches(batch_size=batch_rows)
     else:
         with readable_file.open() as f:
