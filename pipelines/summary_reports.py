@@ -81,8 +81,6 @@ class SummaryReportsRequest:
     options: ReleaseOptions = field(metadata={"cli": False})
 
 
-def _read_text(path: str, flag: str) -> str:
-    return textfiles.read(path, flag).text
 
 
 def _format(request) -> str:
@@ -261,15 +259,15 @@ class SummaryReportsJob(Job):
     def _config(self, request) -> Optional[ContributionConfig]:
         if not request.config:
             return None
-        text = _read_text(request.config, "--config")
+        data = textfiles.read(request.config, "--config").json()
         try:
-            return ContributionConfig.from_json(text)
+            return ContributionConfig.from_dict(data)
         except (ValueError, KeyError, TypeError) as err:
             raise ReleaseRefused(f"--config {request.config}: {err}")
 
     def _keys(self, request, config) -> list[int]:
         if request.output_domain:
-            text = _read_text(request.output_domain, "--output_domain")
+            text = textfiles.read(request.output_domain, "--output_domain").text
             try:
                 return parse_output_domain(text).keys
             except ValueError as err:

@@ -394,13 +394,18 @@ class ContributionConfig:
 
     @classmethod
     def from_json(cls, text: str) -> "ContributionConfig":
-        """Parse :meth:`to_json`'s format. Errors name the field, never a value: the text may
-        come from the wrong file (a secret)."""
+        """Parse :meth:`to_json`'s format (see :meth:`from_dict`)."""
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:  # e.msg is a fixed phrase
             raise ValueError(f"invalid contribution config: not valid JSON: {e.msg} at line "
                              f"{e.lineno} column {e.colno}") from None
+        return cls.from_dict(d)
+
+    @classmethod
+    def from_dict(cls, d) -> "ContributionConfig":
+        """A parsed :meth:`to_json` object. Errors name the field, never a value: the object may
+        come from the wrong file (a secret)."""
         if not isinstance(d, dict):
             raise ValueError("invalid contribution config: not a JSON object")
 
