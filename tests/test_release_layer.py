@@ -596,11 +596,11 @@ def test_a_publication_failing_part_way_names_what_is_out_and_a_rerun_publishes_
     job, argv = TwoReleaseToyJob(), _toy_argv(tmp_path)
     real_publish, calls = publish.publish, []
 
-    def second_fails(staging, final, *, testing):
+    def second_fails(staging, final, *, testing, **kwargs):
         calls.append(final)
         if len(calls) == 2:
             raise OSError("connection reset")
-        return real_publish(staging, final, testing=testing)
+        return real_publish(staging, final, testing=testing, **kwargs)
 
     monkeypatch.setattr(publish, "publish", second_fails)
     assert cli.main(job, argv) == 3

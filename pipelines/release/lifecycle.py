@@ -161,6 +161,8 @@ def run(job: Job, request) -> RunResult:
         reason = storage.unwritable(folder)
         if reason:
             raise ReleaseRefused(f"{flag}: cannot write {folder} ({reason}); nothing was charged")
+    publish.check_tree(output, staging_root, ids, options.testing,
+                       reports=_report_root(options, output))
 
     # ----------------------------------------------------------------- reserve
     ledger, reservations = None, {}
@@ -297,6 +299,8 @@ def run(job: Job, request) -> RunResult:
         storage.write_bytes(storage.join(folder, publish.MARKER), publish.marker_bytes(marker))
         finals[rid] = publish.release_folder(output, rid, versions[rid], context.testing)
         markers[rid], staged_files[rid] = marker, files
+    publish.check_tree(output, staging_root, ids, options.testing,
+                       reports=_report_root(options, output), error=ReleaseFailed)
     outcomes = {rid: publish.check_publishable(staging[rid], finals[rid], testing=options.testing)
                 for rid in finals}
     results, published, warnings = [], [], []
@@ -306,7 +310,8 @@ def run(job: Job, request) -> RunResult:
         try:
             if reservation is not None:
                 ledger.begin_publish(reservation)
-            outcome = publish.publish(staging[rid], finals[rid], testing=options.testing)
+            outcome = publish.publish(staging[rid], finals[rid], testing=options.testing,
+                                      root=output)
         except Exception as err:  # noqa: BLE001
             if not published:
                 raise
