@@ -587,7 +587,8 @@ def parse_protected_countries(text: str, source: str = "protected countries") ->
     """One ISO code per line; ``#`` starts a comment; blank lines ignored. A bad line is named
     by file and number, never quoted (the file may be the wrong one: a key, a secret)."""
     codes = set()
-    for number, code in textfiles.TextFile(source, "protected_countries_file", text).lines():
+    for number, code in textfiles.TextFile(path=source, what="protected_countries_file",
+                                             text=text).lines():
         if code not in _ISO:
             hint = " (the United Kingdom is GB)" if code == "UK" else ""
             raise ConfigError(f"{source}:{number}", "must be an ISO 3166-1 alpha-2 country code, "

@@ -62,7 +62,7 @@ class Line(NamedTuple):
     value: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TextFile:
     """The text of one configuration or list file, and where it came from (for messages)."""
 
@@ -114,7 +114,7 @@ def read(path: str, what: str) -> TextFile:
     except UnicodeDecodeError as err:
         raise TextFileError(what, path, "not UTF-8 text", data.count(b"\n", 0, err.start) + 1) \
             from None
-    return TextFile(path, what, text)
+    return TextFile(path=path, what=what, text=text)
 
 
 #: The longest string value of a JSON configuration a message may quote.
