@@ -68,7 +68,8 @@ _TESTING = "testing"
 _DERIVE = "derive/"
 #: Labels of the noise engine's and bounding's own sub-keys: never handed out by ``derive``.
 _INTERNAL_LABELS = ("stream:", "key-mac:", "bound:")
-_ISSUED_FOR = "issued-for: "
+#: The key file line naming the release the budget ledger issued a key for (after the secret).
+ISSUED_FOR = "issued-for: "
 
 REMEDY = ("Use a fresh key per release from the key store (KeyStore.issue(name), or the budget "
           "ledger, which issues one per release); for several aggregations of one release, give "
@@ -235,7 +236,7 @@ class ReleaseKey:
         """The key file's text: the hex secret, and the release the ledger issued it for."""
         text = self._secret.hex() + "\n"
         if issued_for is not None:
-            text += _ISSUED_FOR + json.dumps(str(issued_for)) + "\n"
+            text += ISSUED_FOR + json.dumps(str(issued_for)) + "\n"
         return text
 
     @classmethod
@@ -247,9 +248,9 @@ class ReleaseKey:
         except ValueError:
             raise ValueError(f"{where} does not hold a hex release key")
         for line in lines[1:]:
-            if line.startswith(_ISSUED_FOR):
+            if line.startswith(ISSUED_FOR):
                 try:
-                    key._issued_for = str(json.loads(line[len(_ISSUED_FOR):]))
+                    key._issued_for = str(json.loads(line[len(ISSUED_FOR):]))
                 except ValueError:
                     raise ValueError(f"{where}: unreadable issued-for line")
             elif line.strip():

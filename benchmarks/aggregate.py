@@ -48,7 +48,7 @@ ROW_GROUP = 250_000
 def generate(path: str, rows: int, seed: int = 0) -> None:
     import numpy as np
     import pyarrow as pa
-    import pyarrow.parquet as pq
+    from transforms import parquet_files
 
     rng = np.random.default_rng(seed)
     writer = None
@@ -60,7 +60,7 @@ def generate(path: str, rows: int, seed: int = 0) -> None:
         values = np.round(rng.exponential(3.0, n), 2)
         table = pa.table({"user_id": users, "key": keys, "value": values})
         if writer is None:
-            writer = pq.ParquetWriter(path, table.schema)
+            writer = parquet_files.writer(path, table.schema)
         writer.write_table(table, row_group_size=ROW_GROUP)
     writer.close()
 
@@ -152,16 +152,16 @@ def generate_vectors(path: str, rows: int, seed: int = 0) -> None:
     """The ``generate`` data plus ``vec``: a 2-d vector of length ~value at a random angle."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.parquet as pq
+    from transforms import parquet_files
 
     generate(path + ".base", rows, seed)
-    table = pq.read_table(path + ".base")
+    table = parquet_files.read_table(path + ".base")
     rng = np.random.default_rng(seed + 1)
     angle = rng.uniform(0, 2 * np.pi, table.num_rows)
     value = table.column("value").to_numpy()
     flat = np.stack([value * np.cos(angle), value * np.sin(angle)], axis=1).ravel()
     table = table.append_column("vec", pa.FixedSizeListArray.from_arrays(pa.array(flat), 2))
-    pq.write_table(table, path, row_group_size=ROW_GROUP)
+    parquet_files.write_table(table, path, row_group_size=ROW_GROUP)
     os.remove(path + ".base")
 
 
@@ -247,9 +247,9 @@ print(json.dumps({"seconds": time.perf_counter() - start,
 def exact_new_metrics(data: str) -> dict:
     """Per key (>= 100 rows): p50, p90, variance of clamped values, sum of clipped vectors."""
     import numpy as np
-    import pyarrow.parquet as pq
+    from transforms import parquet_files
 
-    table = pq.read_table(data)
+    table = parquet_files.read_table(data)
     keys = table.column("key").to_numpy()
     values = np.clip(table.column("value").to_numpy(), LOW, HIGH)
     vec = np.stack(table.column("vec").to_numpy(zero_copy_only=False))
@@ -277,7 +277,7 @@ def _rmse(exact: dict, released: dict, metric: str) -> float:
 
 
 def new_metrics_comparison(rows: int, workdir: str, skip_pipelinedp: bool) -> str:
-    import pyarrow.parquet as pq
+    from transforms import parquet_files
 
     data = os.path.join(workdir, f"vectors{rows}.parquet")
     # Data and exact values in a process of their own: a child inherits its parent's peak RSS
@@ -287,8 +287,8 @@ def new_metrics_comparison(rows: int, workdir: str, skip_pipelinedp: bool) -> st
     with open(data + ".exact.json") as handle:
         exact = {int(k): v for k, v in json.load(handle).items()}
     ours = _run_leg(_self("--leg", "ours_new", "--data", data, "--out", data + ".ours"))
-    scalar = pq.read_table(data + ".ours.scalar.parquet").to_pylist()
-    vector = pq.read_table(data + ".ours.vector.parquet").to_pylist()
+    scalar = parquet_files.read_table(data + ".ours.scalar.parquet").to_pylist()
+    vector = parquet_files.read_table(data + ".ours.vector.parquet").to_pylist()
     released = {"p50": {r["key"]: r["percentile_p50"] for r in scalar},
                 "p90": {r["key"]: r["percentile_p90"] for r in scalar},
                 "variance": {r["key"]: r["variance"] for r in scalar},
@@ -347,7 +347,7 @@ def _self(*args) -> list:
 def utility_check(data: str, workdir: str, runs: int) -> dict:
     """Released counts vs exact bounded counts of the same release in testing mode."""
     import numpy as np
-    import pyarrow.parquet as pq
+    from transforms import parquet_files
 
     errors, std = [], None
     for run in range(runs):
@@ -355,8 +355,8 @@ def utility_check(data: str, workdir: str, runs: int) -> dict:
         exact_path = os.path.join(workdir, f"exact{run}.parquet")
         std = _run_leg(_self("--leg", "ours", "--data", data, "--out", noisy_path, "--seed", str(100 + run)))["count_std"]
         _run_leg(_self("--leg", "ours", "--data", data, "--out", exact_path, "--seed", str(100 + run), "--testing"))
-        noisy = pq.read_table(noisy_path).sort_by("key").column("count").to_numpy()
-        exact = pq.read_table(exact_path).sort_by("key").column("count").to_numpy()
+        noisy = parquet_files.read_table(noisy_path).sort_by("key").column("count").to_numpy()
+        exact = parquet_files.read_table(exact_path).sort_by("key").column("count").to_numpy()
         errors.append(noisy - exact)
     errors = np.concatenate(errors)
     rmse = float(np.sqrt(np.mean(errors.astype(float) ** 2)))

@@ -47,7 +47,6 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -57,6 +56,7 @@ from pipelines.centralnotice_config import parse_config  # noqa: E402
 from pipelines.centralnotice_data import (COUNTRY_ORDER, generate_clicks,  # noqa: E402
                                           generate_impressions, project_catalogue,
                                           protected_countries_text, write_table)
+from transforms import parquet_files  # noqa: E402
 
 TUMULT_DIR = Path(__file__).resolve().parent / "centralnotice_tumult"
 TUMULT_VENV = Path(__file__).resolve().parent / ".venvs" / "tumult"
@@ -251,7 +251,7 @@ def tumult_argv(info: dict, out_dir: Path, cores: int) -> list[str]:
 # --------------------------------------------------------------------------- comparing outputs
 
 def read_release(path: Path) -> pa.Table:
-    table = pq.read_table(path)
+    table = parquet_files.read_table(path)
     columns = {k: table.column(k).cast(pa.string()) for k in KEYS}
     return pa.table({**columns, "impressions": table.column("impressions").cast(pa.float64()),
                      "clicks": table.column("clicks").cast(pa.float64())})
@@ -259,7 +259,7 @@ def read_release(path: Path) -> pa.Table:
 
 def compare(ours: pa.Table, tumult: pa.Table, info: dict) -> dict:
     """Keys outside the keyset, overlap of released keys, agreement of impressions on big keys."""
-    truth = pq.read_table(info["paths"]["impressions"])
+    truth = parquet_files.read_table(info["paths"]["impressions"])
     truth = pa.table({**{k: truth.column(k).cast(pa.string()) for k in KEYS},
                       "true": truth.column("impressions").cast(pa.float64())})
     config = json.loads(Path(info["paths"]["campaigns.json"]).read_text())["campaigns"][0]

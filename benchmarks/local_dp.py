@@ -468,11 +468,11 @@ def leg_throughput(args, workdir):
 
 def _write_parquet(tables, folder, stem):
     """Report batches as Parquet part files (as a job reads them); returns the glob."""
-    import pyarrow.parquet as pq
+    from transforms import parquet_files
     os.makedirs(folder, exist_ok=True)
     for i, table in enumerate(tables):
-        pq.write_table(table, os.path.join(folder, f"{stem}-{i:05d}.parquet"),
-                       row_group_size=1 << 17)
+        parquet_files.write_table(table, os.path.join(folder, f"{stem}-{i:05d}.parquet"),
+                                  row_group_size=1 << 17)
     return os.path.join(folder, f"{stem}-*.parquet")
 
 

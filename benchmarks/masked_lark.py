@@ -41,9 +41,9 @@ import time
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from accounting.keys import ReleaseKey
+from transforms import parquet_files
 from transforms.lark import helper as H
 from transforms.lark.browser import aggregation_reports, gradient_reports
 from transforms.lark.combine import combine_aggregation, combine_gradients, gradient_vector
@@ -118,7 +118,7 @@ def _helper_reports(n: int, d: int, directory: str, batches: int = 10) -> str:
     path = os.path.join(directory, f"helper0-{n}-{batches}.parquet")
     schema = aggregation_reports(records.slice(0, 1), params, randomness=randomness)[0].schema
     # random report ids do not compress: no dictionary for them (as a helper's store would)
-    with pq.ParquetWriter(path, schema, use_dictionary=["batch_id", "key"]) as writer:
+    with parquet_files.writer(path, schema, use_dictionary=["batch_id", "key"]) as writer:
         for i in range(0, n, BUNDLE):
             writer.write_table(aggregation_reports(records.slice(i, BUNDLE), params,
                                                    randomness=randomness)[0],
@@ -145,7 +145,7 @@ def helper_speed(n: int, repeats: int) -> tuple[list[tuple], float]:
     d = 1
     with tempfile.TemporaryDirectory() as tmp:
         small, large = _helper_reports(n // 4, d, tmp), _helper_reports(n, d, tmp)
-        table = pq.read_table(large)
+        table = parquet_files.read_table(large)
         params = _agg_params(d)
 
         def pure():

@@ -58,7 +58,7 @@ def generate(directory: str, keys: int, rows: int, seed: int = 0) -> list[str]:
     """Rows files (user, key) and the keyset file; returns the row file paths."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.parquet as pq
+    from transforms import parquet_files
 
     os.makedirs(directory, exist_ok=True)
     done = os.path.join(directory, ".complete-v2")  # v2: keyset files of FILE_ROWS keys
@@ -73,11 +73,13 @@ def generate(directory: str, keys: int, rows: int, seed: int = 0) -> list[str]:
         ranks = rng.zipf(ZIPF_EXPONENT, n)
         ranks = np.where(ranks <= keys, ranks, rng.integers(1, keys + 1, n))
         users = (rng.pareto(1.2, n) * 1000).astype(np.int64) % max(rows // 3, 1)
-        pq.write_table(pa.table({"user": users, "key": (ranks - 1).astype(np.int64)}), path)
+        parquet_files.write_table(
+            pa.table({"user": users, "key": (ranks - 1).astype(np.int64)}), path)
     for start in range(0, keys, FILE_ROWS):
         stop = min(keys, start + FILE_ROWS)
-        pq.write_table(pa.table({"key": pa.array(np.arange(start, stop, dtype=np.int64))}),
-                       os.path.join(directory, f"keyset-{start // FILE_ROWS:05d}.parquet"))
+        parquet_files.write_table(
+            pa.table({"key": pa.array(np.arange(start, stop, dtype=np.int64))}),
+            os.path.join(directory, f"keyset-{start // FILE_ROWS:05d}.parquet"))
     open(done, "w").close()
     return files
 
@@ -85,8 +87,8 @@ def generate(directory: str, keys: int, rows: int, seed: int = 0) -> list[str]:
 # --------------------------------------------------------------------------- one leg (child)
 
 def _read(path: str):
-    import pyarrow.parquet as pq
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=250_000):
+    from transforms import parquet_files
+    for batch in parquet_files.open_file(path).iter_batches(batch_size=250_000):
         yield batch
 
 
@@ -112,9 +114,9 @@ def leg(directory: str, engine: str, keyset_via: str = "staging") -> dict:
     out = {}
 
     import pyarrow as pa
-    import pyarrow.parquet as pq
+    from transforms import parquet_files
 
-    keyset_size = sum(pq.ParquetFile(path).metadata.num_rows for path in keysets)  # public
+    keyset_size = sum(parquet_files.open_file(path).metadata.num_rows for path in keysets)  # public
     staging = os.path.join(directory, f".staging-{engine}") if keyset_via == "staging" else None
 
     def build(p):

@@ -17,9 +17,9 @@ import argparse
 import sys
 
 import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
 from pipelines import ara_optimize as opt
+from transforms import parquet_files
 from transforms.ara.contribution import ENCODINGS
 from transforms.ara.summary import format_output_domain
 from pipelines.ara_synthetic import ConversionData
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         dims = tuple(int(x) for x in args.slice_dimensions.split(","))
-        table = (pq.read_table(args.train) if args.train.endswith(".parquet")
+        table = (parquet_files.read_table(args.train) if args.train.endswith(".parquet")
                  else pacsv.read_csv(args.train))
         data = ConversionData.from_arrow(table, dims)
         if len(data) == 0:

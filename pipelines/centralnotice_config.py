@@ -60,7 +60,6 @@ one day is in both releases, whose losses compose). Guarantees are composed by
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 import numbers
 import os
@@ -77,8 +76,9 @@ from accounting.ledger import Scope
 from accounting.measures import Measure
 from accounting.shared_budget import SharedBudget
 from accounting.sensitivity import ContributionBounds, Sensitivities, count_sensitivity
-from pipelines.release import storage
+from pipelines.release import textfiles
 from pipelines.release.names import check_segment
+from pipelines.release.textfiles import shown
 from transforms.keyset import PublicKeyset
 
 CONFIG_VERSION = 1
@@ -105,11 +105,12 @@ _PROJECT = re.compile(r"^[a-z0-9-]+(\.[a-z0-9-]+)+$")
 
 
 class ConfigError(ValueError):
-    """An invalid configuration; the message starts with the offending field's path."""
+    """An invalid configuration; the message starts with the configuration file (``source``,
+    when read from one) and the offending field's path."""
 
-    def __init__(self, path: str, message: str):
-        super().__init__(f"{path}: {message}")
-        self.path = path
+    def __init__(self, path: str, message: str, source: Optional[str] = None):
+        super().__init__(f"{source}: {path}: {message}" if source else f"{path}: {message}")
+        self.path, self.message, self.source = path, message, source
 
 
 # --------------------------------------------------------------------------- field readers
@@ -128,34 +129,34 @@ def _obj(value, path: str, required: Sequence[str], optional: Sequence[str] = ()
 
 def _real(value, path: str, *, positive=False, allow_zero=True, below_one=False) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ConfigError(path, f"must be a finite number, got {value!r}")
+        raise ConfigError(path, f"must be a finite number, got {shown(value)}")
     value = float(value)
     if positive and value <= 0:
-        raise ConfigError(path, f"must be > 0, got {value!r}")
+        raise ConfigError(path, f"must be > 0, got {shown(value)}")
     if not allow_zero and value == 0:
         raise ConfigError(path, "must not be 0")
     if value < 0 and (positive or below_one):
-        raise ConfigError(path, f"must not be negative, got {value!r}")
+        raise ConfigError(path, f"must not be negative, got {shown(value)}")
     if below_one and value >= 1:
-        raise ConfigError(path, f"must be < 1, got {value!r}")
+        raise ConfigError(path, f"must be < 1, got {shown(value)}")
     return value
 
 
 def _pos_int(value, path: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ConfigError(path, f"must be a positive integer, got {value!r}")
+        raise ConfigError(path, f"must be a positive integer, got {shown(value)}")
     return int(value)
 
 
 def _choice(value, path: str, choices: Sequence[str]) -> str:
     if value not in choices:
-        raise ConfigError(path, f"must be one of {list(choices)}, got {value!r}")
+        raise ConfigError(path, f"must be one of {list(choices)}, got {shown(value)}")
     return value
 
 
 def _ident(value, path: str) -> str:
     if not isinstance(value, str) or not _ID.match(value):
-        raise ConfigError(path, f"must be a non-empty identifier of letters, digits, '_', '.', '-', got {value!r}")
+        raise ConfigError(path, f"must be a non-empty identifier of letters, digits, '_', '.', '-', got {shown(value)}")
     return value
 
 
@@ -168,7 +169,7 @@ def _list(value, path: str, item, *, non_empty=True) -> tuple:
     seen = set()
     for i, v in enumerate(items):
         if v in seen:
-            raise ConfigError(f"{path}[{i}]", f"duplicate entry {v!r}")
+            raise ConfigError(f"{path}[{i}]", f"duplicate entry {shown(v)}")
         seen.add(v)
     return items
 
@@ -176,23 +177,23 @@ def _list(value, path: str, item, *, non_empty=True) -> tuple:
 def _country(value, path: str) -> str:
     if not isinstance(value, str) or value not in _ISO:
         hint = " (the United Kingdom is GB)" if value == "UK" else ""
-        raise ConfigError(path, f"must be an ISO 3166-1 alpha-2 country code, got {value!r}{hint}")
+        raise ConfigError(path, f"must be an ISO 3166-1 alpha-2 country code, got {shown(value)}{hint}")
     return value
 
 
 def _project(value, path: str) -> str:
     if not isinstance(value, str) or not _PROJECT.match(value):
-        raise ConfigError(path, f"must be a project name like 'en.wikipedia', got {value!r}")
+        raise ConfigError(path, f"must be a project name like 'en.wikipedia', got {shown(value)}")
     return value
 
 
 def _date(value, path: str) -> _dt.date:
     if not isinstance(value, str):
-        raise ConfigError(path, f"must be an ISO date string YYYY-MM-DD, got {value!r}")
+        raise ConfigError(path, f"must be an ISO date string YYYY-MM-DD, got {shown(value)}")
     try:
         return _dt.date.fromisoformat(value)
     except ValueError:
-        raise ConfigError(path, f"must be an ISO date YYYY-MM-DD, got {value!r}")
+        raise ConfigError(path, f"must be an ISO date YYYY-MM-DD, got {shown(value)}")
 
 
 def _noise(value, path: str) -> NoiseKind:
@@ -583,13 +584,16 @@ def _join(base: str, relative: str) -> str:
 
 
 def parse_protected_countries(text: str, source: str = "protected countries") -> frozenset:
-    """One ISO code per line; ``#`` starts a comment; blank lines ignored."""
+    """One ISO code per line; ``#`` starts a comment; blank lines ignored. A bad line is named
+    by file and number, never quoted (the file may be the wrong one: a key, a secret)."""
     codes = set()
-    for number, line in enumerate(text.splitlines(), 1):
-        code = line.split("#", 1)[0].strip()
-        if code:
-            _country(code, f"{source}:{number}")
-            codes.add(code)
+    for number, code in textfiles.TextFile(path=source, what="protected_countries_file",
+                                             text=text).lines():
+        if code not in _ISO:
+            hint = " (the United Kingdom is GB)" if code == "UK" else ""
+            raise ConfigError(f"{source}:{number}", "must be an ISO 3166-1 alpha-2 country code, "
+                                                    f"one per line{hint}")
+        codes.add(code)
     return frozenset(codes)
 
 
@@ -608,13 +612,13 @@ def parse_config(data: Any, source: str = "<config>") -> CentralNoticeConfig:
     if "protected_countries_file" in top:
         name = top["protected_countries_file"]
         if not isinstance(name, str) or not name:
-            raise ConfigError("protected_countries_file", f"must be a path, got {name!r}")
+            raise ConfigError("protected_countries_file", f"must be a path, got {shown(name)}")
         path = _join(source, name)
         try:
-            text = storage.read_text(path)
-        except OSError as err:
-            raise ConfigError("protected_countries_file", f"cannot read {path}: {err}")
-        protected |= parse_protected_countries(text, path)
+            listed = textfiles.read(path, "protected_countries_file")
+        except textfiles.TextFileError as err:
+            raise ConfigError("protected_countries_file", f"cannot read {err.where}: {err.reason}")
+        protected |= parse_protected_countries(listed.text, listed.path)
     protected = frozenset(protected)
     campaigns = _list(top["campaigns"], "campaigns", lambda v, p: _campaign(v, p, protected, accountant, unit))
     ids = [c.campaign_id for c in campaigns]
@@ -628,12 +632,10 @@ def parse_config(data: Any, source: str = "<config>") -> CentralNoticeConfig:
 def load_config(path: str) -> CentralNoticeConfig:
     """Read and validate a configuration from a local path or ``gs://`` URI (see module doc)."""
     try:
-        text = storage.read_text(path)
-    except OSError as err:
-        raise ConfigError("<file>", f"cannot read configuration {path}: {err}")
+        data = textfiles.read(path, "--config").json()
+    except textfiles.TextFileError as err:
+        raise ConfigError("<file>", f"cannot read configuration {err.where}: {err.reason}")
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError("<file>", f"{path} is not valid JSON: {err.msg} at line {err.lineno} "
-                                    f"column {err.colno}")
-    return parse_config(data, path)
+        return parse_config(data, path)
+    except ConfigError as err:  # name the file too
+        raise ConfigError(err.path, err.message, source=f"--config {path}") from None

@@ -389,9 +389,9 @@ def generate_clicks(impressions: pa.Table, n_clicks: int, rng: np.random.Generat
 
 def write_table(table: pa.Table, path: str) -> None:
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
+        from transforms import parquet_files
 
-        pq.write_table(table, path, compression="zstd")
+        parquet_files.write_table(table, path, compression="zstd")
     elif path.endswith(".csv"):
         from pyarrow import csv
 

@@ -88,9 +88,10 @@ def read_table(path: str) -> pa.Table:
 
         return table_from_buffer(arrow_owned(gcs.blob(path).download_as_bytes()), fmt)
     if fmt == "parquet":
-        import pyarrow.parquet as pq
+        from transforms import parquet_files
 
-        return pq.read_table(path)  # a path: Arrow opens the file itself, no Python object involved
+        # a path: Arrow opens the file itself, no Python object involved
+        return parquet_files.read_table(path)
     from pyarrow import csv as pacsv
 
     return pacsv.read_csv(path)

@@ -13,8 +13,11 @@ Input (CSV or Parquet): ``--id_column`` (example id; canonical form of
 ``transforms/privacy_units.py``), ``--label_column`` and the ``--features`` columns (numbers).
 Every example's label is randomized independently among the public ``--labels``, its randomness
 keyed by the release key and the example id (not by batching or runner). A null or undeclared
-label is not dropped (that would depend on the label): it gets a uniform label from the
-randomized-among set. A row without an example id is dropped (counted; independent of the label).
+label (labels are compared exactly: ``YES`` is not ``yes``) keeps its row (dropping it would
+depend on the label) and gets a uniform label from the randomized-among set; its label is lost,
+so it counts as a dropped row for the operator (``rows.dropped.undeclared_label``,
+``rows.dropped.missing_label``) and the dropped-rows rule. A row without an example id is
+dropped (counted; independent of the label).
 
 Output: release ``label_dp/<dataset_id>``:
 
@@ -128,11 +131,14 @@ def _numbers(column) -> pa.Array:
 
 class _Prepare(beam.DoFn):
     """Training rows -> canonical example ids, numeric features, text labels; rows without an
-    example id are dropped (counted: the rule depends on the id only, never on the label)."""
+    example id are dropped (counted: the rule depends on the id only, never on the label).
+    Kept rows whose label is null or not one of ``--labels`` are counted as dropped (their label
+    becomes a uniform draw) but stay: the rows released depend on the ids only."""
 
     def __init__(self, request, counters):
         self._id, self._label = request.id_column, request.label_column
         self._features = tuple(request.features)
+        self._labels = tuple(request.labels)
         self._counters = counters
 
     def process(self, table: pa.Table):
@@ -151,7 +157,13 @@ class _Prepare(beam.DoFn):
         columns = {"example_id": ids, **{f: _numbers(table.column(f)) for f in self._features},
                    self._label: labels}
         out = pa.table(columns)
-        yield out.filter(keep) if missing else out
+        out = out.filter(keep) if missing else out
+        kept = out.column(self._label)
+        declared = pc.is_in(kept, value_set=pa.array(self._labels, pa.string()))
+        self._counters.dropped("missing_label", kept.null_count)
+        self._counters.dropped("undeclared_label", len(kept) - kept.null_count
+                               - pc.sum(declared.cast(pa.int64())).as_py() if len(kept) else 0)
+        yield out
 
 
 def _content_digest(request, resolved) -> str:
@@ -182,11 +194,11 @@ def _content_digest(request, resolved) -> str:
 
 def _tables(path, inp, columns, open_input):
     if inp.formats[path] == "parquet":
-        import pyarrow.parquet as pq
+        from transforms import parquet_files
 
         with open_input(path) as handle:
-            for batch in pq.ParquetFile(handle).iter_batches(batch_size=65536, columns=columns,
-                                                             use_threads=False):
+            for batch in parquet_files.open_file(handle).iter_batches(
+                    batch_size=65536, columns=columns, use_threads=False):
                 yield pa.Table.from_batches([batch])
         return
     from pyarrow import csv as pacsv

@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from pipelines import ldp_release
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepared,
-                               ReleaseOptions, ReleaseRefused, cli, storage)
+                               ReleaseOptions, ReleaseRefused, cli, textfiles)
 from pipelines.release import run as run_release
 from pipelines.release.names import check_segment
 
@@ -80,21 +80,16 @@ def oracle_of(request):
 
 
 def read_candidates(path: str, flag: str, domain_size: int) -> np.ndarray:
-    """A public candidate list: one non-negative integer per line (blank lines ignored)."""
-    data = storage.read_bytes(storage.absolute(path))
-    if data is None:
-        raise ReleaseRefused(f"{flag} {path} does not exist")
+    """A public candidate list: one non-negative integer per line (blank lines and ``#``
+    comments ignored); a bad line is named, never quoted."""
+    listed = textfiles.read(path, flag)
     values = []
-    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-        text = line.strip()
-        if not text:
-            continue
+    for number, text in listed.lines():
         if not text.isdigit() or int(text) >= domain_size:
-            raise ReleaseRefused(f"{flag} {path}: line {number} is not an integer in "
-                                 f"[0, {domain_size})")
+            raise listed.error(number, f"not an integer in [0, {domain_size})")
         values.append(int(text))
     if not values:
-        raise ReleaseRefused(f"{flag} {path} lists no candidate")
+        raise listed.error(None, "lists no candidate")
     return np.unique(np.asarray(values, dtype=np.uint64))
 
 

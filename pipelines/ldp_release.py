@@ -60,7 +60,7 @@ def parquet_schemas(spec: InputSpec, *, text_ok: bool = False) -> dict:
     """{file: Arrow schema (with metadata), row count} of a Parquet input, after the release
     layer's preflight (which refuses unreadable files by name). ``text_ok``: CSV files are
     allowed too (flat reports; preflight checked their header) and skipped here."""
-    import pyarrow.parquet as pq
+    from transforms import parquet_files
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
@@ -73,7 +73,7 @@ def parquet_schemas(spec: InputSpec, *, text_ok: bool = False) -> dict:
             raise ReleaseRefused(f"{spec.label}: {path} is not Parquet; client reports are read "
                                  "from Parquet files only")
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            parquet = pq.ParquetFile(handle)
+            parquet = parquet_files.open_file(handle)
             out[path] = (parquet.schema_arrow, parquet.metadata.num_rows)
     return out
 

@@ -170,10 +170,11 @@ class CombineJob(Job):
 
 
 def _read(path, resolved, open_input) -> pa.Table:
-    import pyarrow.parquet as pq
+    from transforms import parquet_files
 
     with open_input(path) as handle:
-        return pq.read_table(handle, columns=list(resolved.spec.columns), use_threads=False)
+        return parquet_files.read_table(handle, columns=list(resolved.spec.columns),
+                                        use_threads=False)
 
 
 JOB = CombineJob()

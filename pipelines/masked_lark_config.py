@@ -18,12 +18,12 @@ Masked LARk job's ``Job.prepare`` starts with (the run id, ``--params`` and ``--
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from pipelines.release import Prepared, ReleaseRefused, storage
+from pipelines.release import Prepared, ReleaseRefused, textfiles
 from pipelines.release.names import check_segment
+from pipelines.release.textfiles import shown
 from transforms.lark.model import LogisticModel
 from transforms.lark.params import AggregationParams, GradientParams
 
@@ -35,15 +35,10 @@ _FIELDS = {"aggregation": {"value_columns", "lower", "upper", "epsilon", "k", "f
 
 
 def _read_json(path: str, flag: str) -> dict:
-    data = storage.read_bytes(storage.absolute(path))
-    if data is None:
-        raise ReleaseRefused(f"{flag} {path} does not exist")
-    try:
-        obj = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise ReleaseRefused(f"{flag} {path}: not a JSON file")
+    configuration = textfiles.read(path, flag)
+    obj = configuration.json()
     if not isinstance(obj, dict):
-        raise ReleaseRefused(f"{flag} {path}: expected a JSON object")
+        raise configuration.error(None, "expected a JSON object")
     return obj
 
 
@@ -53,7 +48,8 @@ def params_from_json(obj: dict, where: str = "--params") -> Params:
         raise ReleaseRefused(f"{where}: 'kind' must be 'aggregation' or 'gradient'")
     unknown = sorted(set(obj) - _FIELDS[kind] - {"kind"})
     if unknown:
-        raise ReleaseRefused(f"{where}: unknown field(s) {unknown} for kind {kind!r}")
+        raise ReleaseRefused(f"{where}: unknown field(s) {', '.join(map(shown, unknown))} for "
+                             f"kind {kind!r}")
     fields = {k: v for k, v in obj.items() if k != "kind"}
     if "value_columns" in fields:
         if not isinstance(fields["value_columns"], list):

@@ -276,11 +276,11 @@ def _scan_reports(resolved, batch_id: str, helper: int) -> np.ndarray:
 def _id_tables(path, resolved, open_input):
     columns = ["batch_id", "report_id", "helper"]
     if resolved.formats[path] == "parquet":
-        import pyarrow.parquet as pq
+        from transforms import parquet_files
 
         with open_input(path) as handle:
-            for batch in pq.ParquetFile(handle).iter_batches(batch_size=1 << 18, columns=columns,
-                                                             use_threads=False):
+            for batch in parquet_files.open_file(handle).iter_batches(
+                    batch_size=1 << 18, columns=columns, use_threads=False):
                 yield pa.Table.from_batches([batch])
         return
     from pyarrow import csv as pacsv

@@ -202,10 +202,11 @@ def _read_records(spec, num_features: int) -> pa.Table:
     for path in resolved.files:
         try:
             if resolved.formats[path] == "parquet":
-                import pyarrow.parquet as pq
+                from transforms import parquet_files
 
                 with open_input(path) as handle:
-                    tables.append(pq.read_table(handle, columns=names, use_threads=False))
+                    tables.append(parquet_files.read_table(handle, columns=names,
+                                                           use_threads=False))
             else:
                 with open_input(path, resolved.compression[path]) as handle:
                     tables.append(pacsv.read_csv(handle, read_options=pacsv.ReadOptions(

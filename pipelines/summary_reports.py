@@ -40,7 +40,7 @@ from accounting.ledger import Scope
 from accounting.measures import Measure
 from accounting.sensitivity import Sensitivities
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepared,
-                               ReleaseOptions, ReleaseRefused, cli, storage)
+                               ReleaseOptions, ReleaseRefused, cli, textfiles)
 from pipelines.release import run as run_release
 from pipelines.release.names import check_segment
 from transforms.ara.beam import (ROUNDING_PURPOSE, SUMMARY_PURPOSE, BoundSourceContributions,
@@ -205,10 +205,11 @@ def _conversion_tables(path: str, inp):
     from pipelines.release.inputs import open_input
 
     if inp.formats[path] == "parquet":
-        import pyarrow.parquet as pq
+        from transforms import parquet_files
 
         with open_input(path) as handle:
-            for batch in pq.ParquetFile(handle).iter_batches(batch_size=65536, use_threads=False):
+            for batch in parquet_files.open_file(handle).iter_batches(batch_size=65536,
+                                                                      use_threads=False):
                 yield pa.Table.from_batches([batch])
         return
     from pyarrow import csv as pacsv
@@ -243,20 +244,23 @@ class SummaryReportsPrepared(Prepared):
 
 
 def _contribution_config(request) -> Optional[ContributionConfig]:
+    """--config through the one configuration reader (it names file, line and column, never the
+    content, and refuses a key file), then ContributionConfig.from_dict."""
     if not request.config:
         return None
+    data = textfiles.read(request.config, "--config").json()
     try:
-        return ContributionConfig.from_json(storage.read_text(storage.absolute(request.config)))
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        return ContributionConfig.from_dict(data)
+    except (ValueError, KeyError, TypeError) as err:
         raise ReleaseRefused(f"--config {request.config}: {err}")
 
 
 def _buckets(request, config) -> list[int]:
     if request.output_domain:
+        text = textfiles.read(request.output_domain, "--output_domain").text
         try:
-            text = storage.read_text(storage.absolute(request.output_domain))
             return parse_output_domain(text).keys
-        except (OSError, ValueError) as err:
+        except ValueError as err:
             raise ReleaseRefused(f"--output_domain {request.output_domain}: {err}")
     return config.output_domain()
 

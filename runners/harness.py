@@ -87,8 +87,8 @@ def read_outputs(pattern: str) -> list:
     records = []
     for path in paths:
         if path.endswith(".parquet"):
-            import pyarrow.parquet as pq
-            table = pq.read_table(path)
+            from transforms import parquet_files
+            table = parquet_files.read_table(path)
             records += [tuple(row.values()) for row in table.to_pylist()]
         else:
             with open(path, encoding="utf-8") as handle:

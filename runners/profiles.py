@@ -47,6 +47,7 @@ profiles:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import os
 import sys
@@ -61,6 +62,19 @@ from runners.execution import Execution
 from transforms.parallel import ExecutionOptions  # noqa: F401
 
 _LOGGER = logging.getLogger(__name__)
+
+#: Modules whose import registers runner-specific pipeline options with Beam (Beam parses, and
+#: pipelines.release.flags accepts, only the flags of option classes it has seen): Beam's Dask
+#: runner's (``--dask_client_address``, ...) and its render runner's. This project's own
+#: (:mod:`runners.dask_cluster`, :class:`transforms.parallel.ExecutionOptions`) are imported above.
+OPTION_MODULES = ("apache_beam.runners.dask.dask_runner", "apache_beam.runners.render")
+
+
+def register_options() -> None:
+    """Import every module that registers a pipeline option a run on some profile may take."""
+    for module in OPTION_MODULES:
+        importlib.import_module(module)
+
 
 REPO_SETUP_FILE = Path(__file__).resolve().parent.parent / "setup.py"
 

@@ -108,3 +108,27 @@ def assert_no_secret(secrets: set[str], texts: Iterable[str] = (), roots: Iterab
 def read_json(path) -> Mapping:
     with open(str(path)) as handle:
         return json.load(handle)
+
+
+def flip_value_byte(path, column: str, row_group: int = 0) -> None:
+    """Flip one bit near the end of ``column``'s last data page in ``row_group`` of a Parquet
+    file: its footer and page headers stay valid (written uncompressed without dictionary, the
+    page then decodes to other numbers), so only a page checksum can tell
+    (transforms/parquet_files.py)."""
+    with open(str(path), "rb") as handle:
+        data = bytearray(handle.read())
+    data[value_byte_offset(bytes(data), column, row_group)] ^= 0x10
+    with open(str(path), "wb") as handle:
+        handle.write(bytes(data))
+
+
+def value_byte_offset(data: bytes, column: str, row_group: int = 0) -> int:
+    """The offset of a byte inside the last page of a column chunk of Parquet ``data``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(pa.BufferReader(data)).metadata
+    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+    chunk = meta.row_group(row_group).column(names.index(column))
+    start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    return start + chunk.total_compressed_size - 3

@@ -197,10 +197,10 @@ def test_a_real_release_refuses_the_exact_mode(tmp_path):
     # no CLI flag reaches it
     from pipelines.release.cli import build_parser, parse_request
 
-    request = parse_request(summary_reports.JOB, [
-        "--input", "x.jsonl", "--epsilon", "1", "--batch_id", "b", "--output", str(tmp_path),
-        "--testing_seed", "1", "--exact_testing"])
-    assert request.options.exact_testing is False
+    with pytest.raises(ReleaseRefused, match="unknown flag --exact_testing"):
+        parse_request(summary_reports.JOB, [
+            "--input", "x.jsonl", "--epsilon", "1", "--batch_id", "b", "--output", str(tmp_path),
+            "--testing_seed", "1", "--exact_testing"])
     assert "exact_testing" not in build_parser(summary_reports.JOB)[0].format_help()
     fields = {f.name: f for f in dataclasses.fields(ReleaseOptions)}
     assert fields["exact_testing"].metadata["cli"] is False

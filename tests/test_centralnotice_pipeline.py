@@ -769,18 +769,18 @@ def test_a_run_of_three_releases_reads_its_configuration_once(tmp_path, monkeypa
     """Job.prepare reads the configuration once per run and every hook reads what it prepared:
     one read for a run of three releases (the bundled sample's first releases), and one for
     --explain."""
-    from pipelines import centralnotice_config
+    from pipelines.release import textfiles
 
     sample = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           "pipelines", "sample_data", "centralnotice")
     config = os.path.join(sample, "campaigns.json")
-    real, reads = centralnotice_config.read_text, []
+    real, reads = textfiles.read, []
 
-    def counting(path):
+    def counting(path, what):
         reads.append(path)
-        return real(path)
+        return real(path, what)
 
-    monkeypatch.setattr(centralnotice_config, "read_text", counting)
+    monkeypatch.setattr(textfiles, "read", counting)
     result = run(CentralNoticeRequest(
         config=config, impressions=(os.path.join(sample, "impressions.csv"),),
         clicks=(os.path.join(sample, "clicks.csv"),), first_releases=True, num_shards=2,

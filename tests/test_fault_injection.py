@@ -40,10 +40,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from release_testkit import (CN_CLK_HEADER, CN_IMP_HEADER, assert_no_secret, cn_campaign,
-                             cn_config, files_under, published, read_json, secrets_of,
-                             write_csv, write_json)
+                             cn_config, files_under, flip_value_byte, published, read_json,
+                             secrets_of, write_csv, write_json)
 
-from pipelines import centralnotice, reach_frequency, summary_reports
+from pipelines import centralnotice, label_dp, reach_frequency, summary_reports
 
 MAINS = {"cn": centralnotice.main, "rf": reach_frequency.main, "sr": summary_reports.main}
 PRIVATE = "{ws}/private"
@@ -567,11 +567,11 @@ CASES = [
     Case("cn-nothing-matches", "cn", None, f"{DAY2} --impressions {{ws}}/nope/*.csv",
          refused("--impressions: '{ws}/nope/*.csv' matches no file")),
     Case("cn-key-file-as-input", "cn", None, f"{DAY2} --impressions {{key}}",
-         refused("--impressions: cannot tell the format of {key}")),
+         refused("--impressions: {key} is a release key file")),
     Case("cn-key-file-as-csv", "cn", None, f"{DAY2} --impressions {{key}} --input_format csv",
-         refused("{key} has no column")),
+         refused("{key} is a release key file")),
     Case("cn-key-file-as-parquet", "cn", None, f"{DAY2} --impressions {{key}} --input_format parquet",
-         refused("{key} is not a readable Parquet file")),
+         refused("{key} is a release key file")),
     Case("cn-campaign-dotdot", "cn", "cn_campaign_dotdot", "--release ../2026-11-01",
          refused("campaign id '..' is not a valid name")),
     Case("cn-campaign-with-slash", "cn", "cn_campaign_slash", "--release C1/x/2026-11-01",
@@ -649,7 +649,7 @@ CASES = [
          failed("the computation failed (--input: {ws}/imp.parquet could not be read in full",
                 then="takeover")),
     Case("rf-key-file-as-input", "rf", None, "--campaigns c2 --input {key} --input_format csv",
-         refused("{key} has no column")),
+         refused("--input: {key} is a release key file")),
     Case("rf-directory-input", "rf", "rf_directory", "--campaigns c2 --input {ws}/dir",
          released(then="rf_directory")),
     Case("rf-changed-input", "rf", "rf_changed_input", "", refused("the input is now")),
@@ -680,10 +680,10 @@ CASES = [
     Case("sr-header-with-spaces", "sr", "sr_header_spaces", "--batch_id B --input {ws}/conv2.csv",
          refused("header field 1 is column 'source_id' with surrounding spaces")),
     Case("sr-key-file-as-conversions", "sr", None, "--batch_id B --input {key} --input_format csv",
-         refused("{key} has no column")),
+         refused("--input: {key} is a release key file")),
     Case("sr-key-file-as-reports", "sr", "sr_domain",
          "--batch_id B --input {key} --input_format reports --output_domain {ws}/domain.txt -config",
-         refused("{key}: the first line is not JSON")),
+         refused("--input: {key} is a release key file")),
     Case("sr-epsilon-over-64", "sr", None, "--batch_id B --epsilon 65", refused("epsilon")),
     Case("sr-testing-into-published-folder", "sr", None,
          f"{TESTING} --output {{ws}}/out/summary_reports/A/v1", refused("inside the published release")),
@@ -927,3 +927,325 @@ def test_concurrent_runs_of_one_release_publish_it_once(tmp_path_factory):
     assert marker["key_fingerprints"]["release"] == record["keys"]["release"]["fingerprint"]
     code, out, err = run_main("cn", argv)
     assert code == 0 and "(reproduced)" in out, err
+
+
+# --------------------------------------------------------------------------- issue 32: the edges
+# Flags, messages, inputs and outputs, as a careless or hostile operator meets them. Same table
+# form and checks as CASES (test_fault); label_dp ("ld") joins the jobs for these rows.
+
+SECRET_TEXT = "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\npassword hunter2x\n"
+
+
+def _build_ld(ws):
+    from transforms.ldp.sample_data import training_rows
+
+    training_rows(str(ws / "train.csv"), rows=60, seed=3)
+
+
+def _ld_rows(ws, name, labels, start=1000):
+    """label_dp training rows with ids from ``start`` (another export than the published one)."""
+    write_csv(ws / name, ["example_id", "feature_1", "feature_2", "label"],
+              [(start + i, 0.5, -0.25, labels(i)) for i in range(40)])
+
+
+def _plant(ws, relative, target="elsewhere"):
+    """Replace ``relative`` (under the workspace) by a symlink to a folder outside ``out``,
+    keeping what was there (a moved copy) so only the link is new."""
+    link, real = ws / relative, ws / target / relative.replace("/", "_")
+    real.parent.mkdir(parents=True, exist_ok=True)
+    if link.exists():
+        shutil.move(str(link), str(real))
+    else:
+        real.mkdir(parents=True)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(real, target_is_directory=real.is_dir())
+
+
+def _cn_parquet_checked(ws, flip=False):
+    from transforms import parquet_files
+
+    path = ws / "imp.parquet"
+    parquet_files.write_table(_cn_table(_cn_rows("2026-11-02", 3000)), str(path),
+                              compression="none", use_dictionary=False,
+                              row_group_size=1000)
+    if flip:
+        flip_value_byte(path, "impressions", row_group=1)
+
+
+def _rf_parquet_checked(ws, flip=False):
+    from transforms import parquet_files
+
+    parquet_files.write_table(_rf_table(), str(ws / "imp.parquet"), compression="none",
+                              use_dictionary=False, row_group_size=1000)
+    if flip:
+        flip_value_byte(ws / "imp.parquet", "vid", row_group=2)
+
+
+def _sr_parquet_checked(ws):
+    from transforms import parquet_files
+
+    rows = _sr_rows(n=3000, start=100)
+    table = pa.table({"source_id": [r[0] for r in rows], "order": [r[1] for r in rows],
+                      "dim_0": [r[2] for r in rows], "dim_1": [r[3] for r in rows],
+                      "value": [float(r[4]) for r in rows]})
+    parquet_files.write_table(table, str(ws / "conv.parquet"), compression="none",
+                              use_dictionary=False, row_group_size=1000)
+    flip_value_byte(ws / "conv.parquet", "value", row_group=1)
+
+
+def _cut(path, header, rows, keep_newline=False):
+    text = _csv_text(header, rows)
+    cut = text[:text.rstrip("\n").rfind(",")]  # the last row loses its last field
+    path.write_text(cut + ("\n" if keep_newline else ""))
+
+
+def _key_path(ws):
+    return str(sorted((ws / "private" / "keys").iterdir())[0])
+
+
+EDGE_FIXTURES: dict[str, Callable] = {
+    # messages
+    "cn_protected_list_is_a_key": lambda ws: write_json(ws / "c.json", {
+        **cn_config(), "protected_countries_file": _key_path(ws)}),
+    "cn_protected_list_secret": lambda ws: ((ws / "secret.txt").write_text(SECRET_TEXT), write_json(
+        ws / "c.json", {**cn_config(), "protected_countries_file": "secret.txt"})),
+    "secret_text": lambda ws: (ws / "secret.txt").write_text(SECRET_TEXT),
+    # inputs
+    "cn_parquet_bit_flip": lambda ws: _cn_parquet_checked(ws, flip=True),
+    "rf_parquet_bit_flip": lambda ws: _rf_parquet_checked(ws, flip=True),
+    "sr_parquet_bit_flip": _sr_parquet_checked,
+    "cn_cut_csv": lambda ws: _cut(ws / "bad.csv", CN_IMP_HEADER, _cn_rows("2026-11-02")),
+    "cn_cut_csv_short_row": lambda ws: _cut(ws / "bad.csv", CN_IMP_HEADER, _cn_rows("2026-11-02"),
+                                            keep_newline=True),
+    "rf_cut_csv": lambda ws: _cut(ws / "bad.csv", ["publisher", "campaign", "vid"],
+                                  _rf_rows(("c2",), 30)),
+    "sr_cut_csv": lambda ws: _cut(ws / "conv2.csv", SR_HEADER, _sr_rows(start=100),
+                                  keep_newline=True),
+    "cn_header_only": FIXTURES["cn_header_only"],
+    "ld_labels_upper_case": lambda ws: _ld_rows(ws, "upper.csv", lambda i: ("NO", "YES")[i % 2]),
+    "ld_some_labels_upper_case": lambda ws: _ld_rows(
+        ws, "mixed.csv", lambda i: "YES" if i % 8 == 0 else ("no", "yes")[i % 2]),
+    "ld_labels_missing": lambda ws: _ld_rows(ws, "missing.csv", lambda i: None),
+    # outputs: a symlink planted at each level of the way a release is published
+    "out_campaign_link": lambda ws: _plant(ws, "out/C1"),
+    "out_day_link": lambda ws: _plant(ws, "out/C1/2026-11-02"),
+    "out_version_link": lambda ws: _plant(ws, "out/C1/2026-11-02/v1"),
+    "out_published_version_link": lambda ws: _plant(ws, "out/C1/2026-11-01/v1"),
+    "out_file_link": lambda ws: (ws / "out" / "C1" / "2026-11-02").mkdir(parents=True) or (
+        ws / "out" / "C1" / "2026-11-02" / "notes").symlink_to(ws / "c.json"),
+    "out_binding_link": lambda ws: _plant(ws, "out/.ledger-binding.json"),
+    "staging_root_link": lambda ws: _plant(ws, "out/.staging"),
+    "staging_campaign_link": lambda ws: _plant(ws, "out/.staging/C1"),
+    "staging_day_link": lambda ws: _plant(ws, "out/.staging/C1/2026-11-02"),
+    "staging_attempt_link": lambda ws: _plant(ws, "out/.staging/C1/2026-11-02/v1.dead"),
+    "testing_prefix_link": lambda ws: _plant(ws, "out/testing-not-a-release"),
+    "rf_campaign_link": lambda ws: _plant(ws, "out/rf/c2"),
+    "sr_release_link": lambda ws: _plant(ws, "out/summary_reports"),
+    "reports_link": lambda ws: _plant(ws, "private/reports/C1"),
+    "output_root_link": lambda ws: _plant(ws, "out"),
+}
+EDGE_FIXES: dict[str, Callable] = {
+    "cn_parquet_bit_flip": _cn_parquet_checked,
+    "rf_parquet_bit_flip": _rf_parquet_checked,
+}
+LD_BASE = "--input {ws}/train.csv --labels no,yes --epsilon 2 --features feature_1,feature_2 " \
+          "--dataset_id d1"
+UNKNOWN = "no flag of the job, of the release layer or of Beam's pipeline options is spelled so"
+LINK = "is a symbolic link inside the output tree"
+EDGE_CASES = [
+    # ---- flags: unknown, misspelt, abbreviated -> exit 2 naming the closest flag
+    Case("cn-misspelt-flag", "cn", None, f"{DAY2} --max_dropped_fractoin 0.9",
+         refused("unknown flag --max_dropped_fractoin (did you mean --max_dropped_fraction?)",
+                 UNKNOWN)),
+    Case("cn-misspelt-dashed-switch", "cn", "cn_changed_input", "--new-relase",
+         refused("unknown flag --new-relase (did you mean --new_release?)")),
+    Case("cn-abbreviated-flag", "cn", None, f"{DAY2} --max_dropped_frac 0.9",
+         refused("unknown flag --max_dropped_frac (did you mean --max_dropped_fraction?)")),
+    Case("cn-abbreviated-switch", "cn", None, f"{DAY2} --new_rel",
+         refused("unknown flag --new_rel (did you mean --new_release?)")),
+    Case("cn-switch-with-a-value", "cn", None, f"{DAY2} --new_release yes",
+         refused("unexpected argument 'yes'")),
+    Case("cn-switch-as-a-template-parameter", "cn", None, "--new_release=false",
+         reproduced()),
+    Case("cn-dashed-beam-flag", "cn", None, "--dask-local-workers 3", reproduced()),
+    Case("rf-misspelt-beam-flag", "rf", None, "--runer DaskRunner",
+         refused("unknown flag --runer (did you mean --runner?)")),
+    Case("rf-abbreviated-beam-flag", "rf", None, "--temp_loc /tmp/x",
+         refused("unknown flag --temp_loc (did you mean --temp_location?)")),
+    Case("rf-flag-of-another-job", "rf", None, "--num_shards 4",
+         refused("unknown flag --num_shards")),
+    Case("sr-misspelt-flag", "sr", None, "--batch_id B --input {ws}/conv2.csv --epsilom 4",
+         refused("unknown flag --epsilom (did you mean --epsilon?)")),
+    Case("sr-bad-value", "sr", None, "--max_reports_per_source many",
+         refused("argument --max_reports_per_source: invalid int value: 'many'")),
+    Case("sr-tests-only-option", "sr", None, "--testing_seed 1 -ledger -key_store --exact_testing",
+         refused("unknown flag --exact_testing")),
+    # ---- messages: a key file or secret text given as configuration or list -> by name only
+    Case("cn-config-is-a-key-file", "cn", None, "--config {key}",
+         refused("cannot read configuration {key}: a release key file")),
+    Case("cn-config-is-secret-text", "cn", "secret_text", "--config {ws}/secret.txt",
+         refused("{ws}/secret.txt: not valid JSON: Expecting value at line 1 column 1",
+                 then="no_secret_text")),
+    Case("cn-protected-list-is-a-key-file", "cn", "cn_protected_list_is_a_key", DAY2,
+         refused("protected_countries_file: cannot read {key}: a release key file")),
+    Case("cn-protected-list-is-secret-text", "cn", "cn_protected_list_secret", DAY2,
+         refused("{ws}/secret.txt:1: must be an ISO 3166-1 alpha-2 country code",
+                 then="no_secret_text")),
+    Case("sr-config-is-a-key-file", "sr", None, "--batch_id B --config {key}",
+         refused("--config {key}: a release key file")),
+    Case("sr-config-is-secret-text", "sr", "secret_text", "--batch_id B --config {ws}/secret.txt",
+         refused("--config {ws}/secret.txt: not valid JSON", then="no_secret_text")),
+    Case("rf-input-is-secret-text", "rf", "secret_text",
+         "--campaigns c2 --input {ws}/secret.txt --input_format csv",
+         refused("{ws}/secret.txt has no column", then="no_secret_text")),
+    Case("ld-input-is-a-key-file", "ld", None, "--dataset_id d2 --input {key}",
+         refused("--input: {key} is a release key file")),
+    # ---- inputs: page checksums, cut CSVs, header-only files, undeclared labels
+    Case("cn-parquet-bit-flip", "cn", "cn_parquet_bit_flip", f"{DAY2} --impressions {{ws}}/imp.parquet",
+         failed("the computation failed (--impressions: {ws}/imp.parquet could not be read in full "
+                "(a Parquet page failed its checksum", then="takeover")),
+    Case("rf-parquet-bit-flip", "rf", "rf_parquet_bit_flip", "--campaigns c2 --input {ws}/imp.parquet",
+         failed("{ws}/imp.parquet could not be read in full (a Parquet page failed its checksum",
+                then="takeover")),
+    Case("sr-parquet-bit-flip-in-preflight", "sr", "sr_parquet_bit_flip",
+         "--batch_id B --input {ws}/conv.parquet",
+         refused("--input: {ws}/conv.parquet could not be read (OSError", "nothing was charged")),
+    Case("cn-cut-csv", "cn", "cn_cut_csv", f"{DAY2} --impressions {{ws}}/bad.csv",
+         refused("--impressions: {ws}/bad.csv does not end with a line break")),
+    Case("cn-cut-csv-short-last-row", "cn", "cn_cut_csv_short_row",
+         f"{DAY2} --impressions {{ws}}/bad.csv",
+         refused("{ws}/bad.csv: its last row has 5 of the header's 6 fields")),
+    Case("rf-cut-csv", "rf", "rf_cut_csv", "--campaigns c2 --input {ws}/bad.csv",
+         refused("{ws}/bad.csv does not end with a line break")),
+    Case("sr-cut-csv", "sr", "sr_cut_csv", "--batch_id B --input {ws}/conv2.csv",
+         refused("{ws}/conv2.csv: its last row has 4 of the header's 5 fields")),
+    Case("cn-header-only-counted", "cn", "cn_header_only", f"{DAY2} --impressions {{ws}}/bad.csv",
+         released("impressions.read_files_without_rows=1")),
+    Case("ld-labels-in-another-case", "ld", "ld_labels_upper_case",
+         "--dataset_id d2 --input {ws}/upper.csv",
+         released(f"{ALERT}rows: all 40 eligible rows dropped",
+                  "rows.dropped.undeclared_label=40", then="alert")),
+    Case("ld-some-labels-in-another-case", "ld", "ld_some_labels_upper_case",
+         "--dataset_id d2 --input {ws}/mixed.csv", released("rows.dropped.undeclared_label=5")),
+    Case("ld-labels-missing", "ld", "ld_labels_missing",
+         "--dataset_id d2 --input {ws}/missing.csv --alert_exit_code 6",
+         alerted(6, "alert (operator only; published): label_dp/d2: rows: all 40 eligible rows "
+                    "dropped")),
+    # ---- outputs: a symlink at any level of a release's way -> exit 2 before the charge
+    Case("cn-output-campaign-folder-link", "cn", "out_campaign_link", DAY2,
+         refused("{ws}/out/C1 " + LINK, "nothing was charged")),
+    Case("cn-output-day-folder-link", "cn", "out_day_link", DAY2,
+         refused("{ws}/out/C1/2026-11-02 " + LINK)),
+    Case("cn-output-version-folder-link", "cn", "out_version_link", DAY2,
+         refused("{ws}/out/C1/2026-11-02/v1 " + LINK)),
+    Case("cn-output-published-version-link", "cn", "out_published_version_link", "",
+         refused("{ws}/out/C1/2026-11-01/v1 " + LINK)),
+    Case("cn-output-file-link-in-a-release-folder", "cn", "out_file_link", DAY2,
+         refused("{ws}/out/C1/2026-11-02/notes " + LINK)),
+    Case("cn-output-binding-link", "cn", "out_binding_link", DAY2,
+         refused("{ws}/out/.ledger-binding.json " + LINK)),
+    Case("cn-staging-root-link", "cn", "staging_root_link", DAY2,
+         refused("{ws}/out/.staging " + LINK)),
+    Case("cn-staging-campaign-link", "cn", "staging_campaign_link", DAY2,
+         refused("{ws}/out/.staging/C1 " + LINK)),
+    Case("cn-staging-day-link", "cn", "staging_day_link", DAY2,
+         refused("{ws}/out/.staging/C1/2026-11-02 " + LINK)),
+    Case("cn-staging-attempt-link", "cn", "staging_attempt_link", DAY2,
+         refused("{ws}/out/.staging/C1/2026-11-02/v1.dead " + LINK)),
+    Case("cn-testing-prefix-link", "cn", "testing_prefix_link", TESTING,
+         refused("{ws}/out/testing-not-a-release " + LINK)),
+    Case("cn-report-folder-link", "cn", "reports_link", DAY2,
+         refused("{ws}/private/reports/C1 " + LINK)),
+    Case("cn-output-root-is-a-link", "cn", "output_root_link", DAY2, released()),
+    Case("rf-output-campaign-link", "rf", "rf_campaign_link", "--campaigns c2",
+         refused("{ws}/out/rf/c2 " + LINK)),
+    Case("sr-output-release-link", "sr", "sr_release_link", "",
+         refused("{ws}/out/summary_reports " + LINK)),
+]
+
+
+def then_no_secret_text(ws, case, argv, charged_after):
+    """The refusal names the file, never its lines (run again to read every message)."""
+    code, out, err = run_main(case.job, argv)
+    assert code == 2
+    for line in SECRET_TEXT.splitlines():
+        for part in line.split():
+            assert len(part) < 8 or part not in out + err, part
+
+
+@pytest.fixture
+def edges(monkeypatch):
+    """The issue-32 fixtures and follow-ups, and label_dp as a job of the table."""
+    monkeypatch.setitem(MAINS, "ld", label_dp.main)
+    monkeypatch.setitem(BUILD, "ld", _build_ld)
+    monkeypatch.setitem(BASE, "ld", LD_BASE)
+    for name, fixture in EDGE_FIXTURES.items():
+        monkeypatch.setitem(FIXTURES, name, fixture)
+    for name, fix in EDGE_FIXES.items():
+        monkeypatch.setitem(FIXES, name, fix)
+    monkeypatch.setitem(THEN, "no_secret_text", then_no_secret_text)
+
+
+@pytest.mark.parametrize("case", EDGE_CASES, ids=[c.id for c in EDGE_CASES])
+def test_fault_at_the_edges(case: Case, tmp_path_factory, edges):
+    test_fault(case, tmp_path_factory)
+
+
+def test_the_edge_table_is_well_formed():
+    assert len({c.id for c in CASES + EDGE_CASES}) == len(CASES) + len(EDGE_CASES)
+    assert all(c.fixture is None or c.fixture in EDGE_FIXTURES or c.fixture in FIXTURES
+               for c in EDGE_CASES)
+    assert all(c.fixture in EDGE_FIXES for c in EDGE_CASES if c.expect.then == "takeover")
+
+
+def test_a_symlink_planted_during_the_run_fails_it_with_nothing_published_outside(
+        tmp_path_factory, monkeypatch):
+    """After the checks before the charge, a link planted while the pipeline computes: exit 3,
+    nothing published (inside or outside the tree); removed, a re-run takes the reservation
+    over without spending again."""
+    from pipelines.release import lifecycle
+
+    ws = Workspace.get("cn", tmp_path_factory)
+    argv = base_argv("cn", ws.path) + ["--release", "C1/2026-11-02"]
+    outside = ws.path / "elsewhere"
+    real_run = lifecycle.run_pipeline
+
+    def plant_while_running(options, build):
+        result = real_run(options, build)
+        outside.mkdir()
+        (ws.path / "out" / "C1" / "2026-11-02").symlink_to(outside, target_is_directory=True)
+        return result
+
+    monkeypatch.setattr(lifecycle, "run_pipeline", plant_while_running)
+    before, charged_before = published(ws.path / "out"), charged(ws.ledger)
+    code, out, err = run_main("cn", argv)
+    assert code == 3 and f"{ws.path}/out/C1/2026-11-02 {LINK}" in err, err
+    assert list(outside.iterdir()) == [] and published(ws.path / "out") == before
+    charged_after = charged(ws.ledger)
+    assert charged_after > charged_before  # reserved: the run failed after the charge
+    monkeypatch.setattr(lifecycle, "run_pipeline", real_run)
+    (ws.path / "out" / "C1" / "2026-11-02").unlink()
+    code, out, err = run_main("cn", argv)
+    assert code == 0 and "(released)" in out, err
+    assert charged(ws.ledger) == pytest.approx(charged_after)
+
+
+def test_publication_never_follows_a_link_below_the_output_root(tmp_path):
+    """The last line of defence: the rename into place opens every folder below the root
+    without following links (storage.rename_dir), whatever the checks before it saw."""
+    from pipelines.release import storage
+
+    root, outside, staged = tmp_path / "out", tmp_path / "outside", tmp_path / "staged"
+    (root / "a").mkdir(parents=True)
+    outside.mkdir()
+    staged.mkdir()
+    (staged / "x.csv").write_text("k\n")
+    (root / "a" / "b").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(OSError):
+        storage.rename_dir(str(staged), str(root / "a" / "b" / "v1"), root=str(root))
+    assert list(outside.iterdir()) == [] and (staged / "x.csv").exists()
+    storage.rename_dir(str(staged), str(root / "a" / "c" / "v1"), root=str(root))
+    assert (root / "a" / "c" / "v1" / "x.csv").read_text() == "k\n"
+    with pytest.raises(FileExistsError):
+        (tmp_path / "again").mkdir()
+        storage.rename_dir(str(tmp_path / "again"), str(root / "a" / "c" / "v1"), root=str(root))

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from pipelines.release import cli
+from pipelines.release import flags as release_flags
 from runners.deploy import flex_template
 
 
@@ -47,8 +48,8 @@ def test_example_values_pass_the_regexes_and_parse(module):
                 assert re.fullmatch(regex, example), (param["name"], regex)
     flags = [a.option_strings[0] for a in parser._actions if a.option_strings]
     switch_flags = [f"--{p['name']}" for p in switches]
-    assert cli.normalise(["--x=1", f"{switch_flags[0]}=true", f"{switch_flags[-1]}=false"],
-                         flags, switch_flags) == ["--x=1", switch_flags[0]]
+    argv = ["--x=1", f"{switch_flags[0]}=true", f"{switch_flags[-1]}=false"]
+    assert release_flags.normalise(argv, flags, switch_flags) == ["--x=1", switch_flags[0]]
 
 
 def test_main_writes_one_file_per_job(tmp_path):
@@ -67,6 +68,6 @@ def test_a_switch_passed_as_a_template_parameter_parses(value, expected):
         "--epsilon=1", "--testing_seed=7", f"--explain={value}", "--runner=dask"])
     assert request.options.explain is expected
     assert "--runner=dask" in request.options.pipeline_args
-    with pytest.raises(SystemExit):
+    with pytest.raises(cli.FlagError, match="--explain: ignored explicit argument 'yes'"):
         cli.parse_request(JOB, ["--input=in.csv", "--output=out", "--campaigns=c1",
                                 "--publishers=p", "--epsilon=1", "--explain=yes"])

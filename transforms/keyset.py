@@ -77,8 +77,8 @@ class PublicKeyset:
     def from_file(cls, path: str, columns: Sequence[str]) -> "PublicKeyset":
         """CSV (with a header), Parquet, or a text file of one value per line (one column)."""
         if path.endswith(".parquet"):
-            import pyarrow.parquet as pq
-            table = pq.read_table(path, columns=list(columns))
+            from transforms import parquet_files
+            table = parquet_files.read_table(path, columns=list(columns))
         elif path.endswith(".csv"):
             from pyarrow import csv
             table = csv.read_csv(path, convert_options=csv.ConvertOptions(include_columns=list(columns)))

@@ -51,9 +51,9 @@ def encode(table: pa.Table, file_format: str) -> bytes:
     """The bytes of released ``table`` as ``file_format`` (one of :data:`FORMATS`)."""
     sink = io.BytesIO()
     if file_format == "parquet":
-        import pyarrow.parquet as pq
+        from transforms import parquet_files  # with page checksums
 
-        pq.write_table(table, sink, compression="zstd")
+        parquet_files.write_table(table, sink, compression="zstd")
     elif file_format == "csv":
         from pyarrow import csv as pacsv
 

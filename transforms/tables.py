@@ -93,7 +93,8 @@ class ReadParquetTables(beam.PTransform):
     def __init__(self, pattern: str, columns=None, label=None):
         super().__init__(label)
         from apache_beam.io.filesystems import FileSystems
-        import pyarrow.parquet as pq
+
+        from transforms import parquet_files
 
         self.pattern = normalize_glob(pattern)
         matched = sorted(m.path for m in FileSystems.match([self.pattern])[0].metadata_list)
@@ -101,15 +102,44 @@ class ReadParquetTables(beam.PTransform):
             raise FileNotFoundError(f"no files match {pattern!r} (looked for {self.pattern})")
         # Only the footer is read (the handles of local and GCS files are seekable).
         with FileSystems.open(matched[0], compression_type="uncompressed") as handle:
-            schema = pq.ParquetFile(handle).schema_arrow
+            schema = parquet_files.open_file(handle).schema_arrow
         self.columns = list(columns) if columns is not None else None
         self.arrow_schema = schema if self.columns is None else pa.schema(
             [schema.field(c) for c in self.columns if c in schema.names])
 
     def expand(self, pbegin):
-        from apache_beam.io.parquetio import ReadFromParquetBatched
+        # Not Beam's ReadFromParquetBatched: it cannot verify page checksums
+        # (transforms/parquet_files.py). Work is split by row group, as Beam's source splits it.
+        from apache_beam.io import fileio
 
-        return pbegin | "ReadParquet" >> ReadFromParquetBatched(self.pattern, columns=self.columns)
+        return (pbegin
+                | "Match" >> fileio.MatchFiles(self.pattern)
+                | "RowGroups" >> beam.FlatMap(_row_groups)
+                | "Spread" >> beam.Reshuffle()
+                | "Read" >> beam.FlatMap(_read_row_group, self.columns))
+
+
+def _row_groups(metadata):
+    """(path, index) of every row group of a matched Parquet file (its footer is read)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from transforms import parquet_files
+
+    with FileSystems.open(metadata.path, compression_type="uncompressed") as handle:
+        groups = parquet_files.open_file(handle).num_row_groups
+    return [(metadata.path, group) for group in range(groups)]
+
+
+def _read_row_group(place, columns):
+    """One row group as an Arrow table, its pages' checksums verified."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from transforms import parquet_files
+
+    path, group = place
+    with FileSystems.open(path, compression_type="uncompressed") as handle:
+        yield parquet_files.open_file(handle).read_row_group(group, columns=columns,
+                                                             use_threads=False)
 
 
 class WriteReleasedParquet(beam.PTransform):

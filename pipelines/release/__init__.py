@@ -6,8 +6,9 @@ owns everything else, the same way for every job:
 
 1. **Preflight before any charge** (:mod:`~pipelines.release.inputs`): every input is resolved
    once (that list is both what is read and what the input digest covers) and checked -- it
-   opens, its format and compression are known, its columns exist with usable types. Bad flags,
-   configuration or input: exit 2, nothing charged.
+   opens, its format and compression are known, its columns exist with usable types, a CSV's
+   last line is whole, it is not a release key. Bad flags, configuration or input: exit 2,
+   nothing charged.
 2. **Reserve, compute, rule, publish, commit** (:mod:`~pipelines.release.lifecycle`: a run is
    these named phases after preflight, each with its failure policy beside it): the ledger
    reserves every release of the run, all or nothing, with fresh keys bound to the input digest
@@ -23,8 +24,8 @@ owns everything else, the same way for every job:
    pinned (key and input fixed): a changed input then needs ``--new_release`` (a new version,
    charged afresh), because the same key on other data would leak the difference.
 4. **Publication is owned**: markers, ledger binding of the output root, testing runs under
-   ``testing-not-a-release/`` only, never replacing published bytes
-   (:mod:`~pipelines.release.publish`).
+   ``testing-not-a-release/`` only, never replacing published bytes, never through a symbolic
+   link inside the output tree (:mod:`~pipelines.release.publish`).
 5. **One key policy**: every real release of every job gets its keys from the ledger; a stored
    key is never applied to other input; ``--testing_seed`` is the only other key source.
 6. **Row faults are counted and shown** (:mod:`~pipelines.release.counters`): in the console
@@ -32,9 +33,12 @@ owns everything else, the same way for every job:
    than ``--max_dropped_fraction``, of its eligible rows, or had none, is an operator alert --
    never a reason not to publish (below).
 7. **Safe names and messages** (:mod:`~pipelines.release.names`): one pattern for every id that
-   becomes a path; messages name files and columns, never file content.
+   becomes a path; messages name files and columns, never file content (configuration and list
+   files are read by :mod:`~pipelines.release.textfiles`, which refuses a key file by name).
 8. **One CLI convention and a Python API** (:mod:`~pipelines.release.cli`): each job is
-   ``run(Request(...))`` from Python; the CLI is a thin layer that parses the same request.
+   ``run(Request(...))`` from Python; the CLI is a thin layer that parses the same request, its
+   flags Beam pipeline options (:mod:`~pipelines.release.flags`): an unknown or abbreviated flag
+   is refused (exit 2).
    Exit codes (:mod:`~pipelines.release.errors`): 0 released (or an identical re-run), 2
    refused before any charge, 3 failed after the reservation, 1 internal error; anything but 0
    means nothing new was published, except a multi-release run whose publication failed part-way

@@ -65,10 +65,11 @@ def table_from_buffer(buffer: pa.Buffer, fmt: str, columns: Optional[Sequence[st
         raise TypeError("table_from_buffer takes a pyarrow.Buffer from arrow_owned(), so that no Python "
                         "object is handed to Arrow's thread pools")
     if fmt == "parquet":
-        import pyarrow.parquet as pq
+        from transforms import parquet_files
 
         # ParquetFile.read waits for its own decoding tasks: no dataset scanner, no work left running.
-        return pq.ParquetFile(pa.BufferReader(buffer)).read(columns=list(columns) if columns else None)
+        return parquet_files.open_file(pa.BufferReader(buffer)).read(
+            columns=list(columns) if columns else None)
     if fmt == "csv":
         from pyarrow import csv as pacsv
 

@@ -1,109 +1,69 @@
 """One command-line convention for every job, derived from its typed request.
 
 Each field of a job's request dataclass (and of :class:`ReleaseOptions`) is a flag in Beam's
-underscore style (``--key_store``, ``--testing_seed``, ``--new_release``); the dashed spelling
-(``--key-store``) is accepted as an alias. ``help`` comes from the field's metadata, the type
-from its annotation (``bool`` is a switch; ``tuple`` a comma-separated list). Arguments the job
-does not know are Beam pipeline options and go to the runner profile (``runners/profiles.py``).
+underscore style (``--key_store``, ``--testing_seed``, ``--new_release``), declared as Beam
+pipeline options (:mod:`pipelines.release.flags`: a ``PipelineOptions`` subclass per job). The
+command line is checked whole before anything is read or charged: every flag is the job's, the
+release layer's or one of Beam's registered pipeline options (runner-specific ones included),
+spelled out exactly -- an unknown or abbreviated flag is refused (exit 2) naming the closest
+known flag. The dashed spelling (``--key-store``) is an alias of every flag; a switch also takes
+``--switch=true|false`` (Dataflow Flex Templates). Beam's options go to the runner profile
+(``runners/profiles.py``). ``--help`` shows the job's flags, the release layer's and Beam's.
 So the CLI is a thin layer over the Python API: ``main(argv)`` parses a request and calls the
 same ``run(request)`` a Python caller would.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import sys
-import typing
 from typing import Optional, Sequence
 
+from pipelines.release import flags as release_flags
 from pipelines.release import lifecycle, report
-from pipelines.release.errors import EXIT_INTERNAL, EXIT_RELEASED, ReleaseFailed, ReleaseRefused
+from pipelines.release.errors import (EXIT_INTERNAL, EXIT_RELEASED, ReleaseFailed,
+                                      ReleaseRefused)
+from pipelines.release.flags import FlagError, add_arguments
 from pipelines.release.job import Job, ReleaseOptions
 
 _LOG = logging.getLogger(__name__)
 
-
-def _base_type(annotation):
-    origin = typing.get_origin(annotation)
-    if origin is typing.Union:
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return _base_type(args[0])
-    return origin or annotation
-
-
-def _fields(cls):
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if f.name == "options" or not f.metadata.get("cli", True):
-            continue
-        yield f, _base_type(hints[f.name])
+_EPILOG = ("Every flag has one alias, its dashed spelling (--key-store); no other spelling and "
+           "no abbreviation is accepted. The Beam groups are Beam's pipeline options (e.g. "
+           "--runner PrismRunner; default: the in-process engine); see runners/README.md. Exit "
+           "codes: 0 released (or an identical re-run), 2 refused before any charge, 3 failed "
+           "after the reservation (nothing published; a corrected re-run takes the reservation "
+           "over), --alert_exit_code N: released with an operator alert (a data-dependent signal "
+           "for the scheduler only).")
 
 
-def _csv(text: str) -> tuple:
-    return tuple(v.strip() for v in text.split(",") if v.strip())
-
-
-def add_arguments(group, cls) -> list[str]:
-    """Flags for every field of ``cls``; returns the flag names."""
-    flags = []
-    for f, typ in _fields(cls):
-        flag = f"--{f.name}"
-        kwargs = {"help": f.metadata.get("help", ""), "dest": f.name}
-        if "choices" in f.metadata:
-            kwargs["choices"] = f.metadata["choices"]
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if typ is bool:
-            kwargs["action"] = "store_true"
-        else:
-            kwargs["type"] = _csv if typ is tuple else typ
-            kwargs["metavar"] = f.metadata.get("metavar", f.name.upper())
-        if required:
-            kwargs["required"] = True
-        else:
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            kwargs["default"] = default
-            if typ is not bool and default not in (None, (), ""):
-                kwargs["help"] += f" (default: {','.join(default) if typ is tuple else default})"
-        group.add_argument(flag, **kwargs)
-        flags.append(flag)
-    return flags
+def _usage(job: Job) -> str:
+    """The usage line: the job's and the release layer's flags, then Beam's options."""
+    short = release_flags.Parser(prog=f"python -m pipelines.{job.name}")
+    add_arguments(short, job.request_type)
+    add_arguments(short, ReleaseOptions)
+    line = short.format_usage().strip()
+    return line[len("usage: "):] + " [BEAM_PIPELINE_OPTION ...]"
 
 
 def build_parser(job: Job) -> tuple[argparse.ArgumentParser, list[str]]:
-    parser = argparse.ArgumentParser(
-        prog=f"python -m pipelines.{job.name}", description=job.description,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Other arguments are Beam pipeline options (e.g. --runner PrismRunner; default: "
-               "the in-process engine); see runners/README.md. Exit codes: 0 released (or an "
-               "identical re-run), 2 refused before any charge, 3 failed after the reservation "
-               "(nothing published; a corrected re-run takes the reservation over), "
-               "--alert_exit_code N: released with an operator alert (a data-dependent signal "
-               "for the scheduler only).")
-    flags = add_arguments(parser.add_argument_group(f"{job.name}"), job.request_type)
-    flags += add_arguments(parser.add_argument_group("release (every job)"), ReleaseOptions)
+    """The whole command line of ``job``: its flags, the release layer's and Beam's (one help
+    group per options class); returns the parser and the job's and release layer's flags."""
+    parser = release_flags.Parser(
+        prog=f"python -m pipelines.{job.name}", usage=_usage(job), description=job.description,
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG,
+        conflict_handler="resolve")
+    own = parser.add_argument_group(f"{job.name}")
+    release = parser.add_argument_group("release (every job)")
+    beam = {cls: release_flags.beam_group(parser, cls)
+            for cls in release_flags.beam_options_classes()}
+    # Beam's first: where a job's flag has the name of one of Beam's (label_dp's --labels,
+    # Dataflow's --labels), the job's replaces it on the job's command line.
+    release_flags.add_beam_arguments(parser, beam)
+    flags = add_arguments(own, job.request_type)
+    flags += add_arguments(release, ReleaseOptions)
     return parser, flags
-
-
-def normalise(argv: Sequence[str], flags: Sequence[str],
-              switches: Sequence[str] = ()) -> list[str]:
-    """Dashed spellings of the job's own flags become the underscore ones; a switch given as
-    ``--switch=true`` / ``--switch=false`` (how Dataflow Flex Templates pass parameters, see
-    runners/deploy/flex_template.py) becomes ``--switch`` / nothing."""
-    known = {f.replace("_", "-"): f for f in flags}
-    out = []
-    for token in argv:
-        name, eq, value = token.partition("=")
-        if name in known:
-            name = known[name]
-            token = name + (eq + value if eq else "")
-        if eq and name in switches and value.lower() in ("true", "false"):
-            if value.lower() == "true":
-                out.append(name)
-            continue  # any other value is left for argparse to refuse
-        out.append(token)
-    return out
 
 
 #: Flags that were removed, and why (given one, a run is refused naming it: never silently passed
@@ -123,16 +83,15 @@ def _refuse_removed(argv: Sequence[str]) -> None:
 
 
 def parse_request(job: Job, argv: Sequence[str]):
+    """The request of a command line (raises :class:`FlagError`, exit 2, on any flag that is not
+    known, spelled out; ``--help`` prints the help and exits 0)."""
     _refuse_removed(argv)
-    parser, flags = build_parser(job)
-    switches = [a.option_strings[0] for a in parser._actions
-                if a.option_strings and a.nargs == 0 and a.option_strings[0] in flags]
-    args, beam_args = parser.parse_known_args(normalise(argv, flags, switches))
-    values = vars(args)
-    release = {f.name: values[f.name] for f, _ in _fields(ReleaseOptions)}
-    options = ReleaseOptions(**release, pipeline_args=tuple(beam_args))
-    own = {f.name: values[f.name] for f, _ in _fields(job.request_type)}
-    return job.request_type(**own, options=options)
+    parser, _ = build_parser(job)
+    known = {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
+    argv = release_flags.normalise(argv, known, release_flags.switches(job))
+    _, unknown = parser.parse_known_args(argv)
+    release_flags.refuse_unknown(unknown, known, parser.format_usage().strip())
+    return release_flags.options_class(job)(argv).request()
 
 
 def _explain(job: Job, request) -> int:
@@ -156,6 +115,8 @@ def main(job: Job, argv: Optional[Sequence[str]] = None) -> int:
             return _explain(job, request)
         result = lifecycle.run(job, request)
     except (ReleaseRefused, ReleaseFailed) as err:
+        if isinstance(err, FlagError) and err.usage:
+            print(err.usage, file=sys.stderr)
         print(f"{job.name}: error: {err}", file=sys.stderr)
         return err.exit_code
     except ValueError as err:  # invalid parameters found while building the request

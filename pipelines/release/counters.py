@@ -3,7 +3,8 @@
 Jobs count what happens to input rows with Beam counters in the job's namespace, named
 ``<input>.<event>[.<reason>]``:
 
-* ``read``: rows read (counted by the release layer's reader);
+* ``read``: rows read (counted by the release layer's reader; ``read_files_without_rows``:
+  files of the input that had none, header-only or empty);
 * ``dropped.<reason>``: faulty rows removed by a documented rule (a value that does not parse,
   a missing id, a key outside the public keyset, a malformed CSV line) -- these count towards the
   dropped-rows rule: an input whose eligible rows were all dropped, or more than

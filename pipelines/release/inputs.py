@@ -11,15 +11,20 @@ or ``_`` (``_SUCCESS``, ``_temporary/``, ``.hidden``) are skipped.
 is known (from the input's declared format or the file name: ``.parquet``/``.pq``, ``.csv``,
 ``.jsonl``/``.ndjson``); compression is detected from the first bytes and accepted only when the
 name says so (``.csv.gz``, ``.jsonl.bz2``, ``.zst``), otherwise refused by name; a CSV header has
-every required column, spelled exactly; a Parquet file's footer reads and its columns have usable
-types (a ``bool`` count or an ``int64`` date is refused). Messages name the file and the column,
-never file content (a wrong file's first line may be a secret). Faults that only a full read can
-find (a corrupt page, a bad value deep in a file) fail the run after its reservation; nothing is
-published and a corrected re-run takes the reservation over (see :mod:`pipelines.release`).
+every required column, spelled exactly, and an uncompressed CSV's last line is whole (a file
+that does not end with a line break, or whose last row is short, is a truncated copy: refused);
+a Parquet file's footer reads and its columns have usable types (a ``bool`` count or an ``int64``
+date is refused); a release key file (the key store's format) is refused by name, whatever its
+declared format. Messages name the file and the column, never file content (a wrong file's first
+line may be a secret). Faults that only a full read can find (a corrupt page -- Parquet pages are
+verified against their checksums, :mod:`transforms.parquet_files` --, a bad value deep in a file)
+fail the run after its reservation; nothing is published and a corrected re-run takes the
+reservation over (see :mod:`pipelines.release`).
 
 :class:`ReadInput` reads the files in the pipeline: CSV columns as text (only an empty field is
 missing: Arrow's default null markers include "NA", which is Namibia), Parquet by row group,
-JSON lines as one ``line`` column; rows read and malformed CSV lines are Beam counters.
+JSON lines as one ``line`` column; rows read, malformed CSV lines and files without a row
+(``read_files_without_rows``: header-only or empty) are Beam counters.
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ from typing import Mapping, Optional, Sequence
 import apache_beam as beam
 
 from accounting import gcs
-from pipelines.release import storage
+from pipelines.release import storage, textfiles
 from pipelines.release.counters import RowCounters
 from pipelines.release.errors import ReleaseRefused
 
@@ -259,6 +264,40 @@ def _header_columns(spec: InputSpec, path: str, compression: Optional[str]) -> l
     return next(csv.reader(io.StringIO(text)), [])
 
 
+def _last_line(path: str) -> tuple[bytes, bool]:
+    """The last line of an uncompressed file (at most its last MiB) and whether the file ends
+    with a line break."""
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        handle.seek(max(0, size - (1 << 20)))
+        tail = handle.read()
+    ends = tail.endswith(b"\n")
+    body = tail.rstrip(b"\r\n")
+    return body[body.rfind(b"\n") + 1:], ends
+
+
+def _check_complete(spec: InputSpec, path: str, header: Sequence[str]) -> None:
+    """Refuse a CSV whose last line is cut (a truncated copy): one that does not end with a line
+    break, or whose last row has fewer fields than the header. Never quotes the line."""
+    import csv
+
+    line, ends = _last_line(path)
+    if not ends:
+        raise ReleaseRefused(f"{spec.label}: {path} does not end with a line break: its last line "
+                             "may be cut (a truncated copy?). Refusing it; nothing was charged")
+    if line.count(b'"') % 2:  # a quoted field spans lines: the last line alone says nothing
+        return
+    fields = next(csv.reader([line.decode("utf-8", errors="replace")]), [])
+    if line.strip() and len(fields) < len(header):
+        raise ReleaseRefused(f"{spec.label}: {path}: its last row has {len(fields)} of the "
+                             f"header's {len(header)} fields: the file may be cut (a truncated "
+                             "copy?). Refusing it; nothing was charged")
+
+
 def _check_csv(spec: InputSpec, path: str, compression: Optional[str]) -> tuple[str, ...]:
     header = _header_columns(spec, path, compression)
     for position, name in enumerate(header, 1):
@@ -271,17 +310,20 @@ def _check_csv(spec: InputSpec, path: str, compression: Optional[str]) -> tuple[
         raise ReleaseRefused(f"{spec.label}: {path} has no column {missing[0]!r} in its header "
                              f"(the header has {len(header)} field(s); required: "
                              f"{sorted(spec.columns)})")
+    if compression is None:  # a cut compressed stream fails its decompression instead
+        _check_complete(spec, path, header)
     return tuple(header)
 
 
 def _check_parquet(spec: InputSpec, path: str) -> tuple[str, ...]:
-    import pyarrow.parquet as pq
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
+    from transforms import parquet_files
+
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            schema = pq.ParquetFile(handle).schema_arrow
+            schema = parquet_files.open_file(handle).schema_arrow
     except Exception:  # noqa: BLE001 -- any footer fault: the file is not readable Parquet
         raise ReleaseRefused(f"{spec.label}: {path} is not a readable Parquet file (bad footer)")
     names = schema.names
@@ -317,11 +359,13 @@ def preflight(spec: InputSpec) -> ResolvedInput:
     formats, compression, present = {}, {}, {}
     for path in files:
         try:
-            head = storage.read_head(path, 8)
+            head = storage.read_head(path, textfiles.KEY_PROBE_BYTES)
         except (OSError, IOError):
             raise ReleaseRefused(f"{spec.label}: {path} cannot be opened")
         if head is None:
             raise ReleaseRefused(f"{spec.label}: {path} cannot be opened")
+        if textfiles.is_key_file(head):
+            raise ReleaseRefused(f"{spec.label}: {path} is {textfiles.KEY_FILE_REASON}")
         kind = None if head.startswith(b"PAR1") else _compression_of(spec, path, head)
         fmt = _format_of(spec, path, kind)
         if fmt == "parquet":
@@ -363,12 +407,19 @@ class _ReadFile(beam.DoFn):
         present = self._resolved.present[path]
         columns = [c for c in spec.all_columns if c in present] if fmt != "jsonl" else ["line"]
         tables = _read_tables(path, fmt, columns, self._resolved.compression[path], self._counters)
+        rows = 0
         while True:
             try:  # only the reading: a fault downstream of ``yield`` is not this file's
                 table = next(tables)
             except StopIteration:
                 break
             except Exception as err:  # noqa: BLE001 -- name the file, never its content
+                from transforms.parquet_files import is_checksum_error
+
+                if is_checksum_error(err):
+                    raise InputReadError(f"{spec.label}: {path} could not be read in full (a "
+                                         "Parquet page failed its checksum: the file is "
+                                         "corrupt)") from None
                 raise InputReadError(f"{spec.label}: {path} could not be read in full "
                                      f"({type(err).__name__}: a corrupt page or block, invalid "
                                      "UTF-8 or a truncated file?)") from None
@@ -376,8 +427,11 @@ class _ReadFile(beam.DoFn):
             for column in missing:  # absent: Arrow's null type (an empty CSV field is text)
                 table = table.append_column(column, pa.nulls(table.num_rows, pa.null()))
             self._counters.read(table.num_rows)
+            rows += table.num_rows
             if table.num_rows:
                 yield table
+        # A file without a row (header-only, empty): detected for the operator.
+        self._counters.other("read_files_without_rows", rows == 0)
 
 
 def _read_tables(path: str, fmt: str, columns: Sequence[str], compression, counters):
@@ -386,10 +440,10 @@ def _read_tables(path: str, fmt: str, columns: Sequence[str], compression, count
     from apache_beam.io.filesystems import FileSystems
 
     if fmt == "parquet":
-        import pyarrow.parquet as pq
+        from transforms import parquet_files
 
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            parquet = pq.ParquetFile(handle)
+            parquet = parquet_files.open_file(handle)
             for group in range(parquet.num_row_groups):
                 yield parquet.read_row_group(group, columns=list(columns), use_threads=False)
         return

@@ -211,14 +211,19 @@ def preflight(job: Job, request) -> Preflight:
         raise ReleaseRefused("--dry_run and --template_location only translate the job: give "
                              "--testing_seed. A release is never a template: a template would "
                              "hold one release's key and could run again on other data")
+    places = _places(options)
+    publication.check_tree(places.output, places.staging, ids, options.testing,
+                           reports=places.reports)
     return Preflight(job=job, prepared=prepared, planned=planned, inputs=resolved,
                      beam_options=beam_options, translate_only=translate_only,
-                     places=_places(options), started=started)
+                     places=places, started=started)
 
 
 def _pipeline_options(args: Sequence[str]):
+    from pipelines.release.flags import check_beam_args
     from runners.profiles import pipeline_options_for
 
+    args = check_beam_args(args)  # every flag one of Beam's, spelled out (FlagError: exit 2)
     try:
         options = pipeline_options_for(list(args))
     except (ValueError, SystemExit) as err:
@@ -455,7 +460,12 @@ def publish(ruled: Ruled) -> Published:
     publishes the rest without spending again."""
     reserved = ruled.computed.reserved
     staged = [_stage_marker(ruled, context) for context in reserved.releases]
-    testing = reserved.pre.options.testing
+    pre = reserved.pre
+    testing = pre.options.testing
+    # Again after the computation: a symbolic link planted in the output tree meanwhile.
+    publication.check_tree(pre.places.output, pre.places.staging,
+                           [c.release_id for c in reserved.releases], testing,
+                           reports=pre.places.reports, error=ReleaseFailed)
     for release in staged:
         publication.check_publishable(ruled.computed.staging[release.context.release_id],
                                       release.folder, testing=testing)
@@ -465,7 +475,7 @@ def publish(ruled: Ruled) -> Published:
         try:
             pin(reserved, rid)
             outcome = publication.publish(ruled.computed.staging[rid], release.folder,
-                                          testing=testing)
+                                          testing=testing, root=pre.places.output)
         except Exception as err:  # noqa: BLE001
             if not out:
                 raise

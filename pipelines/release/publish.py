@@ -89,6 +89,57 @@ def check_output_root(output: str, testing: bool) -> None:
         folder = up
 
 
+def _release_base(output: str, release_id: str, testing: bool) -> str:
+    parts = names.release_path(release_id)
+    return storage.join(output, TESTING_PREFIX, *parts) if testing else storage.join(output, *parts)
+
+
+def check_tree(output: str, staging_root: str, release_ids, testing: bool, *,
+               reports: Optional[str] = None, error=ReleaseRefused) -> None:
+    """Refuse a symbolic link inside the output tree on the way to a release (local paths).
+
+    A release folder is ``OUTPUT/<release id>/v<N>``, staged under ``STAGING/<release id>/``;
+    a symlink at any level below ``--output`` (or ``--staging_dir``), in a release's folder or
+    as the ledger binding would carry the release, or read its ownership, outside the tree the
+    operator named. The roots themselves may be links (where the operator keeps the tree).
+    ``error``: ReleaseRefused before the charge, ReleaseFailed after it (nothing published)."""
+    after = "; nothing was charged" if error is ReleaseRefused else "; nothing was published"
+
+    def below(root):
+        return [storage.join(root, *names.release_path(r)) for r in release_ids]
+
+    checks = [(output, "--output", [_release_base(output, r, testing) for r in release_ids]
+               + ([] if testing else [storage.join(output, BINDING)])),
+              (staging_root, "--staging_dir", below(staging_root))]
+    if reports:
+        checks.append((reports, "--report_dir", below(reports)))
+    for root, flag, paths in checks:
+        if storage.is_gcs(root):
+            continue
+        inside = not os.path.relpath(root, output).startswith(os.pardir)  # e.g. OUTPUT/.staging
+        for path in paths:
+            link = (storage.symlink_below(output, path) if inside else None) \
+                or storage.symlink_below(root, path) or _link_inside(path)
+            if link:
+                raise error(f"{flag} {root}: {link} is a symbolic link inside the output tree; a "
+                            f"release is published only below {flag} itself: remove the link"
+                            + after)
+            real = os.path.realpath(path)
+            if not real.startswith(os.path.realpath(root).rstrip(os.sep) + os.sep):
+                raise error(f"{flag} {root}: {path} resolves to {real}, outside it" + after)
+
+
+def _link_inside(folder: str) -> Optional[str]:
+    """A symbolic link among the entries below a local folder (not followed), or None."""
+    if not os.path.isdir(folder) or os.path.islink(folder):
+        return None
+    for top, dirs, files in os.walk(folder):
+        for name in sorted(dirs + files):
+            if os.path.islink(os.path.join(top, name)):
+                return os.path.join(top, name)
+    return None
+
+
 def _real_markers(output: str) -> list[str]:
     return [p for p in storage.list_files(output)
             if p.endswith("/" + MARKER) and f"/{TESTING_PREFIX}/" not in p and f"/{STAGING}/" not in p]
@@ -197,8 +248,15 @@ def check_publishable(staging: str, final: str, *, testing: bool) -> str:
     return "resume"
 
 
-def publish(staging: str, final: str, *, testing: bool) -> str:
-    """Move a staged release into place (see the module docstring); returns the outcome."""
+def publish(staging: str, final: str, *, testing: bool, root: Optional[str] = None) -> str:
+    """Move a staged release into place (see the module docstring); returns the outcome.
+    ``root``: the output root, below which a local release is renamed into place without
+    following any symbolic link (storage.rename_dir)."""
+    if root is not None and not storage.is_gcs(final):
+        link = storage.symlink_below(root, final) or _link_inside(final) or _link_inside(staging)
+        if link:
+            raise ReleaseFailed(f"{link} is a symbolic link inside the output tree; nothing was "
+                                "published")
     outcome = check_publishable(staging, final, testing=testing)
     if outcome == "identical":
         storage.delete_tree(staging)
@@ -208,9 +266,12 @@ def publish(staging: str, final: str, *, testing: bool) -> str:
     if not storage.is_gcs(final) and not storage.is_gcs(staging) and outcome == "new":
         storage.fsync_tree(staging)
         try:
-            storage.rename_dir(staging, final)
+            storage.rename_dir(staging, final, root=root)
             return outcome
         except OSError:  # a concurrent run of the same release got there first
+            if root is not None and storage.symlink_below(root, final):
+                raise ReleaseFailed(f"{storage.symlink_below(root, final)} is a symbolic link "
+                                    "inside the output tree; nothing was published") from None
             if not os.path.isdir(final):
                 raise
         outcome = check_publishable(staging, final, testing=testing)  # raises if different

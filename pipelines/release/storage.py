@@ -87,15 +87,6 @@ def read_bytes(path: str) -> Optional[bytes]:
         return None
 
 
-def read_text(path: str) -> str:
-    """The UTF-8 text of a local file or a ``gs://`` object (a job's configuration, a domain
-    file); FileNotFoundError (an OSError) if it does not exist."""
-    data = read_bytes(path)
-    if data is None:
-        raise FileNotFoundError(f"{path} does not exist")
-    return data.decode("utf-8")
-
-
 def write_bytes(path: str, data: bytes, *, exclusive: bool = False) -> bool:
     """Write ``data``; with ``exclusive``, only if ``path`` does not exist (returns False then)."""
     if is_gcs(path):
@@ -209,13 +200,65 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def rename_dir(source: str, target: str) -> None:
-    """Local atomic publication: ``source`` becomes ``target`` (which must not exist)."""
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    if os.path.exists(target):
-        raise FileExistsError(target)
-    os.rename(source, target)
-    _fsync_dir(os.path.dirname(target))
+def rename_dir(source: str, target: str, root: Optional[str] = None) -> None:
+    """Local atomic publication: ``source`` becomes ``target`` (which must not exist).
+
+    With ``root`` (a folder above ``target``), every folder from ``root`` down to ``target``'s
+    parent is opened without following symbolic links (and created if missing), and the rename
+    is made relative to the parent's descriptor: a symlink planted anywhere below ``root``, even
+    while the run computed, cannot carry the release outside ``root`` (``OSError``)."""
+    if root is None:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if os.path.lexists(target):
+            raise FileExistsError(target)
+        os.rename(source, target)
+        _fsync_dir(os.path.dirname(target))
+        return
+    parts = os.path.relpath(target, root).split(os.sep)
+    if parts[0] in (os.pardir, os.curdir, ""):
+        raise ValueError(f"{target} is not below {root}")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        try:
+            os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            pass
+        else:
+            raise FileExistsError(target)
+        os.rename(source, parts[-1], dst_dir_fd=fd)
+        try:
+            os.fsync(fd)
+        except OSError:  # some file systems cannot fsync a directory
+            pass
+    finally:
+        os.close(fd)
+
+
+def symlink_below(root: str, path: str) -> Optional[str]:
+    """The first existing component of local ``path`` below ``root`` that is a symbolic link, or
+    ``path`` itself if it is not below ``root`` (``root`` itself may be a link: the operator's
+    choice of where the tree lives); None when there is none."""
+    parts = os.path.relpath(path, root).split(os.sep)
+    if parts[0] == os.pardir or os.path.isabs(parts[0]):
+        return path
+    current = root
+    for part in parts:
+        if part in ("", os.curdir):
+            continue
+        current = os.path.join(current, part)
+        if os.path.islink(current):
+            return current
+        if not os.path.exists(current):
+            return None
+    return None
 
 
 def read_head(path: str, n: int) -> Optional[bytes]:

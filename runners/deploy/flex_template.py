@@ -10,7 +10,7 @@ release layer (pipelines.release.cli, which derives them from the typed request 
 its help text, whether it is optional, and a regex for its type; Beam's own options (``--runner``,
 ``--project``, ...) are Dataflow's template parameters and are not listed. Dataflow passes
 parameters as ``--name=value``: a switch is passed as ``--name=true`` / ``--name=false``, which
-the job CLI accepts (pipelines.release.cli.normalise). ``tests/test_flex_template.py`` checks the
+the job CLI accepts (pipelines.release.flags.normalise). ``tests/test_flex_template.py`` checks the
 metadata against each job's parser.
 """
 from __future__ import annotations

@@ -394,21 +394,43 @@ class ContributionConfig:
 
     @classmethod
     def from_json(cls, text: str) -> "ContributionConfig":
+        """Parse :meth:`to_json`'s format (see :meth:`from_dict`)."""
         try:
             d = json.loads(text)
-            return cls(measures=tuple(d["measures"]),
-                       clip_thresholds=tuple(float(c) for c in d["clip_thresholds"]),
-                       slice_dimensions=tuple(int(x) for x in d["slice_dimensions"]),
-                       prefixes=tuple(int(p) for p in d["prefixes"]),
-                       budgets=tuple(tuple(int(x) for x in row) for row in d["budgets"]),
-                       reports_per_source=int(d.get("reports_per_source", 1)),
-                       encoding=str(d.get("encoding", "separate")),
-                       split_fractions=tuple(float(r) for r in d.get("split_fractions", ())),
-                       overflow_budgets=tuple(tuple(int(x) for x in row)
-                                              for row in d.get("overflow_budgets", ())),
-                       estimate_scales=tuple(float(g) for g in d.get("estimate_scales", ())))
-        except (KeyError, TypeError, json.JSONDecodeError) as e:
-            raise ValueError(f"invalid contribution config: {e}") from e
+        except json.JSONDecodeError as e:  # e.msg is a fixed phrase
+            raise ValueError(f"invalid contribution config: not valid JSON: {e.msg} at line "
+                             f"{e.lineno} column {e.colno}") from None
+        return cls.from_dict(d)
+
+    @classmethod
+    def from_dict(cls, d) -> "ContributionConfig":
+        """A parsed :meth:`to_json` object. Errors name the field, never a value: the object may
+        come from the wrong file (a secret)."""
+        if not isinstance(d, dict):
+            raise ValueError("invalid contribution config: not a JSON object")
+
+        def read(name, convert, default=None):
+            if name not in d and default is None:
+                raise ValueError(f"invalid contribution config: field {name!r} is missing")
+            try:
+                return convert(d.get(name, default))
+            except (TypeError, ValueError):
+                raise ValueError(f"invalid contribution config: field {name!r} does not hold "
+                                 "values of the expected type") from None
+
+        numbers = lambda v: tuple(float(x) for x in v)  # noqa: E731
+        integers = lambda v: tuple(int(x) for x in v)  # noqa: E731
+        rows = lambda v: tuple(tuple(int(x) for x in row) for row in v)  # noqa: E731
+        return cls(measures=read("measures", tuple),
+                   clip_thresholds=read("clip_thresholds", numbers),
+                   slice_dimensions=read("slice_dimensions", integers),
+                   prefixes=read("prefixes", integers),
+                   budgets=read("budgets", rows),
+                   reports_per_source=read("reports_per_source", int, 1),
+                   encoding=read("encoding", str, "separate"),
+                   split_fractions=read("split_fractions", numbers, ()),
+                   overflow_budgets=read("overflow_budgets", rows, ()),
+                   estimate_scales=read("estimate_scales", numbers, ()))
 
 
 def split_budget(shares: Sequence[float] | np.ndarray, reports_per_source: int,

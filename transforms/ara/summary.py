@@ -80,8 +80,9 @@ def parse_output_domain(text: str) -> BucketDomain:
             continue
         try:
             keys.append(parse_bucket_key(line))
-        except ValueError as e:
-            raise ValueError(f"output domain line {lineno}: {e}") from e
+        except ValueError:  # the line is not quoted: the file may be the wrong one (a secret)
+            raise ValueError(f"line {lineno} is not a decimal or 0x-hex bucket key of at most "
+                             "128 bits") from None
     return BucketDomain(keys)
 
 

@@ -18,8 +18,8 @@ from typing import Optional, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
+from transforms import parquet_files
 from transforms.ldp import simulate
 from transforms.ldp.oracles import make_oracle
 from transforms.ldp.pem import PEMPlan, client_reports
@@ -34,7 +34,7 @@ def write_table(table: pa.Table, path: str) -> pa.Table:
     if folder:
         os.makedirs(folder, exist_ok=True)
     if path.endswith(".parquet"):
-        pq.write_table(table, path)
+        parquet_files.write_table(table, path)
     elif path.endswith(".csv"):
         _check_flat(table, "CSV")
         pacsv.write_csv(table, path)
