@@ -4,7 +4,7 @@ One chart per budget scope: the epsilon spent by the published releases after ea
 public order, against the scope's budget (a dashed line). A family of per-period scopes
 (``period:C1:<day>``) gets one chart of each period's spend against the per-period budget. The
 SVG scales to its container (``viewBox``); text stays legible at phone widths because the
-drawing is only 560 units wide. Every chart carries ``data-scope`` and an accessible title.
+drawing is only 480 units wide. Every chart carries ``data-scope`` and an accessible title.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Optional, Sequence
 
 from pipelines.catalog_html import e, num
 
-WIDTH, HEIGHT = 560, 250
-LEFT, RIGHT, TOP, BOTTOM = 58, 16, 18, 48
+WIDTH, HEIGHT = 480, 240
+LEFT, RIGHT, TOP, BOTTOM = 56, 12, 18, 50
 
 
 def _ticks(top: float) -> list[float]:
@@ -70,8 +70,8 @@ def budget_chart(*, scope: str, series: Sequence[tuple], budget: Optional[float]
         parts.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{ty:.1f}" y2="{ty:.1f}" '
                      'stroke="#e6eaef"/>')
         parts.append(f'<text x="{LEFT - 6}" y="{ty + 4:.1f}" text-anchor="end" '
-                     f'font-size="12" fill="#59636e">{e(num(t, 3))}</text>')
-    parts.append(f'<text x="14" y="{TOP + plot_h / 2:.0f}" font-size="12" fill="#59636e" '
+                     f'font-size="13" fill="#59636e">{e(num(t, 3))}</text>')
+    parts.append(f'<text x="14" y="{TOP + plot_h / 2:.0f}" font-size="13" fill="#59636e" '
                  f'transform="rotate(-90 14 {TOP + plot_h / 2:.0f})" text-anchor="middle">'
                  "\u03b5 spent</text>")
     if budget is not None:
@@ -79,7 +79,7 @@ def budget_chart(*, scope: str, series: Sequence[tuple], budget: Optional[float]
         parts.append(f'<line class="budget" x1="{LEFT}" x2="{LEFT + plot_w}" y1="{by:.1f}" '
                      f'y2="{by:.1f}" stroke="#b42318" stroke-width="1.5" stroke-dasharray="6 4"/>')
         parts.append(f'<text x="{LEFT + plot_w - 4}" y="{by - 5:.1f}" text-anchor="end" '
-                     f'font-size="12" fill="#b42318">budget \u03b5={e(num(budget))}</text>')
+                     f'font-size="13" fill="#b42318">budget \u03b5={e(num(budget))}</text>')
     if n:
         if kind == "cumulative":
             points = [(x(0), y(0.0))] if n > 1 else []
@@ -96,13 +96,13 @@ def budget_chart(*, scope: str, series: Sequence[tuple], budget: Optional[float]
                          f'fill="#0a58a6"><title>{e(label)}: \u03b5={e(num(v))}</title></circle>'
                          for i, (label, v) in enumerate(series))
         first, last = series[0][0], series[-1][0]
-        parts.append(f'<text x="{LEFT}" y="{HEIGHT - BOTTOM + 18}" font-size="12" '
+        parts.append(f'<text x="{LEFT}" y="{HEIGHT - BOTTOM + 18}" font-size="13" '
                      f'fill="#59636e">{e(_short(first))}</text>')
         if n > 1:
             parts.append(f'<text x="{LEFT + plot_w}" y="{HEIGHT - BOTTOM + 18}" '
-                         f'text-anchor="end" font-size="12" fill="#59636e">{e(_short(last))}</text>')
+                         f'text-anchor="end" font-size="13" fill="#59636e">{e(_short(last))}</text>')
         parts.append(f'<text x="{LEFT + plot_w / 2:.0f}" y="{HEIGHT - 10}" text-anchor="middle" '
-                     f'font-size="12" fill="#59636e">{e(_axis(kind, n))}</text>')
+                     f'font-size="13" fill="#59636e">{e(_axis(kind, n))}</text>')
     parts.append("</svg>")
     cap = f"<figcaption>{caption}</figcaption>" if caption else ""
     return f'<figure class="budget-chart">{"".join(parts)}{cap}</figure>'

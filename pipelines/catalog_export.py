@@ -12,7 +12,7 @@ import math
 from typing import Optional, Sequence
 
 from pipelines.catalog_facts import DatasetFacts, null_meaning
-from pipelines.catalog_site import dataset_folder
+from pipelines.catalog_site import dataset_folder, ordered_columns
 
 CATALOG_FORMAT = "beam-dp-release/catalog/v1"
 SCHEMA_ID = "catalog.schema.json"
@@ -67,7 +67,7 @@ def dataset_json(f: DatasetFacts) -> dict:
                      "columns": [{"name": c, "type": k,
                                   "role": "key" if c in t.sorted_by else
                                   ("noisy" if c in t.noisy_columns else "public")}
-                                 for c, k in t.columns],
+                                 for c, k in ordered_columns(t)],
                      "sorted_by": list(t.sorted_by), "null_means": null_meaning(t)}
                     for t in f.outputs],
         "neighbouring": [{"measure": n, "relation": r} for n, r in f.relations],
@@ -216,12 +216,12 @@ def readme(f: DatasetFacts, *, testing: bool) -> str:
               "## What is released", ""]
     for t in f.outputs:
         lines += [f"### `{_md(t.name)}`", ""]
-        if t.description:
+        if t.description and t.description != null_meaning(t):
             lines += [_md(t.description), ""]
         lines += [f"Sorted by: {', '.join(f'`{_md(c)}`' for c in t.sorted_by) or '-'}. "
                   f"Null: {_md(null_meaning(t))}", "", "| Column | Type | Role |",
                   "| --- | --- | --- |"]
-        for c, k in t.columns:
+        for c, k in ordered_columns(t):
             role = "key" if c in t.sorted_by else ("noisy" if c in t.noisy_columns else "public")
             lines.append(f"| `{_md(c)}` | `{_md(k)}` | {role} |")
         lines.append("")

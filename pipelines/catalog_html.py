@@ -49,12 +49,14 @@ ul.files li+li{margin-top:.35rem}
 border-radius:3px;vertical-align:middle;margin-right:.4rem;overflow:hidden}
 .bar>span{display:block;height:100%;background:var(--accent)}
 .bar.full>span{background:var(--bad)}
-.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(21rem,1fr));gap:1rem 1.5rem}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(22rem,34rem));gap:1.25rem 2rem}
 figure{margin:0}
 figcaption{font-size:.9rem;color:var(--muted);margin-top:.2rem;overflow-wrap:anywhere}
 svg.chart{width:100%;height:auto;display:block}
 nav.pages{margin:.75rem 0;display:flex;flex-wrap:wrap;gap:.25rem .6rem;align-items:center}
 nav.pages .current{font-weight:700}
+td .period{white-space:nowrap}
+@media (min-width:44.01rem){table.releases td:first-child{min-width:10rem}}
 footer{max-width:72rem;margin:0 auto;padding:1rem;color:var(--muted);font-size:.85rem;
 border-top:1px solid var(--line)}
 @media (max-width:44rem){
@@ -66,11 +68,12 @@ border-top:1px solid var(--line)}
  table.stack,table.stack tbody,table.stack tr,table.stack td{display:block;width:100%}
  table.stack thead{display:none}
  table.stack tr{border:1px solid var(--line);border-radius:6px;margin:.6rem 0;padding:.3rem .5rem}
- table.stack td{border:0;padding:.2rem 0;text-align:left}
+ table.stack td{border:0;padding:.15rem 0;text-align:left;display:grid;
+  grid-template-columns:7.5rem minmax(0,1fr);gap:.5rem}
  table.stack td.num{text-align:left;white-space:normal}
- table.stack td::before{content:attr(data-label);display:block;font-size:.75rem;
-  color:var(--muted);text-transform:uppercase;letter-spacing:.03em}
- .charts{grid-template-columns:1fr}
+ table.stack td::before{content:attr(data-label);font-size:.8rem;color:var(--muted);
+  padding-top:.1rem}
+ .charts{grid-template-columns:minmax(0,1fr)}
 }
 """
 
@@ -138,7 +141,7 @@ def table(headers: Sequence, rows: Iterable[Sequence], *, cls: str = "stack",
     body = []
     for row in rows:
         cells = "".join(f'<td{" class=num" if i in numeric else ""} data-label="{e(headers[i])}">'
-                        f"{c}</td>" for i, c in enumerate(row))
+                        f"<div>{c}</div></td>" for i, c in enumerate(row))
         body.append(f"<tr>{cells}</tr>")
     cap = f"<caption class=\"muted\">{e(caption)}</caption>" if caption else ""
     return (f'<table class="{e(cls)}">{cap}<thead><tr>{head}</tr></thead>'

@@ -37,7 +37,9 @@ def _period(release) -> str:
     if not release.period:
         return "\u2014"
     first, last = release.period
-    return e(first) if first == last else f"{e(first)} \u2013 {e(last)}"
+    if first == last:
+        return f'<span class="period">{e(first)}</span>'
+    return f'<span class="period">{e(first)}</span> \u2013 <span class="period">{e(last)}</span>'
 
 
 def _period_span(f: DatasetFacts) -> str:
@@ -68,7 +70,9 @@ def _files(release, releases_url: Optional[str]) -> str:
 
 
 def _rows(release) -> str:
-    rows = [f"{e(t.name)}: {num(t.rows)}" for t in release.outputs if t.rows is not None]
+    single = len(release.outputs) == 1
+    rows = [(f"{num(t.rows)} rows" if single else f"{e(t.name)}: {num(t.rows)}")
+            for t in release.outputs if t.rows is not None]
     keys = (release.summary or {}).get("keys")
     if isinstance(keys, dict) and isinstance(keys.get("released"), int) and \
             isinstance(keys.get("keyset"), int):
@@ -85,19 +89,30 @@ def releases_table(f: DatasetFacts, rows: Sequence, releases_url: Optional[str])
         cls="stack releases") + "</div>"
 
 
+def ordered_columns(t) -> list[tuple]:
+    """Key columns in their public order, then noisy columns, then the rest."""
+    kinds = dict(t.columns)
+    keys = [c for c in t.sorted_by if c in kinds]
+    noisy = [c for c, _ in t.columns if c in t.noisy_columns and c not in keys]
+    rest = [c for c, _ in t.columns if c not in keys and c not in noisy]
+    return [(c, kinds[c]) for c in keys + noisy + rest]
+
+
 def _outputs(f: DatasetFacts) -> str:
     parts = []
     for t in f.outputs:
         roles = []
-        for column, kind in t.columns:
+        for column, kind in ordered_columns(t):
             role = "key (public order)" if column in t.sorted_by else \
                 ("noisy" if column in t.noisy_columns else "public")
             roles.append((f"<code>{e(column)}</code>", f"<code>{e(kind)}</code>", e(role)))
+        null = null_meaning(t)
+        keys = ", ".join(f"<code>{e(c)}</code>" for c in t.sorted_by) or "nothing stated"
         parts.append(f"<h3><code>{e(t.name)}</code></h3>"
-                     + (f"<p>{e(t.description)}</p>" if t.description else "")
-                     + f"<p>Rows are sorted by {', '.join(f'<code>{e(c)}</code>' for c in t.sorted_by) or 'nothing stated'}."
-                     f" <strong>Null:</strong> {e(null_meaning(t))}</p>"
-                     + table(["Column", "Type", "Role"], roles))
+                     + (f"<p>{e(t.description)}</p>" if t.description and t.description != null
+                        else "")
+                     + f"<p>Rows are sorted by {keys}. <strong>Null:</strong> {e(null)}</p>"
+                     + table(["Column", "Type", "Role"], roles, cls="plain"))
     return "".join(parts)
 
 
@@ -168,7 +183,7 @@ def dataset_pages(f: DatasetFacts, *, page_size: int, releases_url: Optional[str
     relations = "".join(f"<li><strong>{e(name)}</strong>: {e(rel)}</li>"
                         for name, rel in f.relations)
     thresholds = table(["Parameter", "Value"], [(f"<code>{e(p)}</code>", e(num(v) if isinstance(
-        v, (int, float)) else v)) for p, v in f.thresholds]) if f.thresholds else \
+        v, (int, float)) else v)) for p, v in f.thresholds], cls="plain") if f.thresholds else \
         "<p>No release thresholds are stated.</p>"
     caveats = "".join(f'<div class="caveat">{e(c)}</div>' for c in f.caveats)
     body = [f'<h1>{e(f.dataset.title)}</h1><p class="lead">{e(f.dataset.kind)} \u00b7 dataset '
