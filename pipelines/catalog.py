@@ -188,10 +188,11 @@ def write_tree(folder: str, files: dict, stamp: str) -> None:
 
 # --------------------------------------------------------------------------- the command
 
-def build(args, out=sys.stdout) -> int:
+def build(args, out=None) -> int:
     from pipelines import catalog_coverage, catalog_export, catalog_facts, catalog_model
     from pipelines import catalog_operator, catalog_schedule, catalog_site
 
+    out = out or sys.stdout
     started = time.perf_counter()
     check_folders(args)
     ledger = catalog_model.read_ledger(args.ledger)

@@ -279,7 +279,7 @@ def assess(slots: Iterable[Slot], inputs: CatalogInputs, as_of: _dt.date,
                 state, detail = FAILED, ("committed in the ledger but no marker under "
                                          "--releases (moved or deleted?)")
             elif report is not None and report.kind == "failure":
-                state, detail = FAILED, report.status
+                state, detail = FAILED, report.detail or report.status
             elif record.state == "publishing":
                 state, detail = FAILED, "publication started and did not finish"
             else:
