@@ -188,9 +188,23 @@ def write_tree(folder: str, files: dict, stamp: str) -> None:
 
 # --------------------------------------------------------------------------- the command
 
+def site_files(inputs, *, title: str = DEFAULT_TITLE, page_size: int = 100,
+               releases_url: Optional[str] = None) -> dict:
+    """{relative path: text} of the public site of ``inputs`` (a
+    :class:`pipelines.catalog_model.CatalogInputs`): the Python API of ``--output``. Built from
+    the published releases only; a testing catalog (``read_catalog(..., testing=True)``) says
+    on every page that it is not a release."""
+    from pipelines import catalog_export, catalog_facts, catalog_site
+
+    all_facts = catalog_facts.all_facts(inputs.datasets)
+    files = catalog_site.site_pages(all_facts, title=title, page_size=page_size,
+                                    releases_url=releases_url, testing=inputs.testing)
+    files.update(catalog_export.export_files(all_facts, title=title, testing=inputs.testing))
+    return files
+
+
 def build(args, out=None) -> int:
-    from pipelines import catalog_coverage, catalog_export, catalog_facts, catalog_model
-    from pipelines import catalog_operator, catalog_schedule, catalog_site
+    from pipelines import catalog_coverage, catalog_model, catalog_operator, catalog_schedule
 
     out = out or sys.stdout
     started = time.perf_counter()
@@ -205,10 +219,8 @@ def build(args, out=None) -> int:
     slots = catalog_schedule.slots_from(args.config, args.cadence, as_of, inputs)
     health = catalog_schedule.assess(slots, inputs, as_of, args.grace)
     if args.output:
-        all_facts = catalog_facts.all_facts(inputs.datasets)
-        files = catalog_site.site_pages(all_facts, title=args.title, page_size=args.page_size,
-                                        releases_url=args.releases_url)
-        files.update(catalog_export.export_files(all_facts, title=args.title, testing=False))
+        files = site_files(inputs, title=args.title, page_size=args.page_size,
+                           releases_url=args.releases_url)
         write_tree(args.output, files, SITE_STAMP)
         index = os.path.join(os.path.abspath(args.output), "index.html")
         print(f"catalog: {len(inputs.releases())} releases in {len(inputs.datasets)} datasets; "

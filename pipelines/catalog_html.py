@@ -118,6 +118,7 @@ def page(*, title: str, body: str, crumbs: Sequence[tuple] = (), root: str = "",
     trail = "".join(_crumb(label, href) for label, href in crumbs)
     return ("<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+            "<link rel=\"icon\" href=\"data:,\">\n"
             f"<title>{e(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
             f'<div class="top"><a href="{e(root)}index.html">Release catalog</a>{trail}</div>\n'
             + (f'<div class="banner" role="alert">{e(banner)}</div>\n' if banner else "")
