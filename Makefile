@@ -41,7 +41,7 @@ lock:
 demo: $(DEMO_STAMP)
 	rm -rf $(OUT)
 	$(BIN)/python -m pipelines.centralnotice --demo --output $(OUT)
-	$(BIN)/python -m pipelines.catalog --ledger $(OUT)/ledger.json --releases $(OUT)/releases --output $(OUT)/catalog --operator $(OUT)/catalog-operator
+	$(BIN)/python -m pipelines.catalog --ledger $(OUT)/ledger.json --releases $(OUT)/releases --config pipelines/sample_data/centralnotice/campaigns.json --output $(OUT)/catalog --operator $(OUT)/catalog-operator
 
 ## Run the default test suite (well under 15 minutes on 2 cores).
 test: setup

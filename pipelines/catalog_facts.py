@@ -93,9 +93,11 @@ def _caveats(dataset: Dataset, latest: PublishedRelease, scope_rows, measure_set
             out.append(f"{scope.get('scope', 'a scope')}: {scope.get('means', 'not configured')}")
     versions = sorted({r.release_id for r in dataset.releases if r.version > 1}, key=natural_key)
     if versions:
-        out.append(f"{len(versions)} release(s) were published again as a new version after their "
-                   f"input changed (e.g. {versions[0]}): every version is charged to the budget and "
-                   "its noise is independent; use the latest version.")
+        many = len(versions) > 1
+        out.append(f"{len(versions)} release{'s were' if many else ' was'} published again as a "
+                   f"new version after {'their' if many else 'its'} input changed (e.g. "
+                   f"{versions[0]}): every version is charged to the budget and its noise is "
+                   "independent; use the latest version.")
     if any(r.guarantee.spends_nothing for r in dataset.releases):
         out.append("Some releases spend no budget (post-processing of published releases): their "
                    "guarantee is the releases they are computed from.")

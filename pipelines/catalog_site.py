@@ -46,7 +46,8 @@ def _period_span(f: DatasetFacts) -> str:
     periods = [r.period for r in f.releases if r.period]
     if not periods:
         return "\u2014"
-    return f"{e(min(p[0] for p in periods))} \u2013 {e(max(p[1] for p in periods))}"
+    first, last = min(p[0] for p in periods), max(p[1] for p in periods)
+    return f'<span class="period">{e(first)}</span> \u2013 <span class="period">{e(last)}</span>'
 
 
 def _guarantee(g) -> str:

@@ -281,3 +281,26 @@ def test_rebuilding_replaces_the_site_whole_and_refuses_a_foreign_folder(made, t
     assert catalog.main(made.args("--output", str(other))) == 2
     assert (other / "notes.txt").read_text() == "mine"
     assert "not a folder this command wrote" in capsys.readouterr().err
+
+
+def test_make_demo_builds_the_catalog_of_its_releases(tmp_path):
+    """The Makefile's demo recipe, run as written (the project's Python for $(BIN)/python)."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = open(os.path.join(root, "Makefile")).read()
+    recipe = text.split("\ndemo:", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    commands = [line.strip() for line in recipe if "$(BIN)/python" in line]
+    assert any("pipelines.catalog" in c for c in commands)
+    out = str(tmp_path / "demo")
+    env = dict(os.environ, PYTHONPATH=root)
+    for command in commands:
+        argv = command.replace("$(BIN)/python", sys.executable).replace("$(OUT)", out).split()
+        done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert f"open file://{out}/catalog/index.html" in done.stdout
+    site = files_of(os.path.join(out, "catalog"))
+    doc = json.loads(site["catalog.json"])
+    assert len(doc["datasets"]) == 3 and all(len(d["releases"]) == 1 for d in doc["datasets"])
+    assert os.path.exists(os.path.join(out, "catalog-operator", "operator.json"))
