@@ -210,15 +210,21 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--campaigns", type=int, default=50)
     parser.add_argument("--days", type=int, default=1095)
-    parser.add_argument("--keep", type=Path, default=None, help="keep the data and site here")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep the data and site here (and re-use data found there)")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="catalog-bench-")) if args.keep is None else args.keep
     work.mkdir(parents=True, exist_ok=True)
     try:
         t0 = time.perf_counter()
-        config, written = synthesise(work / "data", campaigns=args.campaigns, days=args.days)
-        print(f"synthesised {written} releases of {args.campaigns} campaigns in "
-              f"{time.perf_counter() - t0:.0f} s (not timed below)", flush=True)
+        if args.keep is not None and (work / "data" / "ledger.json").exists():
+            config = work / "data" / "campaigns.json"
+            written = sum(1 for _ in (work / "data" / "releases").rglob("RELEASE.json"))
+            print(f"re-using the {written} releases under {work / 'data'}", flush=True)
+        else:
+            config, written = synthesise(work / "data", campaigns=args.campaigns, days=args.days)
+            print(f"synthesised {written} releases of {args.campaigns} campaigns in "
+                  f"{time.perf_counter() - t0:.0f} s (not timed below)", flush=True)
         as_of = dt.date(2024, 1, 1) + dt.timedelta(days=args.days + 3)
         timings = phases(work / "data", config, as_of)
         env = dict(os.environ, PYTHONPATH=str(ROOT))

@@ -56,7 +56,7 @@ svg.chart{width:100%;height:auto;display:block}
 nav.pages{margin:.75rem 0;display:flex;flex-wrap:wrap;gap:.25rem .6rem;align-items:center}
 nav.pages .current{font-weight:700}
 td .period{white-space:nowrap}
-@media (min-width:44.01rem){table.releases td:first-child{min-width:10rem}}
+@media (min-width:44.01rem){table.stack td:first-child{min-width:9.5rem}}
 footer{max-width:72rem;margin:0 auto;padding:1rem;color:var(--muted);font-size:.85rem;
 border-top:1px solid var(--line)}
 @media (max-width:44rem){

@@ -29,6 +29,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Iterable, Mapping, Optional, Sequence
 
 from accounting.budget import PrivacyBudget
@@ -381,7 +382,7 @@ def _ledger_record(vid: str, record: Mapping) -> LedgerRecord:
     return LedgerRecord(
         release_id=record["release_id"], version=int(record["version"]), versioned_id=vid,
         state=record["state"], job=str((record.get("metadata") or {}).get("job", "")),
-        measures=tuple(Measure.from_json(m) for m in record.get("measures", [])),
+        measures=tuple(measure(m) for m in record.get("measures", [])),
         scope_names=tuple(record.get("scopes", [])), charged_at=record.get("charged_at"),
         publishing_at=record.get("publishing_at"), committed_at=record.get("committed_at"),
         last_run_at=record.get("last_run_at"), runs=int(record.get("runs", 1)),
@@ -393,13 +394,32 @@ def _ledger_record(vid: str, record: Mapping) -> LedgerRecord:
 
 
 def _measure_facts(data: Mapping) -> MeasureFacts:
+    """The marker's measure (memoised on its JSON: the releases of a series repeat a few plans,
+    and building a Measure validates every field)."""
+    return _measure_facts_of(json.dumps(data, sort_keys=True))
+
+
+@lru_cache(maxsize=4096)
+def _measure_facts_of(text: str) -> MeasureFacts:
+    data = json.loads(text)
+
     def number(name):
         value = data.get(name)
         return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
-    return MeasureFacts(measure=Measure.from_json(data), noise_scale=number("noise_scale"),
+    return MeasureFacts(measure=_measure_of(text), noise_scale=number("noise_scale"),
                         std=number("std"), ci95_halfwidth=number("ci95_halfwidth"),
                         granularity=number("granularity"))
+
+
+@lru_cache(maxsize=4096)
+def _measure_of(text: str) -> Measure:
+    return Measure.from_json(json.loads(text))
+
+
+def measure(data: Mapping) -> Measure:
+    """A Measure from its JSON (ledger record or marker), memoised like :func:`_measure_facts`."""
+    return _measure_of(json.dumps(data, sort_keys=True))
 
 
 def _period(parameters: Mapping) -> Optional[tuple]:

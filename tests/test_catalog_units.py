@@ -269,6 +269,8 @@ def test_many_releases_paginate_and_every_link_resolves(synthetic):
         assert len(text) < 120_000, page
         for href in re.findall(r'href="([^"]+)"', text):
             assert not href.startswith(("http:", "https:", "//")), (page, href)
+            if href == "data:,":      # the empty favicon (no request at all)
+                continue
             target = (page.parent / href.split("#")[0]).resolve()
             assert target.exists(), (page, href)
         ids.update(re.findall(r'<span class="release-id">([^<]+)</span>', text))
