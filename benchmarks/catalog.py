@@ -177,6 +177,9 @@ def phases(root: Path, config: Path, as_of: dt.date) -> list[tuple[str, float]]:
     from pipelines import (catalog_coverage, catalog_export, catalog_facts, catalog_model,
                            catalog_operator, catalog_schedule, catalog_site)
 
+    import gc
+
+    gc.disable()      # as the command does (pipelines/catalog.py, build)
     out, t = [], time.perf_counter()
 
     def lap(name):
@@ -203,6 +206,7 @@ def phases(root: Path, config: Path, as_of: dt.date) -> list[tuple[str, float]]:
     catalog_operator.operator_files(inputs, health, alarms, page_size=100, as_of=as_of, grace=1)
     lap("operator view")
     del pages
+    gc.enable()
     return out
 
 

@@ -329,7 +329,8 @@ def _join(base: str, *parts: str) -> str:
 
 
 def _walk(root: str) -> Iterable[tuple[str, Optional[int]]]:
-    """(path, size) of every file under ``root`` outside staging, testing and dot folders."""
+    """(path, size) of every file under ``root`` outside staging, testing and dot folders; a
+    local file's size is None here (:func:`_size` stats only the files a marker lists)."""
     if root.startswith("gs://"):
         from accounting import gcs
 
@@ -340,12 +341,16 @@ def _walk(root: str) -> Iterable[tuple[str, Optional[int]]]:
     for folder, dirs, names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in names:
-            path = os.path.join(folder, name)
-            try:
-                size = os.stat(path).st_size
-            except OSError:
-                size = None
-            yield path, size
+            yield os.path.join(folder, name), None
+
+
+def _size(path: str, listed: Optional[int]) -> Optional[int]:
+    if listed is not None or path.startswith("gs://"):
+        return listed
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
 
 
 def _number(value, path: str, what: str, *, optional=False):
@@ -365,7 +370,7 @@ def read_ledger(path: str) -> Ledger:
     if not isinstance(state, dict) or state.get("format") != ledger_records.FORMAT:
         raise CatalogInputError(f"ledger {path} is not a {ledger_records.FORMAT} file")
     try:
-        budgets = {name: PrivacyBudget(epsilon=b["epsilon"], delta=b["delta"])
+        budgets = {name: budget(b["epsilon"], b["delta"])
                    for name, b in state.get("scopes", {}).items()}
         records = tuple(_ledger_record(vid, r) for vid, r in state.get("releases", {}).items())
         ledger = Ledger(path=path, ledger_id=str(state["ledger_id"]),
@@ -393,33 +398,58 @@ def _ledger_record(vid: str, record: Mapping) -> LedgerRecord:
         files=dict(record.get("files") or {}), supersedes=record.get("supersedes"))
 
 
+def _key(value: Mapping):
+    """The memo key of a measure's parsed JSON: its items, nested objects as sorted items
+    (cheaper than canonical JSON text, whose float formatting dominates at 100,000 measures);
+    the canonical text when something nested is not hashable."""
+    try:
+        key = tuple(sorted((k, ("{}", tuple(sorted(v.items()))) if isinstance(v, dict) else v)
+                           for k, v in value.items()))
+        hash(key)
+        return key
+    except TypeError:
+        return json.dumps(value, sort_keys=True)
+
+
+def _unkey(key) -> dict:
+    if isinstance(key, str):
+        return json.loads(key)
+    return {k: dict(v[1]) if isinstance(v, tuple) else v for k, v in key}
+
+
 def _measure_facts(data: Mapping) -> MeasureFacts:
-    """The marker's measure (memoised on its JSON: the releases of a series repeat a few plans,
-    and building a Measure validates every field)."""
-    return _measure_facts_of(json.dumps(data, sort_keys=True))
+    """The marker's measure (memoised on its content: the releases of a series repeat a few
+    plans, and building a Measure validates every field)."""
+    return _measure_facts_of(_key(data))
 
 
 @lru_cache(maxsize=4096)
-def _measure_facts_of(text: str) -> MeasureFacts:
-    data = json.loads(text)
+def _measure_facts_of(key) -> MeasureFacts:
+    data = _unkey(key)
 
     def number(name):
         value = data.get(name)
         return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
-    return MeasureFacts(measure=_measure_of(text), noise_scale=number("noise_scale"),
+    return MeasureFacts(measure=_measure_of(key), noise_scale=number("noise_scale"),
                         std=number("std"), ci95_halfwidth=number("ci95_halfwidth"),
                         granularity=number("granularity"))
 
 
 @lru_cache(maxsize=4096)
-def _measure_of(text: str) -> Measure:
-    return Measure.from_json(json.loads(text))
+def _measure_of(key) -> Measure:
+    return Measure.from_json(_unkey(key))
 
 
 def measure(data: Mapping) -> Measure:
     """A Measure from its JSON (ledger record or marker), memoised like :func:`_measure_facts`."""
-    return _measure_of(json.dumps(data, sort_keys=True))
+    return _measure_of(_key(data))
+
+
+@lru_cache(maxsize=4096)
+def budget(epsilon, delta) -> PrivacyBudget:
+    """A PrivacyBudget, memoised (a ledger repeats a few budgets over thousands of scopes)."""
+    return PrivacyBudget(epsilon=epsilon, delta=delta)
 
 
 def _period(parameters: Mapping) -> Optional[tuple]:
@@ -454,8 +484,7 @@ def parse_marker(marker, path: str, rel_folder: str, sizes: Mapping[str, Optiona
             covers=str(g.get("covers", "")),
             rho=_number(g.get("rho_of_zcdp_measures"), path, "guarantee.rho", optional=True),
             spends_nothing=str(g.get("spends_nothing", "")))
-        scopes = tuple(Scope(name=s["name"], budget=PrivacyBudget(epsilon=s["epsilon"],
-                                                                  delta=s["delta"]),
+        scopes = tuple(Scope(name=s["name"], budget=budget(s["epsilon"], s["delta"]),
                              description=str(s.get("description", "")))
                        for s in g.get("ledger_scopes", []))
         outputs, files = [], []
@@ -491,25 +520,37 @@ def parse_marker(marker, path: str, rel_folder: str, sizes: Mapping[str, Optiona
     return release, facts
 
 
-def read_reports(root: Optional[str]) -> dict:
+def read_reports(root: Optional[str], ledger: Optional[Ledger] = None) -> dict:
     """{versioned id: OperatorReport} under a report folder (``report.json`` wins over a
-    ``failure.json`` of the same version); an unreadable report is an input error."""
+    ``failure.json`` of the same version). With a ledger, only its records' report folders are
+    read (``<root>/<release id>/v<N>/``: no walk of the whole tree); an unreadable report is an
+    input error."""
     out: dict = {}
     if not root or (not root.startswith("gs://") and not os.path.isdir(root)):
         return out
-    prefix = root.rstrip("/") + "/"
-    for path, _ in _walk(root):
-        name = path.rsplit("/", 1)[-1]
-        if name not in (REPORT, FAILURE):
-            continue
-        rel = path[len(prefix):].rsplit("/", 2)
-        if len(rel) != 3 or not _VERSION_FOLDER.fullmatch(rel[1]):
-            continue
-        release_id, version = rel[0], int(rel[1][1:])
+    if ledger is not None:
+        candidates = [(r.release_id, r.version, _join(root, *r.release_id.split("/"),
+                                                     f"v{r.version}", name))
+                      for r in ledger.records for name in (REPORT, FAILURE)]
+    else:
+        prefix = root.rstrip("/") + "/"
+        candidates = []
+        for path, _ in _walk(root):
+            rel = path[len(prefix):].rsplit("/", 2)
+            if len(rel) == 3 and rel[2] in (REPORT, FAILURE) and _VERSION_FOLDER.fullmatch(rel[1]):
+                candidates.append((rel[0], int(rel[1][1:]), path))
+        candidates.sort(key=lambda c: c[2].endswith(FAILURE))
+    for release_id, version, path in candidates:
         vid = ledger_records.versioned_id(release_id, version)
-        if name == FAILURE and vid in out:
+        if vid in out:
             continue
-        body = _read_json(path, "operator report")
+        data = _read_bytes(path)
+        if data is None:
+            continue
+        try:
+            body = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            raise CatalogInputError(f"operator report {path} is not valid JSON") from None
         if not isinstance(body, dict):
             raise CatalogInputError(f"operator report {path} is not a JSON object")
         counters = body.get("counters") or {}
@@ -521,7 +562,8 @@ def read_reports(root: Optional[str]) -> dict:
                     merged[k] = merged.get(k, 0) + v
             counters = merged
         out[vid] = OperatorReport(
-            release_id=release_id, version=version, kind="report" if name == REPORT else "failure",
+            release_id=release_id, version=version,
+            kind="report" if path.endswith(REPORT) else "failure",
             status=str(body.get("status", "")),
             counters={k: v for k, v in counters.items() if isinstance(v, int)},
             dropped_rows=dict(body.get("dropped_rows") or {}),
@@ -562,7 +604,8 @@ def read_catalog(releases_root: str, ledger: Optional[Ledger], *,
             marker = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
             raise CatalogInputError(f"release marker {path} is not valid JSON") from None
-        release, facts = parse_marker(marker, path, rel_folder, files, data)
+        sizes = {n: _size(_join(folder, n), size) for n, size in files.items() if n != MARKER}
+        release, facts = parse_marker(marker, path, rel_folder, sizes, data)
         reason = _exclusion(release, facts, rel_folder, ledger, testing)
         if reason:
             excluded.append((path, reason))
@@ -582,7 +625,7 @@ def read_catalog(releases_root: str, ledger: Optional[Ledger], *,
                                 jobs=tuple(sorted({r.job for r in members})),
                                 releases=tuple(members)))
     return CatalogInputs(datasets=tuple(datasets), ledger=ledger, markers=markers,
-                         reports=read_reports(reports_root), excluded=tuple(excluded),
+                         reports=read_reports(reports_root, ledger), excluded=tuple(excluded),
                          missing_files=tuple(missing), testing=testing)
 
 

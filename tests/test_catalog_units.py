@@ -244,11 +244,12 @@ def test_coverage_alarm_needs_rows_before_and_none_in_the_window():
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        import catalog as bench   # benchmarks/catalog.py
-    finally:
-        sys.path.pop(0)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("catalog_benchmark",
+                                                  os.path.join(ROOT, "benchmarks", "catalog.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
     root = tmp_path_factory.mktemp("synthetic")
     config, written = bench.synthesise(root / "data", campaigns=2, days=260)
     site = root / "site"
