@@ -12,8 +12,10 @@ and ``--check`` over the configuration, timing each phase in-process and the who
 user runs it (a fresh process).
 
 Prints a table (phase, seconds) and the site's sizes, and a last line
-``releases=N datasets=D seconds=S largest_page_kb=K pages=P`` (S: the whole command; K: the
-largest HTML page). The goal: S < 30 on this machine's 2 cores, pages paginated so K stays small.
+``releases=N datasets=D seconds=S cpu_seconds=C largest_page_kb=K pages=P`` (S: the whole
+command's wall time, C: its CPU time -- the figure to read when other work shares the cores, as
+the load average printed beside it tells; K: the largest HTML page). The goal: S < 30 on this
+machine's 2 quiet cores, pages paginated so K stays small.
 """
 from __future__ import annotations
 
@@ -236,9 +238,15 @@ def main(argv=None) -> int:
                    str(work / "data" / "ledger.json"), "--releases", str(work / "data" / "releases"),
                    "--config", str(config), "--output", str(work / "site"), "--operator",
                    str(work / "operator"), "--check", "--as_of", as_of.isoformat()]
+        import resource
+
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
         seconds = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        load = os.getloadavg()[0]
         if done.returncode not in (0, 1):
             print(done.stderr, file=sys.stderr)
             return done.returncode
@@ -251,14 +259,15 @@ def main(argv=None) -> int:
             print(f"{name:<28}{value:>9.2f}")
         print(f"{'in-process total':<28}{sum(v for _, v in timings):>9.2f}")
         print(f"{'whole command (fresh process)':<28}{seconds:>9.2f}   exit {done.returncode}, "
-              f"{overdue} overdue slots named")
+              f"{overdue} overdue slots named; CPU {cpu:.1f} s; load average {load:.1f} "
+              f"on {os.cpu_count()} cores")
         total = sum(s for s, _ in sizes)
         json_size = (work / "site" / "catalog.json").stat().st_size
         print(f"site: {len(pages)} HTML pages, {total / 1e6:.1f} MB; largest "
               f"{largest / 1024:.0f} kB ({largest_path.relative_to(work / 'site')}); median "
               f"{sizes[len(sizes) // 2][0] / 1024:.0f} kB; catalog.json {json_size / 1e6:.1f} MB")
         print(f"releases={written} datasets={args.campaigns} seconds={seconds:.1f} "
-              f"largest_page_kb={largest / 1024:.0f} pages={len(pages)}")
+              f"cpu_seconds={cpu:.1f} largest_page_kb={largest / 1024:.0f} pages={len(pages)}")
         return 0
     finally:
         if args.keep is None:
