@@ -154,6 +154,10 @@ def check_folders(args) -> None:
                                           or _inside(args.operator, args.output)):
         raise CatalogInputError("--operator and --output must be apart (neither inside the "
                                 "other): the operator view is private")
+    if args.operator and not args.releases.startswith("gs://") and \
+            _inside(args.operator, args.releases):
+        raise CatalogInputError(f"--operator {args.operator} is inside the published output "
+                                f"root {args.releases}: the operator view is private")
     for private in filter(None, [args.reports, os.path.dirname(os.path.abspath(args.ledger))
                                  if not args.ledger.startswith("gs://") else None]):
         if args.output and not private.startswith("gs://") and _inside(private, args.output):

@@ -197,6 +197,8 @@ def test_operator_view_is_never_inside_the_site(made, tmp_path, capsys):
     assert catalog.main(made.args("--output", site, "--operator", os.path.join(site, "op"))) == 2
     assert "must be apart" in capsys.readouterr().err
     assert not os.path.exists(site)
+    assert catalog.main(made.args("--operator", os.path.join(made.releases, "op"))) == 2
+    assert "published output root" in capsys.readouterr().err
     assert catalog.main(made.args("--output", made.root)) == 2     # it holds the ledger
     assert os.path.exists(made.ledger)
 
