@@ -234,7 +234,10 @@ def _build(args, out=None) -> int:
                                             "reports")
                                if not args.ledger.startswith("gs://") else
                                args.ledger.rsplit("/", 1)[0] + "/reports")
-    inputs = catalog_model.read_catalog(args.releases, ledger, reports_root=reports)
+    # The operator reports are the operator view's and the schedule's (failures): a public
+    # site alone never reads them.
+    inputs = catalog_model.read_catalog(args.releases, ledger, reports_root=reports
+                                        if args.operator or args.check else None)
     as_of = args.as_of or _dt.datetime.now(_dt.timezone.utc).date()
     slots = catalog_schedule.slots_from(args.config, args.cadence, as_of, inputs)
     health = catalog_schedule.assess(slots, inputs, as_of, args.grace)
