@@ -238,7 +238,15 @@ def would_refuse(slot: Slot, ledger) -> str:
     not, or if what it would spend is unknown): the check BudgetLedger.reserve makes."""
     if ledger is None or not slot.measures:
         return ""
-    checks = [(s.name, ledger.budgets.get(s.name) or s.budget) for s in slot.scopes]
+    checks = []
+    for scope in slot.scopes:
+        recorded = ledger.budgets.get(scope.name)
+        if recorded is not None and (scope.budget.epsilon > recorded.epsilon
+                                     or scope.budget.delta > recorded.delta):
+            return (f"scope {scope.name}: the configured budget is larger than the one the "
+                    "ledger recorded, which the ledger refuses unless raised deliberately "
+                    "(inferred: the ledger records no refusals)")
+        checks.append((scope.name, scope.budget))   # the ledger then records this budget
     checks += [(n, ledger.budgets[n]) for n in slot.scope_names if n in ledger.budgets]
     for name, limit in checks:
         before = ledger.measures_of_scope(name)

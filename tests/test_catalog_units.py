@@ -323,3 +323,20 @@ def test_testing_site_says_so_on_every_page():
     facts = catalog_facts.all_facts([dataset])
     pages = catalog_site.site_pages(facts, title="x", page_size=10, testing=True)
     assert all(catalog_site.TESTING_BANNER in text for text in pages.values())
+
+
+def test_would_refuse_mirrors_the_ledgers_budget_rules():
+    inputs = _inputs(_ledger_state())          # scope "total": budget 3, spent 1
+
+    def slot(epsilon, cost):
+        return catalog_schedule.Slot(
+            dataset_id="d", release_id="r/2026-01-02", start=dt.date(2026, 1, 2),
+            due=dt.date(2026, 1, 2), source="test",
+            measures=(Measure(name="count", mechanism="discrete_laplace", epsilon=cost),),
+            scopes=(Scope(name="total", budget=PrivacyBudget(epsilon=epsilon)),))
+
+    assert catalog_schedule.would_refuse(slot(3.0, 2.0), inputs.ledger) == ""        # 1 + 2 fits 3
+    assert "would bring it to 3.5" in catalog_schedule.would_refuse(slot(3.0, 2.5), inputs.ledger)
+    assert "would bring it to 2" in catalog_schedule.would_refuse(slot(1.5, 1.0), inputs.ledger)
+    assert "larger than the one the ledger recorded" in catalog_schedule.would_refuse(
+        slot(4.0, 0.5), inputs.ledger)
