@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 OUT    ?= out/demo
 
-.PHONY: setup lock demo test test-slow test-runners test-airflow fetch-runners clean
+.PHONY: setup lock demo test test-slow test-runners test-airflow test-browser fetch-runners clean
 
 LOCK   := requirements.lock
 DEMO_STAMP := $(VENV)/.installed-demo-stamp
@@ -41,14 +41,27 @@ lock:
 demo: $(DEMO_STAMP)
 	rm -rf $(OUT)
 	$(BIN)/python -m pipelines.centralnotice --demo --output $(OUT)
+	$(BIN)/python -m pipelines.catalog --ledger $(OUT)/ledger.json --releases $(OUT)/releases --config pipelines/sample_data/centralnotice/campaigns.json --output $(OUT)/catalog --operator $(OUT)/catalog-operator
 
 ## Run the default test suite (well under 15 minutes on 2 cores).
 test: setup
-	$(BIN)/python -m pytest -q -n 2 -m "not slow and not runners" tests
+	$(BIN)/python -m pytest -q -n 2 -m "not slow and not runners and not browser" tests
 
 ## Heavier suites: large statistical runs, and other Beam runners (fetches job-server jars).
 test-slow: setup
 	$(BIN)/python -m pytest -q -n 2 -m "slow" tests
+
+## The release catalog's pages in a real browser: Debian's chromium and chromedriver (installed
+## with apt-get when missing) driven by selenium; screenshots at desktop and phone widths go to
+## out/browser/.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+test-browser: setup
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  echo ">> installing Debian's chromium and chromium-driver"; \
+	  $(SUDO) apt-get update && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium chromium-driver; }
+	$(BIN)/pip install $(PIP_FLAGS) --constraint $(LOCK) -e ".[browser]"
+	BEAM_DP_REQUIRE_BROWSER=1 BEAM_DP_BROWSER_OUT=out/browser $(BIN)/python -m pytest -q -m browser tests
 
 ## Prism is built from the Go module proxy (~6 min cold, cached). Flink and Spark job-server jars
 ## are fetched when the Maven mirror serves them (this machine's does not: their tests then skip).

@@ -27,12 +27,17 @@ setup(
         "test": ["apache-beam[gcp]>=2.60", "pytest>=7.4", "hypothesis>=6.80", "pytest-xdist>=3.3",
                  "gcp-storage-emulator>=2024.8.3", "matplotlib>=3.7",
                  "dask[distributed]>=2024.4.2",
+                 # catalog.json is checked against its JSON Schema.
+                 "jsonschema>=4.18",
                  # DataFrame input (DPAggregate accepts them without importing either).
                  "pandas>=2.0", "polars>=1.0"],
         # PipelineDP and Tumult pin their own dependencies: the benchmarks install them in
         # virtualenvs of their own under benchmarks/.venvs/.
         "bench": ["matplotlib>=3.7"],
         "plot": ["matplotlib>=3.7"],
+        # `make test-browser`: the catalog's pages in Debian's chromium (apt-get), driven through
+        # Debian's chromedriver (never a browser download of a test tool's own).
+        "browser": ["selenium>=4.20"],
         # `make lock`: requirements.lock compiled from this file.
         "lock": ["uv>=0.5"],
         # The example DAG (runners/deploy/airflow_dag.py); large, so not part of "test".

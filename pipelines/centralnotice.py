@@ -31,7 +31,9 @@ impression rows with missing, negative, fractional or unparseable counts are dro
 without a user id (user-DP) are dropped; rows whose key does not parse (e.g. a date not in
 YYYY-MM-DD) are dropped; rows of other campaigns or dates belong to other releases and are
 skipped; rows whose banner, country or project is outside the configuration are dropped; rows of
-a protected country are excluded; malformed CSV lines are dropped.
+a protected country are excluded; malformed CSV lines are dropped. Kept impression rows are
+also counted per country and project (``impressions.coverage.<column>.<value>``) for the
+catalog's coverage alarms (``python -m pipelines.catalog --operator``).
 """
 from __future__ import annotations
 
@@ -109,6 +111,15 @@ class _ReleaseFilter:
         return table.filter(pa.array(ours & known & ~protected))
 
 
+def _count_coverage(table: pa.Table, counters) -> None:
+    """Kept impression rows per country and project, as operator counters
+    ``impressions.coverage.<column>.<value>`` (the catalog's coverage alarms: a country whose rows
+    stop arriving). Counted after the keyset filter: only configured values name a counter."""
+    for column in ("country", "project"):
+        for item in pc.value_counts(table.column(column)).to_pylist():
+            counters.other(f"coverage.{column}.{item['values']}", item["counts"])
+
+
 class ImpressionPartials(beam.DoFn):
     """Clean rows, keep this release's keys, split into blocks of k: per-key block sums."""
 
@@ -123,6 +134,7 @@ class ImpressionPartials(beam.DoFn):
         for reason, n in dropped.items():
             self._counters.dropped(reason, n)
         clean = self._filter.apply(clean, self._counters)
+        _count_coverage(clean, self._counters)
         if clean.num_rows:
             partial = per_key_contribution(clean.select(KEYS), clean.column("impressions").to_numpy(),
                                            self._k, KEYS)

@@ -396,6 +396,9 @@ def test_row_level_faults_follow_the_rules_and_are_counted(tmp_path):
         "impressions.dropped.missing": 1, "impressions.dropped.unparseable": 1,
         "impressions.dropped.missing_key": 2, "impressions.skipped.other_release": 3,
         "impressions.dropped.outside_keyset": 1, "impressions.excluded.protected_country": 1,
+        # kept rows per configured country and project (the catalog's coverage alarms)
+        "impressions.coverage.country.DE": 2, "impressions.coverage.country.FR": 1,
+        "impressions.coverage.project.de.wikipedia": 3,
         "clicks.read": 8, "clicks.dropped.malformed_csv_line": 1,
         "clicks.dropped.missing_user": 2, "clicks.dropped.missing_or_unparseable_key": 1,
         "clicks.skipped.other_release": 1, "clicks.dropped.outside_keyset": 1,
