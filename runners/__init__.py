@@ -12,6 +12,19 @@
 
 See runners/README.md.
 """
-from runners.profiles import build_options, describe_profiles, pipeline_options_for
+import sys
+
+from pipelines import quiet_beam_import
 
 __all__ = ["build_options", "describe_profiles", "pipeline_options_for"]
+
+if sys.argv[:1] == ["-m"]:  # ``python -m runners.NAME``: the CLI entry (runpy sets "-m" here)
+    quiet_beam_import()
+
+
+def __getattr__(name):
+    # Imported on use: ``python -m runners.profiles`` must not find the module already imported.
+    if name in __all__:
+        from runners import profiles
+        return getattr(profiles, name)
+    raise AttributeError(f"module 'runners' has no attribute {name!r}")
