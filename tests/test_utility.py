@@ -96,3 +96,31 @@ def test_dp_tester_on_the_exponential_choice_and_a_broken_sensitivity():
     assert tester.run(sampler(rng_counts, 20, 1.0, 1), sampler(other, 19, 1.0, 2), epsilon=epsilon).passed
     result = tester.run(sampler(rng_counts, 20, 0.2, 3), sampler(other, 19, 0.2, 4), epsilon=epsilon)
     assert not result.passed, result
+
+
+def _show_their_data(panels):
+    """Every panel shows a bar above zero, or says in it why it does not."""
+    assert len(panels) == 3
+    for panel in panels:
+        assert any(v > 0 for v in panel["values"]) or panel["notes"], panel
+
+
+def test_every_utility_panel_shows_its_data_or_says_why(tmp_path):
+    keyset = PublicKeyset.from_keys(["DE", "FR", "JP", "US"], ["country"])
+    report = analyze(_data(), privacy_unit="user", keys=["country"], value="v",
+                     metrics=[Count(threshold=100), Sum(), Mean(), PrivacyUnitCount()],
+                     candidates=CANDIDATES, keyset=keyset)
+    panels = report.plot(str(tmp_path / "thresholds.png"))
+    _show_their_data(panels)
+    assert len(panels[0]["values"]) == len(CANDIDATES)  # rows dropped: one bar per candidate
+    assert "the same for every metric" in panels[2]["notes"][0]
+    # Loose bounds, no threshold: nothing dropped, nothing suppressed -- said, not left empty.
+    loose = [Candidate(name=f"Linf={linf}", budget=PrivacyBudget(epsilon=1.0),
+                       bounds=ContributionBounds(max_partitions=3, max_contributions_per_partition=linf,
+                                                 min_value=0, max_value=10)) for linf in (12, 20)]
+    report = analyze(_data(), privacy_unit="user", keys=["country"], value="v",
+                     metrics=["count", "sum"], candidates=loose, keyset=keyset)
+    panels = report.plot(str(tmp_path / "loose.png"))
+    _show_their_data(panels)
+    assert panels[0]["values"] == [0, 0] and "no row dropped" in panels[0]["notes"][0]
+    assert panels[2]["notes"] == ["no key expected to be suppressed:\nno threshold and a public keyset"]
