@@ -1,6 +1,6 @@
 # Two commands for a newcomer: `make demo` and `make test`. Each creates .venv, installs, runs.
 PYTHON ?= python3
-VENV   ?= .venv
+VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 OUT    ?= out/demo
