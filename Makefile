@@ -8,6 +8,7 @@ OUT    ?= out/demo
 .PHONY: setup lock demo test test-slow test-runners test-airflow test-browser fetch-runners clean
 
 LOCK   := requirements.lock
+AIRFLOW_LOCK := requirements-airflow.lock
 DEMO_STAMP := $(VENV)/.installed-demo-stamp
 # pip prints one line per package (no --quiet) so a first run shows its progress; every install
 # is constrained by the lock (make lock).
@@ -27,19 +28,23 @@ $(STAMP): setup.py $(LOCK) $(DEMO_STAMP)
 
 setup: $(STAMP)
 
-## Regenerate the pinned dependency lock from setup.py (used by `make setup` and the Dockerfile):
-## every extra the container or CI installs, for CPython 3.11 on Linux x86-64 (the worker image).
+## Regenerate the pinned dependency locks from setup.py (used by `make setup`, the Dockerfile and
+## `make test-airflow`): every extra the container or CI installs, for CPython 3.11 on Linux x86-64
+## (the worker image). Airflow has a lock of its own: it pins many packages differently.
+LOCK_FLAGS := --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_31 \
+	--custom-compile-command "make lock"
 lock:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -e ".[lock]"
-	$(BIN)/uv pip compile setup.py --quiet --extra gcp --extra dask --extra test --extra plot \
-	    --python-version 3.11 --python-platform x86_64-manylinux_2_31 \
-	    --custom-compile-command "make lock" --output-file $(LOCK)
+	$(BIN)/uv pip compile setup.py $(LOCK_FLAGS) --extra gcp --extra dask --extra test --extra plot \
+	    --extra dataframes --output-file $(LOCK)
+	echo pytest | $(BIN)/uv pip compile setup.py - $(LOCK_FLAGS) --extra airflow \
+	    --output-file $(AIRFLOW_LOCK)
 
 ## Run the main job (CentralNotice release) on the bundled sample data with the DirectRunner.
-## Installs only the package itself (no test extras).
+## Installs only the package itself (no test extras). The ledger and keys stay under $(OUT), so a
+## second run reproduces the releases and spends nothing; `rm -rf $(OUT)` starts afresh.
 demo: $(DEMO_STAMP)
-	rm -rf $(OUT)
 	$(BIN)/python -m pipelines.centralnotice --demo --output $(OUT)
 	$(BIN)/python -m pipelines.catalog --ledger $(OUT)/ledger.json --releases $(OUT)/releases --config pipelines/sample_data/centralnotice/campaigns.json --output $(OUT)/catalog --operator $(OUT)/catalog-operator
 
@@ -47,8 +52,14 @@ demo: $(DEMO_STAMP)
 test: setup
 	$(BIN)/python -m pytest -q -n 2 -m "not slow and not runners and not browser" tests
 
-## Heavier suites: large statistical runs, and other Beam runners (fetches job-server jars).
-test-slow: setup
+## Heavier suites: large statistical runs (with Polars, for its DataFrame input tests), and other
+## Beam runners (fetches job-server jars).
+DATAFRAMES_STAMP := $(VENV)/.installed-dataframes-stamp
+$(DATAFRAMES_STAMP): $(STAMP)
+	$(BIN)/pip install $(PIP_FLAGS) --constraint $(LOCK) -e ".[test,plot,dataframes]"
+	touch $(DATAFRAMES_STAMP)
+
+test-slow: $(DATAFRAMES_STAMP)
 	$(BIN)/python -m pytest -q -n 2 -m "slow" tests
 
 ## The release catalog's pages in a real browser: Debian's chromium and chromedriver (installed
@@ -72,12 +83,16 @@ fetch-runners: setup
 test-runners: fetch-runners
 	BEAM_DP_REQUIRE_RUNNERS=prism $(BIN)/python -m pytest -q -m "runners" tests
 
-## The example Airflow DAG builds (Airflow and its Beam provider in a virtualenv of their own:
-## ~175 packages, several minutes).
+## The example Airflow DAG builds (Airflow and its Beam provider in a virtualenv of their own,
+## under their own lock: ~280 packages). uv installs them (pip took minutes, silent while it
+## unpacked) and prints what it resolved, fetched and installed.
 AIRFLOW_VENV := .venv-airflow
 test-airflow:
 	test -x $(AIRFLOW_VENV)/bin/python || $(PYTHON) -m venv $(AIRFLOW_VENV)
-	$(AIRFLOW_VENV)/bin/pip install --quiet -e ".[airflow]" pytest
+	@echo ">> installing Airflow under $(AIRFLOW_LOCK) into $(AIRFLOW_VENV) (first run: a minute or more)"
+	$(AIRFLOW_VENV)/bin/pip install $(PIP_FLAGS) "uv>=0.5"
+	$(AIRFLOW_VENV)/bin/uv pip install --python $(AIRFLOW_VENV)/bin/python \
+	    --constraint $(AIRFLOW_LOCK) -e ".[airflow]" pytest
 	BEAM_DP_REQUIRE_AIRFLOW=1 $(AIRFLOW_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "" tests/test_runners.py -k airflow
 
 clean:

@@ -23,14 +23,20 @@ setup(
         "gcp": ["apache-beam[gcp]>=2.60"],
         # The Dask runner (runners/profiles.py, profile DaskRunner): a local or remote cluster.
         "dask": ["dask[distributed]>=2024.4.2"],
-        # gs:// tests run Beam's GCS IO against a local emulator.
-        "test": ["apache-beam[gcp]>=2.60", "pytest>=7.4", "hypothesis>=6.80", "pytest-xdist>=3.3",
-                 "gcp-storage-emulator>=2024.8.3", "matplotlib>=3.7",
+        # What the tests import, no more: gs:// tests run Beam's GCS IO (google-cloud-storage, in
+        # the base install) against a local emulator, and the offline Dataflow tests need Beam's
+        # Dataflow client; the rest of apache-beam[gcp] (BigQuery, Pub/Sub, Spanner, Vertex AI,
+        # ...) is for the worker container only.
+        "test": ["google-cloud-dataflow-client>=0.13", "pytest>=7.4", "hypothesis>=6.80",
+                 "pytest-xdist>=3.3", "gcp-storage-emulator>=2024.8.3", "matplotlib>=3.7",
                  "dask[distributed]>=2024.4.2",
                  # catalog.json is checked against its JSON Schema.
                  "jsonschema>=4.18",
                  # DataFrame input (DPAggregate accepts them without importing either).
-                 "pandas>=2.0", "polars>=1.0"],
+                 "pandas>=2.0"],
+        # Polars frames as input, tested by `make test-slow` (Polars alone is 180 MB: outside the
+        # environment of `make setup`).
+        "dataframes": ["pandas>=2.0", "polars>=1.0"],
         # PipelineDP and Tumult pin their own dependencies: the benchmarks install them in
         # virtualenvs of their own under benchmarks/.venvs/.
         "bench": ["matplotlib>=3.7"],

@@ -50,6 +50,9 @@ import pyarrow.compute as pc
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from pipelines import quiet_beam_import  # noqa: E402
+
+quiet_beam_import()  # no `apitools not found` warning as the first line
 
 from accounting.calibration import NoiseKind, calibrate  # noqa: E402
 from pipelines.centralnotice_config import parse_config  # noqa: E402

@@ -96,7 +96,14 @@ def timing(task, folder):
 
 
 def main():
-    tasks_path, results_path = sys.argv[1], sys.argv[2]
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python benchmarks/local_dp_pure_ldp.py",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("tasks", help="TASKS.json written by benchmarks/local_dp.py")
+    parser.add_argument("results", help="where to write RESULTS.json")
+    args = parser.parse_args()
+    tasks_path, results_path = args.tasks, args.results
     folder = os.path.dirname(os.path.abspath(tasks_path))
     with open(tasks_path) as handle:
         tasks = json.load(handle)

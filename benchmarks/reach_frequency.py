@@ -39,6 +39,9 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pipelines import quiet_beam_import  # noqa: E402
+
+quiet_beam_import()  # no `apitools not found` warning as the first line
 
 from accounting.keys import ReleaseKey  # noqa: E402
 from transforms.sketches.beam import SketchUnionFn  # noqa: E402

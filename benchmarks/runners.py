@@ -29,6 +29,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from pipelines import quiet_beam_import  # noqa: E402
+
+quiet_beam_import()  # no `apitools not found` warning as the first line
 
 from runners import cache  # noqa: E402
 from runners.harness import RunnerCase, read_outputs, run_pipeline_main  # noqa: E402

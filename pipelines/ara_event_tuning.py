@@ -89,3 +89,47 @@ def simulate_count_error(test, config: EventLevelConfig, tau: float, release_key
                                config, config.cells)
         sq += float(np.mean(((est[ne] - x[ne]) / np.maximum(tau, x[ne])) ** 2))
     return math.sqrt(sq / repetitions)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Choose R on a synthetic training set and compare with a summary report at equal epsilon."""
+    import argparse
+
+    from pipelines import ara_optimize as opt
+    from pipelines import ara_synthetic as synthetic
+
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.ara_event_tuning",
+        description="Event-level reports for conversion counts: choose R (the reports a source "
+                    "may send) on synthetic training data and compare the exact error on test "
+                    "data with a summary report's at equal epsilon (RMSRE_tau, lower is better).")
+    parser.add_argument("--preset", choices=sorted(synthetic.PRESETS), default="adtech_travel",
+                        help="synthetic data set (Aksu et al., PoPETs 2024; pipelines.ara_synthetic)")
+    parser.add_argument("--epsilons", default="1,4,14",
+                        help="comma-separated epsilons per source (the API allows <= 14)")
+    parser.add_argument("--scale", type=float, default=0.25, help="data size relative to the preset")
+    parser.add_argument("--seed", type=int, default=2024, help="seed of the synthetic data")
+    args = parser.parse_args(argv)
+    epsilons = [float(e) for e in args.epsilons.split(",") if e]
+
+    train = synthetic.generate(args.preset, args.seed, scale=args.scale)
+    test = synthetic.generate(args.preset, args.seed + 1, scale=args.scale)
+    count_train = opt.workload_from_conversions(train, measures=("count",))
+    count_test = opt.workload_from_conversions(test, measures=("count",))
+    taus = opt.taus_from_training(count_train)
+    tau = float(taus[0])
+    print(f"preset {args.preset}, scale {args.scale:g}: {len(train)} training and {len(test)} test "
+          f"conversions; RMSRE_tau with tau = {tau:g} (exact, no simulation)")
+    print(f"{'epsilon':>8}{'R':>4}{'event-level':>13}{'summary':>10}  better")
+    for epsilon in epsilons:
+        config, _ = best_counting_config(train, epsilon, tau)
+        event = count_error(test, config, tau)
+        summary = opt.expected_error(count_test, opt.optimize(count_train, epsilon).config, taus,
+                                     epsilon)
+        print(f"{epsilon:>8g}{config.max_reports:>4}{event:>13.4f}{summary:>10.4f}  "
+              f"{'event-level' if event < summary else 'summary'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

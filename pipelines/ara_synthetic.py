@@ -14,19 +14,17 @@ distribution (independent code; a numpy Generator with an explicit seed, never a
 3. Each conversion gets a log-normal value with mu = (2 ln mean + ln mode) / 3,
    sigma = sqrt(mu - ln mode), times the preset's published rescaling factor.
 
-Dataset statistics (expected values; measured ones agree within sampling error, see
-``tests/test_ara_optimize.py``). "Before" is this module until it matched the published
-generator: an exact discrete power law P(x) ~ x^-a on [1, slices], without the + 1.
+Dataset statistics (expected values, :meth:`SyntheticPreset.expected_statistics`; measured ones
+agree within sampling error, see ``tests/test_ara_optimize.py``):
 
-    preset               slices  impressions (published | before)  conversions  value mean
-    criteo                 3200      7,317 | 4,600  (+59%)             73,166       130.05
-    adtech_real_estate      180      5,383 | 5,314  (+1.3%)            53,830   13,179 (x5000)
-    adtech_travel           180      4,300 | 4,247  (+1.2%)            43,000   67,613 (x5000)
+    preset               slices  impressions  conversions  value mean
+    criteo                 3200        7,317       73,166      130.05
+    adtech_real_estate      180        5,383       53,830      13,179 (x5000)
+    adtech_travel           180        4,300       43,000      67,613 (x5000)
 
-Effect of the change: criteo slices had mostly 1 impression (82%); now every slice has at least
-2 (87% exactly 2), so per-slice conversion counts rise from about 14 to 23 on average and every
-slice is non-empty. At a given epsilon that lowers RMSRE_tau (more signal per slice against the
-same noise); the real-estate and travel presets change by about 1%.
+Every slice has at least two impressions (the published code's + 1), so no slice is empty.
+(What changed when this module came to match the published generator is in
+``benchmarks/RESULTS.md``.)
 
 Remaining differences, documented rather than copied:
 

@@ -498,10 +498,53 @@ def demo_arguments(argv: Sequence[str]) -> list[str]:
     return argv + ["--output", os.path.join(out, "releases"), "--first_releases"]
 
 
+def _cell(value) -> str:
+    return "null" if value is None else str(value)
+
+
+def demo_summary(out: str, rows: int = 8) -> str:
+    """What ``--demo`` ends with: the first rows of a released table (one with a suppressed value,
+    if any) and where everything was written."""
+    import glob
+
+    from pipelines.release.arrow_files import read_table
+
+    tables = sorted(glob.glob(os.path.join(out, "releases", "*", "*", "v*", "centralnotice.parquet")))
+    if not tables:
+        return f"nothing was published under {out}/releases"
+    read = [(path, read_table(path)) for path in tables]
+    path, table = next(((p, t) for p, t in read if t.column("clicks").null_count
+                        or t.column("impressions").null_count), read[0])
+    shown = table.slice(0, rows).to_pylist()
+    header = table.column_names
+    widths = [max([len(name)] + [len(_cell(r[name])) for r in shown]) for name in header]
+    line = lambda cells: "  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+    lines = [f"The first {len(shown)} of {table.num_rows} rows of {path}:",
+             line(header)] + [line([_cell(r[name]) for name in header]) for r in shown]
+    lines += ["  null = SUPPRESSED, not zero: the noisy value was not above the column's release "
+              "threshold (campaigns.json); a key with both values suppressed has no row.",
+              "  Open it: python -c \"import pyarrow.parquet as pq; "
+              f"print(pq.read_table('{path}').to_pylist())\"",
+              "",
+              f"Written under {out}/:",
+              "  releases/CAMPAIGN/PERIOD/v1/  the published releases: centralnotice.parquet and "
+              "RELEASE.json (guarantee, measures, key fingerprints)",
+              "  reports/CAMPAIGN/PERIOD/v1/   the operator reports: report.txt, report.json (row "
+              "counts: for the operator only, never published)",
+              "  ledger.json                   the budget ledger: what each campaign and day has spent",
+              "  keys/                         the release keys (secret): kept, so that a re-run "
+              "reproduces the same bytes",
+              f"Run it again: every release is reproduced byte for byte and nothing more is spent "
+              f"(delete {out} to start afresh: a new ledger, new keys, new noise)."]
+    return "\n".join(lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    demo_out = None
     try:
         if "--demo" in argv:
+            demo_out = _flag_value(argv, "output")
             argv = demo_arguments(argv)
         if "--list_releases" in argv or "--list-releases" in argv:
             config = load_config(_flag_value(argv, "config") or "")
@@ -512,7 +555,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ReleaseRefused, ConfigError) as err:
         print(f"{NAME}: error: {err}", file=sys.stderr)
         return ReleaseRefused.exit_code
-    return cli.main(JOB, argv)
+    code = cli.main(JOB, argv)
+    if demo_out and code == 0:
+        print("\n" + demo_summary(demo_out))
+    return code
 
 
 if __name__ == "__main__":

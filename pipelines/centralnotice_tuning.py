@@ -193,11 +193,17 @@ def _row(campaign, measure, k, spec, threshold_of, values, keys) -> TuningRow:
         spurious_rate=rate, expected_spurious_keys=rate * empty)
 
 
+# Without --rho, zCDP clicks are compared at the configured rho and around it (a single candidate
+# would be a single point: nothing to choose between).
+DEFAULT_RHO_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
+
+
 def tune_campaign(campaign: CampaignConfig, ks: Sequence[int], epsilons: Sequence[float], *,
                   rhos: Optional[Sequence[float]] = None, true_impressions=None, true_clicks=None,
                   spurious: Optional[float] = None) -> list[TuningRow]:
     """Report rows for one campaign: impressions for every (k, epsilon), clicks for every
-    epsilon (or rho, when the campaign's clicks are zCDP).
+    epsilon (or rho, when the campaign's clicks are zCDP: ``rhos``, by default the configured one
+    and :data:`DEFAULT_RHO_FACTORS` times it).
 
     ``true_impressions`` / ``true_clicks``: optional true values per keyset key (see
     :func:`true_values_by_campaign`); without them the report is for empty keys.
@@ -226,7 +232,7 @@ def tune_campaign(campaign: CampaignConfig, ks: Sequence[int], epsilons: Sequenc
                              imp_values, keys))
     cl = campaign.clicks
     if cl.budget.is_zcdp:
-        for rho in (rhos or [cl.budget.rho]):
+        for rho in (rhos or [cl.budget.rho * f for f in DEFAULT_RHO_FACTORS]):
             spec = calibrate_zcdp(cl.noise, rho=rho, l2_sensitivity=cl.sensitivity, l0=cl.l0,
                                   delta_for_reporting=cl.budget.delta)
             rows.append(_row(campaign, "clicks", None, spec, threshold_of("clicks"), click_values, keys))
@@ -265,11 +271,63 @@ def write_csv(rows: Sequence[TuningRow], path: str) -> None:
             writer.writerow(asdict(row))
 
 
-def plot_campaign(rows: Sequence[TuningRow], path: str) -> list[dict]:
-    """Impressions std and suppression against k (one line per epsilon); clicks against epsilon.
+# Series drawn on one panel differ in marker, line style and size (the first largest, hollow), so
+# that lines lying on top of each other still show each of their points.
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_STYLES = ("-", "--", "-.", ":")
 
-    Returns each y axis drawn (label, scale, limits), so tests can hold the axes honest: shares
-    and probabilities over their whole [0, 1] range, linear axes from 0.
+
+def _style(i: int, n: int) -> dict:
+    return {"marker": _MARKERS[i % len(_MARKERS)], "linestyle": _STYLES[i % len(_STYLES)],
+            "markersize": 4 + 2.5 * (n - 1 - i), "markerfacecolor": "none", "markeredgewidth": 1.5,
+            "linewidth": 1.5, "color": f"C{i}"}
+
+
+def coinciding(series: dict, tolerance: float) -> list[list]:
+    """Groups (of two or more labels) of series whose values differ by at most ``tolerance`` at
+    every point: lines a reader cannot tell apart on the plot."""
+    groups = []
+    for label, values in series.items():
+        for group in groups:
+            if np.max(np.abs(np.asarray(series[group[0]]) - np.asarray(values))) <= tolerance:
+                group.append(label)
+                break
+        else:
+            groups.append([label])
+    return [g for g in groups if len(g) > 1]
+
+
+def _note(ax, text: str) -> None:
+    ax.text(0.03, 0.5, text, transform=ax.transAxes, fontsize=8.5, va="center", wrap=True,
+            bbox={"boxstyle": "round", "facecolor": "lightyellow", "edgecolor": "0.6"})
+
+
+def panel_summary(fig) -> list[dict]:
+    """Each axis drawn: label, scale, limits, the finite data points of its lines and bars, and
+    the notes written in it (tests: every panel shows data, or says why it does not)."""
+    drawn, panels = [], {}
+    for ax in fig.get_axes():  # a twin axis is part of the panel it shares a position with
+        panels.setdefault(tuple(np.round(ax.get_position().bounds, 6)), []).append(ax)
+    for ax in fig.get_axes():
+        panel = panels[tuple(np.round(ax.get_position().bounds, 6))]
+        points = sum(int(np.sum(np.isfinite(np.asarray(line.get_ydata(), dtype=float))))
+                     for line in ax.get_lines())
+        points += sum(1 for patch in ax.patches if np.isfinite(patch.get_height()))
+        drawn.append({"title": next((a.get_title() for a in panel if a.get_title()), ""),
+                      "label": ax.get_ylabel(), "scale": ax.get_yscale(),
+                      "limits": tuple(ax.get_ylim()), "points": points,
+                      "notes": [t.get_text() for a in panel for t in a.texts]})
+    return drawn
+
+
+def plot_campaign(rows: Sequence[TuningRow], path: str) -> list[dict]:
+    """Impressions std and suppression against k (one line per epsilon); clicks against epsilon
+    (or rho).
+
+    Returns each y axis drawn (:func:`panel_summary`), so tests can hold the axes honest (shares
+    and probabilities over their whole [0, 1] range, linear axes from 0) and check that every
+    panel shows its data: lines that coincide get a note saying so, and a panel with a single
+    candidate says that too.
     """
     import matplotlib
 
@@ -279,13 +337,16 @@ def plot_campaign(rows: Sequence[TuningRow], path: str) -> list[dict]:
     imp = [r for r in rows if r.measure == "impressions"]
     clicks = [r for r in rows if r.measure == "clicks"]
     with_data = any(r.share_suppressed is not None for r in imp)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for epsilon in sorted({r.epsilon for r in imp}):
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    epsilons = sorted({r.epsilon for r in imp})
+    shares = {}
+    for i, epsilon in enumerate(epsilons):
         series = sorted((r for r in imp if r.epsilon == epsilon), key=lambda r: r.k)
         ks = [r.k for r in series]
-        axes[0].plot(ks, [r.std for r in series], marker="o", label=f"epsilon={epsilon:g}")
-        share = [r.share_suppressed if with_data else r.spurious_rate for r in series]
-        axes[1].plot(ks, share, marker="o", label=f"epsilon={epsilon:g}")
+        label = f"epsilon={epsilon:g}"
+        axes[0].plot(ks, [r.std for r in series], label=label, **_style(i, len(epsilons)))
+        shares[label] = [r.share_suppressed if with_data else r.spurious_rate for r in series]
+        axes[1].plot(ks, shares[label], label=label, **_style(i, len(epsilons)))
     # Noise std spans orders of magnitude over k and epsilon: a labelled log axis over the whole
     # range (it cannot start at 0); the shares below use their whole [0, 1] range.
     axes[0].set(xlabel="k (impressions protected)", ylabel="noise std (log scale)",
@@ -299,31 +360,45 @@ def plot_campaign(rows: Sequence[TuningRow], path: str) -> list[dict]:
         axes[1].set_ylabel("P(empty key released) (symlog scale)")
     # a share or a probability: the whole [0, 1] range, so a small difference does not look large
     axes[1].set_ylim(0, 1.02)
+    tolerance = 0.01 if with_data else 1e-6
+    for group in coinciding(shares, tolerance):
+        names = "epsilon=" + ", ".join(label.split("=", 1)[1] for label in group)
+        _note(axes[1], f"{names}: the lines coincide (within {tolerance:g}).\n" + (
+            "Every epsilon suppresses the same keys: their true\nvalues lie far from the "
+            "threshold, on either side." if with_data else
+            "At every epsilon an empty key is as unlikely\nto be released: the threshold is far "
+            "above the noise."))
     for ax in axes[:2]:
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        ax.legend(loc="upper left" if ax is axes[0] else "best", fontsize=8)
     if clicks:
-        x = [r.rho if r.rho is not None else r.epsilon for r in clicks]
-        axes[2].plot(x, [r.std for r in clicks], marker="o", color="C3", label="noise std")
-        axes[2].set(xlabel="rho" if clicks[0].rho is not None else "epsilon", ylabel="noise std",
+        zcdp = clicks[0].rho is not None
+        x = [r.rho if zcdp else r.epsilon for r in clicks]
+        axes[2].plot(x, [r.std for r in clicks], label="noise std", **_style(0, 2))
+        axes[2].set(xlabel="rho" if zcdp else "epsilon", ylabel="noise std",
                     title=f"clicks ({clicks[0].noise}, sensitivity {clicks[0].sensitivity:g})")
         twin = axes[2].twinx()
-        share = [r.share_suppressed if r.share_suppressed is not None else r.spurious_rate for r in clicks]
-        twin.plot(x, share, marker="s", color="C4", label="suppressed" if clicks[0].share_suppressed
-                  is not None else "P(spurious)")
-        twin.set_ylabel("share of keys suppressed" if clicks[0].share_suppressed is not None
-                        else "P(empty key released)")
+        known = clicks[0].share_suppressed is not None
+        share = [r.share_suppressed if known else r.spurious_rate for r in clicks]
+        twin.plot(x, share, label="suppressed" if known else "P(spurious)",
+                  **dict(_style(1, 2), color="C4"))
+        twin.set_ylabel("share of keys suppressed" if known else "P(empty key released)")
         twin.set_ylim(0, 1.02)  # a share or a probability: its whole range
         axes[2].set_ylim(bottom=0)  # noise std from zero: no zoomed-in axis
         axes[2].grid(True, alpha=0.3)
         lines = axes[2].get_legend_handles_labels()
         more = twin.get_legend_handles_labels()
-        axes[2].legend(lines[0] + more[0], lines[1] + more[1])
+        axes[2].legend(lines[0] + more[0], lines[1] + more[1], fontsize=8)
+        if len(set(x)) == 1:
+            _note(axes[2], f"one candidate ({'rho' if zcdp else 'epsilon'}={x[0]:g}):\n"
+                           f"give --{'rho' if zcdp else 'epsilon'} with several values to compare")
+    else:
+        axes[2].set_axis_off()
+        _note(axes[2], "no clicks rows: nothing to compare")
     fig.suptitle(f"Choosing k and epsilon: campaign {rows[0].campaign_id} ({rows[0].keys} keys)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    drawn = [{"label": ax.get_ylabel(), "scale": ax.get_yscale(), "limits": tuple(ax.get_ylim())}
-             for ax in fig.get_axes()]
+    drawn = panel_summary(fig)
     plt.close(fig)
     return drawn
 
@@ -379,7 +454,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--epsilon", required=True, type=lambda t: _numbers(t, float, "epsilon"),
                         help="candidate epsilons, e.g. 0.5,1,2")
     parser.add_argument("--rho", type=lambda t: _numbers(t, float, "rho"),
-                        help="candidate rhos for zCDP clicks (default: the configured rho)")
+                        help="candidate rhos for zCDP clicks (default: the configured rho and "
+                             "1/4, 1/2, 2 and 4 times it)")
     parser.add_argument("--campaign", action="append", help="campaign id (repeatable; default all)")
     parser.add_argument("--spurious-rate", type=float,
                         help="derive each threshold from this P(empty key released) instead of "

@@ -14,11 +14,25 @@
   benchmarks), and a worker pool for ``--environment_type=EXTERNAL``;
 * :mod:`runners.demo_release` — a runner check (noisy counts from a public testing seed; never a
   release: releases go through the jobs on the release layer);
+* :mod:`runners.beam_import` — command-line entries import Beam without its ``apitools`` warning;
 * :mod:`runners.deploy` — deployment that names the jobs: Dataflow Flex Template metadata,
   scheduling examples (Airflow DAG, cron). The rest of ``runners/`` imports no job.
 
 See runners/README.md.
 """
-from runners.profiles import describe_profiles, pipeline_options_for
+import sys
+
+from runners.beam_import import quiet_beam_import
 
 __all__ = ["describe_profiles", "pipeline_options_for"]
+
+if sys.argv[:1] == ["-m"]:  # ``python -m runners.NAME``: the CLI entry (runpy sets "-m" here)
+    quiet_beam_import()
+
+
+def __getattr__(name):
+    # Imported on use: ``python -m runners.profiles`` must not find the module already imported.
+    if name in __all__:
+        from runners import profiles
+        return getattr(profiles, name)
+    raise AttributeError(f"module 'runners' has no attribute {name!r}")

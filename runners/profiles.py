@@ -435,6 +435,11 @@ def describe_profiles() -> str:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        print("usage: python -m runners.profiles [--describe] [--runner RUNNER] [BEAM_OPTION ...]\n\n"
+              "Print the options a run would get from its runner profile (defaults added, checks "
+              "made);\n--describe prints every profile as Markdown. See runners/README.md.")
+        return 0
     if "--describe" in argv:
         print(describe_profiles())
         return 0

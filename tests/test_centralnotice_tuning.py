@@ -117,3 +117,43 @@ def test_plot_axes_are_honest(sample, tmp_path, with_data):
         assert low <= 0, axis
         if "share" in axis["label"] or "P(" in axis["label"]:
             assert high >= 1, axis
+
+
+def _panels_show_their_data(axes):
+    """Every panel shows data (two points or more), or says in it why it does not."""
+    for axis in axes:
+        assert axis["points"] >= 2 or axis["notes"], axis
+
+
+@pytest.mark.parametrize("with_data", [True, False])
+def test_every_panel_of_every_sample_campaign_shows_its_data(sample, tmp_path, with_data):
+    config, impressions, clicks = sample
+    truth = tuning.true_values_by_campaign(config.campaigns, impressions, clicks)
+    for campaign in config.campaigns:  # row-DP, user-DP Laplace and zCDP Gaussian clicks
+        data = dict(true_impressions=truth[campaign.campaign_id][0],
+                    true_clicks=truth[campaign.campaign_id][1]) if with_data else {}
+        rows = tuning.tune_campaign(campaign, [10, 50, 100, 200], [0.25, 0.5, 1, 2], **data)
+        axes = tuning.plot_campaign(rows, str(tmp_path / f"{campaign.campaign_id}.png"))
+        _panels_show_their_data(axes)
+        clicks_axis = next(a for a in axes if a["title"].startswith("clicks"))
+        assert clicks_axis["points"] >= 4, clicks_axis  # zCDP clicks too: candidates around rho
+
+
+def test_lines_that_coincide_and_a_single_candidate_are_said_so(sample, tmp_path):
+    config, impressions, clicks = sample
+    campaign = config.campaigns[0]
+    truth = tuning.true_values_by_campaign(config.campaigns, impressions, clicks)[campaign.campaign_id]
+    rows = tuning.tune_campaign(campaign, [10, 50, 100], [0.5, 1, 2], true_impressions=truth[0],
+                                true_clicks=truth[1])
+    shares = {e: [r.share_suppressed for r in rows if r.measure == "impressions" and r.epsilon == e]
+              for e in (0.5, 1, 2)}
+    assert tuning.coinciding(shares, 0.01) == [[0.5, 1, 2]]  # the sample's first campaign
+    axes = tuning.plot_campaign(rows, str(tmp_path / "same.png"))
+    suppressed = next(a for a in axes if a["title"] == "impressions: suppressed keys")
+    assert any("coincide" in note and "epsilon=0.5, 1, 2" in note for note in suppressed["notes"])
+    one = tuning.tune_campaign(campaign, [10, 50], [1.0], true_impressions=truth[0],
+                               true_clicks=truth[1])
+    axes = tuning.plot_campaign(one, str(tmp_path / "one.png"))
+    _panels_show_their_data(axes)
+    assert any("one candidate" in n for a in axes for n in a["notes"])
+    assert tuning.coinciding({"a": [0.1, 0.2], "b": [0.1, 0.25]}, 0.01) == []

@@ -448,12 +448,9 @@ _CITED_PATH = re.compile(r"(?<![\w/.-])((?:accounting|transforms|pipelines|runne
 _CITED_MODULE = re.compile(r":(?:mod|class|func|meth|data|attr|exc):`~?((?:accounting|transforms|"
                            r"pipelines|runners|benchmarks)(?:\.\w+)+)")
 #: Documents owned by a change in flight that still cite files another change moved (each must
-#: still cite them: drop the entry when it no longer does). The deployment files moved to
-#: runners/deploy/ with the runner seam; the READMEs are being rewritten as guides.
-CITATIONS_PENDING = {
-    "README.md": {"runners/airflow_dag.py", "runners/cron.example"},
-    "runners/README.md": {"runners/airflow_dag.py", "runners/cron.example", "runners/daily_release.sh"},
-}
+#: still cite them: drop the entry when it no longer does). None now: the READMEs cite
+#: runners/deploy/ since the guides were merged with the runner seam.
+CITATIONS_PENDING: dict[str, set] = {}
 
 
 def _module_exists(parts: list[str]) -> int:

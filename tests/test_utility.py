@@ -151,3 +151,31 @@ def test_exact_bernoulli_exp_of_large_and_fractional_exponents():
         hits = bernoulli_exp_rational(streams, np.full(n, num), den, lanes).mean()
         expected = np.exp(-num / den)
         assert abs(hits - expected) < 5 * np.sqrt(expected * (1 - expected) / n) + 1e-9, (num, den)
+
+
+def _show_their_data(panels):
+    """Every panel shows a bar above zero, or says in it why it does not."""
+    assert len(panels) == 3
+    for panel in panels:
+        assert any(v > 0 for v in panel["values"]) or panel["notes"], panel
+
+
+def test_every_utility_panel_shows_its_data_or_says_why(tmp_path):
+    keyset = PublicKeyset.from_keys(["DE", "FR", "JP", "US"], ["country"])
+    report = analyze(_data(), privacy_unit="user", keys=["country"], value="v",
+                     metrics=[Count(threshold=100), Sum(), Mean(), PrivacyUnitCount()],
+                     candidates=CANDIDATES, keyset=keyset)
+    panels = report.plot(str(tmp_path / "thresholds.png"))
+    _show_their_data(panels)
+    assert len(panels[0]["values"]) == len(CANDIDATES)  # rows dropped: one bar per candidate
+    assert "the same for every metric" in panels[2]["notes"][0]
+    # Loose bounds, no threshold: nothing dropped, nothing suppressed -- said, not left empty.
+    loose = [Candidate(name=f"Linf={linf}", budget=PrivacyBudget(epsilon=1.0),
+                       bounds=ContributionBounds(max_partitions=3, max_contributions_per_partition=linf,
+                                                 min_value=0, max_value=10)) for linf in (12, 20)]
+    report = analyze(_data(), privacy_unit="user", keys=["country"], value="v",
+                     metrics=["count", "sum"], candidates=loose, keyset=keyset)
+    panels = report.plot(str(tmp_path / "loose.png"))
+    _show_their_data(panels)
+    assert panels[0]["values"] == [0, 0] and "no row dropped" in panels[0]["notes"][0]
+    assert panels[2]["notes"] == ["no key expected to be suppressed:\nno threshold and a public keyset"]

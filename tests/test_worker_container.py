@@ -21,9 +21,11 @@ from runners import profiles
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 LOCK = (ROOT / "requirements.lock").read_text()
+AIRFLOW_LOCK = (ROOT / "requirements-airflow.lock").read_text()
 MAKEFILE = (ROOT / "Makefile").read_text()
-# extras installed by `make setup` (test, plot) and by the container (gcp, dask)
-LOCKED_EXTRAS = ("gcp", "dask", "test", "plot")
+# extras installed by `make setup` (test, plot), `make test-slow` (dataframes) and by the
+# container (gcp, dask)
+LOCKED_EXTRAS = ("gcp", "dask", "test", "plot", "dataframes")
 
 
 def _setup_call() -> dict:
@@ -33,9 +35,9 @@ def _setup_call() -> dict:
     return {kw.arg: kw.value for kw in call.keywords}
 
 
-def _locked() -> dict[str, Version]:
+def _locked(lock: str = LOCK) -> dict[str, Version]:
     pins = {}
-    for line in LOCK.splitlines():
+    for line in lock.splitlines():
         match = re.fullmatch(r"([A-Za-z0-9._-]+)==([^\s;]+).*", line)
         if match:
             pins[re.sub(r"[-_.]+", "-", match[1].lower())] = Version(match[2])
@@ -70,19 +72,31 @@ def test_container_installs_the_project_with_the_lock():
     assert ".venv" in (ROOT / ".dockerignore").read_text().split()
 
 
-def test_lock_pins_every_requirement_of_setup_py_within_its_bounds():
+@pytest.mark.parametrize("lock_name, lock, locked_extras, more", [
+    ("requirements.lock", LOCK, LOCKED_EXTRAS, []),
+    ("requirements-airflow.lock", AIRFLOW_LOCK, ("airflow",), ["pytest"])])
+def test_lock_pins_every_requirement_of_setup_py_within_its_bounds(lock_name, lock, locked_extras,
+                                                                    more):
     call = _setup_call()
     extras = ast.literal_eval(call["extras_require"])
-    requirements = ast.literal_eval(call["install_requires"])
-    for extra in LOCKED_EXTRAS:
+    requirements = ast.literal_eval(call["install_requires"]) + more
+    for extra in locked_extras:
         requirements += extras[extra]
-    pins = _locked()
+    pins = _locked(lock)
     for text in requirements:
         req = Requirement(text)
         name = re.sub(r"[-_.]+", "-", req.name.lower())
-        assert name in pins, f"{req.name} is not in requirements.lock: run `make lock`"
+        assert name in pins, f"{req.name} is not in {lock_name}: run `make lock`"
         assert req.specifier.contains(pins[name], prereleases=True), \
-            f"{req.name}=={pins[name]} in the lock is outside {req.specifier}: run `make lock`"
+            f"{req.name}=={pins[name]} in {lock_name} is outside {req.specifier}: run `make lock`"
+
+
+def test_test_extra_is_not_all_of_apache_beam_gcp():
+    """`make setup` stays lean: the tests need Beam's GCS IO and Dataflow client, not the 20-odd
+    google-cloud libraries of apache-beam[gcp] (those are the worker container's)."""
+    extras = ast.literal_eval(_setup_call()["extras_require"])
+    assert not any(Requirement(r).extras for r in extras["test"] if r.startswith("apache-beam"))
+    assert "polars" not in {Requirement(r).name for r in extras["test"]}
 
 
 def test_make_setup_installs_with_the_lock():
@@ -90,6 +104,13 @@ def test_make_setup_installs_with_the_lock():
     assert "$(LOCK)" in rule.splitlines()[0]  # a new lock re-installs
     assert "--constraint $(LOCK)" in rule
     assert re.search(r"^lock:", MAKEFILE, re.M) and "uv pip compile setup.py" in MAKEFILE
+
+
+def test_make_test_airflow_installs_with_its_lock():
+    rule = MAKEFILE[MAKEFILE.index("test-airflow:"):]
+    rule = rule[:rule.index("\n\n")]
+    assert "--constraint $(AIRFLOW_LOCK)" in rule and "--quiet" not in rule  # progress shown
+    assert "--output-file $(AIRFLOW_LOCK)" in MAKEFILE
 
 
 def test_remote_profiles_take_the_worker_image(monkeypatch):

@@ -94,9 +94,14 @@ class UtilityReport:
             for row in (self.per_key if per_key else self.summary):
                 writer.writerow({c: row[c] for c in columns})
 
-    def plot(self, path: str) -> None:
-        """Three panels per metric across candidates, each on its full scale from zero: rows
-        dropped (share, [0, 1]), median relative error (from 0), keys suppressed ([0, 1])."""
+    def plot(self, path: str) -> list[dict]:
+        """Three panels across candidates, each on its full scale from zero: rows dropped by
+        bounding (a share, [0, 1]), median relative error per metric (from 0) and keys
+        suppressed ([0, 1]). Every bar is labelled with its value, so a zero shows as "0"; a
+        panel whose values are all zero, or the same for every metric, says so in it.
+
+        Returns each panel drawn (title, its bars' values, the notes written in it).
+        """
         import matplotlib
 
         matplotlib.use("Agg")
@@ -104,28 +109,62 @@ class UtilityReport:
 
         candidates = list(dict.fromkeys(r["candidate"] for r in self.summary))
         metrics = list(dict.fromkeys(r["metric"] for r in self.summary))
-        fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-        width = 0.8 / max(len(metrics), 1)
+        rows = {(r["candidate"], r["metric"]): r for r in self.summary}
         x = np.arange(len(candidates))
-        for j, metric in enumerate(metrics):
-            rows = {r["candidate"]: r for r in self.summary if r["metric"] == metric}
-            for ax, column in zip(axes, ("rows_dropped_by_bounding", "median_relative_error",
-                                         "share_keys_suppressed")):
-                ax.bar(x + j * width, [rows[c][column] for c in candidates], width, label=metric)
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+        notes = {0: [], 1: [], 2: []}
+
+        def bars(ax, column, per_metric):
+            """Grouped bars (one per metric, hatched apart) or one bar per candidate."""
+            shown = metrics if per_metric else metrics[:1]
+            width = 0.8 / len(shown)
+            for j, metric in enumerate(shown):
+                values = [rows[(c, metric)][column] for c in candidates]
+                drawn = ax.bar(x + (j - (len(shown) - 1) / 2) * width, values, width,
+                               label=metric if per_metric else None, color=f"C{j}",
+                               hatch=("", "//", "..", "xx", "\\\\", "oo")[j % 6], edgecolor="0.25")
+                ax.bar_label(drawn, labels=[f"{v:.2g}" for v in values], fontsize=7.5, padding=1)
+
+        def same_for_every_metric(column):
+            return all(len({rows[(c, m)][column] for m in metrics}) == 1 for c in candidates)
+
+        # Rows dropped is a property of the bounds, the same for every metric: one bar each.
+        bars(axes[0], "rows_dropped_by_bounding", per_metric=False)
+        if all(rows[(c, metrics[0])]["rows_dropped_by_bounding"] == 0 for c in candidates):
+            notes[0].append("no row dropped: every privacy unit\nis within each candidate's bounds")
+        bars(axes[1], "median_relative_error", per_metric=True)
+        # Keys are suppressed by a threshold on the key (or private selection): usually the same
+        # for every metric; per metric only when thresholds apply to values.
+        by_metric = not same_for_every_metric("share_keys_suppressed")
+        bars(axes[2], "share_keys_suppressed", per_metric=by_metric)
+        if all(r["share_keys_suppressed"] == 0 for r in self.summary):
+            notes[2].append("no key expected to be suppressed:\nno threshold and a public keyset")
+        elif not by_metric and len(metrics) > 1:
+            notes[2].append("the same for every metric:\nthresholds suppress whole keys")
         titles = ("rows dropped by bounding (share)", "median relative error per key",
                   "keys suppressed (expected share)")
-        for ax, title in zip(axes, titles):
-            ax.set_xticks(x + width * (len(metrics) - 1) / 2, candidates, rotation=20)
+        for i, (ax, title) in enumerate(zip(axes, titles)):
+            ax.set_xticks(x, candidates, rotation=20)
             ax.set_title(title)
             ax.grid(True, axis="y", alpha=0.3)
-        axes[0].set_ylim(0, 1)
-        axes[1].set_ylim(bottom=0)
-        axes[2].set_ylim(0, 1)
-        axes[1].legend()
+            for k, text in enumerate(notes[i]):
+                ax.text(0.5, 0.62 - 0.2 * k, text, transform=ax.transAxes, ha="center",
+                        va="center", fontsize=8.5, bbox={"boxstyle": "round",
+                                                         "facecolor": "lightyellow",
+                                                         "edgecolor": "0.6"})
+        axes[0].set_ylim(0, 1.05)
+        axes[1].set_ylim(0, max([r["median_relative_error"] for r in self.summary] + [0]) * 1.15
+                         or 1)
+        axes[2].set_ylim(0, 1.05)
+        axes[1].legend(fontsize=8)
         fig.suptitle("Utility before release (not DP: for choosing parameters)")
         fig.tight_layout()
         fig.savefig(path, dpi=110)
+        drawn = [{"title": ax.get_title(), "values": [p.get_height() for p in ax.patches],
+                  "notes": [t.get_text() for t in ax.texts if t.get_bbox_patch() is not None]}
+                 for ax in axes]
         plt.close(fig)
+        return drawn
 
 
 def _fmt(value):

@@ -78,7 +78,8 @@ def metadata(module: str) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m runners.flex_template",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", required=True, help="folder for <job>.metadata.json")
     args = parser.parse_args(argv)
     os.makedirs(args.output, exist_ok=True)

@@ -1,0 +1,35 @@
+"""Importing Beam in a command-line entry without its ``apitools not found`` warning.
+
+Used by ``python -m pipelines.NAME`` and ``python -m runners.NAME`` (their packages call it when
+run with ``-m``) and by the Beam benchmarks. It lives in runners/ because runners/ imports no
+job (tests/test_layout.py); ``pipelines`` re-exports it.
+"""
+import importlib.util
+import logging
+import sys
+
+
+class _ApitoolsNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("apitools not found")
+
+
+def quiet_beam_import() -> None:
+    """Import Beam without its ``apitools not found`` WARNING.
+
+    Beam logs it through the root logger when google-apitools is absent: only Beam's BigQuery IO
+    needs apitools, and neither the base install nor the tests install it (the worker container
+    does, through ``apache-beam[gcp]``). Logged through ``logging.warning`` with no handler set,
+    it would also configure the root logger, so that the CLI's ``LOGLEVEL`` had no effect. A
+    temporary handler and filter keep both away; every other message passes.
+    """
+    if "apache_beam" in sys.modules or importlib.util.find_spec("apitools") is not None:
+        return
+    root, handler, notice = logging.getLogger(), logging.NullHandler(), _ApitoolsNotice()
+    root.addHandler(handler)
+    root.addFilter(notice)
+    try:
+        import apache_beam  # noqa: F401
+    finally:
+        root.removeFilter(notice)
+        root.removeHandler(handler)
