@@ -37,7 +37,7 @@ lock:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -e ".[lock]"
 	$(BIN)/uv pip compile setup.py $(LOCK_FLAGS) --extra gcp --extra dask --extra test --extra plot \
-	    --extra dataframes --output-file $(LOCK)
+	    --extra dataframes --extra browser --output-file $(LOCK)
 	echo pytest | $(BIN)/uv pip compile setup.py - $(LOCK_FLAGS) --extra airflow \
 	    --output-file $(AIRFLOW_LOCK)
 

@@ -23,9 +23,9 @@ DOCKERFILE = (ROOT / "Dockerfile").read_text()
 LOCK = (ROOT / "requirements.lock").read_text()
 AIRFLOW_LOCK = (ROOT / "requirements-airflow.lock").read_text()
 MAKEFILE = (ROOT / "Makefile").read_text()
-# extras installed by `make setup` (test, plot), `make test-slow` (dataframes) and by the
-# container (gcp, dask)
-LOCKED_EXTRAS = ("gcp", "dask", "test", "plot", "dataframes")
+# extras installed by `make setup` (test, plot), `make test-slow` (dataframes), `make
+# test-browser` (browser) and by the container (gcp, dask)
+LOCKED_EXTRAS = ("gcp", "dask", "test", "plot", "dataframes", "browser")
 
 
 def _setup_call() -> dict:
