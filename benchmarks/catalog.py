@@ -34,6 +34,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from pipelines import quiet_beam_import  # noqa: E402
+
+quiet_beam_import()  # no `apitools not found` warning as the first line
 
 COUNTRIES = ["DE", "FR", "IT", "ES", "NL", "PL", "SE", "US"]
 PROJECTS = ["de.wikipedia", "en.wikipedia", "commons.wikimedia"]

@@ -171,6 +171,9 @@ def load_config(path: str):
     (``cadences``). Returns ``("centralnotice", config)`` or ``("cadences", [Cadence])``. Read
     by the one configuration reader (:mod:`pipelines.release.textfiles`: it names the file, line
     and column, never the content, and refuses a release key file)."""
+    from pipelines import quiet_beam_import
+
+    quiet_beam_import()  # the release layer imports Beam (pipelines.LAZY_BEAM)
     from pipelines.release import textfiles
 
     try:

@@ -20,13 +20,11 @@
 
 See runners/README.md.
 """
-import sys
-
-from runners.beam_import import quiet_beam_import
+from runners.beam_import import module_run, quiet_beam_import
 
 __all__ = ["describe_profiles", "pipeline_options_for"]
 
-if sys.argv[:1] == ["-m"]:  # ``python -m runners.NAME``: the CLI entry (runpy sets "-m" here)
+if module_run().startswith("runners."):  # ``python -m runners.NAME``: a CLI entry
     quiet_beam_import()
 
 

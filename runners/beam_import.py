@@ -33,3 +33,9 @@ def quiet_beam_import() -> None:
     finally:
         root.removeFilter(notice)
         root.removeHandler(handler)
+
+
+def module_run() -> str:
+    """The module ``python -m`` runs (from ``sys.orig_argv``), or "" when none is run."""
+    argv = list(getattr(sys, "orig_argv", ()))
+    return argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
