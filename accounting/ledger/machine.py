@@ -531,8 +531,9 @@ class _ConsumedCheck:
                 raise R.ConsumedIdsError(
                     f"release {vid!r}: {held} of its {len(ids)} {ids.noun} were already consumed "
                     f"by {C.describe_holders(result.holders)}; each is aggregated at most once "
-                    f"across all batches ({ids.namespace}). Remove them from the input, or let "
-                    "the job remove them (skip_consumed). Nothing was charged.",
+                    f"across all batches ({ids.namespace}). Remove them from the input, or skip "
+                    "them (--skip_consumed: their rows are removed inside the pipeline, "
+                    "counted). Nothing was charged.",
                     namespace=ids.namespace, count=held, holders=result.holders)
             entries[ids.namespace] = self._write(ids.namespace, keep, amounts, ids.noun)
             results[ids.namespace] = result
