@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
+import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -139,7 +140,7 @@ def prepare(consumes: Consumes) -> Prepared:
     once, repeated = _repeats(c.ids)
     if len(repeated) and (not c.skip or not c.across_batches):
         rows = int(pc.sum(pc.is_in(c.ids, value_set=repeated)).as_py() or 0)
-        remedy = (f"; or pass {SKIP_FLAG} to remove every copy (counted)" if c.across_batches
+        remedy = (f", or pass {SKIP_FLAG} to remove every copy (counted)" if c.across_batches
                   else "")
         raise ReleaseRefused(
             f"{c.label}: {len(repeated)} {c.noun} appear more than once in this batch ({rows} "
@@ -202,3 +203,84 @@ def drop_rows(table: pa.Table, ids: pa.Array, removed: pa.Array) -> tuple[pa.Tab
     hit = pc.fill_null(pc.is_in(ids, value_set=removed), False)
     dropped = int(pc.sum(hit).as_py() or 0)
     return (table.filter(pc.invert(hit)) if dropped else table), dropped
+
+
+def read_columns(resolved, columns: Sequence[str]):
+    """Arrow tables of ``columns`` of a preflighted input, every file, read as the pipeline reads
+    them (CSV as text, Parquet by row group): what ``Job.consumes`` scans before the charge. A
+    file that cannot be read is refused naming the file, never its content."""
+    from pipelines.release.inputs import _read_tables
+
+    class _Uncounted:
+        def dropped(self, *args):
+            pass
+
+    wanted = list(columns)
+    for path in resolved.files:
+        present = [c for c in wanted if c in resolved.present[path]]
+        try:
+            for table in _read_tables(path, resolved.formats[path], present,
+                                      resolved.compression[path], _Uncounted()):
+                for column in wanted:
+                    if column not in table.column_names:
+                        table = table.append_column(column, pa.nulls(table.num_rows, pa.null()))
+                yield table
+        except (pa.ArrowException, UnicodeDecodeError, OSError, EOFError) as err:
+            raise ReleaseRefused(f"{resolved.spec.label}: {path} could not be read "
+                                 f"({type(err).__name__}); nothing was charged") from None
+
+
+def canonical_ids(resolved, column: str, *, required: bool = False) -> pa.Array:
+    """The canonical ids (``transforms.privacy_units``) of ``column`` over every row of a
+    preflighted input, rows without an id left out (the pipeline drops and counts those) --
+    unless ``required``: then a row without an id refuses the release (its rows could not be
+    checked against earlier batches)."""
+    from transforms.privacy_units import UnitIdError, canonical_unit_ids
+
+    parts, missing = [], 0
+    for table in read_columns(resolved, [column]):
+        try:
+            ids = canonical_unit_ids(table.column(column), column)
+        except UnitIdError as err:
+            raise ReleaseRefused(f"{resolved.spec.label}: {err}; nothing was charged") from None
+        missing += ids.null_count
+        parts.append(ids.drop_null())
+    if required and missing:
+        raise ReleaseRefused(f"{resolved.spec.label}: {missing} rows have no {column!r}; a "
+                             "release checks every row's id against earlier batches, so each "
+                             "needs one. Nothing was charged")
+    return pa.concat_arrays(parts) if parts else pa.array([], pa.string())
+
+
+class _RemoveRowsFn(beam.DoFn):
+    def __init__(self, column: str, namespace: str, counter: str):
+        from apache_beam.metrics import Metrics
+
+        self._column = column
+        self._removed = Metrics.counter(namespace, counter)
+        self._cache = (None, None)
+
+    def process(self, table: pa.Table, removed):
+        from transforms.privacy_units import canonical_unit_ids
+
+        if self._cache[0] is not removed:
+            self._cache = (removed, pa.array(removed, pa.string()))
+        ids = canonical_unit_ids(table.column(self._column), self._column)
+        kept, dropped = drop_rows(table, ids, self._cache[1])
+        self._removed.inc(dropped)
+        if kept.num_rows:
+            yield kept
+
+
+def remove_consumed(tables, pipeline, release, namespace: str, column: str, *,
+                    counter: tuple[str, str], label: str):
+    """``tables`` (Arrow tables) without the rows whose canonical ``column`` id the release must
+    remove in ``namespace`` (``release.consumed``); the rows removed are counted in
+    ``counter`` = (namespace, name), for the operator. Unchanged when nothing is removed."""
+    consumed = release.consumed.get(namespace)
+    if consumed is None or not consumed.removes:
+        return tables
+    removed = (pipeline | release.label(f"ConsumedIds[{label}]")
+               >> beam.Create([consumed.removed.to_pylist()]))
+    return tables | release.label(f"RemoveConsumed[{label}]") >> beam.ParDo(
+        _RemoveRowsFn(column, *counter), beam.pvalue.AsSingleton(removed))
