@@ -32,13 +32,15 @@ A client id repeated within a collection -- a replayed report batch, a file give
 refused before the charge (a client that randomized twice would count twice at epsilon each);
 with ``--skip_consumed`` every report of such a client is removed in the pipeline (keeping one
 would choose between its reports by content or arrival), counted as
-``ldp.reports_removed_already_consumed``. The ledger records each collection's client ids
-(keyed hashes; ``pipelines/release/consumption.py``), so a new version of a collection
-(``--new_release``) cannot count a client the published version counted: such reports are
-refused, or removed with ``--skip_consumed``. Different collections (e.g. one per day) are
-different scopes: a client reports once in each. ``shuffle_sum`` has no client ids (the
-shuffler hides who sent a share): it refuses any share count other than ``--num_clients`` times
-the messages per client, so a replayed batch cannot be summed.
+``ldp.reports_removed_already_consumed`` (``pipelines/release/consumption.py``). A collection is
+released once: its ledger scope is budgeted at the clients' epsilon, so no second version and no
+second job can release it again, and nothing needs recording across collections. Different
+collections (e.g. one per day) are different scopes: a client reports once in each; a report
+replayed into another collection is post-processing of what that client sent once (it adds no
+loss), though it biases that collection's estimate -- keep report batches apart per collection.
+``shuffle_sum`` has no client ids (the shuffler hides who sent a share): it refuses any share
+count other than ``--num_clients`` times the messages per client, so a replayed batch cannot be
+summed.
 """
 from __future__ import annotations
 
@@ -84,7 +86,8 @@ def client_consumes(job: str, request, inputs, input_name: str = "reports") -> l
     ids = canonical_ids(inputs[input_name], request.id_column,
                         required=not request.options.testing)
     return [Consumes(namespace=client_namespace(job, request.collection_id), ids=ids,
-                     noun="clients", label="--input", skip=request.skip_consumed)]
+                     noun="clients", label="--input", skip=request.skip_consumed,
+                     across_batches=False)]
 
 
 def remove_replayed(tables, pipeline, release, job: str, request):

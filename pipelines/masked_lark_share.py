@@ -174,7 +174,8 @@ class ShareJob(Job):
         across batches)."""
         return [Consumes(namespace=f"{NAME}/record", ids=canonical_ids(inputs["records"],
                                                                          "record_id"),
-                         noun="record ids", label="--input", across_batches=False)]
+                         noun="record ids", label="--input", skip=None,
+                         across_batches=False)]
 
     def plan(self, request):
         params = self._params(request)

@@ -53,9 +53,10 @@ class Consumes:
     messages call them ("report ids"); ``label``: the input they come from ("--input").
     At most once (default): ``ids`` may repeat (rule 1). Budgeted: ``limit`` per id over all
     batches and ``amounts`` (one per row of ``ids``, summed per id). ``skip``: the job's
-    ``--skip_consumed``. ``across_batches=False``: checked within the batch only, never
-    recorded (e.g. Masked LARk record ids: each record shared once per batch); repeats are then
-    always refused.
+    ``--skip_consumed`` (None: the job offers no such flag; repeats are always refused).
+    ``across_batches=False``: checked within the batch only, never recorded (Masked LARk record
+    ids: each record shared once per batch; an LDP collection's clients: a collection is
+    released once, its scope budgeted at the clients' epsilon).
     """
 
     namespace: str
@@ -64,7 +65,7 @@ class Consumes:
     label: str
     limit: Optional[int] = None
     amounts: Optional[np.ndarray] = field(default=None, repr=False)
-    skip: bool = False
+    skip: Optional[bool] = False
     across_batches: bool = True
 
     def __post_init__(self):
@@ -135,19 +136,19 @@ def prepare(consumes: Consumes) -> Prepared:
         summed = table.group_by("id").aggregate([("amount", "sum")])
         ledger = ConsumedIds(namespace=c.namespace, ids=summed.column("id"), limit=c.limit,
                              amounts=summed.column("amount_sum").to_numpy(), noun=c.noun,
-                             skip=c.skip)
+                             skip=bool(c.skip))
         return Prepared(consumes=c, ledger_ids=ledger, repeated=pa.array([], pa.string()))
     once, repeated = _repeats(c.ids)
-    if len(repeated) and (not c.skip or not c.across_batches):
+    if len(repeated) and not c.skip:
         rows = int(pc.sum(pc.is_in(c.ids, value_set=repeated)).as_py() or 0)
-        remedy = (f", or pass {SKIP_FLAG} to remove every copy (counted)" if c.across_batches
-                  else "")
+        remedy = f", or pass {SKIP_FLAG} to remove every copy (counted)" if c.skip is not None \
+            else ""
         raise ReleaseRefused(
             f"{c.label}: {len(repeated)} {c.noun} appear more than once in this batch ({rows} "
             f"rows); each is aggregated at most once: remove the copies{remedy}. Nothing was "
             "charged")
     ids = once if len(repeated) else c.ids
-    ledger = ConsumedIds(namespace=c.namespace, ids=ids, noun=c.noun, skip=c.skip) \
+    ledger = ConsumedIds(namespace=c.namespace, ids=ids, noun=c.noun, skip=bool(c.skip)) \
         if c.across_batches else None
     return Prepared(consumes=c, ledger_ids=ledger, repeated=repeated)
 
