@@ -248,6 +248,7 @@ class BudgetLedger:
             return outcomes, self._dump(state)
 
         try:
+            ids_check.prehash(requests)
             outcomes = self._store.transact(update)
         except BaseException:
             for _, ref in pending.values():
@@ -461,6 +462,20 @@ class _ConsumedCheck:
                     "release can be checked against earlier batches: refusing") from None
         return self.keys[fingerprint], fingerprint
 
+    def prehash(self, requests) -> None:
+        """Hash the requests' ids before the transaction when the ledger has its key already
+        (the usual case): the transaction -- a lock held, or a GCS read-write race -- then only
+        checks and records."""
+        if not any(r.consumes for r in requests):
+            return
+        data = self.ledger._store.read()
+        state = self.ledger._parse(data) if data is not None else {}
+        if state.get("consumed_key") is None:
+            return
+        for request in requests:
+            for ids in request.consumes:
+                self._hashes(state, request, ids)
+
     def _hashes(self, state: dict, request, ids: C.ConsumedIds) -> np.ndarray:
         secret, fingerprint = self._secret(state)
         slot = (fingerprint, request.release_id, ids.namespace)
@@ -498,15 +513,15 @@ class _ConsumedCheck:
         if amounts is not None:
             entry["amount"] = int(np.sum(amounts))
         if hashes.shape[0]:
-            data = C.encode(namespace, hashes, amounts)
+            # ``hashes`` come sorted from the check (consumed.Check.result)
+            data = C.encode(namespace, hashes, amounts, presorted=True)
             name, sha = C.file_name(data)
             if name not in self.written:
                 self.ledger._files.write(name, data)
                 self.written.add(name)
-            order = C.sort_order(hashes)
             self.records[sha] = C.Record(
-                hi=hashes[order, 0].copy(), lo=hashes[order, 1].copy(),
-                amount=None if amounts is None else np.asarray(amounts, np.int64)[order])
+                hi=hashes[:, 0].copy(), lo=hashes[:, 1].copy(),
+                amount=None if amounts is None else np.asarray(amounts, np.int64))
             entry.update(file=name, sha256=sha)
         return entry
 
