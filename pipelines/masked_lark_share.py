@@ -51,11 +51,10 @@ import pyarrow.compute as pc
 from accounting.budget import PrivacyBudget
 from accounting.ledger import Scope
 from accounting.measures import Measure
-from pipelines.masked_lark_config import load_params, params_to_json
+from pipelines.masked_lark_config import load_params, params_to_json, record_ids_once
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
                                ReleaseRefused, cli)
 from pipelines.release import run as run_release
-from pipelines.release.consumption import Consumes, canonical_ids
 from pipelines.release.names import check_segment
 from transforms.lark.beam import NAMESPACE, ShareRecords
 from transforms.lark.local_dp import LocalFeatureNoise
@@ -170,12 +169,7 @@ class ShareJob(Job):
                           columns=columns, optional=optional, flag="--input")]
 
     def consumes(self, request, planned, inputs):
-        """Record ids: each record shared once per batch (duplicates refused; not recorded
-        across batches)."""
-        return [Consumes(namespace=f"{NAME}/record", ids=canonical_ids(inputs["records"],
-                                                                         "record_id"),
-                         noun="record ids", label="--input", skip=None,
-                         across_batches=False)]
+        return record_ids_once(NAME, inputs)
 
     def plan(self, request):
         params = self._params(request)

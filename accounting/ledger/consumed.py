@@ -251,18 +251,14 @@ def matches(record: Record, hashes: np.ndarray) -> np.ndarray:
     return out
 
 
-@dataclass
 class Check:
-    """Accumulates one namespace's check of a release against the other releases' records.
-    Works on the release's hashes sorted by (hi, lo) (``order``: the sorting permutation)."""
+    """Accumulates one namespace's check of a release against the other releases' records:
+    which of its ids they hold (at most once), what they spent of each id's budget (budgeted),
+    and how many each holder holds. Works on the release's hashes sorted by (hi, lo)
+    (``order``: the sorting permutation)."""
 
-    ids: ConsumedIds
-    hashes: np.ndarray
-    held: np.ndarray = None
-    spent: np.ndarray = None
-    holders: dict = None
-
-    def __post_init__(self):
+    def __init__(self, *, ids: ConsumedIds, hashes: np.ndarray):
+        self.ids, self.hashes = ids, hashes
         n = self.hashes.shape[0]
         self.order = sort_order(self.hashes)
         self.sorted = self.hashes[self.order]
