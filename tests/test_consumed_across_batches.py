@@ -15,7 +15,6 @@ import shutil
 
 import numpy as np
 import pyarrow.parquet as pq
-import pytest
 
 from pipelines import (event_level_reports, label_dp, ldp_frequencies, ldp_heavy_hitters,
                        masked_lark_share, masked_lark_train, shuffle_sum, summary_reports)
