@@ -10,7 +10,8 @@ Inputs (``--input_format``, default from the file names):
                  row); algorithm A encodes them with the configuration (clip thresholds,
                  budgets). ``report_id`` is the id of the aggregatable report the browser sends
                  for the conversion (its ``shared_info``'s); required in real releases (a row
-                 without one is dropped and counted), optional in testing runs.
+                 without one is dropped and counted; a batch without any is refused before the
+                 charge), optional in testing runs.
   reports        JSON lines of cleartext aggregatable reports with their ``report_id`` (see
                  transforms/ara/reports.py).
 
@@ -281,13 +282,15 @@ class _Consumed:
     def __init__(self, config: Optional[ContributionConfig], require_report_id: bool):
         self.config, self.require = config, require_report_id
         self.report_ids, self.sources, self.totals = [], [], []
+        self.without_id = 0
 
     def add_report(self, obj) -> None:
         from transforms.ara.reports import ReportFault, report_from_json
 
         try:
             report = report_from_json(obj, require_report_id=self.require)
-        except ReportFault:
+        except ReportFault as fault:
+            self.without_id += fault.reason == "missing_report_id"
             return
         if report.report_id is not None:
             self.report_ids.append(report.report_id)
@@ -302,6 +305,7 @@ class _Consumed:
             rows = conversion_rows(numeric, cfg, self.require)
         except ValueError as err:
             raise ReleaseRefused(f"{label}: {path}: {err}; nothing was charged")
+        self.without_id += rows.missing_report_id
         if rows.report_ids is not None:
             self.report_ids.extend(i for i in rows.report_ids if i is not None)
         self.sources.extend(rows.sources)
@@ -439,6 +443,13 @@ class SummaryReportsJob(Job):
     def consumes(self, request, planned, inputs):
         """Report ids (at most once) and the sources' budgets (see the module docstring)."""
         consumed = self._scan(request, inputs)[1]
+        if consumed.without_id and not consumed.report_ids:
+            # not one report could be checked against earlier batches: refuse before the charge
+            # (a few reports without an id are dropped and counted instead)
+            raise ReleaseRefused(f"--input: none of its reports has a report_id "
+                                 f"({consumed.without_id} without); a release aggregates each "
+                                 "report id at most once across batches, so it needs them. "
+                                 "Nothing was charged")
         return [Consumes(namespace=REPORT_IDS, ids=consumed.report_ids, noun="report ids",
                          label="--input", skip=request.skip_consumed),
                 Consumes(namespace=SOURCE_BUDGET, ids=consumed.sources, noun="sources",

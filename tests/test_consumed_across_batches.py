@@ -201,6 +201,13 @@ def test_report_ids_within_one_batch_and_missing_ids(tmp_path, capsys):
             "--epsilon", "4", "--batch_id", "R", "--skip_consumed", *_release(tmp_path)]
     assert summary_reports.main(real) == 0
     assert _counters(tmp_path, "summary_reports/R")["ara.reports_dropped_missing_report_id"] == 1
+    # reports without any report id (an older format) are refused before the charge
+    bare = _reports(tmp_path / "bare.jsonl", [json.dumps(
+        {"source_id": "s5", "contributions": [{"bucket": "0x10", "value": 1}]})])
+    bare_argv = ["--input", bare, "--input_format", "reports", "--output_domain", str(domain),
+                 "--epsilon", "4", "--batch_id", "Q", *_release(tmp_path)]
+    _refused(summary_reports.main, bare_argv, tmp_path, capsys,
+             "none of its reports has a report_id (1 without)")
 
 
 # --------------------------------------------------------------------------- event-level reports
