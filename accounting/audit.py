@@ -869,4 +869,150 @@ def _first_difference(x, y, path="") -> str:
 __all__ = ["AuditFailure", "AuditResult", "AuditSpec", "Bound", "Change", "Dataset", "Neighbour",
            "Order", "Release", "ReportRule", "Table", "TableRule", "Units", "Violation",
            "ADD_REMOVE_CHANGES", "SUBSTITUTE_CHANGES", "assert_audit", "audit", "build_neighbours",
-           "compare", "default_id_variants", "repeated_noise", "synthetic_dataset"]
+           "compare", "default_id_variants", "repeated_noise", "synthetic_dataset",
+           "BatchSequence", "Refused", "SequencePair", "audit_sequences", "sequence_pairs"]
+
+
+# --------------------------------------------------------------------------------------------
+# Two-batch sequences (issue 30): what a second batch may add
+# --------------------------------------------------------------------------------------------
+#
+# A unit's reports released in one batch must not be released again in a later one. A sequence
+# audit runs two batches one after the other against one ledger (``job(first, second)``), in a
+# world without a unit u and in a world where u's rows are in batch 1 and come back in batch 2
+# (replayed, or re-sent with the whole of batch 1), with the *same keys* in both worlds. Batch 1
+# may differ by what the job states for one unit; batch 2 must add nothing: it is refused before
+# the charge (nothing reserved, no key or record left behind), or it is identical, noisy values
+# included, to the world without u (the replayed rows were removed). SPLIT puts new rows of one
+# unit in both batches: what the unit moves, summed over both batches, must stay within the
+# bound stated for one batch (e.g. a source's 65,536 L1 over all its batches).
+
+class BatchSequence(str, enum.Enum):
+    REPLAY = "batch 2 replays one unit's rows of batch 1"
+    OVERLAP = "batch 2 re-sends all of batch 1 with its own rows"
+    SPLIT = "one new unit with rows in both batches (other rows in batch 2)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Refused:
+    """A batch the job refused before the charge; ``left_behind``: anything it reserved or
+    stored anyway (ledger records, keys, consumed-id records, published files): must be empty."""
+
+    reason: str
+    left_behind: tuple = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SequencePair:
+    kind: BatchSequence
+    without: tuple    # (first, second) without the unit
+    with_unit: tuple  # (first, second) with it
+
+
+def sequence_pairs(first: Dataset, second: Dataset, units: Units,
+                   kinds: Sequence = tuple(BatchSequence),
+                   split_rows: Optional[Callable[[Any, int], list]] = None) -> list[SequencePair]:
+    """The two-batch neighbours of (``first``, ``second``): REPLAY and OVERLAP about the unit of
+    ``first`` with the most rows; SPLIT about a new unit whose rows ``split_rows(unit_id, batch)``
+    gives (default: ``units.new_rows`` in the busiest keys)."""
+    rows_of, _, units_in = _unit_stats(first, units)
+    heaviest = max(sorted(rows_of), key=lambda u: rows_of[u]) if rows_of else None
+    busiest = sorted(units_in, key=lambda k: (-len(units_in[k]), _order_key(k)))
+    out = []
+    for kind in kinds:
+        kind = BatchSequence(kind)
+        if kind in (BatchSequence.REPLAY, BatchSequence.OVERLAP) and heaviest is not None:
+            mine = [r for r in first.rows() if _id_text(r.get(units.column)) == heaviest]
+            minus = Dataset(batches=_without_unit(first, units, heaviest),
+                            name=f"{first.name}-u", extra=first.extra)
+            if kind is BatchSequence.REPLAY:
+                again = Dataset(batches=[*second.batches, mine], name=f"{second.name}+u",
+                                extra=second.extra)
+                out.append(SequencePair(kind=kind, without=(minus, second),
+                                        with_unit=(first, again)))
+            else:
+                out.append(SequencePair(
+                    kind=kind, without=(minus, Dataset(batches=[*minus.batches, *second.batches],
+                                                       name="b1-u+b2", extra=second.extra)),
+                    with_unit=(first, Dataset(batches=[*first.batches, *second.batches],
+                                              name="b1+b2", extra=second.extra))))
+        elif kind is BatchSequence.SPLIT and busiest:
+            unit = _new_unit_id(Dataset(batches=[*first.batches, *second.batches]), units)
+            make = split_rows or (lambda u, i: units.new_rows(u, busiest[:units.heavy_keys],
+                                                              units.heavy_rows))
+            out.append(SequencePair(
+                kind=kind, without=(first, second),
+                with_unit=(Dataset(batches=[*first.batches, make(unit, 0)], name="b1+u",
+                                   extra=first.extra),
+                           Dataset(batches=[*second.batches, make(unit, 1)], name="b2+u",
+                                   extra=second.extra))))
+    return out
+
+
+def audit_sequences(job: Callable[[Dataset, Dataset], tuple], spec: AuditSpec,
+                    pairs: Sequence[SequencePair]) -> AuditResult:
+    """Run ``job(first, second) -> (release of batch 1 or None, release of batch 2 or Refused)``
+    on every pair's two worlds and check them (see the section comment). ``spec``: the job's
+    table and report rules (bounds: what one unit may move in one batch)."""
+    violations, runs = [], 0
+    for pair in pairs:
+        a1, a2 = job(*pair.without)
+        b1, b2 = job(*pair.with_unit)
+        runs += 4
+        if isinstance(a1, Refused):
+            raise RuntimeError(f"{pair.kind.name}: batch 1 without the unit was refused "
+                               f"({a1.reason}): nothing to audit")
+
+        def add(check, detail):
+            violations.append(Violation(dataset="two batches", change=pair.kind, mode="sequence",
+                                        check=check, detail=detail))
+
+        for batch, run in ((1, b1), (2, b2)):
+            if isinstance(run, Refused) and run.left_behind:
+                add("refusal left state", f"batch {batch}: {', '.join(run.left_behind)[:300]}")
+        if isinstance(b1, Refused):
+            add("outcome", f"batch 1 refused with the unit: {b1.reason}")
+            continue
+        totals: dict = {}
+        if a1 is not None and b1 is not None:
+            for check, detail in compare(spec, a1, b1, exact=True):
+                add(check, f"batch 1: {detail}")
+            _add_l1(spec, a1, b1, totals)
+        if isinstance(b2, Refused):
+            continue                       # refused before the charge: batch 2 added nothing
+        if isinstance(a2, Refused):        # e.g. an overlapping batch refused in both worlds
+            add("outcome", f"batch 2 released with the unit, refused without it ({a2.reason})")
+            continue
+        if pair.kind is BatchSequence.SPLIT:
+            for check, detail in compare(spec, a2, b2, exact=True):
+                add(check, f"batch 2: {detail}")
+            _add_l1(spec, a2, b2, totals)
+        else:
+            for check, detail in compare(spec, a2, b2, exact=True, unchanged=True):
+                add("replayed rows changed batch 2" if check == "unchanged" else check,
+                    f"batch 2: {detail}")
+            _add_l1(spec, a2, b2, totals)
+        for (name, column), (total, bound) in sorted(totals.items()):
+            if total > bound.total + 1e-9 * max(1.0, bound.total):
+                add("sequence l1", f"{name}.{column}: the unit moved it by {total:g} over both "
+                                   f"batches, more than the {bound.total:g} stated for one")
+    return AuditResult(violations=tuple(violations), runs=runs,
+                       pairs=tuple(("two batches", p.kind) for p in pairs))
+
+
+def _add_l1(spec: AuditSpec, a: Release, b: Release, totals: dict) -> None:
+    """Accumulate, per bounded column, the L1 difference of the keys both releases hold."""
+    for name in sorted(set(a.tables) & set(b.tables)):
+        rule = spec.table_rule(name)
+        if rule is None:
+            continue
+        base = name.rsplit("/", 1)[-1]
+        ta, tb = a.tables[name], b.tables[name]
+        for column, bound in rule.bounds.items():
+            i, j = ta.index(column), tb.index(column)
+            ka = {tuple(r[ta.index(k)] for k in rule.keys): r[i] for r in ta.rows}
+            kb = {tuple(r[tb.index(k)] for k in rule.keys): r[j] for r in tb.rows}
+            moved = sum(abs(float(kb[k]) - float(ka[k])) for k in set(ka) & set(kb)
+                        if ka[k] is not None and kb[k] is not None)
+            total, _ = totals.get((base, column), (0.0, bound))
+            totals[(base, column)] = (total + moved, bound)

@@ -30,6 +30,7 @@ from typing import Mapping, Optional, Sequence
 from accounting.keys import ReleaseKey
 from accounting.ledger import (BudgetLedger, LedgerError, ReleaseRequest, input_digest,
                                keyed_binding)
+from pipelines.release import consumption as release_consumption
 from pipelines.release import counters as row_counters
 from pipelines.release import inputs as release_inputs
 from pipelines.release import outputs as release_outputs
@@ -147,10 +148,13 @@ def run(job: Job, request) -> RunResult:
 
     # ----------------------------------------------------------------- reserve
     ledger, reservations = None, {}
+    consumed = release_consumption.preflight(job, request, planned, resolved)
     if options.testing:
         contexts = [ReleaseContext(planned=p, keys=_testing_keys(options.testing_seed, p.key_names,
                                                                   options.exact_testing),
-                                   versioned_id=p.release_id, testing=True) for p in planned]
+                                   versioned_id=p.release_id, testing=True,
+                                   consumed=release_consumption.views(consumed[p.release_id]))
+                    for p in planned]
         versions = {p.release_id: 1 for p in planned}
     else:
         accountants = {p.accountant for p in planned}
@@ -165,6 +169,7 @@ def run(job: Job, request) -> RunResult:
                 release_id=p.release_id, measures=p.measures, input_digest=_digest(job, p, resolved),
                 scopes=p.scopes, key_names=p.key_names, content_key=job.content_key(
                     request, p, {n: resolved[n] for n in (p.inputs or sorted(resolved))}),
+                consumes=release_consumption.for_ledger(consumed[p.release_id]),
                 metadata={"job": job.name}) for p in planned]
             reserved = ledger.reserve(requests, new_release=options.new_release)
             publish.bind(output, ledger)
@@ -175,7 +180,9 @@ def run(job: Job, request) -> RunResult:
             raise ReleaseFailed("the ledger issued a testing key for a release")  # never: defence in depth
         contexts = [ReleaseContext(planned=p, keys=reservations[p.release_id].keys,
                                    versioned_id=reservations[p.release_id].versioned_id,
-                                   testing=False) for p in planned]
+                                   testing=False, consumed=release_consumption.views(
+                                       consumed[p.release_id], reservations[p.release_id]))
+                    for p in planned]
         versions = {rid: r.version for rid, r in reservations.items()}
 
     # ----------------------------------------------------------------- compute to staging
