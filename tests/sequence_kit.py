@@ -5,7 +5,9 @@ ledger and key store in a fresh folder): batch 1, then batch 2 (or, ``single_rel
 release over both report batches: a local-DP collection, which is released once). The keys the
 ledger draws come from a seeded sequence (:func:`seeded_keys`), so the two worlds of a pair --
 with and without a unit -- get the same keys, and a batch that removed the unit's replayed rows
-must release exactly the bytes of the world that never had them. A refused batch is returned as
+must release exactly the bytes of the world that never had them. Each world runs in an
+``accounting.keys.audit_world``: the same seeded keys drive both worlds, as they would in two
+processes, while within a world every key is claimed once as in production. A refused batch is returned as
 ``accounting.audit.Refused`` with everything it left behind: the ledger document, key store,
 consumed-id records and published files are snapshotted before and compared after.
 """
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import itertools
 import os
 import shutil
@@ -36,15 +37,15 @@ def marker_rule(noisy: tuple = ()) -> dict:
 @contextlib.contextmanager
 def seeded_keys(seed: int):
     """``ReleaseKey.generate`` draws from a public, seeded sequence for the duration (tests
-    only: both worlds of a pair get the same keys; the keys are otherwise real release keys)."""
+    only: both worlds of a pair get the same keys; the keys are otherwise real release keys,
+    ``ReleaseKey.from_public_seed``)."""
     from accounting.keys import ReleaseKey
 
     counter = itertools.count()
     original = ReleaseKey.__dict__["generate"]
 
     def generate(cls):
-        digest = hashlib.sha256(f"audit-sequence/{seed}/{next(counter)}".encode()).digest()
-        return cls(digest)
+        return cls.from_public_seed(f"audit-sequence/{seed}/{next(counter)}")
 
     ReleaseKey.generate = classmethod(generate)
     try:
@@ -83,6 +84,7 @@ class SequenceJob:
     adapt: Optional[Callable] = None     # (table name, Table) -> Table, as audit_kit.AdaptedJob
 
     def __call__(self, first: Dataset, second: Dataset):
+        from accounting.keys import audit_world
         from pipelines.release import ReleaseOptions
 
         folder = tempfile.mkdtemp(prefix="audit-sequence-")
@@ -91,7 +93,7 @@ class SequenceJob:
                                  ledger=os.path.join(private, "ledger.json"),
                                  key_store=os.path.join(private, "keys"))
         try:
-            with seeded_keys(self.seed):
+            with seeded_keys(self.seed), audit_world():
                 if self.single_release:
                     files = {}
                     for i, batch in enumerate((first, second)):
