@@ -117,9 +117,18 @@ MUTANTS = (
         snippet="below = ~(np.asarray(values, dtype=float) > column.threshold)",
         replacement="below = ~(np.asarray(column.values({m.name: m.exact(table) for m in "
                     "self._s.measures}), dtype=float) > column.threshold)",
-        tests=("tests/test_dp_tester_aggregate.py",
-               f"{AUDIT}[dp_aggregate/keyset]", f"{AUDIT}[dp_aggregate/selection]",
-               f"{AUDIT}[centralnotice]", "tests/test_audits.py"),
+        tests=("tests/test_dp_tester_aggregate.py::"
+               "test_a_threshold_on_the_exact_value_is_caught_by_the_released_indicator",
+               f"{AUDIT}[dp_aggregate/keyset/thresholds]", f"{AUDIT}[centralnotice/thresholds]"),
+    ),
+    Mutant(
+        name="exact-value-selection",
+        leak="private key selection compares the exact unit count with its threshold: whether "
+             "a key is released is a deterministic function of the data",
+        file="transforms/selection.py",
+        snippet="noisy = add_noise(self.noise, units, streams)",
+        replacement="noisy = units",
+        tests=(f"{AUDIT}[dp_aggregate/selection/thresholds]",),
     ),
     Mutant(
         name="lark-k-anonymity-dropped",

@@ -116,6 +116,8 @@ def run_pytest(copy: str, tests: tuple, *, module: Optional[str], timeout: float
                markers: str = "not runners") -> tuple[int, dict, str]:
     """pytest on ``tests`` in ``copy``: (exit code, first failure record or {}, output tail)."""
     report = os.path.join(copy, ".mutation-report.json")
+    if os.path.exists(report):
+        os.remove(report)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([copy, HERE]), PYTHONDONTWRITEBYTECODE="1",
                MUTATION_REPORT=report, MUTATION_ROOT=copy)
     if module:
