@@ -160,8 +160,9 @@ class AggregateJob:
         columns = self.released_columns()
         private = self.selection is not None or any(m.threshold is not None for m in self.metrics)
         # value mode: a value not above its threshold is null (and its error columns with it)
+        value_mode = self.options.get("threshold_mode") == "value"
         thresholded = tuple(c for m in self.metrics if m.threshold is not None
-                            for c in m.output_columns) if self.options.get("threshold_mode") == "value" else ()
+                            for c in m.output_columns) if value_mode else ()
         return TableRule(keys=self.keys, noisy=columns, bounds=bounds, public_keys=self.public_keys,
                          keys_private=private, tolerance=1e-6, thresholded=thresholded,
                          indicator_claim=Claim.of(transform.guarantee()) if private else None)

@@ -537,9 +537,11 @@ def _aggregate_audits() -> list[JobAudit]:
     # indicators (a threshold on the exact value is released on every seed on one side only)
     thresholds = Job(value="v", metrics=[Count(threshold=0.5), Sum()], bounds=bounds,
                      budget=PrivacyBudget(epsilon=0.5), public_keys=keys)
-    at_threshold = Job(metrics=[Count()], bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
+    at_threshold = Job(metrics=[Count()],
+                       bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
                        budget=PrivacyBudget(epsilon=0.5, delta=1e-2),
-                       selection=PrivateSelection(strategy=SelectionStrategy.LAPLACE_THRESHOLDING, weight=3.0))
+                       selection=PrivateSelection(strategy=SelectionStrategy.LAPLACE_THRESHOLDING,
+                                                  weight=3.0))
     boundary = int(at_threshold.declared().selector.threshold)   # kept iff units + noise > boundary
     selection_units = Units(column="user", keys=("k",), fresh_keys=["z1"], heavy_keys=0, heavy_rows=1)
 

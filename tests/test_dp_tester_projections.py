@@ -233,7 +233,8 @@ def test_indicator_runs_needed_is_the_least_that_separates():
         assert not indicator_test(ones, zeros, epsilon=epsilon, delta=delta).passed
         assert indicator_test(ones[1:], zeros[1:], epsilon=epsilon, delta=delta).passed
     # roughly e^epsilon * ln(4 m / (1 - confidence)): the cost of a large epsilon
-    assert indicator_runs_needed(epsilon=4.0, indicators=10) > 20 * indicator_runs_needed(epsilon=0.5, indicators=10)
+    large, small = (indicator_runs_needed(epsilon=e, indicators=10) for e in (4.0, 0.5))
+    assert large > 20 * small
     with pytest.raises(ValueError):
         indicator_runs_needed(epsilon=1.0, delta=1.0, indicators=1)
 

@@ -131,7 +131,8 @@ def run_pytest(copy: str, tests: tuple, *, module: Optional[str], timeout: float
         code, output = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as error:
         out = error.stdout or b""
-        return -1, {}, (out.decode() if isinstance(out, bytes) else out)[-2000:] + f"\ntimed out after {timeout:.0f} s"
+        out = out.decode() if isinstance(out, bytes) else out
+        return -1, {}, out[-2000:] + f"\ntimed out after {timeout:.0f} s"
     record = {}
     if os.path.exists(report):
         with open(report) as handle:
@@ -267,8 +268,8 @@ def main(argv=None) -> int:
               + ", ".join(name for name, *_ in PLANNED))
     counts = {s: sum(o.status == s for o in ordered) for s in ("caught", "SURVIVED", "CRASHED",
                                                                "NO LONGER APPLIES", "BAD SPEC")}
-    print(f"\nmutation suite: {len(ordered)} mutants: " + ", ".join(f"{v} {k.lower()}" for k, v in counts.items() if v)
-          + f"; {time.monotonic() - start:.0f} s in all")
+    tally = ", ".join(f"{v} {k.lower()}" for k, v in counts.items() if v)
+    print(f"\nmutation suite: {len(ordered)} mutants: {tally}; {time.monotonic() - start:.0f} s in all")
     return 0 if ok else 1
 
 

@@ -73,3 +73,11 @@ def test_the_runner_counts_assertions_only(tmp_path):
     code, _, output = run.run_pytest(str(tmp_path), ("tests/test_x.py::test_ok",), module="json",
                                      timeout=120)
     assert code != 0 and "not from the scratch copy" in output
+
+
+def test_the_documented_list_command(capsys):
+    assert run.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert all(m.name in out for m in MUTANTS) and all(f"{p[0]} (planned)" in out for p in PLANNED)
+    with pytest.raises(SystemExit):
+        run.main(["--only", "no-such-mutant"])
