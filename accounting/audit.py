@@ -65,6 +65,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from accounting.composition import EpsDelta
+
 Row = Mapping[str, Any]
 Key = tuple
 
@@ -167,24 +169,6 @@ class Order(str, enum.Enum):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Claim:
-    """The (epsilon, delta) that covers a table's released/suppressed indicators (each is
-    post-processing of the table, so the release's own guarantee is a valid claim)."""
-
-    epsilon: float
-    delta: float = 0.0
-
-    @classmethod
-    def of(cls, guarantee) -> "Claim":
-        """From anything with ``epsilon`` and ``delta`` (an EpsDelta, a PrivacyBudget) or an
-        (epsilon, delta) pair."""
-        if hasattr(guarantee, "epsilon"):
-            return cls(epsilon=float(guarantee.epsilon), delta=float(guarantee.delta))
-        epsilon, delta = guarantee
-        return cls(epsilon=float(epsilon), delta=float(delta))
-
-
-@dataclass(frozen=True, kw_only=True)
 class TableRule:
     """How one released table may differ between neighbouring runs.
 
@@ -197,7 +181,8 @@ class TableRule:
     order: the public order of released rows. tolerance: absolute slack of numeric comparisons
     (floating-point sums). thresholded: noisy columns a release threshold may null (a suppressed
     value). indicator_claim: the (epsilon, delta) the released/suppressed indicators of this
-    table must satisfy (key present when ``keys_private``, each thresholded value not null),
+    table must satisfy (key present when ``keys_private``, each thresholded value not null;
+    each is post-processing of the table, so the release's own guarantee is a valid claim),
     sampled for the spec's ``indicator_changes``; indicators are taken over ``candidate_keys``
     (else ``public_keys``, else the keys of the rows of D and D').
     """
@@ -212,7 +197,7 @@ class TableRule:
     order: Order = Order.SORTED
     tolerance: float = 1e-9
     thresholded: tuple = ()
-    indicator_claim: Optional[Claim] = None
+    indicator_claim: Optional[EpsDelta] = None
 
     def __post_init__(self):
         object.__setattr__(self, "keys", _names(self.keys))
@@ -221,8 +206,10 @@ class TableRule:
         unknown = set(self.thresholded) - set(self.noisy)
         if unknown:
             raise ValueError(f"thresholded columns must be declared noisy: {sorted(unknown)}")
-        if self.indicator_claim is not None and not isinstance(self.indicator_claim, Claim):
-            object.__setattr__(self, "indicator_claim", Claim.of(self.indicator_claim))
+        if self.indicator_claim is not None:   # an EpsDelta, a PrivacyBudget, an (epsilon, delta) pair
+            claim = self.indicator_claim
+            epsilon, delta = (claim.epsilon, claim.delta) if hasattr(claim, "epsilon") else claim
+            object.__setattr__(self, "indicator_claim", EpsDelta(float(epsilon), float(delta)))
         object.__setattr__(self, "order", Order(self.order))
         for attr in ("public_keys", "candidate_keys"):
             keys = getattr(self, attr)
@@ -1042,7 +1029,7 @@ def _first_difference(x, y, path="") -> str:
     return f"{path.rstrip('.') or 'value'}: {x!r} vs {y!r}"
 
 
-__all__ = ["AuditFailure", "AuditResult", "AuditSpec", "Bound", "Change", "Claim", "Dataset", "Neighbour",
+__all__ = ["AuditFailure", "AuditResult", "AuditSpec", "Bound", "Change", "Dataset", "Neighbour",
            "Order", "Release", "ReportRule", "Table", "TableRule", "Units", "Violation",
            "ADD_REMOVE_CHANGES", "SUBSTITUTE_CHANGES", "assert_audit", "audit", "build_neighbours",
            "compare", "default_id_variants", "repeated_noise", "synthetic_dataset"]

@@ -25,8 +25,7 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from accounting.audit import (AuditSpec, Bound, Claim, Dataset, Release, ReportRule, Table, TableRule,
-                              Units)
+from accounting.audit import AuditSpec, Bound, Dataset, Release, ReportRule, Table, TableRule, Units
 from accounting.budget import PrivacyBudget
 from accounting.dp_tester import ReleaseLayout
 from accounting.keys import ReleaseKey
@@ -165,7 +164,7 @@ class AggregateJob:
                             for c in m.output_columns) if value_mode else ()
         return TableRule(keys=self.keys, noisy=columns, bounds=bounds, public_keys=self.public_keys,
                          keys_private=private, tolerance=1e-6, thresholded=thresholded,
-                         indicator_claim=Claim.of(transform.guarantee()) if private else None)
+                         indicator_claim=transform.guarantee() if private else None)
 
     def spec(self, units: Units, **kwargs) -> AuditSpec:
         relation = "substitute" if self.neighbouring is Neighbouring.SUBSTITUTE else "add_remove"

@@ -53,8 +53,9 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from accounting.audit import (AuditResult, AuditSpec, Bound, Change, Claim, Dataset, Order, Release,
+from accounting.audit import (AuditResult, AuditSpec, Bound, Change, Dataset, Order, Release,
                               ReportRule, Table, TableRule, Units, audit)
+from accounting.composition import EpsDelta
 
 TESTING_FOLDER = "testing-not-a-release"
 
@@ -249,11 +250,11 @@ class JobAudit:
                          indicator_runs=self.indicator_runs)
 
 
-def claim_from_plan(planned: Sequence) -> Claim:
+def claim_from_plan(planned: Sequence) -> EpsDelta:
     """The (epsilon, delta) of all the plan's releases together (their guarantees summed: basic
     composition) -- a valid claim for any indicator of what they release."""
     guarantees = [p.guarantee() for p in planned]
-    return Claim(epsilon=sum(g.epsilon for g in guarantees), delta=sum(g.delta for g in guarantees))
+    return EpsDelta(sum(g.epsilon for g in guarantees), sum(g.delta for g in guarantees))
 
 
 def _replace(rule: TableRule, **changes) -> TableRule:
@@ -536,10 +537,10 @@ def _aggregate_audits() -> list[JobAudit]:
     # neighbouring change moves across the threshold: the sampled released/suppressed
     # indicators (a threshold on the exact value is released on every seed on one side only)
     thresholds = Job(value="v", metrics=[Count(threshold=0.5), Sum()], bounds=bounds,
-                     budget=PrivacyBudget(epsilon=0.5), public_keys=keys)
+                     budget=PrivacyBudget(epsilon=0.2), public_keys=keys)
     at_threshold = Job(metrics=[Count()],
                        bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
-                       budget=PrivacyBudget(epsilon=0.5, delta=1e-2),
+                       budget=PrivacyBudget(epsilon=0.25, delta=1e-2),
                        selection=PrivateSelection(strategy=SelectionStrategy.LAPLACE_THRESHOLDING,
                                                   weight=3.0))
     boundary = int(at_threshold.declared().selector.threshold)   # kept iff units + noise > boundary

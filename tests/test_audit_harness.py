@@ -196,7 +196,7 @@ def _threshold_job(*, on_exact=False, epsilon=0.5, threshold=0.5, mode="key"):
 def _threshold_spec(job, mode="key", **kwargs):
     rule = A.TableRule(keys="k", noisy="n", public_keys=KEYS, keys_private=mode == "key",
                        thresholded=("n",) if mode == "value" else (),
-                       indicator_claim=A.Claim(epsilon=0.5), bounds={"n": A.Bound(l0=2, linf=1)})
+                       indicator_claim=(0.5, 0.0), bounds={"n": A.Bound(l0=2, linf=1)})
     return A.AuditSpec(job=job, units=UNITS, tables={"t": rule},
                        indicator_changes=(A.Change.REMOVE_LONE,), **kwargs)
 
@@ -243,8 +243,13 @@ def test_indicator_check_declarations():
                     indicator_changes=(A.Change.REMOVE_LONE,))
     with pytest.raises(ValueError, match="declared noisy"):
         A.TableRule(keys="k", noisy="n", thresholded=("m",))
+    from accounting.budget import PrivacyBudget
+    from accounting.composition import EpsDelta
+
     rule = A.TableRule(keys="k", noisy="n", indicator_claim=(1.0, 1e-6))
-    assert rule.indicator_claim == A.Claim(epsilon=1.0, delta=1e-6)
+    assert rule.indicator_claim == EpsDelta(1.0, 1e-6)
+    budget = A.TableRule(keys="k", noisy="n", indicator_claim=PrivacyBudget(epsilon=2.0, delta=1e-9))
+    assert budget.indicator_claim == EpsDelta(2.0, 1e-9)
 
 
 # --------------------------------------------------------------------------------------------
