@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 OUT    ?= out/demo
 
-.PHONY: setup lock demo test test-slow test-runners test-airflow fetch-runners clean
+.PHONY: setup lock demo test test-slow test-runners test-airflow test-mutations fetch-runners clean
 
 LOCK   := requirements.lock
 DEMO_STAMP := $(VENV)/.installed-demo-stamp
@@ -49,6 +49,12 @@ test: setup
 ## Heavier suites: large statistical runs, and other Beam runners (fetches job-server jars).
 test-slow: setup
 	$(BIN)/python -m pytest -q -n 2 -m "slow" tests
+
+## The mutation suite: each named broken variant of the real code (tests/mutations/mutants.py)
+## applied to a scratch copy of the tree, two at a time; each must be caught by the privacy
+## tests. Prints per mutant the test that caught it; fails if one survives or no longer applies.
+test-mutations: setup
+	$(BIN)/python tests/mutations/run.py
 
 ## Prism is built from the Go module proxy (~6 min cold, cached). Flink and Spark job-server jars
 ## are fetched when the Maven mirror serves them (this machine's does not: their tests then skip).
