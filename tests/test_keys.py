@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 import accounting.keystore
+from accounting.audit import Table, repeated_noise
 from accounting.budget import PrivacyBudget
 from accounting.calibration import calibrate
 from accounting.keys import KeyReuseError, ReleaseKey, audit_world
@@ -138,6 +139,42 @@ def test_derived_keys_of_two_days_cannot_carry_the_same_noise():
     with pytest.raises(KeyReuseError):
         _rows(p, "Day2", 6) | "Release2" >> _aggregate(PrivacyBudget(epsilon=1.0),
                                                          job_key.derive("counts"))
+
+
+DAY_KEYS = [f"k{i:02d}" for i in range(16)]
+
+
+def _released(rows, key=None):
+    """One DPAggregate release of ``rows`` (count per public key) as an audit Table; no key:
+    the exact (testing) answer."""
+    from aggregate_kit import run_and_collect
+
+    transform = DPAggregate(privacy_unit="u", keys=["k"], metrics=[Count()], bounds=ONE,
+                            budget=PrivacyBudget(epsilon=1.0), release_key=key, testing=key is None,
+                            keyset=PublicKeyset.from_keys(DAY_KEYS, ["k"]), num_shards=1)
+    tables = run_and_collect(lambda p: p | beam.Create([pa.Table.from_pylist(rows)],
+                                                       reshuffle=False) | transform)
+    return Table.from_arrow(pa.concat_tables(tables).sort_by("k"))
+
+
+def test_two_days_under_one_label_derived_twice_never_share_their_noise():
+    """The issue's reproduction checked as the audits check key reuse (accounting.audit.
+    repeated_noise): day 1 and day 2 (one more unit) each released under
+    ``job_key.derive("counts")``. Were both released, their noise must differ -- identical noise
+    makes the difference of the days the exact change; the second derivation is refused."""
+    job_key = ReleaseKey.for_testing(30)
+    days = [[{"u": u, "k": DAY_KEYS[u % len(DAY_KEYS)]} for u in range(n)] for n in (40, 41)]
+    noisy = []
+    for rows in days:
+        try:
+            key = job_key.derive("counts")
+        except KeyReuseError:
+            break
+        noisy.append(_released(rows, key))
+    if len(noisy) == 2:
+        exact = [_released(rows) for rows in days]
+        assert repeated_noise(*noisy, *exact, keys=["k"], columns=["count"]) == []
+    assert len(noisy) == 1, "the label was derived a second time"
 
 
 # --------------------------------------------------------------------------- holders

@@ -42,6 +42,8 @@ PRIVACY_TESTS = {
     "tests/test_lark.py": "Masked LARk's k-anonymity, noise and masks (privacy unit tests)",
     "tests/test_selection.py": "private key selection (privacy unit tests)",
     "tests/test_release_privacy.py": "the release layer's privacy rules",
+    "tests/test_keys.py": "one secret, one use: key claims, derive, key reuse across releases",
+    "tests/test_audit_sequences.py": "neighbouring-pair audits of two-batch sequences",
 }
 
 #: Tests that pin released bytes: never a mutant's selection, never a catch.
@@ -139,22 +141,39 @@ MUTANTS = (
         tests=("tests/test_lark.py::test_k_anonymity_releases_only_more_than_k_reports",
                f"{AUDIT}[masked_lark_helper]"),
     ),
+    Mutant(
+        name="key-reused-through-derive",
+        leak="ReleaseKey.derive(label) hands out a child that does not share its parent's "
+             "claims (each derived child its own claim scope, the label derivable again): two "
+             "days released under one job key's child carry identical noise",
+        file="accounting/keys.py",
+        snippet="        self.claim(_DERIVE + label, owner=owner)\n        return self._child(label)",
+        replacement="        child = self._child(label)\n"
+                    "        child._binding, child._session = \"derived\", _new_session()\n"
+                    "        return child",
+        tests=("tests/test_keys.py::test_two_days_under_one_label_derived_twice_never_share_their_noise",),
+    ),
+    Mutant(
+        name="overlapping-ara-batch",
+        leak="ARA summary reports without the consumed-id check (report ids at most once, a "
+             "source's L1 budget across batches): a batch re-including consumed reports is "
+             "charged and released again",
+        file="pipelines/summary_reports.py",
+        snippet="(at most once) and the sources' budgets (see the module docstring).\"\"\"\n",
+        replacement="(at most once) and the sources' budgets (see the module docstring).\"\"\"\n"
+                    "        return []\n",
+        tests=("tests/test_audit_sequences.py::test_summary_reports_second_batch_adds_nothing",),
+    ),
 )
 
 #: Leak classes of issue 30 whose mutants wait for other branches' fixes (the lead adds them
 #: after merging): (name, leak, where it will apply, which tests must catch it).
 PLANNED = (
-    ("key-reused-through-derive",
-     "ReleaseKey.derive(label) hands out a child without its parent's claims: two releases "
-     "under one secret carry identical noise",
-     "accounting/keys.py (claims per secret fingerprint and purpose; drop the child's share)",
-     "tests/test_audits.py (key reuse across releases), tests/test_dp_tester_aggregate.py"),
-    ("overlapping-ara-batch",
-     "an ARA batch re-including consumed reports is charged and released again",
-     "the consumed-id check of the ledger (batches branch: skip the overlap refusal)",
-     "the two-batch audit sequences in tests/test_audits.py"),
     ("dropped-rows-gate-on-exact-counts",
      "whether a release is published decided by exact counts of dropped rows",
-     "pipelines/release (spine branch: compare the exact share instead of the DP decision)",
-     "the publication-decision audits in tests/test_audits.py"),
+     "pipelines/release (spine branch: the publication rules made operator-only; compare the "
+     "exact dropped share and refuse instead); it can be added only once the integration "
+     "branches meet (spine is merged on the other integration branch, not on this one)",
+     "the spine branch's test_publication_decisions (under tests/), to be added to "
+     "PRIVACY_TESTS"),
 )
