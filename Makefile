@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 OUT    ?= out/demo
 
-.PHONY: setup lock demo test test-slow test-runners test-airflow test-browser fetch-runners clean
+.PHONY: setup lock demo test test-slow test-runners test-airflow test-browser test-mutations fetch-runners clean
 
 LOCK   := requirements.lock
 AIRFLOW_LOCK := requirements-airflow.lock
@@ -73,6 +73,12 @@ test-browser: setup
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium chromium-driver; }
 	$(BIN)/pip install $(PIP_FLAGS) --constraint $(LOCK) -e ".[browser]"
 	BEAM_DP_REQUIRE_BROWSER=1 BEAM_DP_BROWSER_OUT=out/browser $(BIN)/python -m pytest -q -m browser tests
+
+## The mutation suite: each named broken variant of the real code (tests/mutations/mutants.py)
+## applied to a scratch copy of the tree, two at a time; each must be caught by the privacy
+## tests. Prints per mutant the test that caught it; fails if one survives or no longer applies.
+test-mutations: setup
+	$(BIN)/python tests/mutations/run.py
 
 ## Prism is built from the Go module proxy (~6 min cold, cached). Flink and Spark job-server jars
 ## are fetched when the Maven mirror serves them (this machine's does not: their tests then skip).

@@ -18,6 +18,20 @@ the *same* public testing seed, and checks
   in at most ``l0`` keys; with keys released by one run only (private key selection, release
   thresholds), at most ``changed_keys`` keys differ in presence or value altogether.
 
+* **released/suppressed indicators**, sampled (``indicator_changes``): a release threshold (or
+  private key selection) decides from a *noisy* value whether a key, or a value, is released, so
+  these decisions may differ between neighbours -- the structural and exact checks allow it --
+  but, like any output event, only within the release's (epsilon, delta). For each listed
+  neighbour the job runs in the noisy testing mode under many seeds on D and on D', and every
+  indicator (the run released; per candidate key, released; per key and thresholded column, the
+  value released) is checked with :func:`accounting.dp_tester.indicator_test` against the
+  table's ``indicator_claim``. A threshold compared against the *exact* value makes an
+  indicator deterministic -- released on every seed of D, on none of D' -- which the testing
+  mode's exact-equals-noisy runs cannot see; the number of seeds defaults to the least with
+  which such an indicator fails for certain (:func:`accounting.dp_tester.indicator_runs_needed`),
+  and a sound job fails the indicator checks of one audit with probability at most
+  ``1 - confidence`` (union bound over the checks).
+
 ``REPLACE_VALUES`` keeps every unit, id and key and replaces one unit's values (relations that
 fix the units: one example's label, one report's values). A ``REBATCH`` "neighbour" holds D's rows in other batches and another order: nothing at all may
 change (bounding and noise must depend on row content and the key only, never on batching).
@@ -50,6 +64,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
+
+from accounting.composition import EpsDelta
 
 Row = Mapping[str, Any]
 Key = tuple
@@ -163,7 +179,12 @@ class TableRule:
     candidate_keys: no key outside these may ever be released (defaults to ``public_keys``).
     changed_keys: keys that may differ in presence or bounded value (default: the largest l0).
     order: the public order of released rows. tolerance: absolute slack of numeric comparisons
-    (floating-point sums).
+    (floating-point sums). thresholded: noisy columns a release threshold may null (a suppressed
+    value). indicator_claim: the (epsilon, delta) the released/suppressed indicators of this
+    table must satisfy (key present when ``keys_private``, each thresholded value not null;
+    each is post-processing of the table, so the release's own guarantee is a valid claim),
+    sampled for the spec's ``indicator_changes``; indicators are taken over ``candidate_keys``
+    (else ``public_keys``, else the keys of the rows of D and D').
     """
 
     keys: tuple
@@ -175,10 +196,20 @@ class TableRule:
     changed_keys: Optional[int] = None
     order: Order = Order.SORTED
     tolerance: float = 1e-9
+    thresholded: tuple = ()
+    indicator_claim: Optional[EpsDelta] = None
 
     def __post_init__(self):
         object.__setattr__(self, "keys", _names(self.keys))
         object.__setattr__(self, "noisy", _names(self.noisy))
+        object.__setattr__(self, "thresholded", _names(self.thresholded))
+        unknown = set(self.thresholded) - set(self.noisy)
+        if unknown:
+            raise ValueError(f"thresholded columns must be declared noisy: {sorted(unknown)}")
+        if self.indicator_claim is not None:   # an EpsDelta, a PrivacyBudget, an (epsilon, delta) pair
+            claim = self.indicator_claim
+            epsilon, delta = (claim.epsilon, claim.delta) if hasattr(claim, "epsilon") else claim
+            object.__setattr__(self, "indicator_claim", EpsDelta(float(epsilon), float(delta)))
         object.__setattr__(self, "order", Order(self.order))
         for attr in ("public_keys", "candidate_keys"):
             keys = getattr(self, attr)
@@ -501,7 +532,11 @@ class AuditSpec:
     ``neighbours(dataset, changes, seed) -> [Neighbour]``). tables / reports: the rules per
     released table and report (a released table or report without a rule is a violation).
     relation: "add_remove" or "substitute" (picks the default changes). modes: which of
-    "exact" and "noisy" to run.
+    "exact", "noisy" and "indicators" to run. indicator_changes: the neighbours whose
+    released/suppressed indicators are sampled (the tables' ``indicator_claim``);
+    indicator_runs: seeds per side (default: :func:`accounting.dp_tester.indicator_runs_needed`);
+    confidence: a job meeting its claims passes all indicator checks of the audit with at least
+    this probability.
     """
 
     job: Job
@@ -510,16 +545,27 @@ class AuditSpec:
     neighbours: Optional[Callable[[Dataset, Sequence[Change], int], list]] = None
     reports: Mapping[str, ReportRule] = field(default_factory=dict)
     relation: str = "add_remove"
-    modes: tuple = ("exact", "noisy")
+    modes: tuple = ("exact", "noisy", "indicators")
     changes: Optional[tuple] = None
+    indicator_changes: tuple = ()
+    indicator_runs: Optional[int] = None
+    confidence: float = 0.999
 
     def __post_init__(self):
         if self.relation not in ("add_remove", "substitute"):
             raise ValueError(f"relation must be 'add_remove' or 'substitute', got {self.relation!r}")
         if (self.units is None) == (self.neighbours is None):
             raise ValueError("give exactly one of units (row model) and neighbours (builder)")
-        if not self.modes or set(self.modes) - {"exact", "noisy"}:
-            raise ValueError(f"modes must be a non-empty subset of ('exact', 'noisy'), got {self.modes}")
+        if not self.modes or set(self.modes) - {"exact", "noisy", "indicators"}:
+            raise ValueError(f"modes must be a non-empty subset of ('exact', 'noisy', 'indicators'), "
+                             f"got {self.modes}")
+        object.__setattr__(self, "indicator_changes", tuple(Change(c) for c in self.indicator_changes))
+        if self.indicator_changes and not any(r.indicator_claim for r in self.tables.values()):
+            raise ValueError("indicator_changes need a TableRule with an indicator_claim")
+        if self.indicator_runs is not None and self.indicator_runs < 1:
+            raise ValueError(f"indicator_runs must be positive, got {self.indicator_runs}")
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
 
     def table_rule(self, name: str) -> Optional[TableRule]:
         """The rule of released table ``name``: the rule of that exact name, or of the first
@@ -581,13 +627,12 @@ def audit(spec: AuditSpec, datasets: Iterable[Dataset], *, changes: Sequence[Cha
           seed: int = 1) -> AuditResult:
     """Run ``spec.job`` on each dataset and each of its neighbours (same seed) and check them."""
     changes = tuple(Change(c) for c in changes) if changes is not None else spec.default_changes
+    datasets = list(datasets)
     violations, pairs, runs = [], [], 0
-    for dataset in datasets:
-        if spec.neighbours is not None:
-            neighbours = list(spec.neighbours(dataset, changes, seed))
-        else:
-            neighbours = build_neighbours(dataset, spec.units, changes, seed=seed)
-        for mode in spec.modes:
+    compared = [m for m in spec.modes if m in ("exact", "noisy")]
+    for dataset in datasets if compared else ():
+        neighbours = _neighbours(spec, dataset, changes, seed)
+        for mode in compared:
             exact = mode == "exact"
             base = _run(spec.job, dataset, seed, exact)
             runs += 1
@@ -605,7 +650,125 @@ def audit(spec: AuditSpec, datasets: Iterable[Dataset], *, changes: Sequence[Cha
                 violations.extend(Violation(dataset=dataset.name, change=neighbour.change, mode=mode,
                                             check=check, detail=detail) for check, detail in found)
         pairs.extend((dataset.name, n.change) for n in neighbours)
+    if "indicators" in spec.modes and spec.indicator_changes:
+        found, indicator_runs, checked = _indicator_audit(spec, datasets, seed)
+        violations.extend(found)
+        runs += indicator_runs
+        pairs.extend(checked)
     return AuditResult(violations=tuple(violations), runs=runs, pairs=tuple(pairs))
+
+
+def _neighbours(spec: AuditSpec, dataset: Dataset, changes, seed) -> list:
+    if spec.neighbours is not None:
+        return list(spec.neighbours(dataset, changes, seed))
+    return build_neighbours(dataset, spec.units, changes, seed=seed)
+
+
+# --------------------------------------------------------------------------------------------
+# Released/suppressed indicators, sampled
+# --------------------------------------------------------------------------------------------
+
+def _suppressed(value) -> bool:
+    """A released cell that holds no value: null, NaN, or empty CSV text."""
+    return value is None or value == "" or (isinstance(value, float) and math.isnan(value))
+
+
+def _candidates(rule: TableRule, spec: AuditSpec, pair: Sequence[Dataset]) -> list:
+    keys = rule.candidate_keys if rule.candidate_keys is not None else rule.public_keys
+    if keys is not None:
+        return list(keys)
+    if spec.units is None:
+        raise ValueError("a table without candidate_keys or public_keys needs the spec's units to "
+                         "list its candidate keys for the indicator check")
+    found = {spec.units.key_of(r) for d in pair for r in d.rows()}
+    return sorted(found, key=_order_key)
+
+
+def _indicator_names(rule: TableRule, candidates: list) -> list[str]:
+    names = ["run released"]
+    for key in candidates:
+        label = ",".join(map(str, key))
+        if rule.keys_private:
+            names.append(f"released[{label}]")
+        names.extend(f"{column}[{label}] released" for column in rule.thresholded)
+    return names
+
+
+def _indicators(release, table_name: str, rule: TableRule, candidates: list) -> tuple[list, list]:
+    """One run's indicators of one table (as :func:`_indicator_names` lists them), and the
+    released keys outside the candidates."""
+    width = len(rule.thresholded) + (1 if rule.keys_private else 0)
+    if isinstance(release, _Failed) or table_name not in release.tables:
+        return [0 if isinstance(release, _Failed) else 1] + [0] * (width * len(candidates)), []
+    table = release.tables[table_name]
+    key_index = [table.index(k) for k in rule.keys]
+    rows = {tuple(r[i] for i in key_index): r for r in table.rows}
+    value_index = [table.index(c) for c in rule.thresholded]
+    out = [1]
+    for key in candidates:
+        row = rows.get(key)
+        if rule.keys_private:
+            out.append(int(row is not None))
+        out.extend(int(row is not None and not _suppressed(row[i])) for i in value_index)
+    return out, sorted(set(rows) - set(candidates), key=_order_key)
+
+
+def _indicator_audit(spec: AuditSpec, datasets: Sequence[Dataset], seed: int):
+    """(violations, runs, pairs) of the sampled indicator check (module docstring)."""
+    from accounting.dp_tester import indicator_runs_needed, indicator_test
+
+    tests = [(d, n) for d in datasets for n in _neighbours(spec, d, spec.indicator_changes, seed)]
+    claimed = {pattern: rule for pattern, rule in spec.tables.items() if rule.indicator_claim}
+    if not tests:
+        raise RuntimeError(f"no dataset admits the indicator changes "
+                           f"{[c.name for c in spec.indicator_changes]}: nothing to sample")
+    # Each (pair, claimed rule) gets an equal share of the audit's false-failure budget.
+    share = (1.0 - spec.confidence) / (len(tests) * len(claimed))
+    violations, runs, pairs = [], 0, []
+    for dataset, neighbour in tests:
+        candidates = {p: _candidates(r, spec, (dataset, neighbour.dataset)) for p, r in claimed.items()}
+        n = spec.indicator_runs or max(
+            indicator_runs_needed(epsilon=r.indicator_claim.epsilon, delta=r.indicator_claim.delta,
+                                  indicators=len(_indicator_names(r, candidates[p])),
+                                  confidence=1.0 - share)
+            for p, r in claimed.items())
+        sides = [[_run(spec.job, d, seed + i, False) for i in range(n)]
+                 for d in (dataset, neighbour.dataset)]
+        runs += 2 * n
+        pairs.append((dataset.name, neighbour.change))
+        for pattern, rule in claimed.items():
+            names = sorted({t for side in sides for r in side if not isinstance(r, _Failed)
+                            for t in r.tables if _rule({pattern: 0}, t) is not None})
+            if not names:
+                violations.append(Violation(dataset=dataset.name, change=neighbour.change,
+                                            mode="indicators", check="released indicator",
+                                            detail=f"no run released a table matching {pattern!r}"))
+                continue
+            labels = _indicator_names(rule, candidates[pattern])
+            for name in names:
+                matrices, outside = [], set()
+                for side in sides:
+                    rows = []
+                    for release in side:
+                        row, extra = _indicators(release, name, rule, candidates[pattern])
+                        rows.append(row)
+                        outside.update(extra)
+                    matrices.append(np.asarray(rows, dtype=np.int64))
+                if outside:
+                    violations.append(Violation(
+                        dataset=dataset.name, change=neighbour.change, mode="indicators",
+                        check="indicator keys", detail=f"{name}: released keys outside the "
+                                                       f"candidates: {_few(outside)}"))
+                claim = rule.indicator_claim
+                result = indicator_test(*matrices, names=labels, epsilon=claim.epsilon,
+                                        delta=claim.delta, confidence=1.0 - share / len(names))
+                if not result.passed:
+                    violations.append(Violation(
+                        dataset=dataset.name, change=neighbour.change, mode="indicators",
+                        check="released indicator",
+                        detail=f"{name}: {result.worst} -- beyond the claimed ({claim.epsilon:g}, "
+                               f"{claim.delta:g}) over {n} seeds per side"))
+    return violations, runs, pairs
 
 
 def assert_audit(spec: AuditSpec, datasets: Iterable[Dataset], **kwargs) -> AuditResult:
@@ -869,4 +1032,150 @@ def _first_difference(x, y, path="") -> str:
 __all__ = ["AuditFailure", "AuditResult", "AuditSpec", "Bound", "Change", "Dataset", "Neighbour",
            "Order", "Release", "ReportRule", "Table", "TableRule", "Units", "Violation",
            "ADD_REMOVE_CHANGES", "SUBSTITUTE_CHANGES", "assert_audit", "audit", "build_neighbours",
-           "compare", "default_id_variants", "repeated_noise", "synthetic_dataset"]
+           "compare", "default_id_variants", "repeated_noise", "synthetic_dataset",
+           "BatchSequence", "Refused", "SequencePair", "audit_sequences", "sequence_pairs"]
+
+
+# --------------------------------------------------------------------------------------------
+# Two-batch sequences (issue 30): what a second batch may add
+# --------------------------------------------------------------------------------------------
+#
+# A unit's reports released in one batch must not be released again in a later one. A sequence
+# audit runs two batches one after the other against one ledger (``job(first, second)``), in a
+# world without a unit u and in a world where u's rows are in batch 1 and come back in batch 2
+# (replayed, or re-sent with the whole of batch 1), with the *same keys* in both worlds. Batch 1
+# may differ by what the job states for one unit; batch 2 must add nothing: it is refused before
+# the charge (nothing reserved, no key or record left behind), or it is identical, noisy values
+# included, to the world without u (the replayed rows were removed). SPLIT puts new rows of one
+# unit in both batches: what the unit moves, summed over both batches, must stay within the
+# bound stated for one batch (e.g. a source's 65,536 L1 over all its batches).
+
+class BatchSequence(str, enum.Enum):
+    REPLAY = "batch 2 replays one unit's rows of batch 1"
+    OVERLAP = "batch 2 re-sends all of batch 1 with its own rows"
+    SPLIT = "one new unit with rows in both batches (other rows in batch 2)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Refused:
+    """A batch the job refused before the charge; ``left_behind``: anything it reserved or
+    stored anyway (ledger records, keys, consumed-id records, published files): must be empty."""
+
+    reason: str
+    left_behind: tuple = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SequencePair:
+    kind: BatchSequence
+    without: tuple    # (first, second) without the unit
+    with_unit: tuple  # (first, second) with it
+
+
+def sequence_pairs(first: Dataset, second: Dataset, units: Units,
+                   kinds: Sequence = tuple(BatchSequence),
+                   split_rows: Optional[Callable[[Any, int], list]] = None) -> list[SequencePair]:
+    """The two-batch neighbours of (``first``, ``second``): REPLAY and OVERLAP about the unit of
+    ``first`` with the most rows; SPLIT about a new unit whose rows ``split_rows(unit_id, batch)``
+    gives (default: ``units.new_rows`` in the busiest keys)."""
+    rows_of, _, units_in = _unit_stats(first, units)
+    heaviest = max(sorted(rows_of), key=lambda u: rows_of[u]) if rows_of else None
+    busiest = sorted(units_in, key=lambda k: (-len(units_in[k]), _order_key(k)))
+    out = []
+    for kind in kinds:
+        kind = BatchSequence(kind)
+        if kind in (BatchSequence.REPLAY, BatchSequence.OVERLAP) and heaviest is not None:
+            mine = [r for r in first.rows() if _id_text(r.get(units.column)) == heaviest]
+            minus = Dataset(batches=_without_unit(first, units, heaviest),
+                            name=f"{first.name}-u", extra=first.extra)
+            if kind is BatchSequence.REPLAY:
+                again = Dataset(batches=[*second.batches, mine], name=f"{second.name}+u",
+                                extra=second.extra)
+                out.append(SequencePair(kind=kind, without=(minus, second),
+                                        with_unit=(first, again)))
+            else:
+                out.append(SequencePair(
+                    kind=kind, without=(minus, Dataset(batches=[*minus.batches, *second.batches],
+                                                       name="b1-u+b2", extra=second.extra)),
+                    with_unit=(first, Dataset(batches=[*first.batches, *second.batches],
+                                              name="b1+b2", extra=second.extra))))
+        elif kind is BatchSequence.SPLIT and busiest:
+            unit = _new_unit_id(Dataset(batches=[*first.batches, *second.batches]), units)
+            make = split_rows or (lambda u, i: units.new_rows(u, busiest[:units.heavy_keys],
+                                                              units.heavy_rows))
+            out.append(SequencePair(
+                kind=kind, without=(first, second),
+                with_unit=(Dataset(batches=[*first.batches, make(unit, 0)], name="b1+u",
+                                   extra=first.extra),
+                           Dataset(batches=[*second.batches, make(unit, 1)], name="b2+u",
+                                   extra=second.extra))))
+    return out
+
+
+def audit_sequences(job: Callable[[Dataset, Dataset], tuple], spec: AuditSpec,
+                    pairs: Sequence[SequencePair]) -> AuditResult:
+    """Run ``job(first, second) -> (release of batch 1 or None, release of batch 2 or Refused)``
+    on every pair's two worlds and check them (see the section comment). ``spec``: the job's
+    table and report rules (bounds: what one unit may move in one batch)."""
+    violations, runs = [], 0
+    for pair in pairs:
+        a1, a2 = job(*pair.without)
+        b1, b2 = job(*pair.with_unit)
+        runs += 4
+        if isinstance(a1, Refused):
+            raise RuntimeError(f"{pair.kind.name}: batch 1 without the unit was refused "
+                               f"({a1.reason}): nothing to audit")
+
+        def add(check, detail):
+            violations.append(Violation(dataset="two batches", change=pair.kind, mode="sequence",
+                                        check=check, detail=detail))
+
+        for batch, run in ((1, b1), (2, b2)):
+            if isinstance(run, Refused) and run.left_behind:
+                add("refusal left state", f"batch {batch}: {', '.join(run.left_behind)[:300]}")
+        if isinstance(b1, Refused):
+            add("outcome", f"batch 1 refused with the unit: {b1.reason}")
+            continue
+        totals: dict = {}
+        if a1 is not None and b1 is not None:
+            for check, detail in compare(spec, a1, b1, exact=True):
+                add(check, f"batch 1: {detail}")
+            _add_l1(spec, a1, b1, totals)
+        if isinstance(b2, Refused):
+            continue                       # refused before the charge: batch 2 added nothing
+        if isinstance(a2, Refused):        # e.g. an overlapping batch refused in both worlds
+            add("outcome", f"batch 2 released with the unit, refused without it ({a2.reason})")
+            continue
+        if pair.kind is BatchSequence.SPLIT:
+            for check, detail in compare(spec, a2, b2, exact=True):
+                add(check, f"batch 2: {detail}")
+            _add_l1(spec, a2, b2, totals)
+        else:
+            for check, detail in compare(spec, a2, b2, exact=True, unchanged=True):
+                add("replayed rows changed batch 2" if check == "unchanged" else check,
+                    f"batch 2: {detail}")
+            _add_l1(spec, a2, b2, totals)
+        for (name, column), (total, bound) in sorted(totals.items()):
+            if total > bound.total + 1e-9 * max(1.0, bound.total):
+                add("sequence l1", f"{name}.{column}: the unit moved it by {total:g} over both "
+                                   f"batches, more than the {bound.total:g} stated for one")
+    return AuditResult(violations=tuple(violations), runs=runs,
+                       pairs=tuple(("two batches", p.kind) for p in pairs))
+
+
+def _add_l1(spec: AuditSpec, a: Release, b: Release, totals: dict) -> None:
+    """Accumulate, per bounded column, the L1 difference of the keys both releases hold."""
+    for name in sorted(set(a.tables) & set(b.tables)):
+        rule = spec.table_rule(name)
+        if rule is None:
+            continue
+        base = name.rsplit("/", 1)[-1]
+        ta, tb = a.tables[name], b.tables[name]
+        for column, bound in rule.bounds.items():
+            i, j = ta.index(column), tb.index(column)
+            ka = {tuple(r[ta.index(k)] for k in rule.keys): r[i] for r in ta.rows}
+            kb = {tuple(r[tb.index(k)] for k in rule.keys): r[j] for r in tb.rows}
+            moved = sum(abs(float(kb[k]) - float(ka[k])) for k in set(ka) & set(kb)
+                        if ka[k] is not None and kb[k] is not None)
+            total, _ = totals.get((base, column), (0.0, bound))
+            totals[(base, column)] = (total + moved, bound)

@@ -60,7 +60,20 @@ there are invisible to per-coordinate events:
   to an integer count) leaves the answer's parity in the output: epsilon is infinite, yet
   threshold events on the value see only the calibrated noise;
 * order: "key i emitted before key j" when the layout records emission ranks (a release whose
-  row order depends on which keys had data, issue 10 point 1).
+  row order depends on which keys had data, issue 10 point 1);
+* released/suppressed indicators: per key "released", and per key and value "value released"
+  (not null): a release threshold compares a noisy value, so whether a key or a value comes out
+  is itself an output event bound by (epsilon, delta). A threshold compared against the *exact*
+  value makes the indicator a deterministic function of the data: released on every sample of D,
+  on none of D' (issue 30).
+
+Fixed indicator events (:func:`indicator_test`): when the events are few and known in advance --
+each 0/1 indicator equal to 1 and equal to 0, in both directions -- no selection half is needed:
+all samples evaluate every event, under a union bound over the ``4 * m`` Clopper-Pearson bounds
+of m indicators. :func:`indicator_runs_needed` is the number of samples per dataset with which an
+indicator that is 1 on every sample of one dataset and 0 on every sample of the other fails the
+claim for certain (its counts are then deterministic): about ``e^epsilon * ln(4 m / (1 -
+confidence))``, which is what makes the check affordable for whole jobs at small epsilon.
 
 A passed check is evidence, not proof: it finds violations that some threshold/bin event of a
 projection exposes with the given number of samples. Pure numpy/scipy; no Beam.
@@ -69,7 +82,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 from scipy import stats
@@ -445,6 +458,93 @@ class DPTester:
 
 
 # --------------------------------------------------------------------------------------------
+# Fixed indicator events: released / suppressed
+# --------------------------------------------------------------------------------------------
+
+def _indicator_matrix(values, name: str) -> np.ndarray:
+    x = np.asarray(values)
+    if x.ndim == 1:
+        x = x[:, None]
+    if x.ndim != 2 or x.shape[0] < 1:
+        raise ValueError(f"{name} must have shape (n, m) with n >= 1; got {x.shape}")
+    if not np.isin(x, (0, 1)).all():
+        raise ValueError(f"{name} must hold 0/1 indicators")
+    return x.astype(np.int64)
+
+
+def indicator_test(indicators_a, indicators_b, *, epsilon: float, delta: float = 0.0,
+                   names: Sequence[str] = None, confidence: float = 0.999,
+                   report: int = 6) -> DPTestResult:
+    """Check (epsilon, delta) on every event of m 0/1 indicators (released or not), fixed in
+    advance: for each indicator, {= 1} and {= 0}, each in both directions.
+
+    ``indicators_a`` / ``indicators_b``: (n, m) 0/1 arrays, one row per independent sample of the
+    mechanism on D / D' (the same n). All samples evaluate every event (no selection half: the
+    events are not chosen from the data). Per indicator, the lower and upper Clopper-Pearson
+    bounds on P_D(= 1) and P_D'(= 1), each at level ``(1 - confidence) / (4 m)``, give all four
+    (event, direction) bounds (those of {= 0} are their complements), so a mechanism satisfying
+    the claim fails with probability at most ``1 - confidence`` (union bound over the 4 m
+    bounds). The result keeps the ``report`` worst (event, direction) estimates.
+    """
+    epsilon, delta = _check_claim(epsilon, delta)
+    confidence = check_probability(confidence, "confidence", allow_one=False)
+    a = _indicator_matrix(indicators_a, "indicators_a")
+    b = _indicator_matrix(indicators_b, "indicators_b")
+    if a.shape != b.shape:
+        raise ValueError(f"indicators_a and indicators_b shapes differ: {a.shape} vs {b.shape}")
+    n, m = a.shape
+    names = list(names) if names is not None else [f"x[{j}]" for j in range(m)]
+    if len(names) != m:
+        raise ValueError(f"{len(names)} names for {m} indicators")
+    alpha = (1.0 - confidence) / (4 * m)
+    count_a, count_b = a.sum(axis=0), b.sum(axis=0)
+    lower_a, upper_a = clopper_pearson_lower(count_a, n, alpha), clopper_pearson_upper(count_a, n, alpha)
+    lower_b, upper_b = clopper_pearson_lower(count_b, n, alpha), clopper_pearson_upper(count_b, n, alpha)
+    estimates = []
+    for j, name in enumerate(names):
+        for value, (ca, cb, la, ua, lb, ub) in (
+                (1.0, (count_a[j], count_b[j], lower_a[j], upper_a[j], lower_b[j], upper_b[j])),
+                (0.0, (n - count_a[j], n - count_b[j], 1 - upper_a[j], 1 - lower_a[j],
+                       1 - upper_b[j], 1 - lower_b[j]))):
+            event = Event(projection=name, lower=value, upper=value)
+            for direction, c_num, c_den, num_lower, den_upper in (
+                    (_DIRECTIONS[0], ca, cb, la, ub), (_DIRECTIONS[1], cb, ca, lb, ua)):
+                bound = float(_epsilon_bound(num_lower, den_upper, delta))
+                estimates.append(EventEstimate(
+                    event=event, direction=direction, count_numerator=int(c_num),
+                    count_denominator=int(c_den), trials=n, numerator_lower=float(num_lower),
+                    denominator_upper=float(den_upper), epsilon_lower_bound=bound,
+                    violates=bound > epsilon))
+    estimates.sort(key=lambda e: (-e.epsilon_lower_bound, -e.numerator_lower))
+    return DPTestResult(passed=not any(e.violates for e in estimates), epsilon=epsilon, delta=delta,
+                        epsilon_lower_bound=estimates[0].epsilon_lower_bound, worst=estimates[0],
+                        events=tuple(estimates[:max(report, 1)]), n_samples=n, n_selection=0,
+                        n_evaluation=n, confidence=confidence)
+
+
+def indicator_runs_needed(*, epsilon: float, delta: float = 0.0, indicators: int,
+                          confidence: float = 0.999) -> int:
+    """The least number of samples per dataset with which :func:`indicator_test` fails an
+    indicator that is 1 on every sample of one dataset and 0 on every sample of the other (a
+    threshold compared against the exact value): with counts n/n and 0/n the bounds are
+    ``alpha^(1/n)`` and ``1 - alpha^(1/n)``, so the least n with ``alpha^(1/n) - delta >
+    e^epsilon (1 - alpha^(1/n))``, alpha = (1 - confidence) / (4 m). Such an indicator is caught
+    for certain with this many samples; a mechanism meeting the claim still fails with
+    probability at most 1 - confidence."""
+    epsilon, delta = _check_claim(epsilon, delta)
+    m = check_positive_int(indicators, "indicators")
+    confidence = check_probability(confidence, "confidence", allow_one=False)
+    alpha = (1.0 - confidence) / (4 * m)
+    target = (math.exp(epsilon) + delta) / (math.exp(epsilon) + 1.0)
+    if target >= 1.0:
+        raise ValueError(f"no sample size separates a deterministic indicator at delta={delta}")
+    n = max(1, math.ceil(math.log(alpha) / math.log(target)))
+    while not alpha ** (1.0 / n) - delta > math.exp(epsilon) * (1.0 - alpha ** (1.0 / n)):
+        n += 1
+    return n
+
+
+# --------------------------------------------------------------------------------------------
 # Projections for multi-key releases
 # --------------------------------------------------------------------------------------------
 #
@@ -628,14 +728,26 @@ class ReleaseLayout:
             out[sample, k * (1 + len(self.values)) + position] = rank
         return out
 
-    def projections(self, *, pairs: bool = True, values: bool = True, integer_bits: int = 0,
-                    mantissa_bits: int = 0, grid: float = None) -> dict[str, Projection]:
+    def indicators(self, x: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        """The released/suppressed indicators of vectorized outputs ``x``: per key "released",
+        then per key and value column "value released" (present and not null), as an (n, k *
+        (1 + v)) 0/1 array and their names (for :func:`indicator_test`)."""
+        k = len(self.keys)
+        names = self.names()
+        present = (x[:, k:k * (1 + len(self.values))] != self.missing).astype(np.int64)
+        return (np.hstack([x[:, :k].astype(np.int64), present]),
+                names[:k] + [f"{name} released" for name in names[k:k * (1 + len(self.values))]])
+
+    def projections(self, *, pairs: bool = True, values: bool = True, indicators: bool = True,
+                    integer_bits: int = 0, mantissa_bits: int = 0,
+                    grid: float = None) -> dict[str, Projection]:
         """Projections for :class:`DPTester`, by family:
 
-        * per key: its release indicator, and (``values``) each released value;
-        * ``pairs``: "i released and j not" for every ordered pair of keys, x_i - x_j for every
-          pair of keys and value column (``values``), and "i emitted before j" (with order
-          features);
+        * per key: its release indicator, and (``values``) each released value and
+          (``indicators``) whether it is released (present and not null: a value threshold);
+        * ``pairs``: "i released and j not" for every ordered pair of keys (and of one value
+          column's indicators), x_i - x_j for every pair of keys and value column (``values``),
+          and "i emitted before j" (with order features);
         * low-order bits of every value (``values``): x mod 2^``integer_bits`` for integer
           outputs, the last ``mantissa_bits`` bits of the float64 representation, the residue
           modulo ``grid``; a key that is not released projects to -1 there.
@@ -645,14 +757,16 @@ class ReleaseLayout:
         """
         names = self.names()
         k = len(self.keys)
-        indicators = list(range(k))
+        key_indicators = list(range(k))
         value_index = {c: [k + i * len(self.values) + v for i in range(k)]
                        for v, c in enumerate(self.values)}
-        projections: dict[str, Projection] = {names[i]: (lambda x, i=i: x[:, i]) for i in indicators}
+        projections: dict[str, Projection] = {names[i]: (lambda x, i=i: x[:, i]) for i in key_indicators}
         if values:
             for column in self.values:
                 for i in value_index[column]:
                     projections[names[i]] = lambda x, i=i: x[:, i]
+                    if indicators:
+                        projections[f"{names[i]} released"] = self._present(i)
                     if integer_bits:
                         projections[f"{names[i]} mod 2^{integer_bits}"] = self._released_only(
                             integer_low_bits_projection(i, integer_bits), i)
@@ -663,10 +777,16 @@ class ReleaseLayout:
                         projections[f"residue({names[i]}, {grid:g})"] = self._released_only(
                             grid_residue_projection(i, grid), i)
         if pairs:
-            projections.update(pairwise_projections(names, indicators=indicators))
+            projections.update(pairwise_projections(names, indicators=key_indicators))
             if values:
                 for column in self.values:
                     projections.update(pairwise_projections(names, values=value_index[column]))
+                    if indicators:
+                        for i in value_index[column]:
+                            for j in value_index[column]:
+                                if i != j:
+                                    projections[f"{names[i]} released and not {names[j]}"] = (
+                                        self._present(i, absent=j))
             if self.order:
                 base = k * (1 + len(self.values))
                 for i in range(k):
@@ -684,6 +804,17 @@ class ReleaseLayout:
         name = f"released[{label(released)}] and not [{label(dropped)}]"
         return {name: joint_indicator_projection([self.indicator(k) for k in released],
                                                  [self.indicator(k) for k in dropped])}
+
+    def _present(self, column: int, absent: Optional[int] = None) -> Projection:
+        """1 where value ``column`` is released (and value ``absent`` is not), else 0."""
+        missing = self.missing
+
+        def project(x):
+            hit = x[:, column] != missing
+            if absent is not None:
+                hit &= x[:, absent] == missing
+            return hit.astype(np.float64)
+        return project
 
     def _released_only(self, project: Projection, column: int) -> Projection:
         """``project`` on released values, -1 where the value is missing."""

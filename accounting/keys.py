@@ -50,9 +50,23 @@ binding from another session is a re-run, from the same session a reuse.
   nothing (:meth:`claim` refuses it): it belongs to its release.
 
 Across processes the ledger binds a stored key to its release and input digest.
+
+Audit worlds (tests only)
+-------------------------
+A neighbouring-pair audit of two-batch *sequences* runs a job through the real budget ledger
+twice, once per world (with and without a unit), and needs the same ledger keys in both worlds
+so that their outputs can be compared byte for byte; in production the two worlds would be two
+processes. :meth:`ReleaseKey.from_public_seed` makes such a key -- a real key in every respect
+(stored by the key store, issued by the ledger, never noise-free) whose secret is a public
+function of a seed -- and :func:`audit_world` runs one world as if in a process of its own: the
+claims of public-seed keys (and of everything derived from them, however reloaded) made inside
+are held for that world only. Every other key claims process-wide inside a world as outside it:
+a CSPRNG key (or one loaded from a key store) driving an input in one world and another input in
+the next is refused as anywhere, so the scope cannot exempt a secret key.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -64,6 +78,7 @@ from typing import Optional
 KEY_BYTES = 32
 _TESTING_PREFIX = b"beam-dp-release/testing-key/v1"
 _EXACT_TESTING_PREFIX = b"beam-dp-release/exact-testing-key/v1"
+_PUBLIC_SEED_PREFIX = b"beam-dp-release/public-seed-key/v1/"
 _TESTING = "testing"
 _DERIVE = "derive/"
 #: Labels of the noise engine's and bounding's own sub-keys: never handed out by ``derive``.
@@ -92,6 +107,10 @@ class _Claim:
 # (secret fingerprint, purpose) -> _Claim, for the whole process.
 _CLAIMS: dict = {}
 _CLAIMS_LOCK = threading.Lock()
+# Fingerprints of keys whose secret is a public function of a seed (from_public_seed and their
+# children), and the open audit world's registry of their claims (audit_world; None: none open).
+_PUBLIC_SEEDED: set = set()
+_WORLD: Optional[dict] = None
 
 
 def _new_session() -> str:
@@ -132,6 +151,19 @@ class ReleaseKey:
         digest = hashlib.sha256(_EXACT_TESTING_PREFIX + str(int(seed)).encode()).digest()
         return cls(digest, is_testing=True, noise_free=True)
 
+    @classmethod
+    def from_public_seed(cls, seed: str) -> "ReleaseKey":
+        """TESTS ONLY (the two-batch sequence audits, :func:`audit_world`): a key that behaves
+        as a real release key -- the key store stores it, the ledger issues it, it adds noise --
+        but whose secret is a public function of ``seed``, so two worlds of an audit pair draw
+        the same keys. Inside an audit world its claims (and its children's) are the world's."""
+        if not isinstance(seed, str) or not seed:
+            raise ValueError("from_public_seed needs a non-empty seed string")
+        key = cls(hashlib.sha256(_PUBLIC_SEED_PREFIX + seed.encode("utf-8")).digest())
+        with _CLAIMS_LOCK:
+            _PUBLIC_SEEDED.add(key.fingerprint())
+        return key
+
     # ------------------------------------------------------------------ derivation
 
     def _child(self, label: str) -> "ReleaseKey":
@@ -139,6 +171,9 @@ class ReleaseKey:
         child = ReleaseKey(sub, is_testing=self.is_testing, noise_free=self.noise_free)
         child._binding, child._session, child._issued_for = \
             self._binding, self._session, self._issued_for
+        if _PUBLIC_SEEDED and self.fingerprint() in _PUBLIC_SEEDED:
+            with _CLAIMS_LOCK:
+                _PUBLIC_SEEDED.add(child.fingerprint())
         return child
 
     def derive(self, label: str, owner: str = "ReleaseKey.derive") -> "ReleaseKey":
@@ -205,10 +240,11 @@ class ReleaseKey:
                 f"cannot drive {purpose!r}. {REMEDY}")
         slot = (self.fingerprint(), purpose)
         with _CLAIMS_LOCK:
-            held = _CLAIMS.get(slot)
+            claims = _WORLD if _WORLD is not None and slot[0] in _PUBLIC_SEEDED else _CLAIMS
+            held = claims.get(slot)
             if held is None:
-                _CLAIMS[slot] = _Claim(owner=owner, binding=self._binding,
-                                       sessions={self._session})
+                claims[slot] = _Claim(owner=owner, binding=self._binding,
+                                      sessions={self._session})
                 return
             rerun = (held.binding is not None and held.binding == self._binding
                      and self._session not in held.sessions)
@@ -292,6 +328,25 @@ class ReleaseKey:
         # same key in the same session (it shares the original's claims, in-process too).
         return (_restore, (self._secret, self.is_testing, self.noise_free, self._binding,
                            self._session, self._issued_for))
+
+
+@contextlib.contextmanager
+def audit_world():
+    """TESTS ONLY: run one world of a neighbouring-pair sequence audit as if in a process of its
+    own (module docstring, "Audit worlds"). Inside, claims of keys made by
+    :meth:`ReleaseKey.from_public_seed` (their copies, reloads, ledger bindings and children) go
+    to a registry of this world, discarded when it closes; every other key claims process-wide
+    as always. Worlds do not nest (one process at a time)."""
+    global _WORLD
+    with _CLAIMS_LOCK:
+        if _WORLD is not None:
+            raise RuntimeError("audit worlds do not nest: one world (one simulated process) at a time")
+        _WORLD = {}
+    try:
+        yield
+    finally:
+        with _CLAIMS_LOCK:
+            _WORLD = None
 
 
 def _restore(secret, is_testing, noise_free, binding, session, issued_for) -> ReleaseKey:

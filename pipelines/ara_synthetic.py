@@ -107,7 +107,9 @@ class ConversionData:
 
     source_id: impression id (the unit of privacy); order: position of the conversion among its
     source's conversions (time order); features: (n, D) impression-side slice features;
-    count: 1 per conversion; value: conversion value.
+    count: 1 per conversion; value: conversion value; report_id: the id of the aggregatable
+    report the browser sends for the conversion (random UUIDs, as in a report's shared_info; the
+    summary-report job aggregates each at most once across batches), or None.
     """
 
     source_id: np.ndarray
@@ -116,6 +118,7 @@ class ConversionData:
     count: np.ndarray
     value: np.ndarray
     dimensions: tuple[int, ...]
+    report_id: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.source_id.shape[0])
@@ -163,12 +166,25 @@ class ConversionData:
 
     def to_arrow(self):
         import pyarrow as pa
-        cols = {"source_id": pa.array(self.source_id), "order": pa.array(self.order)}
+        cols = {} if self.report_id is None else {"report_id": pa.array(self.report_id, pa.string())}
+        cols.update({"source_id": pa.array(self.source_id), "order": pa.array(self.order)})
         for d in range(self.features.shape[1]):
             cols[f"dim_{d}"] = pa.array(self.features[:, d])
         cols["count"] = pa.array(self.count)
         cols["value"] = pa.array(self.value)
         return pa.table(cols)
+
+
+def report_ids(seed: int, n: int) -> np.ndarray:
+    """``n`` random version-4 UUIDs (text) from a stream of their own (``seed``): generating them
+    draws nothing from the data's stream, so the other columns do not depend on them."""
+    import uuid
+
+    words = np.random.default_rng([int(seed), 0x5245504F5254]).integers(
+        0, np.iinfo(np.uint64).max, size=(n, 2), dtype=np.uint64, endpoint=True)
+    raw = words.astype(">u8").tobytes()
+    return np.array([str(uuid.UUID(bytes=raw[16 * i:16 * i + 16], version=4))
+                     for i in range(n)], dtype=object)
 
 
 def published_impressions_pmf(exponent: float, x_max: int) -> np.ndarray:
@@ -227,4 +243,4 @@ def generate(preset: SyntheticPreset | str, seed: int, scale: float = 1.0) -> Co
     value = rng.lognormal(mu, sigma, source_id.size) * preset.value_scale
     return ConversionData(source_id=source_id, order=order, features=features,
                           count=np.ones(source_id.size, dtype=np.int64), value=value,
-                          dimensions=tuple(dims))
+                          dimensions=tuple(dims), report_id=report_ids(seed, source_id.size))

@@ -52,12 +52,15 @@ from accounting.sensitivity import Sensitivities
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepared,
                                ReleaseOptions, ReleaseRefused, cli)
 from pipelines.release import run as run_release
+from pipelines.release.consumption import SKIP_HELP, Consumes, canonical_ids, remove_consumed
 from pipelines.release.names import check_segment
 from transforms.ara.event_beam import (EVENT_PURPOSE, NAMESPACE, DebiasConversionCounts,
                                        SimulateEventReports, TriggerMapping)
 from transforms.ara.event_level import MAX_EVENT_LEVEL_EPSILON, EventLevelConfig
 
 NAME = "event_level_reports"
+#: Consumed-id namespace: the registered sources (each randomized once, ever).
+SOURCES = "ara-event/source"
 REPORTS = "reports.csv"
 ESTIMATES = "estimates.csv"
 #: Column names of the estimates table that a group column may not take.
@@ -90,6 +93,7 @@ class EventLevelReportsRequest:
                 "delay column to windows (a later conversion is not attributed)"})
     group_by: tuple = field(default=(), metadata={
         "help": "public columns of --sources to group the estimates by"})
+    skip_consumed: bool = field(default=False, metadata={"help": SKIP_HELP})
     options: ReleaseOptions = field(metadata={"cli": False})
 
 
@@ -281,7 +285,8 @@ class EventLevelReportsJob(Job):
                     config.trigger_data_cardinality, "report_windows": config.report_windows,
                     "max_reports": config.max_reports, "group_by": list(request.group_by),
                     "value_edges": None if mapping is None else list(mapping.value_edges),
-                    "window_ends": None if mapping is None else list(mapping.window_ends)},
+                    "window_ends": None if mapping is None else list(mapping.window_ends),
+                    **({"skip_consumed": True} if request.skip_consumed else {})},
             parameters={"epsilon": request.epsilon, "states": config.states,
                         "flip_probability": config.flip_probability,
                         "trigger_data_cardinality": config.trigger_data_cardinality,
@@ -296,11 +301,22 @@ class EventLevelReportsJob(Job):
 
         return "event-level:" + content_digest([inputs[name] for name in sorted(inputs)])
 
+    def consumes(self, prepared: EventLevelPrepared, planned, inputs):
+        """The registered sources: each randomized once, ever (see the module docstring)."""
+        return [Consumes(namespace=SOURCES, ids=canonical_ids(inputs["sources"], "source_id"),
+                         noun="sources", label="--sources", skip=prepared.request.skip_consumed)]
+
     def build(self, pipeline, prepared: EventLevelPrepared, inputs, release):
         request, config, mapping = prepared.request, prepared.config, prepared.mapping
-        sources = inputs["sources"] | release.label("SourceColumns") >> beam.ParDo(
+        registered = remove_consumed(
+            inputs["sources"], pipeline, release, SOURCES, "source_id", label="sources",
+            counter=(NAMESPACE, "source_rows_removed_already_consumed"))
+        logs = remove_consumed(
+            inputs["conversions"], pipeline, release, SOURCES, "source_id", label="conversions",
+            counter=(NAMESPACE, "conversion_rows_removed_source_already_consumed"))
+        sources = registered | release.label("SourceColumns") >> beam.ParDo(
             _Columns(text=request.group_by))
-        conversions = inputs["conversions"] | release.label("ConversionColumns") >> beam.ParDo(
+        conversions = logs | release.label("ConversionColumns") >> beam.ParDo(
             _Columns(numeric=("order", "trigger_data", "window", "value", "delay")))
         reports = ({"sources": sources, "conversions": conversions}
                    | release.label("SimulateEventReports") >> SimulateEventReports(

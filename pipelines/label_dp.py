@@ -32,6 +32,15 @@ features are public to the trainer); charged to the dataset's ledger scope (``la
 A person with several examples: bound examples per person first, or spend epsilon / K (group
 privacy). The same labels under another ``--dataset_id`` are refused (the ledger records a digest
 of the (example id, label) set).
+
+Across exports: **an example's label is randomized once, ever** (per ``--label_column``). The
+ledger records every export's example ids (keyed hashes; ``pipelines/release/consumption.py``):
+an export that includes an example an earlier export (or an earlier version of this one)
+randomized is refused before the charge -- its label would be randomized again with an
+independent key, epsilon twice -- naming how many and which exports hold them; with
+``--skip_consumed`` those examples are removed (counter ``label_dp.rows_removed_already_consumed``)
+and the new ones exported: a trainer reuses the earlier export's randomized labels. An example id
+repeated within one export is refused (or, with ``--skip_consumed``, every row of it removed).
 """
 from __future__ import annotations
 
@@ -50,6 +59,7 @@ from accounting.measures import Measure
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepared,
                                ReleaseOptions, ReleaseRefused, cli)
 from pipelines.release import run as run_release
+from pipelines.release.consumption import SKIP_HELP, Consumes, canonical_ids, remove_consumed
 from pipelines.release.names import check_segment
 
 NAME = "label_dp"
@@ -76,6 +86,7 @@ class LabelDPRequest:
     prior: tuple = field(default=(), metadata={
         "help": "RR-with-prior: a PUBLIC prior weight per label (e.g. from an earlier DP "
                 "release), comma-separated; default plain RR"})
+    skip_consumed: bool = field(default=False, metadata={"help": SKIP_HELP})
     options: ReleaseOptions = field(metadata={"cli": False})
 
 
@@ -274,7 +285,8 @@ class LabelDPJob(Job):
                                 description="what a trainer needs to debias")],
             config={"labels": list(request.labels), "epsilon": request.epsilon,
                     "prior": list(request.prior), "id_column": request.id_column,
-                    "label_column": request.label_column, "features": list(request.features)},
+                    "label_column": request.label_column, "features": list(request.features),
+                    **({"skip_consumed": True} if request.skip_consumed else {})},
             parameters={"randomizer": {k: v for k, v in described.items()
                                        if k not in ("transition_matrix", "debias_matrix")},
                         "examples_per_person": "one (bound examples per person before export)"},
@@ -283,11 +295,21 @@ class LabelDPJob(Job):
     def content_key(self, prepared, planned, inputs):
         return _content_digest(prepared.request, [inputs[name] for name in sorted(inputs)])
 
+    def consumes(self, prepared: LabelDPPrepared, planned, inputs):
+        """The examples whose labels the export randomizes: once, ever (module docstring)."""
+        request = prepared.request
+        return [Consumes(namespace=f"{NAME}/{request.label_column}/example",
+                         ids=canonical_ids(inputs["rows"], request.id_column), noun="examples",
+                         label="--input", skip=request.skip_consumed)]
+
     def build(self, pipeline, prepared: LabelDPPrepared, inputs, release):
         from transforms.ldp.beam import RandomizeLabels
 
         request, randomizer = prepared.request, prepared.randomizer
-        rows = inputs["rows"] | release.label("Prepare") >> beam.ParDo(
+        kept = remove_consumed(inputs["rows"], pipeline, release,
+                               f"{NAME}/{request.label_column}/example", request.id_column,
+                               counter=(NAME, "rows_removed_already_consumed"), label="examples")
+        rows = kept | release.label("Prepare") >> beam.ParDo(
             _Prepare(request, release.counters(NAME, "rows")))
         out = rows | release.label("RandomizeLabels") >> RandomizeLabels(
             randomizer, label_column=request.label_column, id_column="example_id",

@@ -18,7 +18,9 @@ estimator at the estimate, stated per oracle in ``transforms/ldp/oracles.py``).
 
 Privacy: the clients' local epsilon (each report is epsilon-LDP; the estimates are
 post-processing); the release is charged to the collection's ledger scope (see
-:mod:`pipelines.ldp_release`). No server-side randomness is used.
+:mod:`pipelines.ldp_release`). No server-side randomness is used. A client's report is counted
+once per collection (its ``--id_column``; a replayed report is refused, or removed with
+``--skip_consumed``: :mod:`pipelines.ldp_release`).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from pipelines import ldp_release
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepared,
                                ReleaseOptions, ReleaseRefused, cli, textfiles)
 from pipelines.release import run as run_release
+from pipelines.release.consumption import SKIP_HELP
 from pipelines.release.names import check_segment
 
 NAME = "ldp_frequencies"
@@ -65,6 +68,8 @@ class FrequenciesRequest:
                 "domain; required for OLH above 4096 values)"})
     olh_buckets: int = field(default=0, metadata={
         "help": "OLH hash range g (default 0: round(e^epsilon) + 1, Wang et al. 2017)"})
+    id_column: str = field(default="client_id", metadata={"help": ldp_release.ID_HELP})
+    skip_consumed: bool = field(default=False, metadata={"help": SKIP_HELP})
     options: ReleaseOptions = field(metadata={"cli": False})
 
 
@@ -159,9 +164,13 @@ class FrequenciesJob(Job):
 
         request = prepared.request
         columns = {f.name: "any" for f in report_fields(prepared.oracle)}
+        ids, optional = ldp_release.id_columns(request)
         fmt = None if request.oracle in FLAT_ORACLES else "parquet"
         return [InputSpec(name="reports", paths=request.input, format=fmt,
-                          columns=columns, flag="--input")]
+                          columns={**columns, **ids}, optional=optional, flag="--input")]
+
+    def consumes(self, prepared, planned, inputs):
+        return ldp_release.client_consumes(NAME, prepared.request, inputs)
 
     def dropped_rows(self, prepared, counters):
         return ldp_release.dropped_reports(counters, "reports")
@@ -178,7 +187,8 @@ class FrequenciesJob(Job):
             outputs=[OutputSpec(name=OUTPUT, sort_by=["value"], schema=SCHEMA,
                                 noisy=["estimate", "frequency", "std"],
                                 description="unbiased estimate per candidate value")],
-            config={"oracle": oracle.metadata(), "candidates": candidates.tolist()},
+            config={"oracle": oracle.metadata(), "candidates": candidates.tolist(),
+                    **({"skip_consumed": True} if request.skip_consumed else {})},
             parameters={"model": ldp_release.LOCAL_MODEL, "oracle": described,
                         "candidates": int(candidates.size)},
             guarantee_covers="the clients' reports of this collection (local model)")]
@@ -187,7 +197,8 @@ class FrequenciesJob(Job):
         from transforms.ldp.beam import EstimateFrequencies
 
         oracle, candidates = prepared.oracle, prepared.candidates
-        reports = inputs["reports"]
+        reports = ldp_release.remove_replayed(inputs["reports"], pipeline, release, NAME,
+                                              prepared.request)
         if prepared.request.oracle in FLAT_ORACLES:
             reports = reports | release.label("ParseText") >> beam.Map(parse_text_reports)
         return {OUTPUT: reports | release.label("Estimate") >> EstimateFrequencies(

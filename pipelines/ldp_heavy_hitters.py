@@ -22,7 +22,9 @@ Output: release ``ldp_heavy_hitters/<collection_id>``:
 Estimates are scaled from a round's group to the whole population. Round r's candidates are
 round r-1's top-k prefixes extended, so they depend only on reports (post-processing).
 Privacy: each client sends one report in one group: the clients' local epsilon, charged to the
-collection's ledger scope (see :mod:`pipelines.ldp_release`).
+collection's ledger scope (see :mod:`pipelines.ldp_release`). A client's report is counted once
+per collection (its ``--id_column``; a replayed report is refused, or removed with
+``--skip_consumed``: :mod:`pipelines.ldp_release`).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from pipelines import ldp_release
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepared,
                                ReleaseOptions, ReleaseRefused, cli)
 from pipelines.release import run as run_release
+from pipelines.release.consumption import SKIP_HELP
 from pipelines.release.names import check_segment
 
 NAME = "ldp_heavy_hitters"
@@ -64,6 +67,8 @@ class HeavyHittersRequest:
     bits_per_round: int = field(default=4, metadata={"help": "eta: prefix bits added per round"})
     start_bits: Optional[int] = field(default=None, metadata={
         "help": "s_0: bits before round 0 (default ceil(log2 top_k))"})
+    id_column: str = field(default="client_id", metadata={"help": ldp_release.ID_HELP})
+    skip_consumed: bool = field(default=False, metadata={"help": SKIP_HELP})
     options: ReleaseOptions = field(metadata={"cli": False})
 
 
@@ -116,8 +121,12 @@ class HeavyHittersJob(Job):
         request = prepared.request
         columns = {f.name: "any" for f in prepared.pem.report_schema()}
         columns[GROUP_COLUMN] = "integer"
+        ids, optional = ldp_release.id_columns(request)
         return [InputSpec(name="reports", paths=request.input, format="parquet",
-                          columns=columns, flag="--input")]
+                          columns={**columns, **ids}, optional=optional, flag="--input")]
+
+    def consumes(self, prepared, planned, inputs):
+        return ldp_release.client_consumes(NAME, prepared.request, inputs)
 
     def dropped_rows(self, prepared, counters):
         return ldp_release.dropped_reports(counters, "reports")
@@ -139,14 +148,17 @@ class HeavyHittersJob(Job):
                      OutputSpec(name=ROUNDS, sort_by=["round", "value"], schema=ROUNDS_SCHEMA,
                                 noisy=["value", "estimate", "frequency", "std"],
                                 description="every round's candidate prefixes and estimates")],
-            config={"plan": plan.metadata()},
+            config={"plan": plan.metadata(),
+                    **({"skip_consumed": True} if request.skip_consumed else {})},
             parameters={"model": ldp_release.LOCAL_MODEL, "pem": described},
             guarantee_covers="the clients' reports of this collection (local model)")]
 
     def build(self, pipeline, prepared: HeavyHittersPrepared, inputs, release):
         from transforms.ldp.beam import PEMHeavyHitters
 
-        out = inputs["reports"] | release.label("PEM") >> PEMHeavyHitters(prepared.pem)
+        reports = ldp_release.remove_replayed(inputs["reports"], pipeline, release, NAME,
+                                              prepared.request)
+        out = reports | release.label("PEM") >> PEMHeavyHitters(prepared.pem)
         return {HEAVY_HITTERS: out["heavy_hitters"], ROUNDS: out["rounds"]}
 
 

@@ -25,6 +25,22 @@ Messages name the file and the column, never a report.
 **Dropped reports.** A null or out-of-domain report depends only on its own client, so dropping
 it is post-processing; such reports are Beam counters (namespace ``ldp``) and count towards the
 release layer's dropped-rows rule.
+
+**A client's report counted once per collection.** Report files carry each report's client id
+(``--id_column``, default ``client_id``; required in real releases, optional in testing runs).
+A client id repeated within a collection -- a replayed report batch, a file given twice -- is
+refused before the charge (a client that randomized twice would count twice at epsilon each);
+with ``--skip_consumed`` every report of such a client is removed in the pipeline (keeping one
+would choose between its reports by content or arrival), counted as
+``ldp.reports_removed_already_consumed`` (``pipelines/release/consumption.py``). A collection is
+released once: its ledger scope is budgeted at the clients' epsilon, so no second version and no
+second job can release it again, and nothing needs recording across collections. Different
+collections (e.g. one per day) are different scopes: a client reports once in each; a report
+replayed into another collection is post-processing of what that client sent once (it adds no
+loss), though it biases that collection's estimate -- keep report batches apart per collection.
+``shuffle_sum`` has no client ids (the shuffler hides who sent a share): it refuses any share
+count other than ``--num_clients`` times the messages per client, so a replayed batch cannot be
+summed.
 """
 from __future__ import annotations
 
@@ -34,6 +50,7 @@ from accounting.budget import PrivacyBudget
 from accounting.ledger import Scope
 from accounting.measures import Measure
 from pipelines.release import InputSpec, ReleaseRefused
+from pipelines.release.consumption import Consumes, canonical_ids, remove_consumed
 from pipelines.release.inputs import preflight
 
 #: Counters (namespace ``ldp``) that drop a report or row for a fault of its own.
@@ -48,6 +65,36 @@ def local_measure(name: str, mechanism: str, epsilon: float, description: str) -
                    neighbouring=("replace one client's value (local model: each report is "
                                  f"{epsilon:.6g}-LDP; the release is post-processing)"),
                    description=description)
+
+
+ID_HELP = ("column of the reports holding each report's client id (required in a real release: "
+           "a client's report is counted once per collection)")
+
+
+def id_columns(request) -> tuple[dict, dict]:
+    """(required, optional) columns for the client ids: required in a real release."""
+    column = {request.id_column: "id"}
+    return ({}, column) if request.options.testing else (column, {})
+
+
+def client_namespace(job: str, collection_id: str) -> str:
+    return f"{job}/{collection_id}/client"
+
+
+def client_consumes(job: str, request, inputs, input_name: str = "reports") -> list:
+    """The collection's client ids (``Job.consumes`` of the local-DP jobs)."""
+    ids = canonical_ids(inputs[input_name], request.id_column,
+                        required=not request.options.testing)
+    return [Consumes(namespace=client_namespace(job, request.collection_id), ids=ids,
+                     noun="clients", label="--input", skip=request.skip_consumed,
+                     across_batches=False)]
+
+
+def remove_replayed(tables, pipeline, release, job: str, request):
+    """``tables`` without the reports of clients the release must not count (see above)."""
+    return remove_consumed(tables, pipeline, release,
+                           client_namespace(job, request.collection_id), request.id_column,
+                           counter=("ldp", "reports_removed_already_consumed"), label="clients")
 
 
 def collection_scope(collection_id: str, epsilon: float) -> Scope:

@@ -15,6 +15,9 @@ A gradient run also needs the model the ad server sends (``--model``):
 ``{"weights": [...], "bias": 0, "feature_scale": 0.03125, "feature_offset": 128}``.
 Errors name the file and the field, never the file's content. :func:`prepare_lark` is what every
 Masked LARk job's ``Job.prepare`` starts with (the run id, ``--params`` and ``--model``, read once).
+
+:func:`record_ids_once` is the browsers' rule both jobs that share records apply: each record is
+shared once per batch.
 """
 from __future__ import annotations
 
@@ -28,6 +31,17 @@ from transforms.lark.model import LogisticModel
 from transforms.lark.params import AggregationParams, GradientParams
 
 Params = Union[AggregationParams, GradientParams]
+
+
+def record_ids_once(job: str, inputs) -> list:
+    """``Job.consumes`` of the jobs that share records (browsers, training driver): the records'
+    ids, each shared once per batch -- a duplicate is refused before anything is charged (each
+    copy would get a fresh report id, invisible to the helpers' replay check). Not recorded
+    across batches."""
+    from pipelines.release.consumption import Consumes, canonical_ids
+
+    return [Consumes(namespace=f"{job}/record", ids=canonical_ids(inputs["records"], "record_id"),
+                     noun="record ids", label="--input", skip=None, across_batches=False)]
 _FIELDS = {"aggregation": {"value_columns", "lower", "upper", "epsilon", "k", "fraction_bits",
                            "num_helpers", "max_batch_records"},
            "gradient": {"num_features", "clip_norm", "epsilon", "k", "fraction_bits",

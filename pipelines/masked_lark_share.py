@@ -22,7 +22,10 @@ to its helper only: any H - 1 of them are uniform and independent of the values,
 them.
 
 Privacy: the reports are not a statistic; the job spends nothing (its guarantee is
-compose([]) = (0, 0)) -- the helpers' releases carry the guarantee. With
+compose([]) = (0, 0)) -- the helpers' releases carry the guarantee. Each record is shared once:
+a ``record_id`` that appears twice in the input (also under different ``batch_id`` values) is
+refused before anything is charged -- each copy would get a fresh report id, so no helper's
+replay check could see it, and the record would count twice in an aggregate. With
 ``--local_noise_epsilon e`` (gradients; Section 4.2.3) every byte feature gets discrete Laplace
 noise with scale 255 / e before sharing: the features of a record are (d * e)-local-DP against
 every party, charged to the scope ``masked-lark-local-features:<batch_id>``.
@@ -48,7 +51,8 @@ import pyarrow.compute as pc
 from accounting.budget import PrivacyBudget
 from accounting.ledger import Scope
 from accounting.measures import Measure
-from pipelines.masked_lark_config import LarkPrepared, params_to_json, prepare_lark
+from pipelines.masked_lark_config import (LarkPrepared, params_to_json, prepare_lark,
+                                         record_ids_once)
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
                                ReleaseRefused, cli)
 from pipelines.release import run as run_release
@@ -157,6 +161,9 @@ class ShareJob(Job):
             optional = {"batch_id": "any", "fake": "any"}
         return [InputSpec(name="records", paths=request.input, format=request.input_format,
                           columns=columns, optional=optional, flag="--input")]
+
+    def consumes(self, prepared: LarkPrepared, planned, inputs):
+        return record_ids_once(NAME, inputs)
 
     def plan(self, prepared: LarkPrepared):
         request, params = prepared.request, prepared.params

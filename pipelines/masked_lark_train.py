@@ -16,7 +16,9 @@ with ``--model`` and a ``pipelines.masked_lark_combine`` run; this driver runs t
 functions in process (the records are held in memory: a training set, not a log).
 
 Input (CSV or Parquet): record_id, x_0..x_{d-1} (bytes 0..255), label (0/1). Rows are put in
-record_id order first, so the result does not depend on how the files were read.
+record_id order first, so the result does not depend on how the files were read. Each record is
+shared once: a ``record_id`` that appears twice is refused before anything is charged (its
+copies would get fresh report ids and count twice in every step that draws them).
 ``--model``: the initial model (its feature_scale/feature_offset standardise the features).
 
 Output: release ``masked_lark_train/<model_id>``: ``model.csv`` (coordinate, parameter
@@ -48,7 +50,7 @@ from accounting.budget import PrivacyBudget
 from accounting.ledger import Scope
 from accounting.measures import Measure
 from pipelines.masked_lark_config import (LarkPrepared, load_model, params_to_json,
-                                         prepare_lark)
+                                         prepare_lark, record_ids_once)
 from pipelines.masked_lark_share import LOCAL_NEIGHBOURING
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
                                ReleaseRefused, cli)
@@ -292,6 +294,9 @@ class TrainJob(Job):
                 description=f"{params.num_features} byte features, each discrete Laplace scale "
                             f"255/{request.local_noise_epsilon:g}"))
         return measures
+
+    def consumes(self, prepared: TrainPrepared, planned, inputs):
+        return record_ids_once(NAME, inputs)
 
     def plan(self, prepared: TrainPrepared):
         request, params, model = prepared.request, prepared.params, prepared.model

@@ -8,8 +8,11 @@ Seed ``000_015430204a1d6d17.txt`` ("Summation in Shuffle DP Model", split-and-mi
 added its share of Binomial noise to its value in [0, B], split the result into m shares mod q
 and sent them to a shuffler; the input is the shuffler's output (a ``share`` column, any order).
 The protocol parameters are the job's flags; they must match the ``ldp.split_and_mix`` metadata of
-the share files, and the files' row counts must be whole clients and at least ``--num_clients``
-(fewer clients would carry less noise than planned): all checked before the charge.
+the share files, and the files' row counts must be exactly ``--num_clients`` whole clients: all
+checked before the charge. Fewer clients would carry less noise than planned; more cannot be told
+apart from a replayed batch (the shuffler hides who sent a share, so shares carry no client id):
+a client's shares counted twice would move the sum by 2B against noise planned for B. So plan
+``--num_clients`` as the clients whose shares the collection holds.
 
 Output: release ``shuffle_sum/<collection_id>`` (``sum.csv``): one row ``estimate, std,
 clients, messages`` (the estimated sum, the noise's standard deviation, and the client and
@@ -116,6 +119,12 @@ class ShuffleSumJob(Job):
             raise ReleaseRefused(f"--input: shares of {messages // spec.messages} clients, but "
                                  f"the noise is split over --num_clients {spec.num_clients}: the "
                                  "sum would carry less noise than planned; nothing was charged")
+        if messages // spec.messages > spec.num_clients:
+            raise ReleaseRefused(f"--input: shares of {messages // spec.messages} clients, more "
+                                 f"than --num_clients {spec.num_clients} allows: a replayed or "
+                                 "repeated batch would count clients twice (shares carry no "
+                                 "client id to tell); give exactly the collection's shares. "
+                                 "Nothing was charged")
 
     def inputs(self, prepared: ShuffleSumPrepared):
         from transforms.ldp.shuffle import SHARE_COLUMN

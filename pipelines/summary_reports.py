@@ -5,10 +5,15 @@
         --key_store private/keys
 
 Inputs (``--input_format``, default from the file names):
-  csv / parquet  attributed conversions: columns source_id, [order], dim_0..dim_{D-1}, and one
-                 column per measure of ``--config`` (``count`` may be absent: 1 per row);
-                 algorithm A encodes them with the configuration (clip thresholds, budgets).
-  reports        JSON lines of cleartext aggregatable reports (see transforms/ara/reports.py).
+  csv / parquet  attributed conversions: columns report_id, source_id, [order], dim_0..dim_{D-1},
+                 and one column per measure of ``--config`` (``count`` may be absent: 1 per
+                 row); algorithm A encodes them with the configuration (clip thresholds,
+                 budgets). ``report_id`` is the id of the aggregatable report the browser sends
+                 for the conversion (its ``shared_info``'s); required in real releases (a row
+                 without one is dropped and counted; a batch without any is refused before the
+                 charge), optional in testing runs.
+  reports        JSON lines of cleartext aggregatable reports with their ``report_id`` (see
+                 transforms/ara/reports.py).
 
 Output: release ``summary_reports/<batch_id>`` (``summary.csv``): ``bucket,noisy_sum[,estimate]``
 per declared bucket (hex key; ``estimate`` = algorithm R when ``--config`` is given), sorted by
@@ -20,6 +25,24 @@ each declared bucket gets DLap(65,536 / epsilon): the summary is epsilon-DP w.r.
 removing a source. A batch is aggregated at most once, and "the batch" is its content: a digest of
 the set of reports (or conversion rows), independent of file names, order and the ``--batch_id``
 label, is recorded in the ledger; the same content under another id is refused.
+
+Across batches (``pipelines/release/consumption.py``; checked in the ledger's transaction before
+the charge):
+
+* **Each report id is aggregated at most once**, over all batches and all versions of a batch
+  (the Aggregation Service's rule). A batch holding report ids an earlier batch consumed -- an
+  overlapping batch, a late report sent with its batch again -- is refused (exit 2, naming how
+  many and which batches hold them); with ``--skip_consumed`` those reports are removed in the
+  pipeline (counter ``ara.reports_removed_already_consumed``) and the rest aggregated. A report
+  id repeated within one batch is refused too (or, with ``--skip_consumed``, every copy removed:
+  which copy to keep would depend on content or arrival order).
+* **A source's 65,536 L1 budget holds across all batches**, as in the browser: the ledger keeps
+  per source what its batches were granted, and a later batch's algorithm C bounds the source by
+  what is left. A batch is granted, per source, the least of what is left and what its reports
+  can spend at most (their totals; conversions: every rounding up), and records that grant;
+  under ``--skip_consumed`` the removed reports still count in what a source asks (conservative).
+  So epsilon holds per source over every batch it appears in (each batch's noise is calibrated
+  to the whole budget; a source's contributions over all batches sum to at most 65,536).
 """
 from __future__ import annotations
 
@@ -42,10 +65,12 @@ from accounting.sensitivity import Sensitivities
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepared,
                                ReleaseOptions, ReleaseRefused, cli, textfiles)
 from pipelines.release import run as run_release
+from pipelines.release.consumption import SKIP_HELP, Consumes
 from pipelines.release.names import check_segment
 from transforms.ara.beam import (ROUNDING_PURPOSE, SUMMARY_PURPOSE, BoundSourceContributions,
-                                 EncodeConversions, ParseReports, Reconstruct, SummaryReport,
-                                 batch_purpose)
+                                 EncodeConversions, ParseReports, Reconstruct, RemoveReports,
+                                 SummaryReport, batch_purpose, conversion_rows,
+                                 max_report_totals)
 from transforms.ara.contribution import CONTRIBUTION_BUDGET, ContributionConfig
 from transforms.ara.summary import check_summary_epsilon, key_bytes, parse_output_domain
 
@@ -53,6 +78,10 @@ NAME = "summary_reports"
 OUTPUT = "summary.csv"
 #: The aggregation service's largest epsilon per batch: the budget of a batch's ledger scope.
 MAX_EPSILON = 64.0
+#: Consumed-id namespaces (the ledger's records): report ids (at most once) and the sources' L1
+#: contribution budget (65,536 over all batches).
+REPORT_IDS = "ara-summary/report-id"
+SOURCE_BUDGET = "ara-summary/source-l1"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +107,7 @@ class SummaryReportsRequest:
         "help": "declared bucket keys, one per line (decimal or 0x hex); required for reports"})
     max_reports_per_source: int = field(default=1024, metadata={
         "help": "reports kept per source before budget bounding (memory bound)"})
+    skip_consumed: bool = field(default=False, metadata={"help": SKIP_HELP})
     options: ReleaseOptions = field(metadata={"cli": False})
 
 
@@ -95,30 +125,35 @@ def _schema(with_estimate: bool) -> pa.Schema:
     return pa.schema(fields + ([("estimate", pa.float64())] if with_estimate else []))
 
 
-class _NumericColumns(beam.DoFn):
-    """Conversion rows read as text (CSV) -> numeric columns; a value that does not parse is
+def numeric_columns(table: pa.Table, columns: Sequence[str]) -> pa.Table:
+    """Conversion rows read as text (CSV) -> numeric ``columns``; a value that does not parse is
     null (algorithm A then drops the row, counted by its rule). A ``count`` column the file does
     not have (the release layer's null-typed column) is removed: algorithm A counts 1 per row."""
+    if "count" in table.column_names and pa.types.is_null(table.column("count").type):
+        table = table.drop_columns(["count"])  # absent from the file: 1 per row
+    for name in columns:
+        if name not in table.column_names:
+            continue
+        column = table.column(name)
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            try:
+                parsed = pc.cast(column, pa.float64())
+            except pa.ArrowInvalid:
+                parsed = pa.array([_to_float(v) for v in column.to_pylist()], pa.float64())
+            if name == "order":
+                parsed = pc.cast(pc.fill_null(parsed, 0), pa.int64(), safe=False)
+            table = table.set_column(table.column_names.index(name), name, parsed)
+    return table
+
+
+class _NumericColumns(beam.DoFn):
+    """:func:`numeric_columns` over the pipeline's tables."""
 
     def __init__(self, columns: Sequence[str]):
         self._columns = list(columns)
 
     def process(self, table: pa.Table):
-        if "count" in table.column_names and pa.types.is_null(table.column("count").type):
-            table = table.drop_columns(["count"])  # absent from the file: 1 per row
-        for name in self._columns:
-            if name not in table.column_names:
-                continue
-            column = table.column(name)
-            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-                try:
-                    parsed = pc.cast(column, pa.float64())
-                except pa.ArrowInvalid:
-                    parsed = pa.array([_to_float(v) for v in column.to_pylist()], pa.float64())
-                if name == "order":
-                    parsed = pc.cast(pc.fill_null(parsed, 0), pa.int64(), safe=False)
-                table = table.set_column(table.column_names.index(name), name, parsed)
-        yield table
+        yield numeric_columns(table, self._columns)
 
 
 def _to_float(value):
@@ -129,18 +164,19 @@ def _to_float(value):
     return number if np.isfinite(number) else None
 
 
-def content_digest(resolved) -> str:
+def content_digest(resolved, consumed=None) -> str:
     """An order-independent digest of a batch's content: the sum mod 2^256 of each report's (or
     conversion row's) SHA-256, over its canonical form -- file names, order, compression and
     formatting do not change it, adding or removing a report does. ``resolved``: the
     preflighted inputs (read as the pipeline reads them, one file at a time). Shared with
-    ``pipelines.event_level_reports``, whose sources and conversions are tables of the same kind."""
+    ``pipelines.event_level_reports``, whose sources and conversions are tables of the same kind.
+    ``consumed``: a :class:`_Consumed` that collects, in the same pass, what the batch consumes."""
     total, kind = 0, "conversions"
     for inp in resolved:
         for path in inp.files:
             kind = "reports" if inp.formats[path] == "jsonl" else kind
             try:
-                total += _file_digest(path, inp)
+                total += _file_digest(path, inp, consumed)
             except (pa.ArrowException, UnicodeDecodeError, OSError, EOFError) as err:
                 # The whole batch is read here, before any charge: a file that cannot be read
                 # (invalid UTF-8, a corrupt Parquet page) is refused (never echoing its content).
@@ -152,17 +188,22 @@ def content_digest(resolved) -> str:
     return f"multiset-sha256:{kind}:{total % (1 << 256):064x}"
 
 
-def _file_digest(path: str, inp) -> int:
+def _file_digest(path: str, inp, consumed=None) -> int:
     total = 0
     if inp.formats[path] == "jsonl":
         for row in _report_lines(path, inp.compression[path]):
             try:
-                canonical = json.dumps(json.loads(row), sort_keys=True, separators=(",", ":"))
+                obj = json.loads(row)
+                canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"))
             except ValueError:
-                canonical = row
+                obj, canonical = None, row
             total += int.from_bytes(hashlib.sha256(canonical.encode()).digest(), "big")
+            if consumed is not None and obj is not None:
+                consumed.add_report(obj)
         return total
     for table in _conversion_tables(path, inp):
+        if consumed is not None:
+            consumed.add_conversions(table, inp.spec.label, path)
         names = sorted(table.column_names)
         columns = [table.column(n).to_pylist() for n in names]
         for values in zip(*columns):
@@ -224,6 +265,45 @@ def _conversion_tables(path: str, inp):
                                     null_values=[""], strings_can_be_null=True))
         for batch in reader:
             yield pa.Table.from_batches([batch])
+
+
+class _Consumed:
+    """What a batch consumes, collected while its content digest is computed (one pass): the
+    report ids of the reports (conversion rows) the pipeline aggregates, and per such report its
+    source and the most it can spend of the source's budget -- by the pipeline's own row rules
+    (``parse_report`` / ``conversion_rows``), so a report the pipeline drops consumes nothing."""
+
+    def __init__(self, config: Optional[ContributionConfig], require_report_id: bool):
+        self.config, self.require = config, require_report_id
+        self.report_ids, self.sources, self.totals = [], [], []
+        self.without_id = 0
+
+    def add_report(self, obj) -> None:
+        from transforms.ara.reports import ReportFault, report_from_json
+
+        try:
+            report = report_from_json(obj, require_report_id=self.require)
+        except ReportFault as fault:
+            self.without_id += fault.reason == "missing_report_id"
+            return
+        if report.report_id is not None:
+            self.report_ids.append(report.report_id)
+        self.sources.append(report.source_id)
+        self.totals.append(report.total)
+
+    def add_conversions(self, table: pa.Table, label: str, path: str) -> None:
+        cfg = self.config
+        numeric = numeric_columns(table, ["order", "count", *cfg.measures, *[
+            f"dim_{d}" for d in range(len(cfg.slice_dimensions))]])
+        try:
+            rows = conversion_rows(numeric, cfg, self.require)
+        except ValueError as err:
+            raise ReleaseRefused(f"{label}: {path}: {err}; nothing was charged")
+        self.without_id += rows.missing_report_id
+        if rows.report_ids is not None:
+            self.report_ids.extend(i for i in rows.report_ids if i is not None)
+        self.sources.extend(rows.sources)
+        self.totals.extend(max_report_totals(cfg, rows.values).tolist())
 
 
 #: Counters of the ARA transforms (namespace ``ara``) that drop a row or report for a fault of
@@ -316,10 +396,12 @@ class SummaryReportsJob(Job):
         if prepared.format == "reports":
             return [InputSpec(name="reports", paths=request.input, format="jsonl", columns={},
                               flag="--input")]
-        columns = {"source_id": "id",
+        ids = {"report_id": "id"}
+        columns = {**({} if request.options.testing else ids), "source_id": "id",
                    **{f"dim_{d}": "number" for d in range(len(config.slice_dimensions))},
                    **{m: "number" for m in config.measures if m != "count"}}
-        optional = {"order": "integer" if prepared.format == "parquet" else "any"}
+        optional = {**(ids if request.options.testing else {}),
+                    "order": "integer" if prepared.format == "parquet" else "any"}
         if "count" in config.measures:
             optional["count"] = "number"
         return [InputSpec(name="conversions", paths=request.input, format=prepared.format,
@@ -345,30 +427,74 @@ class SummaryReportsJob(Job):
             config={"format": prepared.format, "epsilon": request.epsilon,
                     "contribution_config": None if config is None else json.loads(config.to_json()),
                     "buckets": [f"{k:#034x}" for k in keys],
-                    "max_reports_per_source": request.max_reports_per_source},
+                    "max_reports_per_source": request.max_reports_per_source,
+                    **({"skip_consumed": True} if request.skip_consumed else {})},
             parameters={"epsilon": request.epsilon, "declared_buckets": len(keys),
                         "contribution_budget": CONTRIBUTION_BUDGET},
             guarantee_covers="one batch of reports: every declared bucket's noisy sum")]
 
+    def _scan(self, prepared: SummaryReportsPrepared, inputs) -> tuple[str, _Consumed]:
+        """The batch's content digest and what it consumes, in one pass over its files (the
+        release layer asks for both before the charge)."""
+        resolved = [inputs[name] for name in sorted(inputs)]
+        last = self._last_scan
+        # The same prepared request and preflighted inputs (the very objects): the same pass.
+        if last is None or last[0] is not prepared or len(last[1]) != len(resolved) or \
+                any(a is not b for a, b in zip(last[1], resolved)):
+            consumed = _Consumed(prepared.config, not prepared.request.options.testing)
+            last = (prepared, resolved, content_digest(resolved, consumed), consumed)
+            self._last_scan = last
+        return last[2], last[3]
+
+    _last_scan = None
+
     def content_key(self, prepared, planned, inputs):
-        return content_digest([inputs[name] for name in sorted(inputs)])
+        return self._scan(prepared, inputs)[0]
+
+    def consumes(self, prepared: SummaryReportsPrepared, planned, inputs):
+        """Report ids (at most once) and the sources' budgets (see the module docstring)."""
+        consumed = self._scan(prepared, inputs)[1]
+        if consumed.without_id and not consumed.report_ids:
+            # not one report could be checked against earlier batches: refuse before the charge
+            # (a few reports without an id are dropped and counted instead)
+            raise ReleaseRefused(f"--input: none of its reports has a report_id "
+                                 f"({consumed.without_id} without); a release aggregates each "
+                                 "report id at most once across batches, so it needs them. "
+                                 "Nothing was charged")
+        skip = prepared.request.skip_consumed
+        return [Consumes(namespace=REPORT_IDS, ids=consumed.report_ids, noun="report ids",
+                         label="--input", skip=skip),
+                Consumes(namespace=SOURCE_BUDGET, ids=consumed.sources, noun="sources",
+                         label="--input", limit=CONTRIBUTION_BUDGET,
+                         amounts=np.asarray(consumed.totals, dtype=np.int64))]
 
     def build(self, pipeline, prepared: SummaryReportsPrepared, inputs, release):
         request, config, keys = prepared.request, prepared.config, prepared.buckets
         key, batch = release.key, request.batch_id
+        required = not release.testing
         if prepared.format == "reports":
             reports = (inputs["reports"]
                        | release.label("Lines") >> beam.FlatMap(lambda t: t.column("line").to_pylist())
-                       | release.label("ParseReports") >> ParseReports())
+                       | release.label("ParseReports") >> ParseReports(required))
         else:
             numeric = [c for c in ["order", "count", *config.measures,
                                    *[f"dim_{d}" for d in range(len(config.slice_dimensions))]]]
             reports = (inputs["conversions"]
                        | release.label("Numeric") >> beam.ParDo(_NumericColumns(numeric))
                        | release.label("ContributionVectors") >> EncodeConversions(
-                           config, key, batch_purpose(ROUNDING_PURPOSE, batch)))
+                           config, key, batch_purpose(ROUNDING_PURPOSE, batch), required))
+        removed = release.consumed.get(REPORT_IDS)
+        if removed is not None and removed.removes:
+            ids = pipeline | release.label("ConsumedReportIds") >> beam.Create(
+                removed.removed.to_pylist())
+            reports = reports | release.label("RemoveConsumed") >> RemoveReports(ids)
+        budget = release.consumed.get(SOURCE_BUDGET)
+        grants = None
+        if budget is not None and budget.grants:
+            grants = pipeline | release.label("SourceBudgetsLeft") >> beam.Create(
+                sorted(budget.grants.items()))
         contributions = reports | release.label("ContributionBounding") >> BoundSourceContributions(
-            request.max_reports_per_source)
+            request.max_reports_per_source, grants=grants)
         domain = pipeline | release.label("Domain") >> beam.Create([key_bytes(k) for k in keys])
         noisy = ({"contributions": contributions, "domain": domain}
                  | release.label("SummaryReport") >> SummaryReport(

@@ -158,8 +158,13 @@ class AggregateJob:
         # A quantiles metric releases one column per quantile (post-processing of its tree).
         columns = self.released_columns()
         private = self.selection is not None or any(m.threshold is not None for m in self.metrics)
+        # value mode: a value not above its threshold is null (and its error columns with it)
+        value_mode = self.options.get("threshold_mode") == "value"
+        thresholded = tuple(c for m in self.metrics if m.threshold is not None
+                            for c in m.output_columns) if value_mode else ()
         return TableRule(keys=self.keys, noisy=columns, bounds=bounds, public_keys=self.public_keys,
-                         keys_private=private, tolerance=1e-6)
+                         keys_private=private, tolerance=1e-6, thresholded=thresholded,
+                         indicator_claim=transform.guarantee() if private else None)
 
     def spec(self, units: Units, **kwargs) -> AuditSpec:
         relation = "substitute" if self.neighbouring is Neighbouring.SUBSTITUTE else "add_remove"
@@ -213,6 +218,46 @@ def sample_releases(job: AggregateJob, rows: Sequence[dict], n: int, layout: Rel
     else:
         arrays = {c: np.zeros(0) for c in columns}
     return layout.vectorize(arrays, n, replica_column=REPLICA)
+
+
+# --------------------------------------------------------------------------------------------
+# A broken variant the audits and the DP tester must catch: thresholds on the exact values
+# --------------------------------------------------------------------------------------------
+
+def thresholds_on_exact_values(original):
+    """Test-only broken variant of the release stage (``transforms.release._NoiseAndRelease
+    ._release``; issue 30, the classic leak): each release threshold compared against the
+    *exact* value while the released values stay noisy. It runs the real stage twice on the
+    shard -- in the testing (exact) mode, to learn which keys and values pass their thresholds,
+    and with the thresholds removed, for the noisy values -- and releases the noisy rows of the
+    keys that passed, nulls where the exact run nulled. The stage reads only its settings
+    (``self._s``), so each run gets a settings object of its own."""
+    from types import SimpleNamespace
+
+    import pyarrow.compute as pc
+
+    def release(self, table, counts):
+        settings = self._s
+        decided = list(original(SimpleNamespace(_s=dataclasses.replace(settings, testing=True)), table, []))
+        unthresholded = dataclasses.replace(settings, outputs=tuple(
+            dataclasses.replace(c, threshold=None) for c in settings.outputs))
+        noisy = list(original(SimpleNamespace(_s=unthresholded), table, counts))
+        if not decided or not noisy:
+            return
+        decided, noisy = decided[0], noisy[0]
+        keys = list(settings.keys)
+        passed = set(zip(*(decided.column(k).to_pylist() for k in keys)))
+        kept = noisy.filter(pa.array([key in passed for key in zip(*(noisy.column(k).to_pylist()
+                                                                      for k in keys))]))
+        for column in settings.outputs:         # the same keys in the same (sorted) order
+            exact = decided.column(column.name)
+            if exact.null_count:
+                i = kept.schema.get_field_index(column.name)
+                values = kept.column(i)
+                kept = kept.set_column(i, column.name, pc.if_else(
+                    pc.is_null(exact), pa.nulls(len(values), values.type), values))
+        yield kept
+    return release
 
 
 # --------------------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from accounting.audit import (AuditResult, AuditSpec, Bound, Change, Dataset, Order, Release,
                               ReportRule, Table, TableRule, Units, audit)
+from accounting.composition import EpsDelta
 
 TESTING_FOLDER = "testing-not-a-release"
 
@@ -201,6 +202,11 @@ class JobAudit:
     noisy_changes: those run again in the noisy testing mode (default: the same; () for none).
     keys_private:
     the marker's row counts are noisy (private key selection, thresholds).
+    indicator_changes: neighbours whose released/suppressed indicators are sampled over many
+    seeds (:mod:`accounting.audit`): every job that thresholds or selects keys lists one that
+    moves a key across its threshold. A ReleaseLayerJob's rules that are ``keys_private`` or
+    ``thresholded`` take the plan's guarantee as their claim. indicator_runs: seeds per side
+    (default: the least that catch a deterministic indicator for certain).
     """
 
     name: str
@@ -215,22 +221,39 @@ class JobAudit:
     noisy_changes: Optional[Sequence[Change]] = None
     keys_private: bool = False
     marker_noisy: tuple = ()
+    indicator_changes: Sequence[Change] = ()
+    indicator_runs: Optional[int] = None
 
     def spec(self, datasets: Sequence[Dataset]) -> AuditSpec:
         tables = dict(self.tables)
+        planned = self.job.planned(datasets[0]) if self.measures or (
+            self.indicator_changes and isinstance(self.job, ReleaseLayerJob)) else None
         if self.measures:
-            planned = self.job.planned(datasets[0])
             for name, columns in self.measures.items():
                 rule = tables[name]
                 tables[name] = _replace(rule, bounds={**rule.bounds,
                                                       **bounds_from_measures(planned, columns)})
+        if self.indicator_changes and isinstance(self.job, ReleaseLayerJob):
+            claim = claim_from_plan(planned)
+            for name, rule in tables.items():
+                if (rule.keys_private or rule.thresholded) and rule.indicator_claim is None:
+                    tables[name] = _replace(rule, indicator_claim=claim)
         reports = dict(self.reports)
         if isinstance(self.job, ReleaseLayerJob):
             noisy = MARKER_NOISY + (MARKER_NOISY_KEYS if self.keys_private else ()) + self.marker_noisy
             reports.setdefault("*RELEASE.json", ReportRule(noisy_fields=noisy))
         return AuditSpec(job=self.job, units=self.units, tables=tables, reports=reports,
                          relation=self.relation,
-                         changes=tuple(self.changes) if self.changes is not None else None)
+                         changes=tuple(self.changes) if self.changes is not None else None,
+                         indicator_changes=tuple(self.indicator_changes),
+                         indicator_runs=self.indicator_runs)
+
+
+def claim_from_plan(planned: Sequence) -> EpsDelta:
+    """The (epsilon, delta) of all the plan's releases together (their guarantees summed: basic
+    composition) -- a valid claim for any indicator of what they release."""
+    guarantees = [p.guarantee() for p in planned]
+    return EpsDelta(sum(g.epsilon for g in guarantees), sum(g.delta for g in guarantees))
 
 
 def _replace(rule: TableRule, **changes) -> TableRule:
@@ -261,18 +284,24 @@ def audit_job(entry, *, job=None, datasets: Sequence[Dataset] = None,
     spec = entry.spec(datasets)
     if job is not None:
         spec = dataclasses.replace(spec, job=job)
-    exact = audit(dataclasses.replace(spec, modes=("exact",)), datasets, changes=changes, seed=seed)
+    results = [audit(dataclasses.replace(spec, modes=("exact",)), datasets, changes=changes, seed=seed)]
     noisy_changes = changes if changes is not None else entry.noisy_changes
-    if noisy_changes is not None and not noisy_changes:
-        return exact   # an exact-only audit (noisy_changes=())
-    noisy = audit(dataclasses.replace(spec, modes=("noisy",)), datasets, changes=noisy_changes,
-                  seed=seed)
-    return AuditResult(violations=exact.violations + noisy.violations,
-                       runs=exact.runs + noisy.runs, pairs=exact.pairs + noisy.pairs)
+    if noisy_changes is None or noisy_changes:   # noisy_changes=(): an exact-only audit
+        results.append(audit(dataclasses.replace(spec, modes=("noisy",)), datasets,
+                             changes=noisy_changes, seed=seed))
+    # the sampled indicators: of the registered changes, or of those requested among them
+    indicator_changes = tuple(c for c in spec.indicator_changes
+                              if changes is None or c in {Change(x) for x in changes})
+    if indicator_changes:
+        results.append(audit(dataclasses.replace(spec, modes=("indicators",),
+                                                 indicator_changes=indicator_changes),
+                             datasets, seed=seed))
+    return AuditResult(violations=sum((r.violations for r in results), ()),
+                       runs=sum(r.runs for r in results), pairs=sum((r.pairs for r in results), ()))
 
 
 __all__ = ["JobAudit", "REGISTRY", "ReleaseLayerJob", "audit_job", "bounds_from_measures",
-           "read_released", "register", "rows_as_csv", "rows_as_jsonl"]
+           "claim_from_plan", "read_released", "register", "rows_as_csv", "rows_as_jsonl"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -321,7 +350,11 @@ def _summary_reports_audit() -> JobAudit:
 
 
 
-def _centralnotice_audit() -> JobAudit:
+def _centralnotice_audit(thresholds: bool = False) -> JobAudit:
+    """CentralNotice user-DP clicks. With ``thresholds`` (``centralnotice/thresholds``): a click
+    release threshold of 0.5 (value mode: a suppressed count is null) and epsilon 0.1 per
+    measure, so that the sampled released/suppressed indicators of the lone user's key -- one
+    or two clicks in D, none in D' -- need few seeds (about 18 per side)."""
     import datetime as dt
     import itertools
 
@@ -337,18 +370,38 @@ def _centralnotice_audit() -> JobAudit:
                   heavy_keys=2, heavy_rows=3)
     day = dt.date.fromisoformat(CN_DAY1)
     released = [k[:4] + (day,) for k in keys]
-    clicks = {"noise": "discrete_laplace", "epsilon": 1.0, "neighbouring": "user",
-              "max_clicks_per_user": 2, "bound_per": "period", "release_threshold": LOW}
+    clicks = {"noise": "discrete_laplace", "epsilon": 0.1 if thresholds else 1.0, "neighbouring": "user",
+              "max_clicks_per_user": 2, "bound_per": "period",
+              "release_threshold": 0.5 if thresholds else LOW}
+    impressions = {"epsilon": 0.1} if thresholds else None
 
     def write(dataset, folder):
         files = rows_as_csv("clicks", CN_CLK_HEADER)(dataset, folder)
         imp = write_csv(os.path.join(folder, "imp.csv"), CN_IMP_HEADER,
                         [k + (100 + 10 * i,) for i, k in enumerate(keys[:3])])
-        config = write_json(os.path.join(folder, "config.json"), cn_config(clicks=clicks))
+        config = write_json(os.path.join(folder, "config.json"),
+                            cn_config(clicks=clicks, impressions=impressions))
         return {**files, "impressions": [imp], "config": [config]}
 
+    def datasets():
+        if not thresholds:
+            return [synthetic_dataset(units, seed=7, n_units=6, batches=2, empty_keys=2)]
+        # users 1-5 click twice in each of the first three keys; user 6 once, alone in the
+        # sixth: removing it takes that key's clicks from 1 to 0, across the threshold
+        rows = [{"user_id": u, **dict(zip(CN_CLK_HEADER[:5], keys[i]))} for u in range(1, 6)
+                for i in (0, 1, 2) for _ in range(2)]
+        rows.append({"user_id": 6, **dict(zip(CN_CLK_HEADER[:5], keys[5]))})
+        return [Dataset(batches=[rows[0::2], rows[1::2]], name="lone-click")]
+
+    if thresholds:   # the other changes are the plain audit's
+        changes = (Change.REMOVE_LONE, Change.REBATCH)
+        # the marker's summary counts suppressed values: noisy
+        extra = dict(indicator_changes=(Change.REMOVE_LONE,), keys_private=True)
+    else:
+        changes = (Change.ADD_MIXED_IDS, Change.ADD_ALONE, Change.ADD_SPREAD, Change.REBATCH)
+        extra = {}
     return JobAudit(
-        name="centralnotice",
+        name="centralnotice/thresholds" if thresholds else "centralnotice",
         job=ReleaseLayerJob(
             module=centralnotice, write=write,
             request=lambda files, options: centralnotice.CentralNoticeRequest(
@@ -356,15 +409,17 @@ def _centralnotice_audit() -> JobAudit:
                 clicks=tuple(files["clicks"]), release=CN_RELEASE1, num_shards=2,
                 options=options)),
         units=units,
-        datasets=lambda: [synthetic_dataset(units, seed=7, n_units=6, batches=2, empty_keys=2)],
+        datasets=datasets,
+        # impressions are never thresholded away (LOW), so every public key stays released
         tables={"*/centralnotice.parquet": TableRule(
-            keys=CN_CLK_HEADER[:5], noisy=("impressions", "clicks"), public_keys=released)},
+            keys=CN_CLK_HEADER[:5], noisy=("impressions", "clicks"), public_keys=released,
+            thresholded=("clicks",) if thresholds else ())},
         measures={"*/centralnotice.parquet": {"impressions": "impressions", "clicks": "clicks"}},
-        changes=(Change.ADD_MIXED_IDS, Change.ADD_ALONE, Change.ADD_SPREAD, Change.REBATCH),
-        noisy_changes=(Change.REBATCH,))
+        changes=changes, noisy_changes=(Change.REBATCH,), **extra)
 
 
 register(_centralnotice_audit())
+register(_centralnotice_audit(thresholds=True))
 
 
 def _reach_frequency_audit() -> JobAudit:
@@ -477,7 +532,32 @@ def _aggregate_audits() -> list[JobAudit]:
         return [synthetic_dataset(vector_units, seed=3, n_units=12, batches=3,
                                   keys=["k0", "k1", "k3", "k4", "k5", "k2"])]
 
+    # release thresholds and private selection at a small epsilon, with a key that one
+    # neighbouring change moves across the threshold: the sampled released/suppressed
+    # indicators (a threshold on the exact value is released on every seed on one side only)
+    thresholds = Job(value="v", metrics=[Count(threshold=0.5), Sum()], bounds=bounds,
+                     budget=PrivacyBudget(epsilon=0.2), public_keys=keys)
+    at_threshold = Job(metrics=[Count()],
+                       bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
+                       budget=PrivacyBudget(epsilon=0.25, delta=1e-2),
+                       selection=PrivateSelection(strategy=SelectionStrategy.LAPLACE_THRESHOLDING,
+                                                  weight=3.0))
+    boundary = int(at_threshold.declared().selector.threshold)   # kept iff units + noise > boundary
+    selection_units = Units(column="user", keys=("k",), fresh_keys=["z1"], heavy_keys=0, heavy_rows=1)
+
+    def selection_data():
+        # k0 holds exactly `boundary` units (one more crosses), k1 a few, k2 one
+        rows = [{"user": f"{k}-{i}", "k": k} for k, n in (("k0", boundary), ("k1", 3), ("k2", 1))
+                for i in range(n)]
+        return [Dataset(batches=[rows[0::2], rows[1::2]], name=f"at-threshold(k0={boundary})")]
+
     return [
+        aggregate_audit("dp_aggregate/keyset/thresholds", thresholds, units, data,
+                        changes=(Change.REMOVE_LONE, Change.ADD_EMPTY_KEY, Change.REBATCH),
+                        noisy_changes=noisy, indicator_changes=(Change.REMOVE_LONE,)),
+        aggregate_audit("dp_aggregate/selection/thresholds", at_threshold, selection_units,
+                        selection_data, changes=(Change.ADD_HEAVY, Change.REBATCH),
+                        noisy_changes=noisy, indicator_changes=(Change.ADD_HEAVY,)),
         aggregate_audit("dp_aggregate/keyset", keyset, units, data, changes=exact_changes,
                         noisy_changes=noisy),
         aggregate_audit("dp_aggregate/keyset/vector_sum_l1", vector_job("l1"), vector_units,

@@ -164,6 +164,95 @@ def test_repeated_noise():
 
 
 # --------------------------------------------------------------------------------------------
+# Released/suppressed indicators, sampled over seeds (issue 30)
+# --------------------------------------------------------------------------------------------
+
+def _threshold_job(*, on_exact=False, epsilon=0.5, threshold=0.5, mode="key"):
+    """Per public key, its number of units (each unit in its 2 smallest keys: L0 = 2, L1 = 2)
+    plus Laplace(L1 / epsilon) noise keyed by (seed, key); a key (``mode="key"``) or its value
+    (``mode="value"``, null) is suppressed when the noisy count -- or, ``on_exact``, the exact
+    count -- is not above ``threshold``. The exact mode adds no noise."""
+    def job(dataset, seed, exact):
+        keys_of = {}
+        for r in dataset.rows():
+            if r["k"] in KEYS:
+                keys_of.setdefault(A._id_text(r["u"]), set()).add(r["k"])
+        counts = {k: 0 for k in KEYS}
+        for keys in keys_of.values():
+            for k in sorted(keys)[:2]:
+                counts[k] += 1
+        rows = []
+        for k in KEYS:
+            noise = 0.0 if exact else np.random.default_rng([seed, ord(k)]).laplace(0.0, 2 / epsilon)
+            decided = counts[k] if on_exact else counts[k] + noise
+            if decided > threshold:
+                rows.append((k, counts[k] + noise))
+            elif mode == "value":
+                rows.append((k, None))
+        return A.Release(tables={"t": A.Table(columns=["k", "n"], rows=rows)})
+    return job
+
+
+def _threshold_spec(job, mode="key", **kwargs):
+    rule = A.TableRule(keys="k", noisy="n", public_keys=KEYS, keys_private=mode == "key",
+                       thresholded=("n",) if mode == "value" else (),
+                       indicator_claim=(0.5, 0.0), bounds={"n": A.Bound(l0=2, linf=1)})
+    return A.AuditSpec(job=job, units=UNITS, tables={"t": rule},
+                       indicator_changes=(A.Change.REMOVE_LONE,), **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["key", "value"])
+def test_a_threshold_on_the_exact_value_fails_the_indicator_check(mode):
+    """The lone unit's key holds one unit in D and none in D': with the threshold compared
+    against the exact count, that key (or its value) is released on every seed of D and on none
+    of D'. The structural and exact checks pass it (in the testing mode exact equals noisy, and
+    keys may come and go under a threshold); the sampled indicators do not."""
+    changes = [A.Change.REMOVE_LONE, A.Change.ADD_HEAVY, A.Change.REBATCH]
+    sound = A.audit(_threshold_spec(_threshold_job(mode=mode), mode), [_data()], changes=changes)
+    sound.assert_ok()
+    broken = _threshold_spec(_threshold_job(mode=mode, on_exact=True), mode)
+    assert A.audit(dataclasses.replace(broken, modes=("exact", "noisy")), [_data()], changes=changes).passed
+    result = A.audit(broken, [_data()], changes=changes)
+    assert result.checks_failed() == {"released indicator"}, str(result)
+    ((violation,),) = [[v for v in result.violations]]
+    assert violation.mode == "indicators" and violation.change is A.Change.REMOVE_LONE
+    label = "released[d]" if mode == "key" else "n[d] released"
+    n = (result.runs - 2 * 4) // 2           # exact and noisy: D and 3 neighbours each
+    assert label in violation.detail and f"({n}/{n})" in violation.detail and f"(0/{n})" in violation.detail
+    assert result.runs == sound.runs
+
+
+def test_indicator_runs_default_to_the_least_that_catch_a_deterministic_indicator():
+    from accounting.dp_tester import indicator_runs_needed
+
+    spec = _threshold_spec(_threshold_job(), indicator_runs=None)
+    result = A.audit(dataclasses.replace(spec, modes=("indicators",)), [_data()])
+    # 1 + 4 keys indicators, the audit's whole false-failure budget on its one check
+    n = indicator_runs_needed(epsilon=0.5, indicators=5, confidence=0.999)
+    assert result.runs == 2 * n and result.pairs == (("synthetic(seed=0)", A.Change.REMOVE_LONE),)
+    broken = dataclasses.replace(spec, job=_threshold_job(on_exact=True), modes=("indicators",))
+    assert not A.audit(broken, [_data()]).passed
+    # one run fewer per side, and the same deterministic indicator is within the claim's bounds
+    fewer = dataclasses.replace(broken, indicator_runs=n - 1)
+    assert A.audit(fewer, [_data()]).passed
+
+
+def test_indicator_check_declarations():
+    with pytest.raises(ValueError, match="indicator_claim"):
+        A.AuditSpec(job=lambda d, s, e: None, units=UNITS, tables={"t": A.TableRule(keys="k")},
+                    indicator_changes=(A.Change.REMOVE_LONE,))
+    with pytest.raises(ValueError, match="declared noisy"):
+        A.TableRule(keys="k", noisy="n", thresholded=("m",))
+    from accounting.budget import PrivacyBudget
+    from accounting.composition import EpsDelta
+
+    rule = A.TableRule(keys="k", noisy="n", indicator_claim=(1.0, 1e-6))
+    assert rule.indicator_claim == EpsDelta(1.0, 1e-6)
+    budget = A.TableRule(keys="k", noisy="n", indicator_claim=PrivacyBudget(epsilon=2.0, delta=1e-9))
+    assert budget.indicator_claim == EpsDelta(2.0, 1e-9)
+
+
+# --------------------------------------------------------------------------------------------
 # The exact testing mode: noise-free, and never a release
 # --------------------------------------------------------------------------------------------
 

@@ -2,9 +2,11 @@
 must catch.
 
 Each registered audit (tests/audit_kit.py) runs the real code on small datasets and their
-adversarial neighbours, exact and noisy testing modes. Then each of issue 10's points 1, 2, 4, 5
-and 6 is re-introduced here only (monkeypatching the library in this process: the in-process
-engine runs the patched code) and the audit, or the refusal / key-reuse check, must fail on it.
+adversarial neighbours, exact and noisy testing modes, and -- for jobs that threshold or select
+keys -- samples the released/suppressed indicators over many seeds (issue 30). Then each of
+issue 10's points 1, 2, 4, 5 and 6, and issue 30's thresholds on exact values, is re-introduced
+here only (monkeypatching the library in this process: the in-process engine runs the patched
+code) and the audit, or the refusal / key-reuse check, must fail on it.
 """
 from __future__ import annotations
 
@@ -253,6 +255,39 @@ def test_vector_sum_without_clipping_is_caught(monkeypatch, norm):
     monkeypatch.setattr(stage, "clip", lambda matrix, max_norm, norm: matrix)
     _fails(audit_job(f"dp_aggregate/keyset/vector_sum_{norm}", changes=[Change.ADD_HEAVY]),
            "sensitivity linf", "sensitivity l1")
+
+
+# ---- issue 30: thresholds and selection decided on exact values ----------------------------
+
+# The registered audits run the sampled indicators on the real code in make test; these broken
+# variants (the mutation suite's exact-value-threshold and exact-value-selection) rerun them.
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["dp_aggregate/keyset/thresholds", "centralnotice/thresholds"])
+def test_a_threshold_on_the_exact_value_is_caught_by_the_sampled_indicators(monkeypatch, name):
+    """Release thresholds compared against the exact value, released values noisy (the classic
+    leak; key mode in DPAggregate, value mode in CentralNotice): the lone unit's key is released
+    (or its clicks are) on every seed with the unit and on none without it. The exact and noisy
+    checks cannot see it -- in the testing mode exact equals noisy, and a threshold may move
+    keys -- the sampled released/suppressed indicators can."""
+    import transforms.release as release
+    from aggregate_kit import thresholds_on_exact_values
+
+    monkeypatch.setattr(release._NoiseAndRelease, "_release",
+                        thresholds_on_exact_values(release._NoiseAndRelease._release))
+    result = audit_job(name, changes=[Change.REMOVE_LONE])
+    assert result.checks_failed() == {"released indicator"}, str(result)
+    assert all(v.mode == "indicators" for v in result.violations)
+
+
+@pytest.mark.slow
+def test_private_selection_on_the_exact_count_is_caught_by_the_sampled_indicators(monkeypatch):
+    """Laplace-thresholding selection that compares the exact unit count with its threshold:
+    the key at the threshold is kept on every seed once one unit joins it, on none before."""
+    import transforms.selection as selection
+
+    monkeypatch.setattr(selection, "add_noise", lambda spec, values, streams: np.asarray(values))
+    result = audit_job("dp_aggregate/selection/thresholds", changes=[Change.ADD_HEAVY])
+    assert result.checks_failed() == {"released indicator"}, str(result)
 
 
 def test_choose_bounds_counting_unit_key_pairs_as_units_is_caught(monkeypatch):

@@ -21,7 +21,10 @@ test-only broken variant that re-introduces a bug of issue 10:
   of two runs of the same rows cut into other batches under one key;
 * point 4: one release key on two days' data -- caught by the difference of the two releases;
 * (slow) counts calibrated for add/remove under a substitution claim -- caught by the value
-  difference x_a - x_b only.
+  difference x_a - x_b only;
+* issue 30: release thresholds compared against the exact value (key and value modes) -- caught
+  by the released/suppressed indicators, deterministic on both sides, while the testing mode's
+  exact runs cannot tell the two apart.
 
 Error rates. Keys are fixed testing keys (``ReleaseKey.for_testing``), so every run is the same
 run. Over the choice of keys, a passing check on a correct mechanism fails with probability at
@@ -39,10 +42,11 @@ import pyarrow as pa
 import pytest
 
 from accounting.budget import PrivacyBudget
-from accounting.dp_tester import DPTester, ReleaseLayout
+from accounting.dp_tester import DPTester, ReleaseLayout, indicator_test
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds, Neighbouring
-from aggregate_kit import REPLICA, AggregateJob, run_and_collect, sample_releases
+from aggregate_kit import (REPLICA, AggregateJob, run_and_collect, sample_releases,
+                           thresholds_on_exact_values)
 from transforms import bounding_stage
 from transforms import bounding
 from transforms import release as release_module
@@ -459,3 +463,50 @@ def test_batching_dependent_bounding_is_caught_by_the_difference_of_two_runs(mon
     result = check(*broken, projections, claim, n)
     assert not result.passed, result
     assert result.worst.event.projection == "run 2 - run 1"
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 30: release thresholds on the noisy value, not the exact one
+# --------------------------------------------------------------------------------------------
+
+def threshold_job(mode):
+    """Keyset ("a", "b"), counts thresholded at 2.5; in value mode the privacy-unit count is
+    released unthresholded, so a suppressed count is a null value of a released key."""
+    metrics = (Count(threshold=2.5),) + ((PrivacyUnitCount(),) if mode == "value" else ())
+    return AggregateJob(keys=("k",), metrics=metrics, bounds=ONE, budget=PrivacyBudget(epsilon=1.0),
+                        public_keys=("a", "b"), options={"threshold_mode": mode})
+
+
+@pytest.mark.parametrize("mode", ["key", "value"])
+def test_a_threshold_on_the_exact_value_is_caught_by_the_released_indicator(mode, monkeypatch):
+    """Unit "x" takes key b from 2 units to 3, across the threshold 2.5. With the noisy count
+    compared, b (key mode) or its count (value mode) is released with probabilities 0.73
+    against 0.27 (discrete Laplace of scale 2: a loss of 1 on the claimed 1 -- within it). With
+    the exact count compared, it is released on every sample of D and on none of D'."""
+    job = threshold_job(mode)
+    claim = job.declared().guarantee()
+    layout = ReleaseLayout(keys=("a", "b"), values=tuple(m.column for m in job.metrics))
+    projections = layout.projections()
+    background = units("a", 4, "a") + units("b", 2, "b")
+    d, d2 = background + [{"user": "x", "k": "b"}], background
+    n = 1_000
+
+    def indicators(outputs):
+        return indicator_test(*(layout.indicators(x)[0] for x in outputs), epsilon=claim.epsilon,
+                              delta=claim.delta, names=layout.indicators(outputs[0])[1])
+
+    fixed = samples(job, d, n, layout, 40), samples(job, d2, n, layout, 41)
+    result = check(*fixed, projections, claim, n)
+    assert result.passed, result
+    assert indicators(fixed).passed
+
+    monkeypatch.setattr(release_module._NoiseAndRelease, "_release",
+                        thresholds_on_exact_values(release_module._NoiseAndRelease._release))
+    broken = samples(job, d, n, layout, 42), samples(job, d2, n, layout, 43)
+    b = layout.value("b", "count")
+    assert np.all(broken[0][:, b] != layout.missing) and np.all(broken[1][:, b] == layout.missing)
+    result = check(*broken, projections, claim, n)
+    assert not result.passed, result
+    assert result.worst.count_denominator == 0 and result.worst.count_numerator == n // 2
+    result = indicators(broken)
+    assert not result.passed and result.worst.event.projection in ("released[b]", "count[b] released")

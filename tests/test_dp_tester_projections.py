@@ -14,9 +14,9 @@ import pytest
 
 from accounting.dp_tester import (DPTester, ReleaseLayout, default_projections,
                                   difference_projection, exclusion_projection,
-                                  grid_residue_projection, integer_low_bits_projection,
-                                  joint_indicator_projection, low_bits_projection,
-                                  pairwise_projections)
+                                  grid_residue_projection, indicator_runs_needed, indicator_test,
+                                  integer_low_bits_projection, joint_indicator_projection,
+                                  low_bits_projection, pairwise_projections)
 
 
 def rng(seed):
@@ -148,14 +148,18 @@ def test_layout_projections_by_family():
     x = layout.vectorize({"k": np.array(["b"]), "sum": np.array([7.0])}, 1)
     everything = layout.projections(integer_bits=2, grid=4.0)
     assert sorted(everything) == sorted([
-        "released[a]", "released[b]", "sum[a]", "sum[b]",
+        "released[a]", "released[b]", "sum[a]", "sum[b]", "sum[a] released", "sum[b] released",
         "sum[a] mod 2^2", "sum[b] mod 2^2", "residue(sum[a], 4)", "residue(sum[b], 4)",
         "released[a] and not released[b]", "released[b] and not released[a]",
+        "sum[a] released and not sum[b]", "sum[b] released and not sum[a]",
         "sum[a] - sum[b]", "rank[a] < rank[b]"])
     values = {name: float(p(x)[0]) for name, p in everything.items()}
     assert values["sum[a] mod 2^2"] == -1 and values["sum[b] mod 2^2"] == 3   # -1: not released
     assert values["residue(sum[b], 4)"] == 0.75 and values["residue(sum[a], 4)"] == -1
     assert values["released[b] and not released[a]"] == 1
+    assert values["sum[b] released"] == 1 and values["sum[a] released"] == 0
+    assert values["sum[b] released and not sum[a]"] == 1
+    assert "sum[a] released" not in layout.projections(indicators=False)
     assert sorted(layout.projections(pairs=False, values=False)) == ["released[a]", "released[b]"]
     assert "low8bits(sum[a])" in layout.projections(mantissa_bits=8)
 
@@ -172,3 +176,86 @@ def test_layout_joint_projection():
     ((name, project),) = layout.joint_projection(["a", "b"], ["c", "d"]).items()
     assert name == "released[a,b] and not [c,d]"
     assert project(x).tolist() == [0, 1, 0]
+
+
+# --------------------------------------------------------------------------------------------
+# Released/suppressed indicators (issue 30): a threshold on the noisy or on the exact value
+# --------------------------------------------------------------------------------------------
+
+def thresholded(count, n, seed, *, epsilon=0.5, threshold=2.5, on_exact=False, others=(0, 9)):
+    """n releases of key 0 holding ``count`` (and keys 1, 2 holding ``others``): each key's
+    count plus Laplace(1 / epsilon) noise is released when it is above ``threshold`` -- the
+    noisy value, or (``on_exact``) the exact count. Released indicators, (n, 3)."""
+    exact = np.array([count, *others], dtype=float)
+    noisy = exact + rng(seed).laplace(0.0, 1.0 / epsilon, size=(n, 3))
+    decided = np.broadcast_to(exact, (n, 3)) if on_exact else noisy
+    return (decided > threshold).astype(np.int64)
+
+
+def test_indicator_test_passes_a_noisy_threshold_and_catches_the_exact_one():
+    n = indicator_runs_needed(epsilon=0.5, indicators=3)
+    assert n == 20
+    sound = indicator_test(thresholded(2, n, 1), thresholded(3, n, 2), epsilon=0.5)
+    assert sound.passed, sound
+    broken = indicator_test(thresholded(2, n, 3, on_exact=True), thresholded(3, n, 4, on_exact=True),
+                            epsilon=0.5, names=["k0", "k1", "k2"])
+    assert not broken.passed, broken
+    assert broken.worst.event.projection == "k0"
+    assert (broken.worst.count_numerator, broken.worst.count_denominator) in ((n, 0), (0, n))
+    # one sample fewer: a deterministic indicator is still within the claim's bounds
+    fewer = indicator_test(thresholded(2, n - 1, 3, on_exact=True),
+                           thresholded(3, n - 1, 4, on_exact=True), epsilon=0.5)
+    assert fewer.passed
+    # many samples of the sound threshold: still within its claim, and a claim far below the
+    # true loss (1 / epsilon = 2 per unit of count: loss 0.5) is refuted
+    many = thresholded(2, 20_000, 5), thresholded(3, 20_000, 6)
+    assert indicator_test(*many, epsilon=0.5).passed
+    assert not indicator_test(*many, epsilon=0.3).passed
+
+
+def test_indicator_test_false_failures_stay_below_one_minus_confidence():
+    """Randomized response exactly at its claim (the tightest sound indicator): at confidence
+    0.9 at most 10% of independent checks may fail; the union bound makes it far fewer."""
+    p = math.exp(1.0) / (1 + math.exp(1.0))
+    g = rng(7)
+    failures = 0
+    for _ in range(200):
+        a = (g.random((400, 4)) < p).astype(np.int64)
+        b = (g.random((400, 4)) < 1 - p).astype(np.int64)
+        failures += not indicator_test(a, b, epsilon=1.0, confidence=0.9).passed
+    assert failures <= 20
+
+
+def test_indicator_runs_needed_is_the_least_that_separates():
+    for epsilon, delta, m in [(0.5, 0.0, 3), (1.0, 1e-3, 25), (0.2, 0.0, 1), (2.0, 1e-6, 100)]:
+        n = indicator_runs_needed(epsilon=epsilon, delta=delta, indicators=m)
+        ones, zeros = np.ones((n, m), np.int64), np.zeros((n, m), np.int64)
+        assert not indicator_test(ones, zeros, epsilon=epsilon, delta=delta).passed
+        assert indicator_test(ones[1:], zeros[1:], epsilon=epsilon, delta=delta).passed
+    # roughly e^epsilon * ln(4 m / (1 - confidence)): the cost of a large epsilon
+    large, small = (indicator_runs_needed(epsilon=e, indicators=10) for e in (4.0, 0.5))
+    assert large > 20 * small
+    with pytest.raises(ValueError):
+        indicator_runs_needed(epsilon=1.0, delta=1.0, indicators=1)
+
+
+def test_indicator_test_inputs():
+    with pytest.raises(ValueError, match="0/1"):
+        indicator_test(np.full((5, 1), 2), np.zeros((5, 1)), epsilon=1.0)
+    with pytest.raises(ValueError, match="shapes differ"):
+        indicator_test(np.zeros((5, 1)), np.zeros((6, 1)), epsilon=1.0)
+    with pytest.raises(ValueError, match="names"):
+        indicator_test(np.zeros((5, 2)), np.zeros((5, 2)), epsilon=1.0, names=["a"])
+    result = indicator_test(np.ones(30), np.zeros(30), epsilon=0.5)     # one indicator, 1-d
+    assert not result.passed and len(result.events) <= 6 and result.n_selection == 0
+
+
+def test_layout_indicators():
+    layout = ReleaseLayout(keys=("a", "b"), values=("count", "sum"))
+    x = layout.vectorize({"k": np.array(["a", "b", "a"]), "r": np.array([0, 0, 1]),
+                          "count": np.array([1.0, np.nan, 3.0]), "sum": np.array([2.0, 5.0, np.nan])},
+                         2, replica_column="r")
+    matrix, names = layout.indicators(x)
+    assert names == ["released[a]", "released[b]", "count[a] released", "sum[a] released",
+                     "count[b] released", "sum[b] released"]
+    assert matrix.tolist() == [[1, 1, 1, 1, 0, 1], [1, 0, 1, 0, 0, 0]]

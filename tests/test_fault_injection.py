@@ -88,11 +88,11 @@ def _build_rf(ws):
 SR_CONFIG = {"measures": ["count", "value"], "clip_thresholds": [1.0, 20.0],
              "slice_dimensions": [2, 3], "prefixes": [0, 2],
              "budgets": [[1000, 2000], [3000, 4000]], "reports_per_source": 2}
-SR_HEADER = ["source_id", "order", "dim_0", "dim_1", "value"]
+SR_HEADER = ["source_id", "order", "dim_0", "dim_1", "value", "report_id"]
 
 
 def _sr_rows(n=40, start=0, value=lambda i: f"{i % 20}.5"):
-    return [(f"s{i}", 0, i % 2, i % 3, value(i)) for i in range(start, start + n)]
+    return [(f"s{i}", 0, i % 2, i % 3, value(i), f"r{i}") for i in range(start, start + n)]
 
 
 def _build_sr(ws):
@@ -309,23 +309,25 @@ FIXTURES: dict[str, Callable] = {
                                              _rf_rows(n=242)),
     # summary reports
     "sr_bad_value_deep": lambda ws: (ws / "big.csv").write_text(
-        "source_id,order,dim_0,dim_1,value,note\n"
-        + "".join(f"b{i},0,{i % 2},{i % 3},{i % 20},{'n' * 2500}\n" for i in range(450))
-        + "b999,0,1,1,oops,x\n"),
+        "source_id,order,dim_0,dim_1,value,note,report_id\n"
+        + "".join(f"b{i},0,{i % 2},{i % 3},{i % 20},{'n' * 2500},rb{i}\n" for i in range(450))
+        + "b999,0,1,1,oops,x,rb999\n"),
     "sr_not_utf8_deep": lambda ws: (ws / "big.csv").write_bytes(
-        ("source_id,order,dim_0,dim_1,value,note\n"
-         + "".join(f"b{i},0,{i % 2},{i % 3},{i % 20},{'n' * 2500}\n" for i in range(450))).encode()
-        + b"b999,0,1,1,3\xff\xfe,x\n"),
+        ("source_id,order,dim_0,dim_1,value,note,report_id\n"
+         + "".join(f"b{i},0,{i % 2},{i % 3},{i % 20},{'n' * 2500},rb{i}\n"
+                   for i in range(450))).encode()
+        + b"b999,0,1,1,3\xff\xfe,x,rb999\n"),
     "sr_domain": lambda ws: (ws / "domain.txt").write_text("0x10\n"),
     "sr_reordered_gz": lambda ws: _write_gz(ws / "again.csv.gz", _csv_text(
-        ["value", "dim_1", "source_id", "dim_0", "order"],
-        [(r[4], r[3], r[0], r[2], r[1]) for r in reversed(_sr_rows())])),
+        ["value", "dim_1", "report_id", "source_id", "dim_0", "order"],
+        [(r[4], r[3], r[5], r[0], r[2], r[1]) for r in reversed(_sr_rows())])),
     "sr_other_batch": lambda ws: write_csv(ws / "conv2.csv", SR_HEADER, _sr_rows(start=100)),
     "sr_all_values_bad": lambda ws: write_csv(ws / "conv2.csv", SR_HEADER,
                                               _sr_rows(start=100, value=lambda i: '"1,5"')),
     "sr_source_ids_missing": lambda ws: write_csv(ws / "conv2.csv", SR_HEADER,
                                                   [("",) + r[1:] for r in _sr_rows(start=100)]),
-    "sr_header_spaces": lambda ws: (ws / "conv2.csv").write_text("source_id ,order,dim_0,dim_1,value\n"),
+    "sr_header_spaces": lambda ws: (ws / "conv2.csv").write_text(
+        "source_id ,order,dim_0,dim_1,value,report_id\n"),
     "sr_changed_config": lambda ws: (ws / "config.json").write_text(json.dumps(
         {**json.loads((ws / "config.json").read_text()), "clip_thresholds": [1.0, 10.0]})),
 }

@@ -13,9 +13,10 @@ import pyarrow as pa
 import pytest
 
 import accounting.keystore
+from accounting.audit import Table, repeated_noise
 from accounting.budget import PrivacyBudget
 from accounting.calibration import calibrate
-from accounting.keys import KeyReuseError, ReleaseKey
+from accounting.keys import KeyReuseError, ReleaseKey, audit_world
 from accounting.keystore import KeyStore
 from accounting.ledger import BudgetLedger, ReleaseRequest, Scope
 from accounting.measures import Measure
@@ -138,6 +139,42 @@ def test_derived_keys_of_two_days_cannot_carry_the_same_noise():
     with pytest.raises(KeyReuseError):
         _rows(p, "Day2", 6) | "Release2" >> _aggregate(PrivacyBudget(epsilon=1.0),
                                                          job_key.derive("counts"))
+
+
+DAY_KEYS = [f"k{i:02d}" for i in range(16)]
+
+
+def _released(rows, key=None):
+    """One DPAggregate release of ``rows`` (count per public key) as an audit Table; no key:
+    the exact (testing) answer."""
+    from aggregate_kit import run_and_collect
+
+    transform = DPAggregate(privacy_unit="u", keys=["k"], metrics=[Count()], bounds=ONE,
+                            budget=PrivacyBudget(epsilon=1.0), release_key=key, testing=key is None,
+                            keyset=PublicKeyset.from_keys(DAY_KEYS, ["k"]), num_shards=1)
+    tables = run_and_collect(lambda p: p | beam.Create([pa.Table.from_pylist(rows)],
+                                                       reshuffle=False) | transform)
+    return Table.from_arrow(pa.concat_tables(tables).sort_by("k"))
+
+
+def test_two_days_under_one_label_derived_twice_never_share_their_noise():
+    """The issue's reproduction checked as the audits check key reuse (accounting.audit.
+    repeated_noise): day 1 and day 2 (one more unit) each released under
+    ``job_key.derive("counts")``. Were both released, their noise must differ -- identical noise
+    makes the difference of the days the exact change; the second derivation is refused."""
+    job_key = ReleaseKey.for_testing(30)
+    days = [[{"u": u, "k": DAY_KEYS[u % len(DAY_KEYS)]} for u in range(n)] for n in (40, 41)]
+    noisy = []
+    for rows in days:
+        try:
+            key = job_key.derive("counts")
+        except KeyReuseError:
+            break
+        noisy.append(_released(rows, key))
+    if len(noisy) == 2:
+        exact = [_released(rows) for rows in days]
+        assert repeated_noise(*noisy, *exact, keys=["k"], columns=["count"]) == []
+    assert len(noisy) == 1, "the label was derived a second time"
 
 
 # --------------------------------------------------------------------------- holders
@@ -263,6 +300,67 @@ def test_a_ledger_key_drives_its_own_release_only(tmp_path):
             loaded.derive("day 2")
     with pytest.raises(KeyReuseError, match="one key, one release"):
         ReleaseKey.load(uri).bound("elsewhere", issued_for="pageviews/2024-05-02")
+
+
+# --------------------------------------------------------------------------- audit worlds
+
+def _two_worlds(ledger_root, claim):
+    """The sequence audits' shape: per world its own ledger, the same seeded keys."""
+    for world in ("without the unit", "with the unit"):
+        with audit_world():
+            ledger = BudgetLedger(str(ledger_root / world / "ledger.json"),
+                                  str(ledger_root / world / "keys"))
+            [day] = ledger.reserve(_request("pageviews/2024-05-01", f"sha256:{world}"))
+            claim(day.key, world)
+
+
+def test_audit_worlds_share_public_seed_keys_and_nothing_else(tmp_path, monkeypatch):
+    """tests/sequence_kit.py runs the two worlds of a pair with the same ledger keys in one
+    process: public-seed keys are claimed per world (copies, reloads, ledger bindings and
+    children included); within a world, and for every other key, claims stay process-wide."""
+    monkeypatch.setattr(ReleaseKey, "generate", classmethod(
+        lambda cls: cls.from_public_seed("world-test/0")))  # each world's one ledger key
+
+    def claim(key, world):
+        key.claim("count", world)
+        key.derive("part").claim("count", world)
+        with pytest.raises(KeyReuseError):  # within one world: once, as in production
+            ReleaseKey(key.secret_bytes()).bound("again").claim("count", "again")
+        with pytest.raises(KeyReuseError):
+            key.derive("part")
+
+    _two_worlds(tmp_path, claim)  # the same secret drives both worlds
+    seeded = ReleaseKey.from_public_seed("world-test/0")
+    assert not seeded.is_testing and not seeded.noise_free
+    seeded.claim("outside")  # outside a world: process-wide
+    with audit_world():
+        with pytest.raises(RuntimeError, match="nest"):
+            with audit_world():
+                pass
+    with pytest.raises(KeyReuseError):
+        ReleaseKey.from_public_seed("world-test/0").claim("outside")
+
+
+def test_an_audit_world_does_not_exempt_a_secret_key(tmp_path):
+    """The production guard is not scoped: a CSPRNG key (or one loaded from a store) claimed in
+    one world is refused in the next, and a key claimed outside is refused inside."""
+    key = ReleaseKey.generate()
+    store = KeyStore(str(tmp_path / "keys"))
+    ref = store.save(key, "day")
+    with audit_world():
+        key.claim("count", "world 1")
+        key.derive("part")
+    with audit_world():
+        for same in (key, store.load(ref), pickle.loads(pickle.dumps(key))):
+            with pytest.raises(KeyReuseError, match="world 1"):
+                same.claim("count", "world 2")
+            with pytest.raises(KeyReuseError):
+                same.derive("part")
+    issued, _ = store.issue("pageviews/2024-05-03")
+    issued.claim("noise")
+    with audit_world():
+        with pytest.raises(KeyReuseError):
+            issued.claim("noise")
 
 
 def test_the_key_store_issues_one_key_per_release_name(tmp_path):

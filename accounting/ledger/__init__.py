@@ -3,16 +3,20 @@
 * :mod:`~accounting.ledger.records` -- the format, budget scopes, release records and states;
 * :mod:`~accounting.ledger.stores` -- where the ledger lives and how it is updated atomically;
 * :mod:`~accounting.ledger.machine` -- :class:`BudgetLedger`: reserve, take over, publish, commit;
-* :mod:`~accounting.ledger.digest` -- the input digest a release's keys are bound to.
+* :mod:`~accounting.ledger.digest` -- the input digest a release's keys are bound to;
+* :mod:`~accounting.ledger.consumed` -- what each release consumed (ids aggregated at most once).
 """
+from accounting.ledger.consumed import ConsumedIds, ConsumedResult
 from accounting.ledger.digest import canonical_json, combine, input_digest, keyed_binding
 from accounting.ledger.machine import BudgetLedger
 from accounting.ledger.records import (COMMITTED, PUBLISHING, RESERVED, BudgetExceededError,
-                                       ChangedInputError, ContentAlreadyReleased, LedgerError,
-                                       ReleaseRequest, Reservation, Scope)
+                                       ChangedInputError, ConsumedIdsError,
+                                       ContentAlreadyReleased, LedgerError, ReleaseRequest,
+                                       Reservation, Scope)
 from accounting.ledger.stores import LedgerConflict, LedgerStoreError
 
 __all__ = ["BudgetLedger", "Scope", "ReleaseRequest", "Reservation", "LedgerError",
            "BudgetExceededError", "ChangedInputError", "ContentAlreadyReleased", "LedgerConflict",
+           "ConsumedIds", "ConsumedResult", "ConsumedIdsError",
            "LedgerStoreError", "RESERVED", "PUBLISHING", "COMMITTED", "input_digest",
            "keyed_binding", "canonical_json", "combine"]

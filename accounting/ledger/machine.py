@@ -28,6 +28,15 @@ Rules, and why they are sound:
   is refused once publication has started.
 * **Content released once**: a request with a ``content_key`` (a digest of e.g. a set of
   reports, independent of file names and labels) is refused if another release id holds it.
+* **Ids consumed once** (:mod:`~accounting.ledger.consumed`): a request's ``consumes`` are
+  checked, inside the same transaction as its charge, against the consumed-id records of every
+  other release (reserved ones included: they may publish any time; earlier versions of the same
+  release id too: a new version must not aggregate the same reports again) and recorded with it.
+  An id another release holds refuses the request (:class:`ConsumedIdsError`: how many, and
+  which releases), unless the request skips such ids -- then they are not recorded and the job
+  removes their rows. Budgeted namespaces grant each id what is left of its budget. A re-run
+  reads its decision back from its own record (so it reproduces); a take-over replaces the
+  record's consumed ids; a published record's ids are permanent.
 * **Budgets per scope**: a scope's budget is recorded on first use; a lower budget later is
   accepted (more conservative), a higher one refused unless raised with :meth:`set_budget`.
   A reserved record counts against its scopes like a published one (it may publish any time).
@@ -41,13 +50,16 @@ from __future__ import annotations
 import json
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
+import numpy as np
+
 from accounting import guarantee
 from accounting.budget import PrivacyBudget
 from accounting.composition import EpsDelta
 from accounting.keys import ReleaseKey
 from accounting.keystore import KeyRef, KeyStore
+from accounting.ledger import consumed as C
 from accounting.ledger import records as R
-from accounting.ledger.stores import store_for
+from accounting.ledger.stores import LedgerConflict, files_beside, store_for
 from accounting.measures import Measure
 
 
@@ -58,6 +70,12 @@ def _bound(key: ReleaseKey, ledger_id: str, record: dict, name: str) -> ReleaseK
     label = record["release_id"] if name == "release" else f"{record['release_id']}/{name}"
     return key.bound(f"{ledger_id}/{record['versioned_id']}/{name}@{record['input_digest']}",
                      issued_for=label)
+
+
+#: Where the consumed-id records live: a folder (or gs:// prefix) beside the ledger document.
+CONSUMED_SUFFIX = ".consumed"
+#: The key-store label of the ledger's consumed-id hashing key.
+CONSUMED_KEY_LABEL = "ledger-consumed-ids"
 
 
 def _scope_names(record: dict) -> list:
@@ -80,6 +98,7 @@ class BudgetLedger:
         self.key_store = key_store if isinstance(key_store, KeyStore) else KeyStore(key_store)
         self._store = store_for(path, max_attempts)
         self.path = getattr(self._store, "path", None) or getattr(self._store, "uri")
+        self._files = files_beside(self._store, CONSUMED_SUFFIX)
 
     # ----------------------------------------------------------------- (de)serialisation
 
@@ -93,6 +112,8 @@ class BudgetLedger:
                                 "refusing to use it")
         if isinstance(state, dict) and state.get("format") == R.FORMAT_V1:
             state = R.upgrade_v1(state)
+        if isinstance(state, dict) and state.get("format") == R.FORMAT_V2:
+            state["format"] = R.FORMAT  # v3 only adds consumed-id records
         if not isinstance(state, dict) or state.get("format") != R.FORMAT or "ledger_id" not in state:
             raise R.LedgerError(f"ledger {self.path} is not a {R.FORMAT} file: refusing to use it")
         if state.get("accountant") != self.accountant:
@@ -205,7 +226,8 @@ class BudgetLedger:
         """Charge every request (or find the ones already charged for their input); all or nothing.
 
         See the module docstring for the rules. Returns one :class:`Reservation` per request,
-        in order; raises a :class:`LedgerError` (nothing charged, no key left behind) otherwise.
+        in order; raises a :class:`LedgerError` (nothing charged, no key or consumed-id record
+        left behind) otherwise.
         """
         requests = [requests] if isinstance(requests, R.ReleaseRequest) else list(requests)
         if not requests or not all(isinstance(r, R.ReleaseRequest) for r in requests):
@@ -214,6 +236,7 @@ class BudgetLedger:
         if len(set(ids)) != len(ids):
             raise ValueError(f"one run cannot reserve a release id twice: {ids}")
         pending: dict = {}  # (release id, key name) -> (key, ref): saved once, reused on retries
+        ids_check = _ConsumedCheck(self)
 
         def fresh_keys(request) -> dict:
             refs = {}
@@ -228,23 +251,29 @@ class BudgetLedger:
 
         def update(data):
             state = self._parse(data)
-            outcomes = [self._decide(state, request, new_release, fresh_keys) for request in requests]
+            ids_check.begin(state)
+            outcomes = [self._decide(state, request, new_release, fresh_keys, ids_check)
+                        for request in requests]
+            ids_check.end(state)
             return outcomes, self._dump(state)
 
         try:
+            ids_check.prehash(requests)
             outcomes = self._store.transact(update)
         except BaseException:
             for _, ref in pending.values():
                 self.key_store.delete(ref)
+            ids_check.abandon()
             raise
         used = {(o[1]["release_id"], name) for o in outcomes if o[0] in ("new", "takeover")
                 for name in o[1]["keys"]}
         for slot, (_, ref) in pending.items():
             if slot not in used:
                 self.key_store.delete(ref)
+        ids_check.done()
         ledger_id = self.ledger_id()
         out = []
-        for kind, record in outcomes:
+        for (kind, record), request in zip(outcomes, requests):
             refs = {name: KeyRef.from_json(ref) for name, ref in record["keys"].items()}
             if kind in ("new", "takeover"):
                 keys = {name: pending[(record["release_id"], name)][0] for name in refs}
@@ -255,10 +284,12 @@ class BudgetLedger:
                                      versioned_id=record["versioned_id"], keys=keys, key_refs=refs,
                                      record=record, ledger_id=ledger_id,
                                      resumed=kind == "existing", taken_over=kind == "takeover",
-                                     state=record["state"]))
+                                     state=record["state"],
+                                     consumed=ids_check.results.get(request.release_id, {})))
         return out
 
-    def _decide(self, state: dict, request: R.ReleaseRequest, new_release: bool, fresh_keys) -> tuple[str, dict]:
+    def _decide(self, state: dict, request: R.ReleaseRequest, new_release: bool, fresh_keys,
+                ids_check: "_ConsumedCheck") -> tuple[str, dict]:
         rid = request.release_id
         latest_vid = state["latest"].get(rid)
         latest = state["releases"].get(latest_vid) if latest_vid else None
@@ -271,14 +302,15 @@ class BudgetLedger:
                         f"release {latest_vid!r} was charged for other measures or scopes; a "
                         "release's privacy parameters cannot change once publication started "
                         "(new_release charges a new version)")
-                return "takeover", self._take_over(state, latest, request, fresh_keys)
+                return "takeover", self._take_over(state, latest, request, fresh_keys, ids_check)
             self._check_content(state, request, latest_vid)
+            ids_check.rerun(state, request, latest)
             latest["runs"] += 1
             latest["last_run_at"] = R.now()
             return "existing", latest
         if latest is not None and latest["state"] == R.RESERVED:
             # Nothing of it was published: take it over (with --new_release too: never charge twice).
-            return "takeover", self._take_over(state, latest, request, fresh_keys)
+            return "takeover", self._take_over(state, latest, request, fresh_keys, ids_check)
         if latest is not None and not new_release:
             raise R.ChangedInputError(
                 f"release {latest_vid!r} was published for input {latest['input_digest']}; the "
@@ -288,6 +320,7 @@ class BudgetLedger:
         self._check_budgets(state, request, exclude=None)
         version = 1 if latest is None else latest["version"] + 1
         vid = R.versioned_id(rid, version)
+        consumed = ids_check.check(state, request, vid, exclude=None)
         now = R.now()
         record = {
             "release_id": rid, "version": version, "versioned_id": vid, "measures": measures,
@@ -298,6 +331,8 @@ class BudgetLedger:
             "supersedes": latest_vid, "takeovers": [], "metadata": json.loads(json.dumps(
                 dict(request.metadata))),
         }
+        if consumed:
+            record["consumed"] = consumed
         state["releases"][vid] = record
         state["latest"][rid] = vid
         if request.content_key:
@@ -313,16 +348,21 @@ class BudgetLedger:
                 f"release {request.release_id!r}: the same content ({request.content_key}) was "
                 f"already charged as release {holder!r}; content is released once, under any id")
 
-    def _take_over(self, state: dict, record: dict, request: R.ReleaseRequest, fresh_keys) -> dict:
+    def _take_over(self, state: dict, record: dict, request: R.ReleaseRequest, fresh_keys,
+                   ids_check: "_ConsumedCheck") -> dict:
         vid = record["versioned_id"]
         self._check_content(state, request, vid)
         self._check_budgets(state, request, exclude=vid)
+        consumed = ids_check.check(state, request, vid, exclude=vid)
         record["takeovers"].append({"at": R.now(), "input_digest": record["input_digest"],
                                     "key_fingerprints": {n: k["fingerprint"]
                                                          for n, k in record["keys"].items()},
                                     "measures_changed": record["measures"] != request.measures_json()})
         if record.get("content_key") and state["content"].get(record["content_key"]) == vid:
             del state["content"][record["content_key"]]
+        ids_check.replaced(record.pop("consumed", None))
+        if consumed:
+            record["consumed"] = consumed  # the failed run's consumed ids are replaced
         record.update(measures=request.measures_json(), scopes=[s.name for s in request.scopes],
                       input_digest=request.input_digest, keys=fresh_keys(request),
                       content_key=request.content_key, last_run_at=R.now(),
@@ -381,3 +421,201 @@ class BudgetLedger:
             return True
 
         return self._update_record(reservation, change)
+
+
+class _ConsumedCheck:
+    """The consumed-id side of one ``reserve`` call (see :mod:`accounting.ledger.consumed`).
+
+    Runs inside the ledger's transaction (possibly several times: a GCS write conflict re-runs
+    it on the new state). Record files are content-addressed and written before the ledger
+    document that references them; files and a freshly created hashing key that end up
+    referenced by nothing are deleted afterwards, so a refusal leaves none behind.
+    """
+
+    def __init__(self, ledger: BudgetLedger):
+        self.ledger = ledger
+        self.records: dict = {}      # sha256 -> consumed.Record (read and verified once)
+        self.hashes: dict = {}       # (key fingerprint, release id, namespace) -> (n, 2) hashes
+        self.keys: dict = {}         # key fingerprint -> secret bytes
+        self.pending_key = None      # (ReleaseKey, KeyRef) created by this call
+        self.written: set = set()    # file names written by this call (any attempt)
+        self.results: dict = {}
+        self.replaced_files: set = set()
+        self.referenced: set = set()
+
+    # -- per attempt
+    def begin(self, state: dict) -> None:
+        self.results, self.replaced_files = {}, set()
+
+    def end(self, state: dict) -> None:
+        self.referenced = _referenced_files(state)
+
+    # -- keys and hashes
+    def _secret(self, state: dict) -> tuple[bytes, str]:
+        ref = state.get("consumed_key")
+        if ref is None:
+            if self.pending_key is None:
+                key = ReleaseKey.generate()
+                self.pending_key = (key, self.ledger.key_store.save(key, CONSUMED_KEY_LABEL))
+            key, kref = self.pending_key
+            state["consumed_key"] = kref.to_json()
+            self.keys[kref.fingerprint] = key.secret_bytes()
+            return key.secret_bytes(), kref.fingerprint
+        fingerprint = ref["fingerprint"]
+        if fingerprint not in self.keys:
+            try:
+                self.keys[fingerprint] = self.ledger.key_store.load(
+                    KeyRef.from_json(ref)).secret_bytes()
+            except (OSError, ValueError) as err:
+                raise R.LedgerError(
+                    f"ledger {self.ledger.path}: the key its consumed-id records are hashed with "
+                    f"({ref['uri']}) cannot be loaded ({type(err).__name__}); without it no "
+                    "release can be checked against earlier batches: refusing") from None
+        return self.keys[fingerprint], fingerprint
+
+    def prehash(self, requests) -> None:
+        """Hash the requests' ids before the transaction when the ledger has its key already
+        (the usual case): the transaction -- a lock held, or a GCS read-write race -- then only
+        checks and records."""
+        if not any(r.consumes for r in requests):
+            return
+        data = self.ledger._store.read()
+        state = self.ledger._parse(data) if data is not None else {}
+        if state.get("consumed_key") is None:
+            return
+        for request in requests:
+            for ids in request.consumes:
+                self._hashes(state, request, ids)
+
+    def _hashes(self, state: dict, request, ids: C.ConsumedIds) -> np.ndarray:
+        secret, fingerprint = self._secret(state)
+        slot = (fingerprint, request.release_id, ids.namespace)
+        if slot not in self.hashes:
+            self.hashes[slot] = C.hash_ids(secret, ids.namespace, ids.ids)
+        return self.hashes[slot]
+
+    # -- record files
+    def _load(self, vid: str, namespace: str, entry: dict) -> C.Record:
+        if not entry.get("count"):
+            return C.Record(hi=np.zeros(0, np.uint64), lo=np.zeros(0, np.uint64),
+                            amount=np.zeros(0, np.int64))
+        sha = entry.get("sha256")
+        if sha not in self.records:
+            name = entry.get("file") or ""
+            where = (f"the consumed-id record of release {vid!r} ({namespace}: "
+                     f"{self.ledger._files.where(name)})")
+            data = self.ledger._files.read(name) if name == sha.split(":", 1)[-1] + ".arrow" \
+                else None
+            if data is None:
+                if self.ledger._store.changed_since_read():
+                    raise LedgerConflict(f"{where} went away while the ledger changed")
+                raise R.LedgerError(f"{where} is missing (deleted or moved): the ids earlier "
+                                    "batches consumed cannot be checked; refusing. Nothing was "
+                                    "charged")
+            try:
+                self.records[sha] = C.decode_record(data, namespace=namespace, sha256=sha,
+                                             count=int(entry["count"]), where=where)
+            except C.ConsumedRecordError as err:
+                raise R.LedgerError(f"{err}: refusing. Nothing was charged") from None
+        return self.records[sha]
+
+    def _write(self, namespace: str, hashes: np.ndarray, amounts, noun: str) -> dict:
+        entry = {"count": int(hashes.shape[0]), "noun": noun, "file": None, "sha256": None}
+        if amounts is not None:
+            entry["amount"] = int(np.sum(amounts))
+        if hashes.shape[0]:
+            # ``hashes`` come sorted from the check (consumed.Check.result)
+            data = C.encode_record(namespace, hashes, amounts, presorted=True)
+            name, sha = C.file_name(data)
+            if name not in self.written:
+                self.ledger._files.write(name, data)
+                self.written.add(name)
+            self.records[sha] = C.Record(
+                hi=hashes[:, 0].copy(), lo=hashes[:, 1].copy(),
+                amount=None if amounts is None else np.asarray(amounts, np.int64))
+            entry.update(file=name, sha256=sha)
+        return entry
+
+    # -- decisions
+    def check(self, state: dict, request, vid: str, exclude: Optional[str],
+              only: Optional[Sequence[str]] = None) -> dict:
+        """Check ``request``'s consumed ids against every release but ``exclude``; raise
+        ConsumedIdsError on a conflict it does not skip; return the entries to record."""
+        entries, results = {}, self.results.setdefault(request.release_id, {})
+        for ids in request.consumes:
+            if only is not None and ids.namespace not in only:
+                continue
+            hashes = self._hashes(state, request, ids)
+            check = C.Check(ids=ids, hashes=hashes)
+            for other, record in state["releases"].items():
+                entry = (record.get("consumed") or {}).get(ids.namespace)
+                if other != exclude and entry is not None:
+                    check.add(other, self._load(other, ids.namespace, entry))
+            result, keep, amounts = check.result()
+            held = int(result.held.sum())
+            if held and not ids.skip:
+                raise R.ConsumedIdsError(
+                    f"release {vid!r}: {held} of its {len(ids)} {ids.noun} were already consumed "
+                    f"by {C.describe_holders(result.holders)}; each is aggregated at most once "
+                    f"across all batches ({ids.namespace}). Remove them from the input, or skip "
+                    "them (--skip_consumed: their rows are removed inside the pipeline, "
+                    "counted). Nothing was charged.",
+                    namespace=ids.namespace, count=held, holders=result.holders)
+            entries[ids.namespace] = self._write(ids.namespace, keep, amounts, ids.noun)
+            results[ids.namespace] = result
+        return entries
+
+    def rerun(self, state: dict, request, record: dict) -> None:
+        """A re-run on the same input: its decisions come from its own record (so the job
+        removes and grants exactly what the first run did); namespaces the record lacks (it
+        predates them) are checked and recorded now."""
+        vid = record["versioned_id"]
+        own = record.get("consumed") or {}
+        results = self.results.setdefault(request.release_id, {})
+        missing = [c.namespace for c in request.consumes if c.namespace not in own]
+        for ids in request.consumes:
+            if ids.namespace in own:
+                hashes = self._hashes(state, request, ids)
+                results[ids.namespace] = C.own_result(
+                    ids, hashes, self._load(vid, ids.namespace, own[ids.namespace]))
+        if missing:
+            added = self.check(state, request, vid, exclude=vid, only=missing)
+            record["consumed"] = {**own, **added}
+
+    def replaced(self, entries: Optional[dict]) -> None:
+        for entry in (entries or {}).values():
+            if entry.get("file"):
+                self.replaced_files.add(entry["file"])
+
+    # -- after the transaction
+    def done(self) -> None:
+        for name in (self.written | self.replaced_files) - self.referenced:
+            self.ledger._files.delete(name)
+        if self.pending_key is not None:
+            self._drop_pending_key_unless_used()
+
+    def abandon(self) -> None:
+        if not self.written and self.pending_key is None:
+            return
+        try:
+            data = self.ledger._store.read()
+            state = self.ledger._parse(data) if data is not None else {}
+        except Exception:  # noqa: BLE001 -- the original error is what the caller must see
+            return
+        for name in self.written - _referenced_files(state):
+            self.ledger._files.delete(name)
+        if self.pending_key is not None:
+            self.referenced = set()
+            ref = (state.get("consumed_key") or {})
+            if ref.get("fingerprint") != self.pending_key[1].fingerprint:
+                self.ledger.key_store.delete(self.pending_key[1])
+
+    def _drop_pending_key_unless_used(self) -> None:
+        ref = self.ledger.snapshot().get("consumed_key") or {}
+        if ref.get("fingerprint") != self.pending_key[1].fingerprint:
+            self.ledger.key_store.delete(self.pending_key[1])
+
+
+def _referenced_files(state: dict) -> set:
+    return {entry["file"] for record in state.get("releases", {}).values()
+            for entry in (record.get("consumed") or {}).values() if entry.get("file")}

@@ -2,15 +2,18 @@
 
 A ledger is one JSON document::
 
-    {"format": "beam-dp-release/budget-ledger/v2", "ledger_id": "<random hex>",
+    {"format": "beam-dp-release/budget-ledger/v3", "ledger_id": "<random hex>",
      "accountant": "basic" | "zcdp" | "pld",
      "scopes":   {scope name: {"epsilon": .., "delta": ..}},      # recorded budgets
      "releases": {versioned id: record},  "latest": {release id: versioned id},
-     "content":  {content key: versioned id}}
+     "content":  {content key: versioned id},
+     "consumed_key": {"uri": .., "fingerprint": ..}}              # once a release consumed ids
 
 A record holds the release id and version, the measures it spends (:class:`Measure` JSON: the
 mechanism, its noise and its cost), the scopes charged, the input digest, *references* to its
-keys (location and public fingerprint -- never a key), its state and history. States:
+keys (location and public fingerprint -- never a key), what it consumed (``consumed``: per
+namespace the file of its ids' keyed hashes, its SHA-256 and count; see
+:mod:`~accounting.ledger.consumed`), its state and history. States:
 
 * ``reserved``: charged; nothing has been published. Outputs, if any, are in private staging.
 * ``publishing``: publication has started; the key and input are pinned from here on.
@@ -29,9 +32,13 @@ from typing import Mapping, Optional, Sequence
 from accounting.budget import PrivacyBudget
 from accounting.keys import ReleaseKey
 from accounting.keystore import KeyRef
+from accounting.ledger.consumed import ConsumedIds
 from accounting.measures import Measure
 
-FORMAT = "beam-dp-release/budget-ledger/v2"
+#: v3 added consumed-id records; a v2 ledger is read as v3 (it has none), and a v3 ledger is
+#: refused by code that would not check them.
+FORMAT = "beam-dp-release/budget-ledger/v3"
+FORMAT_V2 = "beam-dp-release/budget-ledger/v2"
 FORMAT_V1 = "beam-dp-release/budget-ledger/v1"
 RESERVED, PUBLISHING, COMMITTED = "reserved", "publishing", "committed"
 STATES = (RESERVED, PUBLISHING, COMMITTED)
@@ -53,6 +60,14 @@ class ChangedInputError(LedgerError):
 
 class ContentAlreadyReleased(LedgerError):
     """The same content (e.g. the same set of reports) was already released under another id."""
+
+
+class ConsumedIdsError(LedgerError):
+    """Some ids of the release were already consumed by other releases (at most once)."""
+
+    def __init__(self, message, *, namespace: str, count: int, holders: Mapping[str, int]):
+        super().__init__(message)
+        self.namespace, self.count, self.holders = namespace, count, dict(holders)
 
 
 def now() -> str:
@@ -87,6 +102,8 @@ class ReleaseRequest:
     ``key_names``: the independent secret keys the release needs (one by default; e.g. one per
     helper when no single party may know every noise share). ``content_key``: a digest of the
     released content that may be released only once under any id (e.g. a set of reports).
+    ``consumes``: the ids it aggregates, per namespace (:class:`~accounting.ledger.consumed.
+    ConsumedIds`), checked against every other release's record and recorded with it.
     """
 
     release_id: str
@@ -96,6 +113,7 @@ class ReleaseRequest:
     key_names: Sequence[str] = ("release",)
     content_key: Optional[str] = None
     metadata: Mapping = field(default_factory=dict)
+    consumes: Sequence = ()
 
     def __post_init__(self):
         if not isinstance(self.release_id, str) or not self.release_id or "#" in self.release_id:
@@ -119,6 +137,11 @@ class ReleaseRequest:
         object.__setattr__(self, "measures", tuple(self.measures))
         object.__setattr__(self, "scopes", tuple(self.scopes))
         object.__setattr__(self, "key_names", tuple(self.key_names))
+        spaces = [c.namespace for c in self.consumes if isinstance(c, ConsumedIds)]
+        if len(spaces) != len(self.consumes) or len(set(spaces)) != len(spaces):
+            raise ValueError(f"release {self.release_id!r}: consumes must be ConsumedIds of "
+                             "distinct namespaces")
+        object.__setattr__(self, "consumes", tuple(self.consumes))
 
     def measures_json(self) -> list:
         return [m.to_json() for m in self.measures]
@@ -131,7 +154,9 @@ class Reservation:
     ``resumed``: the release was already charged for this input (an earlier run crashed or is
     being repeated); nothing more was spent. ``taken_over``: an earlier run charged it for other
     input but published nothing; this run takes the reservation over with fresh keys, spending
-    nothing more. ``state``: the record's state when this run obtained it.
+    nothing more. ``state``: the record's state when this run obtained it. ``consumed``: per
+    namespace of the request's ``consumes``, the ledger's decision (ids held by other releases,
+    budget grants; :class:`~accounting.ledger.consumed.ConsumedResult`).
     """
 
     release_id: str
@@ -144,6 +169,7 @@ class Reservation:
     resumed: bool = False
     taken_over: bool = False
     state: str = RESERVED
+    consumed: Mapping = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def key(self) -> ReleaseKey:

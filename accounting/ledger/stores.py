@@ -89,6 +89,9 @@ class LocalStore:
         except FileNotFoundError:
             return None
 
+    def changed_since_read(self) -> bool:
+        return False  # read and written under one flock
+
 
 class GcsStore:
     """Optimistic concurrency on one GCS object: read with generation, write if it still matches."""
@@ -100,6 +103,7 @@ class GcsStore:
         self.uri = uri
         self.max_attempts = max_attempts
         self.conflicts = 0
+        self.read_generation = None
 
     def read_with_generation(self):
         """``(bytes or None, generation)``; generation 0 means the object does not exist."""
@@ -110,6 +114,7 @@ class GcsStore:
         if blob is None:
             return None, 0
         generation = int(blob.generation)  # downloading may reset blob.generation from headers
+        self.read_generation = generation
         try:
             data = blob.download_as_bytes(if_generation_match=generation)
         except (exceptions.PreconditionFailed, exceptions.NotFound):
@@ -150,9 +155,88 @@ class GcsStore:
                 self.conflicts += 1
         raise LedgerStoreError(f"could not read a stable version of {self.uri}")
 
+    def changed_since_read(self) -> bool:
+        """Whether another writer replaced the object since this store's last read (a file the
+        old version referenced may then be gone: the transaction retries instead of refusing)."""
+        bucket, name = gcs.split_gcs_uri(self.uri)
+        blob = gcs.client().bucket(bucket).get_blob(name)
+        return (0 if blob is None else int(blob.generation)) != (self.read_generation or 0)
 
+
+# --------------------------------------------------------------------------------------------
+# Side files beside the ledger (consumed-id records): write-once, content-addressed
+# --------------------------------------------------------------------------------------------
+
+class LocalFiles:
+    """Files in a private folder beside a local ledger (``<ledger>.consumed/``)."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def where(self, name: str) -> str:
+        return os.path.join(self.folder, name)
+
+    def read(self, name: str):
+        try:
+            with open(self.where(name), "rb") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return None
+
+    def write(self, name: str, data: bytes) -> None:
+        os.makedirs(self.folder, mode=0o700, exist_ok=True)
+        LocalStore(self.where(name))._replace(self.folder, data)
+
+    def delete(self, name: str) -> None:
+        try:
+            os.remove(self.where(name))
+        except FileNotFoundError:
+            pass
+
+
+class GcsFiles:
+    """Objects under a prefix beside a ``gs://`` ledger (``<ledger>.consumed/``); written once
+    (``if_generation_match=0``: a name is its content's SHA-256, so an existing one is the same)."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix.rstrip("/") + "/"
+
+    def where(self, name: str) -> str:
+        return self.prefix + name
+
+    def read(self, name: str):
+        from google.api_core import exceptions
+
+        try:
+            return gcs.blob(self.where(name)).download_as_bytes()
+        except exceptions.NotFound:
+            return None
+
+    def write(self, name: str, data: bytes) -> None:
+        from google.api_core import exceptions
+
+        try:
+            gcs.blob(self.where(name)).upload_from_string(
+                data, content_type="application/octet-stream", if_generation_match=0)
+        except exceptions.PreconditionFailed:
+            pass  # already there: the same bytes (content-addressed)
+
+    def delete(self, name: str) -> None:
+        from google.api_core import exceptions
+
+        try:
+            gcs.blob(self.where(name)).delete()
+        except exceptions.NotFound:
+            pass
 
 
 def store_for(path: str, max_attempts: int = 100):
     """The store of a ledger path (``gs://bucket/object`` or a local file)."""
     return GcsStore(path, max_attempts) if gcs.is_gcs(path) else LocalStore(path)
+
+
+def files_beside(store, suffix: str):
+    """The side-file folder of a ledger store: ``<ledger><suffix>/`` in the same storage."""
+    if isinstance(store, GcsStore):
+        return GcsFiles(store.uri + suffix)
+    return LocalFiles(store.path + suffix)

@@ -226,6 +226,9 @@ class ReleaseContext:
     keys: Mapping[str, ReleaseKey] = field(repr=False)
     versioned_id: str
     testing: bool
+    #: {namespace: pipelines.release.consumption.Consumed}: the rows to remove and the budgets
+    #: granted for what the release consumes (see ``Job.consumes``).
+    consumed: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def release_id(self) -> str:
@@ -317,6 +320,15 @@ class Job:
         ``inputs``: {input name: its preflighted ``ResolvedInput`` (files, formats, compression,
         columns)}; read files with ``pipelines.release.inputs.open_input``."""
         return None
+
+    def consumes(self, prepared: Prepared, planned: PlannedRelease,
+                 inputs: Mapping[str, Any]) -> Sequence:
+        """What the release aggregates that may be aggregated at most once across all batches
+        (report ids, sources, clients): ``pipelines.release.consumption.Consumes`` per namespace
+        (default: nothing). Read from ``inputs`` (as for ``content_key``) before the charge; the
+        release layer refuses repeats and ids earlier batches consumed, or hands the rows to
+        remove to ``build`` in ``release.consumed`` (see pipelines/release/consumption.py)."""
+        return ()
 
     def dropped_rows(self, prepared: Prepared, counters: Mapping[str, int]) -> Mapping[str, dict]:
         """Per input: eligible rows, dropped rows, share and ``reasons`` (the counters that

@@ -45,6 +45,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from accounting.keys import ReleaseKey
 from accounting.ledger import BudgetLedger, LedgerError, ReleaseRequest, input_digest
+from pipelines.release import consumption as release_consumption
 from pipelines.release import counters as row_counters
 from pipelines.release import inputs as release_inputs
 from pipelines.release import outputs as release_outputs
@@ -112,6 +113,9 @@ class Preflight:
     translate_only: bool
     places: Places
     started: float
+    #: {release id: [consumption.Prepared]}: what each release consumes (Job.consumes), repeats
+    #: within the batch already found; the ledger checks it across batches in reserve.
+    consumed: Mapping[str, Sequence] = field(default_factory=dict, repr=False)
 
     @property
     def options(self):
@@ -214,9 +218,10 @@ def preflight(job: Job, request) -> Preflight:
     places = _places(options)
     publication.check_tree(places.output, places.staging, ids, options.testing,
                            reports=places.reports)
+    consumed = release_consumption.preflight(job, prepared, planned, resolved)
     return Preflight(job=job, prepared=prepared, planned=planned, inputs=resolved,
                      beam_options=beam_options, translate_only=translate_only,
-                     places=places, started=started)
+                     places=places, started=started, consumed=consumed)
 
 
 def _pipeline_options(args: Sequence[str]):
@@ -275,7 +280,8 @@ def reserve(pre: Preflight) -> Reserved:
     if options.testing:
         contexts = tuple(ReleaseContext(
             planned=p, keys=_testing_keys(options.testing_seed, p.key_names, options.exact_testing),
-            versioned_id=p.release_id, testing=True) for p in pre.planned)
+            versioned_id=p.release_id, testing=True,
+            consumed=release_consumption.views(pre.consumed[p.release_id])) for p in pre.planned)
         return Reserved(pre=pre, releases=contexts, versions={p.release_id: 1 for p in pre.planned})
     accountants = {p.accountant for p in pre.planned}
     if len(accountants) != 1:
@@ -290,6 +296,7 @@ def reserve(pre: Preflight) -> Reserved:
             release_id=p.release_id, measures=p.measures, input_digest=_digest(pre, p),
             scopes=p.scopes, key_names=p.key_names, content_key=pre.job.content_key(
                 pre.prepared, p, {n: pre.inputs[n] for n in (p.inputs or sorted(pre.inputs))}),
+            consumes=release_consumption.for_ledger(pre.consumed[p.release_id]),
             metadata={"job": pre.job.name}) for p in pre.planned]
         reserved = ledger.reserve(requests, new_release=options.new_release)
         publication.bind(output, ledger)
@@ -298,9 +305,11 @@ def reserve(pre: Preflight) -> Reserved:
     reservations = {r.release_id: r for r in reserved}
     if any(k.is_testing or k.noise_free for r in reserved for k in r.keys.values()):
         raise ReleaseFailed("the ledger issued a testing key for a release")  # never: defence in depth
-    contexts = tuple(ReleaseContext(planned=p, keys=reservations[p.release_id].keys,
-                                    versioned_id=reservations[p.release_id].versioned_id,
-                                    testing=False) for p in pre.planned)
+    contexts = tuple(ReleaseContext(
+        planned=p, keys=reservations[p.release_id].keys,
+        versioned_id=reservations[p.release_id].versioned_id, testing=False,
+        consumed=release_consumption.views(pre.consumed[p.release_id], reservations[p.release_id]))
+        for p in pre.planned)
     return Reserved(pre=pre, releases=contexts, ledger=ledger, reservations=reservations,
                     versions={rid: r.version for rid, r in reservations.items()})
 

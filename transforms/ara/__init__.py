@@ -7,8 +7,9 @@ The four algorithms of the summary-report model (Aksu et al., PoPETs 2024):
 * C, contribution bounding (``contribution.bound_contributions``): the browser drops a source's
   reports once they would exceed its L1 budget of 65,536.
 * S, summary report (``summary``): the aggregation service sums per declared bucket and adds
-  discrete Laplace noise of scale 65,536 / epsilon; a batch is aggregated once (the release ledger,
-  ``pipelines.summary_reports``).
+  discrete Laplace noise of scale 65,536 / epsilon; each report id is aggregated once over all
+  batches, and a source's budget holds over all of them (the release ledger's consumed-id
+  records, ``pipelines.summary_reports``).
 * R, reconstruction (``summary.reconstruct``): the ad tech rescales by ``C_i / b_i``, times an
   optional estimate scale per measure fitted on training data (``contribution``).
 

@@ -11,6 +11,7 @@ Python ints wider than 64 bits do not fit Beam's integer coder).
 """
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import numpy as np
@@ -72,80 +73,136 @@ def check_conversion_schema(schema, config: ContributionConfig) -> None:
                          f"{schema.field('order').type}")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ConversionRows:
+    """A batch of conversion rows after algorithm A's row rules (``conversion_rows``): the
+    valid rows and what the rules dropped. Shared by the pipeline and the release layer's
+    preflight (which reads what a batch consumes before the charge)."""
+
+    n: int
+    null_rows: int
+    range_rows: int
+    missing_report_id: int
+    rows: np.ndarray                  # indices of the valid rows
+    sources: list                     # canonical source ids of the valid rows
+    report_ids: list | None           # canonical report ids (None: the batch has no column)
+    order: np.ndarray
+    values: np.ndarray                # (rows, measures), before clipping
+    features: np.ndarray              # (rows, dimensions)
+    padding_counts_not_one: int
+
+
+def conversion_rows(batch, cfg: ContributionConfig,
+                    require_report_id: bool = False) -> ConversionRows:
+    """Algorithm A's row rules on a pyarrow RecordBatch/Table of conversions (numeric columns):
+    canonical source (and report) ids, null/non-finite and out-of-range rows dropped; with
+    ``require_report_id`` a row without a report id is dropped too."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from transforms.privacy_units import canonical_unit_ids
+    n = batch.num_rows
+    check_conversion_schema(batch.schema, cfg)
+    names = batch.schema.names
+
+    def column(name):
+        return batch.column(names.index(name))
+
+    # One canonical form before any grouping or hashing: 7, 7.0 and "7" are one source.
+    source_ids = canonical_unit_ids(column("source_id"), "source_id")
+    valid = np.asarray(pc.is_valid(source_ids), dtype=bool)
+    report_ids = None
+    if "report_id" in names and not pa.types.is_null(column("report_id").type):
+        report_ids = canonical_unit_ids(column("report_id"), "report_id")
+    missing = np.zeros(n, dtype=bool)
+    if require_report_id:
+        missing = ~np.asarray(pc.is_valid(report_ids), dtype=bool) if report_ids is not None \
+            else np.ones(n, dtype=bool)
+    dims = []
+    for d in range(len(cfg.slice_dimensions)):
+        col = column(f"dim_{d}")
+        valid &= np.asarray(pc.is_valid(col), dtype=bool)
+        dims.append(np.asarray(pc.fill_null(col.cast(pa.float64()), -1.0)))
+    values = []
+    for m in cfg.measures:
+        if m == "count" and "count" not in names:
+            values.append(np.ones(n))
+            continue
+        v = np.asarray(pc.fill_null(column(m).cast(pa.float64()), np.nan))
+        valid &= np.isfinite(v)
+        values.append(v)
+    null_rows = int((~valid).sum())
+    features = np.stack(dims, axis=1) if dims else np.zeros((n, 0))
+    integral = (features == np.floor(features)).all(axis=1)
+    in_range = valid & integral & cfg.valid_feature_rows(features)
+    range_rows = int((valid & ~in_range).sum())
+    missing_rows = int((in_range & missing).sum())
+    rows = np.flatnonzero(in_range & ~missing)
+    values = np.stack(values, axis=1)[rows] if values else np.zeros((rows.size, 0))
+    if "order" in names:
+        order = np.asarray(pc.fill_null(column("order").cast(pa.int64()), 0))[rows]
+    else:
+        order = np.zeros(rows.size, dtype=np.int64)
+    take = pa.array(rows, pa.int64())
+    pad = cfg.padding_measure
+    not_one = int((values[:, pad] != 1).sum()) if pad is not None and "count" in names else 0
+    return ConversionRows(
+        n=n, null_rows=null_rows, range_rows=range_rows, missing_report_id=missing_rows,
+        rows=rows, sources=source_ids.take(take).to_pylist(),
+        report_ids=None if report_ids is None else report_ids.take(take).to_pylist(),
+        order=order, values=values, features=features[rows], padding_counts_not_one=not_one)
+
+
+def max_report_totals(cfg: ContributionConfig, values: np.ndarray) -> np.ndarray:
+    """Per conversion row, the largest L1 total algorithm A's randomized rounding can give it
+    (every rounding up; exact with the ``padding`` encoding): what a source may spend on it."""
+    n = values.shape[0]
+    top = np.full((n, len(cfg.prefixes), len(cfg.columns)), np.nextafter(1.0, 0.0))
+    return cfg.contributions(values, top).sum(axis=(1, 2)).astype(np.int64)
+
+
 class _EncodeConversionsFn(beam.DoFn):
-    def __init__(self, config: ContributionConfig, release_key, purpose: str):
+    def __init__(self, config: ContributionConfig, release_key, purpose: str,
+                 require_report_id: bool = False):
         self.config = config
         self.release_key = release_key
         self.purpose = purpose
+        self.require_report_id = require_report_id
         self.rows = _counter("conversion_rows")
         self.null_rows = _counter("conversion_rows_dropped_null_or_nonfinite")
         self.range_rows = _counter("conversion_rows_dropped_feature_out_of_range")
+        self.missing_ids = _counter("conversion_rows_dropped_missing_report_id")
         self.negative = _counter("conversion_values_negative_clipped_to_zero")
         self.reports = _counter("reports_encoded")
         self.count_not_one = _counter("conversion_rows_count_not_one_counted_once_by_padding")
 
     def process(self, batch):
-        import pyarrow as pa
-        import pyarrow.compute as pc
         from transforms.noise import RandomStreams
-        from transforms.privacy_units import canonical_unit_ids
         cfg = self.config
-        n = batch.num_rows
-        if n == 0:
+        if batch.num_rows == 0:
             return
-        self.rows.inc(n)
-        check_conversion_schema(batch.schema, cfg)
-        names = batch.schema.names
-
-        def column(name):
-            return batch.column(names.index(name))
-
-        # One canonical form before any grouping or hashing: 7, 7.0 and "7" are one source.
-        source_ids = canonical_unit_ids(column("source_id"), "source_id")
-        valid = np.asarray(pc.is_valid(source_ids))
-        dims = []
-        for d in range(len(cfg.slice_dimensions)):
-            col = column(f"dim_{d}")
-            valid &= np.asarray(pc.is_valid(col))
-            dims.append(np.asarray(pc.fill_null(col.cast(pa.float64()), -1.0)))
-        values = []
-        for m in cfg.measures:
-            if m == "count" and "count" not in names:
-                values.append(np.ones(n))
-                continue
-            v = np.asarray(pc.fill_null(column(m).cast(pa.float64()), np.nan))
-            valid &= np.isfinite(v)
-            values.append(v)
-        self.null_rows.inc(int((~valid).sum()))
-        features = np.stack(dims, axis=1) if dims else np.zeros((n, 0))
-        integral = (features == np.floor(features)).all(axis=1)
-        in_range = valid & integral & cfg.valid_feature_rows(features)
-        self.range_rows.inc(int((valid & ~in_range).sum()))
-        rows = np.flatnonzero(in_range)
-        if rows.size == 0:
+        self.rows.inc(batch.num_rows)
+        prepared = conversion_rows(batch, cfg, self.require_report_id)
+        self.null_rows.inc(prepared.null_rows)
+        self.range_rows.inc(prepared.range_rows)
+        self.missing_ids.inc(prepared.missing_report_id)
+        n_rows = prepared.rows.size
+        if n_rows == 0:
             return
-        values = np.stack(values, axis=1)[rows]
-        negative = values < 0
-        self.negative.inc(int(negative.sum()))
-        sources = source_ids.take(pa.array(rows)).to_pylist()
-        if "order" in names:
-            order = np.asarray(pc.fill_null(column("order").cast(pa.int64()), 0))[rows]
-        else:
-            order = np.zeros(rows.size, dtype=np.int64)
-        codes = cfg.slice_codes(features[rows].astype(np.int64))
+        values, sources, order = prepared.values, prepared.sources, prepared.order
+        report_ids = prepared.report_ids or [None] * n_rows
+        self.negative.inc(int((values < 0).sum()))
+        codes = cfg.slice_codes(prepared.features.astype(np.int64))
         q = cfg.n_queries
         # One keyed uniform per (report, level, bucket column): rounding does not depend on
         # batching.
         lanes = [(s, int(o), j) for s, o in zip(sources, order.tolist()) for j in range(q)]
         uniforms = RandomStreams.for_keys(self.release_key, self.purpose, lanes).uniform_float()
-        pad = cfg.padding_measure
-        if pad is not None and "count" in names:
-            self.count_not_one.inc(int((values[:, pad] != 1).sum()))
+        self.count_not_one.inc(prepared.padding_counts_not_one)
         columns = cfg.columns
         contrib = cfg.contributions(values, uniforms.reshape(
-            (rows.size, len(cfg.prefixes), len(columns))))
+            (n_rows, len(cfg.prefixes), len(columns))))
         column_bits = [c << 96 for c in columns]
-        for i in range(rows.size):
+        for i in range(n_rows):
             items = []
             for l, p in enumerate(cfg.prefixes):
                 base = (p << 64) | int(codes[i, l])
@@ -154,7 +211,8 @@ class _EncodeConversionsFn(beam.DoFn):
                     if v:
                         items.append((bits | base, v))
             self.reports.inc()
-            yield AggregatableReport(source_id=sources[i], order=int(order[i]), contributions=tuple(items))
+            yield AggregatableReport(source_id=sources[i], order=int(order[i]),
+                                     contributions=tuple(items), report_id=report_ids[i])
 
 
 class EncodeConversions(beam.PTransform):
@@ -167,19 +225,24 @@ class EncodeConversions(beam.PTransform):
     are one source); a source_id column that cannot be canonicalised fails the job naming it.
     Row faults (documented rule): rows with a null source/feature/measure, a NaN or infinite
     measure, or a fractional feature or one outside its declared dimension, are dropped and
-    counted; negative measures are clipped to 0 by algorithm A and counted.
+    counted; negative measures are clipped to 0 by algorithm A and counted. A ``report_id``
+    column, if any, is carried into the reports (canonicalised); with ``require_report_id`` a
+    row without one is dropped and counted.
     """
 
-    def __init__(self, config: ContributionConfig, release_key, purpose: str = ROUNDING_PURPOSE):
+    def __init__(self, config: ContributionConfig, release_key, purpose: str = ROUNDING_PURPOSE,
+                 require_report_id: bool = False):
         super().__init__()
         self.config, self.release_key, self.purpose = config, release_key, purpose
+        self.require_report_id = require_report_id
 
     def expand(self, batches):
         # One application per key and purpose: applied again (other input) the same lanes would
         # round the same way, and the difference of two outputs would carry no rounding noise.
         self.release_key.claim(self.purpose, owner=type(self).__name__)
         return batches | "Encode" >> beam.ParDo(
-            _EncodeConversionsFn(self.config, self.release_key, self.purpose))
+            _EncodeConversionsFn(self.config, self.release_key, self.purpose,
+                                 self.require_report_id))
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,7 +250,8 @@ class EncodeConversions(beam.PTransform):
 # --------------------------------------------------------------------------------------------
 
 class _ParseReportsFn(beam.DoFn):
-    def __init__(self):
+    def __init__(self, require_report_id: bool = False):
+        self.require_report_id = require_report_id
         self.faults = {reason: _counter(f"reports_dropped_{reason}") for reason in FAULTS}
         self.parsed = _counter("reports_parsed")
 
@@ -195,7 +259,7 @@ class _ParseReportsFn(beam.DoFn):
         if not line.strip():
             return
         try:
-            report = parse_report(line)
+            report = parse_report(line, require_report_id=self.require_report_id)
         except ReportFault as fault:
             self.faults[fault.reason].inc()
             return
@@ -205,10 +269,41 @@ class _ParseReportsFn(beam.DoFn):
 
 class ParseReports(beam.PTransform):
     """JSON lines -> AggregatableReport; faulty reports are dropped whole and counted by reason
-    (see ``transforms.ara.reports``)."""
+    (see ``transforms.ara.reports``; ``require_report_id``: a report without one is a fault)."""
+
+    def __init__(self, require_report_id: bool = False):
+        super().__init__()
+        self.require_report_id = require_report_id
 
     def expand(self, lines):
-        return lines | "Parse" >> beam.ParDo(_ParseReportsFn())
+        return lines | "Parse" >> beam.ParDo(_ParseReportsFn(self.require_report_id))
+
+
+class _RemoveReportsFn(beam.DoFn):
+    def __init__(self):
+        self.removed = _counter("reports_removed_already_consumed")
+
+    def process(self, report, removed):
+        if report.report_id is not None and report.report_id in removed:
+            self.removed.inc()
+            return
+        yield report
+
+
+class RemoveReports(beam.PTransform):
+    """Drop the reports whose report id is in ``removed`` (a PCollection of canonical ids): ids
+    an earlier batch consumed, or repeated within this batch, when the operator chose to remove
+    them (``--skip_consumed``). Counted as ``reports_removed_already_consumed`` (operator only;
+    not a row fault: the reports are valid, only already aggregated)."""
+
+    def __init__(self, removed):
+        super().__init__()
+        self.removed = removed
+
+    def expand(self, reports):
+        removed = self.removed | "AsSet" >> beam.combiners.ToSet()
+        return reports | "Remove" >> beam.ParDo(_RemoveReportsFn(),
+                                                beam.pvalue.AsSingleton(removed))
 
 
 # --------------------------------------------------------------------------------------------
@@ -263,12 +358,13 @@ class _ApplyBudgetFn(beam.DoFn):
         self.over_budget = _counter("reports_dropped_source_budget_exhausted")
         self.over_limit = _counter("reports_dropped_over_max_reports_per_source")
 
-    def process(self, element):
-        _, (reports, seen) = element
+    def process(self, element, grants=None):
+        source, (reports, seen) = element
         self.over_limit.inc(seen - len(reports))
         totals = np.array([r.total for r in reports], dtype=np.int64)
+        budget = self.budget if not grants else min(self.budget, grants.get(source, self.budget))
         keep = bound_contributions(np.zeros(len(reports), dtype=np.int64), totals,
-                                   budget=self.budget)
+                                   budget=budget)
         self.kept.inc(int(keep.sum()))
         self.over_budget.inc(int((~keep).sum()))
         for report, k in zip(reports, keep):
@@ -281,18 +377,25 @@ class BoundSourceContributions(beam.PTransform):
     """Algorithm C: per source, keep reports in order while they fit in the 65,536 L1 budget.
 
     Reports beyond ``max_reports_per_source`` (by order) are dropped before bounding (counted),
-    which can only lower a source's contribution. Output: (16-byte bucket key, value).
+    which can only lower a source's contribution. ``grants``: optional PCollection of
+    (source id, budget left): a source that spent part of its budget in earlier batches is
+    bounded by what is left (the browser's budget holds across all of a source's reports).
+    Output: (16-byte bucket key, value).
     """
 
-    def __init__(self, max_reports_per_source: int = 1024, budget: int = CONTRIBUTION_BUDGET):
+    def __init__(self, max_reports_per_source: int = 1024, budget: int = CONTRIBUTION_BUDGET,
+                 grants=None):
         super().__init__()
-        self.limit, self.budget = max_reports_per_source, budget
+        self.limit, self.budget, self.grants = max_reports_per_source, budget, grants
 
     def expand(self, reports):
-        return (reports
-                | "BySource" >> beam.Map(lambda r: (r.source_id, r))
-                | "FirstReports" >> beam.CombinePerKey(FirstReportsPerSource(self.limit))
-                | "Budget" >> beam.ParDo(_ApplyBudgetFn(self.budget)))
+        grouped = (reports
+                   | "BySource" >> beam.Map(lambda r: (r.source_id, r))
+                   | "FirstReports" >> beam.CombinePerKey(FirstReportsPerSource(self.limit)))
+        if self.grants is None:
+            return grouped | "Budget" >> beam.ParDo(_ApplyBudgetFn(self.budget))
+        return grouped | "Budget" >> beam.ParDo(_ApplyBudgetFn(self.budget),
+                                                beam.pvalue.AsDict(self.grants))
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ returns the table written. Everything is derived from the public ``seed`` throug
 
 * :func:`frequency_reports` -- reports of one oracle (frequency oracle aggregation);
 * :func:`pem_reports` -- PEM reports with their ``group`` column (heavy hitters);
+
+both with each report's ``client_id`` (a release counts a client's report once per collection);
 * :func:`shuffle_shares` -- the shuffled split-and-mix shares (shuffle summation);
 * :func:`training_rows` -- an example table with a label column (label randomization export).
 """
@@ -67,7 +69,14 @@ def frequency_reports(path: str, *, oracle: str = "oue", epsilon: float = 2.0,
     ids = np.arange(clients, dtype=np.uint64)
     table = randomize(mechanism, sim.values(ids),
                       source=KeyedRandomness.for_testing(seed, "sample-clients"), ids=ids)
-    return write_table(table, path)
+    return write_table(with_client_ids(table, ids), path)
+
+
+def with_client_ids(table: pa.Table, ids) -> pa.Table:
+    """Reports with their clients' ids (``client_id``), as a collector receives them."""
+    return table.append_column(pa.field("client_id", pa.uint64()),
+                               pa.array(np.asarray(ids, dtype=np.uint64))
+                               ).replace_schema_metadata(table.schema.metadata)
 
 
 def pem_reports(path: str, *, plan: Optional[PEMPlan] = None, clients: int = 20_000,
@@ -80,7 +89,7 @@ def pem_reports(path: str, *, plan: Optional[PEMPlan] = None, clients: int = 20_
     ids = np.arange(clients, dtype=np.uint64)
     table = client_reports(plan, sim.values(ids),
                            source=KeyedRandomness.for_testing(seed, "sample-clients"), ids=ids)
-    return write_table(table, path)
+    return write_table(with_client_ids(table, ids), path)
 
 
 def shuffle_shares(path: str, *, spec: Optional[SplitAndMix] = None, clients: int = 1000,

@@ -1,0 +1,179 @@
+"""The mutation suite's mutants: named broken variants of the real code, one per known class of
+leak, each of which the privacy tests must catch (``make test-mutations``; runner: run.py).
+
+A mutant is a declarative edit: in ``file`` (relative to the repository root) the exact text
+``snippet`` -- which must occur exactly once -- becomes ``replacement``. The runner applies it to
+a scratch copy of the tree (never the working tree) and runs the mutant's ``tests`` there,
+stopping at the first failure. The mutant is *caught* when that failure is an assertion of a
+privacy test (an ``AssertionError``, ``AuditFailure`` included); it *survives* when every selected
+test passes; a crash (any other exception) or a collection error catches nothing -- a mutant must
+leak, not break the code. A snippet that is not found exactly once fails the suite too ("no
+longer applies": the code moved; retarget the spec).
+
+Retargeting after code moves: change ``file`` and ``snippet`` (copy the line(s) from the new
+place; keep the snippet as short as uniqueness allows, one line where possible) and, if the
+catching test moved, ``tests``. ``leak`` says what the mutant stands for, so a retargeted mutant
+keeps representing the same leak.
+
+Which tests count (``PRIVACY_TESTS``): the neighbouring-pair audits, the DP tester's tests of
+the real mechanisms and the privacy unit tests of bounding, canonical ids, randomizers and Masked
+LARk. Byte pins (``BYTE_PINS``: tests that compare released bytes with stored digests) never count:
+a pin is re-pinned whenever behaviour changes on purpose, so a leak caught only there is a leak
+the next re-pin ships. A mutant's ``tests`` may name only files of ``PRIVACY_TESTS``; list the
+cheapest, most targeted test first (the run stops at the first failure).
+
+Leak classes not yet here, because they need fixes being made on other branches (issue 30);
+add them once those are merged (``PLANNED``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Test files whose failures count as catching a mutant (path -> what it checks).
+PRIVACY_TESTS = {
+    "tests/test_audits.py": "neighbouring-pair audits of every job and transform",
+    "tests/test_audit_harness.py": "the audit harness on toy jobs",
+    "tests/test_dp_tester.py": "the DP tester on the project's noise mechanisms",
+    "tests/test_dp_tester_aggregate.py": "the DP tester on sampled DPAggregate releases",
+    "tests/test_ldp_dp.py": "the DP tester on every local randomizer",
+    "tests/test_sketches_dp.py": "the DP tester on the sketches' noise",
+    "tests/test_bounding.py": "contribution bounding's invariants (privacy unit tests)",
+    "tests/test_privacy_units.py": "canonical privacy-unit ids (privacy unit tests)",
+    "tests/test_lark.py": "Masked LARk's k-anonymity, noise and masks (privacy unit tests)",
+    "tests/test_selection.py": "private key selection (privacy unit tests)",
+    "tests/test_release_privacy.py": "the release layer's privacy rules",
+    "tests/test_keys.py": "one secret, one use: key claims, derive, key reuse across releases",
+    "tests/test_audit_sequences.py": "neighbouring-pair audits of two-batch sequences",
+}
+
+#: Tests that pin released bytes: never a mutant's selection, never a catch.
+BYTE_PINS = ("tests/test_release_digests.py",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mutant:
+    name: str          # short id, printed in the table
+    leak: str          # the class of leak it represents
+    file: str          # relative to the repository root
+    snippet: str       # exact text, found exactly once in ``file``
+    replacement: str
+    tests: tuple       # pytest node ids or files (of PRIVACY_TESTS), cheapest first
+
+    def file_of(self, test: str) -> str:
+        return test.split("::", 1)[0]
+
+
+AUDIT = "tests/test_audits.py::test_registered_audit_passes_on_the_real_code"
+
+MUTANTS = (
+    Mutant(
+        name="rows-in-data-order",
+        leak="bounding keeps a unit's rows by their position in the batch instead of keyed "
+             "priorities of their content: which rows survive depends on batching and order",
+        file="transforms/bounding.py",
+        snippet=".append_column(ROW, pa.array(row_words[:, 0]))",
+        replacement=".append_column(ROW, pa.array(np.arange(table.num_rows, dtype=np.uint64)))",
+        tests=("tests/test_bounding.py::test_kept_rows_do_not_depend_on_batching_or_order",
+               f"{AUDIT}[dp_aggregate/keyset]"),
+    ),
+    Mutant(
+        name="ids-not-canonical",
+        leak="privacy-unit ids taken as written: 7, 7.0 and '7' (or ' A7' and 'a7') are "
+             "bounded as different units, one person contributes several times",
+        file="transforms/privacy_units.py",
+        snippet="canonical = pc.dictionary_encode(canonical_unit_ids(raw.dictionary, name))",
+        replacement="canonical = pc.dictionary_encode(pc.cast(raw.dictionary, pa.string()))",
+        tests=("tests/test_privacy_units.py", f"{AUDIT}[centralnotice]"),
+    ),
+    Mutant(
+        name="noise-scale-halved",
+        leak="Laplace-family noise drawn at half the scale its calibration states",
+        file="transforms/noise/mechanisms.py",
+        snippet="return discrete_laplace(streams, spec.unit_scale)",
+        replacement="return discrete_laplace(streams, spec.unit_scale / 2)",
+        tests=("tests/test_dp_tester.py::test_project_mechanism_satisfies_its_claim",),
+    ),
+    Mutant(
+        name="no-l0-bound",
+        leak="no bound on the number of keys a unit contributes to (L0): one unit moves "
+             "every key it touches",
+        file="transforms/bounding.py",
+        snippet="keep = (row_rank < max_per_partition) & (pair_rank < max_partitions)",
+        replacement="keep = row_rank < max_per_partition",
+        tests=("tests/test_bounding.py::test_bound_invariants", f"{AUDIT}[dp_aggregate/keyset]"),
+    ),
+    Mutant(
+        name="rr-probability-off",
+        leak="generalized randomized response keeps the true value with the binary "
+             "probability e^eps / (e^eps + 1), ignoring the domain size",
+        file="transforms/ldp/oracles.py",
+        snippet="return threshold_floor(e / (e + choices - 1))",
+        replacement="return threshold_floor(e / (e + 1))",
+        tests=("tests/test_ldp_dp.py::test_grr_passes",),
+    ),
+    Mutant(
+        name="exact-value-threshold",
+        leak="the release threshold compared against the exact value instead of the noisy "
+             "one: whether a key or value is released is a deterministic function of the data",
+        file="transforms/release.py",
+        snippet="below = ~(np.asarray(values, dtype=float) > column.threshold)",
+        replacement="below = ~(np.asarray(column.values({m.name: m.exact(table) for m in "
+                    "self._s.measures}), dtype=float) > column.threshold)",
+        tests=("tests/test_dp_tester_aggregate.py::"
+               "test_a_threshold_on_the_exact_value_is_caught_by_the_released_indicator",
+               f"{AUDIT}[dp_aggregate/keyset/thresholds]", f"{AUDIT}[centralnotice/thresholds]"),
+    ),
+    Mutant(
+        name="exact-value-selection",
+        leak="private key selection compares the exact unit count with its threshold: whether "
+             "a key is released is a deterministic function of the data",
+        file="transforms/selection.py",
+        snippet="noisy = add_noise(self.noise, units, streams)",
+        replacement="noisy = units",
+        tests=(f"{AUDIT}[dp_aggregate/selection/thresholds]",),
+    ),
+    Mutant(
+        name="lark-k-anonymity-dropped",
+        leak="Masked LARk helpers release keys with k or fewer reports",
+        file="transforms/lark/helper.py",
+        snippet="keep = partial.counts > params.k",
+        replacement="keep = partial.counts > 0",
+        tests=("tests/test_lark.py::test_k_anonymity_releases_only_more_than_k_reports",
+               f"{AUDIT}[masked_lark_helper]"),
+    ),
+    Mutant(
+        name="key-reused-through-derive",
+        leak="ReleaseKey.derive(label) hands out a child that does not share its parent's "
+             "claims (each derived child its own claim scope, the label derivable again): two "
+             "days released under one job key's child carry identical noise",
+        file="accounting/keys.py",
+        snippet="        self.claim(_DERIVE + label, owner=owner)\n        return self._child(label)",
+        replacement="        child = self._child(label)\n"
+                    "        child._binding, child._session = \"derived\", _new_session()\n"
+                    "        return child",
+        tests=("tests/test_keys.py::test_two_days_under_one_label_derived_twice_never_share_their_noise",),
+    ),
+    Mutant(
+        name="overlapping-ara-batch",
+        leak="ARA summary reports without the consumed-id check (report ids at most once, a "
+             "source's L1 budget across batches): a batch re-including consumed reports is "
+             "charged and released again",
+        file="pipelines/summary_reports.py",
+        snippet="(at most once) and the sources' budgets (see the module docstring).\"\"\"\n",
+        replacement="(at most once) and the sources' budgets (see the module docstring).\"\"\"\n"
+                    "        return []\n",
+        tests=("tests/test_audit_sequences.py::test_summary_reports_second_batch_adds_nothing",),
+    ),
+)
+
+#: Leak classes of issue 30 whose mutants wait for other branches' fixes (the lead adds them
+#: after merging): (name, leak, where it will apply, which tests must catch it).
+PLANNED = (
+    ("dropped-rows-gate-on-exact-counts",
+     "whether a release is published decided by exact counts of dropped rows",
+     "pipelines/release (spine branch: the publication rules made operator-only; compare the "
+     "exact dropped share and refuse instead); it can be added only once the integration "
+     "branches meet (spine is merged on the other integration branch, not on this one)",
+     "the spine branch's test_publication_decisions (under tests/), to be added to "
+     "PRIVACY_TESTS"),
+)
