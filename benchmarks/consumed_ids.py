@@ -36,15 +36,14 @@ sys.path.insert(0, ROOT)  # before benchmarks/ (its runners.py is not the runner
 
 def _conversions(folder: str, target: int) -> tuple[str, str, int]:
     """A conversions file of about ``target`` rows and a contribution configuration."""
-    import pyarrow.parquet as pq
-
     from pipelines import ara_synthetic as synthetic
+    from transforms import parquet_files
     from transforms.ara.contribution import ContributionConfig
 
     data = synthetic.generate("adtech_real_estate", 1, scale=max(target / 53830.0, 0.01))
     table = data.to_arrow().slice(0, target)
     path = os.path.join(folder, "conversions.parquet")
-    pq.write_table(table, path)
+    parquet_files.write_table(table, path)
     config = os.path.join(folder, "config.json")
     with open(config, "w") as handle:
         handle.write(ContributionConfig(
