@@ -22,8 +22,8 @@ a pin is re-pinned whenever behaviour changes on purpose, so a leak caught only 
 the next re-pin ships. A mutant's ``tests`` may name only files of ``PRIVACY_TESTS``; list the
 cheapest, most targeted test first (the run stops at the first failure).
 
-Leak classes not yet here, because they need fixes being made on other branches (issue 30);
-add them once those are merged (``PLANNED``).
+A leak class whose fix is still on another branch is listed in ``PLANNED`` (named in the run's
+output, not applied) until the fix is merged; today every class of issue 30 has its mutant.
 """
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ PRIVACY_TESTS = {
     "tests/test_release_privacy.py": "the release layer's privacy rules",
     "tests/test_keys.py": "one secret, one use: key claims, derive, key reuse across releases",
     "tests/test_audit_sequences.py": "neighbouring-pair audits of two-batch sequences",
+    "tests/test_publication_decisions.py": "one unit's faulty rows never decide publication",
 }
 
 #: Tests that pin released bytes: never a mutant's selection, never a catch.
@@ -164,16 +165,21 @@ MUTANTS = (
                     "        return []\n",
         tests=("tests/test_audit_sequences.py::test_summary_reports_second_batch_adds_nothing",),
     ),
+    Mutant(
+        name="dropped-rows-gate-on-exact-counts",
+        leak="whether a release is published decided by exact counts of dropped rows: one "
+             "unit's faulty rows push an input over --max_dropped_fraction (or leave it without "
+             "eligible rows) and the release is withheld, deterministically",
+        file="pipelines/release/lifecycle.py",
+        snippet="    return Ruled(computed=computed, counts=counts, shares=shares, alerts=alerts)\n",
+        replacement="    if any(alerts.values()):\n"
+                    "        raise ReleaseFailed(\"rows dropped: nothing published\")\n"
+                    "    return Ruled(computed=computed, counts=counts, shares=shares, alerts=alerts)\n",
+        tests=("tests/test_publication_decisions.py::"
+               "test_one_units_faulty_rows_do_not_push_a_release_over_the_dropped_share",
+               "tests/test_publication_decisions.py"),
+    ),
 )
 
-#: Leak classes of issue 30 whose mutants wait for other branches' fixes (the lead adds them
-#: after merging): (name, leak, where it will apply, which tests must catch it).
-PLANNED = (
-    ("dropped-rows-gate-on-exact-counts",
-     "whether a release is published decided by exact counts of dropped rows",
-     "pipelines/release (spine branch: the publication rules made operator-only; compare the "
-     "exact dropped share and refuse instead); it can be added only once the integration "
-     "branches meet (spine is merged on the other integration branch, not on this one)",
-     "the spine branch's test_publication_decisions (under tests/), to be added to "
-     "PRIVACY_TESTS"),
-)
+#: Leak classes of issue 30 whose mutants wait for other branches' fixes: none (all applied).
+PLANNED = ()
