@@ -362,11 +362,13 @@ def _number(value, path: str, what: str, *, optional=False):
 
 
 def read_ledger(path: str) -> Ledger:
-    """The ledger at ``path`` (v2, or v1 upgraded as the ledger itself does); unknown fields
-    of the ledger and its records are ignored."""
+    """The ledger at ``path`` (v3; v2 or v1 upgraded as the ledger itself does); unknown
+    fields of the ledger and its records (consumed-id records among them) are ignored."""
     state = _read_json(path, "ledger")
     if isinstance(state, dict) and state.get("format") == ledger_records.FORMAT_V1:
         state = ledger_records.upgrade_v1(state)
+    if isinstance(state, dict) and state.get("format") == ledger_records.FORMAT_V2:
+        state = {**state, "format": ledger_records.FORMAT}  # v3 only adds consumed-id records
     if not isinstance(state, dict) or state.get("format") != ledger_records.FORMAT:
         raise CatalogInputError(f"ledger {path} is not a {ledger_records.FORMAT} file")
     try:

@@ -989,7 +989,7 @@ def _sr_parquet_checked(ws):
     rows = _sr_rows(n=3000, start=100)
     table = pa.table({"source_id": [r[0] for r in rows], "order": [r[1] for r in rows],
                       "dim_0": [r[2] for r in rows], "dim_1": [r[3] for r in rows],
-                      "value": [float(r[4]) for r in rows]})
+                      "value": [float(r[4]) for r in rows], "report_id": [r[5] for r in rows]})
     parquet_files.write_table(table, str(ws / "conv.parquet"), compression="none",
                               use_dictionary=False, row_group_size=1000)
     flip_value_byte(ws / "conv.parquet", "value", row_group=1)
@@ -1120,7 +1120,7 @@ EDGE_CASES = [
     Case("rf-cut-csv", "rf", "rf_cut_csv", "--campaigns c2 --input {ws}/bad.csv",
          refused("{ws}/bad.csv does not end with a line break")),
     Case("sr-cut-csv", "sr", "sr_cut_csv", "--batch_id B --input {ws}/conv2.csv",
-         refused("{ws}/conv2.csv: its last row has 4 of the header's 5 fields")),
+         refused("{ws}/conv2.csv: its last row has 5 of the header's 6 fields")),
     Case("cn-header-only-counted", "cn", "cn_header_only", f"{DAY2} --impressions {{ws}}/bad.csv",
          released("impressions.read_files_without_rows=1")),
     Case("ld-labels-in-another-case", "ld", "ld_labels_upper_case",
