@@ -78,6 +78,11 @@ def compose(measures: Iterable[Measure], accountant: str = "basic",
             return EpsDelta(best.epsilon, target)
         rest = composition.sequential(approximate)
         return EpsDelta(best.epsilon + rest.epsilon, target)
+    if target == 0 and all(m.is_pure for m in measures):
+        # At delta 0 the tight composition of pure measures is the sum of their epsilons. A PLD
+        # of a continuous Laplace measure truncates its tails into mass at infinity (a
+        # pessimistic discretisation), so asking it for delta 0 would state epsilon = inf.
+        return composition.sequential([(m.epsilon, m.delta) for m in measures])
     plds = [m.privacy_loss_distribution(PLD_DISCRETIZATION) for m in measures]
     epsilon = float(composition.compose_plds(plds).get_epsilon_for_delta(target))
     return EpsDelta(epsilon, target)

@@ -220,3 +220,20 @@ def test_bad_parameters_raise_naming_the_parameter(call, values, name):
     for value in values:
         with pytest.raises(ValueError, match=name):
             call(value)
+
+
+def test_pld_states_pure_laplace_measures_at_delta_zero_as_their_sum():
+    """A continuous Laplace PLD puts its truncated tails at infinity; at delta 0 the tight
+    answer for pure measures is the sum of their epsilons, not infinity (explain() once showed
+    ``pld epsilon=inf`` for a Laplace mean)."""
+    from accounting.calibration import calibrate
+    from accounting.guarantee import compose
+    from accounting.measures import Measure
+    from accounting.sensitivity import Sensitivities
+
+    sens = Sensitivities(l0=2, linf=1500, l1=3000, l2=2121.3)
+    pure = [Measure.of_noise("sum", calibrate("laplace", epsilon=0.5, l1_sensitivity=3000), sens),
+            Measure.of_noise("count", calibrate("discrete_laplace", epsilon=0.25,
+                                                l1_sensitivity=10), sens)]
+    assert compose(pure, "pld", 0.0).epsilon == pytest.approx(0.75)
+    assert compose(pure, "pld", 1e-9).epsilon <= 0.75
