@@ -137,3 +137,201 @@ def test_a_batch_digest_reads_bytes_not_utf8_as_the_pipeline_does(tmp_path):
     good = [b"s1,1,a\n", b"s2,2,b\n"]
     assert digest("a.csv", good + [b"s3,3\xff,c\n"]) == digest("b.csv", good + [b"s3,,c\n"])
     assert digest("c.csv", good + [b"s3,3,\xfe\n"]) == digest("d.csv", good + [b"s3,3,\n"])
+
+
+# ---- Masked LARk: one record's content ---------------------------------------------------------
+
+def _agg_params(lower=0.0, upper=10.0):
+    from transforms.lark.params import AggregationParams
+
+    return AggregationParams(value_columns=("v", "w"), lower=lower, upper=upper, epsilon=1.0,
+                             k=2, fraction_bits=8, num_helpers=2)
+
+
+#: (record, faults it must be counted under, kept?) -- one reason per record, the first in the
+#: browser's order: identity (removed) before content (neutralised).
+AGGREGATION_ROWS = [
+    ({"record_id": "1", "key": "a", "v": "1.5", "w": " 2 "}, {}, True),
+    ({"record_id": None, "key": "a", "v": "oops", "w": "1"}, {"missing_record_id": 1}, False),
+    ({"record_id": "3", "key": None, "v": "1", "w": "1"}, {"missing_key": 1}, False),
+    ({"record_id": "4", "key": "a", "v": "1", "w": None}, {"value_missing": 1}, True),
+    ({"record_id": "5", "key": "a", "v": "  ", "w": "x"}, {"value_missing": 1}, True),
+    ({"record_id": "6", "key": "a", "v": "1,5", "w": "1"}, {"value_not_a_number": 1}, True),
+    ({"record_id": "7", "key": "a", "v": "nan", "w": "1"}, {"value_not_a_number": 1}, True),
+    ({"record_id": "8", "key": "a", "v": "1e400", "w": "1"}, {"value_not_finite": 1}, True),
+    ({"record_id": "9", "key": "a", "v": "-50", "w": "1e3"}, {}, True),   # clipped, not faults
+]
+
+
+@pytest.mark.parametrize("row, faults, kept", AGGREGATION_ROWS)
+def test_an_aggregation_records_faults_are_its_own(row, faults, kept):
+    from transforms.lark.browser import check_aggregation_records
+
+    good = {"record_id": "0", "key": "a", "v": "2", "w": "3"}
+    table = pa.table({c: pa.array([good[c], row[c]], pa.string()) for c in good})
+    checked = check_aggregation_records(table, _agg_params())
+    assert dict(checked.faults) == faults
+    assert checked.kept.num_rows == 1 + kept and checked.values[0].tolist() == [2.0, 3.0]
+    if kept:
+        assert checked.neutralised.tolist() == [False, bool(faults)]
+        if faults:
+            assert checked.values[1].tolist() == [0.0, 0.0]
+
+
+def test_the_neutral_value_is_zero_clipped_into_the_declared_range():
+    from transforms.lark.browser import check_aggregation_records
+
+    table = pa.table({"record_id": [1, 2], "key": ["a", "a"], "v": [1.0, None],
+                      "w": [3.0, 4.0]})
+    assert check_aggregation_records(table, _agg_params(2.0, 10.0)).values[1].tolist() == \
+        [2.0, 2.0]
+    assert check_aggregation_records(table, _agg_params(-10.0, -1.0)).values[1].tolist() == \
+        [-1.0, -1.0]
+
+
+GRADIENT_ROWS = [
+    ({"x_0": "3", "x_1": "4", "label": "1", "fake": "TRUE "}, {}),
+    ({"x_0": None, "x_1": "4", "label": "1", "fake": "false"}, {"feature_missing": 1}),
+    ({"x_0": "a", "x_1": "4", "label": "1", "fake": "false"}, {"feature_not_a_number": 1}),
+    ({"x_0": "256", "x_1": "4", "label": "1", "fake": "0"}, {"feature_not_a_byte": 1}),
+    ({"x_0": "2.5", "x_1": "4", "label": "1", "fake": "0"}, {"feature_not_a_byte": 1}),
+    ({"x_0": "2", "x_1": "4", "label": None, "fake": "0"}, {"label_missing": 1}),
+    ({"x_0": "2", "x_1": "4", "label": "yes", "fake": "0"}, {"label_not_a_number": 1}),
+    ({"x_0": "2", "x_1": "4", "label": "2", "fake": "0"}, {"label_outside_domain": 1}),
+    ({"x_0": "2", "x_1": "4", "label": "1", "fake": "maybe"}, {"fake_not_boolean": 1}),
+    ({"x_0": "2", "x_1": "4", "label": "1", "fake": None}, {"fake_not_boolean": 1}),
+]
+
+
+@pytest.mark.parametrize("row, faults", GRADIENT_ROWS)
+def test_a_gradient_records_faults_make_it_strictly_fake(row, faults):
+    from transforms.lark.browser import check_gradient_records
+
+    good = {"record_id": "0", "x_0": "7", "x_1": "8", "label": "0", "fake": "false"}
+    table = pa.table({c: pa.array([good[c], row.get(c, "1")], pa.string()) for c in good})
+    checked = check_gradient_records(table, num_features=2)
+    assert dict(checked.faults) == faults and checked.kept.num_rows == 2
+    assert checked.neutralised.tolist() == [False, bool(faults)]
+    assert checked.values[0].tolist() == [7.0, 8.0, 0.0]
+    if faults:
+        assert checked.values[1].tolist() == [0.0, 0.0, 0.0] and checked.fake[1]
+
+
+def test_a_tables_faults_are_the_callers_error():
+    """A column whose type holds no numbers is the same whatever the rows hold: raised."""
+    from transforms.lark.browser import check_aggregation_records, check_gradient_records
+    from transforms.lark.reports import LarkInputError
+
+    ids = pa.array([1, 2])
+    with pytest.raises(LarkInputError, match="column 'v' has type list<item: int64>"):
+        check_aggregation_records(pa.table({"record_id": ids, "key": ["a", "b"],
+                                            "v": [[1], [2]], "w": [1.0, 2.0]}), _agg_params())
+    with pytest.raises(LarkInputError, match="column 'label' has type bool"):
+        check_gradient_records(pa.table({"record_id": ids, "x_0": [1, 2], "label": [True, False]}),
+                               num_features=1)
+    with pytest.raises(LarkInputError, match="lack column"):
+        check_gradient_records(pa.table({"record_id": ids, "x_0": [1, 2]}), num_features=1)
+
+
+def test_a_faulty_record_changes_no_other_records_reports():
+    """Each record's randomness is keyed by its own content: the others' reports are the same
+    bytes whether or not a faulty record shares their table; the neutralised gradient record's
+    masks share 0 (it adds nothing), and its stream is not a real record's."""
+    from transforms.lark.browser import aggregation_reports, gradient_reports
+    from transforms.lark.randomness import BrowserRandomness
+
+    source = BrowserRandomness.for_testing(3)
+    records = pa.table({"record_id": ["1", "2", "3", "4"], "key": ["a", "a", "b", "b"],
+                        "v": ["1", "x", "3", "4"], "w": ["1", "2", "3", None]})
+    every = aggregation_reports(records, _agg_params(), randomness=source, batch_id="b")
+    clean = aggregation_reports(records.take([0, 2]), _agg_params(), randomness=source,
+                                batch_id="b")
+    for h in (0, 1):
+        assert every[h].num_rows == 4 and every[h].take([0, 2]).equals(clean[h])
+
+    gradient = pa.table({"record_id": [1, 2, 3], "x_0": ["5", "300", "7"], "label": [1, 0, 1]})
+    every = gradient_reports(gradient, num_features=1, randomness=source, batch_id="b")
+    clean = gradient_reports(gradient.take([0, 2]), num_features=1, randomness=source,
+                             batch_id="b")
+    for h in (0, 1):
+        assert every[h].take([0, 2]).equals(clean[h])
+    masks = [sum(int(every[h].column(m)[1].as_py()) for h in (0, 1)) % 2 ** 64
+             for m in ("mask_a", "mask_b")]
+    assert masks == [0, 0]
+    zero = gradient_reports(pa.table({"record_id": [2], "x_0": [0], "label": [0]}),
+                            num_features=1, randomness=source, batch_id="b")
+    assert zero[0].column("report_id")[0] != every[0].column("report_id")[1]
+
+
+def _run_job(module, argv):
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = module.main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _operator_counters(folder):
+    import json
+
+    (path,) = list(folder.rglob("report.json"))
+    return json.loads(path.read_text())["counters"]
+
+
+def test_the_browsers_job_shares_a_batch_with_faulty_records_and_counts_them(tmp_path):
+    """Before: one value that is not a number refused the whole batch inside the pipeline."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from pipelines import masked_lark_share
+
+    rows = [f"{i},k{i % 2},{i % 7}.5" for i in range(20)]
+    rows[4], rows[9], rows[13] = "4,k0,SECRET-12x", "9,,3.5", "13,k1,"
+    (tmp_path / "records.csv").write_text("record_id,key,value\n" + "\n".join(rows) + "\n")
+    params = {"kind": "aggregation", "value_columns": ["value"], "lower": 0.0, "upper": 10.0,
+              "epsilon": 1.0, "k": 2, "fraction_bits": 8, "num_helpers": 2}
+    (tmp_path / "params.json").write_text(json.dumps(params))
+    code, out, err = _run_job(masked_lark_share, [
+        "--input", str(tmp_path / "records.csv"), "--params", str(tmp_path / "params.json"),
+        "--batch_id", "b1", "--output", str(tmp_path / "out"),
+        "--ledger", str(tmp_path / "private" / "ledger.json"),
+        "--key_store", str(tmp_path / "private" / "keys")])
+    assert code == 0, err
+    counters = _operator_counters(tmp_path / "private")
+    assert counters["records.dropped.value_not_a_number"] == 1
+    assert counters["records.dropped.value_missing"] == 1
+    assert counters["records.dropped.missing_key"] == 1
+    assert "records.dropped.value_not_a_number=1" in out and "SECRET-12x" not in out + err
+    for h in (0, 1):   # the neutralised records are shared, the one without a key is not
+        path = tmp_path / "out" / "masked_lark_share" / "b1" / "v1" / f"reports_helper_{h}.parquet"
+        assert pq.read_table(path).num_rows == 19
+
+
+def test_the_training_driver_trains_with_a_faulty_record_and_counts_it(tmp_path):
+    """Before: one feature outside 0..255 refused the run before the charge."""
+    import os
+
+    from pipelines import masked_lark_train
+
+    sample = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "pipelines", "sample_data", "masked_lark")
+    lines = open(os.path.join(sample, "train.csv")).read().splitlines()
+    first = lines[1].split(",")
+    lines[1] = ",".join(first[:1] + ["777"] + first[2:])
+    lines[2] = ",".join(lines[2].split(",")[:-1] + ["yes"])
+    (tmp_path / "train.csv").write_text("\n".join(lines) + "\n")
+    code, out, err = _run_job(masked_lark_train, [
+        "--input", str(tmp_path / "train.csv"),
+        "--params", os.path.join(sample, "gradient_params.json"),
+        "--model", os.path.join(sample, "model.json"), "--epochs", "1", "--batch_size", "120",
+        "--model_id", "m1", "--output", str(tmp_path / "out"),
+        "--ledger", str(tmp_path / "private" / "ledger.json"),
+        "--key_store", str(tmp_path / "private" / "keys")])
+    assert code == 0, err
+    counters = _operator_counters(tmp_path / "private")
+    assert counters["records.dropped.feature_not_a_byte"] == 1
+    assert counters["records.dropped.label_not_a_number"] == 1
+    assert "777" not in err
