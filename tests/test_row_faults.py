@@ -139,6 +139,76 @@ def test_a_batch_digest_reads_bytes_not_utf8_as_the_pipeline_does(tmp_path):
     assert digest("c.csv", good + [b"s3,3,\xfe\n"]) == digest("d.csv", good + [b"s3,3,\n"])
 
 
+# ---- shuffle_sum: a share no honest client sends --------------------------------------------
+
+SHUFFLE = dict(num_clients=30, value_bound=5, epsilon=1.0, delta=1e-6)
+
+
+def _shares(tmp_path, name, values, plant=None):
+    """The shuffled shares of 30 clients' ``values``, with ``plant(shares)`` applied (uint64)."""
+    from transforms.ldp.randomness import KeyedRandomness
+    from transforms.ldp.sample_data import write_table
+    from transforms.ldp.shuffle import SplitAndMix, shares_table
+
+    spec = SplitAndMix(**SHUFFLE)
+    source = KeyedRandomness.for_testing(5, "row-faults-clients")
+    table = shares_table(spec.encode(np.asarray(values, dtype=np.int64), source=source,
+                                     ids=np.arange(1, 31, dtype=np.int64)), spec)
+    if plant is not None:
+        shares = table.column("share").to_pylist()
+        table = pa.table({"share": pa.array(plant(shares, spec.modulus), pa.uint64())}).\
+            replace_schema_metadata(table.schema.metadata)
+    path = str(tmp_path / name)
+    write_table(table, path)
+    return path
+
+
+def _shuffle_sum(tmp_path, path, collection="c1"):
+    import contextlib
+    import io
+
+    from pipelines import shuffle_sum
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = shuffle_sum.main([
+            "--input", path, "--num_clients", "30", "--value_bound", "5", "--epsilon", "1",
+            "--delta", "1e-6", "--collection_id", collection, "--output", str(tmp_path / "out"),
+            "--ledger", str(tmp_path / "private" / "ledger.json"),
+            "--key_store", str(tmp_path / "private" / "keys")])
+    return code, err.getvalue()
+
+
+def _set(index, value):
+    def plant(shares, modulus):
+        shares = list(shares)
+        shares[index] = value(modulus) if callable(value) else value
+        return shares
+    return plant
+
+
+@pytest.mark.parametrize("plant, says", [
+    (_set(7, lambda q: q), "0 missing share(s) and 1 outside [0, 2^12)"),
+    (_set(7, lambda q: 2 ** 64 - 1), "0 missing share(s) and 1 outside"),
+    (_set(0, None), "1 missing share(s) and 0 outside"),
+])
+def test_a_share_no_honest_client_sends_is_refused_before_the_charge(tmp_path, plant, says):
+    """The decision reads the bad share only: the same on both sides of a neighbouring pair
+    (one client's value replaced). Before: the sum failed after the charge (exit 3)."""
+    values = np.random.default_rng(5).integers(0, 5, 30)
+    neighbour = values.copy()
+    neighbour[3] = 5 - values[3]
+    for name, vals in (("d.parquet", values), ("d2.parquet", neighbour)):
+        path = _shares(tmp_path, name, vals, plant)
+        code, err = _shuffle_sum(tmp_path, path)
+        assert code == 2, err
+        assert f"--input: {path} holds {says}" in err and "nothing was charged" in err
+        assert not (tmp_path / "private" / "ledger.json").exists()
+        assert str(2 ** 64 - 1) not in err
+    code, err = _shuffle_sum(tmp_path, _shares(tmp_path, "ok.parquet", values))
+    assert code == 0, err
+
+
 # ---- Masked LARk: one record's content ---------------------------------------------------------
 
 def _agg_params(lower=0.0, upper=10.0):
