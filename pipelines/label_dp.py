@@ -204,6 +204,8 @@ def _content_digest(request, resolved) -> str:
 
 
 def _tables(path, inp, columns, open_input):
+    from pipelines.release.inputs import text_not_utf8_as_missing
+
     if inp.formats[path] == "parquet":
         from transforms import parquet_files
 
@@ -221,9 +223,12 @@ def _tables(path, inp, columns, open_input):
                                 convert_options=pacsv.ConvertOptions(
                                     include_columns=columns,
                                     column_types={c: pa.string() for c in columns},
-                                    null_values=[""], strings_can_be_null=True))
+                                    null_values=[""], strings_can_be_null=True,
+                                    check_utf8=False))
         for batch in reader:
-            yield pa.Table.from_batches([batch])
+            # a value whose bytes are not UTF-8 is missing, as the pipeline reads it
+            # (pipelines.release.inputs), never a reason to refuse the export
+            yield text_not_utf8_as_missing(pa.Table.from_batches([batch]))[0]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,6 +15,21 @@ so that helper and combine runs can be exercised end to end. Input (CSV or Parqu
                                                (0/1), optionally fake (true/false: strictly
                                                fake records) and batch_id
 
+Faulty records (one record's content never decides the run): a record without a
+``record_id``, ``key`` (aggregation) or ``batch_id`` value is removed -- the public identity
+of a report; a record whose value, feature, label or ``fake`` is missing, not a number, not
+finite or outside its byte / label domain is *neutralised*, not removed: its report is still
+sent, with the default value ``clip(0, lower, upper)`` (aggregation) or as a strictly fake
+record (gradients, adding nothing), because under the helpers' relation the number of reports
+per key is public and fixed, and a removed record could move a key across k. Both are counted
+for the operator as ``records.dropped.<reason>`` (their content is lost to the aggregate; the
+dropped-rows alert and the operator report show them) and never fail the run; the rules and
+reasons are those of transforms/lark/browser.py ("Faults"); a CSV value whose bytes are not
+UTF-8 is read as missing (``records.values_not_utf8``), so its record is removed or neutralised
+by the same rules. A fault of the input itself
+-- a missing column, a file that does not read, a Parquet column type without numbers -- is
+refused before the charge.
+
 Output: release ``masked_lark_share/<batch_id>`` with ``reports_helper_<h>.parquet`` for each
 helper h (the wire format of transforms/lark/reports.py), rows sorted by (batch_id, report_id):
 report ids are uniformly random, so the order reveals nothing about the records. Give each file
@@ -40,13 +55,13 @@ of the simulation), never with a helper. Real browsers draw from their OS CSPRNG
 """
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import apache_beam as beam
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from accounting.budget import PrivacyBudget
 from accounting.ledger import Scope
@@ -57,10 +72,12 @@ from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Relea
                                ReleaseRefused, cli)
 from pipelines.release import run as run_release
 from transforms.lark.beam import NAMESPACE, ShareRecords
+from transforms.lark.browser import check_aggregation_records, check_gradient_records
 from transforms.lark.local_dp import LocalFeatureNoise
 from transforms.lark.params import AggregationParams
 from transforms.lark.randomness import BrowserRandomness
-from transforms.lark.reports import blind_columns, feature_columns, share_column
+from transforms.lark.reports import (LarkInputError, blind_columns, feature_columns,
+                                     share_column)
 
 NAME = "masked_lark_share"
 LOCAL_NEIGHBOURING = "replace one record's features (local DP: against every party)"
@@ -100,35 +117,31 @@ class ShareRequest:
     options: ReleaseOptions = field(metadata={"cli": False})
 
 
-class _Records(beam.DoFn):
-    """CSV text -> the types the browser expects (a boolean ``fake``, no absent optional
-    columns). Values that do not parse fail the browser's checks, which name the column."""
+class CountRecordFaults(beam.DoFn):
+    """Counts each table's faulty records for the operator (``records.dropped.<reason>``: see
+    "Faulty records" in the module docstring) and passes the table on unchanged: the browser
+    (transforms/lark/browser.py) removes or neutralises the same records when it shares them."""
 
-    def __init__(self, value_columns: Sequence[str]):
-        self._values = list(value_columns)
+    def __init__(self, check, counters):
+        self._check, self._counters = check, counters
 
     def process(self, table: pa.Table):
-        for name in ("batch_id", "fake"):
-            if name in table.column_names and pa.types.is_null(table.column(name).type):
-                table = table.drop_columns([name])
-        for name in self._values:
-            column = table.column(name)
-            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-                try:
-                    column = pc.cast(pc.utf8_trim_whitespace(column), pa.float64())
-                except pa.ArrowInvalid:
-                    raise ReleaseRefused(f"column {name!r} holds a value that is not a number")
-                table = table.set_column(table.column_names.index(name), name, column)
-        if "fake" in table.column_names:
-            column = table.column("fake")
-            if not pa.types.is_boolean(column.type):
-                text = pc.ascii_lower(pc.utf8_trim_whitespace(column.cast(pa.string())))
-                if not pc.all(pc.is_in(text, pa.array(["true", "false", "1", "0"]))).as_py():
-                    raise ReleaseRefused("column 'fake' holds a value other than true/false")
-                column = pc.is_in(text, pa.array(["true", "1"]))
-            table = table.set_column(table.column_names.index("fake"), "fake", column)
+        try:
+            faults = self._check(table).faults
+        except LarkInputError as err:  # a fault of the table (its column types), not of a row
+            raise ReleaseRefused(str(err)) from None
+        for reason, count in faults.items():
+            self._counters.dropped(reason, count)
         if table.num_rows:
             yield table
+
+
+def record_check(params, num_features: Optional[int] = None):
+    """The browser's per-record check for ``params`` (transforms/lark/browser.py)."""
+    if isinstance(params, AggregationParams):
+        return functools.partial(check_aggregation_records, params=params)
+    return functools.partial(check_gradient_records, num_features=num_features or
+                             params.num_features)
 
 
 class ShareJob(Job):
@@ -202,16 +215,15 @@ class ShareJob(Job):
         if isinstance(params, AggregationParams):
             share = ShareRecords(randomness=randomness, aggregation=params,
                                  batch_id=request.batch_id)
-            values = params.value_columns
         else:
             local = (None if request.local_noise_epsilon is None else
                      LocalFeatureNoise(epsilon_per_feature=request.local_noise_epsilon))
             share = ShareRecords(randomness=randomness, num_features=params.num_features,
                                  num_helpers=params.num_helpers, local_noise=local,
                                  batch_id=request.batch_id)
-            values = [*feature_columns(params.num_features), "label"]
         streams = (inputs["records"]
-                   | release.label("Types") >> beam.ParDo(_Records(values))
+                   | release.label("Faults") >> beam.ParDo(CountRecordFaults(
+                       record_check(params), release.counters(NAME, "records")))
                    | release.label("Share") >> share)
         return {output_name(h): streams[h] for h in range(params.num_helpers)}
 

@@ -18,7 +18,12 @@ functions in process (the records are held in memory: a training set, not a log)
 Input (CSV or Parquet): record_id, x_0..x_{d-1} (bytes 0..255), label (0/1). Rows are put in
 record_id order first, so the result does not depend on how the files were read. Each record is
 shared once: a ``record_id`` that appears twice is refused before anything is charged (its
-copies would get fresh report ids and count twice in every step that draws them).
+copies would get fresh report ids and count twice in every step that draws them). A record
+whose features or label are missing, not numbers or outside their domain is neutralised, never
+refused (one record must not decide whether a model is released): it is shared as a strictly
+fake record (adding nothing to any gradient; the number of reports, which decides the steps and
+k-anonymity, stays public) and counted as ``records.dropped.<reason>``; a record without an id
+is removed and counted (transforms/lark/browser.py, "Faults"; pipelines/masked_lark_share.py).
 ``--model``: the initial model (its feature_scale/feature_offset standardise the features).
 
 Output: release ``masked_lark_train/<model_id>``: ``model.csv`` (coordinate, parameter
@@ -51,7 +56,7 @@ from accounting.ledger import Scope
 from accounting.measures import Measure
 from pipelines.masked_lark_config import (LarkPrepared, load_model, params_to_json,
                                          prepare_lark, record_ids_once)
-from pipelines.masked_lark_share import LOCAL_NEIGHBOURING
+from pipelines.masked_lark_share import LOCAL_NEIGHBOURING, CountRecordFaults, record_check
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
                                ReleaseRefused, cli)
 from pipelines.release import run as run_release
@@ -110,32 +115,18 @@ def _config(request, params, model):
                           seed=request.minibatch_seed)
 
 
-def _matrix(table: pa.Table, num_features: int, where: str):
-    """(features uint8, labels int64) in record_id order; refuses values naming the column."""
-    from transforms.lark.local_dp import check_byte_features
+def _matrix(table: pa.Table, num_features: int):
+    """(features uint8, labels int64, faulty bool) of the records that have an id, in record_id
+    order; faulty records (transforms/lark/browser.py, "Faults") have features and label 0 and
+    are shared neutralised (strictly fake) by the training."""
+    from transforms.lark.browser import check_gradient_records
 
     ids = pc.cast(table.column("record_id"), pa.string())
     table = table.take(pc.sort_indices(pa.table({"id": ids}), [("id", "ascending")]))
-    out = np.empty((table.num_rows, num_features + 1))
-    for j, name in enumerate([*feature_columns(num_features), "label"]):
-        column = table.column(name)
-        try:
-            column = pc.cast(pc.utf8_trim_whitespace(column) if pa.types.is_string(column.type)
-                             else column, pa.float64())
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            raise ReleaseRefused(f"{where}: column {name!r} holds a value that is not a number")
-        if column.null_count:
-            raise ReleaseRefused(f"{where}: column {name!r} has missing values")
-        out[:, j] = column.to_numpy()
-    for j, name in enumerate(feature_columns(num_features)):
-        column = out[:, j]
-        if np.any((column != np.floor(column)) | (column < 0) | (column > 255)):
-            raise ReleaseRefused(f"{where}: column {name!r} must hold integers 0..255 (bytes)")
-    features = check_byte_features(out[:, :-1])
-    labels = out[:, -1]
-    if not np.all((labels == 0) | (labels == 1)):
-        raise ReleaseRefused(f"{where}: column 'label' must hold 0 or 1")
-    return features.astype(np.uint8), labels.astype(np.int64)
+    checked = check_gradient_records(table, num_features=num_features)
+    values = checked.values
+    return (values[:, :num_features].astype(np.uint8), values[:, -1].astype(np.int64),
+            checked.neutralised)
 
 
 class _Train:
@@ -148,10 +139,9 @@ class _Train:
         from transforms.lark.training import train_central, train_central_dp, train_masked
 
         d = self.params.num_features
-        table = _as_text(tables, d)
-        if table.num_rows == 0:
+        features, labels, faulty = _matrix(_as_text(tables, d), d)
+        if len(labels) == 0:
             raise ReleaseRefused("--input holds no records")
-        features, labels = _matrix(table, d, "--input")
         config = self.config
         helper_keys = [self.keys[f"helper-{h}"] for h in range(self.params.num_helpers)]
         # Keyed by the release key (see pipelines.masked_lark_share): re-runs reproduce.
@@ -159,7 +149,7 @@ class _Train:
         steps_per_epoch = len(labels) // config.batch_size
         result = train_masked(features, labels, config,
                               helper_keys=None if config.epsilon is None else helper_keys,
-                              randomness=randomness, start=self.model)
+                              randomness=randomness, start=self.model, faulty=faulty)
         out = {MODEL: _model_table(result.model),
                TRAINING: pa.table({
                    "epoch": pa.array(np.arange(config.epochs, dtype=np.int32)),
@@ -169,13 +159,14 @@ class _Train:
                    schema=TRAINING_SCHEMA)}
         if self.test_tables is not None:
             x_test, y_test = self.test_tables
-            clear = train_central(features, labels, config, start=self.model).model
+            clear = train_central(features, labels, config, start=self.model,
+                                  faulty=faulty).model
             rows = [("central_clear", None, clear),
                     ("masked_helpers", config.epsilon, result.model)]
             if config.epsilon is not None:
                 central_dp = train_central_dp(features, labels, config,
                                               release_key=self.keys["release"],
-                                              start=self.model).model
+                                              start=self.model, faulty=faulty).model
                 rows.insert(1, ("central_dp", config.epsilon, central_dp))
             out[COMPARISON] = pa.table({
                 "method": [r[0] for r in rows], "epsilon_per_step": [r[1] for r in rows],
@@ -194,30 +185,12 @@ def _as_text(tables, num_features: int) -> pa.Table:
 
 
 def _read_records(spec, num_features: int) -> pa.Table:
-    """Every file of an input (preflighted) as text columns, as the pipeline reads them."""
-    from pyarrow import csv as pacsv
+    """Every file of an input (preflighted) as text columns, read as the pipeline reads them."""
+    from pipelines.release.consumption import read_columns
+    from pipelines.release.inputs import preflight
 
-    from pipelines.release.inputs import open_input, preflight
-
-    resolved, tables = preflight(spec), []
     names = ["record_id", *feature_columns(num_features), "label"]
-    for path in resolved.files:
-        try:
-            if resolved.formats[path] == "parquet":
-                from transforms import parquet_files
-
-                with open_input(path) as handle:
-                    tables.append(parquet_files.read_table(handle, columns=names,
-                                                           use_threads=False))
-            else:
-                with open_input(path, resolved.compression[path]) as handle:
-                    tables.append(pacsv.read_csv(handle, read_options=pacsv.ReadOptions(
-                        use_threads=False), convert_options=pacsv.ConvertOptions(
-                        include_columns=names, column_types={c: pa.string() for c in names},
-                        null_values=[""], strings_can_be_null=True)))
-        except (pa.ArrowException, UnicodeDecodeError, OSError, EOFError) as err:
-            raise ReleaseRefused(f"{spec.label} {path} could not be read ({type(err).__name__})")
-    return _as_text(tables, num_features)
+    return _as_text(list(read_columns(preflight(spec), names)), num_features)
 
 
 def _model_table(model) -> pa.Table:
@@ -254,13 +227,12 @@ class TrainJob(Job):
         return TrainPrepared(request=request, params=base.params, model=model, training=training)
 
     def check(self, prepared: TrainPrepared) -> None:
-        # The records are held in memory by the driver anyway: read and check them before any
-        # charge (messages name the flag and the column, never a value).
+        # The records are held in memory by the driver anyway: count them before any charge
+        # (records without an id are removed; faulty values are neutralised, not refused).
         d = prepared.params.num_features
         for spec in self.inputs(prepared):
-            table = _read_records(spec, d)
-            _matrix(table, d, spec.label)
-            if spec.name == "records" and table.num_rows < prepared.request.batch_size:
+            _, labels, _ = _matrix(_read_records(spec, d), d)
+            if spec.name == "records" and len(labels) < prepared.request.batch_size:
                 raise ReleaseRefused(f"--input has fewer records than --batch_size: no step "
                                      "would be taken")
 
@@ -333,10 +305,16 @@ class TrainJob(Job):
 
     def build(self, pipeline, prepared: TrainPrepared, inputs, release):
         request, params, model = prepared.request, prepared.params, prepared.model
+        check = record_check(params)
         test = None
         if request.test_input:
-            test = (inputs["test"] | release.label("TestRecords") >> beam.combiners.ToList())
+            test = (inputs["test"]
+                    | release.label("TestFaults") >> beam.ParDo(CountRecordFaults(
+                        check, release.counters(NAME, "test")))
+                    | release.label("TestRecords") >> beam.combiners.ToList())
         trained = (inputs["records"]
+                   | release.label("Faults") >> beam.ParDo(CountRecordFaults(
+                       check, release.counters(NAME, "records")))
                    | release.label("Records") >> beam.combiners.ToList()
                    | release.label("Train") >> beam.Map(
                        _train_with_test, _Train(prepared.training, params, model,
@@ -350,7 +328,8 @@ class TrainJob(Job):
 def _train_with_test(tables, train: _Train, test_tables):
     if test_tables is not None:
         d = train.params.num_features
-        train.test_tables = _matrix(_as_text(test_tables, d), d, "--test_input")
+        features, labels, faulty = _matrix(_as_text(test_tables, d), d)
+        train.test_tables = (features[~faulty], labels[~faulty])  # evaluated on whole records
     return train(tables)
 
 

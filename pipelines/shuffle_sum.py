@@ -12,7 +12,13 @@ the share files, and the files' row counts must be exactly ``--num_clients`` who
 checked before the charge. Fewer clients would carry less noise than planned; more cannot be told
 apart from a replayed batch (the shuffler hides who sent a share, so shares carry no client id):
 a client's shares counted twice would move the sum by 2B against noise planned for B. So plan
-``--num_clients`` as the clients whose shares the collection holds.
+``--num_clients`` as the clients whose shares the collection holds. A missing share, or one
+outside [0, q), is refused before the charge too (exit 2, naming the file and how many): no
+client following the protocol sends one, whatever its value, so the refusal is the same for
+every pair of neighbouring collections -- a protocol violation, not one client's value -- and,
+unlike a faulty row of the other jobs, a share cannot be dropped and counted: it is one additive
+piece of its client's noisy value, and the sum without it is garbage (transforms/ldp/shuffle.py,
+"Malformed shares").
 
 Output: release ``shuffle_sum/<collection_id>`` (``sum.csv``): one row ``estimate, std,
 clients, messages`` (the estimated sum, the noise's standard deviation, and the client and
@@ -125,6 +131,8 @@ class ShuffleSumJob(Job):
                                  "repeated batch would count clients twice (shares carry no "
                                  "client id to tell); give exactly the collection's shares. "
                                  "Nothing was charged")
+        for path in files:
+            _refuse_malformed_shares(spec, path)
 
     def inputs(self, prepared: ShuffleSumPrepared):
         from transforms.ldp.shuffle import SHARE_COLUMN
@@ -180,6 +188,37 @@ class ShuffleSumJob(Job):
 
         return {OUTPUT: inputs["shares"] | release.label("ShuffleSum") >> ShuffleSum(
             prepared.spec)}
+
+
+def _refuse_malformed_shares(spec, path: str) -> None:
+    """Refuse a file holding a share no honest client sends (missing, or outside [0, q)): a
+    protocol violation, the same in every neighbouring collection -- never one client's value
+    (module docstring; transforms/ldp/shuffle.py, "Malformed shares"). Read row group by row
+    group, the share column only; the message counts, never shows, the shares."""
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    from transforms import parquet_files
+    from transforms.ldp.shuffle import SHARE_COLUMN, share_faults
+
+    missing = outside = 0
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            parquet = parquet_files.open_file(handle)
+            for group in range(parquet.num_row_groups):
+                column = parquet.read_row_group(group, columns=[SHARE_COLUMN],
+                                                use_threads=False).column(SHARE_COLUMN)
+                m, o = share_faults(spec, column)
+                missing, outside = missing + m, outside + o
+    except (pa.ArrowException, OSError, EOFError) as err:
+        raise ReleaseRefused(f"--input: {path} could not be read ({type(err).__name__}); "
+                             "nothing was charged") from None
+    if missing or outside:
+        raise ReleaseRefused(
+            f"--input: {path} holds {missing} missing share(s) and {outside} outside [0, "
+            f"2^{spec.modulus_bits}): no client following the protocol sends such a share (a "
+            "corrupt or foreign file, or shares made with other parameters), and a share cannot "
+            "be dropped without garbling its client's value; nothing was charged")
 
 
 JOB = ShuffleSumJob()

@@ -242,8 +242,8 @@ def _canonical_value(name: str, value):
 
 def _conversion_tables(path: str, inp):
     """A conversions file's rows in batches, every column of the file (CSV as text, only an empty
-    field missing, as the pipeline reads it)."""
-    from pipelines.release.inputs import open_input
+    field missing, a value whose bytes are not UTF-8 missing too: as the pipeline reads it)."""
+    from pipelines.release.inputs import open_input, text_not_utf8_as_missing
 
     if inp.formats[path] == "parquet":
         from transforms import parquet_files
@@ -262,9 +262,10 @@ def _conversion_tables(path: str, inp):
                                     invalid_row_handler=lambda row: "skip"),
                                 convert_options=pacsv.ConvertOptions(
                                     column_types={c: pa.string() for c in header},
-                                    null_values=[""], strings_can_be_null=True))
+                                    null_values=[""], strings_can_be_null=True,
+                                    check_utf8=False))
         for batch in reader:
-            yield pa.Table.from_batches([batch])
+            yield text_not_utf8_as_missing(pa.Table.from_batches([batch]))[0]
 
 
 class _Consumed:

@@ -117,3 +117,128 @@ def test_the_audited_pairs_sit_on_the_rules_edges():
         "other releases only)"]
     (alert,) = [a for a in _alerts(_plus_faulty_unit(empty, 3)) if "clicks" in a]
     assert "clicks: all 3 eligible rows dropped" in alert
+
+
+# ---- One record's content never decides a run (issue 30 item 3, row-level faults) ------------
+#
+# A value whose bytes are not UTF-8 (the CSV reader), one Masked LARk record whose value is not a
+# number, missing or not finite (the browsers' job, and the helpers and the ad server behind it),
+# one training record with a feature or label outside its domain: each is a fault of that row,
+# counted for the operator, and the audit shows it changes neither the outcome nor what is
+# released beyond the stated sensitivity.
+
+#: Planted in a faulty unit's rows as text, then replaced in the written CSV by bytes that are
+#: not UTF-8 (what a producer with another encoding writes).
+MARK, NOT_UTF8 = "XNOTUTF8X", b"\xff\xfe"
+
+
+def _planting(job):
+    """``job`` (a ReleaseLayerJob) with MARK replaced by NOT_UTF8 in every file it writes."""
+    def write(dataset, folder):
+        files = job.write(dataset, folder)
+        for paths in files.values():
+            for path in paths:
+                with open(path, "rb") as handle:
+                    data = handle.read()
+                if MARK.encode() in data:
+                    with open(path, "wb") as handle:
+                        handle.write(data.replace(MARK.encode(), NOT_UTF8))
+        return files
+    return dataclasses.replace(job, write=write)
+
+
+def _add_unit_with_bytes_not_utf8(rows_per_unit: int):
+    """D plus one unit whose click rows are well-formed but for a user id whose bytes are not
+    UTF-8: read as missing, so CentralNotice's rule for a click without a user drops them."""
+    def neighbours(dataset, changes, seed):
+        keys = REGISTRY["centralnotice"].units.public_keys
+        rows = [{**dict(zip(CN_CLK_HEADER[:5], keys[i % len(keys)])),
+                 "user_id": f"{NEW_UNIT}-{MARK}"} for i in range(rows_per_unit)]
+        return [Neighbour(change=Change.ADD_SPREAD, note="one unit, bytes not UTF-8",
+                          dataset=Dataset(batches=[*dataset.batches, rows],
+                                          name=f"{dataset.name}'", extra=dataset.extra))]
+    return neighbours
+
+
+def test_one_units_rows_with_bytes_not_utf8_do_not_decide_publication():
+    """Before: the CSV reader failed the whole run on D' (exit 3) and published D."""
+    entry = REGISTRY["centralnotice"]
+    datasets = [_on_the_edge(rows_per_unit=4)]
+    spec = dataclasses.replace(entry.spec(datasets), job=_planting(entry.job), units=None,
+                               neighbours=_add_unit_with_bytes_not_utf8(4))
+    result = audit(spec, datasets, changes=[Change.ADD_SPREAD])
+    result.assert_ok()
+    assert result.pairs and result.runs == 4
+
+
+def test_rows_with_bytes_not_utf8_are_counted_for_the_operator():
+    from pipelines.release import ReleaseOptions
+
+    edge = _on_the_edge(rows_per_unit=4)
+    (neighbour,) = _add_unit_with_bytes_not_utf8(4)(edge, [Change.ADD_SPREAD], 1)
+    job = _planting(REGISTRY["centralnotice"].job)
+    with tempfile.TemporaryDirectory() as folder:
+        files = job.write(neighbour.dataset, folder)
+        result = job.module.run(job.request(files, ReleaseOptions(
+            output=os.path.join(folder, "out"), testing_seed=1)))
+    (alert,) = [a for a in result.alerts if "clicks" in a]
+    assert "eligible rows dropped (more than 50%)" in alert
+    assert "clicks.dropped.missing_user=4" in alert and "\ufffd" not in alert
+    assert "'clicks.values_not_utf8': 4" in repr(result.counters)  # flat or per namespace
+
+
+#: What a record's value may be instead of a number: not a number, missing (an empty field),
+#: not finite (as text; 1e400 parses to infinity).
+FAULTY_VALUES = ("oops", "", "nan", "1e400")
+#: A record of key B: B has 6 records, k = 5 -- a record dropped instead of neutralised would
+#: take B from released to suppressed (audit_kit._lark_records).
+LARK_TARGET = 12
+
+
+def _lark_faulty(values=FAULTY_VALUES, column="value", target=LARK_TARGET, extra_row=None):
+    """Neighbours of a Masked LARk dataset: record ``target``'s ``column`` replaced by each of
+    ``values`` (the helpers' relation: one report's values replaced), and ``extra_row`` added
+    (a record the browsers remove: no public identity)."""
+    def neighbours(dataset, changes, seed):
+        out = []
+        for value in values:
+            batches = [[{**r, column: value} if r["record_id"] == target else r for r in b]
+                       for b in dataset.batches]
+            out.append(Neighbour(change=Change.REPLACE_VALUES, note=f"{column}={value!r}",
+                                 dataset=Dataset(batches=batches, name=f"{dataset.name}'")))
+        if extra_row is not None:
+            out.append(Neighbour(change=Change.REPLACE_VALUES, note="a record the browsers remove",
+                                 dataset=Dataset(batches=[*dataset.batches, [extra_row]],
+                                                 name=f"{dataset.name}+")))
+        return out
+    return neighbours
+
+
+def test_one_lark_records_faulty_value_neither_fails_nor_moves_a_key_across_k():
+    """share -> helpers -> combine, exact mode: the combined sums move by at most the helpers'
+    stated sensitivity and key B stays released. Before: the share job refused D' inside the
+    pipeline (exit 3); dropping the record instead would suppress B (5 reports, k = 5)."""
+    entry = REGISTRY["masked_lark_combine"]
+    datasets = entry.datasets()
+    spec = dataclasses.replace(
+        entry.spec(datasets), units=None, modes=("exact",),
+        neighbours=_lark_faulty(extra_row={"record_id": 999, "key": None, "value": 1.0}))
+    result = audit(spec, datasets, changes=[Change.REPLACE_VALUES])
+    result.assert_ok()
+    assert len(result.pairs) == len(FAULTY_VALUES) + 1
+
+
+def test_one_training_records_faulty_feature_or_label_does_not_decide_the_model():
+    """The training driver, exact mode: the model moves by at most the stated gradient
+    sensitivity (the record adds nothing instead of its clipped gradient). Before: refused on
+    D' before the charge (exit 2) -- a decision on one record's value."""
+    entry = REGISTRY["masked_lark_train"]
+    datasets = entry.datasets()
+    neighbours = [_lark_faulty(("oops", "", "256", "7.5"), column="x_0", target=3),
+                  _lark_faulty(("2", "", "-1"), column="label", target=3)]
+    spec = dataclasses.replace(
+        entry.spec(datasets), units=None, modes=("exact",),
+        neighbours=lambda d, c, s: [n for build in neighbours for n in build(d, c, s)])
+    result = audit(spec, datasets, changes=[Change.REPLACE_VALUES])
+    result.assert_ok()
+    assert len(result.pairs) == 7

@@ -72,11 +72,23 @@ of the jobs, and what it is:
   public: where one unit *replaces* its values and every unit, report or share stays (Masked
   LARk's report set and k, shuffle_sum's shares against ``--num_clients``, a LARk training set
   against ``--batch_size``), a count cannot move between neighbours.
-* **Still refused on one record's content (open)**: Masked LARk share and train refuse a record
-  whose value is not a number or outside its byte / label domain, and shuffle_sum a null or
-  out-of-range share. Under their replace-one relations the remedy is not to drop the record
-  (the number of records is public there) but to give it a documented default value, counted
-  for the operator.
+* **One row's content** (a value that does not parse, a missing value, a value out of its
+  domain, bytes that are not UTF-8) never refuses or fails a run: the row is dropped by a
+  documented rule and counted (``<input>.dropped.<reason>``: the operator report, the console,
+  the dropped-rows alert above) -- a malformed CSV line of any job, a Masked LARk record without
+  a record id, key or batch. A value whose bytes are not UTF-8 is read as missing (counted,
+  ``<input>.values_not_utf8``) and the job's rule for a missing value applies
+  (:mod:`~pipelines.release.inputs`).
+  Where the relation holds the number of records public (Masked LARk share and train: "replace
+  one report's values", k-anonymity on report counts) a record with bad *content* is not
+  dropped, which would let it move a key across k, but *neutralised* -- shared with a documented
+  default value, or as a strictly fake record -- and counted the same way
+  (transforms/lark/browser.py, "Faults"). Checked with the neighbouring-pair audits
+  (tests/test_publication_decisions.py).
+* **A protocol violation is refused before the charge** (exit 2): shuffle_sum's missing share or
+  share outside [0, q) comes from no client following the protocol, whatever its value, so the
+  refusal is the same on both sides of every neighbouring pair; dropping a share would garble its
+  client's value (transforms/ldp/shuffle.py, "Malformed shares").
 * **A DP decision**, when a release should be withheld on data: a noisy count (each unit's
   contribution bounded) against a threshold, planned as a measure of the release and charged,
   its cost part of the stated guarantee. None exists yet; the rule phase is where one goes,

@@ -216,6 +216,9 @@ def read_columns(resolved, columns: Sequence[str]):
         def dropped(self, *args):
             pass
 
+        def other(self, *args):
+            pass
+
     wanted = list(columns)
     for path in resolved.files:
         present = [c for c in wanted if c in resolved.present[path]]

@@ -16,10 +16,24 @@ that does not end with a line break, or whose last row is short, is a truncated 
 a Parquet file's footer reads and its columns have usable types (a ``bool`` count or an ``int64``
 date is refused); a release key file (the key store's format) is refused by name, whatever its
 declared format. Messages name the file and the column, never file content (a wrong file's first
-line may be a secret). Faults that only a full read can find (a corrupt page -- Parquet pages are
-verified against their checksums, :mod:`transforms.parquet_files` --, a bad value deep in a file)
-fail the run after its reservation; nothing is published and a corrected re-run takes the
-reservation over (see :mod:`pipelines.release`).
+line may be a secret). Faults of the *file* that only a full read can find (a corrupt page --
+Parquet pages are verified against their checksums, :mod:`transforms.parquet_files` --, a
+compressed stream cut short) fail the run after its reservation; nothing is published and a
+corrected re-run takes the reservation over (see :mod:`pipelines.release`).
+
+Faults of *one row* never fail or refuse a run (one row must not decide whether a release is
+published: pipelines/release/__init__.py, "Publication decisions"). A CSV line whose fields do
+not parse as CSV (too many or too few) is a malformed line: dropped and counted
+(``dropped.malformed_csv_line``). A value whose bytes are not UTF-8 is read as a *missing*
+value -- what an empty field is -- and counted (``values_not_utf8``), the bytes never shown; the
+job's own rule for a missing value then applies to its row, as its neighbouring relation
+requires: most jobs drop and count such a row, label_dp keeps it with a uniform label, Masked
+LARk shares it neutralised -- dropping every such row here would let one value decide whether a
+row exists where the relation holds the rows public. Text is checked per batch in one C++ pass
+per column; only a column that fails it is checked value by value, still vectorised
+(:func:`utf8_valid_mask`, numpy over the batch's bytes). A header that is not UTF-8 is a fault of
+the file, refused in preflight. What ``Job.consumes`` scans before the charge
+(:func:`pipelines.release.consumption.read_columns`) reads the same way.
 
 :class:`ReadInput` reads the files in the pipeline: CSV columns as text (only an empty field is
 missing: Arrow's default null markers include "NA", which is Namibia), Parquet by row group,
@@ -464,16 +478,98 @@ def _read_tables(path: str, fmt: str, columns: Sequence[str], compression, count
 
     malformed = []
     options = pacsv.ParseOptions(invalid_row_handler=lambda row: malformed.append(1) or "skip")
+    # UTF-8 is checked per value below (check_utf8=True fails the whole file on one value).
     convert = pacsv.ConvertOptions(include_columns=list(columns),
                                    column_types={c: pa.string() for c in columns},
-                                   null_values=[""], strings_can_be_null=True)
+                                   null_values=[""], strings_can_be_null=True, check_utf8=False)
     with open_input(path, compression) as handle:
         reader = pacsv.open_csv(handle, parse_options=options, convert_options=convert,
                                 read_options=pacsv.ReadOptions(block_size=8 << 20,
                                                                use_threads=False))
+        not_utf8 = 0
         for batch in reader:
-            yield pa.Table.from_batches([batch])
+            table, count = text_not_utf8_as_missing(pa.Table.from_batches([batch]))
+            not_utf8 += count
+            yield table
     counters.dropped("malformed_csv_line", len(malformed))
+    counters.other("values_not_utf8", not_utf8)
+
+
+def text_not_utf8_as_missing(table):
+    """(``table`` with every string value whose bytes are not UTF-8 made missing, how many): a
+    value of the CSV reader's (check_utf8=False) is then what an empty field is, and the job's
+    rule for a missing value applies to its row. One C++ pass per column
+    (``validate(full=True)``); only a column that fails it is checked value by value, still
+    vectorised (:func:`utf8_valid_mask`)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    count = 0
+    for index, column in enumerate(table.columns):
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            continue
+        chunks, changed = [], False
+        for chunk in column.chunks:
+            try:
+                chunk.validate(full=True)
+            except pa.ArrowInvalid:  # its message names an index, never the bytes
+                valid = utf8_valid_mask(chunk)  # nulls are valid
+                count += int(len(valid) - valid.sum())
+                chunk = pc.if_else(pa.array(valid), chunk, pa.scalar(None, chunk.type))
+                changed = True
+            chunks.append(chunk)
+        if changed:
+            table = table.set_column(index, table.field(index),
+                                     pa.chunked_array(chunks, column.type))
+    return table, count
+
+
+def utf8_valid_mask(array):
+    """Per value of a string array: True when its bytes are well-formed UTF-8 (RFC 3629: no
+    overlong forms, no surrogates, nothing above U+10FFFF, no sequence cut by the value's end);
+    nulls are valid. Vectorised over the array's data buffer with numpy (no loop over values):
+    every byte's class is computed at once, a continuation byte must be required by a lead
+    byte one to three positions before it in the same value and vice versa, and a value is
+    valid when none of its bytes is flagged."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(array)
+    if n == 0:
+        return np.ones(0, dtype=bool)
+    wide = pa.types.is_large_string(array.type)
+    _, offsets_buffer, data_buffer = array.buffers()
+    offsets = np.frombuffer(offsets_buffer, dtype=np.int64 if wide else np.int32)
+    offsets = offsets[array.offset:array.offset + n + 1].astype(np.int64)
+    start = int(offsets[0])
+    data = (np.frombuffer(data_buffer, dtype=np.uint8)[start:int(offsets[-1])]
+            if data_buffer is not None else np.zeros(0, dtype=np.uint8))
+    ends = offsets[1:] - start
+    lengths = np.diff(offsets)
+    if data.size == 0:
+        return np.ones(n, dtype=bool)
+    row = np.repeat(np.arange(n, dtype=np.int64), lengths)
+    # Sequence length announced by each byte (0: a continuation or a byte never allowed).
+    size = np.zeros(data.size, dtype=np.int8)
+    size[data < 0x80] = 1
+    size[(data >= 0xC2) & (data <= 0xDF)] = 2
+    size[(data >= 0xE0) & (data <= 0xEF)] = 3
+    size[(data >= 0xF0) & (data <= 0xF4)] = 4
+    continuation = (data & 0xC0) == 0x80
+    bad = (size == 0) & ~continuation  # C0, C1, F5..FF
+    required = np.zeros(data.size, dtype=bool)
+    for k in (1, 2, 3):  # byte i continues the lead byte i - k of the same value
+        required[k:] |= (size[:-k] > k) & (row[:-k] == row[k:])
+    bad |= continuation != required
+    lead = np.nonzero(size > 1)[0]
+    bad[lead] |= lead + size[lead] > ends[row[lead]]  # cut by the value's end
+    second = np.append(data[1:], np.uint8(0x80))
+    bad |= (((data == 0xE0) & (second < 0xA0)) | ((data == 0xED) & (second > 0x9F))
+            | ((data == 0xF0) & (second < 0x90)) | ((data == 0xF4) & (second > 0x8F)))
+    valid = np.bincount(row[bad], minlength=n) == 0
+    if array.null_count:
+        valid |= ~np.asarray(array.is_valid())
+    return valid
 
 
 class ReadInput(beam.PTransform):

@@ -179,6 +179,17 @@ MUTANTS = (
                "test_one_units_faulty_rows_do_not_push_a_release_over_the_dropped_share",
                "tests/test_publication_decisions.py"),
     ),
+    Mutant(
+        name="lark-faulty-record-dropped",
+        leak="one Masked LARk record's bad value decides whether its report exists: the record "
+             "is dropped instead of neutralised, so the report count of its key -- public under "
+             "the helpers' relation, compared with k -- moves with one record's content",
+        file="transforms/lark/browser.py",
+        snippet="    removed = (faults.reason >= 0) & (faults.reason < identity_reasons)\n",
+        replacement="    removed = faults.reason >= 0\n",
+        tests=("tests/test_publication_decisions.py::"
+               "test_one_lark_records_faulty_value_neither_fails_nor_moves_a_key_across_k",),
+    ),
 )
 
 #: Leak classes of issue 30 whose mutants wait for other branches' fixes: none (all applied).

@@ -129,17 +129,20 @@ def train_masked(features: np.ndarray, labels: np.ndarray, config: TrainingConfi
                  randomness: Optional[RandomSource] = None,
                  helpers: Optional[HelperRelease] = None,
                  evaluate: Optional[tuple] = None,
-                 start: Optional[LogisticModel] = None) -> TrainingResult:
+                 start: Optional[LogisticModel] = None,
+                 faulty: Optional[np.ndarray] = None) -> TrainingResult:
     """Masked LARk training (see the module docstring). ``evaluate``: (features, labels) whose
     accuracy is recorded after each epoch; ``start``: the initial model (default zeros with
-    the configuration's feature standardisation)."""
+    the configuration's feature standardisation); ``faulty``: booleans, records whose content
+    was faulty -- shared neutralised (strictly fake: :mod:`transforms.lark.browser`), so they
+    count in every minibatch and add nothing to its gradient."""
     n, d = features.shape
     params = config.gradient_params(d)
     helpers = helpers or in_process_helpers(params, helper_keys)
     reports = gradient_reports(gradient_records(features, labels), num_features=d,
                                num_helpers=config.num_helpers, local_noise=config.local_noise,
                                randomness=randomness or SystemRandomness(),
-                               batch_id="unassigned")
+                               batch_id="unassigned", faulty=faulty)
     reports = [r.drop(["batch_id"]) for r in reports]
     model = start or LogisticModel.zeros(d, config.feature_scale, config.feature_offset)
     if model.num_features != d:
@@ -173,14 +176,16 @@ def train_masked(features: np.ndarray, labels: np.ndarray, config: TrainingConfi
 
 
 def _central(features, labels, config: TrainingConfig, gradient_of, evaluate,
-             start: Optional[LogisticModel] = None) -> TrainingResult:
+             start: Optional[LogisticModel] = None, faulty=None) -> TrainingResult:
     n, d = features.shape
     model = start or LogisticModel.zeros(d, config.feature_scale, config.feature_offset)
+    real = np.ones(n, dtype=bool) if faulty is None else ~np.asarray(faulty, dtype=bool)
     steps, history = 0, []
     for epoch in range(config.epochs):
         for step, rows in enumerate(minibatches(n, config.batch_size, epoch, config.seed)):
             batch_id = f"epoch-{epoch:04d}/step-{step:06d}"
-            gradient = gradient_of(model, features[rows], labels[rows], batch_id)
+            used = rows[real[rows]]  # faulty records add nothing, as in the masked training
+            gradient = gradient_of(model, features[used], labels[used], batch_id)
             model = model.with_vector(model.vector() - config.learning_rate * gradient / len(rows))
             steps += 1
         if evaluate is not None:
@@ -190,14 +195,15 @@ def _central(features, labels, config: TrainingConfig, gradient_of, evaluate,
 
 
 def train_central(features, labels, config: TrainingConfig, *, evaluate=None,
-                  start: Optional[LogisticModel] = None) -> TrainingResult:
+                  start: Optional[LogisticModel] = None, faulty=None) -> TrainingResult:
     """The same descent on the clear data: no clipping, no noise, no masking."""
     return _central(features, labels, config,
-                    lambda m, x, y, _: m.gradients(x, y).sum(axis=0), evaluate, start)
+                    lambda m, x, y, _: m.gradients(x, y).sum(axis=0), evaluate, start, faulty)
 
 
 def train_central_dp(features, labels, config: TrainingConfig, *, release_key: ReleaseKey,
-                     evaluate=None, start: Optional[LogisticModel] = None) -> TrainingResult:
+                     evaluate=None, start: Optional[LogisticModel] = None,
+                     faulty=None) -> TrainingResult:
     """A trusted curator: per-record L1 clipping to psi and one Laplace draw per coordinate per
     step, calibrated to the same relation (L1 sensitivity 2 psi) and epsilon as one helper."""
     if config.epsilon is None:
@@ -211,5 +217,5 @@ def train_central_dp(features, labels, config: TrainingConfig, *, release_key: R
         lanes = pa.table({"batch_id": [batch_id] * clipped.size,
                           "coordinate": np.arange(clipped.size)})
         return add_noise(spec, clipped, RandomStreams.for_keys(key, "central-dp-sgd", lanes))
-    result = _central(features, labels, config, gradient_of, evaluate, start)
+    result = _central(features, labels, config, gradient_of, evaluate, start, faulty)
     return dataclasses.replace(result, epsilon_total=config.total_epsilon())

@@ -32,6 +32,21 @@ Privacy, stated and derived here:
    clients add their share (a client who skips it lowers N; plan with the number of honest
    clients you can count on).
 
+Malformed shares (:func:`share_faults`). Every share an honest client sends lies in [0, q) --
+the encoder reduces mod q -- and none is missing. A share outside [0, q), or missing, comes from
+no honest client whatever its value, so whether a collection holds one is the same in both
+collections of every neighbouring pair (one client's value replaced): a protocol violation (a
+foreign or corrupted file, other parameters, a faulty or hostile sender), not a fact about any
+client's value. It is *not* a row to drop and count: a share is one of m additive pieces of a
+client's noisy value, so summing without it leaves that client's value plus a uniform element
+of Z_q -- the estimate would be garbage at full confidence -- and the message count stops being
+a whole number of clients; reducing it mod q would sum a value the protocol never made against
+noise planned for honest clients. The seed (split-and-mix, after Balle et al. 2019) says nothing
+more on it. So the aggregator refuses such a collection before anything is charged, naming the
+file and how many shares, never a value (``pipelines.shuffle_sum``), and :class:`ShuffleSum`
+keeps the same check as a guard. (A hostile client can also poison the sum with in-range
+shares, undetectably: the guarantee assumes the planned clients follow the protocol.)
+
 Single-message amplification (:func:`amplified_epsilon`; Feldman, McMillan & Talwar, "Hiding
 Among the Clones", FOCS 2021, Theorem 3.1): n shuffled reports of an epsilon_0-LDP randomizer are
 (epsilon, delta)-DP with
@@ -365,6 +380,18 @@ def shares_table(shares: np.ndarray, spec: Optional[SplitAndMix] = None) -> pa.T
     if spec is not None:
         table = table.replace_schema_metadata({SHARES_METADATA_KEY: spec.metadata().encode()})
     return table
+
+
+def share_faults(spec: SplitAndMix, column) -> tuple[int, int]:
+    """(missing, outside [0, q)) among the shares of ``column`` (an Arrow integer array or
+    chunked array): shares no honest client sends (module docstring, "Malformed shares")."""
+    missing = column.null_count
+    values = column.fill_null(0).to_numpy() if missing else column.to_numpy()
+    if not len(values):
+        return 0, 0
+    negative = values < 0 if values.dtype.kind == "i" else np.zeros(len(values), dtype=bool)
+    large = values.astype(np.uint64) >= np.uint64(spec.modulus)  # a negative one wraps: large
+    return int(missing), int(np.count_nonzero(negative | large))
 
 
 def check_shares_schema(spec: SplitAndMix, schema: pa.Schema) -> None:
