@@ -330,8 +330,11 @@ def test_finalize_of_a_failed_dataflow_job_exits_3_with_its_message(ws, dataflow
     assert "the reservation stays" in err and published(ws / "out") == {}
     failure = read_json(ws / "private" / "reports" / RELEASE / "v1" / "failure.json")
     assert "a worker was lost" in failure["detail"]
+    # Resubmitted and done; finalize needs no Beam option: the job's project and region are
+    # the handle's.
+    _record_dataflow_submission(ws)
     dataflow["now"] = StandInDataflow(["JOB_STATE_DONE"])
-    code, out, err = run_main(_argv(ws) + DATAFLOW_FLAGS)
+    code, out, err = run_main(_argv(ws) + ["--finalize"])
     assert code == 0 and "(released)" in out, err
 
 
