@@ -79,9 +79,9 @@ class Execution:
     def close(self, result) -> None:
         """Release what the finished ``result`` holds (nothing here)."""
 
-    def submit(self, pipeline, name: str):
-        """Start the built ``pipeline``; returns its :class:`JobHandle` and result. Here (a
-        local engine, whose job lives in this process) it runs to the end first."""
+    def run_to_end(self, pipeline):
+        """Run the built ``pipeline`` to its end and release what its result holds; returns the
+        result (RuntimeError when it ended in a state other than done)."""
         from apache_beam.runners.runner import PipelineState
 
         result = pipeline.run()
@@ -91,7 +91,12 @@ class Execution:
             self.close(result)
         if state not in (None, PipelineState.DONE):
             raise RuntimeError(f"the pipeline ended in state {state}")
-        return JobHandle(runner=name, state=DONE), result
+        return result
+
+    def submit(self, pipeline, name: str):
+        """Start the built ``pipeline``; returns its :class:`JobHandle` and result. Here (a
+        local engine, whose job lives in this process) it runs to the end first."""
+        return JobHandle(runner=name, state=DONE), self.run_to_end(pipeline)
 
     def wait(self, options, handle: JobHandle):
         """The finished result of the job ``handle`` names, waited for (raises
@@ -136,7 +141,6 @@ def run(options, build: Callable) -> object:
     profile's :class:`Execution` and return the finished result. Raises what the run raised, or
     RuntimeError when it ended in a state other than done."""
     import apache_beam as beam
-    from apache_beam.runners.runner import PipelineState
 
     from runners.profiles import profile_of
 
@@ -145,14 +149,7 @@ def run(options, build: Callable) -> object:
         pipeline = beam.Pipeline(options=run_options)
         build(pipeline)
         execution.prepare(pipeline)
-        result = pipeline.run()
-        try:
-            state = result.wait_until_finish()
-        finally:
-            execution.close(result)
-    if state not in (None, PipelineState.DONE):
-        raise RuntimeError(f"the pipeline ended in state {state}")
-    return result
+        return execution.run_to_end(pipeline)
 
 
 def submit(options, build: Callable):
