@@ -149,6 +149,31 @@ def test_a_whole_run_after_the_submission_leaves_finalize_to_reproduce(ws):
     assert spent(ws) == pytest.approx(charged)
 
 
+def test_a_reservation_taken_over_while_its_job_ran_is_not_recorded(ws, monkeypatch):
+    """Another run took the reservation over (other input: fresh keys) while the submitted job
+    ran: the handle is not recorded for keys it did not compute with (exit 3), and finalize is
+    refused."""
+    import dataclasses
+
+    from pipelines.release import lifecycle, submission
+
+    real = submission.record
+
+    def taken_over_first(reserved, staging, handle):
+        request = dataclasses.replace(lifecycle._requests(reserved.pre)[0],
+                                      input_digest="sha256:corrected")
+        reserved.ledger.reserve([request])
+        return real(reserved, staging, handle)
+
+    monkeypatch.setattr(submission, "record", taken_over_first)
+    code, out, err = run_main(_argv(ws) + ["--submit_only"])
+    assert code == 3 and "could not be recorded" in err and "taken over" in err, err
+    monkeypatch.setattr(submission, "record", real)
+    code, out, err = run_main(_argv(ws) + ["--finalize"])
+    assert code == 2 and "the input is now" in err, err
+    assert published(ws / "out") == {}
+
+
 # --------------------------------------------------------------------------- finalize twice at once
 
 def _finalize_child(argv, hold: float, queue):

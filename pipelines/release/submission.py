@@ -31,7 +31,7 @@ from typing import Mapping, Optional
 
 from accounting.ledger import LedgerError
 from pipelines.release import storage
-from pipelines.release.errors import ReleaseRefused
+from pipelines.release.errors import ReleaseFailed, ReleaseRefused
 
 _LOG = logging.getLogger(__name__)
 
@@ -42,11 +42,18 @@ COUNTERS_SUFFIX = ".counters.json"
 
 
 def record(reserved, staging: Mapping[str, str], handle) -> None:
-    """The job's handle and each release's staging attempt, recorded with its reservation."""
+    """The job's handle and each release's staging attempt, recorded with its reservation.
+    A ledger that refuses (another run took the reservation over meanwhile) is ReleaseFailed
+    (exit 3: charged, nothing published; submit again)."""
     for context in reserved.releases:
         rid = context.release_id
-        reserved.ledger.record_submission(reserved.reservations[rid],
-                                          {**handle.to_json(), "staging": staging[rid]})
+        try:
+            reserved.ledger.record_submission(reserved.reservations[rid],
+                                              {**handle.to_json(), "staging": staging[rid]})
+        except LedgerError as err:
+            raise ReleaseFailed(f"{context.versioned_id}: the job was submitted but its handle "
+                                f"could not be recorded ({err}); nothing was published: submit "
+                                "it again") from None
 
 
 def submitted(reserved):
