@@ -8,6 +8,8 @@
   the built pipeline, one final leaf where the runner needs it, clients to close);
 * :mod:`runners.dask_cluster` and :mod:`runners.dask_runner` — Dask: the run's cluster and
   execution, and Beam's Dask runner translated for a cluster;
+* :mod:`runners.dataflow_jobs` — Dataflow jobs submitted by one process and awaited by another
+  (``execution.submit`` / ``execution.wait``), a Flex Template launch's job id;
 * :mod:`runners.cache` and :mod:`runners.fetch` — the Flink/Spark job server jars and the Prism
   binary, fetched once (``python -m runners.fetch all``) and found by the profiles;
 * :mod:`runners.harness` — run a pipeline main on a runner and read back its output (tests and

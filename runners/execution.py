@@ -11,7 +11,12 @@ check, the benchmarks) goes through :func:`run`, and the runner profile of the r
   runner would run wrongly without an error, and one final leaf depending on every other leaf
   where the runner computes only the last-applied transform;
 * ``close``: what the finished result holds open (the Dask runner's client, closed before its
-  cluster).
+  cluster);
+* ``submit`` and ``wait``: a run split between two processes (:func:`submit` starts the job and
+  returns its :class:`JobHandle`; :func:`wait`, in another process, waits for the job the handle
+  names). A local engine's job lives in the process that runs it, so its ``submit`` runs it to
+  the end and its ``wait`` only checks the recorded end; Dataflow's returns at once with the job
+  id and its ``wait`` polls the Dataflow service (:mod:`runners.dataflow_jobs`).
 
 What DoFns need to know of the runner (threads, batch sizes) the profile states in the options
 (:class:`transforms.parallel.ExecutionOptions`), not here: transforms never ask which runner
@@ -20,7 +25,43 @@ they are on.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional
+
+#: The state of a job that ran to the end (Beam's ``PipelineState.DONE``).
+DONE = "DONE"
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobHandle:
+    """What another process needs to find a submitted job again: the runner profile, the job's
+    id on the service (None for a local engine) and its state when it was last seen; for
+    Dataflow, the project and region the job runs in."""
+
+    runner: str
+    job_id: Optional[str] = None
+    state: str = DONE
+    project: Optional[str] = None
+    region: Optional[str] = None
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+    @classmethod
+    def from_json(cls, data) -> "JobHandle":
+        return cls(**{k: data.get(k) for k in ("runner", "job_id", "project", "region")},
+                   state=data.get("state") or DONE)
+
+
+class JobFailed(RuntimeError):
+    """A submitted job that ended in a state other than done, with the runner's message."""
+
+    def __init__(self, handle: JobHandle, state: str, message: str = ""):
+        job = f"the {handle.runner} job" + (f" {handle.job_id}" if handle.job_id else "")
+        lines = [line.strip() for line in str(message or "").splitlines() if line.strip()]
+        said = f": {lines[-1][:300]}" if lines else ""
+        super().__init__(f"{job} ended in state {state}{said}")
+        self.handle, self.state, self.detail = handle, state, str(message or "")
 
 
 class Execution:
@@ -37,6 +78,33 @@ class Execution:
 
     def close(self, result) -> None:
         """Release what the finished ``result`` holds (nothing here)."""
+
+    def run_to_end(self, pipeline):
+        """Run the built ``pipeline`` to its end and release what its result holds; returns the
+        result (RuntimeError when it ended in a state other than done)."""
+        from apache_beam.runners.runner import PipelineState
+
+        result = pipeline.run()
+        try:
+            state = result.wait_until_finish()
+        finally:
+            self.close(result)
+        if state not in (None, PipelineState.DONE):
+            raise RuntimeError(f"the pipeline ended in state {state}")
+        return result
+
+    def submit(self, pipeline, name: str):
+        """Start the built ``pipeline``; returns its :class:`JobHandle` and result. Here (a
+        local engine, whose job lives in this process) it runs to the end first."""
+        return JobHandle(runner=name, state=DONE), self.run_to_end(pipeline)
+
+    def wait(self, options, handle: JobHandle):
+        """The finished result of the job ``handle`` names, waited for (raises
+        :class:`JobFailed` if it did not end done). A local engine's job ended in the process
+        that submitted it: only its recorded state is checked, and there is no result."""
+        if handle.state != DONE:
+            raise JobFailed(handle, handle.state)
+        return None
 
 
 def leaves(pipeline) -> list:
@@ -73,7 +141,6 @@ def run(options, build: Callable) -> object:
     profile's :class:`Execution` and return the finished result. Raises what the run raised, or
     RuntimeError when it ended in a state other than done."""
     import apache_beam as beam
-    from apache_beam.runners.runner import PipelineState
 
     from runners.profiles import profile_of
 
@@ -82,11 +149,29 @@ def run(options, build: Callable) -> object:
         pipeline = beam.Pipeline(options=run_options)
         build(pipeline)
         execution.prepare(pipeline)
-        result = pipeline.run()
-        try:
-            state = result.wait_until_finish()
-        finally:
-            execution.close(result)
-    if state not in (None, PipelineState.DONE):
-        raise RuntimeError(f"the pipeline ended in state {state}")
-    return result
+        return execution.run_to_end(pipeline)
+
+
+def submit(options, build: Callable):
+    """Build a pipeline with ``build(pipeline)`` on ``options`` and start it on its runner
+    profile's :class:`Execution` without waiting where the runner allows it (module docstring);
+    returns its :class:`JobHandle` and result."""
+    import apache_beam as beam
+
+    from runners.profiles import profile_of
+
+    profile = profile_of(options)
+    with profile.execution.session(options) as run_options:
+        pipeline = beam.Pipeline(options=run_options)
+        build(pipeline)
+        profile.execution.prepare(pipeline)
+        return profile.execution.submit(pipeline, profile.name)
+
+
+def wait(options, handle: JobHandle):
+    """The finished result of a job :func:`submit` started (possibly in another process), or
+    None where the runner has none to give (a local engine); raises :class:`JobFailed`."""
+    from runners.profiles import PROFILES, profile_of
+
+    execution = (PROFILES.get(handle.runner) or profile_of(options)).execution
+    return execution.wait(options, handle)

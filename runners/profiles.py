@@ -40,7 +40,8 @@ profiles:
 * ``DataflowRunner`` — requires ``--project``, ``--region`` and a ``gs://`` ``--temp_location``;
   ships this project to the workers with ``--setup_file`` (the repository's setup.py) unless a
   custom ``--sdk_container_image`` is given; ``--sdk_location=default`` (the container's SDK);
-  ``save_main_session`` off (the pipelines live in importable modules).
+  ``save_main_session`` off (the pipelines live in importable modules). A job submitted here is
+  awaited by another process through the Dataflow client (:mod:`runners.dataflow_jobs`).
 
 ``python -m runners.profiles --runner FlinkRunner`` prints the options a run would get.
 """
@@ -56,6 +57,7 @@ from typing import Callable, Mapping, Sequence
 
 from runners import cache
 from runners.dask_cluster import DASK_RUNNER, DaskExecution, is_dask
+from runners.dataflow_jobs import DataflowExecution
 from runners.execution import Execution
 # The options view the profiles fill (--dofn_threads, --dofn_batch_rows): defined where the DoFns
 # read it, imported here so that Beam knows its flags wherever options are built.
@@ -368,7 +370,7 @@ PROFILES: dict[str, RunnerProfile] = {p.name: p for p in (
                    "(not with a worker image: it holds them)"),
                   ("sdk_location", "default", "the worker container's Beam SDK")),
         required=("project", "region", "temp_location"),
-        check=_check_dataflow),
+        check=_check_dataflow, execution=DataflowExecution()),
 )}
 
 

@@ -75,9 +75,17 @@ def test_each_profile_owns_how_a_run_goes_on_its_runner():
     assert isinstance(dask.execution, dask_cluster.DaskExecution)
     for argv in ([], ["--runner=FnApiRunner"], ["--runner=PrismRunner"],
                  ["--runner=apache_beam.runners.portability.flink_runner.FlinkRunner"],
-                 ["--runner=DataflowRunner"], ["--runner=some.other.Runner"]):
+                 ["--runner=some.other.Runner"]):
         assert type(profiles.profile_of(PipelineOptions(argv)).execution) is execution.Execution, argv
-    assert profiles.profile_of(PipelineOptions(["--runner=DataflowRunner"])).name == "DataflowRunner"
+    dataflow = profiles.profile_of(PipelineOptions(["--runner=DataflowRunner"]))
+    assert dataflow.name == "DataflowRunner"
+    # Dataflow's execution only submits without waiting and awaits from another process
+    # (runners/dataflow_jobs.py); a whole run goes as Beam's.
+    from runners.dataflow_jobs import DataflowExecution
+
+    assert type(dataflow.execution) is DataflowExecution
+    assert {name for name in vars(DataflowExecution) if not name.startswith("_")} == \
+        {"submit", "wait"}
     assert isinstance(profiles.profile_of(PipelineOptions(
         ["--runner=" + dask_cluster.BEAM_DASK_RUNNER])).execution, dask_cluster.DaskExecution)
 

@@ -492,6 +492,12 @@ def reproduced(*says, then=None):
     return Expect(0, ("(reproduced)",) + says, "same", then)
 
 
+def submitted(*says, spend="more", then=None):
+    """--submit_only: reserved (charged unless already) and staged, nothing published."""
+    return Expect(0, (": submitted ", "finish it with the same flags and --finalize") + says,
+                  spend, then)
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -750,7 +756,8 @@ def test_fault(case: Case, tmp_path_factory):
     # No published file is ever replaced by different bytes; a run that did not release
     # published nothing.
     assert {p: after.get(p) for p in published_before} == published_before
-    if not _published(case.expect):
+    if not _published(case.expect) or any(a.startswith(("--submit_only", "--submit-only"))
+                                           for a in argv):
         assert after == published_before
     charged_after = charged(os.path.realpath(ws.ledger))
     if case.expect.code == 2:  # refused: nothing charged, nothing stored
@@ -1164,6 +1171,37 @@ EDGE_CASES = [
          refused("{ws}/out/rf/c2 " + LINK)),
     Case("sr-output-release-link", "sr", "sr_release_link", "",
          refused("{ws}/out/summary_reports " + LINK)),
+    # ---- submit and finalize: two processes make one release (item 7)
+    Case("cn-submit-only", "cn", None, f"{DAY2} --submit_only", submitted(then="finalize")),
+    Case("cn-submit-only-dashed", "cn", None, f"{DAY2} --submit-only", submitted()),
+    Case("cn-submit-only-published-release", "cn", None, "--submit_only",
+         submitted(spend="same", then="finalize")),
+    Case("cn-finalize-never-reserved", "cn", None, f"{DAY2} --finalize",
+         refused("--finalize found no submitted release for these flags",
+                 "has no record in ledger", "run them with --submit_only first")),
+    Case("cn-finalize-reserved-never-submitted", "cn", "cn_parquet_bit_flip",
+         f"{DAY2} --impressions {{ws}}/imp.parquet --submit_only",
+         failed("the computation failed (--impressions: {ws}/imp.parquet could not be read",
+                then="finalize_unsubmitted")),
+    Case("cn-finalize-published-by-a-run", "cn", None, "--finalize",
+         refused("C1/2026-11-01 is reserved but was never submitted")),
+    Case("cn-submit-and-finalize-at-once", "cn", None, f"{DAY2} --submit_only --finalize",
+         refused("--submit_only and --finalize are two runs")),
+    Case("cn-submit-testing-run", "cn", None, f"{TESTING} --submit_only",
+         refused("a --testing_seed run is not a release")),
+    Case("cn-finalize-testing-run", "cn", None, f"{TESTING} --finalize",
+         refused("a --testing_seed run is not a release")),
+    Case("cn-submit-switch-as-a-template-parameter", "cn", None, f"{DAY2} --submit_only=true",
+         submitted()),
+    Case("cn-flex-launch-without-submit-only", "cn", None,
+         f"{DAY2} --template_location gs://b/staging/template_launches/"
+         "2026-11-28_02_30_07-123/job_object", refused("a Flex Template launch is --submit_only")),
+    Case("rf-submit-only-one-new-one-published", "rf", None, "--campaigns c1,c2 --submit_only",
+         submitted(then="finalize")),
+    Case("sr-submit-only", "sr", "sr_other_batch", "--batch_id B --input {ws}/conv2.csv "
+         "--submit_only", submitted(then="finalize")),
+    Case("sr-finalize-never-submitted", "sr", "sr_other_batch",
+         "--batch_id B --input {ws}/conv2.csv --finalize", refused("has no record in ledger")),
 ]
 
 
@@ -1174,6 +1212,32 @@ def then_no_secret_text(ws, case, argv, charged_after):
     for line in SECRET_TEXT.splitlines():
         for part in line.split():
             assert len(part) < 8 or part not in out + err, part
+
+
+def then_finalize(ws, case, argv, charged_after):
+    """Another run with the same flags and --finalize publishes what was submitted, spending
+    nothing more; finalizing again reproduces it byte for byte."""
+    finalize = [a for a in argv if a not in ("--submit_only", "--submit-only")] + ["--finalize"]
+    before = published(ws.path / "out")
+    code, out, err = run_main(case.job, finalize)
+    assert code == 0 and ("(released)" in out or "(reproduced)" in out), err
+    after = published(ws.path / "out")
+    assert {p: after[p] for p in before} == before
+    assert charged(ws.ledger) == pytest.approx(charged_after)
+    code, out, err = run_main(case.job, finalize)
+    assert code == 0 and "(reproduced)" in out and "(released)" not in out, err
+    assert published(ws.path / "out") == after
+    assert charged(ws.ledger) == pytest.approx(charged_after)
+    states = {r["state"] for r in read_json(ws.ledger)["releases"].values()}
+    assert states == {"committed"}
+
+
+def then_finalize_unsubmitted(ws, case, argv, charged_after):
+    """A submission that failed recorded no job: finalize is refused, nothing published."""
+    finalize = [a for a in argv if a != "--submit_only"] + ["--finalize"]
+    code, out, err = run_main(case.job, finalize)
+    assert code == 2 and "is reserved but was never submitted" in err, err
+    assert charged(ws.ledger) == pytest.approx(charged_after)
 
 
 @pytest.fixture
@@ -1187,6 +1251,8 @@ def edges(monkeypatch):
     for name, fix in EDGE_FIXES.items():
         monkeypatch.setitem(FIXES, name, fix)
     monkeypatch.setitem(THEN, "no_secret_text", then_no_secret_text)
+    monkeypatch.setitem(THEN, "finalize", then_finalize)
+    monkeypatch.setitem(THEN, "finalize_unsubmitted", then_finalize_unsubmitted)
 
 
 @pytest.mark.parametrize("case", EDGE_CASES, ids=[c.id for c in EDGE_CASES])

@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import stat
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -149,6 +150,47 @@ def test_an_unpublished_reservation_is_taken_over_without_spending_again(tmp_pat
     # --new_release on an unpublished reservation is a take-over too: never charged twice.
     [same] = ledger.reserve(_request(digest="sha256:more", eps=0.4), new_release=True)
     assert same.taken_over and same.version == 1
+
+
+def test_a_submission_is_recorded_and_found_again_without_spending(tmp_path):
+    """What --submit_only / --finalize need of the ledger: the job handle kept with the
+    reservation, the reservation found again (same keys, nothing written), refusals named."""
+    ledger = _ledger(tmp_path)
+    [res] = ledger.reserve(_request())
+    record = ledger.record_submission(res, {"runner": "DataflowRunner", "job_id": "j1"})
+    assert record["submission"]["job_id"] == "j1" and record["state"] == "reserved"
+    assert record["submission"]["key_fingerprints"] == {"release": res.key.fingerprint()}
+    before = (tmp_path / "ledger.json").read_bytes()
+    [found] = _ledger(tmp_path).find([_request()])
+    assert found.key == res.key and found.record["submission"]["job_id"] == "j1"
+    assert (tmp_path / "ledger.json").read_bytes() == before  # nothing written, nothing spent
+    with pytest.raises(ChangedInputError, match="the input is now sha256:other"):
+        ledger.find([_request(digest="sha256:other")])
+    with pytest.raises(LedgerError, match="has no record"):
+        ledger.find([_request("2026-11-21")])
+    with pytest.raises(LedgerError, match="other measures or scopes"):
+        ledger.find([_request(eps=0.5)])
+    [taken] = ledger.reserve(_request(digest="sha256:corrected"))  # taken over: fresh keys
+    with pytest.raises(LedgerError, match="taken over by another run"):
+        ledger.record_submission(res, {"runner": "DataflowRunner", "job_id": "j2"})
+    assert ledger.spent(f"campaign:{CAMPAIGN}").epsilon == pytest.approx(1.0)
+    assert taken.taken_over
+
+
+def test_finishing_a_release_is_claimed_by_one_process_at_a_time(tmp_path):
+    ledger = _ledger(tmp_path)
+    [res] = ledger.reserve(_request())
+    assert ledger.claim(res, "a", 60) is None
+    assert ledger.claim(res, "a", 60) is None  # the holder renews
+    held = ledger.claim(res, "b", 60)
+    assert held["token"] == "a" and held["pid"] == os.getpid() and held["until"] > 0
+    assert ledger.claim(res, "b", 60, replacing="a") is None  # its holder is known to be gone
+    assert ledger.claim(res, "a", 60)["token"] == "b"
+    assert ledger.claim(res, "a", 0) is None and ledger.get(res.release_id)["finalizing"]
+    assert ledger.claim(res, "b", 0) is None and ledger.get(res.release_id)["finalizing"] is None
+    assert ledger.claim(res, "c", 0.05) is None
+    time.sleep(0.1)
+    assert ledger.claim(res, "d", 60) is None  # a claim lapses after its time
 
 
 def test_parameters_cannot_change_once_publication_started(tmp_path):

@@ -19,6 +19,8 @@ import dataclasses
 import json
 import os
 import random
+import re
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -379,30 +381,93 @@ def test_describe_profiles_names_every_runner():
 # Scheduling examples
 
 
-def test_airflow_dag_builds_one_task_per_campaign(monkeypatch, tmp_path):
+def _airflow_dag(monkeypatch, tmp_path, **env):
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))  # before Airflow's first import
     if os.environ.get("BEAM_DP_REQUIRE_AIRFLOW"):  # make test-airflow: a missing Airflow fails
-        import airflow.providers.apache.beam.operators.beam  # noqa: F401
-    pytest.importorskip("airflow.providers.apache.beam.operators.beam")
+        import airflow.providers.standard.operators.bash  # noqa: F401
+    pytest.importorskip("airflow.providers.standard.operators.bash")
     import importlib.util
 
-    monkeypatch.setenv("BEAM_DP_CAMPAIGNS", "c1, c2")
-    monkeypatch.setenv("BEAM_DP_RUNNER", "FlinkRunner")
-    monkeypatch.setenv("BEAM_DP_RUNNER_OPTIONS", '{"flink_master": "jm:8081"}')
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     spec = importlib.util.spec_from_file_location("centralnotice_dag",
                                                   REPO_ROOT / "runners" / "deploy" / "airflow_dag.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    dag = module.dag
+    return module.dag
+
+
+def _scheduled(dag):
+    """The DAG as Airflow's scheduler sees it: serialized and read back, with the scheduler's
+    timetable (Airflow 3's authoring timetables do not schedule themselves)."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    return DagSerialization.from_dict(DagSerialization.to_dict(dag))
+
+
+def _rendered(task, info) -> list[str]:
+    """A task's command as a run of ``info`` renders it: the template context a run has for its
+    data interval (nothing set by hand)."""
+    context = {"data_interval_start": info.data_interval.start,
+               "data_interval_end": info.data_interval.end, "logical_date": info.logical_date,
+               "run_after": info.run_after}
+    return shlex.split(task.render_template(task.bash_command, context))
+
+
+def test_airflow_dag_submits_then_finalizes_each_campaign(monkeypatch, tmp_path):
+    dag = _airflow_dag(monkeypatch, tmp_path, BEAM_DP_CAMPAIGNS="c1, c2",
+                       BEAM_DP_RUNNER="FlinkRunner",
+                       BEAM_DP_RUNNER_OPTIONS='{"flink_master": "jm:8081"}',
+                       BEAM_DP_PYTHON="/opt/beam-dp/bin/python")
     assert dag.dag_id == "centralnotice_daily_release"
-    assert sorted(dag.task_ids) == ["release_c1", "release_c2"]
-    task = dag.get_task("release_c1")
-    assert (task.py_options, task.py_file, task.runner) == (["-m"], "pipelines.centralnotice",
-                                                            "FlinkRunner")
-    rendered = task.render_template(task.pipeline_options, {"ds": "2026-11-20"})
-    assert rendered["release"] == "c1/2026-11-20"
-    assert rendered["impressions"].endswith("/2026-11-20/impressions/")
-    assert rendered["flink_master"] == "jm:8081"
+    assert sorted(dag.task_ids) == ["finalize_c1", "finalize_c2", "submit_c1", "submit_c2"]
+    assert dag.get_task("finalize_c1").upstream_task_ids == {"submit_c1"}
+    assert dag.get_task("submit_c1").downstream_task_ids == {"finalize_c1"}
+    info = _scheduled(dag).next_dagrun_info(last_automated_run_info=None)
+    submit, finalize = (_rendered(dag.get_task(f"{step}_c1"), info)
+                        for step in ("submit", "finalize"))
+    assert submit[:3] == ["/opt/beam-dp/bin/python", "-m", "pipelines.centralnotice"]
+    assert submit[-1] == "--submit_only" and finalize[-1] == "--finalize"
+    assert submit[:-1] == finalize[:-1]  # the same flags: finalize finds the submission
+    assert "--runner=FlinkRunner" in submit and "--flink_master=jm:8081" in submit
+
+
+def test_airflow_dag_releases_its_data_interval_s_day(monkeypatch, tmp_path):
+    """Asked for its runs, the DAG's own timetable (under the installed Airflow) runs at 02:30
+    UTC and each run releases the day before it: its data interval's day."""
+    dag = _airflow_dag(monkeypatch, tmp_path, BEAM_DP_CAMPAIGNS="c1",
+                       BEAM_DP_START_DATE="2026-11-20", BEAM_DP_DATA="/data")
+    import pendulum
+
+    scheduled = _scheduled(dag)
+    first = scheduled.next_dagrun_info(last_automated_run_info=None)
+    runs = [first]
+    for _ in range(3):
+        runs.append(scheduled.next_dagrun_info(last_automated_run_info=runs[-1]))
+    runs += list(scheduled.iter_dagrun_infos_between(
+        pendulum.datetime(2027, 3, 27, tz="UTC"), pendulum.datetime(2027, 3, 30, tz="UTC")))
+    assert [r.run_after.isoformat() for r in runs[:2]] == [
+        "2026-11-21T02:30:00+00:00", "2026-11-22T02:30:00+00:00"]
+    for info in runs:
+        assert (info.run_after.hour, info.run_after.minute, str(info.run_after.tz)) == \
+            (2, 30, "UTC")
+        day = (info.run_after - pendulum.duration(days=1)).date().isoformat()
+        command = _rendered(dag.get_task("submit_c1"), info)
+        assert f"--release=c1/{day}" in command, (info, command)
+        assert f"--impressions=/data/{day}/impressions/" in command
+        assert f"--clicks=/data/{day}/clicks/" in command
+    assert dag.catchup and dag.max_active_runs == 1  # a missed day is released late, in order
+
+
+def test_airflow_dag_names_dataflow_jobs_after_the_day(monkeypatch, tmp_path):
+    dag = _airflow_dag(monkeypatch, tmp_path, BEAM_DP_CAMPAIGNS="C2026_000_fr",
+                       BEAM_DP_RUNNER="DataflowRunner", BEAM_DP_START_DATE="2026-11-27",
+                       BEAM_DP_RUNNER_OPTIONS='{"project": "p", "region": "europe-west1", '
+                                              '"temp_location": "gs://b/tmp"}')
+    info = _scheduled(dag).next_dagrun_info(last_automated_run_info=None)
+    command = _rendered(dag.get_task("submit_C2026_000_fr"), info)
+    assert "--job_name=centralnotice-c2026-000-fr-20261127" in command
+    assert "--release=C2026_000_fr/2026-11-27" in command
 
 
 def test_cron_wrapper_builds_one_release_per_campaign():
@@ -422,6 +487,24 @@ def test_cron_wrapper_builds_one_release_per_campaign():
     bad = subprocess.run(["bash", str(script), "20-11-2026"], env=env, capture_output=True,
                          text=True)
     assert bad.returncode == 2 and "YYYY-MM-DD" in bad.stderr
+
+
+def test_cron_wrapper_releases_yesterday_by_default():
+    """Without a date, the 02:30 cron run releases yesterday (UTC): the day the Airflow DAG's
+    run at the same time releases (its data interval's day)."""
+    import datetime as dt
+    import subprocess
+
+    script = REPO_ROOT / "runners" / "deploy" / "daily_release.sh"
+    env = dict(os.environ, BEAM_DP_DRY_RUN="1", BEAM_DP_CAMPAIGNS="c1")
+    days = {(dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1)).date().isoformat()}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                          check=True)
+    days.add((dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1)).date().isoformat())
+    assert any(f"--release=c1/{day}" in done.stdout for day in days), done.stdout
+    cron = (REPO_ROOT / "runners" / "deploy" / "cron.example").read_text()
+    assert "CRON_TZ=UTC" in cron and re.search(r"^30\s+2\s+\*\s+\*\s+\*\s+.*daily_release\.sh "
+                                               r">>", cron, re.M)
 
 
 @pytest.mark.runners

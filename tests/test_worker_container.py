@@ -130,22 +130,49 @@ def test_remote_profiles_take_the_worker_image(monkeypatch):
 
 
 def _dag_function(name: str):
-    """A function of runners/deploy/airflow_dag.py, without importing Airflow."""
+    """A function of runners/deploy/airflow_dag.py, without importing Airflow (its constants
+    and functions only, read from the environment as when Airflow parses the DAG)."""
+    import os
+    import shlex
+
     source = (ROOT / "runners" / "deploy" / "airflow_dag.py").read_text()
     tree = ast.parse(source)
-    nodes = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name or
-             isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "DATAFLOW_JOB_NAME"
-                                                for t in n.targets)]
-    namespace = {"re": re}
+    nodes = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.Assign))]
+    namespace = {"re": re, "os": os, "json": json, "shlex": shlex}
     exec(compile(ast.Module(body=nodes, type_ignores=[]), "airflow_dag.py", "exec"), namespace)
     return namespace[name]
+
+
+def test_the_dag_s_tasks_run_the_job_with_flags_its_cli_accepts(monkeypatch):
+    """Both tasks' commands, rendered for a day, parse with the job's own command line, as one
+    submission and its finalize."""
+    import shlex
+
+    from pipelines import centralnotice
+    from pipelines.release.cli import parse_request
+
+    monkeypatch.setenv("BEAM_DP_RUNNER", "DataflowRunner")
+    monkeypatch.setenv("BEAM_DP_RUNNER_OPTIONS", '{"project": "p", "region": "europe-west1"}')
+    command = _dag_function("command")
+    requests = []
+    for step in ("submit_only", "finalize"):
+        text = command("C2026_000_fr", step).replace(
+            "{{ data_interval_start | ds }}", "2026-11-28").replace(
+            "{{ data_interval_start | ds_nodash }}", "20261128")
+        argv = shlex.split(text)
+        assert argv[1:3] == ["-m", "pipelines.centralnotice"]
+        requests.append(parse_request(centralnotice.JOB, argv[3:]))
+    submit, finalize = requests
+    assert submit.options.submit_only and finalize.options.finalize
+    assert submit.release == finalize.release == "C2026_000_fr/2026-11-28"
+    assert "--job_name=centralnotice-c2026-000-fr-20261128" in submit.options.pipeline_args
 
 
 @pytest.mark.parametrize("campaign", [
     "C2026_000_fr", "example_campaign", "9-lives.EN", "x" * 128, "Wiki_Loves_Monuments_2026__de"])
 def test_airflow_dataflow_job_names_are_accepted_by_dataflow(campaign):
     name = _dag_function("dataflow_job_name")(campaign)
-    rendered = name.replace("{{ ds_nodash }}", "20261126")
+    rendered = name.replace("{{ data_interval_start | ds_nodash }}", "20261126")
     assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", rendered), rendered
     assert len(rendered) <= 63 and "--" not in rendered
 

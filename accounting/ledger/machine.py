@@ -10,6 +10,11 @@ Every real release of every job goes through it (the release layer, ``pipelines/
 3. ``begin_publish`` pins the record (``publishing``); the release layer publishes atomically.
 4. ``commit`` records the published files (``committed``).
 
+A release may be submitted by one process and finished by another (``--submit_only`` /
+``--finalize``, :mod:`pipelines.release.lifecycle`): ``record_submission`` keeps the job's handle
+with the reservation, ``find`` finds the reservation again without charging, and ``claim`` lets
+two processes finishing the same release take turns.
+
 Rules, and why they are sound:
 
 * **Re-run on the same input** (same digest) returns the existing record and keys and spends
@@ -48,6 +53,9 @@ accountant (fixed when the ledger is created), at the scope budget's delta.
 from __future__ import annotations
 
 import json
+import os
+import socket
+import time
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -274,19 +282,27 @@ class BudgetLedger:
         ledger_id = self.ledger_id()
         out = []
         for (kind, record), request in zip(outcomes, requests):
-            refs = {name: KeyRef.from_json(ref) for name, ref in record["keys"].items()}
+            fresh = None
             if kind in ("new", "takeover"):
-                keys = {name: pending[(record["release_id"], name)][0] for name in refs}
-            else:
-                keys = {name: self.key_store.load(ref) for name, ref in refs.items()}
-            keys = {name: _bound(key, ledger_id, record, name) for name, key in keys.items()}
-            out.append(R.Reservation(release_id=record["release_id"], version=record["version"],
-                                     versioned_id=record["versioned_id"], keys=keys, key_refs=refs,
-                                     record=record, ledger_id=ledger_id,
-                                     resumed=kind == "existing", taken_over=kind == "takeover",
-                                     state=record["state"],
-                                     consumed=ids_check.results.get(request.release_id, {})))
+                fresh = {name: pending[(record["release_id"], name)][0] for name in record["keys"]}
+            out.append(self._reservation(kind, record, ledger_id, fresh,
+                                         consumed=ids_check.results.get(request.release_id, {})))
         return out
+
+    def _reservation(self, kind: str, record: dict, ledger_id: str,
+                     keys: Optional[dict] = None, consumed: Optional[dict] = None) -> R.Reservation:
+        """The :class:`Reservation` of ``record`` with its keys (loaded from the key store unless
+        given: fresh ones), bound to the record (:func:`_bound`), and the consumed-id decisions
+        of this reservation (none for a reservation found again, :meth:`find`)."""
+        refs = {name: KeyRef.from_json(ref) for name, ref in record["keys"].items()}
+        if keys is None:
+            keys = {name: self.key_store.load(ref) for name, ref in refs.items()}
+        keys = {name: _bound(key, ledger_id, record, name) for name, key in keys.items()}
+        return R.Reservation(release_id=record["release_id"], version=record["version"],
+                             versioned_id=record["versioned_id"], keys=keys, key_refs=refs,
+                             record=record, ledger_id=ledger_id,
+                             resumed=kind == "existing", taken_over=kind == "takeover",
+                             state=record["state"], consumed=consumed or {})
 
     def _decide(self, state: dict, request: R.ReleaseRequest, new_release: bool, fresh_keys,
                 ids_check: "_ConsumedCheck") -> tuple[str, dict]:
@@ -421,6 +437,72 @@ class BudgetLedger:
             return True
 
         return self._update_record(reservation, change)
+
+    # ----------------------------------------------------------------- submitted releases
+
+    def record_submission(self, reservation: R.Reservation, handle: Mapping) -> dict:
+        """Record with the reservation the handle of the job that computes it (``submission``:
+        the runner, its job id and state, the staging attempt), and the fingerprints of the keys
+        it computes with, so that another process can finish the release (:meth:`find`). A
+        later submission replaces it. Spends nothing."""
+        handle = json.loads(json.dumps(dict(handle)))
+        fingerprints = {n: r.fingerprint for n, r in reservation.key_refs.items()}
+
+        def change(record):
+            record["submission"] = {**handle, "key_fingerprints": fingerprints,
+                                    "submitted_at": R.now()}
+            return True
+
+        return self._update_record(reservation, change)
+
+    def find(self, requests: Sequence[R.ReleaseRequest]) -> list[R.Reservation]:
+        """The reservations the ``requests`` already hold, one per request in order, with their
+        keys; nothing is charged or written. Each release's latest record must be for the same
+        input digest, measures and scopes, else :class:`LedgerError` names it (a changed input
+        is :class:`ChangedInputError`)."""
+        state = self.snapshot()
+        out = []
+        for request in requests:
+            vid = state["latest"].get(request.release_id)
+            record = state["releases"].get(vid) if vid else None
+            if record is None:
+                raise R.LedgerError(f"release {request.release_id!r} has no record in ledger "
+                                    f"{self.path}")
+            if record["input_digest"] != request.input_digest:
+                raise R.ChangedInputError(
+                    f"release {vid!r} was reserved for input {record['input_digest']}; the "
+                    f"input is now {request.input_digest}")
+            if record["measures"] != request.measures_json() or \
+                    _scope_names(record) != [s.name for s in request.scopes]:
+                raise R.LedgerError(f"release {vid!r} was reserved for other measures or scopes")
+            out.append(self._reservation("existing", record, state["ledger_id"]))
+        return out
+
+    def claim(self, reservation: R.Reservation, token: str, seconds: float, *,
+              replacing: Optional[str] = None) -> Optional[dict]:
+        """Hold the finishing of a submitted release for ``seconds`` under ``token`` (``0``:
+        let go of it), so that two processes finishing it at once take turns. Returns None when
+        held (or let go), else the other holder's claim (``token``, ``until`` in seconds since
+        the epoch, ``host``, ``pid``), which may be taken while it lasts only by naming it in
+        ``replacing`` (its holder is known to be gone)."""
+        now, other = time.time(), []
+
+        def change(record):
+            held = record.get("finalizing")
+            if seconds <= 0:
+                if held and held.get("token") == token:
+                    record["finalizing"] = None
+                    return True
+                return False
+            if held and held.get("token") not in (token, replacing) and held["until"] > now:
+                other.append(dict(held))
+                return False
+            record["finalizing"] = {"token": token, "until": now + seconds,
+                                    "host": socket.gethostname(), "pid": os.getpid()}
+            return True
+
+        self._update_record(reservation, change)
+        return other[0] if other else None
 
 
 class _ConsumedCheck:

@@ -19,6 +19,10 @@ namespace the file of its ids' keyed hashes, its SHA-256 and count; see
 * ``publishing``: publication has started; the key and input are pinned from here on.
 * ``committed``: published and recorded.
 
+A submitted release (``--submit_only``) also holds ``submission``: the handle of the job computing
+it (runner, job id and state, staging attempt, the fingerprints of its keys); ``finalizing``: who
+is finishing it, until when (:meth:`BudgetLedger.claim`).
+
 The ``ledger_id`` is drawn once, when the ledger is created: published releases and output roots
 carry it, so a ledger that was deleted, replaced or mistyped is recognised as not theirs.
 """

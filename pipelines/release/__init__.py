@@ -15,6 +15,11 @@ owns everything else, the same way for every job:
    (:mod:`accounting.ledger`); the pipeline writes to private staging; counters are read and the
    dropped-rows rule applied; each release is published atomically with its marker last
    (:mod:`~pipelines.release.publish`), then committed.
+   A release may also be made by two processes (:mod:`~pipelines.release.submission`):
+   ``--submit_only`` reserves, stages and submits the pipeline and records its job handle with
+   the reservation (exit 0, "submitted"); ``--finalize`` with the same flags finds the
+   reservation again (exit 2 without one), waits for the job (exit 3 if it failed), applies the
+   row rules, publishes and commits -- safe to repeat or to run twice at once.
 3. **Take-over.** A run that fails after its reservation published nothing (exit 3). A later
    run takes the reservation over -- on corrected input, i.e. a new digest -- with fresh keys
    and without spending again. Why this is sound: a release's privacy loss is the loss of what

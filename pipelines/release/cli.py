@@ -32,7 +32,8 @@ _LOG = logging.getLogger(__name__)
 _EPILOG = ("Every flag has one alias, its dashed spelling (--key-store); no other spelling and "
            "no abbreviation is accepted. The Beam groups are Beam's pipeline options (e.g. "
            "--runner PrismRunner; default: the in-process engine); see runners/README.md. Exit "
-           "codes: 0 released (or an identical re-run), 2 refused before any charge, 3 failed "
+           "codes: 0 released (or an identical re-run; with --submit_only: submitted), 2 refused "
+           "before any charge (--finalize: no submitted release for these flags), 3 failed "
            "after the reservation (nothing published; a corrected re-run takes the reservation "
            "over), --alert_exit_code N: released with an operator alert (a data-dependent signal "
            "for the scheduler only).")
@@ -105,6 +106,16 @@ def _explain(job: Job, request) -> int:
     return EXIT_RELEASED
 
 
+def _submitted(submitted) -> int:
+    """``--submit_only``: what was submitted, and how to finish it."""
+    handle = submitted.handle
+    job = f"{handle.runner} job {handle.job_id}" if handle.job_id else f"{handle.runner}"
+    for versioned_id in submitted.releases:
+        print(f"{submitted.job}: submitted {versioned_id} ({job}, {handle.state}); finish it "
+              "with the same flags and --finalize")
+    return submitted.exit_code
+
+
 def main(job: Job, argv: Optional[Sequence[str]] = None) -> int:
     """Parse, run, print the summary; the exit code says what happened (see errors)."""
     logging.basicConfig(level=os.environ.get("LOGLEVEL", "WARNING"))
@@ -113,7 +124,9 @@ def main(job: Job, argv: Optional[Sequence[str]] = None) -> int:
         request = parse_request(job, argv)
         if request.options.explain:
             return _explain(job, request)
-        result = lifecycle.run(job, request)
+        if request.options.submit_only:
+            return _submitted(lifecycle.submit(job, request))
+        result = (lifecycle.finalize if request.options.finalize else lifecycle.run)(job, request)
     except (ReleaseRefused, ReleaseFailed) as err:
         if isinstance(err, FlagError) and err.usage:
             print(err.usage, file=sys.stderr)

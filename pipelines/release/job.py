@@ -67,6 +67,14 @@ class ReleaseOptions:
         "help": "print each planned release's budget split, measures and guarantee (the "
                 "SharedBudget explain) and exit: no input is read, nothing is charged or "
                 "published; needs no --output, --ledger or --key_store"})
+    submit_only: bool = field(default=False, metadata={
+        "help": "reserve, stage and submit the pipeline, record its job handle with the "
+                "reservation and exit 0 ('submitted'): on Dataflow at once with the job id, on a "
+                "local runner once the job ran; nothing is published until --finalize"})
+    finalize: bool = field(default=False, metadata={
+        "help": "with the flags of a --submit_only run: find its reservation, wait for its job, "
+                "apply the row rules, publish and commit (safe to repeat or run twice at once: "
+                "a published release is reproduced, nothing more is spent)"})
     pipeline_args: tuple = field(default=(), metadata={"cli": False})
 
     def __post_init__(self):
@@ -84,6 +92,12 @@ class ReleaseOptions:
         elif not (self.ledger and self.key_store) and not self.explain:
             raise ReleaseRefused("a release needs --ledger and --key_store (or --testing_seed "
                                  "for a run that is not a release)")
+        if self.submit_only and self.finalize:
+            raise ReleaseRefused("--submit_only and --finalize are two runs: submit first, then "
+                                 "finalize with the same flags")
+        if (self.submit_only or self.finalize) and self.testing_seed is not None:
+            raise ReleaseRefused("--submit_only and --finalize make a release in two runs; a "
+                                 "--testing_seed run is not a release: run it whole")
         if not (isinstance(self.max_dropped_fraction, (int, float))
                 and 0 <= self.max_dropped_fraction < 1):
             raise ReleaseRefused("--max_dropped_fraction must be in [0, 1)")

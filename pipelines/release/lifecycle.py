@@ -28,13 +28,22 @@ commit      ledger records completed, operator reports written   a warning (exit
 The states: :class:`Preflight` -> :class:`Reserved` -> :class:`Computed` -> :class:`Ruled` ->
 :class:`Published` -> :class:`RunResult`. ``compute`` is :func:`stage` (fresh private staging
 folders), :func:`run_pipeline` (the one place where execution happens) and :func:`collect` (the
-counters), so that a release can also be submitted by one process and finished by another: submit
-= preflight + reserve + stage and start the pipeline (recording the job handle and the staging
-attempt with the reservation); finalize = the same preflight, the reservation found again, wait
-for the handle, collect + rule + publish + commit.
+counters), so that a release can also be submitted by one process and finished by another
+(``--submit_only`` / ``--finalize``, for a Flex Template launcher and a scheduler's second task),
+two more compositions of the same phases (:mod:`pipelines.release.submission`):
+
+* :func:`submit` = preflight + reserve + stage + :func:`start` (the pipeline started on its
+  runner: Dataflow returns the job id at once, a local engine runs it to the end), the job handle
+  and staging attempt recorded with the reservation;
+* :func:`finalize` = the same preflight + :func:`find_submitted` (the reservation found again,
+  nothing charged; exit 2 without one) + :func:`await_job` (exit 3 if the job failed), then, one
+  finalizing process at a time, :func:`published_before` (an earlier finalize published it:
+  reproduced) or :func:`collect_submitted` + rule + publish + commit.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import secrets
@@ -50,7 +59,7 @@ from pipelines.release import counters as row_counters
 from pipelines.release import inputs as release_inputs
 from pipelines.release import outputs as release_outputs
 from pipelines.release import publish as publication
-from pipelines.release import report, storage
+from pipelines.release import report, storage, submission
 from pipelines.release.errors import ReleaseFailed, ReleaseRefused
 from pipelines.release.job import Job, PlannedRelease, Prepared, ReleaseContext
 from transforms.noise.mechanisms import IntegerSumOverflowError
@@ -183,6 +192,43 @@ def run(job: Job, request) -> RunResult:
     return commit(publish(rule(computed)))
 
 
+@dataclass(frozen=True, kw_only=True)
+class Submitted:
+    """What :func:`submit` did: the releases reserved and staged, the job computing them
+    (``runners.execution.JobHandle``)."""
+
+    job: str
+    releases: Sequence[str]
+    handle: Any
+    exit_code: int = 0
+
+
+def submit(job: Job, request) -> Submitted:
+    """The first half of a release made by two processes (module docstring); raises
+    ReleaseRefused (nothing charged) or ReleaseFailed (reserved, nothing staged for finalize)."""
+    reserved = reserve(preflight(job, request))
+    staging = stage(reserved)
+    handle = start(reserved, staging)
+    submission.record(reserved, staging, handle)
+    return Submitted(job=job.name, releases=tuple(c.versioned_id for c in reserved.releases),
+                     handle=handle)
+
+
+def finalize(job: Job, request) -> RunResult:
+    """The second half, in another process with the same flags (module docstring); safe to
+    repeat or to run twice at once: a published release is reproduced, nothing is spent."""
+    reserved = find_submitted(preflight(job, request))
+    staging, handle = submission.submitted(reserved)
+    result = await_job(reserved, handle)
+    with submission.turn(reserved):
+        out, rest = published_before(reserved, staging)
+        done = commit(publish(rule(collect_submitted(rest, staging, result)))) if rest else None
+    submission.forget_counters(staging)
+    if done is None:
+        return RunResult(job=job.name, releases=out, counters={})
+    return dataclasses.replace(done, releases=[*out, *done.releases])
+
+
 # --------------------------------------------------------------------------- 1. preflight
 
 def preflight(job: Job, request) -> Preflight:
@@ -210,11 +256,12 @@ def preflight(job: Job, request) -> Preflight:
         if unknown:
             raise ValueError(f"release {p.release_id} reads unknown inputs {sorted(unknown)}")
     options = prepared.options
-    beam_options, translate_only = _pipeline_options(options.pipeline_args)
+    beam_options, translate_only = _pipeline_options(options.pipeline_args, options.submit_only)
     if translate_only and not options.testing:
         raise ReleaseRefused("--dry_run and --template_location only translate the job: give "
                              "--testing_seed. A release is never a template: a template would "
-                             "hold one release's key and could run again on other data")
+                             "hold one release's key and could run again on other data (a Flex "
+                             "Template launch is --submit_only: runners/deploy/flex_launcher.py)")
     places = _places(options)
     publication.check_tree(places.output, places.staging, ids, options.testing,
                            reports=places.reports)
@@ -224,8 +271,12 @@ def preflight(job: Job, request) -> Preflight:
                      places=places, started=started, consumed=consumed)
 
 
-def _pipeline_options(args: Sequence[str]):
+def _pipeline_options(args: Sequence[str], submit_only: bool = False):
+    """Beam's options, and whether they only translate the job. The job object a Flex Template
+    launcher asks for (``--template_location=.../template_launches/<job id>/job_object``) is a
+    submission when the run is ``--submit_only``: the launcher creates that one job from it."""
     from pipelines.release.flags import check_beam_args
+    from runners.dataflow_jobs import flex_launch_job_id
     from runners.profiles import pipeline_options_for
 
     args = check_beam_args(args)  # every flag one of Beam's, spelled out (FlagError: exit 2)
@@ -234,7 +285,10 @@ def _pipeline_options(args: Sequence[str]):
     except (ValueError, SystemExit) as err:
         raise ReleaseRefused(f"pipeline options: {err}")
     every = options.get_all_options()
-    return options, bool(every.get("dry_run")) or bool(every.get("template_location"))
+    template = every.get("template_location")
+    if submit_only and flex_launch_job_id(template):
+        template = None
+    return options, bool(every.get("dry_run")) or bool(template)
 
 
 def _places(options) -> Places:
@@ -292,13 +346,7 @@ def reserve(pre: Preflight) -> Reserved:
         publication.check_binding(output, ledger)
         for p in pre.planned:
             publication.check_markers_in_ledger(output, p.release_id, ledger)
-        requests = [ReleaseRequest(
-            release_id=p.release_id, measures=p.measures, input_digest=_digest(pre, p),
-            scopes=p.scopes, key_names=p.key_names, content_key=pre.job.content_key(
-                pre.prepared, p, {n: pre.inputs[n] for n in (p.inputs or sorted(pre.inputs))}),
-            consumes=release_consumption.for_ledger(pre.consumed[p.release_id]),
-            metadata={"job": pre.job.name}) for p in pre.planned]
-        reserved = ledger.reserve(requests, new_release=options.new_release)
+        reserved = ledger.reserve(_requests(pre), new_release=options.new_release)
         publication.bind(output, ledger)
     except LedgerError as err:
         raise ReleaseRefused(str(err))
@@ -312,6 +360,16 @@ def reserve(pre: Preflight) -> Reserved:
         for p in pre.planned)
     return Reserved(pre=pre, releases=contexts, ledger=ledger, reservations=reservations,
                     versions={rid: r.version for rid, r in reservations.items()})
+
+
+def _requests(pre: Preflight) -> list:
+    """What the ledger is asked for each planned release (its input digest and content key)."""
+    return [ReleaseRequest(
+        release_id=p.release_id, measures=p.measures, input_digest=_digest(pre, p),
+        scopes=p.scopes, key_names=p.key_names, content_key=pre.job.content_key(
+            pre.prepared, p, {n: pre.inputs[n] for n in (p.inputs or sorted(pre.inputs))}),
+        consumes=release_consumption.for_ledger(pre.consumed[p.release_id]),
+        metadata={"job": pre.job.name}) for p in pre.planned]
 
 
 def _testing_keys(seed: int, names: Sequence[str], exact: bool = False) -> dict:
@@ -400,11 +458,14 @@ def _computation_failed(reserved: Reserved, err: Exception) -> ReleaseFailed:
     private), and name only its cause class -- or the message of faults whose messages name
     files, columns and counts, never content."""
     pre = reserved.pre
-    detail = "".join(traceback.format_exception_only(type(err), err)).strip()
+    detail = "".join(traceback.format_exception_only(type(err), err)).strip() + (
+        "\n" + err.detail if getattr(err, "detail", "") else "")
     _LOG.debug("pipeline failure", exc_info=err)
     _record_failure(reserved, detail)
+    from runners.execution import JobFailed
+
     cause = type(err).__name__
-    if isinstance(err, (release_inputs.InputReadError, IntegerSumOverflowError)):
+    if isinstance(err, (release_inputs.InputReadError, IntegerSumOverflowError, JobFailed)):
         cause = str(err).split(" [while running")[0].strip()
     return ReleaseFailed(
         f"{pre.job.name}: the computation failed ({cause}); nothing was published"
@@ -424,6 +485,121 @@ def _record_failure(reserved: Reserved, detail: str) -> None:
                                  version=reserved.versions[context.release_id])
         except Exception:  # noqa: BLE001 -- the failure itself is what the operator must see
             _LOG.warning("could not write the failure report", exc_info=True)
+
+
+# --------------------------------------------------------------------------- submit and finalize
+
+def start(reserved: Reserved, staging: Mapping[str, str]):
+    """submit's compute: the run's graph started on its runner (``runners.execution.submit``:
+    Dataflow creates the job and returns its id without waiting; a local engine runs the job to
+    the end, and its counters are kept for finalize). Returns the job's handle.
+
+    Failure policy: compute's (:func:`_computation_failed`: exit 3, the reservation stays and
+    submitting again takes it over without spending)."""
+    from runners.execution import DONE
+    from runners.execution import submit as submit_on_runner
+
+    try:
+        handle, result = submit_on_runner(reserved.pre.beam_options, _graph(reserved, staging))
+    except Exception as err:  # noqa: BLE001 -- any fault of the computation: nothing published
+        raise _computation_failed(reserved, err) from None
+    if handle.state == DONE:  # the job ran in this process: its Beam metrics end with it
+        submission.keep_counters(collect(reserved, staging, result))
+    return handle
+
+
+def find_submitted(pre: Preflight) -> Reserved:
+    """finalize's reserve: the reservations a ``--submit_only`` run with the same flags made,
+    found again with their keys after the same ownership checks; nothing is charged or written.
+
+    Failure policy: no reservation for these flags (never submitted, or other input since) is
+    ReleaseRefused (exit 2: this run charges nothing)."""
+    options, accountants = pre.options, {p.accountant for p in pre.planned}
+    if len(accountants) != 1:
+        raise ReleaseRefused(f"one run's releases must share an accountant, got {accountants}")
+    try:
+        ledger = BudgetLedger(options.ledger, options.key_store, accountant=accountants.pop())
+        if not ledger.exists():
+            raise LedgerError(f"ledger {ledger.path} does not exist")
+        publication.check_binding(pre.places.output, ledger)
+        for p in pre.planned:
+            publication.check_markers_in_ledger(pre.places.output, p.release_id, ledger)
+        found = {r.release_id: r for r in ledger.find(_requests(pre))}
+    except LedgerError as err:
+        raise ReleaseRefused(f"--finalize found no submitted release for these flags ({err}): "
+                             "run them with --submit_only first; nothing was charged")
+    contexts = tuple(ReleaseContext(planned=p, keys=found[p.release_id].keys,
+                                    versioned_id=found[p.release_id].versioned_id,
+                                    testing=False) for p in pre.planned)
+    return Reserved(pre=pre, releases=contexts, ledger=ledger, reservations=found,
+                    versions={rid: r.version for rid, r in found.items()})
+
+
+def await_job(reserved: Reserved, handle):
+    """finalize's wait: the submitted job's finished result (``runners.execution.wait``:
+    Dataflow's job polled through the Dataflow client until it ends; a local engine's job ended
+    in the submitting process: None).
+
+    Failure policy: a job that failed or was cancelled is compute's failure (exit 3 with the
+    runner's message; the reservation stays: submitting again takes it over)."""
+    from runners.execution import wait
+
+    try:
+        return wait(reserved.pre.beam_options, handle)
+    except Exception as err:  # noqa: BLE001 -- the job's fault: nothing published
+        raise _computation_failed(reserved, err) from None
+
+
+def collect_submitted(reserved: Reserved, staging: Mapping[str, str], result) -> Computed:
+    """finalize's collect, one seam: the counters submit kept (a local engine's job ran in the
+    submitting process), else :func:`collect` from the awaited job's result (Dataflow's job
+    metrics)."""
+    kept, counters = submission.kept_counters(staging)
+    if kept:
+        return Computed(reserved=reserved, staging=staging, counters=counters)
+    return collect(reserved, staging, result)
+
+
+def published_before(reserved: Reserved, staging: Mapping[str, str]):
+    """finalize after an earlier finalize (or a run of the same flags) published some releases:
+    their staging attempts are gone and they are out with the reservation's keys. Returns
+    (their outcomes, reproduced -- each ledger record completed if it was not; the Reserved of
+    the releases still staged, or None).
+
+    Failure policy: a release neither staged nor published (its attempt was replaced by another
+    run that published nothing) is ReleaseFailed (exit 3): submit again."""
+    out, rest = [], []
+    for context in reserved.releases:
+        if storage.list_files(staging[context.release_id]):
+            rest.append(context)
+            continue
+        outcome = _reproduced(reserved, context)
+        if outcome is None:
+            raise ReleaseFailed(f"{context.versioned_id}: the submitted job's staged outputs "
+                                f"({staging[context.release_id]}) are gone and it is not "
+                                "published: submit it again (nothing more is spent)")
+        out.append(outcome)
+    return out, (dataclasses.replace(reserved, releases=tuple(rest)) if rest else None)
+
+
+def _reproduced(reserved: Reserved, context: ReleaseContext) -> Optional[ReleaseOutcome]:
+    """The outcome of a release published with the reservation's keys (None if it is not)."""
+    pre, rid = reserved.pre, context.release_id
+    reservation, version = reserved.reservations[rid], reserved.versions[rid]
+    folder = publication.release_folder(pre.places.output, rid, version, False)
+    marker = publication.read_marker(folder)
+    if marker is None or marker.get("key_fingerprints") != {
+            n: r.fingerprint for n, r in reservation.key_refs.items()}:
+        return None
+    files = {name: output["sha256"] for name, output in marker["outputs"].items()}
+    reserved.ledger.begin_publish(reservation)  # no-op once pinned
+    reserved.ledger.commit(reservation, folder, files)  # no-op once committed
+    path = report.report_path(pre.places.reports, rid, version)
+    data = storage.read_bytes(path)
+    operator = {**json.loads(data.decode("utf-8")), "status": "reproduced"} if data else None
+    return ReleaseOutcome(release_id=rid, versioned_id=context.versioned_id, version=version,
+                          folder=folder, status="reproduced", files=files, marker=marker,
+                          report_path=path if data else None, report=operator)
 
 
 # --------------------------------------------------------------------------- 4. rule

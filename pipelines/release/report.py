@@ -113,6 +113,11 @@ def _folder(root: str, release_id: str, version: int) -> str:
     return storage.join(root, *names.release_path(release_id), f"v{version}")
 
 
+def report_path(root: str, release_id: str, version: int) -> str:
+    """Where the operator report of a release version is (:func:`write`)."""
+    return storage.join(_folder(root, release_id, version), "report.json")
+
+
 def write(report: Mapping, *, root: str, release_id: str, version: int, job) -> str:
     """The operator report of a published release. A failure record of an earlier attempt at
     this version (a run that published nothing and was then taken over) moves into it as

@@ -1,36 +1,52 @@
-"""Example Airflow DAG: the daily CentralNotice release, one task per campaign.
+"""Example Airflow DAG: the daily CentralNotice release, submitted then finalized, per campaign.
 
 Copy this file into Airflow's ``dags/`` folder on a machine where this project is installed
-(``pip install /path/to/repo`` into the interpreter named by ``BEAM_DP_PYTHON``) and
-``apache-airflow-providers-apache-beam`` is installed next to Airflow. Each run releases the
-previous day's data (``{{ ds }}``) of every campaign as release ``<campaign>/<ds>`` (the
-campaigns' ``schedule`` must be ``daily``); the release id is what the budget ledger charges, so a
-retried task re-runs the same release (same key, same noise) instead of spending the budget twice.
+(``pip install /path/to/repo`` into the interpreter named by ``BEAM_DP_PYTHON``; Airflow with the
+``airflow`` extra of setup.py).
+
+**Which day.** Each run releases its data interval's day. The timetable is explicit,
+``CronDataIntervalTimetable("30 2 * * *", UTC)``: the run at 02:30 UTC on day D covers the
+interval [D-1 02:30, D 02:30) and releases day D-1 (``{{ data_interval_start | ds }}``), whose
+input folder is complete since midnight. (Airflow 3 turns a bare cron ``schedule`` into a trigger
+timetable whose interval is the run's own instant, so ``{{ ds }}`` would be D: today's incomplete
+folder.) With ``catchup``, days missed while the scheduler was down are released when it is back,
+oldest first (``max_active_runs=1``); ``BEAM_DP_START_DATE`` is the first day to release.
+
+**Two tasks per campaign.** ``submit_<campaign>`` runs ``python -m pipelines.centralnotice ...
+--submit_only``: the release is reserved (charged once) and staged, its job submitted and the job
+handle recorded with the reservation (on Dataflow it returns as soon as the job exists; a local
+runner runs the job). ``finalize_<campaign>`` runs the same command with ``--finalize``: it waits
+for the job, applies the row rules, publishes and commits. Both are safe to retry: the ledger
+charges a release id once, a retried submit takes its own reservation over, and a retried (or
+concurrent) finalize reproduces what is published. Exit 2 (refused, nothing charged) and 3
+(failed after the charge, nothing published) fail the task; see runners/README.md.
 
 Configuration (environment of the Airflow scheduler and workers; read when the DAG is parsed):
 
-``BEAM_DP_CAMPAIGNS``    comma-separated campaign ids (one task each)
-``BEAM_DP_DATA``         input root: ``<root>/<ds>/impressions/`` and ``<root>/<ds>/clicks/``
+``BEAM_DP_CAMPAIGNS``    comma-separated campaign ids (two tasks each)
+``BEAM_DP_DATA``         input root: ``<root>/<day>/impressions/`` and ``<root>/<day>/clicks/``
                          (directories, globs or files, local or gs://)
-``BEAM_DP_OUTPUT``       output root; a release goes to ``<root>/<campaign>/<ds>/``
+``BEAM_DP_OUTPUT``       output root; a release goes to ``<root>/<campaign>/<day>/``
 ``BEAM_DP_CONFIG``       campaign configuration JSON (``pipelines.centralnotice_config``)
 ``BEAM_DP_LEDGER``, ``BEAM_DP_KEY_STORE``   budget ledger file and key store (local or gs://)
-``BEAM_DP_RUNNER``       DirectRunner (default), PrismRunner, FlinkRunner, SparkRunner or
-                         DataflowRunner; the runner profiles (runners/profiles.py) supply the rest
+``BEAM_DP_RUNNER``       DirectRunner (default), PrismRunner, DaskRunner, FlinkRunner,
+                         SparkRunner or DataflowRunner; the runner profiles supply the rest
 ``BEAM_DP_RUNNER_OPTIONS``  extra Beam options as JSON, e.g. ``{"flink_master": "host:8081"}``
                          or for Dataflow ``{"project": "p", "region": "europe-west1",
                          "temp_location": "gs://b/tmp"}``
 ``BEAM_DP_PYTHON``       the interpreter with this project installed (default ``python3``)
+``BEAM_DP_START_DATE``   the first day to release (default 2026-11-01)
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
 
 import pendulum
-from airflow import DAG
-from airflow.providers.apache.beam.operators.beam import BeamRunPythonPipelineOperator
+from airflow.providers.standard.operators.bash import BashOperator
+from airflow.sdk import DAG, CronDataIntervalTimetable
 
 PIPELINE_MODULE = "pipelines.centralnotice"
 CAMPAIGNS = [c.strip() for c in os.environ.get("BEAM_DP_CAMPAIGNS", "example_campaign").split(",")
@@ -43,11 +59,18 @@ KEY_STORE = os.environ.get("BEAM_DP_KEY_STORE", "/srv/centralnotice/keys")
 RUNNER = os.environ.get("BEAM_DP_RUNNER", "DirectRunner")
 RUNNER_OPTIONS = json.loads(os.environ.get("BEAM_DP_RUNNER_OPTIONS", "{}"))
 PYTHON = os.environ.get("BEAM_DP_PYTHON", "python3")
+START_DATE = os.environ.get("BEAM_DP_START_DATE", "2026-11-01")
+
+#: 02:30 UTC: the day before is complete (its data interval ends then).
+SCHEDULE = "30 2 * * *"
+#: The day a run releases: the first day of its data interval (templated).
+DAY = "{{ data_interval_start | ds }}"
+DAY_NODASH = "{{ data_interval_start | ds_nodash }}"
 
 
 def release_id(campaign: str) -> str:
-    """The ledger's name for one campaign's release of one day (templated on ``ds``)."""
-    return f"{campaign}/{{{{ ds }}}}"
+    """The ledger's name for one campaign's release of the run's day (templated)."""
+    return f"{campaign}/{DAY}"
 
 
 DATAFLOW_JOB_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -55,49 +78,54 @@ DATAFLOW_JOB_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 
 def dataflow_job_name(campaign: str) -> str:
     """The job name of one campaign's daily release, as Dataflow accepts it: lowercase letters,
-    digits and dashes, starting with a letter, ending with a letter or digit (at most 63
-    characters here, leaving room for the unique suffix the Beam provider appends), e.g.
-    ``C2026_000_fr`` -> ``centralnotice-c2026-000-fr-{{ ds_nodash }}`` (8 digits once
-    rendered). Campaign ids are checked names (letters, digits, '.', '_', '-')."""
+    digits and dashes, starting with a letter, ending with a letter or digit, at most 63
+    characters, e.g. ``C2026_000_fr`` -> ``centralnotice-c2026-000-fr-<day, 8 digits>``. Campaign
+    ids are checked names (letters, digits, '.', '_', '-')."""
     slug = re.sub(r"[^a-z0-9]+", "-", campaign.lower()).strip("-")
     name = f"centralnotice-{slug}"[:63 - 9].rstrip("-")
-    return name + "-{{ ds_nodash }}"
+    return f"{name}-{DAY_NODASH}"
 
 
 def centralnotice_options(campaign: str) -> dict:
-    """Options of ``python -m pipelines.centralnotice`` for one campaign's daily release."""
-    return {
+    """Options of ``python -m pipelines.centralnotice`` for one campaign's release of the run's
+    day (templated), the same for both tasks."""
+    options = {
         "config": CONFIG,
         "release": release_id(campaign),
-        "impressions": f"{DATA_ROOT}/{{{{ ds }}}}/impressions/",
-        "clicks": f"{DATA_ROOT}/{{{{ ds }}}}/clicks/",
+        "impressions": f"{DATA_ROOT}/{DAY}/impressions/",
+        "clicks": f"{DATA_ROOT}/{DAY}/clicks/",
         "output": OUTPUT_ROOT,
         "ledger": LEDGER,
         "key_store": KEY_STORE,
+        "runner": RUNNER,
         **RUNNER_OPTIONS,
     }
+    if RUNNER.lower().startswith("dataflow"):
+        options.setdefault("job_name", dataflow_job_name(campaign))
+    return options
+
+
+def command(campaign: str, step: str) -> str:
+    """The shell command of one task: the job with its options and ``--submit_only`` or
+    ``--finalize`` (``step``), every argument quoted."""
+    flags = [f"--{name}={value}" for name, value in centralnotice_options(campaign).items()]
+    return shlex.join([PYTHON, "-m", PIPELINE_MODULE, *flags, f"--{step}"])
 
 
 with DAG(
     dag_id="centralnotice_daily_release",
     description="Differentially private CentralNotice banner statistics, one release per "
-                "campaign and day",
-    schedule="30 2 * * *",  # 02:30 UTC: yesterday's logs are complete
-    start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
-    catchup=False,
+                "campaign and day (the day before the run)",
+    schedule=CronDataIntervalTimetable(SCHEDULE, timezone="UTC"),
+    start_date=pendulum.parse(START_DATE, tz="UTC"),
+    catchup=True,  # a missed day is released late, never skipped
     max_active_runs=1,  # releases of one campaign are charged to its budget in order
     default_args={"retries": 2, "retry_delay": pendulum.duration(minutes=15)},
     tags=["beam", "differential-privacy", "centralnotice"],
 ) as dag:
     for campaign in CAMPAIGNS:
-        BeamRunPythonPipelineOperator(
-            task_id=f"release_{campaign}",
-            runner=RUNNER,
-            py_interpreter=PYTHON,
-            py_options=["-m"],  # run the installed module: python -m pipelines.centralnotice
-            py_file=PIPELINE_MODULE,
-            pipeline_options=centralnotice_options(campaign),
-            # The provider names a Dataflow job after dataflow_config["job_name"] (default: the
-            # task id, whose underscores and capitals Dataflow rejects).
-            dataflow_config={"job_name": dataflow_job_name(campaign)},
-        )
+        submit = BashOperator(task_id=f"submit_{campaign}",
+                              bash_command=command(campaign, "submit_only"))
+        finalize = BashOperator(task_id=f"finalize_{campaign}",
+                                bash_command=command(campaign, "finalize"))
+        submit >> finalize

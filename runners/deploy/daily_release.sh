@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Daily CentralNotice release for every campaign, for cron (see runners/deploy/cron.example).
 #
-#   runners/deploy/daily_release.sh [YYYY-MM-DD]     # default: yesterday (UTC)
+#   runners/deploy/daily_release.sh [YYYY-MM-DD]     # default: yesterday (UTC), the day the
+#                                                    # Airflow DAG's 02:30 run releases too
 #
 # One `python -m pipelines.centralnotice` run per campaign, release id "<campaign>/<date>" (the
 # campaigns' schedule must be daily): the

@@ -2,16 +2,23 @@
 
     python -m runners.deploy.flex_template --output DIR        # DIR/<job>.metadata.json per job
 
-A Flex Template launches a job by running its ``main()`` in a launcher container, so a scheduled
-release reserves its key from the ledger at run time inside the launcher: nothing secret is staged
-with the template (a classic ``--template_location`` template would hold one release's key, which
-the release layer refuses). The metadata lists every flag of the job's own request and of the
-release layer (pipelines.release.cli, which derives them from the typed request dataclass) with
-its help text, whether it is optional, and a regex for its type; Beam's own options (``--runner``,
+A Flex Template launches a job by running a program in a launcher container; here that program is
+the job's release with ``--submit_only`` (runners/deploy/flex_launcher.py, in the launcher image
+of runners/deploy/launcher.Dockerfile): the launcher reserves the release's key from the ledger
+at launch time, stages, submits the job and exits -- it never waits for the job, as a launcher
+must not. Nothing secret is staged with the template (a classic ``--template_location`` template
+would hold one release's key, which the release layer refuses). A second task with the same
+parameters and ``--finalize`` waits for the job and publishes (runners/README.md).
+
+The metadata lists every flag of the job's own request and of the release layer
+(pipelines.release.cli, which derives them from the typed request dataclass) with its help text,
+whether it is optional, and a regex for its type -- except ``--submit_only`` and ``--finalize``,
+which the launcher decides (:data:`LAUNCHER_FLAGS`). Beam's own options (``--runner``,
 ``--project``, ...) are Dataflow's template parameters and are not listed. Dataflow passes
 parameters as ``--name=value``: a switch is passed as ``--name=true`` / ``--name=false``, which
 the job CLI accepts (pipelines.release.flags.normalise). ``tests/test_flex_template.py`` checks the
-metadata against each job's parser.
+metadata against each job's parser, the launcher image statically and the documented ``gcloud``
+commands against gcloud's groups of flags.
 """
 from __future__ import annotations
 
@@ -36,6 +43,8 @@ def _job_modules() -> tuple[str, ...]:
 
 
 JOB_MODULES = _job_modules()
+#: Flags of every job that are not template parameters: the launcher only submits.
+LAUNCHER_FLAGS = ("--submit_only", "--finalize")
 
 _INT = r"^-?[0-9]+$"
 _FLOAT = r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
@@ -62,7 +71,7 @@ def metadata(module: str) -> dict:
     parser, flags = build_parser(job)
     by_flag = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
     parameters = []
-    for flag in flags:
+    for flag in (f for f in flags if f not in LAUNCHER_FLAGS):
         action = by_flag[flag]
         entry = {"name": action.dest,
                  "label": action.dest.replace("_", " ").capitalize(),
