@@ -32,9 +32,11 @@ profiles:
 * ``DaskRunner`` — Beam's Dask runner (``apache_beam.runners.dask.dask_runner.DaskRunner``, which
   Beam does not know by its short name) on the scheduler at ``--dask_client_address``, or on a
   local cluster of ``--dask_local_workers`` worker processes (default 2) started and shut down
-  around the run (:mod:`runners.dask_cluster`). Beam counters are not collected by this runner:
-  see runners/README.md ("Dask"). It drops what a DoFn emits in ``finish_bundle``, so DoFns get
-  one thread and one-row batches (``--dofn_threads=1 --dofn_batch_rows=1``, refused otherwise).
+  around the run (:mod:`runners.dask_cluster`). The project's translation
+  (:mod:`runners.dask_runner`) keeps what a DoFn emits in ``finish_bundle`` and its tagged
+  outputs apart (the release layer's row counters are both); Beam's own runner, by its full name,
+  does neither and is refused for a pipeline that needs them. DoFns get one thread
+  (``--dofn_threads=1``: the workers' threads run partitions in parallel).
 * Remote Flink and Spark masters and Dataflow get ``--sdk_container_image`` from
   ``$BEAM_DP_WORKER_IMAGE`` when it is set (the image the repository's Dockerfile builds).
 * ``DataflowRunner`` — requires ``--project``, ``--region`` and a ``gs://`` ``--temp_location``;
@@ -242,13 +244,6 @@ def _dask_runner(_given) -> str:
     return DASK_RUNNER
 
 
-def _check_dask(given) -> None:
-    for option in ("dofn_threads", "dofn_batch_rows"):
-        if given.get(option) not in (None, "1"):
-            raise ValueError(f"DaskRunner drops what a DoFn emits in finish_bundle: --{option} must "
-                             f"be 1 there, got {given.get(option)}")
-
-
 #: The most threads the in-process engine's profile gives a DoFn (``--dofn_threads``).
 MAX_THREADS = 4
 
@@ -353,13 +348,11 @@ PROFILES: dict[str, RunnerProfile] = {p.name: p for p in (
         summary="Beam's Dask runner (side inputs computed once as graph tasks: runners/dask_runner.py) "
         "on a Dask cluster: --dask_client_address, or a local cluster of worker processes started "
         "and shut down around the run.",
-        choose_runner=_dask_runner, check=_check_dask, execution=DaskExecution(),
+        choose_runner=_dask_runner, execution=DaskExecution(),
         defaults=(("dask_local_workers", _if(_no_scheduler, 2),
                    "local cluster of 2 worker processes for the run (no scheduler given)"),
-                  ("dofn_threads", 1, "the runner drops what finish_bundle emits, where threaded "
-                   "DoFns hand back their last results"),
-                  ("dofn_batch_rows", 1, "the runner drops what finish_bundle emits, where a "
-                   "batch not yet full is emitted"))),
+                  ("dofn_threads", 1, "the cluster runs partitions on every worker thread "
+                   "already"))),
     RunnerProfile(
         name="DataflowRunner",
         summary="Google Cloud Dataflow; this project is staged to the workers through setup.py.",
