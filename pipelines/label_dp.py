@@ -51,6 +51,7 @@ from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepa
                                ReleaseOptions, ReleaseRefused, cli)
 from pipelines.release import run as run_release
 from pipelines.release.names import check_segment
+from transforms.counting import Counted, CountingDoFn
 
 NAME = "label_dp"
 DATASET = "dataset.parquet"
@@ -129,7 +130,7 @@ def _numbers(column) -> pa.Array:
         return pa.array(out, pa.float64())
 
 
-class _Prepare(beam.DoFn):
+class _Prepare(CountingDoFn):
     """Training rows -> canonical example ids, numeric features, text labels; rows without an
     example id are dropped (counted: the rule depends on the id only, never on the label).
     Kept rows whose label is null or not one of ``--labels`` are counted as dropped (their label
@@ -287,7 +288,7 @@ class LabelDPJob(Job):
         from transforms.ldp.beam import RandomizeLabels
 
         request, randomizer = prepared.request, prepared.randomizer
-        rows = inputs["rows"] | release.label("Prepare") >> beam.ParDo(
+        rows = inputs["rows"] | release.label("Prepare") >> Counted(
             _Prepare(request, release.counters(NAME, "rows")))
         out = rows | release.label("RandomizeLabels") >> RandomizeLabels(
             randomizer, label_column=request.label_column, id_column="example_id",

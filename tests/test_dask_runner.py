@@ -7,9 +7,10 @@ DirectRunner profile) and with ``--runner=DaskRunner --dask_client_address=<clus
 released file (data and RELEASE.json; not the operator reports, which hold timings) must be equal
 byte for byte.
 
-Beam's Dask runner returns no metrics, so a release on it cannot read the row rules (dropped
-rows, inputs without rows): the release is published and the operator alerted that they could
-not be checked (tested below; the rules are operator-only, pipelines/release/__init__.py).
+Beam's Dask runner returns no metrics; a release's row counters are pipeline output
+(transforms/counting.py) staged beside it, so a release on Dask reads the same counters and row
+rules as in process (tested below with a real CentralNotice release). The project's translation
+keeps what ``finish_bundle`` emits and tagged outputs apart, which those counters need.
 
 Engine tests: marker ``runners`` (``make test-runners``); select them with ``-k dask``.
 """
@@ -324,20 +325,73 @@ def test_job_releases_identical_bytes_on_dask(job, cluster, tmp_path):
 
 
 @on_engine
-def test_release_without_counters_is_published_with_an_alert(cluster, tmp_path, capsys):
-    """No Beam counters from the runner never reads as "no rows dropped": the operator is told
-    the row rules could not be checked; the release is published (the rules are operator-only)."""
+def test_a_centralnotice_release_on_a_two_worker_cluster_has_its_counters(tmp_path, capsys):
+    """A real CentralNotice release of the sample data (ledger, fresh keys) on the local cluster
+    of 2 worker processes the profile starts for the run: published, exit 0 even with
+    --alert_exit_code, its operator report holding the row counters the in-process engine
+    counts for the same input (read from staging: the runner returns no metrics), no alert."""
     import json
 
     from pipelines.centralnotice import main
 
-    out = tmp_path / "alerted"
-    argv = centralnotice_args(tmp_path, out) + ["--alert_exit_code", "9"] + dask_argv(cluster)
-    assert main(argv) == 9
-    assert "the runner reported no counters" in capsys.readouterr().err
-    assert list((out / "testing-not-a-release" / "C2026_000_fr").rglob("RELEASE.json"))
-    (report,) = [json.loads(p.read_text()) for p in out.rglob("report.json")]
-    assert report["alerts"] and "could not be checked" in report["alerts"][0]
+    local = tmp_path / "in_process"
+    assert main(centralnotice_args(tmp_path, local) + DIRECT.argv()) == 0
+    (expected,) = [json.loads(p.read_text())["counters"] for p in local.rglob("report.json")]
+    argv = [a for a in centralnotice_args(tmp_path, tmp_path / "out") if a not in ("--testing_seed", SEED)]
+    argv += ["--ledger", str(tmp_path / "private" / "ledger.json"), "--key_store",
+             str(tmp_path / "private" / "keys"), "--alert_exit_code", "9",
+             "--runner", "DaskRunner", "--dask_local_workers", "2"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert "impressions.read=" in capsys.readouterr().out
+    assert (tmp_path / "out" / "C2026_000_fr" / "2026-11-28" / "v1" / "RELEASE.json").exists()
+    (report,) = [json.loads(p.read_text()) for p in (tmp_path / "private").rglob("report.json")]
+    assert report["counters"] == expected and expected["impressions.read"] > 0
+    assert report["alerts"] == []
+
+
+@on_engine
+def test_finish_bundle_and_tagged_outputs_are_kept_on_the_cluster(cluster, tmp_path):
+    """The project's translation (runners/dask_runner.py run_dofn): a ParDo's tagged outputs
+    reach their own consumers only, what finish_bundle emits is kept (BatchElements' last
+    batch, a DoFn's partial counts), as in process."""
+    import json
+
+    from runners.profiles import pipeline_options_for
+    from transforms.counting import AllCounts, Counted, Counters, CountingDoFn
+
+    class Parity(CountingDoFn):
+        def __init__(self):
+            self._counts = Counters("test")
+
+        def process(self, x):
+            self._counts.inc("odd" if x % 2 else "even")
+            yield beam.pvalue.TaggedOutput("odd", x) if x % 2 else x
+
+    def build_for(out: Path):
+        def build(p):
+            numbers = p | beam.Create(list(range(100)))
+            parts = numbers | beam.ParDo(Parity()).with_outputs("odd", main="even")
+            counted = numbers | "Counted" >> Counted(Parity())
+            batches = numbers | beam.BatchElements(min_batch_size=8, max_batch_size=8)
+            ((parts.even | "Even" >> beam.combiners.ToList() | "E" >> beam.Map(lambda v: ["even", sorted(v)]),
+              parts.odd | "Odd" >> beam.combiners.ToList() | "O" >> beam.Map(lambda v: ["odd", sorted(v)]),
+              counted | "Main" >> beam.combiners.Count.Globally() | "M" >> beam.Map(lambda n: ["main", n]),
+              batches | beam.Map(len) | "Sum" >> beam.CombineGlobally(sum) | "B" >> beam.Map(lambda n: ["batched", n]),
+              p | AllCounts() | "C" >> beam.Map(lambda c: ["counts", c]))
+             | beam.Flatten() | beam.combiners.ToList()
+             | beam.Map(lambda got: out.write_text(json.dumps(sorted(got)))))
+        return build
+
+    results = {}
+    for name, argv in (("local", []), ("dask", dask_argv(cluster) + ["--dask_npartitions=3"])):
+        out = tmp_path / f"{name}.json"
+        execution.run(pipeline_options_for(argv), build_for(out))
+        results[name] = json.loads(out.read_text())
+    assert results["dask"] == results["local"]
+    got = dict(results["dask"])
+    assert got["even"] == list(range(0, 100, 2)) and got["odd"] == list(range(1, 100, 2))
+    assert got["main"] == 50 and got["batched"] == 100
+    assert got["counts"] == {"test": {"even": 100, "odd": 100}}
 
 
 def _write_text(lines, path):

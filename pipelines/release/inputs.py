@@ -24,7 +24,7 @@ reservation over (see :mod:`pipelines.release`).
 :class:`ReadInput` reads the files in the pipeline: CSV columns as text (only an empty field is
 missing: Arrow's default null markers include "NA", which is Namibia), Parquet by row group,
 JSON lines as one ``line`` column; rows read, malformed CSV lines and files without a row
-(``read_files_without_rows``: header-only or empty) are Beam counters.
+(``read_files_without_rows``: header-only or empty) are row counters (pipelines.release.counters).
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ import apache_beam as beam
 from accounting import gcs
 from pipelines.release import storage, textfiles
 from pipelines.release.counters import RowCounters
+from transforms.counting import Counted, CountingDoFn
 from pipelines.release.errors import ReleaseRefused
 
 FORMATS = ("csv", "parquet", "jsonl")
@@ -389,7 +390,7 @@ class InputReadError(RuntimeError):
     Its message names the input and the file only, so it may be shown to the operator."""
 
 
-class _ReadFile(beam.DoFn):
+class _ReadFile(CountingDoFn):
     """One file -> Arrow tables of the input's columns (CSV as text), counting rows read."""
 
     def __init__(self, resolved: ResolvedInput, job: str):
@@ -488,4 +489,4 @@ class ReadInput(beam.PTransform):
         return (pbegin
                 | "Files" >> beam.Create(list(self._resolved.files))
                 | "Spread" >> beam.Reshuffle()
-                | "Read" >> beam.ParDo(_ReadFile(self._resolved, self._job)))
+                | "Read" >> Counted(_ReadFile(self._resolved, self._job)))

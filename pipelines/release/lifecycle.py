@@ -14,8 +14,8 @@ reserve     the ledger reserves every release, all or nothing,   ReleaseRefused 
             with fresh keys bound to the input digest (testing   nothing charged
             runs: a public key from the seed, no ledger)
 compute     one Beam pipeline reads each input once and writes   ReleaseFailed (exit 3): the
-            every release to private staging; counters read      failure recorded for the
-                                                                 operator, the reservation kept
+            every release, and its row counters, to private      failure recorded for the
+            staging; the counters read back from staging         operator, the reservation kept
 rule        the row rules over each release's counters: alerts   never refuses (operator-only:
             for the operator (dropped rows, empty inputs)        the release is published)
 publish     markers staged; every release checked publishable,   ReleaseFailed (exit 3) before
@@ -28,10 +28,11 @@ commit      ledger records completed, operator reports written   a warning (exit
 The states: :class:`Preflight` -> :class:`Reserved` -> :class:`Computed` -> :class:`Ruled` ->
 :class:`Published` -> :class:`RunResult`. ``compute`` is :func:`stage` (fresh private staging
 folders), :func:`run_pipeline` (the one place where execution happens) and :func:`collect` (the
-counters), so that a release can also be submitted by one process and finished by another: submit
-= preflight + reserve + stage and start the pipeline (recording the job handle and the staging
-attempt with the reservation); finalize = the same preflight, the reservation found again, wait
-for the handle, collect + rule + publish + commit.
+counters, read from staging alone, never from the runner's result), so that a release can also
+be submitted by one process and finished by another: submit = preflight + reserve + stage and
+start the pipeline (recording the job handle and the staging attempt with the reservation);
+finalize = the same preflight, the reservation found again, wait for the handle, collect + rule +
+publish + commit.
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ from pipelines.release import publish as publication
 from pipelines.release import report, storage
 from pipelines.release.errors import ReleaseFailed, ReleaseRefused
 from pipelines.release.job import Job, PlannedRelease, Prepared, ReleaseContext
+from transforms.counting import AllCounts
 from transforms.noise.mechanisms import IntegerSumOverflowError
 
 _LOG = logging.getLogger(__name__)
@@ -82,7 +84,7 @@ class RunResult:
 
     job: str
     releases: Sequence[ReleaseOutcome]
-    counters: Mapping[str, int]
+    counters: Mapping[str, Mapping[str, int]]  # release id -> its row counters
     exit_code: int = 0
     warnings: Sequence[str] = ()
     alerts: Sequence[str] = ()
@@ -132,12 +134,12 @@ class Reserved:
 
 @dataclass(frozen=True, kw_only=True)
 class Computed:
-    """Every release written to its private staging folder; the runner's counters (None: the
-    runner reported none)."""
+    """Every release written to its private staging folder; each release's row counters, as
+    staged beside it (release id -> counters; None: its staging holds none)."""
 
     reserved: Reserved
     staging: Mapping[str, str]
-    counters: Optional[Mapping[str, Mapping[str, int]]]
+    counters: Mapping[str, Optional[Mapping[str, int]]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -321,20 +323,21 @@ def _digest(pre: Preflight, planned: PlannedRelease) -> str:
 
 def compute(reserved: Reserved) -> Computed:
     """One Beam pipeline reads each input once, builds every release and writes each output,
-    sorted by its public order, to the release's private staging folder; the counters are read
-    from the result. ``stage`` + ``run_pipeline`` + ``collect`` (see the module docstring).
+    sorted by its public order, and the release's row counters to the release's private staging
+    folder; the counters are read back from staging. ``stage`` + ``run_pipeline`` + ``collect``
+    (see the module docstring).
 
     Failure policy (:func:`_computation_failed`): any fault of the computation publishes
     nothing: the operator's failure record is written, and ReleaseFailed (exit 3) says the
     reservation stays (a corrected re-run takes it over without spending again)."""
     staging = stage(reserved)
     try:
-        result = run_pipeline(reserved.pre.beam_options, _graph(reserved, staging))
+        run_pipeline(reserved.pre.beam_options, _graph(reserved, staging))
     except Exception as err:  # noqa: BLE001 -- any fault of the computation: nothing published
         raise _computation_failed(reserved, err) from None
     if reserved.pre.translate_only:
         return Computed(reserved=reserved, staging=staging, counters={})
-    return collect(reserved, staging, result)
+    return collect(reserved, staging)
 
 
 def stage(reserved: Reserved) -> Mapping[str, str]:
@@ -351,7 +354,8 @@ def stage(reserved: Reserved) -> Mapping[str, str]:
 
 
 def _graph(reserved: Reserved, staging: Mapping[str, str]):
-    """The run's Beam graph: every input read once, the job's releases, each output staged."""
+    """The run's Beam graph: every input read once, the job's releases, each output staged, and
+    each release's row counters (pipelines.release.counters) staged beside its outputs."""
     pre = reserved.pre
 
     def build(pipeline):
@@ -367,6 +371,11 @@ def _graph(reserved: Reserved, staging: Mapping[str, str]):
                 (released[spec.name]
                  | f"Stage[{p.release_id}/{spec.name}]" >> release_outputs.WriteStaged(
                      staging[p.release_id], spec))
+        counts = pipeline | "Counters" >> AllCounts()  # after every counting transform
+        for context in reserved.releases:
+            rid = context.release_id
+            _ = counts | f"StageCounters[{rid}]" >> row_counters.StageCounters(
+                staging[rid], pre.job.name, rid, pre.job.counter_namespaces)
     return build
 
 
@@ -379,11 +388,13 @@ def run_pipeline(options, build) -> object:
     return run_on_runner(options, build)
 
 
-def collect(reserved: Reserved, staging: Mapping[str, str], result) -> Computed:
-    """The finished pipeline's counters (None when the runner's result has no metrics)."""
-    pre = reserved.pre
+def collect(reserved: Reserved, staging: Mapping[str, str]) -> Computed:
+    """Each release's row counters, read from its staging folder, where the pipeline wrote them
+    (None for a release whose staging holds none). Reads staging and the reservation only,
+    never the runner's result: it may run in another process than the pipeline's submitter."""
     return Computed(reserved=reserved, staging=staging,
-                    counters=row_counters.query(result, pre.job.name, pre.job.counter_namespaces))
+                    counters={c.release_id: row_counters.read_staged(staging[c.release_id])
+                              for c in reserved.releases})
 
 
 def _computation_failed(reserved: Reserved, err: Exception) -> ReleaseFailed:
@@ -422,8 +433,8 @@ def _record_failure(reserved: Reserved, detail: str) -> None:
 def rule(computed: Computed) -> Ruled:
     """The row rules over each release's counters: the job's dropped-rows shares, and the
     operator's alerts made from them (:func:`pipelines.release.counters.alerts`: an input
-    without eligible rows, all or more than ``--max_dropped_fraction`` of them dropped; a runner
-    that reported no counters).
+    without eligible rows, all or more than ``--max_dropped_fraction`` of them dropped; a
+    release whose staging holds no counters).
 
     Failure policy: none -- these rules are operator-only and never refuse or withhold a
     release. They read exact raw counts, so a decision taken from them would let one privacy
@@ -433,16 +444,14 @@ def rule(computed: Computed) -> Ruled:
     with the release, its threshold stated in the guarantee."""
     reserved = computed.reserved
     pre = reserved.pre
-    ids = [c.release_id for c in reserved.releases]
-    if computed.counters is None:  # the runner's result has no metrics
-        counts, shares = {rid: {} for rid in ids}, {rid: {} for rid in ids}
-        return Ruled(computed=computed, counts=counts, shares=shares,
-                     alerts={rid: (row_counters.NO_COUNTERS,) for rid in ids})
-    counts = {rid: row_counters.of_release(computed.counters, pre.job.name, rid) for rid in ids}
-    shares = {rid: pre.job.dropped_rows(pre.prepared, c) for rid, c in counts.items()}
-    alerts = {c.release_id: tuple(row_counters.alerts(
-        shares[c.release_id], c.planned.inputs or sorted(pre.inputs),
-        pre.options.max_dropped_fraction)) for c in reserved.releases}
+    counts, shares, alerts = {}, {}, {}
+    for context in reserved.releases:
+        rid, staged = context.release_id, computed.counters.get(context.release_id)
+        counts[rid] = dict(staged or {})
+        shares[rid] = pre.job.dropped_rows(pre.prepared, counts[rid]) if staged is not None else {}
+        alerts[rid] = (row_counters.NO_COUNTERS,) if staged is None else tuple(row_counters.alerts(
+            shares[rid], context.planned.inputs or sorted(pre.inputs),
+            pre.options.max_dropped_fraction))
     return Ruled(computed=computed, counts=counts, shares=shares, alerts=alerts)
 
 
@@ -569,7 +578,7 @@ def commit(published: Published) -> RunResult:
         _LOG.warning("operator alert (published): %s", alert)
     _LOG.info("%s: %d release(s) in %.1f s", pre.job.name, len(results), time.time() - pre.started)
     code = pre.options.alert_exit_code if alerts and pre.options.alert_exit_code else 0
-    return RunResult(job=pre.job.name, releases=results, counters=ruled.computed.counters or {},
+    return RunResult(job=pre.job.name, releases=results, counters=dict(ruled.counts),
                      warnings=tuple(warnings), alerts=alerts, exit_code=code)
 
 
