@@ -22,6 +22,8 @@ profiles:
   ``--dofn_threads`` threads: the cores, at most :data:`MAX_THREADS`.
 * ``PrismRunner`` — LOOPBACK workers; ``--prism_location`` defaults to the binary built by
   ``python -m runners.fetch prism`` if it is there (otherwise Beam downloads a release binary);
+  the binary is found before anything runs (:mod:`runners.prism`: a missing one is refused with
+  Beam's message);
   each run gets its own Prism job server (``disable_prism_server_singleton``: Beam's
   per-process server keeps the options of the first Prism attempt, even a failed one).
 * ``FlinkRunner`` — embedded mini cluster (``--flink_master=[local]``), LOOPBACK, parallelism 2,
@@ -59,6 +61,7 @@ from typing import Callable, Mapping, Sequence
 from runners import cache
 from runners.dask_cluster import DASK_RUNNER, DaskExecution, is_dask
 from runners.execution import Execution
+from runners.prism import PrismExecution
 # The options view the profiles fill (--dofn_threads, --dofn_batch_rows): defined where the DoFns
 # read it, imported here so that Beam knows its flags wherever options are built.
 from transforms.parallel import ExecutionOptions  # noqa: F401
@@ -321,7 +324,7 @@ PROFILES: dict[str, RunnerProfile] = {p.name: p for p in (
     RunnerProfile(
         name="PrismRunner",
         summary="Beam's Go runner on this machine; LOOPBACK workers; a Prism job server per run.",
-        always={"PrismRunner": (_PRISM_OWN_SERVER,)},
+        always={"PrismRunner": (_PRISM_OWN_SERVER,)}, execution=PrismExecution(),
         defaults=(("prism_location", _cached_prism,
                    "binary built by `python -m runners.fetch prism`"),
                   _LOOPBACK)),

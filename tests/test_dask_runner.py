@@ -74,10 +74,13 @@ def test_each_profile_owns_how_a_run_goes_on_its_runner():
 
     dask = profiles.profile_of(profiles.pipeline_options_for(["--runner=dask"]))
     assert isinstance(dask.execution, dask_cluster.DaskExecution)
-    for argv in ([], ["--runner=FnApiRunner"], ["--runner=PrismRunner"],
+    for argv in ([], ["--runner=FnApiRunner"],
                  ["--runner=apache_beam.runners.portability.flink_runner.FlinkRunner"],
                  ["--runner=DataflowRunner"], ["--runner=some.other.Runner"]):
         assert type(profiles.profile_of(PipelineOptions(argv)).execution) is execution.Execution, argv
+    from runners.prism import PrismExecution  # Beam's own run, its binary checked first
+
+    assert type(profiles.profile_of(PipelineOptions(["--runner=PrismRunner"])).execution) is PrismExecution
     assert profiles.profile_of(PipelineOptions(["--runner=DataflowRunner"])).name == "DataflowRunner"
     assert isinstance(profiles.profile_of(PipelineOptions(
         ["--runner=" + dask_cluster.BEAM_DASK_RUNNER])).execution, dask_cluster.DaskExecution)

@@ -7,7 +7,8 @@ owns everything else, the same way for every job:
 1. **Preflight before any charge** (:mod:`~pipelines.release.inputs`): every input is resolved
    once (that list is both what is read and what the input digest covers) and checked -- it
    opens, its format and compression are known, its columns exist with usable types, a CSV's
-   last line is whole, it is not a release key. Bad flags, configuration or input: exit 2,
+   last line is whole, it is not a release key. ``--runner`` is resolved as Beam resolves it and
+   what it needs is checked (a Prism binary). Bad flags, runner, configuration or input: exit 2,
    nothing charged.
 2. **Reserve, compute, rule, publish, commit** (:mod:`~pipelines.release.lifecycle`: a run is
    these named phases after preflight, each with its failure policy beside it): the ledger

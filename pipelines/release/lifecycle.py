@@ -8,8 +8,9 @@ failure policy in its docstring, implemented beside it:
 phase       what it does                                         a fault in it
 ==========  ===================================================  ===============================
 preflight   the job prepares (once), checks and plans; inputs    ReleaseRefused (exit 2):
-            resolved and checked; Beam options; locations        nothing charged
-            writable; output root ownership
+            resolved and checked; Beam options, the runner       nothing charged
+            resolved and checked; locations writable; output
+            root ownership
 reserve     the ledger reserves every release, all or nothing,   ReleaseRefused (exit 2):
             with fresh keys bound to the input digest (testing   nothing charged
             runs: a public key from the seed, no ledger)
@@ -185,8 +186,9 @@ def run(job: Job, request) -> RunResult:
 
 def preflight(job: Job, request) -> Preflight:
     """The job prepares its request (once), checks it and plans its releases; every input is
-    resolved once and preflighted; Beam options are built (runner profile); the output,
-    staging, report, ledger and key-store locations are checked writable.
+    resolved once and preflighted; Beam options are built (runner profile) and the runner
+    resolved and checked (``--runner``); the output, staging, report, ledger and key-store
+    locations are checked writable.
 
     Failure policy: everything here raises ReleaseRefused (or ValueError: exit 2); nothing has
     been charged or written."""
@@ -222,12 +224,19 @@ def preflight(job: Job, request) -> Preflight:
 
 
 def _pipeline_options(args: Sequence[str]):
+    """Beam's options of the run (runner profile applied) and whether it only translates. The
+    runner is resolved as Beam will resolve it and what it needs here is checked (an unknown
+    ``--runner``, a missing Prism binary: refused with the runner's own message)."""
     from pipelines.release.flags import check_beam_args
+    from runners.execution import RunnerUnavailable, check_runner
     from runners.profiles import pipeline_options_for
 
     args = check_beam_args(args)  # every flag one of Beam's, spelled out (FlagError: exit 2)
     try:
         options = pipeline_options_for(list(args))
+        check_runner(options)
+    except RunnerUnavailable as err:
+        raise ReleaseRefused(f"{str(err).rstrip('.')}; nothing was charged") from None
     except (ValueError, SystemExit) as err:
         raise ReleaseRefused(f"pipeline options: {err}")
     every = options.get_all_options()
