@@ -250,12 +250,25 @@ def cluster_for_run(options: PipelineOptions) -> Iterator[PipelineOptions]:
 class DaskExecution(Execution):
     """How a run goes on Dask (the DaskRunner profile's :class:`~runners.execution.Execution`):
     a cluster for the run (:func:`cluster_for_run`), the transforms the runner gets wrong
-    refused (:func:`check_supported`; more on Beam's own runner), one final leaf depending on every other leaf (Beam's
-    Dask translation computes only the last-applied transform's graph: a write on any other
-    branch would never run), and the runner's client closed before the cluster."""
+    refused (:func:`check_supported`; more on Beam's own runner), one final leaf depending on
+    every other leaf (Beam's Dask translation computes only the last-applied transform's graph:
+    a write on any other branch would never run), and the runner's client closed before the
+    cluster."""
 
     def session(self, options):
         return cluster_for_run(options)
+
+    def check(self, options, runner) -> None:
+        """Beam's own DaskRunner, asked for by its full name, is refused before anything runs
+        where the checks are made (a release's preflight): it loses what ``finish_bundle`` emits
+        and mixes tagged outputs, and a release's row counters are both."""
+        from runners.execution import RunnerUnavailable
+
+        if options.view_as(StandardOptions).runner == BEAM_DASK_RUNNER:
+            raise RunnerUnavailable(
+                f"--runner {BEAM_DASK_RUNNER}: Beam's own DaskRunner drops what a DoFn emits in "
+                "finish_bundle and does not keep tagged outputs apart, which a release's row "
+                f"counters need; use --runner DaskRunner ({DASK_RUNNER})")
 
     def prepare(self, pipeline) -> None:
         runner = pipeline.options.view_as(StandardOptions).runner
