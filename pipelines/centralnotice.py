@@ -57,6 +57,7 @@ from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepa
                                ReleaseContext, ReleaseOptions, ReleaseRefused, cli)
 from pipelines.release import run as run_release
 from transforms.bounding_stage import BoundedKeyPartials, BoundingConfig
+from transforms.counting import Counted, CountingDoFn
 from transforms.keyset import KEYSET_POSITION, PublicKeyset
 from transforms.release import NoisedPartial, NoisyRelease, OutputColumn
 
@@ -120,7 +121,7 @@ def _count_coverage(table: pa.Table, counters) -> None:
             counters.other(f"coverage.{column}.{item['values']}", item["counts"])
 
 
-class ImpressionPartials(beam.DoFn):
+class ImpressionPartials(CountingDoFn):
     """Clean rows, keep this release's keys, split into blocks of k: per-key block sums."""
 
     def __init__(self, release_filter: _ReleaseFilter, k: int, counters):
@@ -141,7 +142,7 @@ class ImpressionPartials(beam.DoFn):
             yield partial.append_column("clicks", pa.array(np.zeros(partial.num_rows, dtype=np.int64)))
 
 
-class ClickRows(beam.DoFn):
+class ClickRows(CountingDoFn):
     """Typed click rows of this release (null user ids dropped and counted)."""
 
     def __init__(self, release_filter: _ReleaseFilter, counters):
@@ -218,10 +219,11 @@ class CentralNoticeRelease(beam.PTransform):
         c = self.campaign
         keyset = self.keyset()
         release_filter = _ReleaseFilter(c, self.dates)
-        imp = impressions | "ImpressionPartials" >> beam.ParDo(
-            ImpressionPartials(release_filter, c.impressions.k, self._counters[0])).with_output_types(pa.Table)
-        click_rows = clicks | "ClickRows" >> beam.ParDo(
-            ClickRows(release_filter, self._counters[1])).with_output_types(pa.Table)
+        imp = impressions | "ImpressionPartials" >> Counted(
+            ImpressionPartials(release_filter, c.impressions.k, self._counters[0]),
+            output_type=pa.Table)
+        click_rows = clicks | "ClickRows" >> Counted(
+            ClickRows(release_filter, self._counters[1]), output_type=pa.Table)
         if c.clicks.neighbouring == "row":
             clk = click_rows | "RowClickPartials" >> beam.Map(_row_click_partials).with_output_types(pa.Table)
         else:

@@ -61,6 +61,7 @@ from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepa
 from pipelines.release import run as run_release
 from pipelines.release.consumption import SKIP_HELP, Consumes, canonical_ids, remove_consumed
 from pipelines.release.names import check_segment
+from transforms.counting import Counted, CountingDoFn
 
 NAME = "label_dp"
 DATASET = "dataset.parquet"
@@ -140,7 +141,7 @@ def _numbers(column) -> pa.Array:
         return pa.array(out, pa.float64())
 
 
-class _Prepare(beam.DoFn):
+class _Prepare(CountingDoFn):
     """Training rows -> canonical example ids, numeric features, text labels; rows without an
     example id are dropped (counted: the rule depends on the id only, never on the label).
     Kept rows whose label is null or not one of ``--labels`` are counted as dropped (their label
@@ -314,7 +315,7 @@ class LabelDPJob(Job):
         kept = remove_consumed(inputs["rows"], pipeline, release,
                                f"{NAME}/{request.label_column}/example", request.id_column,
                                counter=(NAME, "rows_removed_already_consumed"), label="examples")
-        rows = kept | release.label("Prepare") >> beam.ParDo(
+        rows = kept | release.label("Prepare") >> Counted(
             _Prepare(request, release.counters(NAME, "rows")))
         out = rows | release.label("RandomizeLabels") >> RandomizeLabels(
             randomizer, label_column=request.label_column, id_column="example_id",

@@ -38,7 +38,6 @@ import sys
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -50,6 +49,7 @@ from pipelines.masked_lark_config import LarkPrepared, params_to_json, prepare_l
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
                                ReleaseRefused, cli)
 from pipelines.release import run as run_release
+from transforms.counting import Counted, Counters, CountingDoFn
 from transforms.lark.beam import NAMESPACE, HelperAggregate, HelperGradient
 from transforms.lark.params import MECHANISM, AggregationParams
 from transforms.lark.reports import (aggregation_output_schema, aggregation_report_columns,
@@ -90,16 +90,21 @@ class HelperRequest:
     options: ReleaseOptions = field(metadata={"cli": False})
 
 
-def _skip_other_batches(table: pa.Table, batch_id: str):
-    from apache_beam.metrics import Metrics
+class _ThisBatch(CountingDoFn):
+    """Report tables -> the rows of this batch; rows of other batches skipped and counted."""
 
-    mine = pc.fill_null(pc.equal(table.column("batch_id").cast(pa.string()), batch_id), False)
-    other = table.num_rows - pc.sum(mine.cast(pa.int64())).as_py() if table.num_rows else 0
-    if other:
-        Metrics.counter(NAMESPACE, "reports_skipped_other_batch").inc(other)
-    kept = table.filter(mine)
-    if kept.num_rows:
-        yield kept
+    def __init__(self, batch_id: str):
+        self._batch_id = batch_id
+        self._counters = Counters(NAMESPACE)
+
+    def process(self, table: pa.Table):
+        mine = pc.fill_null(pc.equal(table.column("batch_id").cast(pa.string()), self._batch_id),
+                            False)
+        other = table.num_rows - pc.sum(mine.cast(pa.int64())).as_py() if table.num_rows else 0
+        self._counters.inc("reports_skipped_other_batch", other)
+        kept = table.filter(mine)
+        if kept.num_rows:
+            yield kept
 
 
 class HelperJob(Job):
@@ -214,8 +219,7 @@ class HelperJob(Job):
             transform = HelperGradient(params, prepared.model,
                                        helper=request.helper, release_key=key)
         table = (inputs["reports"]
-                 | release.label("ThisBatch") >> beam.FlatMap(_skip_other_batches,
-                                                              request.batch_id)
+                 | release.label("ThisBatch") >> Counted(_ThisBatch(request.batch_id))
                  | release.label("Helper") >> transform)
         return {output_name(request.helper): table}
 

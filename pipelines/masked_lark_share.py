@@ -71,6 +71,7 @@ from pipelines.masked_lark_config import (LarkPrepared, params_to_json, prepare_
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
                                ReleaseRefused, cli)
 from pipelines.release import run as run_release
+from transforms.counting import Counted, CountingDoFn
 from transforms.lark.beam import NAMESPACE, ShareRecords
 from transforms.lark.browser import check_aggregation_records, check_gradient_records
 from transforms.lark.local_dp import LocalFeatureNoise
@@ -117,7 +118,7 @@ class ShareRequest:
     options: ReleaseOptions = field(metadata={"cli": False})
 
 
-class CountRecordFaults(beam.DoFn):
+class CountRecordFaults(CountingDoFn):
     """Counts each table's faulty records for the operator (``records.dropped.<reason>``: see
     "Faulty records" in the module docstring) and passes the table on unchanged: the browser
     (transforms/lark/browser.py) removes or neutralises the same records when it shares them."""
@@ -222,7 +223,7 @@ class ShareJob(Job):
                                  num_helpers=params.num_helpers, local_noise=local,
                                  batch_id=request.batch_id)
         streams = (inputs["records"]
-                   | release.label("Faults") >> beam.ParDo(CountRecordFaults(
+                   | release.label("Faults") >> Counted(CountRecordFaults(
                        record_check(params), release.counters(NAME, "records")))
                    | release.label("Share") >> share)
         return {output_name(h): streams[h] for h in range(params.num_helpers)}

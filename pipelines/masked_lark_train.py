@@ -60,6 +60,7 @@ from pipelines.masked_lark_share import LOCAL_NEIGHBOURING, CountRecordFaults, r
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
                                ReleaseRefused, cli)
 from pipelines.release import run as run_release
+from transforms.counting import Counted
 from transforms.lark.local_dp import LocalFeatureNoise
 from transforms.lark.params import MECHANISM, AggregationParams
 from transforms.lark.reports import feature_columns
@@ -309,11 +310,11 @@ class TrainJob(Job):
         test = None
         if request.test_input:
             test = (inputs["test"]
-                    | release.label("TestFaults") >> beam.ParDo(CountRecordFaults(
+                    | release.label("TestFaults") >> Counted(CountRecordFaults(
                         check, release.counters(NAME, "test")))
                     | release.label("TestRecords") >> beam.combiners.ToList())
         trained = (inputs["records"]
-                   | release.label("Faults") >> beam.ParDo(CountRecordFaults(
+                   | release.label("Faults") >> Counted(CountRecordFaults(
                        check, release.counters(NAME, "records")))
                    | release.label("Records") >> beam.combiners.ToList()
                    | release.label("Train") >> beam.Map(

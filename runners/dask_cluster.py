@@ -128,13 +128,14 @@ def local_cluster(workers: int = DEFAULT_LOCAL_WORKERS, threads_per_worker: int 
         cluster.close()
 
 
-def unsupported(pipeline) -> list[str]:
-    """Transforms of ``pipeline`` that Beam 2.77's DaskRunner runs wrongly *without an error*:
-    ParDos with tagged outputs (``with_outputs``: the outputs are not kept apart),
-    ``BatchElements`` (its last batch, emitted in ``finish_bundle``, is dropped) and
+def unsupported(pipeline, beams_own: bool = False) -> list[str]:
+    """Transforms of ``pipeline`` that the Dask runner runs wrongly *without an error*:
     ``WindowInto`` other than the global window (not translated: every element stays in the
-    global window, so a windowed combine sums across windows). Found by running every job on a
-    2-process cluster (tests/test_dask_runner.py)."""
+    global window, so a windowed combine sums across windows); with ``beams_own`` (Beam 2.77's
+    own DaskRunner, not the project's :data:`DASK_RUNNER`) also ParDos with tagged outputs
+    (``with_outputs``: the outputs are not kept apart; the release layer's row counters are one)
+    and ``BatchElements`` (its last batch, emitted in ``finish_bundle``, is dropped). Found by
+    running every job on a 2-process cluster (tests/test_dask_runner.py)."""
     import apache_beam as beam
     from apache_beam.pipeline import PipelineVisitor
     from apache_beam.transforms.window import GlobalWindows
@@ -144,12 +145,13 @@ def unsupported(pipeline) -> list[str]:
     class Visitor(PipelineVisitor):
         def _check(self, node):
             transform = node.transform
-            if isinstance(transform, beam.BatchElements):
-                found.append(f"{node.full_label} (BatchElements)")
-            elif isinstance(transform, beam.WindowInto) \
+            if isinstance(transform, beam.WindowInto) \
                     and not isinstance(transform.windowing.windowfn, GlobalWindows):
                 found.append(f"{node.full_label} (WindowInto)")
-            elif isinstance(transform, beam.ParDo) and getattr(transform, "output_tags", None):
+            elif beams_own and isinstance(transform, beam.BatchElements):
+                found.append(f"{node.full_label} (BatchElements)")
+            elif beams_own and isinstance(transform, beam.ParDo) \
+                    and getattr(transform, "output_tags", None):
                 found.append(f"{node.full_label} (ParDo with tagged outputs)")
 
         def enter_composite_transform(self, node):
@@ -162,13 +164,15 @@ def unsupported(pipeline) -> list[str]:
     return found
 
 
-def check_supported(pipeline) -> None:
-    """Refuse to run ``pipeline`` on Dask when it holds a transform the runner gets wrong."""
-    found = unsupported(pipeline)
+def check_supported(pipeline, beams_own: bool = False) -> None:
+    """Refuse to run ``pipeline`` on Dask when it holds a transform the runner gets wrong
+    (``beams_own``: on Beam's own DaskRunner, :func:`unsupported`)."""
+    found = unsupported(pipeline, beams_own)
     if found:
         raise NotImplementedError(
-            "Beam's DaskRunner would run these transforms wrongly without an error: "
-            + "; ".join(found) + " (see runners/README.md, Dask); use another runner")
+            f"{'Beam' if beams_own else 'the project'}'s DaskRunner would run these transforms "
+            "wrongly without an error: " + "; ".join(found) + " (see runners/README.md, Dask); "
+            + ("use --runner DaskRunner (the project's)" if beams_own else "use another runner"))
 
 
 def close_client(result) -> None:
@@ -246,15 +250,29 @@ def cluster_for_run(options: PipelineOptions) -> Iterator[PipelineOptions]:
 class DaskExecution(Execution):
     """How a run goes on Dask (the DaskRunner profile's :class:`~runners.execution.Execution`):
     a cluster for the run (:func:`cluster_for_run`), the transforms the runner gets wrong
-    refused (:func:`check_supported`), one final leaf depending on every other leaf (Beam's
-    Dask translation computes only the last-applied transform's graph: a write on any other
-    branch would never run), and the runner's client closed before the cluster."""
+    refused (:func:`check_supported`; more on Beam's own runner), one final leaf depending on
+    every other leaf (Beam's Dask translation computes only the last-applied transform's graph:
+    a write on any other branch would never run), and the runner's client closed before the
+    cluster."""
 
     def session(self, options):
         return cluster_for_run(options)
 
+    def check(self, options, runner) -> None:
+        """Beam's own DaskRunner, asked for by its full name, is refused before anything runs
+        where the checks are made (a release's preflight): it loses what ``finish_bundle`` emits
+        and mixes tagged outputs, and a release's row counters are both."""
+        from runners.execution import RunnerUnavailable
+
+        if options.view_as(StandardOptions).runner == BEAM_DASK_RUNNER:
+            raise RunnerUnavailable(
+                f"--runner {BEAM_DASK_RUNNER}: Beam's own DaskRunner drops what a DoFn emits in "
+                "finish_bundle and does not keep tagged outputs apart, which a release's row "
+                f"counters need; use --runner DaskRunner ({DASK_RUNNER})")
+
     def prepare(self, pipeline) -> None:
-        check_supported(pipeline)
+        runner = pipeline.options.view_as(StandardOptions).runner
+        check_supported(pipeline, beams_own=runner == BEAM_DASK_RUNNER)
         join_leaves(pipeline, "AllLeavesForDask")
 
     def close(self, result) -> None:

@@ -1,12 +1,20 @@
-"""Beam's DaskRunner, translated for a cluster: side inputs as graph dependencies, combines lifted
-before the shuffle, even partitions, element sizes the scheduler can see, and root stages spread
-over the workers.
+"""Beam's DaskRunner, translated for a cluster: every DoFn output kept (``finish_bundle``'s and
+tagged outputs apart), side inputs as graph dependencies, combines lifted before the shuffle, even
+partitions, element sizes the scheduler can see, and root stages spread over the workers.
 
 Beam's Dask translation (``apache_beam.runners.dask``, Beam 2.77) turns each transform into Dask
 bag operations. :class:`DaskRunner` here keeps that translation except where a job at scale lost
-time to it (Dask's task streams of benchmarks/scale.py; the runs are in benchmarks/RESULTS.md):
+time to it (Dask's task streams of benchmarks/scale.py; the runs are in benchmarks/RESULTS.md)
+or got a result wrong:
 
-* **Side inputs** (:func:`par_do_with_side_inputs`). Beam hands a ParDo its side input as a bag
+* **Every output of a DoFn** (:func:`par_do`, :func:`run_dofn`). Beam runs a partition through
+  the DoFn with receivers made once for the whole graph and collects their values *before*
+  calling ``finish_bundle``: what ``finish_bundle`` emits is lost (``BatchElements``' last batch,
+  the partial counts of :mod:`transforms.counting`), and every tag's values reach every consumer
+  of the ParDo. Here each partition gets its own receivers, its outputs are collected after
+  ``finish_bundle``, and each declared tag's outputs are their own bag (:func:`main_outputs`,
+  :func:`tagged_outputs`); the DoFn is torn down even when it fails.
+* **Side inputs** (:func:`par_do`). Beam hands a ParDo its side input as a bag
   that each task computes when its DoFn first reads it (``list(bag)`` through a worker client):
   the side input's chain starts only once a partition has read its files, runs again for each
   partition unless its results are still held, and its upstream shared with the main graph (the
@@ -58,12 +66,14 @@ import dask
 import distributed
 from apache_beam.runners.dask.dask_runner import (DaskOptions, DaskRunner as BeamDaskRunner,
                                                   DaskRunnerResult)
-from apache_beam.runners.dask.transform_evaluator import (OneReceiver, apply_dofn_to_bundle,
-                                                          defenestrate, get_windowed_value)
+from apache_beam.pvalue import TaggedOutput
+from apache_beam.runners.dask.transform_evaluator import (OneReceiver, defenestrate,
+                                                          get_windowed_value)
 from apache_beam.transforms.core import DoFn
 from apache_beam.transforms.sideinputs import SideInputMap
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.windowed_value import WindowedValue
+from dask import bag as db
 from dask.bag.core import Bag, groupby_tasks
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
@@ -71,8 +81,8 @@ from dask.sizeof import sizeof
 from distributed.diagnostics.plugin import WorkerPlugin
 
 #: The Beam releases (major.minor) this runner was written against and tested on. It replaces
-#: five steps of Beam's Dask translation and reuses six of Beam's private names
-#: (``apache_beam.runners.common._OutputHandler``, ``overrides._Create``,
+#: six steps of Beam's Dask translation and reuses seven of Beam's private names
+#: (``apache_beam.runners.common._OutputHandler``, ``overrides._Create``, ``overrides._Flatten``,
 #: ``overrides._GroupByKeyOnly``, ``DaskOptions._extract_bag_kwargs``, and a side input's
 #: ``_view_options()`` and ``_window_mapping_fn``), which any Beam release may change: a release
 #: is added here once this module was read against it and ``make test-runners`` passed on it
@@ -93,8 +103,11 @@ def check_beam_version(version: str) -> None:
 check_beam_version(beam.__version__)
 
 # Beam's private names, imported once the version is known to have them.
-from apache_beam.runners.common import DoFnContext, DoFnSignature, _OutputHandler  # noqa: E402
-from apache_beam.runners.dask.overrides import _Create, _GroupByKeyOnly, dask_overrides  # noqa: E402
+from apache_beam.runners.common import (DoFnContext, DoFnInvoker, DoFnSignature,  # noqa: E402
+                                        _OutputHandler)
+from apache_beam.runners.dask.overrides import (_Create, _Flatten, _GroupByKeyOnly,  # noqa: E402
+                                                dask_overrides)
+from apache_beam.runners.dask.transform_evaluator import TRANSLATIONS  # noqa: E402
 
 #: What ``--runner`` names to run on this module's runner.
 RUNNER = "runners.dask_runner.DaskRunner"
@@ -105,37 +118,71 @@ def _values(*partitions):
     return [element for partition in partitions for element in partition]
 
 
-def _apply_with_side_inputs(items, invoker_args, invoker_kwargs, receivers, views, *values):
-    """Beam's ``apply_dofn_to_bundle`` with the side inputs rebuilt from their computed values,
-    as Beam's ``DaskBagWindowedIterator`` yields them (each element in its window)."""
-    side_inputs = [SideInputMap(view_class, options, [get_windowed_value(v, window_fn) for v in vals])
-                   for (view_class, options, window_fn), vals in zip(views, values)]
-    return apply_dofn_to_bundle(items, invoker_args, {**invoker_kwargs, "side_inputs": side_inputs},
-                                receivers)
+def _side_inputs(views, values) -> list:
+    """The side inputs rebuilt from their computed values, as Beam's ``DaskBagWindowedIterator``
+    yields them (each element in its window)."""
+    return [SideInputMap(view_class, options, [get_windowed_value(v, window_fn) for v in vals])
+            for (view_class, options, window_fn), vals in zip(views, values)]
 
 
-def par_do_with_side_inputs(node, input_bag, side_bags):
-    """The bag of ParDo ``node`` over ``input_bag``, its side inputs' bags ``side_bags`` passed as
-    delayed dependencies (module docstring). Beam's ``transform_evaluator.ParDo.apply`` otherwise."""
+def run_dofn(items, fn, label, window_fn, args, kwargs, tags, views, *values) -> list:
+    """One partition through a ParDo's DoFn, as one bundle: setup, start_bundle, every element,
+    finish_bundle, teardown. Returns the main outputs as elements and each output of a declared
+    tag in ``tags`` as a ``TaggedOutput(tag, element)``, what ``finish_bundle`` emits included
+    (Beam's ``apply_dofn_to_bundle`` collects the outputs before ``finish_bundle``, and keeps
+    every tag's values together). A tag not declared is an error, as on Beam's other runners."""
+    receivers = OneReceiver()  # this partition's own (Beam's is made once per graph)
+    handler = _OutputHandler(window_fn=window_fn, main_receivers=receivers[None],
+                             tagged_receivers=receivers, per_element_output_counter=None,
+                             output_batch_converter=None, process_yields_batches=False,
+                             process_batch_yields_elements=False)
+    invoker = DoFnInvoker.create_invoker(
+        DoFnSignature(fn), handler, context=DoFnContext(label, state=None),
+        side_inputs=_side_inputs(views, values) or None, input_args=list(args),
+        input_kwargs=kwargs, user_state_context=None,
+        bundle_finalizer_param=DoFn.BundleFinalizerParam())
+    invoker.invoke_setup()
+    try:
+        invoker.invoke_start_bundle()
+        for item in items:
+            invoker.invoke_process(get_windowed_value(item, window_fn))
+        invoker.invoke_finish_bundle()
+    finally:
+        invoker.invoke_teardown()
+    out = []
+    for value in receivers.values:
+        if not isinstance(value, TaggedOutput):
+            out.append(value.value)
+        elif value.tag in tags:
+            out.append(TaggedOutput(value.tag, value.value.value))
+        else:
+            raise ValueError(f"{label}: output tagged {value.tag!r}, which the ParDo does not "
+                             f"declare (with_outputs: {sorted(tags)})")
+    return out
+
+
+def par_do(node, input_bag, side_bags):
+    """The bag of ParDo ``node`` over ``input_bag`` (:func:`run_dofn` per partition): its main
+    outputs, and each declared tag's outputs as ``TaggedOutput`` (split by :func:`main_outputs`
+    and :func:`tagged_outputs`). The side inputs' bags ``side_bags`` are delayed dependencies of
+    every partition (module docstring)."""
     transform = node.transform
-    args, kwargs = transform.raw_side_inputs
+    args, kwargs = transform.args, transform.kwargs  # side inputs as placeholders, in order
     main_input = next(iter(node.main_inputs.values()))
     window_fn = main_input.windowing.windowfn if hasattr(main_input, "windowing") else None
-    receivers = OneReceiver()
-    invoker_args = [
-        DoFnSignature(transform.fn),
-        _OutputHandler(window_fn=window_fn, main_receivers=receivers[None],
-                       tagged_receivers=receivers, per_element_output_counter=None,
-                       output_batch_converter=None, process_yields_batches=False,
-                       process_batch_yields_elements=False),
-    ]
-    invoker_kwargs = dict(context=DoFnContext(transform.label, state=None), input_args=list(args),
-                          input_kwargs=kwargs, user_state_context=None,
-                          bundle_finalizer_param=DoFn.BundleFinalizerParam())
+    tags = frozenset(tag for tag in node.outputs if tag is not None)
     views = [(type(si), si._view_options(), si._window_mapping_fn) for si in node.side_inputs]
     values = [dask.delayed(_values, pure=True)(*bag.to_delayed(optimize_graph=False)) for bag in side_bags]
-    return input_bag.map(get_windowed_value, window_fn).map_partitions(
-        _apply_with_side_inputs, invoker_args, invoker_kwargs, receivers, views, *values)
+    return input_bag.map_partitions(run_dofn, transform.fn, transform.label, window_fn,
+                                    list(args), kwargs, tags, views, *values)
+
+
+def main_outputs(partition) -> list:
+    return [value for value in partition if not isinstance(value, TaggedOutput)]
+
+
+def tagged_outputs(partition, tag: str) -> list:
+    return [value.value for value in partition if isinstance(value, TaggedOutput) and value.tag == tag]
 
 
 #: Fibonacci hashing's multiplier (2**64 over the golden ratio, odd).
@@ -313,7 +360,8 @@ def placed(bag: Bag, placement: Mapping) -> Bag:
 
 
 class DaskRunner(BeamDaskRunner):
-    """Beam's DaskRunner with :func:`par_do_with_side_inputs` for ParDos that have side inputs,
+    """Beam's DaskRunner with :func:`par_do` for every ParDo (side inputs as graph dependencies,
+    ``finish_bundle`` outputs kept, tagged outputs kept apart),
     :func:`combine_per_key` for combines, and root stages spread over the workers (module
     docstring)."""
 
@@ -350,10 +398,26 @@ class DaskRunner(BeamDaskRunner):
         class Visitor(base):
             lifting = None  # the CombinePerKey whose parts are being skipped
 
+            def bag_of(self, pcoll):
+                """The bag of ``pcoll``: its producer's, or one tagged output's of a ParDo."""
+                if pcoll.tag is None:
+                    return self.bags[pcoll.producer]
+                return self.__dict__.setdefault("tagged", {})[(pcoll.producer, pcoll.tag)]
+
             def main_bag(self, node):
                 """The bag of ``node``'s one main input."""
-                [main] = [self.bags[pcoll.producer] for pcoll in node.main_inputs.values()]
+                [main] = [self.bag_of(pcoll) for pcoll in node.main_inputs.values()]
                 return main
+
+            def par_do(self, node) -> None:
+                """A ParDo's main outputs as the node's bag, each tagged output's apart."""
+                sides = [self.bag_of(si.pvalue) for si in node.side_inputs]
+                bag = par_do(node, self.main_bag(node), sides)
+                tags = [tag for tag in node.outputs if tag is not None]
+                for tag in tags:
+                    self.__dict__.setdefault("tagged", {})[(node, tag)] = \
+                        bag.map_partitions(tagged_outputs, tag)
+                self.bags[node] = bag.map_partitions(main_outputs) if tags else bag
 
             def enter_composite_transform(self, node) -> None:
                 if self.lifting is None and lifts(node):
@@ -374,11 +438,16 @@ class DaskRunner(BeamDaskRunner):
                     return
                 if type(node.transform) is _GroupByKeyOnly:
                     self.bags[node] = shuffled(self.main_bag(node)).map(_grouped_values)
-                    return
-                if not (type(node.transform) is beam.ParDo and node.side_inputs):
+                elif type(node.transform) is beam.ParDo:
+                    self.par_do(node)
+                elif type(node.transform) is _Flatten:
+                    self.bags[node] = db.concat([self.bag_of(p) for p in node.inputs])
+                elif any(getattr(p, "tag", None) is not None for p in node.inputs):
+                    # Beam's translation looks inputs up by producer: only a NoOp passes one on
+                    if TRANSLATIONS.get(type(node.transform)) is not None or len(node.inputs) != 1:
+                        raise NotImplementedError(f"{node.full_label}: a tagged output as input")
+                    self.bags[node] = self.bag_of(node.inputs[0])
+                else:
                     super().visit_transform(node)
-                    return
-                sides = [self.bags[si.pvalue.producer] for si in node.side_inputs]
-                self.bags[node] = par_do_with_side_inputs(node, self.main_bag(node), sides)
 
         return Visitor()

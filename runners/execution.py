@@ -17,6 +17,8 @@ check, the benchmarks) goes through :func:`run`, and the runner profile of the r
   names). A local engine's job lives in the process that runs it, so its ``submit`` runs it to
   the end and its ``wait`` only checks the recorded end; Dataflow's returns at once with the job
   id and its ``wait`` polls the Dataflow service (:mod:`runners.dataflow_jobs`).
+* ``check``: what the runner needs on this machine, checked before anything runs (Prism's
+  binary), after :func:`check_runner` resolved the runner's name as Beam will.
 
 What DoFns need to know of the runner (threads, batch sizes) the profile states in the options
 (:class:`transforms.parallel.ExecutionOptions`), not here: transforms never ask which runner
@@ -105,6 +107,33 @@ class Execution:
         if handle.state != DONE:
             raise JobFailed(handle, handle.state)
         return None
+
+    def check(self, options, runner) -> None:
+        """What ``runner`` (the resolved runner object of ``options``) needs on this machine,
+        checked without starting a job; raise :class:`RunnerUnavailable` (nothing here)."""
+
+
+class RunnerUnavailable(ValueError):
+    """The run's ``--runner`` cannot run here; the message is the runner's own (Beam's)."""
+
+
+def check_runner(options) -> None:
+    """Resolve the runner of ``options`` as Beam will when the pipeline is made
+    (``apache_beam.runners.runner.create_runner``: a known name, or the full name of a
+    ``PipelineRunner`` class that imports), then let its profile check what it needs here
+    (:meth:`Execution.check`), all without starting a job. Raises :class:`RunnerUnavailable`
+    with Beam's message: a caller can refuse the run before it commits to anything."""
+    from apache_beam.options.pipeline_options import StandardOptions
+    from apache_beam.runners.runner import PipelineRunner, create_runner
+
+    from runners.profiles import profile_of
+
+    name = options.view_as(StandardOptions).runner or "DirectRunner"
+    try:
+        runner = name if isinstance(name, PipelineRunner) else create_runner(name)
+    except (ValueError, ImportError, AttributeError, TypeError) as err:
+        raise RunnerUnavailable(f"--runner {name}: {err}") from None
+    profile_of(options).execution.check(options, runner)
 
 
 def leaves(pipeline) -> list:

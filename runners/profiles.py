@@ -22,6 +22,8 @@ profiles:
   ``--dofn_threads`` threads: the cores, at most :data:`MAX_THREADS`.
 * ``PrismRunner`` — LOOPBACK workers; ``--prism_location`` defaults to the binary built by
   ``python -m runners.fetch prism`` if it is there (otherwise Beam downloads a release binary);
+  the binary is found before anything runs (:mod:`runners.prism`: a missing one is refused with
+  Beam's message);
   each run gets its own Prism job server (``disable_prism_server_singleton``: Beam's
   per-process server keeps the options of the first Prism attempt, even a failed one).
 * ``FlinkRunner`` — embedded mini cluster (``--flink_master=[local]``), LOOPBACK, parallelism 2,
@@ -32,9 +34,11 @@ profiles:
 * ``DaskRunner`` — Beam's Dask runner (``apache_beam.runners.dask.dask_runner.DaskRunner``, which
   Beam does not know by its short name) on the scheduler at ``--dask_client_address``, or on a
   local cluster of ``--dask_local_workers`` worker processes (default 2) started and shut down
-  around the run (:mod:`runners.dask_cluster`). Beam counters are not collected by this runner:
-  see runners/README.md ("Dask"). It drops what a DoFn emits in ``finish_bundle``, so DoFns get
-  one thread and one-row batches (``--dofn_threads=1 --dofn_batch_rows=1``, refused otherwise).
+  around the run (:mod:`runners.dask_cluster`). The project's translation
+  (:mod:`runners.dask_runner`) keeps what a DoFn emits in ``finish_bundle`` and its tagged
+  outputs apart (the release layer's row counters are both); Beam's own runner, by its full name,
+  does neither and is refused for a pipeline that needs them. DoFns get one thread
+  (``--dofn_threads=1``: the workers' threads run partitions in parallel).
 * Remote Flink and Spark masters and Dataflow get ``--sdk_container_image`` from
   ``$BEAM_DP_WORKER_IMAGE`` when it is set (the image the repository's Dockerfile builds).
 * ``DataflowRunner`` — requires ``--project``, ``--region`` and a ``gs://`` ``--temp_location``;
@@ -59,6 +63,7 @@ from runners import cache
 from runners.dask_cluster import DASK_RUNNER, DaskExecution, is_dask
 from runners.dataflow_jobs import DataflowExecution
 from runners.execution import Execution
+from runners.prism import PrismExecution
 # The options view the profiles fill (--dofn_threads, --dofn_batch_rows): defined where the DoFns
 # read it, imported here so that Beam knows its flags wherever options are built.
 from transforms.parallel import ExecutionOptions  # noqa: F401
@@ -244,13 +249,6 @@ def _dask_runner(_given) -> str:
     return DASK_RUNNER
 
 
-def _check_dask(given) -> None:
-    for option in ("dofn_threads", "dofn_batch_rows"):
-        if given.get(option) not in (None, "1"):
-            raise ValueError(f"DaskRunner drops what a DoFn emits in finish_bundle: --{option} must "
-                             f"be 1 there, got {given.get(option)}")
-
-
 #: The most threads the in-process engine's profile gives a DoFn (``--dofn_threads``).
 MAX_THREADS = 4
 
@@ -328,7 +326,7 @@ PROFILES: dict[str, RunnerProfile] = {p.name: p for p in (
     RunnerProfile(
         name="PrismRunner",
         summary="Beam's Go runner on this machine; LOOPBACK workers; a Prism job server per run.",
-        always={"PrismRunner": (_PRISM_OWN_SERVER,)},
+        always={"PrismRunner": (_PRISM_OWN_SERVER,)}, execution=PrismExecution(),
         defaults=(("prism_location", _cached_prism,
                    "binary built by `python -m runners.fetch prism`"),
                   _LOOPBACK)),
@@ -355,13 +353,11 @@ PROFILES: dict[str, RunnerProfile] = {p.name: p for p in (
         summary="Beam's Dask runner (side inputs computed once as graph tasks: runners/dask_runner.py) "
         "on a Dask cluster: --dask_client_address, or a local cluster of worker processes started "
         "and shut down around the run.",
-        choose_runner=_dask_runner, check=_check_dask, execution=DaskExecution(),
+        choose_runner=_dask_runner, execution=DaskExecution(),
         defaults=(("dask_local_workers", _if(_no_scheduler, 2),
                    "local cluster of 2 worker processes for the run (no scheduler given)"),
-                  ("dofn_threads", 1, "the runner drops what finish_bundle emits, where threaded "
-                   "DoFns hand back their last results"),
-                  ("dofn_batch_rows", 1, "the runner drops what finish_bundle emits, where a "
-                   "batch not yet full is emitted"))),
+                  ("dofn_threads", 1, "the cluster runs partitions on every worker thread "
+                   "already"))),
     RunnerProfile(
         name="DataflowRunner",
         summary="Google Cloud Dataflow; this project is staged to the workers through setup.py.",

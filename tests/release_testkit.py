@@ -132,3 +132,34 @@ def value_byte_offset(data: bytes, column: str, row_group: int = 0) -> int:
     chunk = meta.row_group(row_group).column(names.index(column))
     start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
     return start + chunk.total_compressed_size - 3
+
+
+
+def kill_worker_once(marker: str):
+    """A DoFn that passes its elements through, except that the first element it meets in a
+    Dask worker kills that worker process (``os._exit``, like kill -9 mid-task), once per
+    ``marker`` file: the worker that creates the marker dies; a retry, or a later run, finds it
+    and passes. Outside a Dask worker it only passes. (A local class: pickled by value, so Dask
+    workers need not import this module.)"""
+    import apache_beam as beam
+
+    class KillWorkerOnce(beam.DoFn):
+        def __init__(self, path):
+            self._marker = path
+
+        def process(self, element):
+            import os
+
+            try:
+                import distributed
+
+                distributed.get_worker()  # never the test process itself: only a Dask worker
+                fd = os.open(self._marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except (ImportError, ValueError, FileExistsError):
+                yield element
+                return
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+            os._exit(137)
+
+    return KillWorkerOnce(marker)

@@ -149,9 +149,9 @@ def test_threads_only_on_the_in_process_engine_with_one_worker(monkeypatch):
                  ["--runner=FnApiRunner", "--direct_num_workers=2"],
                  ["--runner=FnApiRunner", "--direct_num_workers=0"]):
         assert _threads(*argv) == 1, argv
-    assert _threads("--runner=DaskRunner", requested=3) == 1  # it drops finish_bundle's outputs
-    with pytest.raises(ValueError, match="dofn_threads must be 1"):
-        _threads("--runner=DaskRunner", "--dofn_threads=2")
+    assert _threads("--runner=DaskRunner", requested=3) == 1  # the workers' threads run bundles
+    # The project's Dask translation keeps what finish_bundle emits: more threads may be given.
+    assert _threads("--runner=DaskRunner", "--dofn_threads=2", requested=3) == 2
     plain = types.SimpleNamespace(options=PipelineOptions([]))  # no profile: one thread
     assert parallel.threads_for(plain) == 1 and parallel.threads_for(plain, 3) == 3
     assert parallel.batch_rows(plain) == parallel.BATCH_ROWS
@@ -238,7 +238,7 @@ def test_the_options_a_profile_fills_are_known_to_beam_in_a_fresh_process():
     from runners.harness import REPO_ROOT, project_env
 
     code = ("from runners.profiles import pipeline_options_for\n"
-            "print(pipeline_options_for(['--runner=dask']).get_all_options()['dofn_batch_rows'])")
+            "print(pipeline_options_for(['--runner=dask']).get_all_options()['dofn_threads'])")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=project_env(),
                           capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "1" and "Discarding unparseable" not in done.stderr

@@ -1436,3 +1436,168 @@ def test_publication_never_follows_a_link_below_the_output_root(tmp_path):
     with pytest.raises(FileExistsError):
         (tmp_path / "again").mkdir()
         storage.rename_dir(str(tmp_path / "again"), str(root / "a" / "c" / "v1"), root=str(root))
+
+
+# --------------------------------------------------------------------------- issue 32: the runner
+# Row counters are pipeline output, staged beside each release and read back from staging, so
+# every runner gives the operator its counters and the row rules (in process, Prism, Dask); the
+# runner is resolved and checked before any reservation; a Dask worker killed mid-run ends in a
+# completed release after Dask's retry, or in a clean exit 3 that a re-run takes over. Same
+# table form and checks as CASES (test_fault).
+
+DASK = "--runner DaskRunner --dask_local_workers 2"  # a 2-worker local cluster for the run
+DAY2_ROWS = ("impressions.read=24", "clicks.read=24")  # the whole files, both days' rows
+
+
+def then_counted(ws, case, argv, charged_after):
+    """The release's counters reached its operator report from staging (exact: the input's 24
+    rows of each file, half of them another day's), with no alert; the staged counters file
+    was not published, nor are counters in the public marker."""
+    report = read_json(ws.path / "private" / "reports" / "C1" / "2026-11-02" / "v1" / "report.json")
+    counters = report["counters"]
+    assert counters["impressions.read"] == counters["clicks.read"] == 24, counters
+    assert counters["impressions.skipped.other_release"] == 12, counters
+    assert report["alerts"] == []
+    folder = ws.path / "out" / "C1" / "2026-11-02" / "v1"
+    assert sorted(p.name for p in folder.iterdir()) == ["RELEASE.json", "centralnotice.parquet"]
+    assert b"impressions.read" not in (folder / "RELEASE.json").read_bytes()
+    assert not list((ws.path / "out").rglob(".counters.json"))  # staging left no copy behind
+
+
+def then_worker_killed(ws, case, argv, charged_after):
+    """A worker process was killed mid-run (it left its pid in the marker); Dask ran its tasks
+    again, and the counters count every row once: retried work is not counted twice."""
+    assert (ws.path / "killed-once").read_text().isdigit()
+    then_counted(ws, case, argv, charged_after)
+    then_reproduce(ws, case, argv, charged_after)
+
+
+def then_rerun_takes_over(ws, case, argv, charged_after):
+    """The failed run kept its reservation and recorded its failure for the operator; the same
+    command (the worker no longer killed) then publishes without spending again."""
+    assert (ws.path / "killed-once").exists()
+    failure = read_json(next((ws.path / "private" / "reports" / "C1" / "2026-11-02").rglob(
+        "failure.json")))
+    assert "KilledWorker" in failure["detail"]
+    assert read_json(ws.ledger)["releases"]["C1/2026-11-02"]["state"] == "reserved"
+    code, out, err = run_main(case.job, argv)
+    assert code == 0 and "(released)" in out and "nothing more was spent" in out, err
+    assert charged(ws.ledger) == pytest.approx(charged_after)
+    then_counted(ws, case, argv, charged_after)
+
+
+def then_no_failure_record(ws, case, argv, charged_after):
+    """Refused in preflight: the runner's message went to the operator on stderr (asserted by
+    the row), nothing was recorded as a failure and no staging was made."""
+    assert not list((ws.path / "private" / "reports").rglob("failure.json"))
+    assert not (ws.path / "out" / ".staging" / "C1" / "2026-11-02").exists()
+
+
+def _kill_a_dask_worker_once(monkeypatch, retries: bool):
+    """The CentralNotice job's impressions pass a DoFn that kills the Dask worker process
+    running it, once (tests/release_testkit.kill_worker_once); without ``retries`` the run's
+    scheduler allows no task a worker died under (Dask's ``allowed-failures``: 0), so the run
+    fails where it would otherwise retry the lost tasks elsewhere."""
+    from release_testkit import kill_worker_once
+
+    real = centralnotice.CentralNoticeJob.build
+
+    def fixture(ws):
+        def build(self, pipeline, prepared, inputs, release):
+            import apache_beam as beam
+
+            killed = inputs["impressions"] | release.label("KillAWorkerOnce") >> beam.ParDo(
+                kill_worker_once(str(ws / "killed-once")))
+            return real(self, pipeline, prepared, {**inputs, "impressions": killed}, release)
+
+        monkeypatch.setattr(centralnotice.CentralNoticeJob, "build", build)
+        if not retries:
+            import dask
+
+            monkeypatch.setitem(dask.config.config["distributed"]["scheduler"],
+                                "allowed-failures", 0)
+    return fixture
+
+
+RUNNER_CASES = [
+    # ---- --runner resolved and checked before any reservation, the runner's own message
+    Case("cn-unknown-runner", "cn", None, f"{DAY2} --runner BogusRunner",
+         refused("--runner BogusRunner: Unexpected pipeline runner: BogusRunner. Valid values "
+                 "are", "nothing was charged", then="no_failure_record")),
+    Case("cn-runner-class-missing", "cn", None,
+         f"{DAY2} --runner apache_beam.runners.direct.direct_runner.NoSuchRunner",
+         refused("has no attribute 'NoSuchRunner'", then="no_failure_record")),
+    Case("cn-runner-module-missing", "cn", None, f"{DAY2} --runner some_pkg.SomeRunner",
+         refused("--runner some_pkg.SomeRunner: No module named 'some_pkg'")),
+    Case("cn-prism-binary-missing", "cn", None,
+         f"{DAY2} --runner PrismRunner --prism_location {{ws}}/no/prism",
+         refused('PrismRunner: Unable to parse binary URL "{ws}/no/prism"', "make sure the file "
+                 "exists", "nothing was charged", then="no_failure_record")),
+    Case("cn-direct-runner-prism-binary-missing", "cn", None,
+         f"{DAY2} --runner DirectRunner --prism_location {{ws}}/no/prism",
+         refused("PrismRunner: Unable to parse binary URL")),
+    Case("cn-beams-own-dask-runner", "cn", None,
+         f"{DAY2} --runner apache_beam.runners.dask.dask_runner.DaskRunner",
+         refused("Beam's own DaskRunner drops what a DoFn emits in finish_bundle",
+                 "use --runner DaskRunner", then="no_failure_record")),
+    Case("rf-unknown-runner", "rf", None, "--campaigns c2 --runner Dask_Runner",
+         refused("--runner Dask_Runner: Unexpected pipeline runner")),
+    Case("sr-unknown-runner", "sr", None, "--batch_id B --input {ws}/conv.csv --runner nope",
+         refused("--runner nope: Unexpected pipeline runner")),
+    # ---- counters read back from staging (in process)
+    Case("cn-counters-from-staging", "cn", None, DAY2, released(*DAY2_ROWS, then="counted")),
+]
+ENGINE_CASES = [
+    # ---- a 2-worker local Dask cluster: counters, the row rules, no alert
+    Case("cn-dask-release", "cn", None, f"{DAY2} {DASK}", released(*DAY2_ROWS, then="counted")),
+    Case("cn-dask-rerun-reproduces", "cn", None, DASK, reproduced(then="reproduce")),
+    Case("cn-dask-most-rows-dropped", "cn", "cn_most_dropped",
+         f"{DAY2} --impressions {{ws}}/bad.csv {DASK}",
+         released(f"{ALERT}impressions: 6 of 10 eligible rows dropped (more than 50%)",
+                  then="alert")),
+    # ---- a worker killed mid-run: Dask's retry completes it, or exit 3 and a re-run
+    Case("cn-dask-worker-killed-retried", "cn", "dask_kill_worker", f"{DAY2} {DASK}",
+         released(*DAY2_ROWS, then="worker_killed")),
+    Case("cn-dask-worker-killed-no-retry", "cn", "dask_kill_worker_no_retry", f"{DAY2} {DASK}",
+         failed("the computation failed (KilledWorker)", "the reservation stays",
+                then="rerun_takes_over")),
+    # ---- Prism
+    Case("cn-prism-release", "cn", None, f"{DAY2} --runner PrismRunner",
+         released(*DAY2_ROWS, then="counted")),
+]
+
+
+@pytest.fixture
+def runner_rows(monkeypatch):
+    """The fixtures and follow-ups of RUNNER_CASES and ENGINE_CASES."""
+    for name, retries in (("dask_kill_worker", True), ("dask_kill_worker_no_retry", False)):
+        monkeypatch.setitem(FIXTURES, name, _kill_a_dask_worker_once(monkeypatch, retries))
+    for name, then in (("counted", then_counted), ("worker_killed", then_worker_killed),
+                       ("rerun_takes_over", then_rerun_takes_over),
+                       ("no_failure_record", then_no_failure_record)):
+        monkeypatch.setitem(THEN, name, then)
+
+
+@pytest.mark.parametrize("case", RUNNER_CASES, ids=[c.id for c in RUNNER_CASES])
+def test_fault_of_the_runner(case: Case, tmp_path_factory, runner_rows):
+    test_fault(case, tmp_path_factory)
+
+
+@pytest.mark.runners
+@pytest.mark.parametrize("case", ENGINE_CASES, ids=[c.id for c in ENGINE_CASES])
+def test_fault_on_an_engine(case: Case, tmp_path_factory, runner_rows):
+    if "PrismRunner" in case.change:
+        from runners import cache
+
+        if cache.cached_prism() is None:
+            pytest.skip("no Prism binary: python -m runners.fetch prism")
+    pytest.importorskip("distributed")
+    test_fault(case, tmp_path_factory)
+
+
+def test_the_runner_tables_are_well_formed():
+    ids = [c.id for c in CASES + EDGE_CASES + RUNNER_CASES + ENGINE_CASES]
+    assert len(set(ids)) == len(ids)
+    assert all(c.fixture is None or c.fixture in FIXTURES
+               or c.fixture in ("dask_kill_worker", "dask_kill_worker_no_retry")
+               for c in RUNNER_CASES + ENGINE_CASES)

@@ -29,6 +29,7 @@ from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Relea
                                publish, storage)
 from pipelines.release import flags as release_flags
 from pipelines.release import run as run_release
+from transforms.counting import Counted, CountingDoFn
 
 # --------------------------------------------------------------------------- names
 
@@ -413,6 +414,16 @@ class ToyRequest:
     options: ReleaseOptions = field(metadata={"cli": False})
 
 
+class _ToyCount(CountingDoFn):
+    """All rows (one list of tables) -> the counts table; faulty rows counted."""
+
+    def __init__(self, counters):
+        self._counters = counters
+
+    def process(self, tables):
+        yield _toy_count(tables, self._counters)
+
+
 def _toy_count(tables, counters):
     import numpy as np
 
@@ -451,7 +462,7 @@ class ToyJob(Job):
         rows = release.counters(self.name, "rows")
         return {"counts.csv": (inputs["rows"]
                                | release.label("All") >> beam.combiners.ToList()
-                               | release.label("Count") >> beam.Map(_toy_count, rows))}
+                               | release.label("Count") >> Counted(_ToyCount(rows)))}
 
 
 TOY = ToyJob()
@@ -593,6 +604,35 @@ def test_the_dropped_share_counts_eligible_rows():
                             "reasons": {"rows.dropped.a": 1, "rows.dropped.malformed_csv_line": 2}}}
 
 
+def test_a_release_selects_its_own_counters_from_the_runs():
+    counts = {"toyjob": {"rows.read": 5}, "toyjob/a": {"rows.dropped.x": 1},
+              "toyjob/b": {"rows.dropped.x": 2}, "ara": {"reports_parsed": 3},
+              "dp_aggregate": {"rows_read": 9}, "other": {"n": 1}}
+    assert counters.select(counts, "toyjob", "a", ("ara",)) == {
+        "ara.reports_parsed": 3, "rows.dropped.x": 1, "rows.read": 5}
+    assert counters.select(counts, "toyjob", "b") == {"rows.dropped.x": 2, "rows.read": 5}
+
+
+def test_collect_reads_the_counters_from_staging_alone(tmp_path):
+    """compute stages each release's counters beside its files; collect reads them back from
+    staging and the reservation only (a finalize in another process can), and a release whose
+    staging holds none is an operator alert, never "nothing dropped"."""
+    from pipelines.release import lifecycle
+
+    reserved = lifecycle.reserve(lifecycle.preflight(TOY, _toy(tmp_path, [("a", 1), ("b", "x")])))
+    computed = lifecycle.compute(reserved)
+    staged = os.path.join(computed.staging["toy"], publish.COUNTERS)
+    assert read_json(staged)["counters"] == {"rows.dropped.unparseable": 1, "rows.read": 2}
+    again = lifecycle.collect(reserved, dict(computed.staging))
+    assert again.counters == computed.counters == {"toy": {"rows.dropped.unparseable": 1,
+                                                           "rows.read": 2}}
+    os.remove(staged)
+    ruled = lifecycle.rule(lifecycle.collect(reserved, dict(computed.staging)))
+    assert ruled.alerts == {"toy": (counters.NO_COUNTERS,)} and ruled.counts == {"toy": {}}
+    published = lifecycle.publish(ruled)
+    assert sorted(os.listdir(published.releases[0].folder)) == ["RELEASE.json", "counts.csv"]
+
+
 def test_a_toy_release_through_the_cli_and_the_ledger(tmp_path, capsys):
     path = write_csv(tmp_path / "rows.csv", ["key", "value"], [("b", 2), ("a", 1), ("a", 4)])
     argv = ["--rows", path, "--output", str(tmp_path / "out"), "--ledger", str(tmp_path / "l.json"),
@@ -607,6 +647,8 @@ def test_a_toy_release_through_the_cli_and_the_ledger(tmp_path, capsys):
     assert "toyjob release toy/2026 (released)" in out and "rows (operator only): rows.read=3" in out
     report = read_json(tmp_path / "reports" / "toy" / "2026" / "v1" / "report.json")
     assert report["counters"]["rows.read"] == 3 and report["ledger"]["scopes"][0]["spent"]["epsilon"] == 1.0
+    assert sorted(os.listdir(folder)) == ["RELEASE.json", "counts.csv"]  # counters stay private
+    assert "rows.read" not in (folder / "RELEASE.json").read_text()
     assert cli.main(TOY, argv) == 0 and "(reproduced)" in capsys.readouterr().out
     assert cli.main(TOY, argv[:-2] + ["--label", "../x"]) == 2
     assert "not a valid name" in capsys.readouterr().err

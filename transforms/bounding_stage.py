@@ -23,11 +23,12 @@ and dict / Row input alike; a unit column whose type cannot hold ids is refused 
 :func:`check_schema` before the pipeline runs, and a value without a canonical form fails the job
 with :class:`~transforms.privacy_units.UnitIdError`.
 
-Row rules (each counted in Beam metrics under namespace ``dp_aggregate``, which reach the
-operator's logs and never the release): a null (or NaN) privacy unit, a null key component or a
-null / NaN / infinite value drops the row; values outside the clamping range are clamped
-(counted as ``clamped_below_min`` / ``clamped_above_max``); rows whose key is outside the public
-keyset, or excluded from it, are dropped (``dropped_outside_keyset``, ``dropped_excluded_key``).
+Row rules (each counted under namespace ``dp_aggregate``, :mod:`transforms.counting`: pipeline
+output and Beam metrics, for the operator and never the release): a null (or NaN) privacy unit,
+a null key component or a null / NaN / infinite value drops the row; values outside the clamping
+range are clamped (counted as ``clamped_below_min`` / ``clamped_above_max``); rows whose key is
+outside the public keyset, or excluded from it, are dropped (``dropped_outside_keyset``,
+``dropped_excluded_key``).
 A PCollection keyset is tested through a compact filter of its key hashes
 (:mod:`transforms.membership`, built by :class:`_KeyFilterFn` or, staged as a file,
 :class:`_StagedKeyFilterFn`: no false negatives, about 0.4% false positives); a row that passes it
@@ -44,7 +45,6 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
@@ -54,6 +54,7 @@ from accounting.sensitivity import ContributionBounds
 from transforms import arrow_coder  # noqa: F401  (registers the Arrow table coder)
 from transforms import bounding, keyset_staging
 from transforms.arrow_coder import table_list_coder
+from transforms.counting import Counted, Counters, CountingDoFn
 from transforms.keyset import KEYSET_POSITION, PublicKeyset
 from transforms.membership import KeyFilter, filter_words
 from transforms.parallel import BATCH_ROWS, ThreadedDoFn, batch_rows, check_threads, threads_for
@@ -63,7 +64,7 @@ from transforms.release import keyset_tables
 from transforms.tables import as_arrow_table
 from transforms.vectors import clip, row_words, vectors_of
 
-#: The Beam metrics namespace of the row rules' counters (module docstring).
+#: The namespace of the row rules' counters (module docstring).
 NAMESPACE = "dp_aggregate"
 #: What bounding claims of its release key (ReleaseKey.claim): the priorities' sub-keys.
 BOUNDING_PURPOSE = "bounding"
@@ -193,7 +194,7 @@ class _ToArrowTables(beam.DoFn):
             yield WindowedValue(self._flush(), MIN_TIMESTAMP, [GlobalWindow()])
 
 
-class _PrepareAndBound(ThreadedDoFn, beam.DoFn):
+class _PrepareAndBound(CountingDoFn, ThreadedDoFn, beam.DoFn):
     """Row rules, keyset filter, priorities and per-batch bounding; routes rows by unit shard.
 
     threads > 1 (:func:`~transforms.parallel.threads_for`: the in-process engine's profile):
@@ -206,7 +207,7 @@ class _PrepareAndBound(ThreadedDoFn, beam.DoFn):
         self._c = config
         self._by_position = by_position
         self._threads(threads, "dp-prepare")
-        self._counters = {}
+        self._counts = Counters(NAMESPACE)
         self._staged_filter = (None, None)  # (path, KeyFilter) of a staged keyset filter
 
     def setup(self):
@@ -220,10 +221,7 @@ class _PrepareAndBound(ThreadedDoFn, beam.DoFn):
         yield from self._submit(self._prepare, (table, key_filter), timestamp, window)
 
     def count(self, name, amount):
-        if amount:
-            if name not in self._counters:
-                self._counters[name] = Metrics.counter(NAMESPACE, name)
-            self._counters[name].inc(int(amount))
+        self._counts.inc(name, amount)
 
     def _filter(self, side) -> KeyFilter:
         """The keyset filter from its side input: its bytes, or the path of its staged file
@@ -601,13 +599,13 @@ class BoundedKeyPartials(beam.PTransform):
                 keyset_filter = hashes | "KeysetFilter" >> beam.CombineGlobally(
                     _KeyFilterFn()).with_output_types(bytes)
             side = beam.pvalue.AsSingleton(keyset_filter)
-        # Dict rows are gathered into tables of --dofn_batch_rows rows (1 where the runner drops
-        # what finish_bundle emits: slower; give Arrow batches). Bounding never depends on batching.
+        # Dict rows are gathered into tables of --dofn_batch_rows rows (the last one emitted by
+        # finish_bundle; Arrow batches are faster). Bounding never depends on batching.
         return (pcoll
                 | "ToArrow" >> beam.ParDo(_ToArrowTables(columns, c.unit, batch_rows(pcoll.pipeline)))
                 .with_output_types(pa.Table)
-                | "PrepareAndBound" >> beam.ParDo(_PrepareAndBound(c, self._by_position, threads), side)
-                .with_output_types(Tuple[int, pa.Table])
+                | "PrepareAndBound" >> Counted(_PrepareAndBound(c, self._by_position, threads), side,
+                                               output_type=Tuple[int, pa.Table])
                 | "BoundPerUnitShard" >> beam.CombinePerKey(
                     _BoundRowsFn(c.bounds.max_partitions, c.bounds.max_contributions_per_partition))
                 .with_output_types(Tuple[int, pa.Table])

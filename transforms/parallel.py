@@ -8,8 +8,8 @@ bundles on every core already, so their DoFns keep one thread (no pool: the work
 How many threads, and how many rows a DoFn gathers into one batch, the DoFns read from the
 pipeline's :class:`ExecutionOptions` (``--dofn_threads``, ``--dofn_batch_rows``), never from the
 runner's name: the runner profile fills them (:mod:`runners.profiles`: the cores, at most four,
-on the in-process engine with one worker; one thread and one-row batches where the runner drops
-what ``finish_bundle`` emits). A pipeline whose options no profile filled gets one thread and
+on the in-process engine with one worker; one thread on a cluster whose workers run bundles on
+every thread already). A pipeline whose options no profile filled gets one thread and
 full batches.
 
 :class:`OrderedThreads` keeps at most ``2 x threads`` elements in flight (the thread that feeds

@@ -44,13 +44,13 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from apache_beam.metrics import Metrics
 
 from accounting.calibration import NoiseSpec
 from transforms import keyset_staging
 from transforms.parallel import ThreadedDoFn, check_threads, threads_for
 from transforms.partials import routing_hash, shard_of, split_by_shard, sum_partials
 from transforms.arrow_coder import table_list_coder
+from transforms.counting import Counted, Counters, CountingDoFn
 from transforms.keyset import KEYSET_POSITION, PublicKeyset, rows_to_table
 from accounting.keys import ReleaseKey
 from transforms.noise import RandomStreams, add_noise
@@ -301,7 +301,7 @@ class _ReleaseSettings:
     keys_per_shard: int
 
 
-class _NoiseAndRelease(ThreadedDoFn, beam.DoFn):
+class _NoiseAndRelease(CountingDoFn, ThreadedDoFn, beam.DoFn):
     """One key shard -> its released table: keys joined (keyset) or selected, noised, thresholded,
     sorted by key. With threads > 1 (:func:`transforms.parallel.threads_for`: the in-process
     engine's profile) shards are released on that many threads of the instance, in input order; the grouped values
@@ -311,6 +311,7 @@ class _NoiseAndRelease(ThreadedDoFn, beam.DoFn):
     def __init__(self, settings: _ReleaseSettings, threads: int = 1):
         self._s = settings
         self._pieces = None  # a staged keyset's reader (transforms.keyset_staging)
+        self._counts = Counters(NAMESPACE)
         self._threads(threads, "dp-release")
 
     def setup(self):
@@ -343,7 +344,7 @@ class _NoiseAndRelease(ThreadedDoFn, beam.DoFn):
         yield from self._submit(self._released, (shard, value), timestamp, window)
 
     def count(self, name, amount):
-        Metrics.counter(NAMESPACE, name).inc(amount)
+        self._counts.inc(name, amount)
 
     def _read_staged(self, tagged) -> list:
         """A keyset shard's grouped values as a list, staged keyset pieces read (on the bundle's
@@ -529,7 +530,7 @@ class NoisyRelease(beam.PTransform):
         release = _NoiseAndRelease(self._settings, threads)
         if keyset is None:  # private selection: a fixed number of shards (the data's keys are private)
             totals = self._summed(partials, beam.FlatMap(_route_by_key, self._keys, self._num_shards))
-            return totals | "SelectNoiseAndRelease" >> beam.ParDo(release).with_output_types(pa.Table)
+            return totals | "SelectNoiseAndRelease" >> Counted(release, output_type=pa.Table)
         if keyset.in_memory:
             # Shard i is the keyset's chunk i: partials go to the chunk holding their key, and the
             # worker of a shard builds that chunk itself; only chunk numbers cross the shuffle.
@@ -562,7 +563,7 @@ class NoisyRelease(beam.PTransform):
         return (tagged
                 | "FlattenKeysetAndTotals" >> beam.Flatten()
                 | "JoinKeyset" >> beam.GroupByKey()
-                | "NoiseAndRelease" >> beam.ParDo(release).with_output_types(pa.Table))
+                | "NoiseAndRelease" >> Counted(release, output_type=pa.Table))
 
     def _summed(self, partials, route, keys=None):
         """Partials routed to key shards by ``route`` and summed per shard (one table each)."""

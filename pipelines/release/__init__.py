@@ -7,13 +7,15 @@ owns everything else, the same way for every job:
 1. **Preflight before any charge** (:mod:`~pipelines.release.inputs`): every input is resolved
    once (that list is both what is read and what the input digest covers) and checked -- it
    opens, its format and compression are known, its columns exist with usable types, a CSV's
-   last line is whole, it is not a release key. Bad flags, configuration or input: exit 2,
+   last line is whole, it is not a release key. ``--runner`` is resolved as Beam resolves it and
+   what it needs is checked (a Prism binary). Bad flags, runner, configuration or input: exit 2,
    nothing charged.
 2. **Reserve, compute, rule, publish, commit** (:mod:`~pipelines.release.lifecycle`: a run is
    these named phases after preflight, each with its failure policy beside it): the ledger
    reserves every release of the run, all or nothing, with fresh keys bound to the input digest
-   (:mod:`accounting.ledger`); the pipeline writes to private staging; counters are read and the
-   dropped-rows rule applied; each release is published atomically with its marker last
+   (:mod:`accounting.ledger`); the pipeline writes each release, and its row counters, to
+   private staging; the counters are read back from staging and the dropped-rows rule applied;
+   each release is published atomically with its marker last
    (:mod:`~pipelines.release.publish`), then committed.
    A release may also be made by two processes (:mod:`~pipelines.release.submission`):
    ``--submit_only`` reserves, stages and submits the pipeline and records its job handle with
@@ -33,10 +35,10 @@ owns everything else, the same way for every job:
    link inside the output tree (:mod:`~pipelines.release.publish`).
 5. **One key policy**: every real release of every job gets its keys from the ledger; a stored
    key is never applied to other input; ``--testing_seed`` is the only other key source.
-6. **Row faults are counted and shown** (:mod:`~pipelines.release.counters`): in the console
-   summary and the operator's report, never in released files; an input that lost all, or more
-   than ``--max_dropped_fraction``, of its eligible rows, or had none, is an operator alert --
-   never a reason not to publish (below).
+6. **Row faults are counted and shown** (:mod:`~pipelines.release.counters`, pipeline output on
+   every runner): in the console summary and the operator's report, never in released files; an
+   input that lost all, or more than ``--max_dropped_fraction``, of its eligible rows, or had
+   none, is an operator alert -- never a reason not to publish (below).
 7. **Safe names and messages** (:mod:`~pipelines.release.names`): one pattern for every id that
    becomes a path; messages name files and columns, never file content (configuration and list
    files are read by :mod:`~pipelines.release.textfiles`, which refuses a key file by name).
@@ -65,7 +67,8 @@ of the jobs, and what it is:
   - more than ``--max_dropped_fraction`` of an input's eligible rows dropped by row rules;
   - all of an input's eligible rows dropped;
   - an input without eligible rows: empty, header-only, or holding only other releases' rows;
-  - a runner that reported no counters (its result has no metrics), so the rules above cannot be read.
+  - a release whose staging holds no counters (the pipeline wrote none), so the rules above
+    cannot be read.
 
   They were refusals (exit 3) until issue 30; ``--allow_dropped_rows`` went with them (given,
   it is refused naming its replacement). The neighbouring-pair audit checks that one unit's

@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 
 from accounting.ledger.consumed import ConsumedIds
 from pipelines.release.errors import ReleaseRefused
+from transforms.counting import Counted, Counters, CountingDoFn
 
 SKIP_FLAG = "--skip_consumed"
 SKIP_HELP = ("remove rows whose ids an earlier batch already consumed (or that repeat within this "
@@ -256,12 +257,10 @@ def canonical_ids(resolved, column: str, *, required: bool = False) -> pa.Array:
     return pa.concat_arrays(parts) if parts else pa.array([], pa.string())
 
 
-class _RemoveRowsFn(beam.DoFn):
+class _RemoveRowsFn(CountingDoFn):
     def __init__(self, column: str, namespace: str, counter: str):
-        from apache_beam.metrics import Metrics
-
         self._column = column
-        self._removed = Metrics.counter(namespace, counter)
+        self._removed = Counters(namespace).counter(counter)
         self._cache = (None, None)
 
     def process(self, table: pa.Table, removed):
@@ -286,5 +285,5 @@ def remove_consumed(tables, pipeline, release, namespace: str, column: str, *,
         return tables
     removed = (pipeline | release.label(f"ConsumedIds[{label}]")
                >> beam.Create([consumed.removed.to_pylist()]))
-    return tables | release.label(f"RemoveConsumed[{label}]") >> beam.ParDo(
+    return tables | release.label(f"RemoveConsumed[{label}]") >> Counted(
         _RemoveRowsFn(column, *counter), beam.pvalue.AsSingleton(removed))

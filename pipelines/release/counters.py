@@ -1,6 +1,6 @@
 """Row counters: raw-data facts for the operator, kept out of every released file.
 
-Jobs count what happens to input rows with Beam counters in the job's namespace, named
+Jobs count what happens to input rows in the job's namespace, named
 ``<input>.<event>[.<reason>]``:
 
 * ``read``: rows read (counted by the release layer's reader; ``read_files_without_rows``:
@@ -14,16 +14,28 @@ Jobs count what happens to input rows with Beam counters in the job's namespace,
   file): not faults, and not eligible;
 * ``excluded.<reason>``: rows removed by policy (a protected country): not faults.
 
-The release layer reads the counters from the pipeline result into the CLI summary and the
-operator's ``report.json``, never into a released file; so do the alerts made from them.
+Counters are pipeline output (:mod:`transforms.counting`), the same on every runner whether or not
+it returns Beam metrics: each counting DoFn emits its bundle's partial counts, the pipeline sums
+them before the shuffle, and :class:`StageCounters` writes each release's (:func:`select`) as a
+small JSON file, ``FILE`` (:data:`pipelines.release.publish.COUNTERS`), into the release's
+private staging folder. The release layer reads that file back (:func:`read_staged`: lifecycle
+``collect``, in the process that ran the pipeline or in another) into the CLI summary and the
+operator's ``report.json``; publication leaves it behind (:mod:`pipelines.release.publish`), so
+counters never reach a released file or the public marker.
 """
 from __future__ import annotations
 
+import json
 from typing import Mapping, Optional, Sequence
 
-from apache_beam.metrics import Metrics
+import apache_beam as beam
+
+from pipelines.release import storage
+from pipelines.release.publish import COUNTERS as FILE
+from transforms.counting import Counters
 
 EVENTS = ("read", "dropped", "skipped", "excluded")
+FORMAT = "beam-dp-release/counters/v1"
 
 
 def namespace(job: str, release_id: Optional[str] = None) -> str:
@@ -31,72 +43,83 @@ def namespace(job: str, release_id: Optional[str] = None) -> str:
     return job if release_id is None else f"{job}/{release_id}"
 
 
-class RowCounters:
-    """Beam counters of one input of one job, run-level or of one release (a run may make
-    several releases from the same rows: what each release skips or drops is its own)."""
+class RowCounters(Counters):
+    """Row counters of one input of one job, run-level or of one release (a run may make
+    several releases from the same rows: what each release skips or drops is its own). Held by
+    a :class:`~transforms.counting.CountingDoFn` applied with
+    :class:`~transforms.counting.Counted`."""
 
     def __init__(self, job: str, input_name: str, release_id: Optional[str] = None):
-        self._namespace, self._input = namespace(job, release_id), input_name
-        self._counters = {}
-
-    def __getstate__(self):
-        return {"_namespace": self._namespace, "_input": self._input, "_counters": {}}
-
-    def _inc(self, name: str, amount) -> None:
-        amount = int(amount)
-        if amount:
-            if name not in self._counters:
-                self._counters[name] = Metrics.counter(self._namespace, f"{self._input}.{name}")
-            self._counters[name].inc(amount)
+        super().__init__(namespace(job, release_id), prefix=f"{input_name}.")
 
     def read(self, amount) -> None:
-        self._inc("read", amount)
+        self.inc("read", amount)
 
     def dropped(self, reason: str, amount) -> None:
-        self._inc(f"dropped.{reason}", amount)
+        self.inc(f"dropped.{reason}", amount)
 
     def skipped(self, reason: str, amount) -> None:
-        self._inc(f"skipped.{reason}", amount)
+        self.inc(f"skipped.{reason}", amount)
 
     def excluded(self, reason: str, amount) -> None:
-        self._inc(f"excluded.{reason}", amount)
+        self.inc(f"excluded.{reason}", amount)
 
     def other(self, name: str, amount) -> None:
-        self._inc(name, amount)
+        self.inc(name, amount)
 
 
-def query(result, job: str, library: Sequence[str] = ()) -> dict[str, dict[str, int]] | None:
-    """{namespace: {counter: value}} of the job's run-level and release-level namespaces
-    (committed values, or attempted where a runner has no committed ones). Counters of the
-    ``library`` namespaces (transforms the job uses that count in a namespace of their own, e.g.
-    ``ara``) are run-level counters named ``<namespace>.<name>``.
-
-    None when the runner's result has no metrics at all (its ``metrics()`` raises
-    NotImplementedError): "no counters" must not read as "nothing dropped" (the release layer
-    alerts the operator that the row rules could not be checked)."""
-    out: dict[str, dict[str, int]] = {}
-    try:
-        counters = result.metrics().query()["counters"]
-    except (NotImplementedError, AttributeError, KeyError):
-        return None
-    for counter in counters:
-        ns, name = counter.key.metric.namespace, counter.key.metric.name
-        if ns in library and ns != job:
-            ns, name = job, f"{ns}.{name}"
-        elif ns != job and not ns.startswith(job + "/"):
+def select(counts: Mapping[str, Mapping[str, int]], job: str, release_id: str,
+           library: Sequence[str] = ()) -> dict[str, int]:
+    """One release's counters from every count of the run (``{namespace: {name: amount}}``,
+    as :class:`transforms.counting.AllCounts` gives them): the job's run-level ones, the
+    release's own (namespace ``job/release id``), and those of the ``library`` namespaces
+    (transforms the job uses that count in a namespace of their own, e.g. ``ara``), named
+    ``<namespace>.<name>``."""
+    merged: dict[str, int] = {}
+    for ns, values in counts.items():
+        if ns in (job, namespace(job, release_id)):
+            prefix = ""
+        elif ns in library:
+            prefix = f"{ns}."
+        else:
             continue
-        value = counter.committed if counter.committed is not None else counter.attempted
-        bucket = out.setdefault(ns, {})
-        bucket[name] = bucket.get(name, 0) + int(value or 0)
-    return {ns: dict(sorted(values.items())) for ns, values in sorted(out.items())}
-
-
-def of_release(counts: Mapping[str, Mapping[str, int]], job: str, release_id: str) -> dict[str, int]:
-    """The run-level counters plus one release's own."""
-    merged = dict(counts.get(job, {}))
-    for name, value in counts.get(namespace(job, release_id), {}).items():
-        merged[name] = merged.get(name, 0) + value
+        for name, value in values.items():
+            merged[prefix + name] = merged.get(prefix + name, 0) + int(value)
     return dict(sorted(merged.items()))
+
+
+class StageCounters(beam.PTransform):
+    """The run's counts (one element, :class:`transforms.counting.AllCounts`) -> one release's
+    counters (:func:`select`) written to ``folder``/:data:`FILE` (private staging)."""
+
+    def __init__(self, folder: str, job: str, release_id: str, library: Sequence[str] = ()):
+        super().__init__()
+        self._folder, self._job, self._release_id = folder, job, release_id
+        self._library = tuple(library)
+
+    def expand(self, counts):
+        return (counts
+                | "Select" >> beam.Map(select, self._job, self._release_id, self._library)
+                | "Write" >> beam.Map(_write, self._folder, self._job, self._release_id))
+
+
+def _write(counters: Mapping[str, int], folder: str, job: str, release_id: str) -> str:
+    body = {"format": FORMAT, "job": job, "release_id": release_id, "counters": dict(counters)}
+    path = storage.join(folder, FILE)
+    storage.write_bytes(path, (json.dumps(body, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+    return path
+
+
+def read_staged(folder: str) -> Optional[dict[str, int]]:
+    """A release's staged counters (None when its staging holds none: the pipeline wrote no
+    counters, so the row rules cannot be read)."""
+    data = storage.read_bytes(storage.join(folder, FILE))
+    if data is None:
+        return None
+    body = json.loads(data.decode("utf-8"))
+    if body.get("format") != FORMAT:
+        raise ValueError(f"{storage.join(folder, FILE)} is not a counters file ({FORMAT})")
+    return {str(k): int(v) for k, v in body["counters"].items()}
 
 
 def dropped_share(counters: Mapping[str, int]) -> dict[str, dict]:
@@ -120,8 +143,8 @@ def dropped_share(counters: Mapping[str, int]) -> dict[str, dict]:
     return out
 
 
-#: The alert of a run whose runner reported no counters at all.
-NO_COUNTERS = ("the runner reported no counters, so the row rules (dropped rows, inputs without "
+#: The alert of a release whose staging holds no counters (the pipeline wrote none).
+NO_COUNTERS = ("the run staged no row counters, so the row rules (dropped rows, inputs without "
                "eligible rows) could not be checked")
 
 

@@ -16,8 +16,8 @@ the budget was charged at the reservation, and the next run of the same command 
 record.
 
 **The alert exit code is a data-dependent signal.** Alerts (dropped rows, an input without
-eligible rows, a runner without counters: see :mod:`pipelines.release`) come from exact raw row
-counts, so whether a run exits N can depend on one person's rows. It is for the operator's
+eligible rows, a release without staged counters: see :mod:`pipelines.release`) come from exact
+raw row counts, so whether a run exits N can depend on one person's rows. It is for the operator's
 scheduler only (retry, page someone): never publish it, and never use it to decide whether
 this or another release is published -- that would turn an operator-only fact into a
 publication decision taken from private data. Without the flag an alerted release exits 0.

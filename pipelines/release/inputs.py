@@ -38,7 +38,7 @@ the file, refused in preflight. What ``Job.consumes`` scans before the charge
 :class:`ReadInput` reads the files in the pipeline: CSV columns as text (only an empty field is
 missing: Arrow's default null markers include "NA", which is Namibia), Parquet by row group,
 JSON lines as one ``line`` column; rows read, malformed CSV lines and files without a row
-(``read_files_without_rows``: header-only or empty) are Beam counters.
+(``read_files_without_rows``: header-only or empty) are row counters (pipelines.release.counters).
 """
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ import apache_beam as beam
 from accounting import gcs
 from pipelines.release import storage, textfiles
 from pipelines.release.counters import RowCounters
+from transforms.counting import Counted, CountingDoFn
 from pipelines.release.errors import ReleaseRefused
 
 FORMATS = ("csv", "parquet", "jsonl")
@@ -403,7 +404,7 @@ class InputReadError(RuntimeError):
     Its message names the input and the file only, so it may be shown to the operator."""
 
 
-class _ReadFile(beam.DoFn):
+class _ReadFile(CountingDoFn):
     """One file -> Arrow tables of the input's columns (CSV as text), counting rows read."""
 
     def __init__(self, resolved: ResolvedInput, job: str):
@@ -584,4 +585,4 @@ class ReadInput(beam.PTransform):
         return (pbegin
                 | "Files" >> beam.Create(list(self._resolved.files))
                 | "Spread" >> beam.Reshuffle()
-                | "Read" >> beam.ParDo(_ReadFile(self._resolved, self._job)))
+                | "Read" >> Counted(_ReadFile(self._resolved, self._job)))

@@ -257,7 +257,9 @@ class ReleaseContext:
         return f"{name}[{self.release_id}]"
 
     def counters(self, job: str, input_name: str):
-        """Row counters of ``input_name`` for this release (see pipelines.release.counters)."""
+        """Row counters of ``input_name`` for this release (see pipelines.release.counters), for
+        a :class:`transforms.counting.CountingDoFn` to hold and count on, applied with
+        :class:`transforms.counting.Counted` (counted anywhere else, they raise)."""
         from pipelines.release.counters import RowCounters
 
         return RowCounters(job, input_name, release_id=self.release_id)
@@ -290,7 +292,7 @@ class Job:
     description: str = ""
     #: Counter namespaces of library transforms the job uses that count raw-data facts in a
     #: namespace of their own (e.g. ``("ara",)``): read into the run's counters as
-    #: ``<namespace>.<name>`` (see pipelines.release.counters.query).
+    #: ``<namespace>.<name>`` (see pipelines.release.counters.select).
     counter_namespaces: Sequence[str] = ()
 
     def prepare(self, request) -> Prepared:

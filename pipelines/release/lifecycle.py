@@ -8,14 +8,15 @@ failure policy in its docstring, implemented beside it:
 phase       what it does                                         a fault in it
 ==========  ===================================================  ===============================
 preflight   the job prepares (once), checks and plans; inputs    ReleaseRefused (exit 2):
-            resolved and checked; Beam options; locations        nothing charged
-            writable; output root ownership
+            resolved and checked; Beam options, the runner       nothing charged
+            resolved and checked; locations writable; output
+            root ownership
 reserve     the ledger reserves every release, all or nothing,   ReleaseRefused (exit 2):
             with fresh keys bound to the input digest (testing   nothing charged
             runs: a public key from the seed, no ledger)
 compute     one Beam pipeline reads each input once and writes   ReleaseFailed (exit 3): the
-            every release to private staging; counters read      failure recorded for the
-                                                                 operator, the reservation kept
+            every release, and its row counters, to private      failure recorded for the
+            staging; the counters read back from staging         operator, the reservation kept
 rule        the row rules over each release's counters: alerts   never refuses (operator-only:
             for the operator (dropped rows, empty inputs)        the release is published)
 publish     markers staged; every release checked publishable,   ReleaseFailed (exit 3) before
@@ -28,9 +29,10 @@ commit      ledger records completed, operator reports written   a warning (exit
 The states: :class:`Preflight` -> :class:`Reserved` -> :class:`Computed` -> :class:`Ruled` ->
 :class:`Published` -> :class:`RunResult`. ``compute`` is :func:`stage` (fresh private staging
 folders), :func:`run_pipeline` (the one place where execution happens) and :func:`collect` (the
-counters), so that a release can also be submitted by one process and finished by another
-(``--submit_only`` / ``--finalize``, for a Flex Template launcher and a scheduler's second task),
-two more compositions of the same phases (:mod:`pipelines.release.submission`):
+counters, read from staging alone, never from the runner's result), so that a release can also
+be submitted by one process and finished by another (``--submit_only`` / ``--finalize``, for a
+Flex Template launcher and a scheduler's second task), two more compositions of the same phases
+(:mod:`pipelines.release.submission`):
 
 * :func:`submit` = preflight + reserve + stage + :func:`start` (the pipeline started on its
   runner: Dataflow returns the job id at once, a local engine runs it to the end), the job handle
@@ -38,7 +40,7 @@ two more compositions of the same phases (:mod:`pipelines.release.submission`):
 * :func:`finalize` = the same preflight + :func:`find_submitted` (the reservation found again,
   nothing charged; exit 2 without one) + :func:`await_job` (exit 3 if the job failed), then, one
   finalizing process at a time, :func:`published_before` (an earlier finalize published it:
-  reproduced) or :func:`collect_submitted` + rule + publish + commit.
+  reproduced) or :func:`collect` + rule + publish + commit.
 """
 from __future__ import annotations
 
@@ -62,6 +64,7 @@ from pipelines.release import publish as publication
 from pipelines.release import report, storage, submission
 from pipelines.release.errors import ReleaseFailed, ReleaseRefused
 from pipelines.release.job import Job, PlannedRelease, Prepared, ReleaseContext
+from transforms.counting import AllCounts
 from transforms.noise.mechanisms import IntegerSumOverflowError
 
 _LOG = logging.getLogger(__name__)
@@ -92,7 +95,7 @@ class RunResult:
 
     job: str
     releases: Sequence[ReleaseOutcome]
-    counters: Mapping[str, int]
+    counters: Mapping[str, Mapping[str, int]]  # release id -> its row counters
     exit_code: int = 0
     warnings: Sequence[str] = ()
     alerts: Sequence[str] = ()
@@ -145,12 +148,12 @@ class Reserved:
 
 @dataclass(frozen=True, kw_only=True)
 class Computed:
-    """Every release written to its private staging folder; the runner's counters (None: the
-    runner reported none)."""
+    """Every release written to its private staging folder; each release's row counters, as
+    staged beside it (release id -> counters; None: its staging holds none)."""
 
     reserved: Reserved
     staging: Mapping[str, str]
-    counters: Optional[Mapping[str, Mapping[str, int]]]
+    counters: Mapping[str, Optional[Mapping[str, int]]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,11 +222,10 @@ def finalize(job: Job, request) -> RunResult:
     repeat or to run twice at once: a published release is reproduced, nothing is spent."""
     reserved = find_submitted(preflight(job, request))
     staging, handle = submission.submitted(reserved)
-    result = await_job(reserved, handle)
+    await_job(reserved, handle)
     with submission.turn(reserved):
         out, rest = published_before(reserved, staging)
-        done = commit(publish(rule(collect_submitted(rest, staging, result)))) if rest else None
-    submission.forget_counters(staging)
+        done = commit(publish(rule(collect(rest, staging)))) if rest else None
     if done is None:
         return RunResult(job=job.name, releases=out, counters={})
     return dataclasses.replace(done, releases=[*out, *done.releases])
@@ -233,8 +235,9 @@ def finalize(job: Job, request) -> RunResult:
 
 def preflight(job: Job, request) -> Preflight:
     """The job prepares its request (once), checks it and plans its releases; every input is
-    resolved once and preflighted; Beam options are built (runner profile); the output,
-    staging, report, ledger and key-store locations are checked writable.
+    resolved once and preflighted; Beam options are built (runner profile) and the runner
+    resolved and checked (``--runner``); the output, staging, report, ledger and key-store
+    locations are checked writable.
 
     Failure policy: everything here raises ReleaseRefused (or ValueError: exit 2); nothing has
     been charged or written."""
@@ -272,16 +275,23 @@ def preflight(job: Job, request) -> Preflight:
 
 
 def _pipeline_options(args: Sequence[str], submit_only: bool = False):
-    """Beam's options, and whether they only translate the job. The job object a Flex Template
-    launcher asks for (``--template_location=.../template_launches/<job id>/job_object``) is a
-    submission when the run is ``--submit_only``: the launcher creates that one job from it."""
+    """Beam's options of the run (runner profile applied) and whether it only translates. The
+    runner is resolved as Beam will resolve it and what it needs here is checked (an unknown
+    ``--runner``, a missing Prism binary: refused with the runner's own message). The job object
+    a Flex Template launcher asks for (``--template_location=.../template_launches/<job id>/
+    job_object``) is a submission when the run is ``--submit_only``: the launcher creates that
+    one job from it."""
     from pipelines.release.flags import check_beam_args
     from runners.dataflow_jobs import flex_launch_job_id
+    from runners.execution import RunnerUnavailable, check_runner
     from runners.profiles import pipeline_options_for
 
     args = check_beam_args(args)  # every flag one of Beam's, spelled out (FlagError: exit 2)
     try:
         options = pipeline_options_for(list(args))
+        check_runner(options)
+    except RunnerUnavailable as err:
+        raise ReleaseRefused(f"{str(err).rstrip('.')}; nothing was charged") from None
     except (ValueError, SystemExit) as err:
         raise ReleaseRefused(f"pipeline options: {err}")
     every = options.get_all_options()
@@ -388,20 +398,21 @@ def _digest(pre: Preflight, planned: PlannedRelease) -> str:
 
 def compute(reserved: Reserved) -> Computed:
     """One Beam pipeline reads each input once, builds every release and writes each output,
-    sorted by its public order, to the release's private staging folder; the counters are read
-    from the result. ``stage`` + ``run_pipeline`` + ``collect`` (see the module docstring).
+    sorted by its public order, and the release's row counters to the release's private staging
+    folder; the counters are read back from staging. ``stage`` + ``run_pipeline`` + ``collect``
+    (see the module docstring).
 
     Failure policy (:func:`_computation_failed`): any fault of the computation publishes
     nothing: the operator's failure record is written, and ReleaseFailed (exit 3) says the
     reservation stays (a corrected re-run takes it over without spending again)."""
     staging = stage(reserved)
     try:
-        result = run_pipeline(reserved.pre.beam_options, _graph(reserved, staging))
+        run_pipeline(reserved.pre.beam_options, _graph(reserved, staging))
     except Exception as err:  # noqa: BLE001 -- any fault of the computation: nothing published
         raise _computation_failed(reserved, err) from None
     if reserved.pre.translate_only:
         return Computed(reserved=reserved, staging=staging, counters={})
-    return collect(reserved, staging, result)
+    return collect(reserved, staging)
 
 
 def stage(reserved: Reserved) -> Mapping[str, str]:
@@ -418,7 +429,8 @@ def stage(reserved: Reserved) -> Mapping[str, str]:
 
 
 def _graph(reserved: Reserved, staging: Mapping[str, str]):
-    """The run's Beam graph: every input read once, the job's releases, each output staged."""
+    """The run's Beam graph: every input read once, the job's releases, each output staged, and
+    each release's row counters (pipelines.release.counters) staged beside its outputs."""
     pre = reserved.pre
 
     def build(pipeline):
@@ -434,6 +446,11 @@ def _graph(reserved: Reserved, staging: Mapping[str, str]):
                 (released[spec.name]
                  | f"Stage[{p.release_id}/{spec.name}]" >> release_outputs.WriteStaged(
                      staging[p.release_id], spec))
+        counts = pipeline | "Counters" >> AllCounts()  # after every counting transform
+        for context in reserved.releases:
+            rid = context.release_id
+            _ = counts | f"StageCounters[{rid}]" >> row_counters.StageCounters(
+                staging[rid], pre.job.name, rid, pre.job.counter_namespaces)
     return build
 
 
@@ -446,11 +463,13 @@ def run_pipeline(options, build) -> object:
     return run_on_runner(options, build)
 
 
-def collect(reserved: Reserved, staging: Mapping[str, str], result) -> Computed:
-    """The finished pipeline's counters (None when the runner's result has no metrics)."""
-    pre = reserved.pre
+def collect(reserved: Reserved, staging: Mapping[str, str]) -> Computed:
+    """Each release's row counters, read from its staging folder, where the pipeline wrote them
+    (None for a release whose staging holds none). Reads staging and the reservation only,
+    never the runner's result: it may run in another process than the pipeline's submitter."""
     return Computed(reserved=reserved, staging=staging,
-                    counters=row_counters.query(result, pre.job.name, pre.job.counter_namespaces))
+                    counters={c.release_id: row_counters.read_staged(staging[c.release_id])
+                              for c in reserved.releases})
 
 
 def _computation_failed(reserved: Reserved, err: Exception) -> ReleaseFailed:
@@ -492,19 +511,16 @@ def _record_failure(reserved: Reserved, detail: str) -> None:
 def start(reserved: Reserved, staging: Mapping[str, str]):
     """submit's compute: the run's graph started on its runner (``runners.execution.submit``:
     Dataflow creates the job and returns its id without waiting; a local engine runs the job to
-    the end, and its counters are kept for finalize). Returns the job's handle.
+    the end). Its counters are staged by the pipeline itself. Returns the job's handle.
 
     Failure policy: compute's (:func:`_computation_failed`: exit 3, the reservation stays and
     submitting again takes it over without spending)."""
-    from runners.execution import DONE
     from runners.execution import submit as submit_on_runner
 
     try:
-        handle, result = submit_on_runner(reserved.pre.beam_options, _graph(reserved, staging))
+        handle, _ = submit_on_runner(reserved.pre.beam_options, _graph(reserved, staging))
     except Exception as err:  # noqa: BLE001 -- any fault of the computation: nothing published
         raise _computation_failed(reserved, err) from None
-    if handle.state == DONE:  # the job ran in this process: its Beam metrics end with it
-        submission.keep_counters(collect(reserved, staging, result))
     return handle
 
 
@@ -548,16 +564,6 @@ def await_job(reserved: Reserved, handle):
         return wait(reserved.pre.beam_options, handle)
     except Exception as err:  # noqa: BLE001 -- the job's fault: nothing published
         raise _computation_failed(reserved, err) from None
-
-
-def collect_submitted(reserved: Reserved, staging: Mapping[str, str], result) -> Computed:
-    """finalize's collect, one seam: the counters submit kept (a local engine's job ran in the
-    submitting process), else :func:`collect` from the awaited job's result (Dataflow's job
-    metrics)."""
-    kept, counters = submission.kept_counters(staging)
-    if kept:
-        return Computed(reserved=reserved, staging=staging, counters=counters)
-    return collect(reserved, staging, result)
 
 
 def published_before(reserved: Reserved, staging: Mapping[str, str]):
@@ -607,8 +613,8 @@ def _reproduced(reserved: Reserved, context: ReleaseContext) -> Optional[Release
 def rule(computed: Computed) -> Ruled:
     """The row rules over each release's counters: the job's dropped-rows shares, and the
     operator's alerts made from them (:func:`pipelines.release.counters.alerts`: an input
-    without eligible rows, all or more than ``--max_dropped_fraction`` of them dropped; a runner
-    that reported no counters).
+    without eligible rows, all or more than ``--max_dropped_fraction`` of them dropped; a
+    release whose staging holds no counters).
 
     Failure policy: none -- these rules are operator-only and never refuse or withhold a
     release. They read exact raw counts, so a decision taken from them would let one privacy
@@ -618,16 +624,14 @@ def rule(computed: Computed) -> Ruled:
     with the release, its threshold stated in the guarantee."""
     reserved = computed.reserved
     pre = reserved.pre
-    ids = [c.release_id for c in reserved.releases]
-    if computed.counters is None:  # the runner's result has no metrics
-        counts, shares = {rid: {} for rid in ids}, {rid: {} for rid in ids}
-        return Ruled(computed=computed, counts=counts, shares=shares,
-                     alerts={rid: (row_counters.NO_COUNTERS,) for rid in ids})
-    counts = {rid: row_counters.of_release(computed.counters, pre.job.name, rid) for rid in ids}
-    shares = {rid: pre.job.dropped_rows(pre.prepared, c) for rid, c in counts.items()}
-    alerts = {c.release_id: tuple(row_counters.alerts(
-        shares[c.release_id], c.planned.inputs or sorted(pre.inputs),
-        pre.options.max_dropped_fraction)) for c in reserved.releases}
+    counts, shares, alerts = {}, {}, {}
+    for context in reserved.releases:
+        rid, staged = context.release_id, computed.counters.get(context.release_id)
+        counts[rid] = dict(staged or {})
+        shares[rid] = pre.job.dropped_rows(pre.prepared, counts[rid]) if staged is not None else {}
+        alerts[rid] = (row_counters.NO_COUNTERS,) if staged is None else tuple(row_counters.alerts(
+            shares[rid], context.planned.inputs or sorted(pre.inputs),
+            pre.options.max_dropped_fraction))
     return Ruled(computed=computed, counts=counts, shares=shares, alerts=alerts)
 
 
@@ -754,7 +758,7 @@ def commit(published: Published) -> RunResult:
         _LOG.warning("operator alert (published): %s", alert)
     _LOG.info("%s: %d release(s) in %.1f s", pre.job.name, len(results), time.time() - pre.started)
     code = pre.options.alert_exit_code if alerts and pre.options.alert_exit_code else 0
-    return RunResult(job=pre.job.name, releases=results, counters=ruled.computed.counters or {},
+    return RunResult(job=pre.job.name, releases=results, counters=dict(ruled.counts),
                      warnings=tuple(warnings), alerts=alerts, exit_code=code)
 
 

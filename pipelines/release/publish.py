@@ -5,7 +5,9 @@ Layout under ``--output`` (OUTPUT)::
     OUTPUT/.ledger-binding.json              which ledger (id and path) owns this output root
     OUTPUT/<release id>/v<N>/<files>         a published release version ...
     OUTPUT/<release id>/v<N>/RELEASE.json    ... and its marker (public metadata), written last
-    OUTPUT/.staging/<release id>/v<N>.<attempt>/   private staging (default --staging_dir)
+    OUTPUT/.staging/<release id>/v<N>.<attempt>/   private staging (default --staging_dir): the
+                                             release's files, and its row counters (COUNTERS,
+                                             operator-only: never published)
     OUTPUT/testing-not-a-release/<release id>/     testing runs (--testing_seed) only
 
 Rules:
@@ -37,6 +39,9 @@ MARKER = "RELEASE.json"
 BINDING = ".ledger-binding.json"
 TESTING_PREFIX = "testing-not-a-release"
 STAGING = ".staging"
+#: A release's row counters, staged beside its files for the operator (pipelines.release.counters);
+#: publication leaves them behind.
+COUNTERS = ".counters.json"
 MARKER_FORMAT = "beam-dp-release/release/v1"
 
 
@@ -220,9 +225,10 @@ def _same(staged: dict, published: dict) -> bool:
 
 
 def digests(folder: str) -> dict[str, str]:
-    """{file name: sha256} of every file in a folder."""
+    """{file name: sha256} of every file in a folder (a staged :data:`COUNTERS` file aside)."""
     prefix = folder.rstrip("/") + "/"
-    return {path[len(prefix):]: storage.sha256_of(path) for path in storage.list_files(folder)}
+    return {path[len(prefix):]: storage.sha256_of(path) for path in storage.list_files(folder)
+            if path[len(prefix):] != COUNTERS}
 
 
 def check_publishable(staging: str, final: str, *, testing: bool) -> str:
@@ -261,6 +267,7 @@ def publish(staging: str, final: str, *, testing: bool, root: Optional[str] = No
     if outcome == "identical":
         storage.delete_tree(staging)
         return outcome
+    storage.delete_file(storage.join(staging, COUNTERS))  # read by then; the operator's only
     if testing:
         storage.delete_tree(final)
     if not storage.is_gcs(final) and not storage.is_gcs(staging) and outcome == "new":

@@ -13,10 +13,9 @@ finalizing processes take turns through a claim in the ledger record (a transact
 ledger stores), so the second sees the release published and reproduces it. A claim lapses after
 :data:`LEASE_SECONDS`, or at once when its holder was a process of this host that is gone.
 
-Counters: a local engine's job runs to the end inside the submitting process, whose Beam metrics
-die with it, so submit keeps the counters beside the staging attempt (:func:`keep_counters`, raw
-facts in private staging, never published) for finalize to read (:func:`kept_counters`). A
-runner whose counters are pipeline output in staging makes this unnecessary.
+Counters: the pipeline itself writes each release's row counters into its private staging folder
+(pipelines.release.counters), on every runner, so finalize reads them there whichever process or
+runner computed the release.
 """
 from __future__ import annotations
 
@@ -38,7 +37,6 @@ _LOG = logging.getLogger(__name__)
 #: How long a finalizing process holds a release before another may take it over.
 LEASE_SECONDS = 300.0
 #: The counters a local engine's submitted job counted, beside its staging attempt.
-COUNTERS_SUFFIX = ".counters.json"
 
 
 def record(reserved, staging: Mapping[str, str], handle) -> None:
@@ -86,29 +84,6 @@ def submitted(reserved):
         raise ReleaseRefused("the releases of these flags were submitted by different runs: "
                              "submit them again together")
     return staging, JobHandle.from_json(json.loads(handles.pop()))
-
-
-# --------------------------------------------------------------------------- counters
-
-def keep_counters(computed) -> None:
-    """A local engine's counters, kept beside each staging attempt for finalize."""
-    data = json.dumps({"counters": computed.counters}, sort_keys=True).encode("utf-8")
-    for folder in computed.staging.values():
-        storage.write_bytes(folder.rstrip("/") + COUNTERS_SUFFIX, data)
-
-
-def kept_counters(staging: Mapping[str, str]) -> tuple[bool, Optional[dict]]:
-    """(whether submit kept counters, the counters: None if the runner reported none)."""
-    data = storage.read_bytes(sorted(staging.values())[0].rstrip("/") + COUNTERS_SUFFIX)
-    if data is None:
-        return False, None
-    return True, json.loads(data.decode("utf-8"))["counters"]
-
-
-def forget_counters(staging: Mapping[str, str]) -> None:
-    for folder in staging.values():
-        with contextlib.suppress(OSError):
-            storage.delete_file(folder.rstrip("/") + COUNTERS_SUFFIX)
 
 
 # --------------------------------------------------------------------------- taking turns

@@ -16,12 +16,12 @@ import operator
 
 import numpy as np
 import apache_beam as beam
-from apache_beam.metrics import Metrics
 
 from transforms.ara.contribution import (CONTRIBUTION_BUDGET, ContributionConfig,
                                          bound_contributions)
 from transforms.ara.reports import FAULTS, AggregatableReport, ReportFault, parse_report
 from transforms.batching import ShardedBatches
+from transforms.counting import Counted, Counters, CountingDoFn
 from transforms.ara.summary import (add_summary_noise, bucket_streams, check_summary_epsilon,
                                     key_bytes)
 
@@ -35,9 +35,6 @@ def batch_purpose(purpose: str, batch_id: str | None) -> str:
     gives independent rounding and noise (never the same noise on different data)."""
     return purpose if batch_id is None else f"{purpose}/batch={batch_id}"
 
-
-def _counter(name: str):
-    return Metrics.counter(NAMESPACE, name)
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,20 +157,21 @@ def max_report_totals(cfg: ContributionConfig, values: np.ndarray) -> np.ndarray
     return cfg.contributions(values, top).sum(axis=(1, 2)).astype(np.int64)
 
 
-class _EncodeConversionsFn(beam.DoFn):
+class _EncodeConversionsFn(CountingDoFn):
     def __init__(self, config: ContributionConfig, release_key, purpose: str,
                  require_report_id: bool = False):
+        self._counts = Counters(NAMESPACE)
         self.config = config
         self.release_key = release_key
         self.purpose = purpose
         self.require_report_id = require_report_id
-        self.rows = _counter("conversion_rows")
-        self.null_rows = _counter("conversion_rows_dropped_null_or_nonfinite")
-        self.range_rows = _counter("conversion_rows_dropped_feature_out_of_range")
-        self.missing_ids = _counter("conversion_rows_dropped_missing_report_id")
-        self.negative = _counter("conversion_values_negative_clipped_to_zero")
-        self.reports = _counter("reports_encoded")
-        self.count_not_one = _counter("conversion_rows_count_not_one_counted_once_by_padding")
+        self.rows = self._counts.counter("conversion_rows")
+        self.null_rows = self._counts.counter("conversion_rows_dropped_null_or_nonfinite")
+        self.range_rows = self._counts.counter("conversion_rows_dropped_feature_out_of_range")
+        self.missing_ids = self._counts.counter("conversion_rows_dropped_missing_report_id")
+        self.negative = self._counts.counter("conversion_values_negative_clipped_to_zero")
+        self.reports = self._counts.counter("reports_encoded")
+        self.count_not_one = self._counts.counter("conversion_rows_count_not_one_counted_once_by_padding")
 
     def process(self, batch):
         from transforms.noise import RandomStreams
@@ -240,7 +238,7 @@ class EncodeConversions(beam.PTransform):
         # One application per key and purpose: applied again (other input) the same lanes would
         # round the same way, and the difference of two outputs would carry no rounding noise.
         self.release_key.claim(self.purpose, owner=type(self).__name__)
-        return batches | "Encode" >> beam.ParDo(
+        return batches | "Encode" >> Counted(
             _EncodeConversionsFn(self.config, self.release_key, self.purpose,
                                  self.require_report_id))
 
@@ -249,11 +247,12 @@ class EncodeConversions(beam.PTransform):
 # Input: JSON aggregatable reports
 # --------------------------------------------------------------------------------------------
 
-class _ParseReportsFn(beam.DoFn):
+class _ParseReportsFn(CountingDoFn):
     def __init__(self, require_report_id: bool = False):
+        self._counts = Counters(NAMESPACE)
         self.require_report_id = require_report_id
-        self.faults = {reason: _counter(f"reports_dropped_{reason}") for reason in FAULTS}
-        self.parsed = _counter("reports_parsed")
+        self.faults = {reason: self._counts.counter(f"reports_dropped_{reason}") for reason in FAULTS}
+        self.parsed = self._counts.counter("reports_parsed")
 
     def process(self, line):
         if not line.strip():
@@ -276,12 +275,13 @@ class ParseReports(beam.PTransform):
         self.require_report_id = require_report_id
 
     def expand(self, lines):
-        return lines | "Parse" >> beam.ParDo(_ParseReportsFn(self.require_report_id))
+        return lines | "Parse" >> Counted(_ParseReportsFn(self.require_report_id))
 
 
-class _RemoveReportsFn(beam.DoFn):
+class _RemoveReportsFn(CountingDoFn):
     def __init__(self):
-        self.removed = _counter("reports_removed_already_consumed")
+        self._counts = Counters(NAMESPACE)
+        self.removed = self._counts.counter("reports_removed_already_consumed")
 
     def process(self, report, removed):
         if report.report_id is not None and report.report_id in removed:
@@ -302,8 +302,7 @@ class RemoveReports(beam.PTransform):
 
     def expand(self, reports):
         removed = self.removed | "AsSet" >> beam.combiners.ToSet()
-        return reports | "Remove" >> beam.ParDo(_RemoveReportsFn(),
-                                                beam.pvalue.AsSingleton(removed))
+        return reports | "Remove" >> Counted(_RemoveReportsFn(), beam.pvalue.AsSingleton(removed))
 
 
 # --------------------------------------------------------------------------------------------
@@ -351,12 +350,13 @@ class FirstReportsPerSource(beam.CombineFn):
         return reports, seen
 
 
-class _ApplyBudgetFn(beam.DoFn):
+class _ApplyBudgetFn(CountingDoFn):
     def __init__(self, budget: int):
+        self._counts = Counters(NAMESPACE)
         self.budget = budget
-        self.kept = _counter("reports_kept")
-        self.over_budget = _counter("reports_dropped_source_budget_exhausted")
-        self.over_limit = _counter("reports_dropped_over_max_reports_per_source")
+        self.kept = self._counts.counter("reports_kept")
+        self.over_budget = self._counts.counter("reports_dropped_source_budget_exhausted")
+        self.over_limit = self._counts.counter("reports_dropped_over_max_reports_per_source")
 
     def process(self, element, grants=None):
         source, (reports, seen) = element
@@ -393,9 +393,9 @@ class BoundSourceContributions(beam.PTransform):
                    | "BySource" >> beam.Map(lambda r: (r.source_id, r))
                    | "FirstReports" >> beam.CombinePerKey(FirstReportsPerSource(self.limit)))
         if self.grants is None:
-            return grouped | "Budget" >> beam.ParDo(_ApplyBudgetFn(self.budget))
-        return grouped | "Budget" >> beam.ParDo(_ApplyBudgetFn(self.budget),
-                                                beam.pvalue.AsDict(self.grants))
+            return grouped | "Budget" >> Counted(_ApplyBudgetFn(self.budget))
+        return grouped | "Budget" >> Counted(_ApplyBudgetFn(self.budget),
+                                             beam.pvalue.AsDict(self.grants))
 
 
 # --------------------------------------------------------------------------------------------
@@ -420,11 +420,12 @@ class _SumAndCount(beam.CombineFn):
         return acc
 
 
-class _RestrictToDomainFn(beam.DoFn):
+class _RestrictToDomainFn(CountingDoFn):
     def __init__(self):
-        self.unknown_keys = _counter("unknown_bucket_keys_dropped")
-        self.unknown_contributions = _counter("unknown_bucket_contributions_dropped")
-        self.empty = _counter("declared_buckets_without_contributions")
+        self._counts = Counters(NAMESPACE)
+        self.unknown_keys = self._counts.counter("unknown_bucket_keys_dropped")
+        self.unknown_contributions = self._counts.counter("unknown_bucket_contributions_dropped")
+        self.empty = self._counts.counter("declared_buckets_without_contributions")
 
     def process(self, element):
         key, grouped = element
@@ -478,7 +479,7 @@ class SummaryReport(beam.PTransform):
         domain = inputs["domain"] | "Declared" >> beam.Map(lambda k: (k, True))
         return ({"sums": sums, "domain": domain}
                 | "JoinDomain" >> beam.CoGroupByKey()
-                | "Restrict" >> beam.ParDo(_RestrictToDomainFn())
+                | "Restrict" >> Counted(_RestrictToDomainFn())
                 # Batches for vectorised noise from a shuffle on a key-derived shard, not from
                 # BatchElements (its last batch comes from finish_bundle, which some runners
                 # drop: transforms.batching). Noise is keyed per bucket, so batching never

@@ -4,7 +4,8 @@
     {"sources": tables, "reports": tables} --DebiasConversionCounts--> estimate tables
 
 Inputs and outputs are PCollections of ``pyarrow.Table`` (the release layer's shape). Raw-data
-faults (rows dropped and why) are Beam counters in namespace ``ara_event_level``, never columns.
+faults (rows dropped and why) are counters in namespace ``ara_event_level`` (pipeline output,
+:mod:`transforms.counting`), never columns.
 
 Tables:
 
@@ -27,18 +28,15 @@ from typing import Sequence
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.metrics import Metrics
 
 from transforms.ara.event_debias import debias_groups
 from transforms.ara.event_level import EventLevelConfig, randomize_states
 from transforms.batching import ShardedBatches
+from transforms.counting import Counted, Counters, CountingDoFn
 
 NAMESPACE = "ara_event_level"
 EVENT_PURPOSE = "ara-event-level-randomized-response"
 
-
-def _counter(name: str):
-    return Metrics.counter(NAMESPACE, name)
 
 
 def report_schema():
@@ -88,10 +86,11 @@ class TriggerMapping:
 # SimulateEventReports
 # --------------------------------------------------------------------------------------------
 
-class _SourceIdsFn(beam.DoFn):
+class _SourceIdsFn(CountingDoFn):
     def __init__(self):
-        self.rows = _counter("source_rows")
-        self.null = _counter("source_rows_dropped_null_id")
+        self._counts = Counters(NAMESPACE)
+        self.rows = self._counts.counter("source_rows")
+        self.null = self._counts.counter("source_rows_dropped_null_id")
 
     def process(self, table):
         from transforms.privacy_units import canonical_unit_ids
@@ -124,15 +123,16 @@ def _integral(column, n: int, fill: float = np.nan) -> np.ndarray:
     return np.asarray(pc.fill_null(column.cast(pa.float64()), np.nan))
 
 
-class _TriggersFn(beam.DoFn):
+class _TriggersFn(CountingDoFn):
     """Conversion rows -> (source id, (order, cell)); faulty rows dropped and counted."""
 
     def __init__(self, config: EventLevelConfig, mapping: TriggerMapping | None):
+        self._counts = Counters(NAMESPACE)
         self.config, self.mapping = config, mapping
-        self.rows = _counter("conversion_rows")
-        self.null = _counter("conversion_rows_dropped_null_or_nonfinite")
-        self.trigger_out = _counter("conversion_rows_dropped_trigger_data_outside_cardinality")
-        self.window_out = _counter("conversion_rows_dropped_window_outside_report_windows")
+        self.rows = self._counts.counter("conversion_rows")
+        self.null = self._counts.counter("conversion_rows_dropped_null_or_nonfinite")
+        self.trigger_out = self._counts.counter("conversion_rows_dropped_trigger_data_outside_cardinality")
+        self.window_out = self._counts.counter("conversion_rows_dropped_window_outside_report_windows")
 
     def process(self, table):
         from transforms.privacy_units import canonical_unit_ids
@@ -202,11 +202,12 @@ class FirstTriggers(beam.CombineFn):
         return [cell for _, cell in items], seen
 
 
-class _JoinSourcesFn(beam.DoFn):
+class _JoinSourcesFn(CountingDoFn):
     def __init__(self):
-        self.duplicates = _counter("source_rows_duplicate_id")
-        self.unregistered = _counter("conversion_rows_dropped_source_not_registered")
-        self.over_limit = _counter("conversion_rows_not_reported_over_max_reports")
+        self._counts = Counters(NAMESPACE)
+        self.duplicates = self._counts.counter("source_rows_duplicate_id")
+        self.unregistered = self._counts.counter("conversion_rows_dropped_source_not_registered")
+        self.over_limit = self._counts.counter("conversion_rows_not_reported_over_max_reports")
 
     def process(self, element):
         source_id, grouped = element
@@ -226,14 +227,15 @@ RANDOMIZE_SHARDS = 256
 ESTIMATE_SHARDS = 16
 
 
-class _RandomizeFn(beam.DoFn):
+class _RandomizeFn(CountingDoFn):
     """A batch of (source id, true cells) -> a table of noisy reports (vectorised; each
     source's randomness comes from its own keyed lane, so batching does not matter)."""
 
     def __init__(self, config: EventLevelConfig, release_key, purpose: str):
+        self._counts = Counters(NAMESPACE)
         self.config, self.release_key, self.purpose = config, release_key, purpose
-        self.sources = _counter("sources_randomized")
-        self.reports = _counter("reports_released")
+        self.sources = self._counts.counter("sources_randomized")
+        self.reports = self._counts.counter("reports_released")
 
     def process(self, batch):
         import pyarrow as pa
@@ -286,31 +288,32 @@ class SimulateEventReports(beam.PTransform):
     def expand(self, inputs):
         self.release_key.claim(self.purpose, owner=type(self).__name__)
         sources = (inputs["sources"]
-                   | "SourceIds" >> beam.ParDo(_SourceIdsFn())
+                   | "SourceIds" >> Counted(_SourceIdsFn())
                    | "Registered" >> beam.CombinePerKey(sum))
         triggers = (inputs["conversions"]
-                    | "Triggers" >> beam.ParDo(_TriggersFn(self.config, self.mapping))
+                    | "Triggers" >> Counted(_TriggersFn(self.config, self.mapping))
                     | "FirstTriggers" >> beam.CombinePerKey(FirstTriggers(self.config.max_reports)))
         return ({"sources": sources, "triggers": triggers}
                 | "BySource" >> beam.CoGroupByKey()
-                | "Join" >> beam.ParDo(_JoinSourcesFn())
+                | "Join" >> Counted(_JoinSourcesFn())
                 # Not BatchElements (its finish_bundle batch is lost on some runners:
                 # transforms.batching): each source's
                 # randomness is its own keyed lane, so batching never changes a report.
                 | "Batch" >> ShardedBatches(operator.itemgetter(0), shards=RANDOMIZE_SHARDS,
                                             batch_size=self.batch_size)
-                | "Randomize" >> beam.ParDo(_RandomizeFn(self.config, self.release_key,
-                                                         self.purpose)))
+                | "Randomize" >> Counted(_RandomizeFn(self.config, self.release_key,
+                                                      self.purpose)))
 
 
 # --------------------------------------------------------------------------------------------
 # DebiasConversionCounts
 # --------------------------------------------------------------------------------------------
 
-class _SourceGroupsFn(beam.DoFn):
+class _SourceGroupsFn(CountingDoFn):
     def __init__(self, group_by: Sequence[str]):
+        self._counts = Counters(NAMESPACE)
         self.group_by = tuple(group_by)
-        self.null = _counter("estimate_source_rows_dropped_null_id_or_group")
+        self.null = self._counts.counter("estimate_source_rows_dropped_null_id_or_group")
 
     def process(self, table):
         from transforms.privacy_units import canonical_unit_ids
@@ -339,14 +342,15 @@ class _ReportCellsFn(beam.DoFn):
             yield sid, int(t)
 
 
-class _PerSourceCountsFn(beam.DoFn):
+class _PerSourceCountsFn(CountingDoFn):
     """(group, vector [1, M_0..M_{T-1}, M_all, M_0^2..M_{T-1}^2, M_all^2]) per source."""
 
     def __init__(self, config: EventLevelConfig):
+        self._counts = Counters(NAMESPACE)
         self.config = config
-        self.orphans = _counter("reports_dropped_source_not_registered")
-        self.bad = _counter("reports_dropped_trigger_data_outside_cardinality")
-        self.duplicates = _counter("estimate_source_rows_duplicate_id")
+        self.orphans = self._counts.counter("reports_dropped_source_not_registered")
+        self.bad = self._counts.counter("reports_dropped_trigger_data_outside_cardinality")
+        self.duplicates = self._counts.counter("estimate_source_rows_duplicate_id")
 
     def process(self, element):
         _, grouped = element
@@ -429,11 +433,11 @@ class DebiasConversionCounts(beam.PTransform):
         self.config, self.group_by, self.batch_size = config, tuple(group_by), batch_size
 
     def expand(self, inputs):
-        groups = inputs["sources"] | "SourceGroups" >> beam.ParDo(_SourceGroupsFn(self.group_by))
+        groups = inputs["sources"] | "SourceGroups" >> Counted(_SourceGroupsFn(self.group_by))
         reports = inputs["reports"] | "ReportCells" >> beam.ParDo(_ReportCellsFn(self.config))
         return ({"group": groups, "reports": reports}
                 | "BySource" >> beam.CoGroupByKey()
-                | "PerSource" >> beam.ParDo(_PerSourceCountsFn(self.config))
+                | "PerSource" >> Counted(_PerSourceCountsFn(self.config))
                 | "PerGroup" >> beam.CombinePerKey(_VectorSum())
                 | "Batch" >> ShardedBatches(operator.itemgetter(0), shards=ESTIMATE_SHARDS,
                                             batch_size=self.batch_size)

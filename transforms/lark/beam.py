@@ -8,8 +8,8 @@
 Each helper transform is its own pipeline run with its own key: it reads one stream of reports
 and refuses reports addressed to another helper. Partials are combined per batch before the
 shuffle (``CombinePerKey``); a batch is released once its partials are merged. Row faults and
-batch outcomes are Beam counters in namespace ``masked_lark`` (for the operator's report, never
-in released tables).
+batch outcomes are counted in namespace ``masked_lark`` (:mod:`transforms.counting`: pipeline
+output, for the operator's report, never in released tables).
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from typing import Optional
 import apache_beam as beam
 import pyarrow as pa
 import pyarrow.compute as pc
-from apache_beam.metrics import Metrics
 
 from accounting.keys import ReleaseKey
+from transforms.counting import Counted, Counters, CountingDoFn
 from transforms.fanout import ByTag
 from transforms.lark import browser, combine, helper as core
 from transforms.lark.local_dp import LocalFeatureNoise
@@ -32,11 +32,6 @@ NAMESPACE = "masked_lark"
 
 __all__ = ["ShareRecords", "HelperAggregate", "HelperGradient", "CombineHelperOutputs",
            "MergePartialsFn", "NAMESPACE"]
-
-
-def _count(name: str, value: int) -> None:
-    if value:
-        Metrics.counter(NAMESPACE, name).inc(int(value))
 
 
 def _check_key(params, release_key, owner: str, purpose: str):
@@ -52,9 +47,10 @@ def _check_key(params, release_key, owner: str, purpose: str):
 
 # --------------------------------------------------------------------------- browsers
 
-class _ShareFn(beam.DoFn):
+class _ShareFn(CountingDoFn):
     def __init__(self, kind: str, params, randomness: RandomSource, options: dict):
         self._kind, self._params, self._randomness, self._options = kind, params, randomness, options
+        self._counters = Counters(NAMESPACE)
 
     def process(self, records: pa.Table):
         if records.num_rows == 0:
@@ -65,7 +61,7 @@ class _ShareFn(beam.DoFn):
         else:
             reports = browser.gradient_reports(records, randomness=self._randomness,
                                                **self._options)
-        _count("records_shared", records.num_rows)
+        self._counters.inc("records_shared", records.num_rows)
         for h, table in enumerate(reports):
             yield f"helper_{h}", table  # fanned out by ByTag (no tagged outputs: transforms.fanout)
 
@@ -101,8 +97,8 @@ class ShareRecords(beam.PTransform):
         self._randomness.claim("ShareRecords")
         tags = [f"helper_{h}" for h in range(self._num_helpers)]
         outputs = (records
-                   | "Share" >> beam.ParDo(_ShareFn(self._kind, self._params, self._randomness,
-                                                    self._options))
+                   | "Share" >> Counted(_ShareFn(self._kind, self._params, self._randomness,
+                                                 self._options))
                    | "ByHelper" >> ByTag(tags))
         return {h: outputs[tag] for h, tag in enumerate(tags)}
 
@@ -134,32 +130,34 @@ class MergePartialsFn(beam.CombineFn):
         return core.merge_partials(accumulator) if accumulator else None
 
 
-class _PartialsFn(beam.DoFn):
+class _PartialsFn(CountingDoFn):
     def __init__(self, compute):
         self._compute = compute
+        self._counters = Counters(NAMESPACE)
 
     def process(self, table: pa.Table):
         partials, stats = self._compute(table)
-        _count("reports_read", stats.reports)
-        _count("reports_malformed", stats.malformed)
+        self._counters.inc("reports_read", stats.reports)
+        self._counters.inc("reports_malformed", stats.malformed)
         for name, value in stats.faults.items():
-            _count(f"reports_dropped_{name}", value)
+            self._counters.inc(f"reports_dropped_{name}", value)
         for partial in partials:
             yield partial.batch_id, partial
 
 
-class _ReleaseFn(beam.DoFn):
+class _ReleaseFn(CountingDoFn):
     def __init__(self, release):
         self._release = release
+        self._counters = Counters(NAMESPACE)
 
     def process(self, element):
         _, partial = element
         if partial is None:
             return
         table, outcome = self._release(partial)
-        _count(f"batches_{outcome.status}", 1)
-        _count("keys_released", outcome.keys_released)
-        _count("keys_suppressed_k_anonymity", outcome.keys_suppressed)
+        self._counters.inc(f"batches_{outcome.status}", 1)
+        self._counters.inc("keys_released", outcome.keys_released)
+        self._counters.inc("keys_suppressed_k_anonymity", outcome.keys_suppressed)
         if table is not None:
             yield table
 
@@ -219,10 +217,10 @@ class HelperAggregate(beam.PTransform):
         _check_key(self._params, self._key, "HelperAggregate",
                    f"masked-lark/aggregation/helper={self._helper}")
         return (reports
-                | "Partials" >> beam.ParDo(_PartialsFn(_AggregationCompute(self._params,
-                                                                           self._helper)))
+                | "Partials" >> Counted(_PartialsFn(_AggregationCompute(self._params,
+                                                                        self._helper)))
                 | "MergePerBatch" >> beam.CombinePerKey(MergePartialsFn())
-                | "Release" >> beam.ParDo(_ReleaseFn(_AggregationRelease(
+                | "Release" >> Counted(_ReleaseFn(_AggregationRelease(
                     self._params, self._helper, self._key))))
 
 
@@ -244,10 +242,10 @@ class HelperGradient(beam.PTransform):
         _check_key(self._params, self._key, "HelperGradient",
                    f"masked-lark/gradient/helper={self._helper}")
         return (reports
-                | "Partials" >> beam.ParDo(_PartialsFn(_GradientCompute(
+                | "Partials" >> Counted(_PartialsFn(_GradientCompute(
                     self._params, self._model, self._helper)))
                 | "MergePerBatch" >> beam.CombinePerKey(MergePartialsFn())
-                | "Release" >> beam.ParDo(_ReleaseFn(_GradientRelease(
+                | "Release" >> Counted(_ReleaseFn(_GradientRelease(
                     self._params, self._model, self._helper, self._key))))
 
 

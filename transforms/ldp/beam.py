@@ -10,8 +10,8 @@ partial: support counts, a share sum, label counts).
     rows    | RandomizeLabels(randomizer, ...)               -> {"dataset", "debias"}
     values  | RandomizeReports(oracle, ...)                  -> report tables (client simulation)
 
-Raw-data facts (reports dropped as malformed, labels outside the declared set) are Beam counters
-in the ``ldp`` namespace, never columns of an output.
+Raw-data facts (reports dropped as malformed, labels outside the declared set) are counters in
+the ``ldp`` namespace (pipeline output, :mod:`transforms.counting`), never columns of an output.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from typing import Optional, Sequence
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-from apache_beam.metrics import Metrics
 
 from accounting.keys import ReleaseKey
+from transforms.counting import Counted, Counters, CountingDoFn
 from transforms.fanout import ByTag
 from transforms.ldp import pem as pem_lib
 from transforms.ldp.estimators import (SupportCounts, candidate_values, count_support,
@@ -49,9 +49,6 @@ def _table(batch) -> pa.Table:
         return batch
     raise TypeError(f"expected pyarrow Tables or RecordBatches, got {type(batch).__name__}")
 
-
-def _counter(name: str):
-    return Metrics.counter(NAMESPACE, name)
 
 
 def _keyed(release_key: Optional[ReleaseKey], source: Optional[RandomSource], purpose: str,
@@ -93,16 +90,17 @@ class SumSupportFn(beam.CombineFn):
         return accumulator
 
 
-class _CountSupport(beam.DoFn):
+class _CountSupport(CountingDoFn):
     """One report batch -> its SupportCounts against the candidates (fixed or a side input)."""
 
     def __init__(self, oracle: Oracle, candidates: Optional[np.ndarray], on_invalid: str):
+        self._counts = Counters(NAMESPACE)
         self._oracle = oracle
         self._candidates = candidates
         self._on_invalid = on_invalid
-        self._read = _counter("reports_read")
-        self._null = _counter("reports_dropped_null")
-        self._bad = _counter("reports_dropped_out_of_domain")
+        self._read = self._counts.counter("reports_read")
+        self._null = self._counts.counter("reports_dropped_null")
+        self._bad = self._counts.counter("reports_dropped_out_of_domain")
 
     def process(self, batch, candidates=None):
         arrays = report_arrays(self._oracle, _table(batch), on_invalid=self._on_invalid)
@@ -148,7 +146,7 @@ class EstimateFrequencies(beam.PTransform):
         oracle = self._oracle
         if self._side is None:
             fixed = self._fixed
-            counts = reports | "CountSupport" >> beam.ParDo(
+            counts = reports | "CountSupport" >> Counted(
                 _CountSupport(oracle, fixed, self._on_invalid))
             total = counts | "Sum" >> beam.CombineGlobally(SumSupportFn())
             return total | "Estimate" >> beam.Map(_estimates, oracle, fixed)
@@ -156,7 +154,7 @@ class EstimateFrequencies(beam.PTransform):
                       | "CollectCandidates" >> beam.combiners.ToList()
                       | "Candidates" >> beam.Map(_collect_candidates, oracle))
         side = beam.pvalue.AsSingleton(candidates)
-        counts = reports | "CountSupport" >> beam.ParDo(
+        counts = reports | "CountSupport" >> Counted(
             _CountSupport(oracle, None, self._on_invalid), side)
         total = counts | "Sum" >> beam.CombineGlobally(SumSupportFn())
         return total | "Estimate" >> beam.Map(_estimates, oracle, side)
@@ -164,16 +162,17 @@ class EstimateFrequencies(beam.PTransform):
 
 # ------------------------------------------------------------------------------------------ PEM
 
-class _SplitGroups(beam.DoFn):
+class _SplitGroups(CountingDoFn):
     """A PEM report batch -> (tag = round) ReportArrays per group, plus its report count."""
 
     def __init__(self, plan: pem_lib.PEMPlan, on_invalid: str):
+        self._counts = Counters(NAMESPACE)
         self._plan = plan
         self._on_invalid = on_invalid
-        self._read = _counter("reports_read")
-        self._null = _counter("reports_dropped_null")
-        self._bad = _counter("reports_dropped_out_of_domain")
-        self._group = _counter("reports_dropped_bad_group")
+        self._read = self._counts.counter("reports_read")
+        self._null = self._counts.counter("reports_dropped_null")
+        self._bad = self._counts.counter("reports_dropped_out_of_domain")
+        self._group = self._counts.counter("reports_dropped_bad_group")
 
     def process(self, batch):
         table = _table(batch)
@@ -222,7 +221,7 @@ class PEMHeavyHitters(beam.PTransform):
         plan = self._plan
         tags = [f"round{r}" for r in range(plan.rounds)]
         parts = (reports
-                 | "SplitGroups" >> beam.ParDo(_SplitGroups(plan, self._on_invalid))
+                 | "SplitGroups" >> Counted(_SplitGroups(plan, self._on_invalid))
                  | "ByRound" >> ByTag(["n", *tags]))
         population = parts["n"] | "Population" >> beam.CombineGlobally(sum)
         candidates = reports.pipeline | "Round0Candidates" >> beam.Create(
@@ -323,15 +322,16 @@ class ShuffleSum(beam.PTransform):
 
 # --------------------------------------------------------------------------------------- labels
 
-class _RandomizeLabelBatch(beam.DoFn):
+class _RandomizeLabelBatch(CountingDoFn):
     def __init__(self, randomizer, label_column, id_column, source, unbiased_column):
+        self._counts = Counters(NAMESPACE)
         self._randomizer = randomizer
         self._label = label_column
         self._id = id_column
         self._source = source
         self._unbiased = unbiased_column
-        self._rows = _counter("label_rows")
-        self._undeclared = _counter("labels_null_or_undeclared")
+        self._rows = self._counts.counter("label_rows")
+        self._undeclared = self._counts.counter("labels_null_or_undeclared")
 
     def process(self, batch):
         table, undeclared = randomize_label_table(
@@ -393,7 +393,7 @@ class RandomizeLabels(beam.PTransform):
     def expand(self, rows):
         _claim(self._source, "RandomizeLabels")
         randomizer = self._randomizer
-        dataset = rows | "Randomize" >> beam.ParDo(_RandomizeLabelBatch(
+        dataset = rows | "Randomize" >> Counted(_RandomizeLabelBatch(
             randomizer, self._label, self._id, self._source, self._unbiased))
         debias = (dataset
                   | "Counts" >> beam.Map(_label_counts, randomizer, self._label)

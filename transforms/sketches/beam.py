@@ -22,9 +22,9 @@ import functools
 from typing import Iterable, Mapping
 
 import apache_beam as beam
-from apache_beam.metrics import Metrics
 
 from accounting.keys import ReleaseKey
+from transforms.counting import Counted, Counters, CountingDoFn
 from transforms.keyset import PublicKeyset
 from transforms.sketches import dp
 from transforms.sketches.estimators import (estimate_reach, frequency_distribution, k_plus_reach,
@@ -87,7 +87,7 @@ def _salt(campaign: str, shared_secret: bytes) -> FingerprintSalt:
     return FingerprintSalt.for_campaign(campaign, shared_secret)
 
 
-class _SketchBatches(beam.DoFn):
+class _SketchBatches(CountingDoFn):
     """One Arrow batch -> partial sketches per (campaign, publisher); row rules -> counters."""
 
     def __init__(self, config, columns, id_type, campaigns, publishers, shared_secret):
@@ -97,18 +97,16 @@ class _SketchBatches(beam.DoFn):
         self._campaigns = None if campaigns is None else tuple(campaigns)
         self._publishers = None if publishers is None else tuple(publishers)
         self._secret = shared_secret
-        self._counters = {name: Metrics.counter(_NAMESPACE, f"rows_{name}")
-                          for name in ("read", "used", "missing_id", "missing_key",
-                                       "undeclared_key")}
+        self._counters = Counters(_NAMESPACE, prefix="rows_")
 
     def process(self, batch):
         sketches, counts = partial_sketches(
             batch, config=self._config, salt_of=lambda c: _salt(c, self._secret),
             columns=self._columns, id_type=self._id_type, campaigns=self._campaigns,
             publishers=self._publishers)
-        self._counters["read"].inc(counts.rows)
+        self._counters.inc("read", counts.rows)
         for name in ("used", "missing_id", "missing_key", "undeclared_key"):
-            self._counters[name].inc(getattr(counts, name))
+            self._counters.inc(name, getattr(counts, name))
         yield from sketches
 
 
@@ -138,7 +136,7 @@ class BuildSketches(beam.PTransform):
         self._secret = shared_secret.encode() if isinstance(shared_secret, str) else shared_secret
 
     def expand(self, batches):
-        partials = batches | "SketchBatches" >> beam.ParDo(_SketchBatches(
+        partials = batches | "SketchBatches" >> Counted(_SketchBatches(
             self._config, self._columns, self._id_type, self._campaigns, self._publishers,
             self._secret))
         config, secret = self._config, self._secret
