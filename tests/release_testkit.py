@@ -132,3 +132,19 @@ def value_byte_offset(data: bytes, column: str, row_group: int = 0) -> int:
     chunk = meta.row_group(row_group).column(names.index(column))
     start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
     return start + chunk.total_compressed_size - 3
+
+
+def unchain(ledger_path, keys_path, fmt: str) -> None:
+    """Turn a chained ledger into what an older version wrote (``fmt``): no chain, no record
+    numbers, and no chain key in the key store."""
+    state = json.loads(open(str(ledger_path)).read())
+    state.pop("chain")
+    state["format"] = fmt
+    for record in state["releases"].values():
+        for field in ("seq", "prev", "digest", "hold"):
+            record.pop(field, None)
+    with open(str(ledger_path), "w") as handle:
+        json.dump(state, handle)
+    for name in os.listdir(str(keys_path)):
+        if name.startswith("ledger-chain-"):
+            os.remove(os.path.join(str(keys_path), name))
