@@ -39,19 +39,18 @@ import logging
 import os
 import secrets
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from accounting.keys import ReleaseKey
-from accounting.ledger import BudgetLedger, LedgerError, ReleaseRequest, input_digest
+from accounting.ledger import BudgetLedger, LedgerError, ReleaseRequest, holds, input_digest
 from pipelines.release import consumption as release_consumption
 from pipelines.release import counters as row_counters
 from pipelines.release import inputs as release_inputs
 from pipelines.release import outputs as release_outputs
 from pipelines.release import publish as publication
 from pipelines.release import report, storage
-from pipelines.release.errors import ReleaseFailed, ReleaseRefused
+from pipelines.release.errors import ReleaseFailed, ReleaseRefused, exception_chain, root_cause
 from pipelines.release.job import Job, PlannedRelease, Prepared, ReleaseContext
 from transforms.noise.mechanisms import IntegerSumOverflowError
 
@@ -132,6 +131,8 @@ class Reserved:
     versions: Mapping[str, int]
     ledger: Optional[BudgetLedger] = field(default=None, repr=False)
     reservations: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: this run's hold on its releases (accounting.ledger.holds), ended by end_hold
+    hold: Optional[holds.Hold] = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,12 +176,27 @@ class Published:
 
 def run(job: Job, request) -> RunResult:
     """Make the releases ``request`` asks for (see the module docstring); raises ReleaseRefused
-    (nothing charged) or ReleaseFailed (reserved, nothing published)."""
-    pre = preflight(job, request)
-    computed = compute(reserve(pre))
-    if pre.translate_only:
-        return RunResult(job=job.name, releases=[], counters={})
-    return commit(publish(rule(computed)))
+    (nothing charged) or ReleaseFailed (reserved, nothing published).
+
+    The exit codes hold whatever goes wrong: a fault before the reservation is a refusal (an
+    arithmetic fault of the parameters included), any fault after it -- whatever its class --
+    is a failure naming its root cause (:func:`after_reservation`), and the run's hold on its
+    releases ends with the run (:func:`end_hold`)."""
+    try:
+        pre = preflight(job, request)
+    except ArithmeticError as err:
+        raise ReleaseRefused(f"{job.name}: a parameter is outside what the computation can hold "
+                             f"({type(err).__name__}: {err}); nothing was charged") from None
+    reserved = reserve(pre)
+    try:
+        computed = compute(reserved)
+        if pre.translate_only:
+            return RunResult(job=job.name, releases=[], counters={})
+        return commit(publish(rule(computed)))
+    except Exception as err:  # noqa: BLE001 -- after the charge, every fault is exit 3
+        raise after_reservation(reserved, err) from None
+    finally:
+        end_hold(reserved)
 
 
 # --------------------------------------------------------------------------- 1. preflight
@@ -215,6 +231,7 @@ def preflight(job: Job, request) -> Preflight:
         raise ReleaseRefused("--dry_run and --template_location only translate the job: give "
                              "--testing_seed. A release is never a template: a template would "
                              "hold one release's key and could run again on other data")
+    _check_measures(job, planned)
     places = _places(options)
     publication.check_tree(places.output, places.staging, ids, options.testing,
                            reports=places.reports)
@@ -222,6 +239,34 @@ def preflight(job: Job, request) -> Preflight:
     return Preflight(job=job, prepared=prepared, planned=planned, inputs=resolved,
                      beam_options=beam_options, translate_only=translate_only,
                      places=places, started=started, consumed=consumed)
+
+
+def _check_measures(job: Job, planned: Sequence[PlannedRelease]) -> None:
+    """Every measure computable before the charge: its noise one the exact samplers draw and
+    whose error can be stated, the release's guarantee composable -- so that no epsilon or delta
+    extreme (tiny, huge) can make the noise engine or the release's report fail after the
+    reservation."""
+    from transforms.noise.mechanisms import check_samplable
+
+    for p in planned:
+        for m in p.measures:
+            try:
+                if m.noise is not None:
+                    check_samplable(m.noise)
+                    if not 0 < m.to_dict()["std"] < float("inf"):
+                        raise ValueError("its noise has no positive finite deviation")
+                else:
+                    m.to_dict()
+            except (ValueError, ArithmeticError) as err:
+                raise ReleaseRefused(
+                    f"{job.name}: release {p.release_id}: measure {m.name!r} (epsilon="
+                    f"{m.epsilon:.3g}, delta={m.delta:.3g}) cannot be released exactly: {err}. "
+                    "Nothing was charged") from None
+        try:
+            p.guarantee_json()
+        except (ValueError, ArithmeticError) as err:
+            raise ReleaseRefused(f"{job.name}: release {p.release_id}: its guarantee cannot be "
+                                 f"composed ({err}). Nothing was charged") from None
 
 
 def _pipeline_options(args: Sequence[str]):
@@ -271,11 +316,13 @@ def _report_root(options, output: str) -> str:
 
 def reserve(pre: Preflight) -> Reserved:
     """The ledger reserves every release of the run, all or nothing, with fresh keys bound to
-    the input digest, after checking the output root's ownership (ledger binding, the markers
-    of the release ids); a testing run gets a public key from its seed and no ledger.
+    the input digest and held by this run (:mod:`accounting.ledger.holds`), after checking the
+    output root's ownership (ledger binding, the markers of the release ids); a testing run gets
+    a public key from its seed and no ledger.
 
-    Failure policy: a ledger or ownership refusal is ReleaseRefused (exit 2): the ledger
-    reserves all or nothing, so nothing was charged."""
+    Failure policy: a ledger or ownership refusal -- another run holding a release included --
+    is ReleaseRefused (exit 2): the ledger reserves all or nothing, so nothing was charged or
+    stored. A fault after the reservation (binding a new output root) is ReleaseFailed."""
     options = pre.options
     if options.testing:
         contexts = tuple(ReleaseContext(
@@ -283,35 +330,65 @@ def reserve(pre: Preflight) -> Reserved:
             versioned_id=p.release_id, testing=True,
             consumed=release_consumption.views(pre.consumed[p.release_id])) for p in pre.planned)
         return Reserved(pre=pre, releases=contexts, versions={p.release_id: 1 for p in pre.planned})
-    accountants = {p.accountant for p in pre.planned}
-    if len(accountants) != 1:
-        raise ReleaseRefused(f"one run's releases must share an accountant, got {accountants}")
-    output = pre.places.output
+    ledger, requests = _requests(pre)
+    hold = holds.Hold.new()
     try:
-        ledger = BudgetLedger(options.ledger, options.key_store, accountant=accountants.pop())
-        publication.check_binding(output, ledger)
-        for p in pre.planned:
-            publication.check_markers_in_ledger(output, p.release_id, ledger)
-        requests = [ReleaseRequest(
-            release_id=p.release_id, measures=p.measures, input_digest=_digest(pre, p),
-            scopes=p.scopes, key_names=p.key_names, content_key=pre.job.content_key(
-                pre.prepared, p, {n: pre.inputs[n] for n in (p.inputs or sorted(pre.inputs))}),
-            consumes=release_consumption.for_ledger(pre.consumed[p.release_id]),
-            metadata={"job": pre.job.name}) for p in pre.planned]
-        reserved = ledger.reserve(requests, new_release=options.new_release)
-        publication.bind(output, ledger)
+        reserved = ledger.reserve(requests, new_release=options.new_release, hold=hold)
     except LedgerError as err:
-        raise ReleaseRefused(str(err))
+        raise ReleaseRefused(str(err)) from None
     reservations = {r.release_id: r for r in reserved}
-    if any(k.is_testing or k.noise_free for r in reserved for k in r.keys.values()):
-        raise ReleaseFailed("the ledger issued a testing key for a release")  # never: defence in depth
     contexts = tuple(ReleaseContext(
         planned=p, keys=reservations[p.release_id].keys,
         versioned_id=reservations[p.release_id].versioned_id, testing=False,
         consumed=release_consumption.views(pre.consumed[p.release_id], reservations[p.release_id]))
         for p in pre.planned)
-    return Reserved(pre=pre, releases=contexts, ledger=ledger, reservations=reservations,
-                    versions={rid: r.version for rid, r in reservations.items()})
+    state = Reserved(pre=pre, releases=contexts, ledger=ledger, reservations=reservations,
+                     versions={rid: r.version for rid, r in reservations.items()}, hold=hold)
+    try:
+        if any(k.is_testing or k.noise_free for r in reserved for k in r.keys.values()):
+            raise ReleaseFailed("the ledger issued a testing key for a release")  # never
+        publication.bind(pre.places.output, ledger)  # a new ledger has its id from now on
+    except Exception as err:  # noqa: BLE001 -- charged: exit 3, whatever the fault
+        end_hold(state)
+        raise after_reservation(state, err) from None
+    return state
+
+
+def _requests(pre: Preflight) -> tuple:
+    """The run's ledger and its release requests, the output root's ownership checked (before
+    the charge: every fault here is ReleaseRefused, exit 2)."""
+    accountants = {p.accountant for p in pre.planned}
+    if len(accountants) != 1:
+        raise ReleaseRefused(f"one run's releases must share an accountant, got {accountants}")
+    output, options = pre.places.output, pre.options
+    try:
+        ledger = BudgetLedger(options.ledger, options.key_store, accountant=accountants.pop())
+        publication.check_binding(output, ledger)
+        for p in pre.planned:
+            publication.check_markers_in_ledger(output, p.release_id, ledger)
+        return ledger, [ReleaseRequest(
+            release_id=p.release_id, measures=p.measures, input_digest=_digest(pre, p),
+            scopes=p.scopes, key_names=p.key_names, content_key=pre.job.content_key(
+                pre.prepared, p, {n: pre.inputs[n] for n in (p.inputs or sorted(pre.inputs))}),
+            consumes=release_consumption.for_ledger(pre.consumed[p.release_id]),
+            metadata={"job": pre.job.name}) for p in pre.planned]
+    except LedgerError as err:
+        raise ReleaseRefused(str(err)) from None
+    except OSError as err:
+        raise ReleaseRefused(f"{pre.job.name}: an input or the ledger could not be read before "
+                             f"the charge ({root_cause(err)}); nothing was charged") from None
+
+
+def end_hold(reserved: Reserved) -> None:
+    """The run's hold on its releases ends (whatever the outcome of the run; a failure to end
+    it is a warning: the hold lapses when this process ends)."""
+    if reserved.ledger is None or reserved.hold is None:
+        return
+    try:
+        reserved.ledger.release_hold(reserved.hold)
+    except Exception as err:  # noqa: BLE001 -- never hide the run's own outcome
+        _LOG.warning("could not end this run's hold on its releases (%s); it lapses when this "
+                     "process ends", root_cause(err))
 
 
 def _testing_keys(seed: int, names: Sequence[str], exact: bool = False) -> dict:
@@ -395,30 +472,42 @@ def collect(reserved: Reserved, staging: Mapping[str, str], result) -> Computed:
                     counters=row_counters.query(result, pre.job.name, pre.job.counter_namespaces))
 
 
-def _computation_failed(reserved: Reserved, err: Exception) -> ReleaseFailed:
-    """compute's failure policy: record the failure for the operator (the full detail stays
-    private), and name only its cause class -- or the message of faults whose messages name
-    files, columns and counts, never content."""
+def _computation_failed(reserved: Reserved, err: Exception,
+                        what: str = "the computation") -> ReleaseFailed:
+    """compute's failure policy (and every phase's after the charge, :func:`after_reservation`):
+    record the failure for the operator, and name its root cause (errno text, the file it names,
+    the step; the message only of faults whose messages name files, columns and counts, never
+    content: :func:`pipelines.release.errors.root_cause`). The full detail goes to the debug
+    log only."""
     pre = reserved.pre
-    detail = "".join(traceback.format_exception_only(type(err), err)).strip()
-    _LOG.debug("pipeline failure", exc_info=err)
-    _record_failure(reserved, detail)
-    cause = type(err).__name__
-    if isinstance(err, (release_inputs.InputReadError, IntegerSumOverflowError)):
-        cause = str(err).split(" [while running")[0].strip()
+    _LOG.debug("failure after the reservation", exc_info=err)
+    cause = root_cause(err, shown=(release_inputs.InputReadError, IntegerSumOverflowError))
+    _record_failure(reserved, cause, err)
     return ReleaseFailed(
-        f"{pre.job.name}: the computation failed ({cause}); nothing was published"
+        f"{pre.job.name}: {what} failed ({cause}); nothing was published"
         + ("" if pre.options.testing else "; the reservation stays and a corrected re-run takes "
            "it over without spending again") + f". Details: the operator report under "
         f"{pre.places.reports}")
 
 
-def _record_failure(reserved: Reserved, detail: str) -> None:
-    """The operator's record of a run that published nothing (raw details stay private)."""
+def after_reservation(reserved: Reserved, err: Exception) -> ReleaseFailed:
+    """The failure policy of every phase after the charge: a ReleaseFailed stands; any other
+    fault -- whatever its class: a value error while describing a release, a refusal found too
+    late -- published nothing new, and is ReleaseFailed (exit 3) naming its root cause, so that
+    exit 2 always means "nothing charged"."""
+    if isinstance(err, ReleaseFailed):
+        return err
+    return _computation_failed(reserved, err, what="the release")
+
+
+def _record_failure(reserved: Reserved, cause: str, err: Exception) -> None:
+    """The operator's record of a run that published nothing: the root cause, and the classes
+    of the exceptions it came through (no message that could quote a file)."""
     root = reserved.pre.places.reports
+    classes = [type(e).__name__ for e in exception_chain(err)]
     for context in reserved.releases:
         body = {"release_id": context.release_id, "versioned_id": context.versioned_id,
-                "status": "failed: nothing published", "detail": detail}
+                "status": "failed: nothing published", "detail": cause, "exceptions": classes}
         try:
             report.write_failure(body, root=root, release_id=context.release_id,
                                  version=reserved.versions[context.release_id])
