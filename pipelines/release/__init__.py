@@ -7,12 +7,15 @@ owns everything else, the same way for every job:
 1. **Preflight before any charge** (:mod:`~pipelines.release.inputs`): every input is resolved
    once (that list is both what is read and what the input digest covers) and checked -- it
    opens, its format and compression are known, its columns exist with usable types, a CSV's
-   last line is whole, it is not a release key. Bad flags, configuration or input: exit 2,
-   nothing charged.
+   last line is whole, it is not a release key; every planned measure is computable (its
+   noise samplable, its error and guarantee finite: no epsilon extreme fails after the charge).
+   Bad flags, configuration or input: exit 2, nothing charged.
 2. **Reserve, compute, rule, publish, commit** (:mod:`~pipelines.release.lifecycle`: a run is
    these named phases after preflight, each with its failure policy beside it): the ledger
    reserves every release of the run, all or nothing, with fresh keys bound to the input digest
-   (:mod:`accounting.ledger`); the pipeline writes to private staging; counters are read and the
+   (:mod:`accounting.ledger`: its records chained and verified on every read), and the run holds
+   them until it ends (a concurrent run of one of them is refused, exit 2, leaving nothing);
+   the pipeline writes to private staging; counters are read and the
    dropped-rows rule applied; each release is published atomically with its marker last
    (:mod:`~pipelines.release.publish`), then committed.
 3. **Take-over.** A run that fails after its reservation published nothing (exit 3). A later

@@ -3,8 +3,14 @@
 * :class:`ReleaseRefused` -- exit 2: refused before any charge (bad flags, configuration or
   input, a budget or ownership refusal). Nothing was charged and nothing was published.
 * :class:`ReleaseFailed` -- exit 3: failed after the reservation (a fault found while computing,
-  a publication conflict). Nothing was published; the reservation stays charged and a corrected
-  re-run takes it over without spending again.
+  a publication conflict, a full disk -- *any* fault after the charge, whatever its class: see
+  ``lifecycle.after_reservation``). Nothing was published; the reservation stays charged and a
+  corrected re-run takes it over without spending again. Its message, and the operator's
+  ``failure.json``, name the root cause (:func:`root_cause`) and never quote a file.
+
+So exit 2 always means "nothing charged, nothing stored": everything checkable is checked before
+the charge (flags, configuration, inputs, every measure's noise and guarantee, the ledger's
+structure and chain, the key store), and a fault after it can never come out as a refusal.
 
 Exit 0 means released (or an identical re-run); any other code means nothing new was published,
 with two stated exceptions: a run of several releases whose publication fails part-way (an I/O
