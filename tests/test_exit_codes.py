@@ -86,6 +86,20 @@ JOBS = {
 EXTREMES = {"tiny": "1e-300", "huge": "1e300", "inf": "inf", "nan": "nan", "negative": "-1",
             "zero": "0"}
 DELTAS = {"one": "1", "nan": "nan", "negative": "-1e-6", "inf": "inf"}
+#: Job parameters whose range or domain overflows what the computation holds (a sketch's
+#: registers, a histogram's frequencies, a collection's clients, a training step, a slice
+#: domain): refused before the charge -- they failed after it (memory, overflow) or exited 1.
+RANGES = {
+    "reach_frequency": [("--num_registers", str(10 ** 12)), ("--max_frequency", str(10 ** 18))],
+    "shuffle_sum": [("--num_clients", str(10 ** 18))],
+    "masked_lark_train": [("--learning_rate", "1e308")],
+    "summary_reports": [("slice_dimensions", [2 ** 40, 2 ** 40]),
+                        ("slice_dimensions", [2 ** 12, 2 ** 11])],
+    "ldp_frequencies": [("--domain_size", str(10 ** 30))],
+    "ldp_heavy_hitters": [("--value_bits", "4000"), ("--top_k", str(10 ** 18))],
+    "event_level_reports": [("--trigger_data_cardinality", str(10 ** 18)),
+                            ("--value_edges", "1e308,1e309")],
+}
 LEDGER_FAULTS = ("cut", "garbage", "wrong-types", "edited", "older-version", "chain-key-gone")
 
 
@@ -277,6 +291,23 @@ def test_a_parameter_at_its_extreme_is_refused_before_the_charge(job, fault, pla
                                                                 inputs, tmp_path):
     work = _workspace(inputs, tmp_path)
     change = _apply(job, place, value, work)
+    before = _state(tmp_path)
+    code, out, err = _run(job, _argv(job, work, tmp_path, change))
+    _check_refused(job, tmp_path, work, code, out, err, before)
+
+
+RANGE_CASES = [(job, flag, value) for job, changes in RANGES.items() for flag, value in changes]
+
+
+@pytest.mark.parametrize("job, flag, value", RANGE_CASES,
+                         ids=[f"{j}-{f.lstrip('-')}-{i}" for i, (j, f, _) in enumerate(RANGE_CASES)])
+def test_a_range_or_domain_that_overflows_is_refused_before_the_charge(job, flag, value, inputs,
+                                                                      tmp_path):
+    work = _workspace(inputs, tmp_path)
+    change = [flag, value]
+    if not flag.startswith("--"):  # a field of the job's configuration file
+        _set_json(work / "config.json", lambda data: data.update({flag: value}))
+        change = []
     before = _state(tmp_path)
     code, out, err = _run(job, _argv(job, work, tmp_path, change))
     _check_refused(job, tmp_path, work, code, out, err, before)

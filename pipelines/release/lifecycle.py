@@ -184,9 +184,10 @@ def run(job: Job, request) -> RunResult:
     releases ends with the run (:func:`end_hold`)."""
     try:
         pre = preflight(job, request)
-    except ArithmeticError as err:
+    except (ArithmeticError, MemoryError) as err:
         raise ReleaseRefused(f"{job.name}: a parameter is outside what the computation can hold "
-                             f"({type(err).__name__}: {err}); nothing was charged") from None
+                             f"({type(err).__name__}: {str(err)[:120]}); nothing was charged"
+                             ) from None
     reserved = reserve(pre)
     try:
         computed = compute(reserved)
