@@ -7,12 +7,13 @@ failure policy in its docstring, implemented beside it:
 ==========  ===================================================  ===============================
 phase       what it does                                         a fault in it
 ==========  ===================================================  ===============================
-preflight   the job prepares (once), checks and plans; inputs    ReleaseRefused (exit 2):
-            resolved and checked; Beam options; locations        nothing charged
-            writable; output root ownership
-reserve     the ledger reserves every release, all or nothing,   ReleaseRefused (exit 2):
-            with fresh keys bound to the input digest (testing   nothing charged
-            runs: a public key from the seed, no ledger)
+preflight   the job prepares (once), checks and plans; every     ReleaseRefused (exit 2):
+            measure computable; inputs resolved and checked;     nothing charged
+            Beam options; locations writable
+reserve     output root ownership; the ledger (verified)         ReleaseRefused (exit 2):
+            reserves every release, all or nothing, with fresh   nothing charged or stored
+            keys bound to the input digest, held by this run     (another run's hold too)
+            (testing runs: a public key from the seed)
 compute     one Beam pipeline reads each input once and writes   ReleaseFailed (exit 3): the
             every release to private staging; counters read      failure recorded for the
                                                                  operator, the reservation kept
@@ -24,6 +25,10 @@ publish     markers staged; every release checked publishable,   ReleaseFailed (
 commit      ledger records completed, operator reports written   a warning (exit 0): the
                                                                  release is out
 ==========  ===================================================  ===============================
+
+After the reservation, a fault of any class in any phase is ReleaseFailed (exit 3) naming its
+root cause (:func:`after_reservation`), and the run's hold ends with the run (:func:`end_hold`;
+a composition of phases that ends a process -- submit, finalize -- ends it too).
 
 The states: :class:`Preflight` -> :class:`Reserved` -> :class:`Computed` -> :class:`Ruled` ->
 :class:`Published` -> :class:`RunResult`. ``compute`` is :func:`stage` (fresh private staging
