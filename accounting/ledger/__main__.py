@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Optional, Sequence
 
@@ -17,6 +16,7 @@ def _verify(ledger: str, key_store: Optional[str]) -> str:
     from accounting.ledger import chain
     from accounting.ledger import records as R
     from accounting.ledger.machine import BudgetLedger
+    from accounting.ledger.sealing import load_json
     from accounting.ledger.stores import store_for
 
     if key_store:
@@ -29,10 +29,7 @@ def _verify(ledger: str, key_store: Optional[str]) -> str:
     data = store_for(ledger).read()
     if data is None:
         raise R.LedgerError(f"ledger {ledger} does not exist")
-    try:
-        state = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise R.LedgerError(f"ledger {ledger} is not valid JSON")
+    state = load_json(data, ledger)
     if not isinstance(state, dict) or state.get("format") != R.FORMAT:
         raise R.LedgerError(f"ledger {ledger} is not a {R.FORMAT} file")
     try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from accounting.ledger import chain
 from accounting.ledger import records as R
 from accounting.ledger.machine import BudgetLedger
+from accounting.ledger.sealing import load_json
 
 
 def _order(record: dict) -> tuple:
@@ -40,18 +41,13 @@ def upgrade(state: dict) -> dict:
 def migrate(path: str, key_store) -> int:
     """Chain the ledger at ``path`` (see the module docstring); returns its number of records.
     Raises LedgerError (nothing written) when it cannot."""
-    import json
-
     ledger = BudgetLedger(path, key_store)
     sealing = ledger._sealing
 
     def update(data):
         if data is None:
             raise R.LedgerError(f"ledger {ledger.path} does not exist: nothing to migrate")
-        try:
-            state = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            raise R.LedgerError(f"ledger {ledger.path} is not valid JSON: nothing was migrated")
+        state = load_json(data, ledger.path)
         if not isinstance(state, dict) or state.get("format") not in R.UNCHAINED:
             fmt = state.get("format") if isinstance(state, dict) else None
             raise R.LedgerError(f"ledger {ledger.path} is {fmt or 'not a ledger'}, not a ledger "

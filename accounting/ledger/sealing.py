@@ -34,6 +34,15 @@ def chain_key_name(ledger_id: str) -> str:
     return f"{CHAIN_KEY_PREFIX}{ledger_id}"
 
 
+def load_json(data: bytes, path: str):
+    """The parsed ledger document (LedgerError naming the file, never quoting it)."""
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise R.LedgerError(f"ledger {path} is not valid JSON (emptied, cut or overwritten?): "
+                            "refusing to use it") from None
+
+
 def error_text(err: BaseException) -> str:
     """An error's class and, for an OS error, its errno text (never a message that could
     quote a file)."""
@@ -55,11 +64,7 @@ class Sealing:
     # ----------------------------------------------------------------- read
     def read(self, data: bytes) -> dict:
         """The verified state of a ledger document (raises LedgerError)."""
-        try:
-            state = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise R.LedgerError(f"ledger {self.path} is not valid JSON (emptied, cut or "
-                                "overwritten?): refusing to use it")
+        state = load_json(data, self.path)
         if isinstance(state, dict) and state.get("format") in R.UNCHAINED:
             raise self.unchained(state)
         if not isinstance(state, dict) or state.get("format") != R.FORMAT or \
