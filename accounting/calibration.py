@@ -132,6 +132,10 @@ class NoiseSpec:
             return float(special.ndtri(0.5 + level / 2) * self.scale)
         # Discrete Laplace in units: P(|Z| > h) = 2 p^(h+1) / (1 + p) for integer h >= 0.
         p = math.exp(-1.0 / self.unit_scale)
+        if p == 0:
+            raise ValueError(f"{self.kind.value} noise of scale {self.scale:.3g} vanishes in "
+                             "double precision (it would be 0 with probability 1 - 1e-300): "
+                             "epsilon is too large for the sensitivity")
         h = math.ceil(math.log((1 - level) * (1 + p) / 2) / math.log(p) - 1)
         return max(h, 0) * self.granularity
 
@@ -277,12 +281,23 @@ def discrete_gaussian_sigma(epsilon: float, delta: float, l2_sensitivity: float,
 
 def grid_for_scale(scale: float) -> float:
     """The power-of-two grid used under a real-valued noise scale: 2^(floor(log2 scale) - 24)."""
-    return math.ldexp(1.0, math.floor(math.log2(scale)) - GRID_BITS)
+    if not 0 < scale < math.inf:
+        raise ValueError(f"a noise scale of {scale:.3g} has no grid: epsilon is too small (or "
+                         "too large) for the sensitivity")
+    grid = math.ldexp(1.0, math.floor(math.log2(scale)) - GRID_BITS)
+    if grid == 0 or not math.isfinite(grid):
+        raise ValueError(f"a noise scale of {scale:.3g} has no grid in double precision: "
+                         "epsilon is too large (or too small) for the sensitivity")
+    return grid
 
 
 def round_up_scale(scale: float) -> float:
     """Discrete Laplace scales are sampled as t / 2^20 with integer t: round up (more private)."""
-    return math.ceil(math.ldexp(scale, SCALE_FRACTION_BITS)) / 2 ** SCALE_FRACTION_BITS
+    try:
+        return math.ceil(math.ldexp(scale, SCALE_FRACTION_BITS)) / 2 ** SCALE_FRACTION_BITS
+    except (OverflowError, ValueError):
+        raise ValueError(f"a noise scale of {scale:.3g} overflows: epsilon is too small for the "
+                         "sensitivity") from None
 
 
 def calibrate(kind, *, epsilon: float, delta: float = 0.0, l1_sensitivity: float = None,

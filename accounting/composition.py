@@ -64,8 +64,14 @@ def sequential(guarantees: Iterable[tuple[float, float]]) -> EpsDelta:
     (Dwork & Roth 2014, Theorem 3.16).
     """
     checked = _checked_list(guarantees)
-    return EpsDelta(math.fsum(g.epsilon for g in checked),
-                    _total_delta(math.fsum(g.delta for g in checked)))
+    try:
+        epsilon = math.fsum(g.epsilon for g in checked)
+    except OverflowError:
+        epsilon = math.inf
+    if math.isinf(epsilon):
+        raise ValueError("the composed epsilon overflows: the measures' epsilons add up past "
+                         "the largest float")
+    return EpsDelta(epsilon, _total_delta(math.fsum(g.delta for g in checked)))
 
 
 def parallel(guarantees: Iterable[tuple[float, float]]) -> EpsDelta:

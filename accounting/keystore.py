@@ -184,6 +184,20 @@ class KeyStore:
                              f"the ledger expects {ref.fingerprint}: refusing to use it")
         return key
 
+    def named(self, name: str) -> list[str]:
+        """The URIs of the keys saved under ``name`` (any fingerprint), sorted; empty when the
+        store does not exist yet. Raises OSError when the store cannot be listed."""
+        safe = _SAFE.sub("_", name).strip("_") or "release"
+        pattern = re.compile(re.escape(safe) + r"\.[0-9a-f]{16}\.key$")
+        if gcs.is_gcs(self.root):
+            found = gcs.list_objects(f"{self.root}/{safe}.")
+            return sorted(u for u in found if pattern.match(u.rsplit("/", 1)[-1]))
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        return sorted(os.path.join(self.root, n) for n in names if pattern.match(n))
+
     def delete(self, ref: KeyRef) -> None:
         """Remove a key that no ledger record references (used when a reservation is refused)."""
         self._remove(ref.uri)

@@ -362,15 +362,30 @@ def _number(value, path: str, what: str, *, optional=False):
 
 
 def read_ledger(path: str) -> Ledger:
-    """The ledger at ``path`` (v3; v2 or v1 upgraded as the ledger itself does); unknown
-    fields of the ledger and its records (consumed-id records among them) are ignored."""
+    """The ledger at ``path``; unknown fields of the ledger and its records are ignored.
+
+    A chained ledger (the current format) is verified first -- its structure and its record
+    chain, without the key store, which the catalog does not hold (accounting.ledger.chain) --
+    so a hand-edited ledger is refused naming the record, not shown. A ledger of an older
+    version (v1 upgraded as the ledger does, v2, v3) has no chain to verify and is read as
+    it is; the jobs refuse it until it is migrated."""
     state = _read_json(path, "ledger")
     if isinstance(state, dict) and state.get("format") == ledger_records.FORMAT_V1:
         state = ledger_records.upgrade_v1(state)
-    if isinstance(state, dict) and state.get("format") == ledger_records.FORMAT_V2:
-        state = {**state, "format": ledger_records.FORMAT}  # v3 only adds consumed-id records
-    if not isinstance(state, dict) or state.get("format") != ledger_records.FORMAT:
-        raise CatalogInputError(f"ledger {path} is not a {ledger_records.FORMAT} file")
+        state["format"] = ledger_records.FORMAT_V2
+    formats = (ledger_records.FORMAT,) + ledger_records.UNCHAINED
+    if not isinstance(state, dict) or state.get("format") not in formats:
+        raise CatalogInputError(f"ledger {path} is not a {ledger_records.FORMAT} file (nor one "
+                                "of an older version)")
+    if state["format"] == ledger_records.FORMAT:
+        from accounting.ledger import chain
+
+        try:
+            ledger_records.check_structure(state)
+            chain.verify(state, None)
+            ledger_records.check_indexes(state)
+        except ValueError as err:
+            raise CatalogInputError(f"ledger {path} does not verify: {err}") from None
     try:
         budgets = {name: budget(b["epsilon"], b["delta"])
                    for name, b in state.get("scopes", {}).items()}

@@ -562,9 +562,12 @@ def _check_schedule_fits(campaign: CampaignConfig, path: str, accountant: str) -
         checks.append(("unit_budget_per_period", campaign.unit_per_period, measures,
                        "one release spends"))
     for name, budget, charged, what in checks:
-        ok, spent = guarantee.fits(charged, budget.epsilon, budget.delta, accountant)
+        where = name if name == "unit_budget_per_period" else f"{path}.privacy.budget.{name}"
+        try:
+            ok, spent = guarantee.fits(charged, budget.epsilon, budget.delta, accountant)
+        except (ValueError, ArithmeticError) as err:
+            raise ConfigError(where, f"{what} an amount that cannot be composed: {err}")
         if not ok:
-            where = name if name == "unit_budget_per_period" else f"{path}.privacy.budget.{name}"
             raise ConfigError(where, f"{what} (epsilon={spent.epsilon:.6g}, delta={spent.delta:.3g}) "
                                      f"with the {accountant!r} accountant, more than "
                                      f"(epsilon={budget.epsilon:g}, delta={budget.delta:g})")

@@ -162,6 +162,11 @@ class ReachFrequencyPrepared(Prepared):
     noise: ReachFrequencyNoise
 
 
+#: The largest --max_frequency: the frequency histogram has one noisy bucket per frequency
+#: (and 1..k frequencies are what reach-and-frequency reports show).
+MAX_FREQUENCY = 1000
+
+
 class ReachFrequencyJob(Job):
     name = NAME
     request_type = ReachFrequencyRequest
@@ -176,8 +181,9 @@ class ReachFrequencyJob(Job):
                 raise ValueError("--campaigns and --publishers need at least one name each")
             if len(request.sketch_salt.encode()) > 64:
                 raise ValueError("--sketch_salt: at most 64 bytes")
-            if request.max_frequency < 1:
-                raise ValueError(f"--max_frequency must be >= 1, got {request.max_frequency}")
+            if not 1 <= request.max_frequency <= MAX_FREQUENCY:
+                raise ValueError(f"--max_frequency must be in [1, {MAX_FREQUENCY}] (one noisy "
+                                 f"count per frequency), got {request.max_frequency}")
             if request.num_helpers < 0 or (request.num_helpers and
                                            request.noise_kind != "discrete_laplace"):
                 raise ValueError("--num_helpers must be >= 0, and > 0 only with discrete_laplace")

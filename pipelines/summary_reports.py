@@ -336,13 +336,29 @@ def _contribution_config(request) -> Optional[ContributionConfig]:
         raise ReleaseRefused(f"--config {request.config}: {err}")
 
 
+#: The most buckets one release declares (each is a row of the released file and a noise draw;
+#: the domain is built in memory before the charge).
+MAX_DECLARED_BUCKETS = 1 << 22
+
+
 def _buckets(request, config) -> list[int]:
+    if config is not None and not request.output_domain and \
+            config.domain_size() > MAX_DECLARED_BUCKETS:
+        raise ReleaseRefused(
+            f"--config {request.config}: its slice_dimensions and prefixes declare "
+            f"{config.domain_size():.4g} buckets, more than the {MAX_DECLARED_BUCKETS} one "
+            "release can declare: slice coarser, or declare the buckets with --output_domain. "
+            "Nothing was charged")
     if request.output_domain:
         text = textfiles.read(request.output_domain, "--output_domain").text
         try:
-            return parse_output_domain(text).keys
+            keys = parse_output_domain(text).keys
         except ValueError as err:
             raise ReleaseRefused(f"--output_domain {request.output_domain}: {err}")
+        if len(keys) > MAX_DECLARED_BUCKETS:
+            raise ReleaseRefused(f"--output_domain {request.output_domain}: {len(keys)} buckets, "
+                                 f"more than the {MAX_DECLARED_BUCKETS} one release can declare")
+        return keys
     return config.output_domain()
 
 

@@ -163,3 +163,19 @@ def kill_worker_once(marker: str):
             os._exit(137)
 
     return KillWorkerOnce(marker)
+
+
+def unchain(ledger_path, keys_path, fmt: str) -> None:
+    """Turn a chained ledger into what an older version wrote (``fmt``): no chain, no record
+    numbers, and no chain key in the key store."""
+    state = json.loads(open(str(ledger_path)).read())
+    state.pop("chain")
+    state["format"] = fmt
+    for record in state["releases"].values():
+        for field in ("seq", "prev", "digest", "hold"):
+            record.pop(field, None)
+    with open(str(ledger_path), "w") as handle:
+        json.dump(state, handle)
+    for name in os.listdir(str(keys_path)):
+        if name.startswith("ledger-chain-"):
+            os.remove(os.path.join(str(keys_path), name))

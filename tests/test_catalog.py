@@ -237,6 +237,26 @@ def test_bad_inputs_exit_2_naming_the_file_never_its_content(made, tmp_path, cap
     assert not os.path.exists(tmp_path / "site")
 
 
+def test_a_hand_edited_ledger_is_refused_naming_the_record(made, tmp_path, capsys):
+    """The catalog holds no key store, but verifies the ledger's record chain: a lowered spend
+    is refused (exit 2) naming the record, and no page is built from it."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(made.root, copy)
+    ledger = copy / "private" / "ledger.json"
+    state = json.loads(ledger.read_text())
+    record = min(state["releases"].values(), key=lambda r: r["seq"])
+    record["measures"][0]["epsilon"] /= 10
+    ledger.write_text(json.dumps(state))
+    code = catalog.main(["--ledger", str(ledger), "--releases", str(copy / "releases"),
+                         "--output", str(tmp_path / "site")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"record 1 (release {record['versioned_id']!r}) was edited" in err
+    assert not os.path.exists(tmp_path / "site")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--bogus"], "unrecognized arguments"),
     (["--as_of", "2026-13-01", "--check"], "--as_of"),

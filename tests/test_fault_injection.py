@@ -164,7 +164,13 @@ class Workspace:
         return self.path / "private" / "keys"
 
     def key_file(self) -> str:
-        return str(sorted(self.keys.iterdir())[0])
+        keys = release_keys(self)
+        return str(self.keys / keys[0]) if keys else "<no release key>"
+
+
+def release_keys(ws) -> list:
+    """The release keys in a workspace's key store (not the ledger's own keys)."""
+    return sorted(n for n in os.listdir(ws.keys) if not n.startswith("ledger-"))
 
 
 def charged(ledger_path) -> float:
@@ -175,7 +181,10 @@ def charged(ledger_path) -> float:
         return 0.0
     except ValueError:  # an emptied ledger
         return None
-    return sum(m["epsilon"] for r in state["releases"].values() for m in r["measures"])
+    try:
+        return sum(m["epsilon"] for r in state["releases"].values() for m in r["measures"])
+    except (TypeError, AttributeError, KeyError):  # a malformed ledger
+        return None
 
 
 # --------------------------------------------------------------------------- fixtures: break something
@@ -355,11 +364,23 @@ def _fresh_ledger(ws):
     BudgetLedger(str(ws.ledger), str(ws.keys)).set_budget(Scope(name="x", budget=PrivacyBudget(epsilon=1)))
 
 
+def rewrite_ledger(ws, change):
+    """Rewrite the ledger as the release layer writes it (chained, its head MAC'd under the
+    ledger's chain key): what a genuine older copy or another run's write looks like, as
+    opposed to a hand edit."""
+    from accounting.ledger import BudgetLedger
+
+    ledger = BudgetLedger(str(ws.ledger), str(ws.keys))
+    state = ledger.snapshot()
+    change(state)
+    ledger._transact(lambda data: (None, ledger._dump(state)))
+
+
 def _forget_releases(ws):
     """An older copy of the ledger: same ledger id, without the published release's record."""
-    state = read_json(ws.ledger)
-    state["releases"], state["latest"], state["content"] = {}, {}, {}
-    ws.ledger.write_text(json.dumps(state))
+    def forget(state):
+        state["releases"], state["latest"], state["content"] = {}, {}, {}
+    rewrite_ledger(ws, forget)
 
 
 def _symlink_ledger(ws):
@@ -374,13 +395,13 @@ def _symlink_ledger(ws):
 def then_takeover(ws, case, argv, charged_after):
     """The corrected input (a new digest) takes the reservation over: released, nothing more
     spent, a fresh key stored."""
-    keys = len(list(ws.keys.iterdir()))
+    keys = len(release_keys(ws))
     FIXES[case.fixture](ws.path)
     code, out, err = run_main(case.job, argv)
     assert code == 0, err
     assert "took over an unpublished reservation: nothing more was spent" in out
     assert charged(ws.ledger) == pytest.approx(charged_after)
-    assert len(list(ws.keys.iterdir())) == keys + 1
+    assert len(release_keys(ws)) == keys + 1
 
 
 def then_reproduce(ws, case, argv, charged_after):
@@ -928,13 +949,61 @@ def test_concurrent_runs_of_one_release_publish_it_once(tmp_path_factory):
     for process in processes:
         process.join(120)
     codes = sorted(p.exitcode for p in processes)
-    assert codes[0] == 0 and codes[1] in (0, 3), codes
+    # the loser is refused ("held by another run": nothing charged or stored), or, if it came
+    # after the winner had finished, reproduces the release
+    assert codes in ([0, 0], [0, 2]), codes
     record = read_json(ws.ledger)["releases"]["C1/2026-11-02"]
-    assert record["state"] == "committed"
+    assert record["state"] == "committed" and "hold" not in record
     assert charged(ws.ledger) == pytest.approx(charged_before + 2.0)  # charged once
-    assert len(list(ws.keys.iterdir())) == 2  # one key for the new release
+    assert len(release_keys(ws)) == 2  # one key for the new release, no orphan
     marker = read_json(ws.path / "out" / "C1" / "2026-11-02" / "v1" / "RELEASE.json")
     assert marker["key_fingerprints"]["release"] == record["keys"]["release"]["fingerprint"]
+    code, out, err = run_main("cn", argv)
+    assert code == 0 and "(reproduced)" in out, err
+
+
+def test_a_run_while_another_holds_the_release_is_refused_and_leaves_nothing(tmp_path_factory):
+    """The loser of a race for one release -- the same input, or a changed one (which would take
+    the reservation over with a fresh key) -- is refused before the charge while the winner
+    computes: exit 2 "held by another run", the ledger byte for byte as it was, no key stored.
+    The winner then publishes; once it has ended, the same command reproduces its release."""
+    from pipelines.release import lifecycle
+
+    ws = Workspace.get("cn", tmp_path_factory)
+    argv = base_argv("cn", ws.path) + ["--release", "C1/2026-11-02"]
+    ctx = multiprocessing.get_context("fork")
+    reserved, go = ctx.Event(), ctx.Event()
+
+    def winner():
+        real = lifecycle.compute
+
+        def paused(state):
+            reserved.set()
+            go.wait(120)
+            return real(state)
+
+        lifecycle.compute = paused
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            code = MAINS["cn"](argv)
+        os._exit(code)
+
+    process = ctx.Process(target=winner)
+    process.start()
+    try:
+        assert reserved.wait(120)
+        ledger, keys = ws.ledger.read_bytes(), release_keys(ws)
+        for extra in ([], ["--impressions", str(_cn_inputs(ws.path, "changed.csv",
+                                                            _cn_rows("2026-11-02", 7)))]):
+            code, out, err = run_main("cn", argv + extra)
+            assert code == 2 and "is held by another run" in err, err
+            assert "Nothing was charged or stored" in err
+            assert ws.ledger.read_bytes() == ledger and release_keys(ws) == keys
+    finally:
+        go.set()
+        process.join(120)
+    assert process.exitcode == 0
+    record = read_json(ws.ledger)["releases"]["C1/2026-11-02"]
+    assert record["state"] == "committed" and "hold" not in record
     code, out, err = run_main("cn", argv)
     assert code == 0 and "(reproduced)" in out, err
 
@@ -1205,6 +1274,248 @@ EDGE_CASES = [
 ]
 
 
+# ---- issue 32, items 2 and 5: exit codes that hold, a ledger whose records are chained
+# (pipelines/release/lifecycle.py: preflight's measure checks, after_reservation, holds;
+# accounting/ledger/chain.py, sealing.py, holds.py, migrate.py)
+
+PATCHES: dict = {}       # the running test's monkeypatch (set by the ``edges`` fixture)
+DISK = {"full": False}   # the simulated disk below staging / publication
+
+
+def _disk_full(function):
+    """Make ``pipelines.release.storage.<function>`` fail as on a full disk (ENOSPC) while
+    DISK["full"]; the run after ``then_disk_freed`` finds the space again."""
+    import errno
+
+    from pipelines.release import storage
+
+    real = getattr(storage, function)
+
+    def full(path, *args, **kwargs):
+        if DISK["full"] and (function != "write_bytes" or "/.staging/" in str(path)):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real(path, *args, **kwargs)
+
+    DISK["full"] = True
+    PATCHES["monkeypatch"].setattr(storage, function, full)
+
+
+def _cn_epsilon(ws, epsilon):
+    config = cn_config()
+    config["campaigns"][0]["privacy"]["impressions"]["epsilon"] = epsilon
+    write_json(ws / "c.json", config)
+
+
+def _sr_config(ws, **changes):
+    (ws / "config.json").write_text(json.dumps({**json.loads((ws / "config.json").read_text()),
+                                                **changes}))
+
+
+def _edit_ledger(ws, change):
+    """A hand edit: the ledger's JSON changed in place (its chain left as it was)."""
+    state = read_json(ws.ledger)
+    change(state)
+    ws.ledger.write_text(json.dumps(state, indent=1))
+
+
+def _second_release(ws):
+    """Publish C1/2026-11-02 too, so that the ledger holds two chained records."""
+    code, out, err = run_main("cn", base_argv("cn", ws.path) + ["--release", "C1/2026-11-02"])
+    assert code == 0, err
+
+
+def _swap_records(state):
+    a, b = state["releases"]["C1/2026-11-01"], state["releases"]["C1/2026-11-02"]
+    a["seq"], b["seq"] = b["seq"], a["seq"]
+
+
+def _drop_first(state):
+    del state["releases"]["C1/2026-11-01"], state["latest"]["C1/2026-11-01"]
+
+
+def _recompute_chain(state):
+    """What someone editing on purpose does: lower the spend, then recompute every digest and
+    the head -- all but the MAC, whose key is in the key store."""
+    from accounting.ledger import chain
+
+    state["releases"]["C1/2026-11-01"]["measures"][0]["epsilon"] = 0.001
+    key = state["chain"]["key"]
+    chain.seal(state, os.urandom(32), key)
+
+
+def _hold(ws, **hold):
+    import datetime as dt
+
+    until = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)).isoformat()
+    rewrite_ledger(ws, lambda state: state["releases"]["C1/2026-11-01"].update(hold={
+        "run": "another", "since": "2026-11-02T00:00:00+00:00", "until": until, **hold}))
+
+
+def _dead_pid() -> int:
+    process = multiprocessing.get_context("fork").Process(target=os._exit, args=(0,))
+    process.start()
+    process.join()
+    return process.pid
+
+
+def _release_key(ws):
+    return ws.path / "private" / "keys" / next(n for n in release_keys(ws) if n.startswith("C1"))
+
+
+def _key_folder(ws):
+    key = _release_key(ws)
+    key.unlink()
+    key.mkdir()
+
+
+def _strip_chain(ws, keep_key):
+    from release_testkit import unchain
+
+    chain_key = next(ws.keys.glob("ledger-chain-*"))
+    data = chain_key.read_bytes()
+    unchain(ws.ledger, ws.keys, "beam-dp-release/budget-ledger/v3")
+    if keep_key:
+        chain_key.write_bytes(data)
+
+
+EXIT_FIXTURES: dict[str, Callable] = {
+    "cn_epsilon_1e308": lambda ws: _cn_epsilon(ws, 1e308),
+    "cn_epsilon_1e-300": lambda ws: _cn_epsilon(ws, 1e-300),
+    "sr_epsilon_tiny": FIXTURES["sr_other_batch"],
+    "sr_slices_overflow": lambda ws: (FIXTURES["sr_other_batch"](ws), _sr_config(
+        ws, slice_dimensions=[2 ** 40, 2 ** 40])),
+    "disk_full_staging": lambda ws: _disk_full("write_bytes"),
+    "disk_full_publishing": lambda ws: _disk_full("rename_dir"),
+    "ledger_releases_a_list": lambda ws: _edit_ledger(ws, lambda s: s.update(releases=[])),
+    "ledger_epsilon_a_string": lambda ws: _edit_ledger(ws, lambda s: s["releases"][
+        "C1/2026-11-01"]["measures"][0].update(epsilon="0.1")),
+    "ledger_release_key_deleted": lambda ws: _release_key(ws).unlink(),
+    "ledger_release_key_a_folder": _key_folder,
+    "ledger_chain_key_deleted": lambda ws: next(ws.keys.glob("ledger-chain-*")).unlink(),
+    "ledger_held_by_a_live_run": lambda ws: _hold(ws, host="elsewhere", pid=1, started="1"),
+    "ledger_hold_of_a_dead_run": lambda ws: _hold(ws, host=__import__(
+        "accounting.ledger.holds", fromlist=["_host"])._host(), pid=_dead_pid(), started="1"),
+    "ledger_spend_lowered": lambda ws: _edit_ledger(ws, lambda s: s["releases"][
+        "C1/2026-11-01"]["measures"][0].update(epsilon=0.001)),
+    "ledger_budget_raised": lambda ws: _edit_ledger(ws, lambda s: s["scopes"][
+        "campaign:C1"].update(epsilon=80.0)),
+    "ledger_record_deleted": lambda ws: (_second_release(ws), _edit_ledger(ws, _drop_first)),
+    "ledger_records_reordered": lambda ws: (_second_release(ws), _edit_ledger(ws, _swap_records)),
+    "ledger_chain_recomputed": lambda ws: _edit_ledger(ws, _recompute_chain),
+    "ledger_older_version": lambda ws: _strip_chain(ws, keep_key=False),
+    "ledger_chain_stripped": lambda ws: _strip_chain(ws, keep_key=True),
+}
+
+
+def then_disk_freed(ws, case, argv, charged_after):
+    """The failure record names the root cause (never file content); with the space back, the
+    same command completes the release without spending again."""
+    failure = read_json(ws.path / "private" / "reports" / "C1" / "2026-11-02" / "v1" /
+                        "failure.json")
+    assert "[Errno 28] No space left on device" in failure["detail"]
+    assert "OSError" in failure["exceptions"]
+    DISK["full"] = False
+    code, out, err = run_main(case.job, argv)
+    assert code == 0 and "(released)" in out, err
+    assert charged(ws.ledger) == pytest.approx(charged_after)
+
+
+def then_migrated(ws, case, argv, charged_after):
+    """``python -m accounting.ledger migrate`` chains it once; the run then goes on, and a hand
+    edit after that is caught; migrating again is refused (nothing to do)."""
+    from accounting.ledger.__main__ import main as ledger_main
+
+    flags = ["--ledger", str(ws.ledger), "--key_store", str(ws.keys)]
+    assert ledger_main(["migrate", *flags]) == 0
+    assert ledger_main(["verify", *flags]) == 0
+    assert ledger_main(["migrate", *flags]) == 2
+    code, out, err = run_main(case.job, argv)
+    assert code == 0 and "(released)" in out, err
+    code, out, err = run_main(case.job, base_argv(case.job, ws.path))
+    assert code == 0 and "(reproduced)" in out, err
+
+
+def then_not_migrated(ws, case, argv, charged_after):
+    """A ledger whose chain was stripped is not chained again by migrate (it would bless the
+    edits made meanwhile): refused, nothing written."""
+    from accounting.ledger.__main__ import main as ledger_main
+
+    before = ws.ledger.read_bytes()
+    assert ledger_main(["migrate", "--ledger", str(ws.ledger), "--key_store", str(ws.keys)]) == 2
+    assert ws.ledger.read_bytes() == before
+
+
+EXIT_THEN = {"disk_freed": then_disk_freed, "migrated": then_migrated,
+             "not_migrated": then_not_migrated}
+VERIFY = "{ws}/private/ledger.json does not verify: "
+EXIT_CASES = [
+    # ---- epsilon extremes and domains: refused before the charge (exit 2), nothing stored
+    Case("cn-config-epsilon-1e308", "cn", "cn_epsilon_1e308", DAY2,
+         refused("--config {ws}/c.json: campaigns[0].privacy")),
+    Case("cn-config-epsilon-1e-300", "cn", "cn_epsilon_1e-300", DAY2,
+         refused("release C1/2026-11-02: measure 'impressions' (epsilon=1e-300",
+                 "epsilon is too small")),
+    Case("rf-epsilon-1e-300", "rf", None, "--campaigns c2 --epsilon 1e-300",
+         refused("release rf/c2: measure 'union/reach'", "too large for the exact samplers",
+                 "Nothing was charged")),
+    Case("rf-epsilon-1e300-two-campaigns", "rf", None,
+         "--campaigns c2,c3 --epsilon 1e300 --campaign_budget_epsilon 1e301",
+         refused("vanishes in double precision", "Nothing was charged")),
+    Case("sr-epsilon-1e-300", "sr", "sr_epsilon_tiny",
+         "--batch_id B --input {ws}/conv2.csv --epsilon 1e-300", refused("epsilon is too small")),
+    Case("sr-slice-dimensions-overflow", "sr", "sr_slices_overflow",
+         "--batch_id B --input {ws}/conv2.csv",
+         refused("--config {ws}/config.json: slice_dimensions", "63-bit slice code")),
+    # ---- a failure after the reservation: exit 3 naming its root cause, never content
+    Case("cn-disk-full-while-staging", "cn", "disk_full_staging", DAY2,
+         failed("the computation failed (OSError: [Errno 28] No space left on device: {ws}/out/"
+                ".staging/C1/2026-11-02/", then="disk_freed")),
+    Case("cn-disk-full-while-publishing", "cn", "disk_full_publishing", DAY2,
+         failed("the release failed (OSError: [Errno 28] No space left on device",
+                then="disk_freed")),
+    # ---- the ledger and the key store: unreadable or malformed -> exit 2, nothing changed
+    Case("cn-ledger-releases-not-an-object", "cn", "ledger_releases_a_list", DAY2,
+         refused("{ws}/private/ledger.json is malformed: its 'releases' is missing or of the "
+                 "wrong type")),
+    Case("cn-ledger-epsilon-a-string", "cn", "ledger_epsilon_a_string", DAY2,
+         refused("record 1 (release 'C1/2026-11-01') is malformed: field 'measures'")),
+    Case("cn-release-key-deleted", "cn", "ledger_release_key_deleted", "",
+         refused("release 'C1/2026-11-01' (ledger record 1): its key {ws}/private/keys/C1_",
+                 "cannot be loaded (FileNotFoundError: No such file or directory)",
+                 "Nothing was charged or changed")),
+    Case("cn-release-key-a-folder", "cn", "ledger_release_key_a_folder", "",
+         refused("cannot be loaded (IsADirectoryError: Is a directory)")),
+    Case("cn-chain-key-deleted", "cn", "ledger_chain_key_deleted", DAY2,
+         refused("its chain key {ws}/private/keys/ledger-chain-",
+                 "cannot be loaded (FileNotFoundError: No such file or directory)")),
+    # ---- holds: a live run's release is refused; a dead run's hold is not in the way
+    Case("cn-held-by-a-live-run", "cn", "ledger_held_by_a_live_run", "",
+         refused("release 'C1/2026-11-01' is held by another run (run another on elsewhere",
+                 "Nothing was charged or stored")),
+    Case("cn-hold-of-a-dead-run", "cn", "ledger_hold_of_a_dead_run", "", reproduced()),
+    # ---- hand edits of the ledger: refused naming the record (its number and release id)
+    Case("cn-ledger-spend-lowered", "cn", "ledger_spend_lowered", DAY2,
+         refused(VERIFY + "record 1 (release 'C1/2026-11-01') was edited")),
+    Case("cn-ledger-budget-raised", "cn", "ledger_budget_raised", DAY2,
+         refused(VERIFY + "its head does not match its records and budgets (the chain ends "
+                 "with record 1 (release 'C1/2026-11-01'))")),
+    Case("cn-ledger-record-deleted", "cn", "ledger_record_deleted", DAY2,
+         refused(VERIFY + "record 2 (release 'C1/2026-11-02') comes where record 1 should be")),
+    Case("cn-ledger-records-reordered", "cn", "ledger_records_reordered", DAY2,
+         refused(VERIFY + "record 1 (release 'C1/2026-11-02') does not follow the record "
+                 "before it")),
+    Case("cn-ledger-chain-recomputed", "cn", "ledger_chain_recomputed", DAY2,
+         refused(VERIFY + "its head's MAC does not verify")),
+    Case("cn-ledger-older-version", "cn", "ledger_older_version", DAY2,
+         refused("python -m accounting.ledger migrate --ledger {ws}/private/ledger.json "
+                 "--key_store {ws}/private/keys", then="migrated")),
+    Case("cn-ledger-chain-stripped", "cn", "ledger_chain_stripped", DAY2,
+         refused("the chain was removed by hand", then="not_migrated")),
+]
+EDGE_FIXTURES.update(EXIT_FIXTURES)
+EDGE_CASES += EXIT_CASES
+
+
 def then_no_secret_text(ws, case, argv, charged_after):
     """The refusal names the file, never its lines (run again to read every message)."""
     code, out, err = run_main(case.job, argv)
@@ -1253,6 +1564,10 @@ def edges(monkeypatch):
     monkeypatch.setitem(THEN, "no_secret_text", then_no_secret_text)
     monkeypatch.setitem(THEN, "finalize", then_finalize)
     monkeypatch.setitem(THEN, "finalize_unsubmitted", then_finalize_unsubmitted)
+    for name, then in EXIT_THEN.items():
+        monkeypatch.setitem(THEN, name, then)
+    monkeypatch.setitem(PATCHES, "monkeypatch", monkeypatch)
+    monkeypatch.setitem(DISK, "full", False)
 
 
 @pytest.mark.parametrize("case", EDGE_CASES, ids=[c.id for c in EDGE_CASES])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import stat
 import threading
 import time
@@ -23,6 +24,7 @@ from accounting.keystore import KeyRef, KeyStore
 from accounting.ledger import (BudgetExceededError, BudgetLedger, ChangedInputError,
                                ContentAlreadyReleased, LedgerConflict, LedgerError,
                                ReleaseRequest, Scope, input_digest)
+from accounting.ledger.__main__ import main as migrate_main
 from accounting.ledger.stores import GcsStore
 from accounting.measures import Measure
 from accounting.sensitivity import Sensitivities
@@ -51,6 +53,11 @@ def _request(day="2026-11-20", digest=None, eps=1.0, **kw):
 
 def _ledger(tmp_path, **kw) -> BudgetLedger:
     return BudgetLedger(str(tmp_path / "ledger.json"), str(tmp_path / "keys"), **kw)
+
+
+def _release_keys(root) -> list:
+    """The release keys in the key store (not the ledger's own chain key)."""
+    return [n for n in os.listdir(root / "keys") if not n.startswith("ledger-")]
 
 
 def _release_outputs(key) -> bytes:
@@ -94,7 +101,7 @@ def test_scopes_refuse_over_budget_before_anything_is_stored(tmp_path):
     with pytest.raises(BudgetExceededError, match=f"campaign:{CAMPAIGN}") as err:
         ledger.reserve(_request("2026-11-23"))
     assert err.value.scope == f"campaign:{CAMPAIGN}" and "Nothing was charged" in str(err.value)
-    assert len(ledger.records()) == 3 and len(os.listdir(tmp_path / "keys")) == 3
+    assert len(ledger.records()) == 3 and len(_release_keys(tmp_path)) == 3
     with pytest.raises(BudgetExceededError, match="period"):
         _ledger(tmp_path / "b").reserve(_request(eps=1.5))
 
@@ -105,7 +112,7 @@ def test_several_releases_are_charged_all_or_nothing(tmp_path):
     with pytest.raises(BudgetExceededError):  # 2 fit, the third is over the campaign total
         ledger.reserve([_request("2026-11-21"), _request("2026-11-22"), _request("2026-11-23")])
     assert [r["release_id"] for r in ledger.records()] == [f"{CAMPAIGN}/2026-11-20"]
-    assert len(os.listdir(tmp_path / "keys")) == 1
+    assert len(_release_keys(tmp_path)) == 1
     both = ledger.reserve([_request("2026-11-21"), _request("2026-11-22")])
     assert [r.version for r in both] == [1, 1] and ledger.spent(f"campaign:{CAMPAIGN}").epsilon == 3
 
@@ -267,7 +274,7 @@ def test_concurrent_releases_exactly_the_budget_allowed_succeed(tmp_path):
     assert sorted(outcomes.values()) == ["ok"] * 3 + ["refused"] * 4, outcomes
     ledger = _ledger(tmp_path)
     assert ledger.spent(f"campaign:{CAMPAIGN}").epsilon == pytest.approx(3.0)
-    assert len(os.listdir(tmp_path / "keys")) == 3
+    assert len(_release_keys(tmp_path)) == 3
 
 
 def test_key_fingerprint_checked_on_load(tmp_path):
@@ -277,8 +284,10 @@ def test_key_fingerprint_checked_on_load(tmp_path):
     os.chmod(uri, 0o600)
     with open(uri, "w") as handle:
         handle.write("00" * 32 + "\n")
-    with pytest.raises(ValueError, match="fingerprint"):
+    before = (tmp_path / "ledger.json").read_bytes()
+    with pytest.raises(LedgerError, match="fingerprint"):
         ledger.reserve(_request())
+    assert (tmp_path / "ledger.json").read_bytes() == before  # refused before any change
 
 
 def test_a_scope_budget_increase_needs_set_budget(tmp_path):
@@ -338,10 +347,169 @@ def test_a_v1_ledger_is_read_with_its_charges_and_pinned_releases(tmp_path):
               "input_digest": "sha256:old", "state": "charged",
               "key_ref": {"uri": "/nowhere", "fingerprint": "ab"}}}}
     (tmp_path / "ledger.json").write_text(json.dumps(v1))
+    with pytest.raises(LedgerError, match="python -m accounting.ledger migrate --ledger"):
+        _ledger(tmp_path).snapshot()
+    assert migrate_main(["migrate", "--ledger", str(tmp_path / "ledger.json"), "--key_store",
+                         str(tmp_path / "keys")]) == 0
     ledger = _ledger(tmp_path)
     assert ledger.spent(f"campaign:{CAMPAIGN}").epsilon == pytest.approx(1.0)
     with pytest.raises(ChangedInputError):  # charged under v1: pinned, not taken over
         ledger.reserve(_request(digest="sha256:new"))
+
+
+# --------------------------------------------------------------------------- the record chain
+
+def _edit(tmp_path, change):
+    state = json.loads((tmp_path / "ledger.json").read_text())
+    change(state)
+    (tmp_path / "ledger.json").write_text(json.dumps(state))
+    return (tmp_path / "ledger.json").read_bytes()
+
+
+def _three_days(tmp_path) -> BudgetLedger:
+    ledger = _ledger(tmp_path)
+    for day in ("2026-11-20", "2026-11-21", "2026-11-22"):
+        ledger.reserve(_request(day))
+    return ledger
+
+
+def _seq(state, day):
+    return state["releases"][f"{CAMPAIGN}/{day}"]
+
+
+@pytest.mark.parametrize("edit, names", [
+    (lambda s: _seq(s, "2026-11-21")["measures"][0].update(epsilon=0.01),
+     "record 2 (release 'c2026_fundraising_en/2026-11-21') was edited"),
+    (lambda s: s["releases"].pop(f"{CAMPAIGN}/2026-11-21"),
+     "record 3 (release 'c2026_fundraising_en/2026-11-22') comes where record 2 should be"),
+    (lambda s: (_seq(s, "2026-11-20").update(seq=2), _seq(s, "2026-11-21").update(seq=1)),
+     "record 1 (release 'c2026_fundraising_en/2026-11-21') does not follow the record before it"),
+    (lambda s: s["releases"].pop(f"{CAMPAIGN}/2026-11-22"),
+     "its head does not match its records and budgets (the chain ends with record 2"),
+    (lambda s: s["scopes"][f"campaign:{CAMPAIGN}"].update(epsilon=30.0),
+     "its head does not match"),
+    (lambda s: _seq(s, "2026-11-20").update(seq=True), "record True"),
+])
+def test_a_hand_edit_is_refused_naming_the_record(tmp_path, edit, names):
+    """A lowered spend, a deleted, reordered or last record removed, a raised budget: the ledger
+    is refused when opened (naming the record), and a refused reservation leaves it as it was."""
+    _three_days(tmp_path)
+    edited = _edit(tmp_path, edit)
+    with pytest.raises(LedgerError, match=re.escape(names)):
+        _ledger(tmp_path).reserve(_request("2026-11-23"))
+    assert (tmp_path / "ledger.json").read_bytes() == edited
+
+
+def test_a_recomputed_chain_fails_only_the_mac(tmp_path):
+    """Whoever edits on purpose can recompute every digest and the head, not the MAC (its key is
+    in the key store): the ledger refuses it; a keyless reader (the catalog) sees a valid chain."""
+    from accounting.ledger import chain
+
+    _three_days(tmp_path)
+
+    def forge(state):
+        _seq(state, "2026-11-20")["measures"][0]["epsilon"] = 0.01
+        chain.seal(state, os.urandom(32), state["chain"]["key"])
+
+    _edit(tmp_path, forge)
+    with pytest.raises(LedgerError, match="MAC does not verify"):
+        _ledger(tmp_path).snapshot()
+    assert migrate_main(["verify", "--ledger", str(tmp_path / "ledger.json")]) == 0
+    assert migrate_main(["verify", "--ledger", str(tmp_path / "ledger.json"), "--key_store",
+                         str(tmp_path / "keys")]) == 2
+
+
+def test_the_chain_survives_state_changes_and_take_overs(tmp_path):
+    """Records change after they are chained (publish, commit, re-runs, take-overs): every
+    write re-seals, and the numbers stay those of the charges."""
+    ledger = _three_days(tmp_path)
+    [res] = ledger.reserve(_request("2026-11-21"))
+    _published(ledger, res)
+    ledger.reserve(_request("2026-11-22", digest="sha256:corrected"))  # a take-over
+    state = ledger.snapshot()
+    assert [r["seq"] for r in sorted(state["releases"].values(), key=lambda r: r["seq"])] == [1, 2, 3]
+    assert _seq(state, "2026-11-21")["state"] == "committed"
+    assert migrate_main(["verify", "--ledger", str(tmp_path / "ledger.json"), "--key_store",
+                         str(tmp_path / "keys")]) == 0
+
+
+def test_a_lost_chain_key_refuses_the_ledger_and_a_refusal_keeps_no_new_key(tmp_path):
+    _three_days(tmp_path)
+    [chain_key] = (tmp_path / "keys").glob("ledger-chain-*")
+    chain_key.unlink()
+    with pytest.raises(LedgerError, match="its chain key .* cannot be loaded \\(FileNotFoundError"):
+        _ledger(tmp_path).reserve(_request("2026-11-23"))
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    with pytest.raises(BudgetExceededError):  # a new ledger's first reservation refused
+        _ledger(fresh).reserve(_request(eps=9.0))
+    assert not (fresh / "ledger.json").exists()
+    assert not (fresh / "keys").exists() or os.listdir(fresh / "keys") == []
+
+
+def test_migrate_chains_an_older_ledger_once_and_refuses_a_stripped_one(tmp_path):
+    from release_testkit import unchain
+
+    _three_days(tmp_path)
+    flags = ["--ledger", str(tmp_path / "ledger.json"), "--key_store", str(tmp_path / "keys")]
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "keys").mkdir()
+    stripped = json.loads((tmp_path / "ledger.json").read_text())
+    unchain(tmp_path / "ledger.json", tmp_path / "keys", "beam-dp-release/budget-ledger/v3")
+    with pytest.raises(LedgerError, match="python -m accounting.ledger migrate --ledger"):
+        _ledger(tmp_path).snapshot()
+    assert migrate_main(["migrate", *flags]) == 0
+    state = _ledger(tmp_path).snapshot()
+    assert state["format"].endswith("/v4") and len(state["releases"]) == 3
+    assert migrate_main(["migrate", *flags]) == 2  # chained already: nothing to do
+    # a chained ledger whose chain was stripped (its chain key still in the key store)
+    unchain(tmp_path / "ledger.json", tmp_path / "copy" / "keys", "beam-dp-release/budget-ledger/v3")
+    before = (tmp_path / "ledger.json").read_bytes()
+    with pytest.raises(LedgerError, match="the chain was removed by hand"):
+        _ledger(tmp_path).snapshot()
+    assert migrate_main(["migrate", *flags]) == 2
+    assert (tmp_path / "ledger.json").read_bytes() == before
+    assert stripped["chain"]["records"] == 3
+
+
+# --------------------------------------------------------------------------- holds
+
+def test_a_held_release_is_refused_until_its_run_ends(tmp_path):
+    from accounting.ledger import ReleaseHeld, holds
+
+    ledger = _ledger(tmp_path)
+    first, second = holds.Hold.new(), holds.Hold.new()
+    [res] = ledger.reserve(_request(), hold=first)
+    before, keys = (tmp_path / "ledger.json").read_bytes(), _release_keys(tmp_path)
+    for hold, digest in ((second, None), (second, "sha256:changed"), (None, None)):
+        with pytest.raises(ReleaseHeld, match="is held by another run"):
+            ledger.reserve(_request(digest=digest), hold=hold)
+        assert (tmp_path / "ledger.json").read_bytes() == before
+        assert _release_keys(tmp_path) == keys  # no key left by the refused run
+    [again] = ledger.reserve(_request(), hold=first)  # its own run: not in its way
+    assert again.resumed
+    ledger.release_hold(first)
+    assert "hold" not in ledger.get(f"{CAMPAIGN}/2026-11-20")
+    [taken] = ledger.reserve(_request(digest="sha256:changed"), hold=second)
+    assert taken.taken_over and ledger.get(f"{CAMPAIGN}/2026-11-20")["hold"]["run"] == second.run
+
+
+def test_a_dead_or_lapsed_hold_is_not_in_the_way(tmp_path):
+    from accounting.ledger import holds
+
+    ledger = _ledger(tmp_path)
+    process = multiprocessing.get_context("fork").Process(target=os._exit, args=(0,))
+    process.start()
+    process.join()
+    dead = holds.Hold(run="dead", host=holds._host(), pid=process.pid,
+                      started=holds._started(os.getpid()))
+    ledger.reserve(_request(), hold=dead)
+    assert not holds.is_live(ledger.get(f"{CAMPAIGN}/2026-11-20")["hold"])
+    [res] = ledger.reserve(_request(), hold=holds.Hold.new())
+    assert res.resumed
+    lapsed = {"run": "x", "host": "elsewhere", "pid": 1, "started": "1",
+              "since": "2026-01-01T00:00:00+00:00", "until": "2026-01-02T00:00:00+00:00"}
+    assert not holds.is_live(lapsed) and holds.is_live({**lapsed, "until": "2999-01-01T00:00:00+00:00"})
 
 
 def test_input_digest_covers_contents_and_config(tmp_path):

@@ -103,7 +103,7 @@ def overlapping_batches_are_refused_then_skipped(root):
 def test_overlapping_batches_local(tmp_path):
     ledger = overlapping_batches_are_refused_then_skipped(tmp_path)
     state = json.loads((tmp_path / "ledger.json").read_text())
-    assert state["format"] == "beam-dp-release/budget-ledger/v3"
+    assert state["format"] == "beam-dp-release/budget-ledger/v4"
     entry = state["releases"]["summary_reports/A"]["consumed"][REPORTS]
     assert entry["count"] == 3 and entry["sha256"].startswith("sha256:")
     assert (tmp_path / "ledger.json.consumed" / entry["file"]).stat().st_size < 4096
@@ -193,12 +193,16 @@ def test_hashes_are_keyed_per_namespace_and_128_bits():
     assert found.tolist() == [2, -1, -1]
 
 
-def test_a_v2_ledger_is_read_as_v3(tmp_path):
+def test_a_v3_ledger_migrated_keeps_its_consumed_ids(tmp_path):
+    from accounting.ledger.migrate import migrate
+    from release_testkit import unchain
+
     ledger = _ledger(tmp_path)
     ledger.reserve(_request("A", ["r1"]))
-    state = json.loads((tmp_path / "ledger.json").read_text())
-    state["format"] = "beam-dp-release/budget-ledger/v2"
-    (tmp_path / "ledger.json").write_text(json.dumps(state))
+    unchain(tmp_path / "ledger.json", tmp_path / "keys", "beam-dp-release/budget-ledger/v3")
+    with pytest.raises(LedgerError, match="python -m accounting.ledger migrate"):
+        _ledger(tmp_path).reserve(_request("B", ["r2"]))
+    assert migrate(str(tmp_path / "ledger.json"), str(tmp_path / "keys")) == 1
     with pytest.raises(ConsumedIdsError):
         _ledger(tmp_path).reserve(_request("B", ["r1"]))
 
@@ -233,7 +237,8 @@ def test_overlapping_batches_racing_never_both_pass(tmp_path):
     assert sorted(outcomes.values()) == ["ok"] + ["refused"] * (n - 1), outcomes
     assert len(_ledger(tmp_path).records()) == 1
     listing = _listing(tmp_path)
-    assert len(listing["files"]) == 1 and len(listing["keys"]) == 2   # release key + hashing key
+    # release key + hashing key + the ledger's chain key
+    assert len(listing["files"]) == 1 and len(listing["keys"]) == 3
 
 
 @pytest.fixture(scope="module")
@@ -285,4 +290,4 @@ def test_overlapping_batches_racing_on_gcs(gcs_bucket):
     assert sorted(outcomes.values()) == ["ok"] + ["refused"] * (n - 1), outcomes
     assert sum(ledger._store.conflicts for ledger in ledgers) >= 1
     listing = _listing(root)
-    assert len(listing["files"]) == 1 and len(listing["keys"]) == 2
+    assert len(listing["files"]) == 1 and len(listing["keys"]) == 3

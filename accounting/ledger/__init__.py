@@ -3,6 +3,14 @@
 * :mod:`~accounting.ledger.records` -- the format, budget scopes, release records and states;
 * :mod:`~accounting.ledger.stores` -- where the ledger lives and how it is updated atomically;
 * :mod:`~accounting.ledger.machine` -- :class:`BudgetLedger`: reserve, take over, publish, commit;
+* :mod:`~accounting.ledger.chain` -- each record carries the digest of the one before, the
+  head a MAC keyed from the key store: a hand edit is refused, naming the record;
+* :mod:`~accounting.ledger.sealing` -- reading (structure, chain and MAC verified) and writing
+  (sealed) the ledger document;
+* :mod:`~accounting.ledger.holds` -- which run is working on a release: a concurrent run is
+  refused ("held by another run") before anything is charged or stored;
+* :mod:`~accounting.ledger.migrate` -- chaining a ledger of an older version, once
+  (``python -m accounting.ledger migrate``; ``verify`` checks a ledger);
 * :mod:`~accounting.ledger.digest` -- the input digest a release's keys are bound to;
 * :mod:`~accounting.ledger.consumed` -- what each release consumed (ids aggregated at most once).
 """
@@ -11,12 +19,13 @@ from accounting.ledger.digest import canonical_json, combine, input_digest, keye
 from accounting.ledger.machine import BudgetLedger
 from accounting.ledger.records import (COMMITTED, PUBLISHING, RESERVED, BudgetExceededError,
                                        ChangedInputError, ConsumedIdsError,
-                                       ContentAlreadyReleased, LedgerError, ReleaseRequest,
-                                       Reservation, Scope)
+                                       ContentAlreadyReleased, LedgerError, ReleaseHeld,
+                                       ReleaseRequest, Reservation, Scope)
 from accounting.ledger.stores import LedgerConflict, LedgerStoreError
 
 __all__ = ["BudgetLedger", "Scope", "ReleaseRequest", "Reservation", "LedgerError",
            "BudgetExceededError", "ChangedInputError", "ContentAlreadyReleased", "LedgerConflict",
+           "ReleaseHeld",
            "ConsumedIds", "ConsumedResult", "ConsumedIdsError",
            "LedgerStoreError", "RESERVED", "PUBLISHING", "COMMITTED", "input_digest",
            "keyed_binding", "canonical_json", "combine"]

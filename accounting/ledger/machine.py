@@ -46,6 +46,18 @@ Rules, and why they are sound:
   accepted (more conservative), a higher one refused unless raised with :meth:`set_budget`.
   A reserved record counts against its scopes like a published one (it may publish any time).
 * Testing keys are never stored, and a reservation is never refunded.
+* **Refused means unchanged**: every refusal of ``reserve`` leaves the ledger byte for byte as
+  it was and no key behind -- the keys a re-run needs are loaded inside the transaction, before
+  anything changes (a deleted or unreadable key file refuses the re-run, naming it), and fresh
+  keys are deleted again unless the ledger written references them.
+* **One run at a time per release** (:mod:`~accounting.ledger.holds`): a run holds the
+  releases it reserved until it ends; another run reserving one of them meanwhile is refused
+  (:class:`~accounting.ledger.records.ReleaseHeld`) before anything is charged or stored.
+* **Tamper-evident** (:mod:`~accounting.ledger.chain`, :mod:`~accounting.ledger.sealing`):
+  every write chains the records and MACs the head under the ledger's chain key (in the key
+  store); every read verifies them, so a lowered spend, a deleted or reordered record or a
+  raised budget is refused, naming the record. A ledger of an older version is refused until
+  migrated once (``python -m accounting.ledger migrate``).
 
 Composition of a scope's measures is :func:`accounting.guarantee.compose` with the ledger's
 accountant (fixed when the ledger is created), at the scope budget's delta.
@@ -67,6 +79,8 @@ from accounting.keys import ReleaseKey
 from accounting.keystore import KeyRef, KeyStore
 from accounting.ledger import consumed as C
 from accounting.ledger import records as R
+from accounting.ledger import chain, holds
+from accounting.ledger.sealing import Sealing, error_text
 from accounting.ledger.stores import LedgerConflict, files_beside, store_for
 from accounting.measures import Measure
 
@@ -107,33 +121,35 @@ class BudgetLedger:
         self._store = store_for(path, max_attempts)
         self.path = getattr(self._store, "path", None) or getattr(self._store, "uri")
         self._files = files_beside(self._store, CONSUMED_SUFFIX)
+        self._sealing = Sealing(self.key_store, self.path)
 
     # ----------------------------------------------------------------- (de)serialisation
 
     def _parse(self, data: Optional[bytes]) -> dict:
+        """The verified state (sealing.Sealing.read), or a new empty one for no data."""
         if data is None:
             return R.empty_state(self.accountant)
-        try:
-            state = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise R.LedgerError(f"ledger {self.path} is not valid JSON (emptied or overwritten?): "
-                                "refusing to use it")
-        if isinstance(state, dict) and state.get("format") == R.FORMAT_V1:
-            state = R.upgrade_v1(state)
-        if isinstance(state, dict) and state.get("format") == R.FORMAT_V2:
-            state["format"] = R.FORMAT  # v3 only adds consumed-id records
-        if not isinstance(state, dict) or state.get("format") != R.FORMAT or "ledger_id" not in state:
-            raise R.LedgerError(f"ledger {self.path} is not a {R.FORMAT} file: refusing to use it")
+        state = self._sealing.read(data)
         if state.get("accountant") != self.accountant:
             raise R.LedgerError(f"ledger {self.path} counts budgets with accountant "
                                 f"{state.get('accountant')!r}, this run asked for "
                                 f"{self.accountant!r}; the accountant of a ledger cannot change")
         return state
 
-    @staticmethod
-    def _dump(state: dict) -> bytes:
+    def _dump(self, state: dict) -> bytes:
         state["updated_at"] = R.now()
+        self._sealing.seal(state)
         return (json.dumps(state, indent=1, sort_keys=True) + "\n").encode("utf-8")
+
+    def _transact(self, update):
+        """The store's transaction, with the chain key of a new ledger settled after it."""
+        try:
+            result = self._store.transact(update)
+        except BaseException:
+            self._sealing.settle(written=False)
+            raise
+        self._sealing.settle(written=True)
+        return result
 
     def snapshot(self) -> dict:
         """The whole ledger as a dict (a consistent read; an empty new one if it does not exist)."""
@@ -191,7 +207,7 @@ class BudgetLedger:
             self._apply_budget(state, scope, allow_increase)
             return None, self._dump(state)
 
-        self._store.transact(update)
+        self._transact(update)
 
     @staticmethod
     def _apply_budget(state: dict, scope: R.Scope, allow_increase: bool) -> None:
@@ -230,12 +246,15 @@ class BudgetLedger:
     # ----------------------------------------------------------------- reserve
 
     def reserve(self, requests: Union[R.ReleaseRequest, Sequence[R.ReleaseRequest]], *,
-                new_release: bool = False) -> list[R.Reservation]:
+                new_release: bool = False,
+                hold: Optional[holds.Hold] = None) -> list[R.Reservation]:
         """Charge every request (or find the ones already charged for their input); all or nothing.
 
-        See the module docstring for the rules. Returns one :class:`Reservation` per request,
-        in order; raises a :class:`LedgerError` (nothing charged, no key or consumed-id record
-        left behind) otherwise.
+        See the module docstring for the rules. ``hold``: the run's hold on its releases
+        (:mod:`~accounting.ledger.holds`), released with :meth:`release_hold`. Returns one
+        :class:`Reservation` per request, in order; raises a :class:`LedgerError` (nothing
+        charged, no key or consumed-id record left behind, the ledger unchanged) otherwise --
+        :class:`~accounting.ledger.records.ReleaseHeld` when another live run holds one of them.
         """
         requests = [requests] if isinstance(requests, R.ReleaseRequest) else list(requests)
         if not requests or not all(isinstance(r, R.ReleaseRequest) for r in requests):
@@ -243,57 +262,37 @@ class BudgetLedger:
         ids = [r.release_id for r in requests]
         if len(set(ids)) != len(ids):
             raise ValueError(f"one run cannot reserve a release id twice: {ids}")
-        pending: dict = {}  # (release id, key name) -> (key, ref): saved once, reused on retries
+        keys = _Keys(self, hold)
         ids_check = _ConsumedCheck(self)
-
-        def fresh_keys(request) -> dict:
-            refs = {}
-            for name in request.key_names:
-                if (request.release_id, name) not in pending:
-                    key = ReleaseKey.generate()
-                    label = request.release_id if name == "release" else f"{request.release_id}/{name}"
-                    pending[(request.release_id, name)] = (key, self.key_store.save(
-                        key, label, issued_for=label))
-                refs[name] = pending[(request.release_id, name)][1].to_json()
-            return refs
 
         def update(data):
             state = self._parse(data)
             ids_check.begin(state)
-            outcomes = [self._decide(state, request, new_release, fresh_keys, ids_check)
+            outcomes = [self._decide(state, request, new_release, keys, ids_check)
                         for request in requests]
             ids_check.end(state)
-            return outcomes, self._dump(state)
+            return (outcomes, state["ledger_id"]), self._dump(state)
 
         try:
             ids_check.prehash(requests)
-            outcomes = self._store.transact(update)
+            outcomes, ledger_id = self._transact(update)
         except BaseException:
-            for _, ref in pending.values():
-                self.key_store.delete(ref)
+            keys.abandon()
             ids_check.abandon()
             raise
-        used = {(o[1]["release_id"], name) for o in outcomes if o[0] in ("new", "takeover")
-                for name in o[1]["keys"]}
-        for slot, (_, ref) in pending.items():
-            if slot not in used:
-                self.key_store.delete(ref)
+        keys.settle(outcomes)
         ids_check.done()
-        ledger_id = self.ledger_id()
         out = []
         for (kind, record), request in zip(outcomes, requests):
-            fresh = None
-            if kind in ("new", "takeover"):
-                fresh = {name: pending[(record["release_id"], name)][0] for name in record["keys"]}
-            out.append(self._reservation(kind, record, ledger_id, fresh,
+            out.append(self._reservation(kind, record, ledger_id, keys.of(record, kind),
                                          consumed=ids_check.results.get(request.release_id, {})))
         return out
 
     def _reservation(self, kind: str, record: dict, ledger_id: str,
                      keys: Optional[dict] = None, consumed: Optional[dict] = None) -> R.Reservation:
         """The :class:`Reservation` of ``record`` with its keys (loaded from the key store unless
-        given: fresh ones), bound to the record (:func:`_bound`), and the consumed-id decisions
-        of this reservation (none for a reservation found again, :meth:`find`)."""
+        given), bound to the record (:func:`_bound`), and the consumed-id decisions of this
+        reservation (none for a reservation found again, :meth:`find`)."""
         refs = {name: KeyRef.from_json(ref) for name, ref in record["keys"].items()}
         if keys is None:
             keys = {name: self.key_store.load(ref) for name, ref in refs.items()}
@@ -304,11 +303,37 @@ class BudgetLedger:
                              resumed=kind == "existing", taken_over=kind == "takeover",
                              state=record["state"], consumed=consumed or {})
 
-    def _decide(self, state: dict, request: R.ReleaseRequest, new_release: bool, fresh_keys,
+    def release_hold(self, hold: holds.Hold) -> None:
+        """End ``hold`` on every record it holds (a run calls this when it ends, whatever the
+        outcome; a hold left by a killed run lapses, see holds)."""
+        def update(data):
+            if data is None:
+                return None, None
+            state = self._parse(data)
+            held = [r for r in state["releases"].values()
+                    if (r.get("hold") or {}).get("run") == hold.run]
+            for record in held:
+                del record["hold"]
+            return None, (self._dump(state) if held else None)
+
+        self._transact(update)
+
+    def _decide(self, state: dict, request: R.ReleaseRequest, new_release: bool, keys: "_Keys",
                 ids_check: "_ConsumedCheck") -> tuple[str, dict]:
-        rid = request.release_id
-        latest_vid = state["latest"].get(rid)
+        """The request's outcome ("new", "existing" or "takeover") and its record, held by
+        the run (a release another live run holds is refused first)."""
+        latest_vid = state["latest"].get(request.release_id)
         latest = state["releases"].get(latest_vid) if latest_vid else None
+        if latest is not None:
+            keys.check_hold(latest)
+        kind, record = self._outcome(state, request, new_release, latest, keys, ids_check)
+        keys.hold(record)
+        return kind, record
+
+    def _outcome(self, state: dict, request: R.ReleaseRequest, new_release: bool,
+                 latest: Optional[dict], keys: "_Keys", ids_check: "_ConsumedCheck"):
+        rid = request.release_id
+        latest_vid = None if latest is None else latest["versioned_id"]
         measures = request.measures_json()
         scopes = [s.name for s in request.scopes]
         if latest is not None and latest["input_digest"] == request.input_digest and not new_release:
@@ -318,15 +343,16 @@ class BudgetLedger:
                         f"release {latest_vid!r} was charged for other measures or scopes; a "
                         "release's privacy parameters cannot change once publication started "
                         "(new_release charges a new version)")
-                return "takeover", self._take_over(state, latest, request, fresh_keys, ids_check)
+                return "takeover", self._take_over(state, latest, request, keys, ids_check)
             self._check_content(state, request, latest_vid)
+            keys.load(latest)  # before anything changes: a key that cannot be loaded refuses
             ids_check.rerun(state, request, latest)
             latest["runs"] += 1
             latest["last_run_at"] = R.now()
             return "existing", latest
         if latest is not None and latest["state"] == R.RESERVED:
             # Nothing of it was published: take it over (with --new_release too: never charge twice).
-            return "takeover", self._take_over(state, latest, request, fresh_keys, ids_check)
+            return "takeover", self._take_over(state, latest, request, keys, ids_check)
         if latest is not None and not new_release:
             raise R.ChangedInputError(
                 f"release {latest_vid!r} was published for input {latest['input_digest']}; the "
@@ -341,11 +367,11 @@ class BudgetLedger:
         record = {
             "release_id": rid, "version": version, "versioned_id": vid, "measures": measures,
             "scopes": scopes, "input_digest": request.input_digest,
-            "keys": fresh_keys(request), "content_key": request.content_key,
+            "keys": keys.fresh(request), "content_key": request.content_key,
             "state": R.RESERVED, "output_path": None, "files": {}, "charged_at": now,
             "publishing_at": None, "committed_at": None, "last_run_at": now, "runs": 1,
             "supersedes": latest_vid, "takeovers": [], "metadata": json.loads(json.dumps(
-                dict(request.metadata))),
+                dict(request.metadata))), chain.SEQ: chain.next_seq(state),
         }
         if consumed:
             record["consumed"] = consumed
@@ -364,7 +390,7 @@ class BudgetLedger:
                 f"release {request.release_id!r}: the same content ({request.content_key}) was "
                 f"already charged as release {holder!r}; content is released once, under any id")
 
-    def _take_over(self, state: dict, record: dict, request: R.ReleaseRequest, fresh_keys,
+    def _take_over(self, state: dict, record: dict, request: R.ReleaseRequest, keys: "_Keys",
                    ids_check: "_ConsumedCheck") -> dict:
         vid = record["versioned_id"]
         self._check_content(state, request, vid)
@@ -380,7 +406,7 @@ class BudgetLedger:
         if consumed:
             record["consumed"] = consumed  # the failed run's consumed ids are replaced
         record.update(measures=request.measures_json(), scopes=[s.name for s in request.scopes],
-                      input_digest=request.input_digest, keys=fresh_keys(request),
+                      input_digest=request.input_digest, keys=keys.fresh(request),
                       content_key=request.content_key, last_run_at=R.now(),
                       runs=record["runs"] + 1,
                       metadata=json.loads(json.dumps(dict(request.metadata))))
@@ -406,7 +432,7 @@ class BudgetLedger:
             changed = change(record)
             return record, (self._dump(state) if changed else None)
 
-        return self._store.transact(update)
+        return self._transact(update)
 
     def begin_publish(self, reservation: R.Reservation) -> dict:
         """Pin the record before any byte is published: from here on its key and input are fixed."""
@@ -503,6 +529,77 @@ class BudgetLedger:
 
         self._update_record(reservation, change)
         return other[0] if other else None
+
+
+class _Keys:
+    """The release keys of one ``reserve`` call: fresh ones saved once (reused when a GCS write
+    conflict re-runs the transaction) and deleted again unless the ledger written references
+    them; existing ones loaded inside the transaction, so that a key that cannot be loaded
+    refuses the reservation before the ledger changes; and the run's hold."""
+
+    def __init__(self, ledger: BudgetLedger, hold: Optional[holds.Hold]):
+        self.ledger, self._hold = ledger, hold
+        self.pending: dict = {}   # (release id, key name) -> (key, ref)
+        self.loaded: dict = {}    # (versioned id, key name) -> key
+
+    def check_hold(self, record: dict) -> None:
+        held = record.get("hold")
+        if held is None or (self._hold is not None and held.get("run") == self._hold.run):
+            return
+        if holds.is_live(held):
+            raise R.ReleaseHeld(
+                f"release {record['versioned_id']!r} is held by another run ({holds.describe(held)}). "
+                "Nothing was charged or stored; run again once it has ended")
+        del record["hold"]  # a dead run's hold
+
+    def hold(self, record: dict) -> None:
+        if self._hold is not None:
+            record["hold"] = self._hold.to_json()
+
+    def fresh(self, request: R.ReleaseRequest) -> dict:
+        refs = {}
+        for name in request.key_names:
+            slot = (request.release_id, name)
+            if slot not in self.pending:
+                key = ReleaseKey.generate()
+                label = request.release_id if name == "release" else f"{request.release_id}/{name}"
+                self.pending[slot] = (key, self.ledger.key_store.save(key, label,
+                                                                      issued_for=label))
+            refs[name] = self.pending[slot][1].to_json()
+        return refs
+
+    def load(self, record: dict) -> dict:
+        out = {}
+        for name, ref in record["keys"].items():
+            slot = (record["versioned_id"], name)
+            if slot not in self.loaded:
+                try:
+                    self.loaded[slot] = self.ledger.key_store.load(KeyRef.from_json(ref))
+                except (OSError, ValueError) as err:
+                    raise R.LedgerError(
+                        f"release {record['versioned_id']!r} (ledger record {record.get('seq')}): "
+                        f"its key {ref['uri']} cannot be loaded ("
+                        f"{err if isinstance(err, ValueError) else error_text(err)}); without it "
+                        "the release cannot be reproduced or completed. Nothing was charged or "
+                        "changed; restore the key store (or point --key_store at it)") from None
+            out[name] = self.loaded[slot]
+        return out
+
+    def of(self, record: dict, kind: str) -> dict:
+        if kind in ("new", "takeover"):
+            return {name: self.pending[(record["release_id"], name)][0] for name in record["keys"]}
+        return self.load(record)
+
+    def abandon(self) -> None:
+        for _, ref in self.pending.values():
+            self.ledger.key_store.delete(ref)
+
+    def settle(self, outcomes) -> None:
+        used = {(o[1]["release_id"], name) for o in outcomes if o[0] in ("new", "takeover")
+                for name in o[1]["keys"]}
+        for slot, (_, ref) in self.pending.items():
+            if slot not in used:
+                self.ledger.key_store.delete(ref)
 
 
 class _ConsumedCheck:

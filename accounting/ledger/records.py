@@ -2,18 +2,22 @@
 
 A ledger is one JSON document::
 
-    {"format": "beam-dp-release/budget-ledger/v3", "ledger_id": "<random hex>",
+    {"format": "beam-dp-release/budget-ledger/v4", "ledger_id": "<random hex>",
      "accountant": "basic" | "zcdp" | "pld",
      "scopes":   {scope name: {"epsilon": .., "delta": ..}},      # recorded budgets
      "releases": {versioned id: record},  "latest": {release id: versioned id},
      "content":  {content key: versioned id},
-     "consumed_key": {"uri": .., "fingerprint": ..}}              # once a release consumed ids
+     "consumed_key": {"uri": .., "fingerprint": ..},              # once a release consumed ids
+     "chain": {"records": n, "head": .., "mac": .., "key": {"uri": .., "fingerprint": ..}}}
 
 A record holds the release id and version, the measures it spends (:class:`Measure` JSON: the
 mechanism, its noise and its cost), the scopes charged, the input digest, *references* to its
 keys (location and public fingerprint -- never a key), what it consumed (``consumed``: per
 namespace the file of its ids' keyed hashes, its SHA-256 and count; see
-:mod:`~accounting.ledger.consumed`), its state and history. States:
+:mod:`~accounting.ledger.consumed`), its state and history, the run holding it (``hold``, while
+one runs: :mod:`~accounting.ledger.holds`) and its place in the chain (``seq``, ``prev``,
+``digest``: :mod:`~accounting.ledger.chain`). Every read checks each field's type
+(:func:`check_structure`, naming a malformed record) and verifies the chain. States:
 
 * ``reserved``: charged; nothing has been published. Outputs, if any, are in private staging.
 * ``publishing``: publication has started; the key and input are pinned from here on.
@@ -39,11 +43,15 @@ from accounting.keystore import KeyRef
 from accounting.ledger.consumed import ConsumedIds
 from accounting.measures import Measure
 
-#: v3 added consumed-id records; a v2 ledger is read as v3 (it has none), and a v3 ledger is
-#: refused by code that would not check them.
-FORMAT = "beam-dp-release/budget-ledger/v3"
+#: v4 chains its records (:mod:`~accounting.ledger.chain`); v3 added consumed-id records. A v1,
+#: v2 or v3 ledger has no chain: it is refused until migrated once (``python -m accounting.ledger
+#: migrate``), and a v4 ledger is refused by older code, which would not keep its chain.
+FORMAT = "beam-dp-release/budget-ledger/v4"
+FORMAT_V3 = "beam-dp-release/budget-ledger/v3"
 FORMAT_V2 = "beam-dp-release/budget-ledger/v2"
 FORMAT_V1 = "beam-dp-release/budget-ledger/v1"
+#: Formats without a record chain (read by the release catalog; migrated by the ledger).
+UNCHAINED = (FORMAT_V3, FORMAT_V2, FORMAT_V1)
 RESERVED, PUBLISHING, COMMITTED = "reserved", "publishing", "committed"
 STATES = (RESERVED, PUBLISHING, COMMITTED)
 
@@ -64,6 +72,10 @@ class ChangedInputError(LedgerError):
 
 class ContentAlreadyReleased(LedgerError):
     """The same content (e.g. the same set of reports) was already released under another id."""
+
+
+class ReleaseHeld(LedgerError):
+    """Another run that is still running holds the release (:mod:`~accounting.ledger.holds`)."""
 
 
 class ConsumedIdsError(LedgerError):
@@ -235,3 +247,72 @@ def upgrade_v1(state: dict) -> dict:
         }
     out["latest"] = dict(state.get("latest", {}))
     return out
+
+
+# --------------------------------------------------------------------------- structure
+
+def _real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def _ref(value) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("uri"), str) and \
+        isinstance(value.get("fingerprint"), str)
+
+
+def _record_problem(vid: str, record: dict) -> Optional[str]:
+    """What is wrong with one record's fields (None: nothing)."""
+    checks = (
+        ("release_id", isinstance(record.get("release_id"), str)),
+        ("version", isinstance(record.get("version"), int) and not isinstance(
+            record.get("version"), bool) and record.get("version") >= 1),
+        ("versioned_id", record.get("versioned_id") == vid),
+        ("measures", isinstance(record.get("measures"), list) and all(
+            isinstance(m, dict) and _real(m.get("epsilon")) and m["epsilon"] >= 0
+            and _real(m.get("delta", 0.0)) for m in record.get("measures") or [])),
+        ("scopes", isinstance(record.get("scopes"), list) and all(
+            isinstance(s, str) for s in record.get("scopes") or [])),
+        ("input_digest", isinstance(record.get("input_digest"), str)),
+        ("keys", isinstance(record.get("keys"), dict) and all(
+            _ref(k) for k in record.get("keys", {}).values())),
+        ("state", record.get("state") in STATES),
+        ("runs", isinstance(record.get("runs", 1), int)),
+        ("takeovers", isinstance(record.get("takeovers", []), list)),
+        ("metadata", isinstance(record.get("metadata", {}), dict)),
+        ("files", isinstance(record.get("files") or {}, dict)),
+        ("consumed", isinstance(record.get("consumed", {}), dict) and all(
+            isinstance(e, dict) for e in (record.get("consumed") or {}).values())),
+    )
+    bad = [name for name, ok in checks if not ok]
+    return f"field {bad[0]!r} is missing or of the wrong type" if bad else None
+
+
+def check_structure(state: dict) -> None:
+    """Raise ValueError naming what is malformed: a top-level entry, or a record (its number
+    when it has one, and its release id). Types only; the chain checks the content."""
+    for name, kind in (("ledger_id", str), ("accountant", str), ("scopes", dict),
+                       ("releases", dict), ("latest", dict), ("content", dict)):
+        if not isinstance(state.get(name), kind):
+            raise ValueError(f"its {name!r} is missing or of the wrong type")
+    for name, budget in state["scopes"].items():
+        if not (isinstance(budget, dict) and _real(budget.get("epsilon"))
+                and _real(budget.get("delta"))):
+            raise ValueError(f"the budget of scope {name!r} is malformed")
+    if state.get("consumed_key") is not None and not _ref(state["consumed_key"]):
+        raise ValueError("its 'consumed_key' is malformed")
+    for vid, record in state["releases"].items():
+        problem = "it is not an object" if not isinstance(record, dict) else \
+            _record_problem(vid, record)
+        if problem:
+            number = record.get("seq") if isinstance(record, dict) else None
+            raise ValueError(f"record {number if number is not None else '?'} (release "
+                             f"{vid!r}) is malformed: {problem}")
+
+
+def check_indexes(state: dict) -> None:
+    """Raise ValueError if ``latest`` or ``content`` names a record the ledger does not hold
+    (checked after the chain, which names a deleted record better)."""
+    for index, table in (("latest", state["latest"]), ("content", state["content"])):
+        for key, vid in table.items():
+            if not isinstance(vid, str) or vid not in state["releases"]:
+                raise ValueError(f"its {index!r} entry {key!r} names no record")

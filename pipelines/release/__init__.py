@@ -7,15 +7,18 @@ owns everything else, the same way for every job:
 1. **Preflight before any charge** (:mod:`~pipelines.release.inputs`): every input is resolved
    once (that list is both what is read and what the input digest covers) and checked -- it
    opens, its format and compression are known, its columns exist with usable types, a CSV's
-   last line is whole, it is not a release key. ``--runner`` is resolved as Beam resolves it and
-   what it needs is checked (a Prism binary). Bad flags, runner, configuration or input: exit 2,
-   nothing charged.
+   last line is whole, it is not a release key; every planned measure is computable (its
+   noise samplable, its error and guarantee finite: no epsilon extreme fails after the charge).
+   ``--runner`` is resolved as Beam resolves it and what it needs is checked (a Prism binary).
+   Bad flags, runner, configuration or input: exit 2, nothing charged.
 2. **Reserve, compute, rule, publish, commit** (:mod:`~pipelines.release.lifecycle`: a run is
    these named phases after preflight, each with its failure policy beside it): the ledger
    reserves every release of the run, all or nothing, with fresh keys bound to the input digest
-   (:mod:`accounting.ledger`); the pipeline writes each release, and its row counters, to
-   private staging; the counters are read back from staging and the dropped-rows rule applied;
-   each release is published atomically with its marker last
+   (:mod:`accounting.ledger`: its records chained and verified on every read), and the run holds
+   them until it ends (a concurrent run of one of them is refused, exit 2, leaving nothing);
+   the pipeline writes each release, and its row counters, to private staging; the counters are
+   read back from staging and the dropped-rows rule applied; each release is published
+   atomically with its marker last
    (:mod:`~pipelines.release.publish`), then committed.
    A release may also be made by two processes (:mod:`~pipelines.release.submission`):
    ``--submit_only`` reserves, stages and submits the pipeline and records its job handle with

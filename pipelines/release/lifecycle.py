@@ -7,13 +7,14 @@ failure policy in its docstring, implemented beside it:
 ==========  ===================================================  ===============================
 phase       what it does                                         a fault in it
 ==========  ===================================================  ===============================
-preflight   the job prepares (once), checks and plans; inputs    ReleaseRefused (exit 2):
-            resolved and checked; Beam options, the runner       nothing charged
-            resolved and checked; locations writable; output
-            root ownership
-reserve     the ledger reserves every release, all or nothing,   ReleaseRefused (exit 2):
-            with fresh keys bound to the input digest (testing   nothing charged
-            runs: a public key from the seed, no ledger)
+preflight   the job prepares (once), checks and plans; every     ReleaseRefused (exit 2):
+            measure computable; inputs resolved and checked;     nothing charged
+            Beam options, the runner resolved and checked;
+            locations writable
+reserve     output root ownership; the ledger (verified)         ReleaseRefused (exit 2):
+            reserves every release, all or nothing, with fresh   nothing charged or stored
+            keys bound to the input digest, held by this run     (another run's hold too)
+            (testing runs: a public key from the seed)
 compute     one Beam pipeline reads each input once and writes   ReleaseFailed (exit 3): the
             every release, and its row counters, to private      failure recorded for the
             staging; the counters read back from staging         operator, the reservation kept
@@ -25,6 +26,10 @@ publish     markers staged; every release checked publishable,   ReleaseFailed (
 commit      ledger records completed, operator reports written   a warning (exit 0): the
                                                                  release is out
 ==========  ===================================================  ===============================
+
+After the reservation, a fault of any class in any phase is ReleaseFailed (exit 3) naming its
+root cause (:func:`after_reservation`), and the run's hold ends with the run (:func:`end_hold`;
+a composition of phases that ends a process -- submit, finalize -- ends it too).
 
 The states: :class:`Preflight` -> :class:`Reserved` -> :class:`Computed` -> :class:`Ruled` ->
 :class:`Published` -> :class:`RunResult`. ``compute`` is :func:`stage` (fresh private staging
@@ -50,19 +55,18 @@ import logging
 import os
 import secrets
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from accounting.keys import ReleaseKey
-from accounting.ledger import BudgetLedger, LedgerError, ReleaseRequest, input_digest
+from accounting.ledger import BudgetLedger, LedgerError, ReleaseRequest, holds, input_digest
 from pipelines.release import consumption as release_consumption
 from pipelines.release import counters as row_counters
 from pipelines.release import inputs as release_inputs
 from pipelines.release import outputs as release_outputs
 from pipelines.release import publish as publication
 from pipelines.release import report, storage, submission
-from pipelines.release.errors import ReleaseFailed, ReleaseRefused
+from pipelines.release.errors import ReleaseFailed, ReleaseRefused, exception_chain, root_cause
 from pipelines.release.job import Job, PlannedRelease, Prepared, ReleaseContext
 from transforms.counting import AllCounts
 from transforms.noise.mechanisms import IntegerSumOverflowError
@@ -144,6 +148,8 @@ class Reserved:
     versions: Mapping[str, int]
     ledger: Optional[BudgetLedger] = field(default=None, repr=False)
     reservations: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: this run's hold on its releases (accounting.ledger.holds), ended by end_hold
+    hold: Optional[holds.Hold] = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,12 +193,23 @@ class Published:
 
 def run(job: Job, request) -> RunResult:
     """Make the releases ``request`` asks for (see the module docstring); raises ReleaseRefused
-    (nothing charged) or ReleaseFailed (reserved, nothing published)."""
-    pre = preflight(job, request)
-    computed = compute(reserve(pre))
-    if pre.translate_only:
-        return RunResult(job=job.name, releases=[], counters={})
-    return commit(publish(rule(computed)))
+    (nothing charged) or ReleaseFailed (reserved, nothing published).
+
+    The exit codes hold whatever goes wrong: a fault before the reservation is a refusal (an
+    arithmetic fault of the parameters included), any fault after it -- whatever its class --
+    is a failure naming its root cause (:func:`after_reservation`), and the run's hold on its
+    releases ends with the run (:func:`end_hold`)."""
+    pre = _checked_preflight(job, request)
+    reserved = reserve(pre)
+    try:
+        computed = compute(reserved)
+        if pre.translate_only:
+            return RunResult(job=job.name, releases=[], counters={})
+        return commit(publish(rule(computed)))
+    except Exception as err:  # noqa: BLE001 -- after the charge, every fault is exit 3
+        raise after_reservation(reserved, err) from None
+    finally:
+        end_hold(reserved)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,13 +223,29 @@ class Submitted:
     exit_code: int = 0
 
 
+def _checked_preflight(job: Job, request) -> Preflight:
+    """preflight, an arithmetic fault of the parameters included in its refusals."""
+    try:
+        return preflight(job, request)
+    except (ArithmeticError, MemoryError) as err:
+        raise ReleaseRefused(f"{job.name}: a parameter is outside what the computation can hold "
+                             f"({type(err).__name__}: {str(err)[:120]}); nothing was charged"
+                             ) from None
+
+
 def submit(job: Job, request) -> Submitted:
     """The first half of a release made by two processes (module docstring); raises
-    ReleaseRefused (nothing charged) or ReleaseFailed (reserved, nothing staged for finalize)."""
-    reserved = reserve(preflight(job, request))
-    staging = stage(reserved)
-    handle = start(reserved, staging)
-    submission.record(reserved, staging, handle)
+    ReleaseRefused (nothing charged) or ReleaseFailed (reserved, nothing staged for finalize).
+    The exit codes and the hold as for :func:`run`."""
+    reserved = reserve(_checked_preflight(job, request))
+    try:
+        staging = stage(reserved)
+        handle = start(reserved, staging)
+        submission.record(reserved, staging, handle)
+    except Exception as err:  # noqa: BLE001 -- after the charge, every fault is exit 3
+        raise after_reservation(reserved, err) from None
+    finally:
+        end_hold(reserved)
     return Submitted(job=job.name, releases=tuple(c.versioned_id for c in reserved.releases),
                      handle=handle)
 
@@ -220,12 +253,17 @@ def submit(job: Job, request) -> Submitted:
 def finalize(job: Job, request) -> RunResult:
     """The second half, in another process with the same flags (module docstring); safe to
     repeat or to run twice at once: a published release is reproduced, nothing is spent."""
-    reserved = find_submitted(preflight(job, request))
-    staging, handle = submission.submitted(reserved)
-    await_job(reserved, handle)
-    with submission.turn(reserved):
-        out, rest = published_before(reserved, staging)
-        done = commit(publish(rule(collect(rest, staging)))) if rest else None
+    reserved = find_submitted(_checked_preflight(job, request))
+    try:
+        staging, handle = submission.submitted(reserved)
+        await_job(reserved, handle)
+        with submission.turn(reserved):
+            out, rest = published_before(reserved, staging)
+            done = commit(publish(rule(collect(rest, staging)))) if rest else None
+    except (ReleaseRefused, ReleaseFailed):
+        raise
+    except Exception as err:  # noqa: BLE001 -- a reserved release: every fault is exit 3
+        raise after_reservation(reserved, err) from None
     if done is None:
         return RunResult(job=job.name, releases=out, counters={})
     return dataclasses.replace(done, releases=[*out, *done.releases])
@@ -265,6 +303,7 @@ def preflight(job: Job, request) -> Preflight:
                              "--testing_seed. A release is never a template: a template would "
                              "hold one release's key and could run again on other data (a Flex "
                              "Template launch is --submit_only: runners/deploy/flex_launcher.py)")
+    _check_measures(job, planned)
     places = _places(options)
     publication.check_tree(places.output, places.staging, ids, options.testing,
                            reports=places.reports)
@@ -272,6 +311,34 @@ def preflight(job: Job, request) -> Preflight:
     return Preflight(job=job, prepared=prepared, planned=planned, inputs=resolved,
                      beam_options=beam_options, translate_only=translate_only,
                      places=places, started=started, consumed=consumed)
+
+
+def _check_measures(job: Job, planned: Sequence[PlannedRelease]) -> None:
+    """Every measure computable before the charge: its noise one the exact samplers draw and
+    whose error can be stated, the release's guarantee composable -- so that no epsilon or delta
+    extreme (tiny, huge) can make the noise engine or the release's report fail after the
+    reservation."""
+    from transforms.noise.mechanisms import check_samplable
+
+    for p in planned:
+        for m in p.measures:
+            try:
+                if m.noise is not None:
+                    check_samplable(m.noise)
+                    if not 0 < m.to_dict()["std"] < float("inf"):
+                        raise ValueError("its noise has no positive finite deviation")
+                else:
+                    m.to_dict()
+            except (ValueError, ArithmeticError) as err:
+                raise ReleaseRefused(
+                    f"{job.name}: release {p.release_id}: measure {m.name!r} (epsilon="
+                    f"{m.epsilon:.3g}, delta={m.delta:.3g}) cannot be released exactly: {err}. "
+                    "Nothing was charged") from None
+        try:
+            p.guarantee_json()
+        except (ValueError, ArithmeticError) as err:
+            raise ReleaseRefused(f"{job.name}: release {p.release_id}: its guarantee cannot be "
+                                 f"composed ({err}). Nothing was charged") from None
 
 
 def _pipeline_options(args: Sequence[str], submit_only: bool = False):
@@ -335,11 +402,13 @@ def _report_root(options, output: str) -> str:
 
 def reserve(pre: Preflight) -> Reserved:
     """The ledger reserves every release of the run, all or nothing, with fresh keys bound to
-    the input digest, after checking the output root's ownership (ledger binding, the markers
-    of the release ids); a testing run gets a public key from its seed and no ledger.
+    the input digest and held by this run (:mod:`accounting.ledger.holds`), after checking the
+    output root's ownership (ledger binding, the markers of the release ids); a testing run gets
+    a public key from its seed and no ledger.
 
-    Failure policy: a ledger or ownership refusal is ReleaseRefused (exit 2): the ledger
-    reserves all or nothing, so nothing was charged."""
+    Failure policy: a ledger or ownership refusal -- another run holding a release included --
+    is ReleaseRefused (exit 2): the ledger reserves all or nothing, so nothing was charged or
+    stored. A fault after the reservation (binding a new output root) is ReleaseFailed."""
     options = pre.options
     if options.testing:
         contexts = tuple(ReleaseContext(
@@ -347,39 +416,65 @@ def reserve(pre: Preflight) -> Reserved:
             versioned_id=p.release_id, testing=True,
             consumed=release_consumption.views(pre.consumed[p.release_id])) for p in pre.planned)
         return Reserved(pre=pre, releases=contexts, versions={p.release_id: 1 for p in pre.planned})
-    accountants = {p.accountant for p in pre.planned}
-    if len(accountants) != 1:
-        raise ReleaseRefused(f"one run's releases must share an accountant, got {accountants}")
-    output = pre.places.output
+    ledger, requests = _requests(pre)
+    hold = holds.Hold.new()
     try:
-        ledger = BudgetLedger(options.ledger, options.key_store, accountant=accountants.pop())
-        publication.check_binding(output, ledger)
-        for p in pre.planned:
-            publication.check_markers_in_ledger(output, p.release_id, ledger)
-        reserved = ledger.reserve(_requests(pre), new_release=options.new_release)
-        publication.bind(output, ledger)
+        reserved = ledger.reserve(requests, new_release=options.new_release, hold=hold)
     except LedgerError as err:
-        raise ReleaseRefused(str(err))
+        raise ReleaseRefused(str(err)) from None
     reservations = {r.release_id: r for r in reserved}
-    if any(k.is_testing or k.noise_free for r in reserved for k in r.keys.values()):
-        raise ReleaseFailed("the ledger issued a testing key for a release")  # never: defence in depth
     contexts = tuple(ReleaseContext(
         planned=p, keys=reservations[p.release_id].keys,
         versioned_id=reservations[p.release_id].versioned_id, testing=False,
         consumed=release_consumption.views(pre.consumed[p.release_id], reservations[p.release_id]))
         for p in pre.planned)
-    return Reserved(pre=pre, releases=contexts, ledger=ledger, reservations=reservations,
-                    versions={rid: r.version for rid, r in reservations.items()})
+    state = Reserved(pre=pre, releases=contexts, ledger=ledger, reservations=reservations,
+                     versions={rid: r.version for rid, r in reservations.items()}, hold=hold)
+    try:
+        if any(k.is_testing or k.noise_free for r in reserved for k in r.keys.values()):
+            raise ReleaseFailed("the ledger issued a testing key for a release")  # never
+        publication.bind(pre.places.output, ledger)  # a new ledger has its id from now on
+    except Exception as err:  # noqa: BLE001 -- charged: exit 3, whatever the fault
+        end_hold(state)
+        raise after_reservation(state, err) from None
+    return state
 
 
-def _requests(pre: Preflight) -> list:
-    """What the ledger is asked for each planned release (its input digest and content key)."""
-    return [ReleaseRequest(
-        release_id=p.release_id, measures=p.measures, input_digest=_digest(pre, p),
-        scopes=p.scopes, key_names=p.key_names, content_key=pre.job.content_key(
-            pre.prepared, p, {n: pre.inputs[n] for n in (p.inputs or sorted(pre.inputs))}),
-        consumes=release_consumption.for_ledger(pre.consumed[p.release_id]),
-        metadata={"job": pre.job.name}) for p in pre.planned]
+def _requests(pre: Preflight) -> tuple:
+    """The run's ledger and its release requests, the output root's ownership checked (before
+    the charge: every fault here is ReleaseRefused, exit 2)."""
+    accountants = {p.accountant for p in pre.planned}
+    if len(accountants) != 1:
+        raise ReleaseRefused(f"one run's releases must share an accountant, got {accountants}")
+    output, options = pre.places.output, pre.options
+    try:
+        ledger = BudgetLedger(options.ledger, options.key_store, accountant=accountants.pop())
+        publication.check_binding(output, ledger)
+        for p in pre.planned:
+            publication.check_markers_in_ledger(output, p.release_id, ledger)
+        return ledger, [ReleaseRequest(
+            release_id=p.release_id, measures=p.measures, input_digest=_digest(pre, p),
+            scopes=p.scopes, key_names=p.key_names, content_key=pre.job.content_key(
+                pre.prepared, p, {n: pre.inputs[n] for n in (p.inputs or sorted(pre.inputs))}),
+            consumes=release_consumption.for_ledger(pre.consumed[p.release_id]),
+            metadata={"job": pre.job.name}) for p in pre.planned]
+    except LedgerError as err:
+        raise ReleaseRefused(str(err)) from None
+    except OSError as err:
+        raise ReleaseRefused(f"{pre.job.name}: an input or the ledger could not be read before "
+                             f"the charge ({root_cause(err)}); nothing was charged") from None
+
+
+def end_hold(reserved: Reserved) -> None:
+    """The run's hold on its releases ends (whatever the outcome of the run; a failure to end
+    it is a warning: the hold lapses when this process ends)."""
+    if reserved.ledger is None or reserved.hold is None:
+        return
+    try:
+        reserved.ledger.release_hold(reserved.hold)
+    except Exception as err:  # noqa: BLE001 -- never hide the run's own outcome
+        _LOG.warning("could not end this run's hold on its releases (%s); it lapses when this "
+                     "process ends", root_cause(err))
 
 
 def _testing_keys(seed: int, names: Sequence[str], exact: bool = False) -> dict:
@@ -472,33 +567,47 @@ def collect(reserved: Reserved, staging: Mapping[str, str]) -> Computed:
                               for c in reserved.releases})
 
 
-def _computation_failed(reserved: Reserved, err: Exception) -> ReleaseFailed:
-    """compute's failure policy: record the failure for the operator (the full detail stays
-    private), and name only its cause class -- or the message of faults whose messages name
-    files, columns and counts, never content."""
+def _computation_failed(reserved: Reserved, err: Exception,
+                        what: str = "the computation") -> ReleaseFailed:
+    """compute's failure policy (and every phase's after the charge, :func:`after_reservation`):
+    record the failure for the operator, and name its root cause (errno text, the file it names,
+    the step; the message only of faults whose messages name files, columns and counts, never
+    content: :func:`pipelines.release.errors.root_cause`). The full detail goes to the debug
+    log only."""
     pre = reserved.pre
-    detail = "".join(traceback.format_exception_only(type(err), err)).strip() + (
-        "\n" + err.detail if getattr(err, "detail", "") else "")
-    _LOG.debug("pipeline failure", exc_info=err)
-    _record_failure(reserved, detail)
     from runners.execution import JobFailed
 
-    cause = type(err).__name__
-    if isinstance(err, (release_inputs.InputReadError, IntegerSumOverflowError, JobFailed)):
-        cause = str(err).split(" [while running")[0].strip()
+    _LOG.debug("failure after the reservation", exc_info=err)
+    cause = root_cause(err, shown=(release_inputs.InputReadError, IntegerSumOverflowError,
+                                   JobFailed))
+    _record_failure(reserved, cause, err)
     return ReleaseFailed(
-        f"{pre.job.name}: the computation failed ({cause}); nothing was published"
+        f"{pre.job.name}: {what} failed ({cause}); nothing was published"
         + ("" if pre.options.testing else "; the reservation stays and a corrected re-run takes "
            "it over without spending again") + f". Details: the operator report under "
         f"{pre.places.reports}")
 
 
-def _record_failure(reserved: Reserved, detail: str) -> None:
-    """The operator's record of a run that published nothing (raw details stay private)."""
+def after_reservation(reserved: Reserved, err: Exception) -> ReleaseFailed:
+    """The failure policy of every phase after the charge: a ReleaseFailed stands; any other
+    fault -- whatever its class: a value error while describing a release, a refusal found too
+    late -- published nothing new, and is ReleaseFailed (exit 3) naming its root cause, so that
+    exit 2 always means "nothing charged"."""
+    if isinstance(err, ReleaseFailed):
+        return err
+    return _computation_failed(reserved, err, what="the release")
+
+
+def _record_failure(reserved: Reserved, cause: str, err: Exception) -> None:
+    """The operator's record of a run that published nothing: the root cause, and the classes
+    of the exceptions it came through (no message that could quote a file)."""
     root = reserved.pre.places.reports
+    classes = [type(e).__name__ for e in exception_chain(err)]
+    runner = getattr(err, "detail", "")  # a runner's own full message (runners.execution.JobFailed)
     for context in reserved.releases:
         body = {"release_id": context.release_id, "versioned_id": context.versioned_id,
-                "status": "failed: nothing published", "detail": detail}
+                "status": "failed: nothing published", "detail": cause, "exceptions": classes,
+                **({"runner_message": runner} if runner else {})}
         try:
             report.write_failure(body, root=root, release_id=context.release_id,
                                  version=reserved.versions[context.release_id])
@@ -530,17 +639,11 @@ def find_submitted(pre: Preflight) -> Reserved:
 
     Failure policy: no reservation for these flags (never submitted, or other input since) is
     ReleaseRefused (exit 2: this run charges nothing)."""
-    options, accountants = pre.options, {p.accountant for p in pre.planned}
-    if len(accountants) != 1:
-        raise ReleaseRefused(f"one run's releases must share an accountant, got {accountants}")
+    ledger, requests = _requests(pre)  # the output root's ownership checked there
     try:
-        ledger = BudgetLedger(options.ledger, options.key_store, accountant=accountants.pop())
         if not ledger.exists():
             raise LedgerError(f"ledger {ledger.path} does not exist")
-        publication.check_binding(pre.places.output, ledger)
-        for p in pre.planned:
-            publication.check_markers_in_ledger(pre.places.output, p.release_id, ledger)
-        found = {r.release_id: r for r in ledger.find(_requests(pre))}
+        found = {r.release_id: r for r in ledger.find(requests)}
     except LedgerError as err:
         raise ReleaseRefused(f"--finalize found no submitted release for these flags ({err}): "
                              "run them with --submit_only first; nothing was charged")

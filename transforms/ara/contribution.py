@@ -51,6 +51,8 @@ import numpy as np
 CONTRIBUTION_BUDGET = 65536
 
 _MAX_BUCKET_KEY = (1 << 128) - 1
+#: Slices of one level: its mixed-radix code is an int64 (bits 0..63 of a bucket key).
+MAX_SLICES = (1 << 63) - 1
 
 #: How the count is encoded (see the module docstring).
 ENCODINGS = ("separate", "padding")
@@ -114,6 +116,10 @@ class ContributionConfig:
         for p in self.prefixes:
             if not 0 <= p <= len(self.slice_dimensions):
                 raise ValueError(f"prefix {p} outside 0..{len(self.slice_dimensions)}")
+            if math.prod(int(d) for d in self.slice_dimensions[:p]) > MAX_SLICES:
+                raise ValueError(f"slice_dimensions {list(self.slice_dimensions)}: the first {p} "
+                                 f"make more than {MAX_SLICES} slices, more than a bucket key's "
+                                 "63-bit slice code holds")
         b = np.asarray(self.budgets)
         if b.shape != (len(self.prefixes), m):
             raise ValueError(f"budgets must have shape (levels, measures) = "
@@ -270,7 +276,11 @@ class ContributionConfig:
 
     def level_sizes(self) -> list[int]:
         """Number of slices (buckets per measure) at each level."""
-        return [int(np.prod(self.slice_dimensions[:p], dtype=np.int64)) for p in self.prefixes]
+        return [math.prod(int(d) for d in self.slice_dimensions[:p]) for p in self.prefixes]
+
+    def domain_size(self) -> int:
+        """How many buckets :meth:`output_domain` declares (computed without building them)."""
+        return sum(self.level_sizes()) * len(self.columns)
 
     def slice_codes(self, features: np.ndarray) -> np.ndarray:
         """Mixed-radix code of each row's slice at every level: int64 array (n, levels).

@@ -34,7 +34,16 @@ class LocalFeatureNoise:
     epsilon_per_feature: float
 
     def __post_init__(self):
+        from accounting.calibration import calibrate
+        from transforms.noise.mechanisms import check_samplable
+
         check_epsilon(self.epsilon_per_feature, "epsilon_per_feature")
+        # the noise the sampler will draw: samplable, and not vanishing in double precision
+        # (an extreme epsilon is refused here, before any charge, not in the pipeline)
+        spec = calibrate("discrete_laplace", epsilon=self.epsilon_per_feature,
+                         l1_sensitivity=BYTE_MAX)
+        check_samplable(spec)
+        spec.ci_halfwidth(0.95)
 
     @property
     def scale(self) -> float:

@@ -46,6 +46,12 @@ HelperRelease = Callable[[int, pa.Table, LogisticModel, str],
                          "tuple[Optional[pa.Table], BatchOutcome]"]
 
 
+#: Bounds of the public hyper-parameters, checked before any charge: every epoch is a measure
+#: of the release, and a step of the clipped, standardised gradient beyond this rate overflows.
+MAX_EPOCHS = 1000
+MAX_LEARNING_RATE = 1e3
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainingConfig:
     """Hyper-parameters (public). ``epsilon`` is per helper release (one step); None: no noise."""
@@ -66,8 +72,11 @@ class TrainingConfig:
     def __post_init__(self):
         check_positive_int(self.epochs, "epochs")
         check_positive_int(self.batch_size, "batch_size")
-        if not self.learning_rate > 0:
-            raise ValueError("learning_rate must be positive")
+        if self.epochs > MAX_EPOCHS:
+            raise ValueError(f"epochs must be at most {MAX_EPOCHS} (each is a charged measure)")
+        if not 0 < self.learning_rate <= MAX_LEARNING_RATE:
+            raise ValueError(f"learning_rate must be in (0, {MAX_LEARNING_RATE:g}] (a larger "
+                             "step throws the model's weights out of the floats)")
         if self.epsilon is not None:
             check_epsilon(self.epsilon)
         if self.batch_size <= self.k:

@@ -185,6 +185,11 @@ def binomial_share_for(num_clients: int, epsilon: float, delta: float,
 
 # ------------------------------------------------------------------------------ split-and-mix
 
+#: The most clients a split-and-mix collection plans for (the calibration's binomial tails are
+#: evaluated over about 80 standard deviations of the clients' summed noise).
+MAX_CLIENTS = 1 << 32
+
+
 def ikos_messages(num_clients: int, modulus_bits: int, sigma: float) -> int:
     """Messages per client for 2^-sigma-secure summation (Balle, Bell, Gascón & Nissim 2019)."""
     n = check_positive_int(num_clients, "num_clients")
@@ -224,6 +229,9 @@ class SplitAndMix:
     def __post_init__(self):
         n = check_positive_int(self.num_clients, "num_clients")
         bound = check_positive_int(self.value_bound, "value_bound")
+        if n > MAX_CLIENTS:
+            raise ValueError(f"num_clients must be at most {MAX_CLIENTS} (the binomial noise "
+                             "is calibrated over the clients' shares in memory)")
         epsilon = check_epsilon(self.epsilon)
         delta = check_delta(self.delta, allow_zero=False)
         if not self.sigma >= 20:

@@ -26,6 +26,25 @@ def sample_units(spec: NoiseSpec, streams: RandomStreams) -> np.ndarray:
     return discrete_laplace(streams, spec.unit_scale)
 
 
+#: The largest unit scale the exact samplers take: a discrete Laplace scale t / 2^20 needs
+#: t < 2^52 (samplers.scale_to_units), and the discrete Gaussian samples through a discrete
+#: Laplace of scale floor(sigma) + 1.
+MAX_UNIT_SCALE = float(2 ** 31)
+
+
+def check_samplable(spec: NoiseSpec) -> None:
+    """Raise ValueError if the exact samplers cannot draw ``spec``'s noise: a scale too large
+    for them (a tiny epsilon), or not a positive finite number. Checked before a release is
+    charged, so that the noise engine never refuses a spec after the charge."""
+    scale = float(spec.unit_scale)
+    if not 0 < scale < float("inf"):
+        raise ValueError(f"{spec.kind.value} noise has no usable scale ({scale!r})")
+    if scale >= MAX_UNIT_SCALE:
+        raise ValueError(f"{spec.kind.value} noise of scale {spec.scale:.3g} (epsilon "
+                         f"{spec.epsilon:.3g}) is too large for the exact samplers (at most "
+                         f"{MAX_UNIT_SCALE:.3g} grid units): epsilon is too small")
+
+
 class IntegerSumOverflowError(OverflowError):
     """An integer sum (per-key total, or value plus noise) leaves int64: it would wrap around.
     Its message names columns and counts only, never a value."""

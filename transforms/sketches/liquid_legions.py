@@ -31,6 +31,11 @@ _U53 = np.uint64(11)
 _TWO_M53 = 2.0 ** -53
 
 
+#: The most registers a sketch may have: each campaign's and publisher's sketch is an array of
+#: this many counters in memory (the default, 100,000, is 40 times fewer).
+MAX_REGISTERS = 1 << 22
+
+
 @dataclass(frozen=True, kw_only=True)
 class SketchConfig:
     """Public parameters of a sketch: m registers and decay rate a (0 = uniform)."""
@@ -41,8 +46,9 @@ class SketchConfig:
     def __post_init__(self):
         if isinstance(self.num_registers, bool) or not isinstance(self.num_registers,
                                                                   (int, np.integer)) \
-                or self.num_registers < 1:
-            raise ValueError(f"num_registers: must be a positive integer, got "
+                or not 1 <= self.num_registers <= MAX_REGISTERS:
+            raise ValueError(f"num_registers: must be an integer in [1, {MAX_REGISTERS}] (a "
+                             f"sketch is held in memory per campaign and publisher), got "
                              f"{self.num_registers!r}")
         a = float(self.decay_rate)
         if not math.isfinite(a) or a < 0 or a > 700:
