@@ -1079,7 +1079,8 @@ def _cut(path, header, rows, keep_newline=False):
 
 
 def _key_path(ws):
-    return str(sorted((ws / "private" / "keys").iterdir())[0])
+    return str(sorted(k for k in (ws / "private" / "keys").iterdir()
+                      if not k.name.startswith("ledger-"))[0])
 
 
 EDGE_FIXTURES: dict[str, Callable] = {

@@ -199,7 +199,10 @@ def run(job: Job, request) -> RunResult:
     arithmetic fault of the parameters included), any fault after it -- whatever its class --
     is a failure naming its root cause (:func:`after_reservation`), and the run's hold on its
     releases ends with the run (:func:`end_hold`)."""
-    pre = _checked_preflight(job, request)
+    try:
+        pre = preflight(job, request)
+    except (ArithmeticError, MemoryError) as err:
+        raise _parameters_refused(job, err) from None
     reserved = reserve(pre)
     try:
         computed = compute(reserved)
@@ -223,21 +226,21 @@ class Submitted:
     exit_code: int = 0
 
 
-def _checked_preflight(job: Job, request) -> Preflight:
-    """preflight, an arithmetic fault of the parameters included in its refusals."""
-    try:
-        return preflight(job, request)
-    except (ArithmeticError, MemoryError) as err:
-        raise ReleaseRefused(f"{job.name}: a parameter is outside what the computation can hold "
-                             f"({type(err).__name__}: {str(err)[:120]}); nothing was charged"
-                             ) from None
+def _parameters_refused(job: Job, err: BaseException) -> ReleaseRefused:
+    """preflight's refusal of an arithmetic fault of the parameters (an overflow, a huge size)."""
+    return ReleaseRefused(f"{job.name}: a parameter is outside what the computation can hold "
+                          f"({type(err).__name__}: {str(err)[:120]}); nothing was charged")
 
 
 def submit(job: Job, request) -> Submitted:
     """The first half of a release made by two processes (module docstring); raises
     ReleaseRefused (nothing charged) or ReleaseFailed (reserved, nothing staged for finalize).
     The exit codes and the hold as for :func:`run`."""
-    reserved = reserve(_checked_preflight(job, request))
+    try:
+        pre = preflight(job, request)
+    except (ArithmeticError, MemoryError) as err:
+        raise _parameters_refused(job, err) from None
+    reserved = reserve(pre)
     try:
         staging = stage(reserved)
         handle = start(reserved, staging)
@@ -253,7 +256,11 @@ def submit(job: Job, request) -> Submitted:
 def finalize(job: Job, request) -> RunResult:
     """The second half, in another process with the same flags (module docstring); safe to
     repeat or to run twice at once: a published release is reproduced, nothing is spent."""
-    reserved = find_submitted(_checked_preflight(job, request))
+    try:
+        pre = preflight(job, request)
+    except (ArithmeticError, MemoryError) as err:
+        raise _parameters_refused(job, err) from None
+    reserved = find_submitted(pre)
     try:
         staging, handle = submission.submitted(reserved)
         await_job(reserved, handle)
