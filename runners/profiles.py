@@ -78,9 +78,15 @@ OPTION_MODULES = ("apache_beam.runners.dask.dask_runner", "apache_beam.runners.r
 
 
 def register_options() -> None:
-    """Import every module that registers a pipeline option a run on some profile may take."""
+    """Import every module that registers a pipeline option a run on some profile may take.
+    A module whose runner is not installed (Beam's Dask runner without the ``dask`` extra: the
+    base install of ``make demo``) registers nothing: its flags are then unknown, as its runner
+    is unusable."""
     for module in OPTION_MODULES:
-        importlib.import_module(module)
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            _LOGGER.debug("pipeline options of %s not registered: %s", module, err)
 
 
 REPO_SETUP_FILE = Path(__file__).resolve().parent.parent / "setup.py"
