@@ -3,8 +3,9 @@
 At session start it checks that the code under test is the scratch copy's (``MUTATION_ROOT``),
 not an installed or other checkout. It records the first failing test phase as JSON in
 ``MUTATION_REPORT``: the test's node id, the phase, the exception type and whether it is an
-assertion (``AssertionError`` or a subclass, e.g. ``accounting.audit.AuditFailure``): only
-assertions count as catching a mutant. Collection errors are recorded the same way (never
+assertion (``AssertionError`` or a subclass, e.g. ``accounting.audit.AuditFailure``, or a group
+of assertions only, as Hypothesis raises for several failing examples): only assertions count as
+catching a mutant. Collection errors are recorded the same way (never
 assertions).
 """
 from __future__ import annotations
@@ -30,8 +31,16 @@ def _record(nodeid, phase, excinfo):
     with open(path, "w") as handle:
         json.dump({"test": nodeid, "phase": phase,
                    "exception": f"{typ.__module__}.{typ.__qualname__}" if typ else None,
-                   "assertion": bool(typ is not None and issubclass(typ, AssertionError)
-                                     and phase == "call")}, handle)
+                   "assertion": phase == "call" and excinfo is not None
+                   and _assertions_only(excinfo.value)}, handle)
+
+
+def _assertions_only(error: BaseException) -> bool:
+    """An AssertionError, or a group of them only: Hypothesis reports several distinct failing
+    examples of one property test as an ExceptionGroup of their assertions."""
+    if isinstance(error, BaseExceptionGroup):
+        return all(_assertions_only(e) for e in error.exceptions)
+    return isinstance(error, AssertionError)
 
 
 def pytest_sessionstart(session):

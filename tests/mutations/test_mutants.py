@@ -72,7 +72,9 @@ def test_the_runner_counts_assertions_only(tmp_path):
     (tmp_path / "scratch" / "test_x.py").write_text(
         "def test_ok():\n    pass\n\n"
         "def test_assert():\n    assert 1 == 2\n\n"
-        "def test_crash():\n    raise TypeError('broken code')\n")
+        "def test_crash():\n    raise TypeError('broken code')\n\n"
+        "def test_asserts():\n    raise ExceptionGroup('two examples', [AssertionError(1), AssertionError(2)])\n\n"
+        "def test_mixed():\n    raise ExceptionGroup('two examples', [AssertionError(1), TypeError(2)])\n")
     code, record, _ = run.run_pytest(str(tmp_path), ("scratch/test_x.py::test_ok",
                                                      "scratch/test_x.py::test_assert"),
                                      module=None, timeout=120)
@@ -81,6 +83,13 @@ def test_the_runner_counts_assertions_only(tmp_path):
     code, record, _ = run.run_pytest(str(tmp_path), ("scratch/test_x.py::test_crash",),
                                      module=None, timeout=120)
     assert code == 1 and record["assertion"] is False and record["exception"] == "builtins.TypeError"
+    # a property test's several failing examples (Hypothesis: a group of assertions) catch
+    code, record, _ = run.run_pytest(str(tmp_path), ("scratch/test_x.py::test_asserts",),
+                                     module=None, timeout=120)
+    assert code == 1 and record["assertion"] is True
+    code, record, _ = run.run_pytest(str(tmp_path), ("scratch/test_x.py::test_mixed",),
+                                     module=None, timeout=120)
+    assert code == 1 and record["assertion"] is False
     code, record, _ = run.run_pytest(str(tmp_path), ("scratch/test_x.py::test_ok",), module=None, timeout=120)
     assert code == 0 and record == {}
     # the mutated module must come from the scratch copy
