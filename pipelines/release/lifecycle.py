@@ -195,14 +195,11 @@ def run(job: Job, request) -> RunResult:
     """Make the releases ``request`` asks for (see the module docstring); raises ReleaseRefused
     (nothing charged) or ReleaseFailed (reserved, nothing published).
 
-    The exit codes hold whatever goes wrong: a fault before the reservation is a refusal (an
-    arithmetic fault of the parameters included), any fault after it -- whatever its class --
+    The exit codes hold whatever goes wrong: a fault before the reservation is a refusal
+    (:func:`preflight`), any fault after it -- whatever its class --
     is a failure naming its root cause (:func:`after_reservation`), and the run's hold on its
     releases ends with the run (:func:`end_hold`)."""
-    try:
-        pre = preflight(job, request)
-    except (ArithmeticError, MemoryError) as err:
-        raise _parameters_refused(job, err) from None
+    pre = preflight(job, request)
     reserved = reserve(pre)
     try:
         computed = compute(reserved)
@@ -226,20 +223,11 @@ class Submitted:
     exit_code: int = 0
 
 
-def _parameters_refused(job: Job, err: BaseException) -> ReleaseRefused:
-    """preflight's refusal of an arithmetic fault of the parameters (an overflow, a huge size)."""
-    return ReleaseRefused(f"{job.name}: a parameter is outside what the computation can hold "
-                          f"({type(err).__name__}: {str(err)[:120]}); nothing was charged")
-
-
 def submit(job: Job, request) -> Submitted:
     """The first half of a release made by two processes (module docstring); raises
     ReleaseRefused (nothing charged) or ReleaseFailed (reserved, nothing staged for finalize).
     The exit codes and the hold as for :func:`run`."""
-    try:
-        pre = preflight(job, request)
-    except (ArithmeticError, MemoryError) as err:
-        raise _parameters_refused(job, err) from None
+    pre = preflight(job, request)
     reserved = reserve(pre)
     try:
         staging = stage(reserved)
@@ -256,10 +244,7 @@ def submit(job: Job, request) -> Submitted:
 def finalize(job: Job, request) -> RunResult:
     """The second half, in another process with the same flags (module docstring); safe to
     repeat or to run twice at once: a published release is reproduced, nothing is spent."""
-    try:
-        pre = preflight(job, request)
-    except (ArithmeticError, MemoryError) as err:
-        raise _parameters_refused(job, err) from None
+    pre = preflight(job, request)
     reserved = find_submitted(pre)
     try:
         staging, handle = submission.submitted(reserved)
@@ -284,8 +269,19 @@ def preflight(job: Job, request) -> Preflight:
     resolved and checked (``--runner``); the output, staging, report, ledger and key-store
     locations are checked writable.
 
-    Failure policy: everything here raises ReleaseRefused (or ValueError: exit 2); nothing has
-    been charged or written."""
+    Failure policy: everything here raises ReleaseRefused (or ValueError: exit 2), an
+    arithmetic fault of the parameters (an overflow, a huge size) included; nothing has been
+    charged or written."""
+    try:
+        return _preflight(job, request)
+    except (ArithmeticError, MemoryError) as err:  # a parameter the computation cannot hold
+        raise ReleaseRefused(f"{job.name}: a parameter is outside what the computation can hold "
+                             f"({type(err).__name__}: {str(err)[:120]}); nothing was charged"
+                             ) from None
+
+
+def _preflight(job: Job, request) -> Preflight:
+    """preflight's work (its docstring)."""
     started = time.time()
     if request.options.explain:
         raise ReleaseRefused(f"{job.name}: --explain makes no release: it is answered by the "
