@@ -8,7 +8,7 @@
 #       --sdk_container_image=REGISTRY/beam-dp-release:0.1.0
 #
 # (or BEAM_DP_WORKER_IMAGE=REGISTRY/beam-dp-release:0.1.0 for every remote runner profile).
-# The Beam version and Python version below must equal the lock's (tests/test_worker_container.py).
+# The Beam version and Python version below must equal the lock's (tests/runners/test_worker_container.py).
 ARG PYTHON_VERSION=3.11
 ARG BEAM_VERSION=2.77.0
 FROM apache/beam_python${PYTHON_VERSION}_sdk:${BEAM_VERSION}

@@ -99,7 +99,7 @@ test-airflow:
 	$(AIRFLOW_VENV)/bin/pip install $(PIP_FLAGS) "uv>=0.5"
 	$(AIRFLOW_VENV)/bin/uv pip install --python $(AIRFLOW_VENV)/bin/python \
 	    --constraint $(AIRFLOW_LOCK) -e ".[airflow]" pytest
-	BEAM_DP_REQUIRE_AIRFLOW=1 $(AIRFLOW_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "" tests/test_runners.py -k airflow
+	BEAM_DP_REQUIRE_AIRFLOW=1 $(AIRFLOW_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "" tests/runners/test_runners.py -k airflow
 
 clean:
 	rm -rf $(VENV) $(AIRFLOW_VENV) out build *.egg-info

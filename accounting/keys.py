@@ -11,7 +11,7 @@ flagged ``is_testing`` so that a real release (the budget ledger) can refuse it.
 
 ``ReleaseKey.for_exact_testing(seed)`` is a testing key that is also flagged ``noise_free``: the
 noise engine adds zero noise and selection is deterministic under it (the exact mode of the
-neighbouring-pair audits, accounting/audit.py, which bound how much exact outputs move). It is a
+neighbouring-pair audits, accounting/verification/audit.py, which bound how much exact outputs move). It is a
 testing key in every respect (never stored, refused by every real release), and a key cannot be
 noise-free without being a testing key.
 

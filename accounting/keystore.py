@@ -15,7 +15,7 @@ difference. Keys the ledger issues record their release id in the file (``issued
 by anything but the ledger, such a key drives no transform (:mod:`accounting.keys`, "One secret,
 one use").
 
-Example (a daily release by a library user, one fresh key per day; tests/test_keys.py runs it as
+Example (a daily release by a library user, one fresh key per day; tests/accounting/test_keys.py runs it as
 written)::
 
     import apache_beam as beam

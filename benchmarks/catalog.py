@@ -5,7 +5,7 @@
 Synthesises what the jobs would leave behind -- a budget ledger, a published ``RELEASE.json``
 and a released file per release, an operator report per release (row counters with coverage
 counters) -- from a real CentralNotice configuration (its measures, scopes and guarantee scopes
-come from :mod:`pipelines.centralnotice_config`, as the job's own markers do). About one slot in
+come from :mod:`pipelines.centralnotice.config`, as the job's own markers do). About one slot in
 a thousand is missing, one in 1500 failed after its reservation and one in 2000 was released
 again as version 2. Then it runs ``python -m pipelines.catalog`` with the site, the operator view
 and ``--check`` over the configuration, timing each phase in-process, and the command as a user
@@ -61,7 +61,7 @@ def synthesise(root: Path, *, campaigns: int, days: int, start: dt.date = dt.dat
     """Write ledger.json, releases/, reports/ and campaigns.json under ``root``; returns
     (config path, releases written)."""
     from accounting.guarantee import compose
-    from pipelines.centralnotice_config import parse_config
+    from pipelines.centralnotice.config import parse_config
 
     data = config_dict(campaigns, days, start)
     root.mkdir(parents=True, exist_ok=True)
@@ -180,12 +180,17 @@ def synthesise(root: Path, *, campaigns: int, days: int, start: dt.date = dt.dat
 
 def phases(root: Path, config: Path, as_of: dt.date) -> list[tuple[str, float]]:
     """In-process timings of each phase of one build (the command does the same steps)."""
-    from pipelines import (catalog_coverage, catalog_export, catalog_facts, catalog_model,
-                           catalog_operator, catalog_schedule, catalog_site)
+    from pipelines.catalog import coverage as catalog_coverage
+    from pipelines.catalog import export as catalog_export
+    from pipelines.catalog import facts as catalog_facts
+    from pipelines.catalog import model as catalog_model
+    from pipelines.catalog import operator as catalog_operator
+    from pipelines.catalog import schedule as catalog_schedule
+    from pipelines.catalog import site as catalog_site
 
     import gc
 
-    gc.disable()      # as the command does (pipelines/catalog.py, build)
+    gc.disable()      # as the command does (pipelines/catalog/cli.py, build)
     out, t, c = [], time.perf_counter(), time.process_time()
 
     def lap(name):

@@ -7,7 +7,7 @@
 
 One day of one campaign whose public keyset is large (banners x every country x every project of
 the generator's catalogue, sized so the day has about ``--impression-rows`` impression rows) is
-generated with :mod:`pipelines.centralnotice_data` (heavy-tailed impressions per key, clicks from
+generated with :mod:`pipelines.centralnotice.data` (heavy-tailed impressions per key, clicks from
 Zipf-heavy users), written as Parquet part files of ``--part-rows`` rows (as Spark writes a Hive
 table), and released twice with the same configuration:
 
@@ -55,8 +55,8 @@ from pipelines import quiet_beam_import  # noqa: E402
 quiet_beam_import()  # no `apitools not found` warning as the first line
 
 from accounting.calibration import NoiseKind, calibrate  # noqa: E402
-from pipelines.centralnotice_config import parse_config  # noqa: E402
-from pipelines.centralnotice_data import (COUNTRY_ORDER, generate_clicks,  # noqa: E402
+from pipelines.centralnotice.config import parse_config  # noqa: E402
+from pipelines.centralnotice.data import (COUNTRY_ORDER, generate_clicks,  # noqa: E402
                                           generate_impressions, project_catalogue,
                                           protected_countries_text, write_table)
 from transforms import parquet_files  # noqa: E402
@@ -74,7 +74,7 @@ KEYS = ["campaign_id", "banner_id", "country", "project", "date"]
 def campaign_config(n_banners: int, *, k: int, epsilon: float, clicks_dp: str, m: int) -> dict:
     """One campaign, one day, every country and project: the configuration (JSON dict).
 
-    Thresholds as in :mod:`pipelines.centralnotice_data`: an empty key is released spuriously
+    Thresholds as in :mod:`pipelines.centralnotice.data`: an empty key is released spuriously
     with probability at most 1e-4 per measure.
     """
     projects = [str(p) for p in sorted(project_catalogue()[0].tolist())]

@@ -4,13 +4,13 @@ by side, against an empty ledger and against a ledger that holds 10M consumed re
     python benchmarks/consumed_ids.py [--conversions 300000] [--ledger_ids 10000000]
         [--sources 2000000] [--repeats 2]
 
-Every release of ``pipelines.summary_reports`` checks its report ids (at most once) and its
+Every release of ``pipelines.ara.summary_reports`` checks its report ids (at most once) and its
 sources' L1 budgets against every earlier batch's record inside the ledger's reservation
 (``accounting/ledger/consumed.py``): it reads and verifies (SHA-256) the records of both
 namespaces and searches them with ``numpy.searchsorted``. The full ledger here is built with the
 ledger's own API: ``--ledger_ids`` random report ids and ``--sources`` source budgets recorded by
 ten earlier batches (what ten 1M-report batches leave behind). The release is a real one (ledger,
-key store, publication) on synthetic conversions (``pipelines.ara_synthetic``, adtech_real_estate
+key store, publication) on synthetic conversions (``pipelines.ara.synthetic``, adtech_real_estate
 preset) through the in-process engine; after one warm-up run the runs alternate (empty, full,
 empty, full, ...).
 
@@ -36,7 +36,7 @@ sys.path.insert(0, ROOT)  # before benchmarks/ (its runners.py is not the runner
 
 def _conversions(folder: str, target: int) -> tuple[str, str, int]:
     """A conversions file of about ``target`` rows and a contribution configuration."""
-    from pipelines import ara_synthetic as synthetic
+    from pipelines.ara import synthetic
     from transforms import parquet_files
     from transforms.ara.contribution import ContributionConfig
 
@@ -59,7 +59,7 @@ def _full_ledger(template: str, ids: int, sources: int, batches: int = 10) -> No
     from accounting.budget import PrivacyBudget
     from accounting.ledger import BudgetLedger, ConsumedIds, ReleaseRequest, Scope
     from accounting.measures import Measure
-    from pipelines.summary_reports import REPORT_IDS, SOURCE_BUDGET
+    from pipelines.ara.summary_reports import REPORT_IDS, SOURCE_BUDGET
 
     ledger = BudgetLedger(os.path.join(template, "ledger.json"), os.path.join(template, "keys"))
     rng = np.random.default_rng(0)
@@ -82,7 +82,7 @@ def _release(work: str, template: str, conversions: str, config: str) -> tuple[f
     """One real release into a fresh copy of ``template`` (ledger and key store): (seconds,
     seconds inside BudgetLedger.reserve)."""
     from accounting.ledger import BudgetLedger
-    from pipelines import summary_reports
+    from pipelines.ara import summary_reports
     from pipelines.release import ReleaseOptions
 
     private = os.path.join(work, "private")

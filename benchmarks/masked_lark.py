@@ -12,7 +12,7 @@
    k-anonymity, noise), as pure numpy and as the Beam pipeline ``ReadFromParquetBatched |
    HelperAggregate`` on the in-process runner, timed end to end (pipeline construction to
    finish, start-up included; a process start adds ~2 s of imports on top) and in steady state
-   (the difference between two input sizes); and the job ``python -m pipelines.masked_lark_helper``
+   (the difference between two input sizes); and the job ``python -m pipelines.masked_lark.helper``
    making a release of one batch, timed from process start (what a user waits for).
 3. Exactness: without noise, combining both helpers' outputs must give the clear aggregate exactly
    (units of 2^-f) and the masked gradient the clear clipped gradient exactly.
@@ -167,7 +167,7 @@ def helper_speed(n: int, repeats: int) -> tuple[list[tuple], float]:
                      float("nan")))
         job_seconds = min(_helper_job_seconds(_helper_reports(n, d, tmp, batches=1), d, tmp, i)
                           for i in range(repeats))
-        rows.append((f"python -m pipelines.masked_lark_helper, a release ({n:,} records, "
+        rows.append((f"python -m pipelines.masked_lark.helper, a release ({n:,} records, "
                      "from process start)", n / job_seconds))
     return rows, beam_rate
 
@@ -179,14 +179,14 @@ def _helper_job_seconds(path: str, d: int, tmp: str, attempt: int) -> float:
     import subprocess
     import sys
 
-    from pipelines.masked_lark_config import params_to_json
+    from pipelines.masked_lark.config import params_to_json
 
     params = os.path.join(tmp, "params.json")
     with open(params, "w") as handle:
         json.dump(params_to_json(_agg_params(d)), handle)
     root = os.path.join(tmp, f"job-{attempt}")
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "pipelines.masked_lark_helper", "--input", path,
+    subprocess.run([sys.executable, "-m", "pipelines.masked_lark.helper", "--input", path,
                     "--params", params, "--helper", "0", "--batch_id", "batch-0",
                     "--output", os.path.join(root, "out"),
                     "--ledger", os.path.join(root, "ledger.json"),

@@ -9,9 +9,9 @@ whose artifacts are not cached (``python -m runners.fetch ...``) are reported as
 All runs of one size must write the same output (keyed noise); the table says if one did not.
 
 Jobs: ``demo_release`` (runners/demo_release.py, noisy row counts per public key),
-``centralnotice`` (one release of pipelines/centralnotice.py on pipelines.centralnotice_data's
+``centralnotice`` (one release of pipelines/centralnotice/job.py on pipelines.centralnotice.data's
 synthetic dataset: rows = impression rows, plus half as many clicks) and ``reach_frequency``
-(pipelines/reach_frequency.py on synthetic impressions). Another pipeline joins by adding a
+(pipelines/reach_frequency/job.py on synthetic impressions). Another pipeline joins by adding a
 :class:`BenchJob` to ``JOBS``: how to write its input at a given size and its main's arguments.
 """
 from __future__ import annotations
@@ -77,9 +77,9 @@ def write_impressions(directory: Path, rows: int) -> Path:
 
 
 def write_centralnotice(directory: Path, rows: int) -> Path:
-    """A synthetic CentralNotice dataset (pipelines.centralnotice_data) with ``rows`` impression
+    """A synthetic CentralNotice dataset (pipelines.centralnotice.data) with ``rows`` impression
     rows and half as many clicks."""
-    from pipelines.centralnotice_data import generate_dataset
+    from pipelines.centralnotice.data import generate_dataset
     path = directory / f"centralnotice_{rows}"
     if not (path / "clicks.parquet").exists():
         generate_dataset(str(path), impression_rows=rows, clicks=rows // 2, seed=0)
@@ -88,7 +88,7 @@ def write_centralnotice(directory: Path, rows: int) -> Path:
 
 def centralnotice_args(data: Path, out: Path) -> list[str]:
     """The first scheduled release of the first campaign (reads all rows, releases its slice)."""
-    from pipelines.centralnotice_config import load_config
+    from pipelines.centralnotice.config import load_config
     release = load_config(str(data / "campaigns.json")).campaigns[0].releases()[0].release_id
     return ["--config", str(data / "campaigns.json"),
             "--impressions", str(data / "impressions.parquet"),

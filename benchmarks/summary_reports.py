@@ -1,8 +1,8 @@
 """ARA summary reports: encodings chosen by the optimiser vs baselines; event-level vs summary.
 
-For each synthetic preset (Aksu et al., PoPETs 2024; ``pipelines.ara_synthetic``) a training and
+For each synthetic preset (Aksu et al., PoPETs 2024; ``pipelines.ara.synthetic``) a training and
 an independent test data set are generated. At each epsilon the optimiser
-(``pipelines.ara_optimize``) optimises both count encodings -- ``separate`` (a count query with
+(``pipelines.ara.optimize``) optimises both count encodings -- ``separate`` (a count query with
 its own budget share) and ``padding`` (counts derived from the value buckets plus a padding
 bucket) -- in the per-source budget model (``--budget_model per_conversion``: every conversion
 its own source), and chooses the one with the lower exact training RMSRE_tau; the baselines use a separate count, split the budget equally and take the 95th / 99th
@@ -18,7 +18,7 @@ and measure), the chosen configuration with and without least-squares consistenc
 
 Third table: event-level reports vs summary reports for per-slice conversion counts at equal
 epsilon (per source): event-level with one trigger-data value and one window and R chosen on the
-training data (``pipelines.ara_event_tuning``; epsilon <= 14, the API's limit), debiased; summary
+training data (``pipelines.ara.event_tuning``; epsilon <= 14, the API's limit), debiased; summary
 reports optimised for the count query alone. Exact test errors, and the event-level randomizer
 run for real with a testing key.
 
@@ -66,9 +66,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pipelines import ara_event_tuning as event  # noqa: E402
-from pipelines import ara_optimize as opt  # noqa: E402
-from pipelines import ara_synthetic as synthetic  # noqa: E402
+from pipelines.ara import event_tuning as event  # noqa: E402
+from pipelines.ara import optimize as opt  # noqa: E402
+from pipelines.ara import synthetic as synthetic  # noqa: E402
 
 EPSILONS = (1, 2, 4, 8, 16, 32, 64)
 EVENT_EPSILONS = (1, 2, 4, 8, 14)

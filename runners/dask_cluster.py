@@ -28,7 +28,7 @@ extra partitions cost more than they balanced; with the project's runner, which 
 once, two per thread were no faster, and slower with 2 workers at the largest keyset
 (benchmarks/scale.py; the runs are in benchmarks/RESULTS.md).
 Partitioning changes no released byte: bounding and noise never depend on batching
-(tests/test_dask_runner.py).
+(tests/runners/test_dask_runner.py).
 
 The local cluster's workers keep glibc's own ``malloc`` tuning. Dask sets
 ``MALLOC_TRIM_THRESHOLD_=65536`` in every worker it spawns (``distributed.nanny.pre-spawn-environ``)
@@ -135,7 +135,7 @@ def unsupported(pipeline, beams_own: bool = False) -> list[str]:
     own DaskRunner, not the project's :data:`DASK_RUNNER`) also ParDos with tagged outputs
     (``with_outputs``: the outputs are not kept apart; the release layer's row counters are one)
     and ``BatchElements`` (its last batch, emitted in ``finish_bundle``, is dropped). Found by
-    running every job on a 2-process cluster (tests/test_dask_runner.py)."""
+    running every job on a 2-process cluster (tests/runners/test_dask_runner.py)."""
     import apache_beam as beam
     from apache_beam.pipeline import PipelineVisitor
     from apache_beam.transforms.window import GlobalWindows

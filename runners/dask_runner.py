@@ -52,7 +52,7 @@ or got a result wrong:
   worker threads, as a loose restriction (another worker may still run them).
 
 The DoFns see the same values; released bytes are the in-process ones for every job
-(tests/test_dask_runner.py). The profile names this runner for ``--runner DaskRunner``
+(tests/runners/test_dask_runner.py). The profile names this runner for ``--runner DaskRunner``
 (:data:`runners.dask_cluster.DASK_RUNNER`); Beam's own stays available by its full name.
 What each step gained, run by run, is in benchmarks/RESULTS.md.
 """

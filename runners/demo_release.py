@@ -22,7 +22,7 @@ logs only, never in the output).
 
 Noise comes from streams keyed by (release key, "count", key)
 (:class:`transforms.noise.RandomStreams`): a given key file gives the same release on every runner, however the runner bundles and orders
-the data — which is what ``tests/test_runners.py`` checks.
+the data — which is what ``tests/runners/test_runners.py`` checks.
 """
 from __future__ import annotations
 

@@ -2,11 +2,11 @@
 tests).
 
 * :class:`AggregateJob` runs the real transform in a real Beam pipeline (FnApiRunner) on an
-  :class:`accounting.audit.Dataset` and returns what it released, as the audit harness expects;
+  :class:`accounting.verification.audit.Dataset` and returns what it released, as the audit harness expects;
   its :meth:`AggregateJob.spec` states what the transform declares (its plan's sensitivities,
   the public keyset, which columns are noisy).
 * :func:`sample_releases` draws many independent releases of one small DPAggregate in a single
-  pipeline, for :mod:`accounting.dp_tester`: the dataset is replicated under a public replica
+  pipeline, for :mod:`accounting.verification.dp_tester`: the dataset is replicated under a public replica
   key column, each replica with its own unit ids, under a fresh secret key. Noise, selection and
   bounding priorities are keyed PRFs of (key, unit) under the release key, so distinct replicas
   draw independent randomness: one run of N replicas is N releases with fresh keys, at the cost
@@ -25,9 +25,9 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from accounting.audit import AuditSpec, Bound, Dataset, Release, ReportRule, Table, TableRule, Units
+from accounting.verification.audit import AuditSpec, Bound, Dataset, Release, ReportRule, Table, TableRule, Units
 from accounting.budget import PrivacyBudget
-from accounting.dp_tester import ReleaseLayout
+from accounting.verification.dp_tester import ReleaseLayout
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds, Neighbouring
 from transforms.aggregate import DPAggregate

@@ -1,17 +1,17 @@
 """Neighbouring-pair audits of transforms and jobs: the one entry point (issue 10).
 
 :func:`audit_job` runs a registered audit: the job on small datasets and on their adversarial
-neighbours (:mod:`accounting.audit`: one unit added / removed / replaced, in an empty key, alone
+neighbours (:mod:`accounting.verification.audit`: one unit added / removed / replaced, in an empty key, alone
 in a key, with ids 7 / 7.0 / "7", spread across batches; REBATCH = the same rows in other
 batches), in the noisy testing mode and in the exact (noise-free) testing mode, and checks what
 must not differ (released keys, their order and schema, file names and counts, report text apart
 from noisy values) and that exact outputs move by at most the sensitivities the release itself
-states. ``tests/test_audits.py`` runs every registered audit in ``make test``.
+states. ``tests/accounting/verification/test_audits.py`` runs every registered audit in ``make test``.
 
 Adding the audit of a new job (local DP, Masked LARk, ARA event-level, ...) takes a few lines::
 
     from audit_kit import JobAudit, ReleaseLayerJob, register, rows_as_csv
-    from accounting.audit import Units, TableRule, Order
+    from accounting.verification.audit import Units, TableRule, Order
 
     register(JobAudit(
         name="my_job",
@@ -27,7 +27,7 @@ Adding the audit of a new job (local DP, Masked LARk, ARA event-level, ...) take
         datasets=lambda: [synthetic_dataset(...)],
     ))
 
-and tests/test_audits.py runs it (every registered audit; tests/test_layout.py fails while a job
+and tests/accounting/verification/test_audits.py runs it (every registered audit; tests/test_layout.py fails while a job
 under pipelines/ has none). The job runs through the release layer exactly as a user runs it
 (``run(Request)``), with ``ReleaseOptions(testing_seed=..., exact_testing=...)``:
 ``exact_testing`` gives the job a noise-free testing key
@@ -53,7 +53,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from accounting.audit import (AuditResult, AuditSpec, Bound, Change, Dataset, Order, Release,
+from accounting.verification.audit import (AuditResult, AuditSpec, Bound, Change, Dataset, Order, Release,
                               ReportRule, Table, TableRule, Units, audit)
 from accounting.composition import EpsDelta
 
@@ -192,7 +192,7 @@ def bounds_from_measures(planned: Sequence, columns: Mapping[str, str]) -> dict[
 class JobAudit:
     """One registered audit.
 
-    job: ``(dataset, seed, exact) -> accounting.audit.Release`` (a :class:`ReleaseLayerJob`, an
+    job: ``(dataset, seed, exact) -> accounting.verification.audit.Release`` (a :class:`ReleaseLayerJob`, an
     ``aggregate_kit.AggregateJob``, ...). units: the row model neighbours are built from.
     tables: {released file or table name (fnmatch pattern): TableRule}; measures: {file: {column:
     measure name}}: the rule's bounds are taken from the job's plan (ReleaseLayerJob) --
@@ -203,7 +203,7 @@ class JobAudit:
     keys_private:
     the marker's row counts are noisy (private key selection, thresholds).
     indicator_changes: neighbours whose released/suppressed indicators are sampled over many
-    seeds (:mod:`accounting.audit`): every job that thresholds or selects keys lists one that
+    seeds (:mod:`accounting.verification.audit`): every job that thresholds or selects keys lists one that
     moves a key across its threshold. A ReleaseLayerJob's rules that are ``keys_private`` or
     ``thresholded`` take the plan's guarantee as their claim. indicator_runs: seeds per side
     (default: the least that catch a deterministic indicator for certain).
@@ -305,7 +305,7 @@ __all__ = ["JobAudit", "REGISTRY", "ReleaseLayerJob", "audit_job", "bounds_from_
 
 
 # --------------------------------------------------------------------------------------------
-# Registered audits (one block per job; tests/test_audits.py runs each in make test)
+# Registered audits (one block per job; tests/accounting/verification/test_audits.py runs each in make test)
 # --------------------------------------------------------------------------------------------
 
 def _summary_reports_write(dataset: Dataset, folder: str) -> dict:
@@ -320,8 +320,8 @@ def _summary_reports_write(dataset: Dataset, folder: str) -> dict:
 
 
 def _summary_reports_audit() -> JobAudit:
-    from accounting.audit import synthetic_dataset
-    from pipelines import summary_reports
+    from accounting.verification.audit import synthetic_dataset
+    from pipelines.ara import summary_reports
 
     buckets = [0x10, 0x11, 0x12, 0x13, 0x14]
     units = Units(column="source_id", keys=("bucket",), public_keys=buckets, fresh_keys=[0x99],
@@ -358,8 +358,8 @@ def _centralnotice_audit(thresholds: bool = False) -> JobAudit:
     import datetime as dt
     import itertools
 
-    from accounting.audit import synthetic_dataset
-    from pipelines import centralnotice
+    from accounting.verification.audit import synthetic_dataset
+    from pipelines.centralnotice import job as centralnotice
     from release_testkit import (CN_BANNERS, CN_CLK_HEADER, CN_DAY1, CN_IMP_HEADER,
                                  CN_PROJECTS, CN_RELEASE1, LOW, cn_config, write_csv, write_json)
 
@@ -423,8 +423,8 @@ register(_centralnotice_audit(thresholds=True))
 
 
 def _reach_frequency_audit() -> JobAudit:
-    from accounting.audit import synthetic_dataset
-    from pipelines import reach_frequency
+    from accounting.verification.audit import synthetic_dataset
+    from pipelines.reach_frequency import job as reach_frequency
 
     publishers = ["pub_a", "pub_b", "pub_c"]
     units = Units(column="vid", keys=("publisher",), public_keys=publishers,
@@ -482,7 +482,7 @@ def aggregate_audit(name: str, job, units: Units, datasets, **kwargs) -> JobAudi
 
 
 def _aggregate_audits() -> list[JobAudit]:
-    from accounting.audit import synthetic_dataset
+    from accounting.verification.audit import synthetic_dataset
     from accounting.budget import PrivacyBudget
     from accounting.sensitivity import ContributionBounds, Neighbouring
     from transforms.metrics import Count, PrivacyUnitCount, Quantiles, Std, Sum, Variance
@@ -585,7 +585,7 @@ def _choose_bounds_audit() -> JobAudit:
     mechanism moves by at most its stated sensitivity when one unit is added or removed."""
     from aggregate_kit import ChooseBoundsJob
 
-    from accounting.audit import synthetic_dataset
+    from accounting.verification.audit import synthetic_dataset
 
     job = ChooseBoundsJob()
     keys = [f"k{i}" for i in range(6)]
@@ -656,16 +656,16 @@ def _event_level_audit() -> JobAudit:
     in that source's rows only (at most 2R report rows)."""
     import itertools
 
-    from pipelines import event_level_reports as job
+    from pipelines.ara import event_level_reports as job
 
     cells = list(itertools.product([0, 1], [0, 1]))            # (trigger_data, window), T = w = 2
     units = Units(column="source_id", keys=("trigger_data", "window"), public_keys=cells,
                   heavy_keys=2, heavy_rows=2)
-    n_units, new_source = 8, 8 + 1000          # accounting.audit's new unit id: max id + 1000
+    n_units, new_source = 8, 8 + 1000          # accounting.verification.audit's new unit id: max id + 1000
     campaigns = {s: ("c1" if s % 2 else "c2") for s in [*range(1, n_units + 3), new_source]}
 
     def datasets():
-        from accounting.audit import synthetic_dataset
+        from accounting.verification.audit import synthetic_dataset
         d = synthetic_dataset(units, seed=13, n_units=n_units, batches=2)
         return [Dataset(batches=d.batches, name=d.name, extra=campaigns)]
 
@@ -766,7 +766,7 @@ CLIENT_CHANGES = (Change.SUBSTITUTE_EMPTY_KEY, Change.REBATCH)
 def _ldp_frequencies_audit() -> JobAudit:
     import numpy as np
 
-    from pipelines import ldp_frequencies as job
+    from pipelines.ldp import frequencies as job
     from transforms.ldp import make_oracle
     from transforms.ldp.randomizers import randomize
 
@@ -796,7 +796,7 @@ register(_ldp_frequencies_audit())
 def _ldp_heavy_hitters_audit() -> JobAudit:
     import numpy as np
 
-    from pipelines import ldp_heavy_hitters as job
+    from pipelines.ldp import heavy_hitters as job
     from transforms.ldp.pem import PEMPlan, client_reports
 
     plan = PEMPlan(oracle="grr", epsilon=3.0, value_bits=8, top_k=3)
@@ -831,7 +831,7 @@ register(_ldp_heavy_hitters_audit())
 def _shuffle_sum_audit() -> JobAudit:
     import numpy as np
 
-    from pipelines import shuffle_sum as job
+    from pipelines.ldp import shuffle_sum as job
     from transforms.ldp.shuffle import SplitAndMix, shares_table
 
     spec = SplitAndMix(num_clients=30, value_bound=5, epsilon=1.0, delta=1e-6)
@@ -871,7 +871,7 @@ def _label_dp_audit() -> JobAudit:
 
     import numpy as np
 
-    from pipelines import label_dp as job
+    from pipelines.ldp import label_dp as job
 
     epsilon = 1.0
     p = 1.0 / (1.0 + math.exp(epsilon))
@@ -922,7 +922,9 @@ class LarkChain:
     last: str
 
     def __call__(self, dataset: Dataset, seed: int, exact: bool) -> Release:
-        from pipelines import (masked_lark_combine, masked_lark_helper, masked_lark_share)
+        from pipelines.masked_lark import combine as masked_lark_combine
+        from pipelines.masked_lark import helper as masked_lark_helper
+        from pipelines.masked_lark import share as masked_lark_share
         from pipelines.release import ReleaseOptions
 
         folder = tempfile.mkdtemp(prefix="audit-lark-")
@@ -969,7 +971,7 @@ class LarkChain:
 
     def planned(self, dataset: Dataset) -> list:
         """The helpers' plans (their Measures state the sensitivity of what combine decodes)."""
-        from pipelines import masked_lark_helper
+        from pipelines.masked_lark import helper as masked_lark_helper
         from pipelines.release import ReleaseOptions
 
         folder = tempfile.mkdtemp(prefix="audit-lark-plan-")
@@ -1056,7 +1058,7 @@ def _lark_train_audit() -> JobAudit:
     times lr / n -- beyond one step the descent is not a stated bound, so the audit keeps one."""
     import numpy as np
 
-    from pipelines import masked_lark_train as job
+    from pipelines.masked_lark import train as job
     from transforms.lark.params import GradientParams
 
     n, learning_rate = 12, 0.5

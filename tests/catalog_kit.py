@@ -82,7 +82,7 @@ def clicks(folder) -> str:
 
 
 def request(made: Made, release: str, imp: str, clk: str, **options):
-    from pipelines.centralnotice import CentralNoticeRequest
+    from pipelines.centralnotice.job import CentralNoticeRequest
     from pipelines.release import ReleaseOptions
 
     return CentralNoticeRequest(
@@ -92,7 +92,7 @@ def request(made: Made, release: str, imp: str, clk: str, **options):
 
 
 def make_releases(folder) -> Made:
-    from pipelines.centralnotice import run
+    from pipelines.centralnotice.job import run
     from pipelines.release import ReleaseFailed
 
     folder = str(folder)

@@ -1,4 +1,4 @@
-"""Two-batch sequences of a job against one real ledger, for ``accounting.audit.audit_sequences``.
+"""Two-batch sequences of a job against one real ledger, for ``accounting.verification.audit.audit_sequences``.
 
 :class:`SequenceJob` runs a job the way an operator runs it (``module.run(request)``, a real
 ledger and key store in a fresh folder): batch 1, then batch 2 (or, ``single_release``, one
@@ -8,7 +8,7 @@ with and without a unit -- get the same keys, and a batch that removed the unit'
 must release exactly the bytes of the world that never had them. Each world runs in an
 ``accounting.keys.audit_world``: the same seeded keys drive both worlds, as they would in two
 processes, while within a world every key is claimed once as in production. A refused batch is returned as
-``accounting.audit.Refused`` with everything it left behind: the ledger document, key store,
+``accounting.verification.audit.Refused`` with everything it left behind: the ledger document, key store,
 consumed-id records and published files are snapshotted before and compared after.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from accounting.audit import Dataset, Refused, ReportRule
+from accounting.verification.audit import Dataset, Refused, ReportRule
 from audit_kit import read_released
 
 #: Marker fields that differ between the two worlds of a pair whatever the job does: each world

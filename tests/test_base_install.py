@@ -29,6 +29,6 @@ def test_the_demo_runs_without_the_optional_extras(tmp_path):
 
 
 def test_a_jobs_help_needs_no_optional_extra(tmp_path):
-    done = _without_extras("pipelines.summary_reports", "--help", cwd=tmp_path)
+    done = _without_extras("pipelines.ara.summary_reports", "--help", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "--epsilon" in done.stdout

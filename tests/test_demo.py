@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 
-from pipelines import centralnotice
+from pipelines.centralnotice import job as centralnotice
 
 
 def _digests(out) -> dict:

@@ -286,7 +286,7 @@ def test_every_client_randomness_source_implements_the_one_interface():
 #: Product modules that write Parquet or Arrow CSV files which are not releases (inputs).
 NOT_RELEASED_FILES = {
     "transforms/ldp/sample_data.py": "writes the sample clients' report files (job inputs)",
-    "pipelines/centralnotice_data.py": "writes synthetic impressions and clicks (job inputs)",
+    "pipelines/centralnotice/data.py": "writes synthetic impressions and clicks (job inputs)",
 }
 
 
@@ -426,7 +426,7 @@ def test_no_function_is_an_alias_of_another():
 
 def test_every_job_has_a_registered_audit():
     """Every job under pipelines/ (a module with a top-level ``JOB``) has a neighbouring-pair
-    audit in the registry tests/test_audits.py runs (tests/audit_kit.py's docstring: a few
+    audit in the registry tests/accounting/verification/test_audits.py runs (tests/audit_kit.py's docstring: a few
     lines), read from the registry itself."""
     import importlib
 
@@ -434,10 +434,11 @@ def test_every_job_has_a_registered_audit():
 
     jobs = []
     for path, _ in _sources():
-        if path.startswith("pipelines/") and path.count("/") == 1 and any(
+        if path.startswith("pipelines/") and any(
                 isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "JOB" for t in node.targets)
                 for node in _parsed(path).body):
             jobs.append(importlib.import_module(path[:-3].replace("/", ".")).JOB.name)
+    # (pipelines/release/job.py defines the Job base class, no ``JOB``.)
     assert len(jobs) >= 10
     missing = sorted(j for j in jobs if not any(a == j or a.startswith(j + "/") for a in REGISTRY))
     assert missing == [], f"jobs without a neighbouring-pair audit: {missing}"
@@ -491,3 +492,170 @@ def test_the_citation_rule_catches_a_missing_file():
         "transforms.aggregate.DPAggregate"
     assert _module_exists("transforms.aggregate.DPAggregate".split(".")) == 2
     assert _module_exists("transforms.aggregate_old.DPAggregate".split(".")) == 1
+
+
+# --------------------------------------------------------------------------- the layout (issue 38)
+
+#: pipelines/: the release layer, one package per product, and the bundled sample inputs.
+PRODUCTS = ("centralnotice", "ara", "ldp", "masked_lark", "reach_frequency", "catalog")
+PIPELINES_LAYOUT = {"__init__.py", "release", "sample_data", *PRODUCTS}
+
+
+def test_pipelines_is_one_package_per_product():
+    """No flat job modules: what a product is (its jobs, configuration, data and tuning) is one
+    folder under pipelines/, beside the release layer they all stand on."""
+    entries = {e for e in os.listdir(os.path.join(ROOT, "pipelines")) if e != "__pycache__"}
+    assert entries == PIPELINES_LAYOUT
+    for package in ("release", *PRODUCTS):
+        assert os.path.isfile(os.path.join(ROOT, "pipelines", package, "__init__.py")), package
+
+
+def test_job_products_import_only_themselves_and_the_release_layer():
+    """A product's modules import the release layer and their own package, never another
+    product: what two products share belongs to pipelines/release/ (or transforms/)."""
+    crossing = {}
+    for path, text in _sources():
+        parts = path.split("/")
+        if parts[0] == "pipelines" and len(parts) > 2 and parts[1] in PRODUCTS and parts[1] != "catalog":
+            others = {m for m in _imported_modules(text) if m.split(".")[0] == "pipelines"
+                      and m.split(".")[1:2] not in ([parts[1]], ["release"])}
+            if others:
+                crossing[path] = sorted(others)
+    assert crossing == {}
+
+
+def test_every_job_runs_as_its_documented_module():
+    """``python -m pipelines.PRODUCT`` runs a product package's ``job`` module (its
+    ``__main__.py``); every other job module is run by its own dotted name."""
+    from runners.deploy.flex_template import JOBS
+
+    assert len(JOBS) >= 10
+    for name, command in JOBS.items():
+        path = command.replace(".", "/")
+        if os.path.isdir(os.path.join(ROOT, path)):
+            main = open(os.path.join(ROOT, path, "__main__.py"), encoding="utf-8").read()
+            assert f"from {command}.job import main" in main, command
+        else:
+            assert os.path.isfile(os.path.join(ROOT, path + ".py")), command
+
+
+def test_verification_is_its_own_place_imported_only_by_tests():
+    """The DP tester and the neighbouring-pair audit framework live in accounting/verification/;
+    no production module imports them (they check the product; they are not part of it)."""
+    folder = os.path.join(ROOT, "accounting", "verification")
+    assert {"audit.py", "dp_tester.py", "__init__.py"} <= set(os.listdir(folder))
+    importers = sorted(path for path, text in _sources()
+                       if path.split("/")[0] in ("accounting", "transforms", "pipelines", "runners")
+                       and not path.startswith("accounting/verification/")
+                       and any(m.startswith("accounting.verification") for m in _imported_modules(text)))
+    assert importers == []
+
+
+#: The most files the top of tests/ holds: cross-cutting tests, the kits and conftest.py.
+TOP_OF_TESTS = 20
+#: Production modules whose tests do not sit in the mirrored folder (tests/<its folder>/), each
+#: with the test files that cover it and why they live there.
+COVERED_ELSEWHERE = {
+    "accounting/gcs.py": (("tests/accounting/ledger/test_ledger.py",),
+                          "gs:// ledgers and key stores, on the GCS emulator"),
+    "accounting/validation.py": (("tests/accounting/test_budget.py", "tests/accounting/test_calibration.py"),
+                                 "the shared parameter checks, through budgets and calibration"),
+    "accounting/ledger/digest.py": (("tests/accounting/ledger/test_ledger.py",),
+                                    "record digests, through every ledger read and write"),
+    "accounting/ledger/machine.py": (("tests/pipelines/release/test_release_layer.py",
+                                      "tests/accounting/ledger/test_ledger.py"),
+                                     "the reservation state machine, driven by the release layer"),
+    "accounting/ledger/records.py": (("tests/accounting/ledger/test_ledger.py",
+                                      "tests/pipelines/catalog/test_catalog_units.py"),
+                                     "ledger records, as written and as the catalog reads them"),
+    "accounting/ledger/sealing.py": (("tests/accounting/ledger/test_ledger.py",),
+                                     "the MAC'd head, through every sealed write and tamper case"),
+    "transforms/ara/hierarchy.py": (("tests/pipelines/ara/test_ara_optimize.py",),
+                                    "key hierarchies, chosen by the ARA optimiser"),
+    "transforms/batching.py": (("tests/runners/test_dask_runner.py",),
+                               "batches that survive runners dropping finish_bundle outputs"),
+    "transforms/fanout.py": (("tests/runners/test_dask_runner.py",),
+                             "tagged outputs kept apart on every runner"),
+    "transforms/vectors.py": (("tests/transforms/test_aggregate.py",),
+                              "vector partials, through DPAggregate's vector metrics"),
+    "transforms/noise/mechanisms.py": (("tests/transforms/test_aggregate.py",
+                                        "tests/accounting/verification/test_dp_tester.py"),
+                                       "mechanisms applied to partials, and their DP claims"),
+    "transforms/noise/streams.py": (("tests/transforms/noise/test_noise.py",
+                                     "tests/transforms/test_release_sharding.py"),
+                                    "keyed streams, through every sampler and sharded release"),
+    "transforms/noise/exponential.py": (("tests/transforms/test_utility.py",),
+                                        "the exponential mechanism, through the utility transforms"),
+    "pipelines/ara/event_tuning.py": (("tests/test_module_help.py",),
+                                      "a tuning report command; its --help runs in the help test"),
+    "pipelines/catalog/operator.py": (("tests/pipelines/catalog/test_catalog.py",),
+                                      "the operator view, built by every catalog run"),
+    "pipelines/ldp/collection.py": (("tests/pipelines/ldp/test_ldp_jobs.py",),
+                                    "what the LDP jobs share, through the jobs"),
+    "pipelines/masked_lark/config.py": (("tests/pipelines/masked_lark/test_masked_lark_jobs.py",
+                                         "tests/pipelines/release/test_textfiles.py"),
+                                        "the aggregation parameters file, read by every LARk job"),
+    "pipelines/release/errors.py": (("tests/pipelines/release/test_exit_codes.py",),
+                                    "how a fault becomes an exit code and a message"),
+    "pipelines/release/job.py": (("tests/pipelines/release/test_release_layer.py",
+                                  "tests/transforms/test_released_files.py"),
+                                 "the Job interface, through toy jobs and the library sink"),
+    "pipelines/release/outputs.py": (("tests/transforms/test_released_files.py",
+                                      "tests/transforms/test_parquet_files.py"),
+                                     "released files, written by the library sink too"),
+    "pipelines/release/report.py": (("tests/pipelines/release/test_release_layer.py",
+                                     "tests/pipelines/catalog/test_catalog_units.py"),
+                                    "the operator report, as written and as the catalog reads it"),
+    "runners/beam_import.py": (("tests/test_module_help.py",),
+                               "Beam imported without its warning, by every command's --help"),
+    "runners/demo_release.py": (("tests/runners/test_runners.py",),
+                                "the demo release each runner runs"),
+    "runners/fetch.py": (("tests/runners/test_runners.py",),
+                         "job-server jars fetched for Flink and Spark"),
+    "runners/deploy/airflow_dag.py": (("tests/runners/test_runners.py",),
+                                      "the DAG, built under the installed Airflow (make test-airflow)"),
+    "runners/deploy/flex_launcher.py": (("tests/runners/test_flex_template.py",),
+                                        "the Flex Template launcher, beside the template"),
+    "runners/deploy/flex_template.py": (("tests/runners/test_flex_template.py",),
+                                        "the Flex Template metadata"),
+}
+
+
+def _test_imports() -> dict[str, set]:
+    return {path: _imported_modules(text) | {f"{m}.{a}" for m in _imported_modules(text)
+                                             for a in _imported_names(text, m)}
+            for path, text in _sources() if path.startswith("tests/") and os.path.basename(path).startswith("test_")}
+
+
+def _imported_names(text: str, module: str) -> set[str]:
+    return {alias.name for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.ImportFrom) and node.module == module and not node.level
+            for alias in node.names}
+
+
+def test_tests_mirror_the_code():
+    """tests/ has the code's folders (tests/transforms/, tests/accounting/, tests/pipelines/<product>/,
+    tests/runners/): every production module is imported by a test module in its mirrored folder
+    (``transforms/ldp/pem.py`` by one of ``tests/transforms/ldp/``), or is named above with the
+    tests that cover it elsewhere and why."""
+    top = [e for e in os.listdir(os.path.join(ROOT, "tests"))
+           if os.path.isfile(os.path.join(ROOT, "tests", e))]
+    assert len(top) <= TOP_OF_TESTS, sorted(top)
+    imports = _test_imports()
+    uncovered, mirrored_too = [], []
+    for path, _ in _sources():
+        if path.split("/")[0] not in ("accounting", "transforms", "pipelines", "runners") \
+                or os.path.basename(path) in ("__init__.py", "__main__.py"):
+            continue
+        module = path[:-3].replace("/", ".")
+        folder = os.path.join("tests", os.path.dirname(path))
+        mirrored = any(os.path.dirname(t) == folder and module in i for t, i in imports.items())
+        if not mirrored and path not in COVERED_ELSEWHERE:
+            uncovered.append(path)
+        if mirrored and path in COVERED_ELSEWHERE:
+            mirrored_too.append(path)
+    assert uncovered == []
+    assert mirrored_too == []  # the exemption is stale: its tests moved to the mirrored folder
+    for path, (tests, why) in COVERED_ELSEWHERE.items():
+        assert os.path.isfile(os.path.join(ROOT, path)), path
+        assert why and all(os.path.isfile(os.path.join(ROOT, t)) for t in tests), path

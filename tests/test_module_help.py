@@ -30,9 +30,11 @@ def _runnable() -> list[tuple[str, list[str]]]:
             if any(part.startswith(".") or part in ("out", "__pycache__") for part in relative.parts):
                 continue
             text = path.read_text()
-            if not re.search(r"^if __name__ == .__main__.:|^def main\(", text, re.M):
+            package_main = path.name == "__main__.py"  # ``python -m PACKAGE``
+            if not package_main and not re.search(r"^if __name__ == .__main__.:|^def main\(", text, re.M):
                 continue
-            module = ".".join(relative.with_suffix("").parts)
+            module = ".".join(relative.with_suffix("").parts[:-1] if package_main else
+                              relative.with_suffix("").parts)
             if module in NOT_RUNNABLE:
                 continue
             # benchmarks are scripts (python benchmarks/<name>.py), the rest modules (python -m)
@@ -46,7 +48,7 @@ RUNNABLE = _runnable()
 
 def test_the_runnable_modules_are_found():
     names = {module for module, _ in RUNNABLE}
-    assert {"pipelines.centralnotice", "pipelines.ara_event_tuning", "runners.profiles",
+    assert {"pipelines.centralnotice", "pipelines.ara.event_tuning", "runners.profiles",
             "benchmarks.scale"} <= names
     assert len(names) >= 30
 

@@ -48,8 +48,8 @@ def _only(pattern: str) -> str:
 # --------------------------------------------------------------------------- one adapter per job
 
 def centralnotice(tmp) -> dict:
-    from pipelines import centralnotice_config
-    from pipelines.centralnotice import main
+    from pipelines.centralnotice import config as centralnotice_config
+    from pipelines.centralnotice.job import main
 
     config = os.path.join(SAMPLE, "centralnotice", "campaigns.json")
     out = {}
@@ -65,7 +65,7 @@ def centralnotice(tmp) -> dict:
 
 
 def reach_frequency(tmp) -> dict:
-    from pipelines.reach_frequency import main
+    from pipelines.reach_frequency.job import main
 
     target = os.path.join(tmp, "rf")
     assert main(["--input", os.path.join(SAMPLE, "reach_frequency", "impressions.csv"),
@@ -79,8 +79,9 @@ def reach_frequency(tmp) -> dict:
 
 
 def summary_reports(tmp) -> dict:
-    from pipelines import summary_reports
-    from pipelines import ara_optimize as optimize, ara_synthetic as synthetic
+    from pipelines.ara import summary_reports
+    from pipelines.ara import optimize
+    from pipelines.ara import synthetic
 
     data = synthetic.generate("adtech_real_estate", 3, scale=0.03)
     conversions = os.path.join(tmp, "conv.parquet")
@@ -100,7 +101,7 @@ def summary_reports(tmp) -> dict:
 
 
 def event_level_reports(tmp) -> dict:
-    from pipelines.event_level_reports import main
+    from pipelines.ara.event_level_reports import main
 
     sample = os.path.join(SAMPLE, "event_level")
     target = os.path.join(tmp, "event")
@@ -150,7 +151,10 @@ def dp_aggregate(tmp) -> dict:
 
 def local_dp(tmp) -> dict:
     """The four local/shuffle-DP jobs on their bundled samples (pipelines/sample_data/ldp)."""
-    from pipelines import label_dp, ldp_frequencies, ldp_heavy_hitters, shuffle_sum
+    from pipelines.ldp import label_dp
+    from pipelines.ldp import frequencies as ldp_frequencies
+    from pipelines.ldp import heavy_hitters as ldp_heavy_hitters
+    from pipelines.ldp import shuffle_sum
 
     data = os.path.join(SAMPLE, "ldp")
     runs = {
@@ -187,8 +191,10 @@ def local_dp(tmp) -> dict:
 
 def masked_lark(tmp) -> dict:
     """The sample through browsers, both helpers and the ad server; and the training driver."""
-    from pipelines import (masked_lark_combine, masked_lark_helper, masked_lark_share,
-                           masked_lark_train)
+    from pipelines.masked_lark import combine as masked_lark_combine
+    from pipelines.masked_lark import helper as masked_lark_helper
+    from pipelines.masked_lark import share as masked_lark_share
+    from pipelines.masked_lark import train as masked_lark_train
 
     sample = os.path.join(SAMPLE, "masked_lark")
     params = os.path.join(sample, "aggregation_params.json")

@@ -16,7 +16,7 @@ the two), and the filter takes :data:`BITS_PER_KEY` bits per key (2 bytes),
 a quarter of a sorted array of 64-bit hashes.
 
 False positives: at :data:`BITS_PER_KEY` = 16 and :data:`PROBES` = 6, a key outside the keyset
-passes with probability about 0.4% (measured in tests/test_membership.py; 3.6% when the keyset
+passes with probability about 0.4% (measured in tests/transforms/test_membership.py; 3.6% when the keyset
 holds twice the keys the filter was sized for). Such a row is bounded with its unit's other rows
 and then dropped at the keyset join (counted as ``dropped_outside_keyset_after_bounding``). The
 filter is a function of the public keyset and a fixed public hash, so which rows pass it is

@@ -6,7 +6,7 @@ a null) and ``"7"`` (text), a type-tagged hash would see three people and let th
 three times their bound. So every path that groups, bounds or hashes by a privacy unit first maps
 its ids to one canonical text form, here.
 
-Which ids count as the same unit (the rules, in order; tests/test_privacy_units.py holds them as a
+Which ids count as the same unit (the rules, in order; tests/transforms/test_privacy_units.py holds them as a
 table):
 
 * null, and NaN in a float column, is *no id*: the caller drops the row by its documented rule

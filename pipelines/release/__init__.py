@@ -76,7 +76,7 @@ of the jobs, and what it is:
   They were refusals (exit 3) until issue 30; ``--allow_dropped_rows`` went with them (given,
   it is refused naming its replacement). The neighbouring-pair audit checks that one unit's
   faulty rows change neither the outcome, nor the files, nor the public marker
-  (tests/test_publication_decisions.py).
+  (tests/pipelines/release/test_publication_decisions.py).
 * **Refused before the charge, from public facts** (exit 2): flags and configuration; a file's
   format -- that it opens, its compression, its header, columns and column types -- which its
   producer fixes whatever the rows hold; and counts the job's neighbouring relation holds
@@ -95,7 +95,7 @@ of the jobs, and what it is:
   dropped, which would let it move a key across k, but *neutralised* -- shared with a documented
   default value, or as a strictly fake record -- and counted the same way
   (transforms/lark/browser.py, "Faults"). Checked with the neighbouring-pair audits
-  (tests/test_publication_decisions.py).
+  (tests/pipelines/release/test_publication_decisions.py).
 * **A protocol violation is refused before the charge** (exit 2): shuffle_sum's missing share or
   share outside [0, q) comes from no client following the protocol, whatever its value, so the
   refusal is the same on both sides of every neighbouring pair; dropping a share would garble its

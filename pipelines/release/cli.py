@@ -41,7 +41,7 @@ _EPILOG = ("Every flag has one alias, its dashed spelling (--key-store); no othe
 
 def _usage(job: Job) -> str:
     """The usage line: the job's and the release layer's flags, then Beam's options."""
-    short = release_flags.Parser(prog=f"python -m pipelines.{job.name}")
+    short = release_flags.Parser(prog=f"python -m {job.command}")
     add_arguments(short, job.request_type)
     add_arguments(short, ReleaseOptions)
     line = short.format_usage().strip()
@@ -52,7 +52,7 @@ def build_parser(job: Job) -> tuple[argparse.ArgumentParser, list[str]]:
     """The whole command line of ``job``: its flags, the release layer's and Beam's (one help
     group per options class); returns the parser and the job's and release layer's flags."""
     parser = release_flags.Parser(
-        prog=f"python -m pipelines.{job.name}", usage=_usage(job), description=job.description,
+        prog=f"python -m {job.command}", usage=_usage(job), description=job.description,
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EPILOG,
         conflict_handler="resolve")
     own = parser.add_argument_group(f"{job.name}")

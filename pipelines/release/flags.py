@@ -154,7 +154,7 @@ def options_class(job) -> type:
 
     return type(_class_name(job), (JobOptions,), {
         "job": job, "_add_argparse_args": classmethod(_add_argparse_args),
-        "__doc__": f"The flags of pipelines.{job.name} (generated from its request dataclass)."})
+        "__doc__": f"The flags of {job.command} (generated from its request dataclass)."})
 
 
 def job_flags(job) -> list[str]:

@@ -13,6 +13,7 @@ the release layer's.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -294,6 +295,16 @@ class Job:
     #: namespace of their own (e.g. ``("ara",)``): read into the run's counters as
     #: ``<namespace>.<name>`` (see pipelines.release.counters.select).
     counter_namespaces: Sequence[str] = ()
+
+    @property
+    def command(self) -> str:
+        """The module ``python -m`` runs for this job: the job's module, or its package when the
+        module is a product package's ``job`` (``pipelines.centralnotice``). The name in the
+        ledger stays :attr:`name`: moving a module never renames a job."""
+        module = type(self).__module__
+        if module == "__main__":  # run as ``python -m pipelines.PRODUCT.NAME``
+            module = getattr(sys.modules["__main__"].__spec__, "name", module)
+        return module[:-len(".job")] if module.endswith(".job") else module
 
     def prepare(self, request) -> Prepared:
         """Read and validate what the request names (configuration files, parameters): once

@@ -27,7 +27,7 @@ Configuration (environment of the Airflow scheduler and workers; read when the D
 ``BEAM_DP_DATA``         input root: ``<root>/<day>/impressions/`` and ``<root>/<day>/clicks/``
                          (directories, globs or files, local or gs://)
 ``BEAM_DP_OUTPUT``       output root; a release goes to ``<root>/<campaign>/<day>/``
-``BEAM_DP_CONFIG``       campaign configuration JSON (``pipelines.centralnotice_config``)
+``BEAM_DP_CONFIG``       campaign configuration JSON (``pipelines.centralnotice.config``)
 ``BEAM_DP_LEDGER``, ``BEAM_DP_KEY_STORE``   budget ledger file and key store (local or gs://)
 ``BEAM_DP_RUNNER``       DirectRunner (default), PrismRunner, DaskRunner, FlinkRunner,
                          SparkRunner or DataflowRunner; the runner profiles supply the rest

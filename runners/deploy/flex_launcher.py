@@ -47,11 +47,11 @@ USAGE = (f"usage: {JOB_ENV}=JOB python -m runners.deploy.flex_launcher [JOB FLAG
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from runners.deploy.flex_template import JOB_MODULES
+    from runners.deploy.flex_template import JOBS
 
     argv = list(sys.argv[1:] if argv is None else argv)
     job = os.environ.get(JOB_ENV, "")
-    modules = {m.rsplit(".", 1)[1]: m for m in JOB_MODULES}
+    modules = JOBS
     if not job and any(a in ("-h", "--help") for a in argv):
         print(USAGE)
         return 0

@@ -16,7 +16,7 @@ whether it is optional, and a regex for its type -- except ``--submit_only`` and
 which the launcher decides (:data:`LAUNCHER_FLAGS`). Beam's own options (``--runner``,
 ``--project``, ...) are Dataflow's template parameters and are not listed. Dataflow passes
 parameters as ``--name=value``: a switch is passed as ``--name=true`` / ``--name=false``, which
-the job CLI accepts (pipelines.release.flags.normalise). ``tests/test_flex_template.py`` checks the
+the job CLI accepts (pipelines.release.flags.normalise). ``tests/runners/test_flex_template.py`` checks the
 metadata against each job's parser, the launcher image statically and the documented ``gcloud``
 commands against gcloud's groups of flags.
 """
@@ -29,20 +29,30 @@ import os
 import sys
 from typing import Sequence
 
-def _job_modules() -> tuple[str, ...]:
-    """Every ``pipelines`` module that defines a release-layer job (a top-level ``JOB = ``)."""
+def _jobs() -> dict[str, str]:
+    """{job name: command} of every ``pipelines`` module that defines a release-layer job (a
+    top-level ``JOB = ``), read without importing it (the name from its ``NAME = "..."`` line).
+    The command is the ``python -m`` module: a product package's ``job`` module is run as the
+    package (``pipelines.centralnotice``)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    folder = os.path.join(root, "pipelines")
-    found = []
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".py"):
-            with open(os.path.join(folder, name), encoding="utf-8") as handle:
-                if any(line.startswith("JOB = ") for line in handle):
-                    found.append(f"pipelines.{name[:-3]}")
-    return tuple(found)
+    found = {}
+    for folder, dirs, files in os.walk(os.path.join(root, "pipelines")):
+        dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "sample_data"))
+        for name in sorted(files):
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), encoding="utf-8") as handle:
+                    lines = handle.read().splitlines()
+                if any(line.startswith("JOB = ") for line in lines):
+                    job = next(line.split("=", 1)[1].strip().strip('"') for line in lines
+                               if line.startswith("NAME = "))
+                    module = os.path.relpath(os.path.join(folder, name[:-3]), root).replace(os.sep, ".")
+                    found[job] = module[:-len(".job")] if module.endswith(".job") else module
+    return dict(sorted(found.items()))
 
 
-JOB_MODULES = _job_modules()
+#: {job name (the ledger's, and the launcher's BEAM_DP_JOB): its ``python -m`` module}.
+JOBS = _jobs()
+JOB_MODULES = tuple(JOBS.values())
 #: Flags of every job that are not template parameters: the launcher only submits.
 LAUNCHER_FLAGS = ("--submit_only", "--finalize")
 
@@ -92,9 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output", required=True, help="folder for <job>.metadata.json")
     args = parser.parse_args(argv)
     os.makedirs(args.output, exist_ok=True)
-    for module in JOB_MODULES:
+    for name, module in JOBS.items():
         data = metadata(module)
-        path = os.path.join(args.output, f"{module.rsplit('.', 1)[1]}.metadata.json")
+        path = os.path.join(args.output, f"{name}.metadata.json")
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(data, handle, indent=1)
             handle.write("\n")

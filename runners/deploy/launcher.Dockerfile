@@ -10,7 +10,7 @@
 #       -t REGISTRY/beam-dp-release-launcher-centralnotice:0.1.0 .
 #
 # The base image's Python (3.11) equals the lock's, and the lock pins apache-beam, so the job
-# graph is built by the same Beam version as the workers run (tests/test_flex_template.py).
+# graph is built by the same Beam version as the workers run (tests/runners/test_flex_template.py).
 # For reproducible builds, pin a dated tag of the base image from Google's list of Flex Template
 # base images instead of latest.
 FROM gcr.io/dataflow-templates-base/python311-template-launcher-base:latest

@@ -3,7 +3,7 @@
 At session start it checks that the code under test is the scratch copy's (``MUTATION_ROOT``),
 not an installed or other checkout. It records the first failing test phase as JSON in
 ``MUTATION_REPORT``: the test's node id, the phase, the exception type and whether it is an
-assertion (``AssertionError`` or a subclass, e.g. ``accounting.audit.AuditFailure``, or a group
+assertion (``AssertionError`` or a subclass, e.g. ``accounting.verification.audit.AuditFailure``, or a group
 of assertions only, as Hypothesis raises for several failing examples): only assertions count as
 catching a mutant. Collection errors are recorded the same way (never
 assertions).

@@ -31,20 +31,20 @@ from dataclasses import dataclass
 
 #: Test files whose failures count as catching a mutant (path -> what it checks).
 PRIVACY_TESTS = {
-    "tests/test_audits.py": "neighbouring-pair audits of every job and transform",
-    "tests/test_audit_harness.py": "the audit harness on toy jobs",
-    "tests/test_dp_tester.py": "the DP tester on the project's noise mechanisms",
-    "tests/test_dp_tester_aggregate.py": "the DP tester on sampled DPAggregate releases",
-    "tests/test_ldp_dp.py": "the DP tester on every local randomizer",
-    "tests/test_sketches_dp.py": "the DP tester on the sketches' noise",
-    "tests/test_bounding.py": "contribution bounding's invariants (privacy unit tests)",
-    "tests/test_privacy_units.py": "canonical privacy-unit ids (privacy unit tests)",
-    "tests/test_lark.py": "Masked LARk's k-anonymity, noise and masks (privacy unit tests)",
-    "tests/test_selection.py": "private key selection (privacy unit tests)",
-    "tests/test_release_privacy.py": "the release layer's privacy rules",
-    "tests/test_keys.py": "one secret, one use: key claims, derive, key reuse across releases",
-    "tests/test_audit_sequences.py": "neighbouring-pair audits of two-batch sequences",
-    "tests/test_publication_decisions.py": "one unit's faulty rows never decide publication",
+    "tests/accounting/verification/test_audits.py": "neighbouring-pair audits of every job and transform",
+    "tests/accounting/verification/test_audit_harness.py": "the audit harness on toy jobs",
+    "tests/accounting/verification/test_dp_tester.py": "the DP tester on the project's noise mechanisms",
+    "tests/accounting/verification/test_dp_tester_aggregate.py": "the DP tester on sampled DPAggregate releases",
+    "tests/transforms/ldp/test_ldp_dp.py": "the DP tester on every local randomizer",
+    "tests/transforms/sketches/test_sketches_dp.py": "the DP tester on the sketches' noise",
+    "tests/transforms/test_bounding.py": "contribution bounding's invariants (privacy unit tests)",
+    "tests/transforms/test_privacy_units.py": "canonical privacy-unit ids (privacy unit tests)",
+    "tests/transforms/lark/test_lark.py": "Masked LARk's k-anonymity, noise and masks (privacy unit tests)",
+    "tests/transforms/test_selection.py": "private key selection (privacy unit tests)",
+    "tests/pipelines/release/test_release_privacy.py": "the release layer's privacy rules",
+    "tests/accounting/test_keys.py": "one secret, one use: key claims, derive, key reuse across releases",
+    "tests/accounting/verification/test_audit_sequences.py": "neighbouring-pair audits of two-batch sequences",
+    "tests/pipelines/release/test_publication_decisions.py": "one unit's faulty rows never decide publication",
 }
 
 #: Tests that pin released bytes: never a mutant's selection, never a catch.
@@ -64,7 +64,7 @@ class Mutant:
         return test.split("::", 1)[0]
 
 
-AUDIT = "tests/test_audits.py::test_registered_audit_passes_on_the_real_code"
+AUDIT = "tests/accounting/verification/test_audits.py::test_registered_audit_passes_on_the_real_code"
 
 MUTANTS = (
     Mutant(
@@ -74,7 +74,7 @@ MUTANTS = (
         file="transforms/bounding.py",
         snippet=".append_column(ROW, pa.array(row_words[:, 0]))",
         replacement=".append_column(ROW, pa.array(np.arange(table.num_rows, dtype=np.uint64)))",
-        tests=("tests/test_bounding.py::test_kept_rows_do_not_depend_on_batching_or_order",
+        tests=("tests/transforms/test_bounding.py::test_kept_rows_do_not_depend_on_batching_or_order",
                f"{AUDIT}[dp_aggregate/keyset]"),
     ),
     Mutant(
@@ -84,7 +84,7 @@ MUTANTS = (
         file="transforms/privacy_units.py",
         snippet="canonical = pc.dictionary_encode(canonical_unit_ids(raw.dictionary, name))",
         replacement="canonical = pc.dictionary_encode(pc.cast(raw.dictionary, pa.string()))",
-        tests=("tests/test_privacy_units.py", f"{AUDIT}[centralnotice]"),
+        tests=("tests/transforms/test_privacy_units.py", f"{AUDIT}[centralnotice]"),
     ),
     Mutant(
         name="noise-scale-halved",
@@ -92,7 +92,7 @@ MUTANTS = (
         file="transforms/noise/mechanisms.py",
         snippet="return discrete_laplace(streams, spec.unit_scale)",
         replacement="return discrete_laplace(streams, spec.unit_scale / 2)",
-        tests=("tests/test_dp_tester.py::test_project_mechanism_satisfies_its_claim",),
+        tests=("tests/accounting/verification/test_dp_tester.py::test_project_mechanism_satisfies_its_claim",),
     ),
     Mutant(
         name="no-l0-bound",
@@ -101,7 +101,7 @@ MUTANTS = (
         file="transforms/bounding.py",
         snippet="keep = (row_rank < max_per_partition) & (pair_rank < max_partitions)",
         replacement="keep = row_rank < max_per_partition",
-        tests=("tests/test_bounding.py::test_bound_invariants", f"{AUDIT}[dp_aggregate/keyset]"),
+        tests=("tests/transforms/test_bounding.py::test_bound_invariants", f"{AUDIT}[dp_aggregate/keyset]"),
     ),
     Mutant(
         name="rr-probability-off",
@@ -110,7 +110,7 @@ MUTANTS = (
         file="transforms/ldp/oracles.py",
         snippet="return threshold_floor(e / (e + choices - 1))",
         replacement="return threshold_floor(e / (e + 1))",
-        tests=("tests/test_ldp_dp.py::test_grr_passes",),
+        tests=("tests/transforms/ldp/test_ldp_dp.py::test_grr_passes",),
     ),
     Mutant(
         name="exact-value-threshold",
@@ -120,7 +120,7 @@ MUTANTS = (
         snippet="below = ~(np.asarray(values, dtype=float) > column.threshold)",
         replacement="below = ~(np.asarray(column.values({m.name: m.exact(table) for m in "
                     "self._s.measures}), dtype=float) > column.threshold)",
-        tests=("tests/test_dp_tester_aggregate.py::"
+        tests=("tests/accounting/verification/test_dp_tester_aggregate.py::"
                "test_a_threshold_on_the_exact_value_is_caught_by_the_released_indicator",
                f"{AUDIT}[dp_aggregate/keyset/thresholds]", f"{AUDIT}[centralnotice/thresholds]"),
     ),
@@ -139,7 +139,7 @@ MUTANTS = (
         file="transforms/lark/helper.py",
         snippet="keep = partial.counts > params.k",
         replacement="keep = partial.counts > 0",
-        tests=("tests/test_lark.py::test_k_anonymity_releases_only_more_than_k_reports",
+        tests=("tests/transforms/lark/test_lark.py::test_k_anonymity_releases_only_more_than_k_reports",
                f"{AUDIT}[masked_lark_helper]"),
     ),
     Mutant(
@@ -152,18 +152,18 @@ MUTANTS = (
         replacement="        child = self._child(label)\n"
                     "        child._binding, child._session = \"derived\", _new_session()\n"
                     "        return child",
-        tests=("tests/test_keys.py::test_two_days_under_one_label_derived_twice_never_share_their_noise",),
+        tests=("tests/accounting/test_keys.py::test_two_days_under_one_label_derived_twice_never_share_their_noise",),
     ),
     Mutant(
         name="overlapping-ara-batch",
         leak="ARA summary reports without the consumed-id check (report ids at most once, a "
              "source's L1 budget across batches): a batch re-including consumed reports is "
              "charged and released again",
-        file="pipelines/summary_reports.py",
+        file="pipelines/ara/summary_reports.py",
         snippet="(at most once) and the sources' budgets (see the module docstring).\"\"\"\n",
         replacement="(at most once) and the sources' budgets (see the module docstring).\"\"\"\n"
                     "        return []\n",
-        tests=("tests/test_audit_sequences.py::test_summary_reports_second_batch_adds_nothing",),
+        tests=("tests/accounting/verification/test_audit_sequences.py::test_summary_reports_second_batch_adds_nothing",),
     ),
     Mutant(
         name="dropped-rows-gate-on-exact-counts",
@@ -175,9 +175,9 @@ MUTANTS = (
         replacement="    if any(alerts.values()):\n"
                     "        raise ReleaseFailed(\"rows dropped: nothing published\")\n"
                     "    return Ruled(computed=computed, counts=counts, shares=shares, alerts=alerts)\n",
-        tests=("tests/test_publication_decisions.py::"
+        tests=("tests/pipelines/release/test_publication_decisions.py::"
                "test_one_units_faulty_rows_do_not_push_a_release_over_the_dropped_share",
-               "tests/test_publication_decisions.py"),
+               "tests/pipelines/release/test_publication_decisions.py"),
     ),
     Mutant(
         name="lark-faulty-record-dropped",
@@ -187,7 +187,7 @@ MUTANTS = (
         file="transforms/lark/browser.py",
         snippet="    removed = (faults.reason >= 0) & (faults.reason < identity_reasons)\n",
         replacement="    removed = faults.reason >= 0\n",
-        tests=("tests/test_publication_decisions.py::"
+        tests=("tests/pipelines/release/test_publication_decisions.py::"
                "test_one_lark_records_faulty_value_neither_fails_nor_moves_a_key_across_k",),
     ),
 )

@@ -4,7 +4,7 @@ privacy tests run there; prints per mutant the test that caught it (``make test-
     python tests/mutations/run.py                 # every mutant, 2 at a time
     python tests/mutations/run.py --only NAME     # one mutant (repeatable)
     python tests/mutations/run.py --list          # the mutants and their selections
-    python tests/mutations/run.py --only NAME --tests tests/test_audits.py   # another selection
+    python tests/mutations/run.py --only NAME --tests tests/accounting/verification/test_audits.py   # another selection
 
 Exit 0 when every mutant is caught (its first failing test is an assertion of a privacy test)
 and every catching test passes on an unmutated scratch copy (the baseline: a test that fails

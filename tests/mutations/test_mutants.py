@@ -52,7 +52,7 @@ def test_every_mutant_applies_to_the_tree_and_selects_existing_privacy_tests(mut
 def test_mutant_names_are_unique_and_the_planned_ones_are_not_faked():
     names = [m.name for m in MUTANTS] + [p[0] for p in PLANNED]
     assert len(names) == len(set(names))
-    assert AUDIT.startswith("tests/test_audits.py::")
+    assert AUDIT.startswith("tests/accounting/verification/test_audits.py::")
     assert not set(BYTE_PINS) & set(PRIVACY_TESTS)
 
 

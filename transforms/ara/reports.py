@@ -7,7 +7,7 @@ Format (a cleartext stand-in for the encrypted payload the browser sends)::
 
 * ``report_id`` (string): the id of the report's ``shared_info`` (the browser draws it, one per
   report). The Aggregation Service aggregates a report id at most once; so does the release layer,
-  across all batches (``pipelines.summary_reports``). A ``shared_info`` object (or its JSON text,
+  across all batches (``pipelines.ara.summary_reports``). A ``shared_info`` object (or its JSON text,
   as the API sends it) with a ``report_id`` is read too; both given and different is a fault
   (``bad_report_id``). Required in real releases (a report without one is dropped:
   ``missing_report_id``); testing runs accept reports without.

@@ -43,7 +43,7 @@ of Z_q -- the estimate would be garbage at full confidence -- and the message co
 a whole number of clients; reducing it mod q would sum a value the protocol never made against
 noise planned for honest clients. The seed (split-and-mix, after Balle et al. 2019) says nothing
 more on it. So the aggregator refuses such a collection before anything is charged, naming the
-file and how many shares, never a value (``pipelines.shuffle_sum``), and :class:`ShuffleSum`
+file and how many shares, never a value (``pipelines.ldp.shuffle_sum``), and :class:`ShuffleSum`
 keeps the same check as a guard. (A hostile client can also poison the sum with in-range
 shares, undetectably: the guarantee assumes the planned clients follow the protocol.)
 
