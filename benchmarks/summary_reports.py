@@ -50,9 +50,18 @@ separate-count one in the median cell. With ``--budget_model per_conversion`` (t
 data sets have one conversion per click) the gain of the encoding choice was 9-37% per cell
 before the estimate scales.
 
+Drift table (``--drift_epsilons``; ``--no_drift`` skips it): the release data's values are the
+test data's times a drift factor (0.5, 1, 2: halved, unchanged, doubled against the training
+data); per preset x epsilon x drift, the exact test RMSRE_tau of the paper's optimiser (separate
+count, per-query clip and budget share on the training data, gamma held at 1), of the training
+choice (``optimize``, fitted gamma), of the best equal split, and of the drift-robust choice
+(``pipelines.ara.optimize.choose_for_drift``: chosen on the training data alone), as ratios to
+the paper's optimiser. Goal: drift-robust <= paper in every cell.
+
 Prints tables, writes ``benchmarks/out/summary_reports.png``; per-preset summary lines, then the
 last line: ``optimized_below_baseline=K/N median_baseline_over_optimized=X
-median_separate_over_chosen=Y separate_over_chosen[PRESET]=Z ...``.
+median_separate_over_chosen=Y separate_over_chosen[PRESET]=Z ...
+drift_robust_at_most_paper=A/B worst_drift_robust_over_paper=R worst_training_over_paper=T``.
 """
 from __future__ import annotations
 
@@ -72,6 +81,9 @@ from pipelines.ara import synthetic as synthetic  # noqa: E402
 
 EPSILONS = (1, 2, 4, 8, 16, 32, 64)
 EVENT_EPSILONS = (1, 2, 4, 8, 14)
+DRIFT_EPSILONS = (1, 4, 16, 64)
+#: The drift suite's release-to-training value ratios: halved, unchanged, doubled.
+DRIFTS = (0.5, 1.0, 2.0)
 
 
 def _budget_model(data, model: str):
@@ -105,6 +117,8 @@ def main(argv=None) -> int:
                         default="per_source",
                         help="first table: the API's per-source budget (default) or every "
                              "conversion its own source (each spends the whole 65,536)")
+    parser.add_argument("--drift_epsilons", nargs="*", type=float, default=list(DRIFT_EPSILONS))
+    parser.add_argument("--no_drift", action="store_true")
     parser.add_argument("--no_hierarchy", action="store_true")
     parser.add_argument("--no_event_level", action="store_true")
     parser.add_argument("--plot", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -112,7 +126,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     start = time.time()
 
-    results, hier, events = {}, {}, {}
+    results, hier, events, drift = {}, {}, {}, {}
     print("RMSRE_tau on held-out test data (simulated: A, C, S, R run "
           f"{args.repetitions}x with real noise, same draws per cell); "
           f"{args.budget_model.replace('_', '-')} budget model; "
@@ -158,6 +172,10 @@ def main(argv=None) -> int:
                     h_test, result.config, taus, eps, rng, args.repetitions, consistency=c))
                     for c in (False, True)})
                 hier[(name, eps)] = (pair[False], pair[True], result.encoding)
+
+        if not args.no_drift:
+            for eps in args.drift_epsilons:
+                drift[(name, eps)] = _drift_cells(train, test, taus, eps)
 
         if not args.no_event_level:
             from accounting.keys import ReleaseKey
@@ -207,10 +225,64 @@ def main(argv=None) -> int:
         print(f"event_level_below_summary={sum(r < 1 for r in ratios)}/{len(ratios)} "
               f"median_event_over_summary={statistics.median(ratios):.3f}")
 
-    if args.plot:
+    if drift:
+        print()
+        print("Value drift (release values = test values x drift; configurations from the "
+              "training data alone): exact test RMSRE_tau as ratios to the paper's optimiser "
+              "(separate count, gamma held at 1)")
+        print(f"{'preset':<19}{'eps':>4}{'drift':>6}{'paper':>9}{'training':>9}{'equal':>8}"
+              f"{'robust':>8} {'robust choice'}")
+        for (name, eps), cells in drift.items():
+            for f, c in cells["ratios"].items():
+                print(f"{name:<19}{eps:>4g}{f:>6g}{c['paper']:>9.4f}{c['training']:>9.3f}"
+                      f"{c['equal']:>8.3f}{c['robust']:>8.3f} {cells['chosen']}")
+
+    if args.plot and results:
         _plot(args, results, hier)
         print(f"plot: {args.plot}")
     print(f"elapsed: {time.time() - start:.1f} s")
+    last = []
+    if results:
+        per_preset = _main_summary(args, results)
+        below = sum(r["chosen"] < r["baseline"] for r in results.values())
+        ratio = statistics.median(r["baseline"] / r["chosen"] for r in results.values())
+        separate = statistics.median(r["separate"] / r["chosen"] for r in results.values())
+        last.append(f"optimized_below_baseline={below}/{len(results)} "
+                    f"median_baseline_over_optimized={ratio:.3f} "
+                    f"median_separate_over_chosen={separate:.3f} "
+                    + " ".join(f"separate_over_chosen[{name}]={v:.3f}"
+                               for name, v in per_preset.items()))
+    if drift:
+        cells = [c for d in drift.values() for c in d["ratios"].values()]
+        last.append(f"drift_robust_at_most_paper={sum(c['robust'] <= 1 for c in cells)}/"
+                    f"{len(cells)} worst_drift_robust_over_paper="
+                    f"{max(c['robust'] for c in cells):.4f} worst_training_over_paper="
+                    f"{max(c['training'] for c in cells):.4f}")
+    print(" ".join(last))
+    return 0
+
+
+def _drift_cells(train, test, taus, eps) -> dict:
+    """One preset x epsilon of the drift table: each configuration's exact test error at each
+    drift, as ratios to the paper's optimiser's (every configuration from ``train`` alone)."""
+    choice = opt.choose_for_drift(train, eps, taus)
+    training = min((r for n, r in choice.candidates.items() if n.startswith("fitted/")),
+                   key=lambda c: opt.expected_error(train, c, taus, eps))
+    paper = choice.candidates[opt.PAPER_CANDIDATE]
+    equal = [c for n, c in choice.candidates.items() if n.startswith("equal_split/")]
+    ratios = {}
+    for f in DRIFTS:
+        release = opt.drifted(test, f)
+        p = opt.expected_error(release, paper, taus, eps)
+        ratios[f] = {"paper": p,
+                     "training": opt.expected_error(release, training, taus, eps) / p,
+                     "equal": min(opt.expected_error(release, c, taus, eps) for c in equal) / p,
+                     "robust": opt.expected_error(release, choice.config, taus, eps) / p}
+    return {"chosen": choice.chosen, "ratios": ratios}
+
+
+def _main_summary(args, results) -> dict:
+    """Per-preset summary lines of the first table; returns separate/chosen per preset."""
     print("Per preset (medians over its epsilons; goal: chosen <= best encoding in every cell, "
           "separate/chosen >= 1.111 -- chosen at least 10% below separate -- in the median cell)")
     per_preset = {}
@@ -226,13 +298,7 @@ def main(argv=None) -> int:
               f"{','.join(sorted({r['encoding'] for r in rows}))}")
     at_most = sum(r["chosen"] <= r["best_encoding"] for r in results.values())
     print(f"chosen_at_most_best_encoding={at_most}/{len(results)}")
-    below = sum(r["chosen"] < r["baseline"] for r in results.values())
-    ratio = statistics.median(r["baseline"] / r["chosen"] for r in results.values())
-    separate = statistics.median(r["separate"] / r["chosen"] for r in results.values())
-    print(f"optimized_below_baseline={below}/{len(results)} "
-          f"median_baseline_over_optimized={ratio:.3f} median_separate_over_chosen={separate:.3f} "
-          + " ".join(f"separate_over_chosen[{name}]={v:.3f}" for name, v in per_preset.items()))
-    return 0
+    return per_preset
 
 
 def _plot(args, results, hier) -> None:

@@ -10,6 +10,25 @@ Training data is the ad tech's own and is not released; the configuration is pub
 
   python -m pipelines.ara.config --train hist.parquet --slice_dimensions 2,90 --epsilon 8 \\
       --output config.json --output_domain domain.txt
+
+Two choices beside the encodings:
+
+* ``--estimate_scales one`` holds algorithm R's estimate scale gamma at 1 (the paper's
+  reconstruction: estimates are the noisy sums times clip / budget, nothing more); the default
+  ``fitted`` fits gamma per measure on the training data, which lowers the training error but
+  makes up for the training values' clipping -- if the release's values drift, it overshoots.
+* ``--selection drift_robust`` chooses, from the training data alone (the release data is never
+  read), among the configurations optimised with fitted gamma, with gamma at 1 and the equal
+  split baseline, the one whose exact training error with the values multiplied by each of
+  ``--drift_factors`` (default 0.5 .. 2) is lowest relative to the paper's optimiser's (a
+  separate count, gamma at 1), and keeps the paper's optimiser unless another is at least 2%
+  lower at every factor (``pipelines.ara.optimize.choose_for_drift``). Use it when the release
+  data may differ from the training data in scale (a season, a currency, a price change); the
+  default ``training`` picks the lowest training error, best when the release looks like the
+  training data.
+
+  python -m pipelines.ara.config --train hist.parquet --slice_dimensions 2,90 --epsilon 8 \\
+      --selection drift_robust --output config.json
 """
 from __future__ import annotations
 
@@ -40,6 +59,17 @@ def main(argv=None) -> int:
                         help="count encodings to choose from (comma-separated; default: all): "
                              "separate (a count query with its own share) or padding (counts "
                              "derived from the value buckets plus a padding bucket)")
+    parser.add_argument("--estimate_scales", choices=("fitted", "one"), default="fitted",
+                        help="algorithm R's estimate scale gamma per measure: fitted on the "
+                             "training data (default) or held at 1 (the paper's reconstruction)")
+    parser.add_argument("--selection", choices=opt.SELECTIONS, default="training",
+                        help="training: lowest training error (default); drift_robust: at or "
+                             "below the paper's optimiser on the training data with its values "
+                             "scaled by each --drift_factors (training data only)")
+    parser.add_argument("--drift_factors",
+                        default=",".join(f"{f:.6g}" for f in opt.DRIFT_FACTORS),
+                        help="with --selection drift_robust: comma-separated ratios of release "
+                             "to training values to guard against (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
         dims = tuple(int(x) for x in args.slice_dimensions.split(","))
@@ -50,8 +80,15 @@ def main(argv=None) -> int:
             raise ValueError("no valid training conversions")
         prefixes = tuple(range(len(dims) + 1)) if args.hierarchical else None
         workload = opt.workload_from_conversions(data, prefixes)
-        result = opt.optimize(workload, args.epsilon,
-                              encodings=tuple(args.encodings.split(",")))
+        encodings = tuple(args.encodings.split(","))
+        fit_scales = args.estimate_scales == "fitted"
+        if args.selection == "drift_robust":
+            result = opt.choose_for_drift(workload, args.epsilon, encodings=encodings,
+                                          fit_scales=fit_scales,
+                                          drift_factors=_factors(args.drift_factors))
+        else:
+            result = opt.optimize(workload, args.epsilon, encodings=encodings,
+                                  fit_scales=fit_scales)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -68,6 +105,14 @@ def main(argv=None) -> int:
           f"(exact closed form) = {err:.4f}")
     print(f"why: {result.reason}")
     return 0
+
+
+def _factors(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--drift_factors must be comma-separated numbers, got {text!r}") \
+            from None
 
 
 if __name__ == "__main__":

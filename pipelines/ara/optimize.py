@@ -64,6 +64,15 @@ configuration, and evaluated exactly on the training data;
 the lower error wins (ties: ``separate``), and the choice and its reason are reported
 (``Optimization.reason``).
 
+Gamma held at 1 (``fit_scales=False``): only the search with every estimate scale at 1, nothing
+refitted -- the paper's reconstruction. Choice under drift (``choose_for_drift``): a fitted gamma
+above 1 makes up for the clipping of the *training* values; when the release's values halve, less
+is clipped and the same gamma overshoots (measured up to 1.9x the error of the paper's optimiser,
+the separate count with gamma at 1). The drift-robust choice evaluates the fitted, gamma-1 and
+equal-split candidates exactly on the training data with its values times each drift factor
+(0.5 .. 2 by default) and keeps the paper's optimiser unless another candidate is lower by a
+margin at every factor; training (public or pre-release) data only, never the release data.
+
 ``simulate_error`` runs algorithms A, C, S and R for real (numpy randomness, exact discrete
 Laplace sampler) on held-out data: a simulation, never release noise.
 """
@@ -824,14 +833,17 @@ def optimize_encoding(train: Workload, epsilon: float, encoding: str,
                       taus: np.ndarray | None = None,
                       k_candidates: Sequence[int] | None = None,
                       polish: bool = True, split: bool = True,
-                      separate: Parameters | None = None) -> tuple[Parameters, float]:
+                      separate: Parameters | None = None,
+                      fit_scales: bool = True) -> tuple[Parameters, float]:
     """Best continuous parameters of one encoding: (params, exact training RMSRE_tau).
 
     K is scanned over ``k_candidates`` (default 1 .. the 99.9th percentile of reports per source
     in training data, stopping once the error has risen for 3 consecutive K). With ``padding``
     plain padding and (``split``) padding with a split, searched from the separate optimum
     (``separate``, computed when not given), are both optimised; the better is returned, with
-    its best estimate scales filled in (``Parameters.estimate_scales``).
+    its best estimate scales filled in (``Parameters.estimate_scales``). ``fit_scales=False``
+    holds every estimate scale at 1 (the paper's reconstruction, algorithm R without gamma):
+    only the search with gamma at 1 runs and nothing is refitted.
     """
     epsilon = _check_epsilon(epsilon)
     _padding_index(train, encoding)
@@ -841,19 +853,20 @@ def optimize_encoding(train: Workload, epsilon: float, encoding: str,
     # Two searches: with the estimate scales held at 1 (then fitted), and with the best scales at
     # every step. The second reaches configurations the first cannot (a low clip made up for by
     # gamma > 1) but its landscape has more local optima; the better exact result is kept.
-    for scales in (np.ones(train.n_measures), None):
+    for scales in (np.ones(train.n_measures), None) if fit_scales else (np.ones(train.n_measures),):
         found = [_scan(train, epsilon, encoding, taus, k_candidates, polish, scales)]
         if encoding == "padding" and split and polish:
             start = separate if separate is not None else \
                 _scan(train, epsilon, "separate", taus, k_candidates, polish, scales)[0]
             found.append(_split_search(train, epsilon, taus, start, k_candidates, scales))
         for params, _ in found:
-            params = dataclasses.replace(params, estimate_scales=None)
-            d = _design(params)
-            gamma = _gammas(train, train.kept_view(kept_reports(train, d)),
-                            _padding_index(train, encoding), d, taus,
-                            summary_noise_variance(epsilon))
-            params = dataclasses.replace(params, estimate_scales=gamma)
+            if fit_scales:
+                params = dataclasses.replace(params, estimate_scales=None)
+                d = _design(params)
+                gamma = _gammas(train, train.kept_view(kept_reports(train, d)),
+                                _padding_index(train, encoding), d, taus,
+                                summary_noise_variance(epsilon))
+                params = dataclasses.replace(params, estimate_scales=gamma)
             err = expected_error(train, params, taus, epsilon)
             if err < best_err:
                 best, best_err = params, err
@@ -936,9 +949,10 @@ def _reason(chosen: EncodingResult, candidates: dict, unavailable: dict) -> str:
 
 def optimize(train: Workload, epsilon: float, taus: np.ndarray | None = None,
              k_candidates: Sequence[int] | None = None, polish: bool = True,
-             encodings: Sequence[str] = ENCODINGS) -> Optimization:
+             encodings: Sequence[str] = ENCODINGS, fit_scales: bool = True) -> Optimization:
     """Optimise each available encoding, round each to integer budgets, evaluate each exactly on
-    the training data and choose the lowest error (ties: the first in ``encodings``)."""
+    the training data and choose the lowest error (ties: the first in ``encodings``).
+    ``fit_scales=False`` holds the estimate scales at 1 (``optimize_encoding``)."""
     epsilon = _check_epsilon(epsilon)
     taus = taus_from_training(train) if taus is None else np.asarray(taus, dtype=np.float64)
     candidates, unavailable, separate = {}, {}, None
@@ -950,17 +964,22 @@ def optimize(train: Workload, epsilon: float, taus: np.ndarray | None = None,
             unavailable[encoding] = why
             continue
         params, _ = optimize_encoding(train, epsilon, encoding, taus, k_candidates, polish,
-                                      separate=separate)
+                                      separate=separate, fit_scales=fit_scales)
         if encoding == "separate":
             separate = params
-        config = fit_estimate_scales(train, params.to_config(train), taus, epsilon)
+        config = params.to_config(train)
+        if fit_scales:
+            config = fit_estimate_scales(train, config, taus, epsilon)
         candidates[encoding] = EncodingResult(encoding=encoding, params=params, config=config,
                                               error=expected_error(train, config, taus, epsilon))
     if not candidates:
         raise ValueError(f"no encoding available: {unavailable}")
     chosen = min(candidates.values(), key=lambda r: r.error)
+    reason = _reason(chosen, candidates, unavailable)
+    if not fit_scales:
+        reason += "; estimate scales held at 1"
     return Optimization(chosen=chosen, candidates=candidates, unavailable=unavailable,
-                        reason=_reason(chosen, candidates, unavailable))
+                        reason=reason)
 
 
 def optimize_parameters(train: Workload, epsilon: float, taus: np.ndarray | None = None,
@@ -983,6 +1002,119 @@ def baseline_parameters(train: Workload, percentile: float) -> Parameters:
     shares = np.full((train.n_levels, train.n_measures), 1.0 / (train.n_levels * train.n_measures))
     return Parameters(encoding="separate", clip=clip, shares=shares, reports_per_source=k,
                       estimate_scales=np.ones(train.n_measures))
+
+
+# --------------------------------------------------------------------------------------------
+# Choice under drift (training data only)
+# --------------------------------------------------------------------------------------------
+
+#: How the configuration is chosen: ``training`` -- the lowest exact error on the training data
+#: (``optimize``); ``drift_robust`` -- ``choose_for_drift``.
+SELECTIONS = ("training", "drift_robust")
+#: Ratios of release to training values the drift-robust choice guards against by default:
+#: values halving to doubling, on a geometric grid.
+DRIFT_FACTORS = (0.5, 2 ** -0.5, 1.0, 2 ** 0.5, 2.0)
+#: How much lower than the paper's optimiser's training error, at every drift factor, another
+#: candidate's must be for the drift-robust choice to take it: an allowance for the difference
+#: between the training sample and the release's (measured up to 1.5% between a configuration's
+#: training and release ratios on the synthetic presets, ``benchmarks/RESULTS.md``).
+DRIFT_MARGIN = 0.02
+#: The reference candidate: the paper's optimiser (Aksu et al.; seed 003) -- a separate count
+#: query, per-query clip and budget share minimising the exact training RMSRE_tau, no estimate
+#: scale (gamma held at 1).
+PAPER_CANDIDATE = "gamma_1/separate"
+
+
+def drifted(w: Workload, factor: float) -> Workload:
+    """``w`` with every value measure (not the count) multiplied by ``factor``: what the
+    training data would be had the values drifted so; the slices, sources and counts stay."""
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"drift factors must be positive and finite, got {factor}")
+    scale = np.array([1.0 if m == "count" else float(factor) for m in w.measures])
+    return dataclasses.replace(w, values=w.values * scale)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class DriftChoice:
+    """The drift-robust choice (``choose_for_drift``): the chosen candidate's name, every
+    candidate's integer configuration, its exact training RMSRE_tau at each drift factor
+    (``errors[name][i]`` at ``drift_factors[i]``), the chosen configuration's training error
+    without drift (``error``) and why."""
+
+    chosen: str
+    candidates: dict
+    drift_factors: tuple[float, ...]
+    errors: dict
+    error: float
+    reason: str
+
+    @property
+    def config(self) -> ContributionConfig:
+        return self.candidates[self.chosen]
+
+    def worst_ratio(self, name: str) -> float:
+        """The candidate's largest ratio, over the drift factors, of its training error to the
+        paper's optimiser's."""
+        return max(e / p for e, p in zip(self.errors[name], self.errors[PAPER_CANDIDATE]))
+
+
+def choose_for_drift(train: Workload, epsilon: float, taus: np.ndarray | None = None,
+                     k_candidates: Sequence[int] | None = None, polish: bool = True,
+                     encodings: Sequence[str] = ENCODINGS, fit_scales: bool = True,
+                     drift_factors: Sequence[float] = DRIFT_FACTORS,
+                     margin: float = DRIFT_MARGIN) -> DriftChoice:
+    """A configuration that stays at or below the paper's optimiser when the release's values
+    drift from the training data's by a factor in ``drift_factors``, chosen from training
+    (public or pre-release) data only: the release data is never read.
+
+    Candidates, all computed on ``train``: each available encoding optimised with fitted
+    estimate scales (``fitted/ENC``, what ``optimize`` chooses from; left out with
+    ``fit_scales=False``) and with the scales held at 1 (``gamma_1/ENC``; ``gamma_1/separate``
+    is the paper's optimiser, always computed as the reference), and the paper's baseline, an
+    equal budget split with clips and K at the 95th and 99th percentile
+    (``equal_split/p95``, ``equal_split/p99``). Each is evaluated exactly on the training data
+    with its values multiplied by each drift factor (taus stay the training data's, as in the
+    release). The candidate with the smallest worst ratio to the paper's optimiser is chosen if
+    that ratio is at most ``1 - margin`` (lower at every factor by the margin); otherwise the
+    paper's optimiser is. Why: a fitted gamma makes up for the clipping of the training values;
+    when the values halve less is clipped and the same gamma overshoots (up to 1.9x the paper's
+    error measured), while gamma = 1 and an equal split degrade gracefully.
+    """
+    epsilon = _check_epsilon(epsilon)
+    factors = tuple(float(f) for f in drift_factors)
+    if not factors:
+        raise ValueError("drift_factors must not be empty")
+    workloads = [drifted(train, f) for f in factors]
+    if not 0 <= margin < 1:
+        raise ValueError(f"margin must be in [0, 1), got {margin}")
+    taus = taus_from_training(train) if taus is None else np.asarray(taus, dtype=np.float64)
+    encodings = tuple(encodings)
+    held = optimize(train, epsilon, taus, k_candidates, polish,
+                    tuple(dict.fromkeys(("separate",) + encodings)), fit_scales=False)
+    candidates = {f"gamma_1/{e}": r.config for e, r in held.candidates.items()}
+    if fit_scales:
+        fitted = optimize(train, epsilon, taus, k_candidates, polish, encodings)
+        candidates = {**{f"fitted/{e}": r.config for e, r in fitted.candidates.items()},
+                      **candidates}
+    for q in (95, 99):
+        candidates[f"equal_split/p{q}"] = baseline_parameters(train, q).to_config(train)
+    errors = {name: tuple(expected_error(w, config, taus, epsilon) for w in workloads)
+              for name, config in candidates.items()}
+    reference = errors[PAPER_CANDIDATE]
+    worst = {name: max(e / p for e, p in zip(errs, reference)) for name, errs in errors.items()}
+    others = [name for name in candidates if name != PAPER_CANDIDATE]
+    best = min(others, key=lambda name: worst[name]) if others else PAPER_CANDIDATE
+    chosen = best if worst[best] <= 1 - margin else PAPER_CANDIDATE
+    span = f"x{min(factors):.3g}..x{max(factors):.3g}"
+    why = (f"{chosen}: worst training RMSRE_tau over value drifts {span} "
+           + (f"is {worst[chosen]:.3f}x the paper's optimiser's ({PAPER_CANDIDATE})"
+              if chosen != PAPER_CANDIDATE else
+              f"is the paper's optimiser's (no candidate {100 * margin:.3g}% lower at every "
+              f"drift; the best, {best}, at {worst[best]:.3f}x)")
+           + "; worst ratios: " + ", ".join(f"{name} {worst[name]:.3f}" for name in others))
+    return DriftChoice(chosen=chosen, candidates=candidates, drift_factors=factors,
+                       errors=errors, reason=why,
+                       error=expected_error(train, candidates[chosen], taus, epsilon))
 
 
 # --------------------------------------------------------------------------------------------

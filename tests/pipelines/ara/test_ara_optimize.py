@@ -267,6 +267,101 @@ def test_epsilon_above_aggregation_service_limit_is_refused(small):
         opt.optimize_parameters(train, 65.0, taus)
 
 
+# --- gamma held at 1; the choice under value drift -------------------------------------------
+
+def test_estimate_scales_can_be_held_at_one(small):
+    train, _, taus = small
+    held = opt.optimize(train, 4.0, taus, k_candidates=[3, 6], fit_scales=False)
+    fitted = opt.optimize(train, 4.0, taus, k_candidates=[3, 6])
+    assert set(held.candidates) == set(ENCODINGS)
+    for encoding, result in held.candidates.items():
+        assert (result.config.scale_array == 1).all()
+        assert "estimate_scales" not in result.config.to_json()
+        assert result.error == pytest.approx(opt.expected_error(train, result.config, taus, 4.0))
+        # gamma free can only help on the training data (up to the integer rounding)
+        assert fitted.candidates[encoding].error <= result.error * 1.001
+    assert held.reason.endswith("estimate scales held at 1")
+    assert (fitted.config.scale_array != 1).any()
+
+
+def test_drifted_training_data_scales_the_values_only(small):
+    train, _, _ = small
+    half = opt.drifted(train, 0.5)
+    assert np.array_equal(half.values[:, 0], train.values[:, 0])  # counts stay
+    assert np.array_equal(half.values[:, 1], 0.5 * train.values[:, 1])
+    assert half.codes is train.codes and half.source_index is train.source_index
+    for bad in (0.0, -1.0, math.inf):
+        with pytest.raises(ValueError, match="drift"):
+            opt.drifted(train, bad)
+
+
+def test_drift_robust_choice_from_training_data_stays_below_the_papers_optimiser(small):
+    train, test, taus = small
+    eps = 4.0
+    choice = opt.choose_for_drift(train, eps, taus, k_candidates=[3, 6, 9])
+    assert set(choice.candidates) == {f"{kind}/{e}" for kind in ("fitted", "gamma_1")
+                                      for e in ENCODINGS} | {"equal_split/p95", "equal_split/p99"}
+    # every figure the choice rests on is an exact error of the (drifted) training data
+    for name, config in choice.candidates.items():
+        assert choice.errors[name] == pytest.approx(tuple(
+            opt.expected_error(opt.drifted(train, f), config, taus, eps)
+            for f in choice.drift_factors))
+    assert choice.error == pytest.approx(opt.expected_error(train, choice.config, taus, eps))
+    paper = choice.candidates[opt.PAPER_CANDIDATE]
+    assert (paper.scale_array == 1).all() and paper.encoding == "separate"
+    others = [n for n in choice.candidates if n != opt.PAPER_CANDIDATE]
+    assert choice.chosen != opt.PAPER_CANDIDATE
+    assert choice.worst_ratio(choice.chosen) == min(choice.worst_ratio(n) for n in others)
+    assert choice.worst_ratio(choice.chosen) <= 1 - opt.DRIFT_MARGIN
+    assert choice.reason.startswith(choice.chosen + ":")
+    # The release data (here: held-out data, its values halved, unchanged, doubled): the
+    # training choice (fitted gamma) overshoots when the values halve; the drift-robust one
+    # stays at or below the paper's optimiser.
+    training = min((c for n, c in choice.candidates.items() if n.startswith("fitted/")),
+                   key=lambda c: opt.expected_error(train, c, taus, eps))
+    half = opt.drifted(test, 0.5)
+    assert opt.expected_error(half, training, taus, eps) > \
+        1.05 * opt.expected_error(half, paper, taus, eps)
+    for f in (0.5, 1.0, 2.0):
+        release = opt.drifted(test, f)
+        assert opt.expected_error(release, choice.config, taus, eps) <= \
+            opt.expected_error(release, paper, taus, eps)
+
+
+def test_drift_robust_choice_keeps_the_papers_optimiser_without_a_clear_winner(small):
+    train, _, taus = small
+    choice = opt.choose_for_drift(train, 4.0, taus, k_candidates=[3], polish=False,
+                                  fit_scales=False, margin=0.9)
+    assert not any(n.startswith("fitted/") for n in choice.candidates)  # gamma held at 1
+    assert all((c.scale_array == 1).all() for c in choice.candidates.values())
+    assert choice.chosen == opt.PAPER_CANDIDATE
+    assert "no candidate 90% lower at every drift" in choice.reason
+    for kwargs, match in (({"margin": 1.0}, "margin"), ({"drift_factors": ()}, "drift_factors"),
+                          ({"drift_factors": (0.5, 0.0)}, "drift")):
+        with pytest.raises(ValueError, match=match):
+            opt.choose_for_drift(train, 4.0, taus, k_candidates=[3], **kwargs)
+
+
+#: The drift suite: each preset's full-size training and held-out data, the held-out values
+#: halved, unchanged and doubled (the release's drift against the training data).
+DRIFTS = (0.5, 1.0, 2.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("eps", [1.0, 4.0, 16.0])
+@pytest.mark.parametrize("preset", sorted(synthetic.PRESETS))
+def test_drift_robust_choice_at_or_below_the_papers_optimiser_in_every_drift_cell(preset, eps):
+    train = opt.workload_from_conversions(synthetic.generate(preset, 11))
+    test = opt.workload_from_conversions(synthetic.generate(preset, 12))
+    taus = opt.taus_from_training(train)
+    choice = opt.choose_for_drift(train, eps, taus)
+    paper = choice.candidates[opt.PAPER_CANDIDATE]
+    for f in DRIFTS:
+        release = opt.drifted(test, f)
+        robust = opt.expected_error(release, choice.config, taus, eps)
+        assert robust <= opt.expected_error(release, paper, taus, eps), (f, choice.reason)
+
+
 # --- hierarchy -------------------------------------------------------------------------------
 
 def _dense_gls(ys, variances, sizes):

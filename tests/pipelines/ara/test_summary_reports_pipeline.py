@@ -299,3 +299,25 @@ def test_config_cli_feeds_the_pipeline(tmp_path, conversions):
     assert parse_output_domain(dom_path.read_text()).keys == config.output_domain()
     assert ara_config.main(["--train", path, "--slice_dimensions", "2,90,3", "--epsilon", "4",
                             "--output", str(cfg_path)]) == 2  # no dim_2 column
+
+
+def test_config_cli_holds_gamma_at_one_and_chooses_for_drift(tmp_path, conversions, capsys):
+    from pipelines.ara import config as ara_config
+    from transforms.ara.contribution import ContributionConfig
+    _, path, _, _ = conversions
+    cfg_path = tmp_path / "cfg.json"
+    base = ["--train", path, "--slice_dimensions", "2,90", "--epsilon", "4",
+            "--output", str(cfg_path)]
+    assert ara_config.main(base + ["--estimate_scales", "one"]) == 0
+    held = ContributionConfig.from_json(cfg_path.read_text())
+    assert (held.scale_array == 1).all() and "estimate scales held at 1" in capsys.readouterr().out
+    assert ara_config.main(base + ["--selection", "drift_robust", "--estimate_scales", "one",
+                                   "--drift_factors", "0.5,1,2"]) == 0
+    out = capsys.readouterr().out
+    chosen = out.split("why: ")[1].split(":")[0]
+    assert chosen.startswith(("gamma_1/", "equal_split/")) and "value drifts x0.5..x2" in out
+    assert (ContributionConfig.from_json(cfg_path.read_text()).scale_array == 1).all()
+    assert ara_config.main(base + ["--selection", "drift_robust", "--drift_factors", "0.5,x"]) == 2
+    assert "--drift_factors" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ara_config.main(base + ["--selection", "validation"])
