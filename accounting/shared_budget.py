@@ -37,6 +37,7 @@ them (basic, zcdp or pld), by :func:`accounting.guarantee.fits` as the ledger ch
 
     shared = SharedBudget(PrivacyBudget(epsilon=1.0, delta=1e-6),
                           weights={"per_country": 1, "per_project": 3},
+                          needs_delta=["per_project"],   # Gaussian noise; per_country is pure
                           release_key=ReleaseKey.generate())
     a = rows | "A" >> DPAggregate(..., budget=shared.part("per_country"))
     b = rows | "B" >> DPAggregate(..., budget=shared.part("per_project"))
