@@ -137,9 +137,14 @@ class ReleasePlan:
 
     budget: PrivacyBudget
     measures: tuple[Measure, ...] = ()
+    #: how the measures are checked against an (epsilon, delta) budget: ``basic`` (they split
+    #: it) or, for measures calibrated jointly to the budget
+    #: (:func:`accounting.target.calibrate_to_target`), the accountant they were calibrated by.
+    accountant: str = "basic"
 
     def __post_init__(self):
         check_spendable(self.budget)
+        guarantee.check_accountant(self.accountant)
         measures = tuple(self.measures)
         names = set()
         for measure in measures:
@@ -152,7 +157,8 @@ class ReleasePlan:
     def with_measures(self, *measures: Measure) -> "ReleasePlan":
         """This plan plus ``measures``; refuses a duplicate name or a measure that would
         overspend the budget."""
-        return ReleasePlan(budget=self.budget, measures=self.measures + measures)
+        return ReleasePlan(budget=self.budget, measures=self.measures + measures,
+                           accountant=self.accountant)
 
     def calibrated(self, name: str, kind, share: BudgetShare, sensitivities, **kwargs) -> Measure:
         """``Measure.calibrated(...)`` for this plan; zCDP Gaussian measures report at the
@@ -167,7 +173,10 @@ class ReleasePlan:
             if spent > self.budget.rho * (1 + guarantee.TOLERANCE):
                 raise ValueError(f"measures spend rho={spent:.6g} > budget rho={self.budget.rho:g}")
             return
-        spent = guarantee.compose(measures, "basic")
+        if not measures:
+            return
+        spent = guarantee.compose(measures, self.accountant,
+                                  None if self.accountant == "basic" else self.budget.delta)
         if spent.epsilon > self.budget.epsilon * (1 + guarantee.TOLERANCE):
             raise ValueError(f"measures spend epsilon={spent.epsilon:.6g} > budget "
                              f"epsilon={self.budget.epsilon:g}")
@@ -190,15 +199,19 @@ class ReleasePlan:
         """The whole release's (epsilon, delta) counted by ``accountant`` (see
         :func:`accounting.guarantee.compose`), at ``delta`` (default: the budget's delta).
         """
+        return self.stated(accountant, delta).guarantee
+
+    def stated(self, accountant: str = "basic", delta: Optional[float] = None) -> guarantee.Stated:
+        """:meth:`guarantee` with the accountant its figure comes from (accounting.guarantee.stated)."""
         self._require_measures()
         guarantee.check_accountant(accountant)
         if accountant == "zcdp" and all(m.is_pure for m in self.measures):
-            return guarantee.compose(self.measures, "basic")
+            return guarantee.stated(self.measures, "basic")
         target = self.budget.delta if delta is None else check_delta(delta)
         if accountant == "zcdp" and target == 0:
             raise ValueError("delta must be > 0 to convert zCDP to (epsilon, delta); "
                              "pass delta= or declare it in the budget")
-        return guarantee.compose(self.measures, accountant, target)
+        return guarantee.stated(self.measures, accountant, target)
 
     def guarantees(self) -> dict[str, Optional[EpsDelta]]:
         """Every accountant's guarantee; None where it does not apply (e.g. zCDP without delta)."""
@@ -214,7 +227,7 @@ class ReleasePlan:
         """A readable table: per measure its mechanism, sensitivity, noise, budget and error."""
         self._require_measures()
         header = ("measure", "mechanism", "sensitivity", "noise scale", "share", "epsilon",
-                  "delta", "rho", "std", "95% interval")
+                  "delta", "rho", "epsilon by", "std", "95% interval")
         rows = []
         for m in self.measures:
             norm, value = m.sensitivity_used
@@ -222,7 +235,7 @@ class ReleasePlan:
             noise = m.noise
             rows.append((m.name, m.mechanism, f"{norm}={value:.4g}",
                          "-" if noise is None else f"{noise.scale:.4g}", share,
-                         f"{m.epsilon:.4g}", f"{m.delta:.3g}", _rho_text(m),
+                         f"{m.epsilon:.4g}", f"{m.delta:.3g}", _rho_text(m), m.accountant,
                          "-" if noise is None else f"{noise.std:.4g}",
                          "-" if noise is None else f"±{noise.ci_halfwidth(0.95):.4g}"))
         widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
@@ -240,11 +253,11 @@ class ReleasePlan:
             sens = "" if s is None else f"; L0={s.l0}, Linf={s.linf:g}, L1={s.l1:g}, L2={s.l2:.4g}"
             out.append(f"{m.name}: neighbouring = {m.neighbouring}{sens}{extra}")
         out.append("")
-        out.append("Whole release:")
+        out.append("Whole release (the figure's accountant in brackets):")
         for name in ACCOUNTANTS:
             try:
-                g = self.guarantee(name)
-                text = f"epsilon={g.epsilon:.4g}, delta={g.delta:.3g}"
+                g = self.stated(name)
+                text = f"epsilon={g.epsilon:.4g}, delta={g.delta:.3g} [{g.accountant}]"
             except ValueError as err:
                 text = f"n/a ({err})"
             out.append(f"  {name:<6} {text}")

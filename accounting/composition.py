@@ -33,6 +33,14 @@ class EpsDelta(NamedTuple):
     delta: float
 
 
+#: Which accountant a stated figure comes from (a measure's epsilon, a release's guarantee):
+#: ``"pure"`` the sum of pure-DP epsilons (no delta spent); ``"basic"`` basic composition of
+#: (epsilon, delta) figures; ``"zcdp"`` a zCDP conversion (:func:`combine_zcdp_and_pure`);
+#: ``"pld"`` a privacy loss distribution (the mechanism's exact privacy curve, or ``dp_accounting``'s
+#: pessimistic numerical composition).
+FIGURE_ACCOUNTANTS = ("pure", "basic", "zcdp", "pld")
+
+
 def _as_guarantee(pair, index: int) -> EpsDelta:
     try:
         epsilon, delta = pair

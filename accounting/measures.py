@@ -136,6 +136,16 @@ class Measure:
         raise ValueError(f"measure {self.name!r} is (epsilon, delta)-DP without a zCDP form")
 
     @property
+    def accountant(self) -> str:
+        """Which accountant states this measure's epsilon (accounting.composition.FIGURE_ACCOUNTANTS):
+        its noise's, else ``pure`` (no delta), ``zcdp`` (a rho) or ``basic`` (a stated pair)."""
+        if self.noise is not None:
+            return self.noise.accountant
+        if self.is_pure:
+            return "pure"
+        return "zcdp" if self.rho is not None else "basic"
+
+    @property
     def sensitivity_used(self) -> tuple[str, float]:
         """The norm the noise is calibrated to: ("L2", l2) for Gaussian kinds, else ("L1", l1)."""
         if self.sensitivities is None:
@@ -194,6 +204,7 @@ class Measure:
         """JSON-ready description for reports (the cost, the noise and its error)."""
         out = self.to_json()
         out.pop("noise")
+        out["accountant"] = self.accountant
         if self.noise is not None:
             out.update(noise_scale=self.noise.scale, granularity=self.noise.granularity,
                        std=self.noise.std, ci95_halfwidth=self.noise.ci_halfwidth(0.95))

@@ -37,6 +37,7 @@ them (basic, zcdp or pld), by :func:`accounting.guarantee.fits` as the ledger ch
 
     shared = SharedBudget(PrivacyBudget(epsilon=1.0, delta=1e-6),
                           weights={"per_country": 1, "per_project": 3},
+                          needs_delta=["per_project"],   # Gaussian noise; per_country is pure
                           release_key=ReleaseKey.generate())
     a = rows | "A" >> DPAggregate(..., budget=shared.part("per_country"))
     b = rows | "B" >> DPAggregate(..., budget=shared.part("per_project"))
@@ -46,7 +47,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
+from typing import Collection, Mapping, Optional, Sequence
 
 from accounting import guarantee
 from accounting.budget import PrivacyBudget, ReleasePlan
@@ -106,9 +107,12 @@ class _SpentMeasures:
 def selection_measure(name: str, selector) -> Measure:
     """Private key selection as a measure of its own: (epsilon, delta)-DP, no additive noise
     (:mod:`transforms.selection`); composed with the noisy measures by accounting.guarantee."""
+    per_key = getattr(selector, "per_key", None)
+    each = "" if per_key is None else \
+        f"; each key's decision (epsilon={per_key[0]:.4g}, delta={per_key[1]:.3g})"
     return Measure(name=name, mechanism=f"private key selection ({selector.selection.strategy.value})",
                    epsilon=selector.epsilon, delta=selector.delta,
-                   description=f"keys moved by one neighbouring change: {selector.max_partitions}")
+                   description=f"keys moved by one neighbouring change: {selector.max_partitions}{each}")
 
 
 class SharedBudget:
@@ -118,13 +122,17 @@ class SharedBudget:
     of epsilon and delta, or of rho). budgets: name -> explicit PrivacyBudget (under a zCDP
     total: zCDP parts whose rhos add up to at most the total's; under an (epsilon, delta)
     total: parts of either kind that fit it as ``accountant`` composes them). Give exactly one
-    of weights and budgets. release_key: parts derive their keys from it (optional: an
+    of weights and budgets. needs_delta (with weights): the parts whose mechanisms use delta
+    (Gaussian noise, private key selection); the total's delta is split by weight among them
+    only, and the others get none (default: every part, as a plain weighted split; explain()
+    then flags a part that received delta its measures do not use). release_key: parts derive their keys from it (optional: an
     aggregation may be given its own key instead). accountant: how the job's guarantee is
     composed (default ``zcdp`` for a rho total, else ``basic``; see accounting.guarantee).
     """
 
     def __init__(self, total: PrivacyBudget, *, weights: Optional[Mapping[str, float]] = None,
                  budgets: Optional[Mapping[str, PrivacyBudget]] = None,
+                 needs_delta: Optional[Collection[str]] = None,
                  release_key: Optional[ReleaseKey] = None, accountant: Optional[str] = None):
         if not isinstance(total, PrivacyBudget):
             raise TypeError(f"total must be a PrivacyBudget, got {type(total).__name__}")
@@ -136,8 +144,10 @@ class SharedBudget:
         self.release_key = release_key
         self.accountant = guarantee.check_accountant(
             accountant or ("zcdp" if total.is_zcdp else "basic"))
+        if needs_delta is not None and weights is None:
+            raise ValueError("needs_delta goes with weights (explicit budgets state their deltas)")
         if weights is not None:
-            self._budgets = self._split(total, weights)
+            self._budgets = self._split(total, weights, needs_delta)
         else:
             self._budgets = self._explicit(total, budgets, self.accountant)
         self._issued: set[str] = set()
@@ -146,14 +156,28 @@ class SharedBudget:
             release_key.claim("shared-budget", owner="SharedBudget")
 
     @staticmethod
-    def _split(total: PrivacyBudget, weights: Mapping[str, float]) -> dict[str, PrivacyBudget]:
+    def _split(total: PrivacyBudget, weights: Mapping[str, float],
+               needs_delta: Optional[Collection[str]]) -> dict[str, PrivacyBudget]:
+        """Epsilon (or rho) by weight; delta by weight among the parts in ``needs_delta`` only
+        (every part when it is None), so a part whose mechanisms are pure gets none it cannot
+        use. (Under a zCDP total the delta is the one each part's rho is *reported* at.)"""
         for name in weights:
             _check_name(name)
-        needs_delta = list(weights) if (not total.is_zcdp and total.delta > 0) else []
-        shares = total.split(weights, needs_delta=needs_delta)
+        if needs_delta is not None:
+            needs_delta = list(needs_delta)
+            unknown = sorted(set(needs_delta) - set(weights))
+            if unknown:
+                raise ValueError(f"needs_delta names parts without a weight: {unknown}")
+            if needs_delta and total.delta == 0:
+                raise ValueError(f"the total's delta is 0 but parts {sorted(needs_delta)} need delta > 0")
+        delta_parts = list(weights) if needs_delta is None else needs_delta
         if total.is_zcdp:
-            return {n: PrivacyBudget(rho=s.rho, delta=total.delta * s.fraction)
+            shares = total.split(weights)
+            delta_weight = math.fsum(weights[n] for n in delta_parts)
+            return {n: PrivacyBudget(rho=s.rho, delta=total.delta * weights[n] / delta_weight
+                                     if n in delta_parts else 0.0)
                     for n, s in shares.items()}
+        shares = total.split(weights, needs_delta=delta_parts if total.delta > 0 else [])
         return {n: PrivacyBudget(epsilon=s.epsilon, delta=s.delta) for n, s in shares.items()}
 
     @staticmethod
@@ -225,10 +249,7 @@ class SharedBudget:
         selections (one measure each, named ``<part>/key_selection``)."""
         out = []
         for name, release in self._releases.items():
-            out += release.plan.measures
-            selector = getattr(release, "selector", None)
-            if selector is not None:
-                out.append(selection_measure(f"{name}/key_selection", selector))
+            out += _part_measures(name, release)
         return out
 
     def default_accountant(self) -> str:
@@ -238,31 +259,70 @@ class SharedBudget:
         """The whole job's (epsilon, delta): all parts' measures composed by
         :func:`accounting.guarantee.compose` with ``accountant`` (default: this budget's) at
         ``delta`` (default: the total's delta when it has one, else the measures' own)."""
+        return self.stated(accountant, delta).guarantee
+
+    def stated(self, accountant: Optional[str] = None,
+               delta: Optional[float] = None) -> guarantee.Stated:
+        """:meth:`guarantee` with the accountant its figure comes from."""
         accountant = guarantee.check_accountant(accountant or self.accountant)
         if not self._releases:
             raise ValueError("no aggregation uses this budget yet")
         if delta is None and accountant != "basic" and self.total.delta > 0:
             delta = self.total.delta
-        return guarantee.compose(self.measures(), accountant, delta)
+        return guarantee.stated(self.measures(), accountant, delta)
+
+    def delta_allocation(self) -> dict[str, dict]:
+        """Where the total's delta went: per part the delta it was given and, once spent, the
+        delta its measures use (``None`` before) -- for explain() and release records."""
+        out = {}
+        for name, b in self._budgets.items():
+            release = self._releases.get(name)
+            used = None
+            if release is not None:
+                used = math.fsum(m.delta for m in _part_measures(name, release))
+            out[name] = {"delta": b.delta, "used": used}
+        return out
 
     def explain(self) -> str:
-        """The split, each aggregation's own plan, and the whole job's guarantee."""
+        """The split, where delta went, each aggregation's own plan, and the whole job's
+        guarantee."""
         lines = [f"Shared privacy budget: {self.total.describe()}", "parts:"]
         for name, b in self._budgets.items():
             state = "used" if name in self._releases else ("issued, not used" if name in self._issued
                                                             else "not issued")
             lines.append(f"  {name}: {b.describe()} ({state})")
+        if self.total.delta > 0:
+            lines.append("delta:")
+            for name, d in self.delta_allocation().items():
+                if d["used"] is None:
+                    use = "not spent yet"
+                elif d["delta"] > 0 and d["used"] == 0:
+                    use = ("unused: its measures are pure (give delta to the parts that use it: "
+                           "SharedBudget(..., needs_delta=[...]))")
+                else:
+                    use = f"its measures use {d['used']:.3g}"
+                lines.append(f"  {name}: {d['delta']:.3g} ({use})")
         for name, release in self._releases.items():
             lines += ["", f"== {name} ==", release.explain()]
-        lines += ["", f"Whole job (all parts; this job composes by {self.accountant}):"]
+        lines += ["", f"Whole job (all parts; this job composes by {self.accountant}; the "
+                      "figure's accountant in brackets):"]
         for accountant in guarantee.ACCOUNTANTS:
             try:
-                g = self.guarantee(accountant)
-                text = f"epsilon={g.epsilon:.4g}, delta={g.delta:.3g}"
+                g = self.stated(accountant)
+                text = f"epsilon={g.epsilon:.4g}, delta={g.delta:.3g} [{g.accountant}]"
             except ValueError as err:
                 text = f"n/a ({err})"
             lines.append(f"  {accountant:<6} {text}")
         return "\n".join(lines)
+
+
+def _part_measures(name: str, release) -> list[Measure]:
+    """One spent part's measures: its plan's, plus its private key selection if it has one."""
+    out = list(release.plan.measures)
+    selector = getattr(release, "selector", None)
+    if selector is not None:
+        out.append(selection_measure(f"{name}/key_selection", selector))
+    return out
 
 
 def _budget_measure(name: str, budget: PrivacyBudget) -> Measure:

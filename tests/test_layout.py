@@ -104,6 +104,7 @@ THE_BUDGET, THE_MEASURE = "PrivacyBudget", "Measure"
 NEITHER_BUDGET_NOR_MEASURE = {
     "BudgetShare": "a part of a PrivacyBudget, made only by PrivacyBudget.split",
     "EpsDelta": "a guarantee: what composing measures returns",
+    "Stated": "an EpsDelta and the accountant its figure comes from (guarantee.stated)",
     "NoiseSpec": "a calibrated noise distribution: the noise a Measure carries",
     "DPTestResult": "the DP tester's verdict on a mechanism",
     "SplitAndMix": "the shuffle-model mechanism's parameters; its job states a Measure",

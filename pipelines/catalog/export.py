@@ -11,6 +11,8 @@ import json
 import math
 from typing import Optional, Sequence
 
+from accounting.composition import FIGURE_ACCOUNTANTS
+from accounting.guarantee import ACCOUNTANTS
 from pipelines.catalog.facts import DatasetFacts, null_meaning
 from pipelines.catalog.site import dataset_folder, ordered_columns
 
@@ -37,7 +39,8 @@ def _release(r) -> dict:
     return {"release_id": r.release_id, "version": r.version, "versioned_id": r.versioned_id,
             "job": r.job, "folder": r.folder,
             "period": None if r.period is None else {"first": r.period[0], "last": r.period[1]},
-            "guarantee": {"accountant": g.accountant, "epsilon": _finite(g.guarantee.epsilon),
+            "guarantee": {"accountant": g.accountant, "figure_accountant": g.figure_accountant,
+                          "epsilon": _finite(g.guarantee.epsilon),
                           "delta": g.guarantee.delta, "covers": g.covers},
             "scopes": [s.name for s in r.scopes],
             "rows": {t.name: t.rows for t in r.outputs if t.rows is not None},
@@ -108,7 +111,8 @@ def schema() -> dict:
                                "last": {"type": "string", "format": "date"}}}]},
             "guarantee": {"type": "object", "additionalProperties": False,
                           "required": ["accountant", "epsilon", "delta", "covers"],
-                          "properties": {"accountant": {"enum": ["basic", "zcdp", "pld"]},
+                          "properties": {"accountant": {"enum": list(ACCOUNTANTS)},
+                                         "figure_accountant": {"enum": list(FIGURE_ACCOUNTANTS)},
                                          "epsilon": _nullable("number"), "delta": number,
                                          "covers": string}},
             "scopes": {"type": "array", "items": string},
@@ -228,15 +232,18 @@ def readme(f: DatasetFacts, *, testing: bool) -> str:
     lines += ["## Privacy unit and neighbouring relation", ""]
     lines += [f"- **{_md(n)}**: {_md(r)}" for n, r in f.relations] + [""]
     lines += ["## Mechanisms and noise", "",
-              "| Measure | Mechanism | Noise scale | Noise std | 95% interval | epsilon | delta | rho |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| Measure | Mechanism | Noise scale | Noise std | 95% interval | epsilon | delta | rho "
+              "| epsilon by |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for m in latest.measures:
         lines.append(f"| {_md(m.measure.name)} | {_md(m.measure.mechanism)} | {_g(m.noise_scale)} "
                      f"| {_g(m.std)} | +/-{_g(m.ci95_halfwidth)} | {_g(m.measure.epsilon)} | "
-                     f"{_g(m.measure.delta, 3)} | {_g(m.measure.rho, 3)} |")
+                     f"{_g(m.measure.delta, 3)} | {_g(m.measure.rho, 3)} | "
+                     f"{_md(m.measure.accountant)} |")
     lines += ["", "## Guarantee", "",
               f"Each release: epsilon={_g(g.guarantee.epsilon)}, delta={_g(g.guarantee.delta, 3)} "
-              f"({_md(g.accountant)} composition). Covers: {_md(g.covers)}", "",
+              f"({_md(g.accountant)} composition; the figure by {_md(g.figure_accountant)}). "
+              f"Covers: {_md(g.covers)}", "",
               "## Budget scopes", "", "Spent and remaining count published releases only.", "",
               "| Scope | What it bounds | Budget | Spent epsilon | Remaining epsilon | Releases |",
               "| --- | --- | --- | --- | --- | --- |"]

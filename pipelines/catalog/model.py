@@ -90,13 +90,20 @@ class PublishedFile:
 
 @dataclass(frozen=True, kw_only=True)
 class ReleaseGuarantee:
-    """A release's own guarantee: composed by ``accountant``; ``covers`` says what it bounds."""
+    """A release's own guarantee: composed by ``accountant``; ``covers`` says what it bounds;
+    ``figure_accountant`` which accountant the figure comes from (accounting.guarantee.stated;
+    a marker written before it was recorded: ``accountant`` itself)."""
 
     accountant: str
     guarantee: EpsDelta
     covers: str
     rho: Optional[float] = None
     spends_nothing: str = ""
+    figure_accountant: str = ""
+
+    def __post_init__(self):
+        if not self.figure_accountant:
+            object.__setattr__(self, "figure_accountant", self.accountant)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -496,6 +503,7 @@ def parse_marker(marker, path: str, rel_folder: str, sizes: Mapping[str, Optiona
         parameters = marker.get("parameters") or {}
         guarantee = ReleaseGuarantee(
             accountant=str(g["accountant"]),
+            figure_accountant=str(g.get("figure_accountant", "")),
             guarantee=EpsDelta(float(_number(g["epsilon"], path, "guarantee.epsilon")),
                                float(_number(g["delta"], path, "guarantee.delta"))),
             covers=str(g.get("covers", "")),

@@ -128,9 +128,10 @@ def _mechanisms(f: DatasetFacts) -> str:
                         if m.measure.description else ""),
                      f"<code>{e(m.measure.mechanism)}</code>", e(sens), num(m.noise_scale),
                      num(m.std), ("\u00b1" + num(m.ci95_halfwidth)) if m.ci95_halfwidth else "\u2014",
-                     num(m.measure.epsilon), num(m.measure.delta, 3), num(m.measure.rho, 3)))
+                     num(m.measure.epsilon), num(m.measure.delta, 3), num(m.measure.rho, 3),
+                     e(m.measure.accountant)))
     return table(["Measure", "Mechanism", "Sensitivity", "Noise scale", "Noise std",
-                  "95% interval", "\u03b5", "\u03b4", "\u03c1 (zCDP)"], rows,
+                  "95% interval", "\u03b5", "\u03b4", "\u03c1 (zCDP)", "\u03b5 by"], rows,
                  numeric=(3, 4, 5, 6, 7, 8))
 
 
@@ -198,7 +199,8 @@ def dataset_pages(f: DatasetFacts, *, page_size: int, releases_url: Optional[str
             "is integer-valued for counts; the 95% interval is the noise's own.</p>",
             _mechanisms(f),
             '<h2 id="guarantee">Guarantee</h2>',
-            f"<p>Each release: {_guarantee(g)} by {e(g.accountant)} composition. "
+            f"<p>Each release: {_guarantee(g)} by {e(g.accountant)} composition (the figure "
+            f"by {e(g.figure_accountant)}). "
             f"It covers: {e(g.covers)}</p>",
             '<h2 id="budget">Budget scopes</h2>',
             "<p>Every release is charged to these ledger scopes; a scope's budget bounds one "

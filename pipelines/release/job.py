@@ -205,9 +205,14 @@ class PlannedRelease:
     def guarantee(self):
         """This release's (epsilon, delta): its SharedBudget's guarantee (at the budget's
         delta), else its measures composed at the delta they declare."""
+        return self.stated().guarantee
+
+    def stated(self) -> guarantee.Stated:
+        """:meth:`guarantee` with the accountant its figure comes from (``pure``, ``basic``,
+        ``zcdp`` or ``pld``; ``accountant`` is the rule the job chose)."""
         if self.budget is not None:
-            return self.budget.guarantee()
-        return guarantee.compose(self.measures, self.accountant)
+            return self.budget.stated()
+        return guarantee.stated(self.measures, self.accountant)
 
     def explain(self) -> str:
         """The release's budget and measures, readable (the SharedBudget's explain when it has
@@ -220,9 +225,10 @@ class PlannedRelease:
         return "\n".join(lines + [f"release: {guarantee.describe(g, self.accountant)}"])
 
     def guarantee_json(self) -> dict:
-        g = self.guarantee()
+        g = self.stated()
         rho = [m.rho for m in self.measures if m.rho is not None]
-        return {"accountant": self.accountant, "epsilon": g.epsilon, "delta": g.delta,
+        return {"accountant": self.accountant, "figure_accountant": g.accountant,
+                "epsilon": g.epsilon, "delta": g.delta,
                 "rho_of_zcdp_measures": math.fsum(rho) if rho else None,
                 "covers": self.guarantee_covers or (
                     f"nothing: this release spends no budget ({self.spends_nothing})"

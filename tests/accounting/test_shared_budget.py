@@ -172,3 +172,34 @@ def test_a_parts_budget_is_spendable_only_through_its_shared_budget():
             choose_bounds([{"u": 1, "k": "x"}], privacy_unit="u", keys=["k"], budget=budget)
     assert [m.name for m in shared.measures()] == ["count", "sum"]
     assert shared.guarantee().epsilon == pytest.approx(0.5)
+
+
+def test_delta_goes_to_the_parts_that_use_it_and_explain_says_where():
+    from accounting.calibration import calibrate
+    from accounting.measures import Measure
+    from accounting.sensitivity import Sensitivities
+
+    one = Sensitivities(l0=1, linf=1.0, l1=1.0, l2=1.0)
+    total = PrivacyBudget(epsilon=1.0, delta=1e-6)
+    shared = SharedBudget(total, weights={"counts": 1, "sums": 2}, needs_delta=["sums"])
+    assert shared.budget("counts").delta == 0 and shared.budget("sums").delta == pytest.approx(1e-6)
+    shared.part("counts").spend([Measure.of_noise(
+        "c", calibrate("discrete_laplace", epsilon=shared.budget("counts").epsilon, l1_sensitivity=1), one)])
+    shared.part("sums").spend([Measure.of_noise(
+        "s", calibrate("gaussian", epsilon=shared.budget("sums").epsilon, delta=1e-6,
+                       l2_sensitivity=1), one)])
+    allocation = shared.delta_allocation()
+    assert allocation["counts"] == {"delta": 0.0, "used": 0.0}
+    assert allocation["sums"]["used"] == pytest.approx(1e-6)
+    assert "sums: 1e-06 (its measures use 1e-06)" in shared.explain()
+    # The plain weighted split gives every part delta; explain flags what a pure part cannot use.
+    plain = SharedBudget(total, weights={"counts": 1, "sums": 2})
+    plain.part("counts").spend([Measure.of_noise(
+        "c", calibrate("discrete_laplace", epsilon=plain.budget("counts").epsilon, l1_sensitivity=1), one)])
+    assert "unused: its measures are pure" in plain.explain()
+    with pytest.raises(ValueError, match="parts without a weight"):
+        SharedBudget(total, weights={"a": 1}, needs_delta=["b"])
+    with pytest.raises(ValueError, match="goes with weights"):
+        SharedBudget(total, budgets={"a": total}, needs_delta=["a"])
+    with pytest.raises(ValueError, match="delta is 0"):
+        SharedBudget(PrivacyBudget(epsilon=1.0), weights={"a": 1}, needs_delta=["a"])

@@ -45,6 +45,8 @@ PRIVACY_TESTS = {
     "tests/accounting/test_keys.py": "one secret, one use: key claims, derive, key reuse across releases",
     "tests/accounting/verification/test_audit_sequences.py": "neighbouring-pair audits of two-batch sequences",
     "tests/pipelines/release/test_publication_decisions.py": "one unit's faulty rows never decide publication",
+    "tests/accounting/verification/test_stated_guarantees.py":
+        "stated guarantees against independent dp_accounting computations",
 }
 
 #: Tests that pin released bytes: never a mutant's selection, never a catch.
@@ -65,6 +67,7 @@ class Mutant:
 
 
 AUDIT = "tests/accounting/verification/test_audits.py::test_registered_audit_passes_on_the_real_code"
+STATED = "tests/accounting/verification/test_stated_guarantees.py"
 
 MUTANTS = (
     Mutant(
@@ -189,6 +192,63 @@ MUTANTS = (
         replacement="    removed = faults.reason >= 0\n",
         tests=("tests/pipelines/release/test_publication_decisions.py::"
                "test_one_lark_records_faulty_value_neither_fails_nor_moves_a_key_across_k",),
+    ),
+    Mutant(
+        name="pld-wrong-sensitivity",
+        leak="the PLD accountant is given a Gaussian measure's noise scale without its "
+             "sensitivity (sigma instead of sigma / sensitivity): the tightest-accountant figure "
+             "states far less epsilon than the noise buys",
+        file="accounting/calibration.py",
+        snippet="from_gaussian_mechanism(self.unit_scale / self.unit_sensitivity, sensitivity=1",
+        replacement="from_gaussian_mechanism(self.unit_scale, sensitivity=1",
+        tests=(f"{STATED}::test_composed_guarantee_is_at_least_the_independent_pld",),
+    ),
+    Mutant(
+        name="exact-curve-wrong-sensitivity",
+        leak="a rho-calibrated Gaussian states the exact curve of a sensitivity-1 shift, not of "
+             "its own (grid-unit) sensitivity: its stated epsilon is below the true one",
+        file="accounting/calibration.py",
+        snippet="exact = gaussian_epsilon(unit_scale, delta, unit_sensitivity)",
+        replacement="exact = gaussian_epsilon(unit_scale, delta, 1)",
+        tests=(f"{STATED}::test_rho_calibrated_gaussian_states_its_exact_curve",),
+    ),
+    Mutant(
+        name="selection-threshold-for-one-key",
+        leak="truncated geometric selection calibrated for L0 = 1 when one unit moves L0 > 1 "
+             "keys: each key's decision spends the whole (epsilon, delta)",
+        file="transforms/selection.py",
+        snippet="self.probabilities = truncated_geometric_probabilities(epsilon, delta, max_partitions)",
+        replacement="self.probabilities = truncated_geometric_probabilities(epsilon, delta, 1)",
+        tests=(f"{STATED}::test_selection_per_key_budget_composes_within_the_budget",
+               "tests/transforms/test_selection.py::test_single_unit_key_is_rarely_released"),
+    ),
+    Mutant(
+        name="selection-per-key-delta-uncomposed",
+        leak="the per-key selection budget's search checks the L0-fold composition against "
+             "L0 times delta: the keys' decisions together spend more delta than the budget",
+        file="transforms/selection.py",
+        snippet="if _composed_delta(eps_key, mid, k, epsilon) <= delta:",
+        replacement="if _composed_delta(eps_key, mid, k, epsilon) <= delta * k:",
+        tests=(f"{STATED}::test_selection_per_key_budget_composes_within_the_budget",),
+    ),
+    Mutant(
+        name="pure-part-delta-counted-twice",
+        leak="a SharedBudget gives a pure part its weight's share of delta although that delta "
+             "already went to the parts that use it: the parts' deltas add up past the total",
+        file="accounting/shared_budget.py",
+        snippet="return {n: PrivacyBudget(epsilon=s.epsilon, delta=s.delta) for n, s in shares.items()}",
+        replacement="return {n: PrivacyBudget(epsilon=s.epsilon, delta=s.delta or "
+                    "total.delta * s.fraction) for n, s in shares.items()}",
+        tests=(f"{STATED}::test_shared_budget_gives_delta_only_where_it_is_used_and_never_more_than_the_total",),
+    ),
+    Mutant(
+        name="joint-calibration-over-budget",
+        leak="calibration to a target keeps a multiplier without checking that the measures "
+             "still compose within the target: together they spend more than the budget",
+        file="accounting/target.py",
+        snippet="        if not guarantee.within(spent.guarantee, epsilon, delta):\n            return None\n",
+        replacement="",
+        tests=(f"{STATED}::test_joint_calibration_fits_its_target_by_an_independent_accountant",),
     ),
 )
 

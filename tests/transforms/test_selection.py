@@ -63,3 +63,17 @@ def test_plan_with_selection_and_gaussian():
     assert share.epsilon == pytest.approx(0.5) and share.delta > 0
     spec = plan.measures[0].noise
     assert spec.l2_sensitivity == pytest.approx(2.0)  # sqrt(L0) * Linf
+
+
+def test_per_key_budget_is_the_basic_split_for_few_keys_and_better_for_many():
+    from transforms.selection import keep_curve, per_key_budget
+
+    assert per_key_budget(1.0, 1e-5, 1) == (1.0, 1e-5)
+    assert per_key_budget(1.0, 1e-5, 4) == (0.25, 2.5e-6)
+    eps_key, delta_key = per_key_budget(1.0, 1e-5, 40)
+    assert eps_key > 1.0 / 40
+    half = lambda pi: int(np.argmax(pi >= 0.5))  # noqa: E731
+    # A key is kept with probability 1/2 at a clearly smaller count than under the basic split.
+    assert half(keep_curve(eps_key, delta_key)) < 0.9 * half(keep_curve(1.0 / 40, 1e-5 / 40))
+    selector = Selector(PrivateSelection(), epsilon=1.0, delta=1e-5, max_partitions=40)
+    assert selector.per_key == (eps_key, delta_key)

@@ -1,0 +1,196 @@
+"""Every stated guarantee is at least an independent ``dp_accounting`` computation of the same
+mechanism, and within 1% of the PLD accountant's where a PLD applies (issue 39, item 2).
+
+"Independent": the reference is built from the noise's unit scale and unit sensitivity with
+``dp_accounting``'s own privacy losses, events and accountants (optimistic discretisation where a
+lower bound on the true curve is needed), never through this project's calibration, composition
+or caches. A stated figure below the reference would claim more privacy than the mechanism has.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from accounting import guarantee
+from accounting.budget import PrivacyBudget
+from accounting.calibration import calibrate, calibrate_zcdp
+from accounting.measures import Measure
+from accounting.sensitivity import Sensitivities
+from accounting.shared_budget import SharedBudget
+from accounting.target import MeasureRequest, calibrate_to_target
+from transforms.selection import (PrivateSelection, SelectionStrategy, Selector,
+                                  per_key_budget)
+
+#: Relative slack for float rounding of an exact curve (far below any leak).
+ROUNDING = 1e-6
+
+
+def _sens(l2: float, l0: int = 1) -> Sensitivities:
+    return Sensitivities(l0=l0, linf=l2, l1=l2 * math.sqrt(l0), l2=l2)
+
+
+def _true_delta(spec, epsilon: float) -> float:
+    """delta(epsilon) of one application of ``spec``'s noise from dp_accounting's privacy loss."""
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    if spec.kind.value == "gaussian":
+        loss = plm.GaussianPrivacyLoss(spec.unit_scale, sensitivity=spec.unit_sensitivity)
+    else:
+        loss = plm.DiscreteGaussianPrivacyLoss(spec.unit_scale, sensitivity=int(spec.unit_sensitivity))
+    return loss.get_delta_for_epsilon(epsilon)
+
+
+def _reference_epsilon(spec, delta: float, pessimistic: bool) -> float:
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    if spec.kind.value == "gaussian":
+        dist = pld.from_gaussian_mechanism(spec.unit_scale, sensitivity=spec.unit_sensitivity,
+                                           pessimistic_estimate=pessimistic,
+                                           value_discretization_interval=1e-4)
+    else:
+        dist = pld.from_discrete_gaussian_mechanism(spec.unit_scale, sensitivity=int(spec.unit_sensitivity),
+                                                    pessimistic_estimate=pessimistic,
+                                                    value_discretization_interval=1e-4)
+    return dist.get_epsilon_for_delta(delta)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "discrete_gaussian"])
+@pytest.mark.parametrize("rho,delta", [(0.005, 1e-9), (0.05, 1e-6), (0.5, 1e-9)])
+def test_rho_calibrated_gaussian_states_its_exact_curve(kind, rho, delta):
+    spec = calibrate_zcdp(kind, rho=rho, l2_sensitivity=1, delta_for_reporting=delta)
+    assert spec.accountant == "pld"
+    assert _true_delta(spec, spec.epsilon) <= delta * (1 + ROUNDING)
+    assert spec.epsilon <= 1.01 * _reference_epsilon(spec, delta, pessimistic=True)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "discrete_gaussian"])
+@pytest.mark.parametrize("epsilon,delta", [(0.5, 1e-6), (2.0, 1e-9)])
+def test_epsilon_delta_calibrated_gaussian_meets_its_exact_curve(kind, epsilon, delta):
+    spec = calibrate(kind, epsilon=epsilon, delta=delta, l2_sensitivity=1)
+    assert spec.accountant == "pld"
+    assert _true_delta(spec, spec.epsilon) <= delta * (1 + ROUNDING)
+
+
+def test_multi_key_discrete_gaussian_states_no_less_than_a_split_shift():
+    """L0 = 3 keys each shifted by one: the valid statement is zCDP's; it is at least the exact
+    curve of this one neighbouring pair (three one-key discrete Gaussians composed)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    spec = calibrate_zcdp("discrete_gaussian", rho=0.05, l2_sensitivity=math.sqrt(3), l0=3,
+                          delta_for_reporting=1e-6)
+    assert spec.accountant == "zcdp"
+    one = pld.from_discrete_gaussian_mechanism(spec.unit_scale, sensitivity=1,
+                                               pessimistic_estimate=False)
+    assert spec.epsilon >= one.self_compose(3).get_epsilon_for_delta(1e-6)
+
+
+def _measures():
+    lap = calibrate("laplace", epsilon=0.3, l1_sensitivity=2.0)
+    dlap = calibrate("discrete_laplace", epsilon=0.2, l1_sensitivity=1.0)
+    gauss = calibrate("gaussian", epsilon=0.5, delta=1e-7, l2_sensitivity=3.0)
+    dgauss = calibrate_zcdp("discrete_gaussian", rho=0.02, l2_sensitivity=2, delta_for_reporting=1e-7)
+    return [Measure.of_noise("lap", lap, Sensitivities(l0=1, linf=2, l1=2, l2=2)),
+            Measure.of_noise("dlap", dlap, Sensitivities(l0=1, linf=1, l1=1, l2=1)),
+            Measure.of_noise("gauss", gauss, _sens(3.0)),
+            Measure.of_noise("dgauss", dgauss, _sens(2.0))]
+
+
+def _independent_pld_epsilon(measures, delta: float, pessimistic: bool) -> float:
+    """The measures composed by dp_accounting from their unit scales alone."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    out = None
+    for m in measures:
+        n = m.noise
+        kind = n.kind.value
+        kwargs = dict(pessimistic_estimate=pessimistic, value_discretization_interval=1e-4)
+        if kind == "laplace":
+            one = pld.from_laplace_mechanism(n.unit_scale, sensitivity=n.unit_sensitivity, **kwargs)
+        elif kind == "discrete_laplace":
+            one = pld.from_discrete_laplace_mechanism(1 / n.unit_scale, sensitivity=n.unit_sensitivity,
+                                                      **kwargs)
+        elif kind == "gaussian":
+            one = pld.from_gaussian_mechanism(n.unit_scale, sensitivity=n.unit_sensitivity, **kwargs)
+        else:
+            one = pld.from_discrete_gaussian_mechanism(n.unit_scale, sensitivity=int(n.unit_sensitivity),
+                                                       **kwargs)
+        out = one if out is None else out.compose(one)
+    return out.get_epsilon_for_delta(delta)
+
+
+@pytest.mark.parametrize("subset", [(0, 2), (1, 3), (0, 1, 2, 3), (2, 3)])
+@pytest.mark.parametrize("accountant", ["basic", "zcdp", "pld"])
+def test_composed_guarantee_is_at_least_the_independent_pld(subset, accountant):
+    measures = [_measures()[i] for i in subset]
+    delta = 1e-6
+    stated = guarantee.stated(measures, accountant, None if accountant == "basic" else delta)
+    lower = _independent_pld_epsilon(measures, stated.delta, pessimistic=False)
+    assert stated.epsilon >= lower * (1 - ROUNDING), (stated, lower)
+    if accountant == "pld":
+        assert stated.epsilon <= 1.01 * _independent_pld_epsilon(measures, delta, pessimistic=True)
+        assert stated.accountant in ("pld", "zcdp", "basic", "pure")
+
+
+def test_joint_calibration_fits_its_target_by_an_independent_accountant():
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+
+    requests = [MeasureRequest(name="count", kind="gaussian", sensitivities=_sens(1.0)),
+                MeasureRequest(name="sum", kind="gaussian", sensitivities=_sens(4.0), weight=2),
+                MeasureRequest(name="n", kind="laplace",
+                               sensitivities=Sensitivities(l0=1, linf=1, l1=1, l2=1))]
+    joint = calibrate_to_target(requests, epsilon=1.0, delta=1e-6)
+    basic = calibrate_to_target(requests, epsilon=1.0, delta=1e-6, accountant="basic")
+    assert joint.multiplier > 1.1 and joint.accountant == "pld"
+    events = []
+    for m in joint.measures:
+        n = m.noise
+        if n.kind.value == "gaussian":
+            events.append(dp_accounting.GaussianDpEvent(noise_multiplier=n.unit_scale / n.unit_sensitivity))
+        else:
+            events.append(dp_accounting.LaplaceDpEvent(noise_multiplier=n.unit_scale / n.unit_sensitivity))
+    acc = PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(dp_accounting.ComposedDpEvent(events))
+    spent = acc.get_epsilon(1e-6)
+    assert spent <= 1.0 * (1 + ROUNDING)
+    assert spent >= 0.99  # within 1% of the target: no budget left on the table
+    # Less noise than the basic split on every measure.
+    for j, b in zip(joint.measures, basic.measures):
+        assert j.noise.scale < b.noise.scale
+    joint.plan(PrivacyBudget(epsilon=1.0, delta=1e-6))  # the plan accepts them by the same accountant
+
+
+def test_shared_budget_gives_delta_only_where_it_is_used_and_never_more_than_the_total():
+    total = PrivacyBudget(epsilon=1.0, delta=1e-6)
+    shared = SharedBudget(total, weights={"counts": 1, "sums": 2, "quantiles": 1},
+                          needs_delta=["sums"])
+    deltas = {n: shared.budget(n).delta for n in shared.names}
+    assert deltas["counts"] == 0 and deltas["quantiles"] == 0
+    assert math.fsum(deltas.values()) <= total.delta * (1 + 1e-12)
+    assert deltas["sums"] == pytest.approx(total.delta)
+    epsilons = math.fsum(shared.budget(n).epsilon for n in shared.names)
+    assert epsilons <= total.epsilon * (1 + 1e-12)
+    default = SharedBudget(total, weights={"a": 1, "b": 3})
+    assert math.fsum(default.budget(n).delta for n in default.names) <= total.delta * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("epsilon,delta,keys", [(1.0, 1e-5, 1), (1.0, 1e-5, 4), (1.0, 1e-5, 30),
+                                                 (0.3, 1e-7, 12)])
+def test_selection_per_key_budget_composes_within_the_budget(epsilon, delta, keys):
+    """Each key's keep curve is (eps', delta')-DP and ``keys`` of them composed optimally (an
+    independent dp_accounting PLD of the canonical (eps', delta') pair) are (epsilon, delta)-DP."""
+    import numpy as np
+    from dp_accounting.pld import common, privacy_loss_distribution as pld
+
+    selector = Selector(PrivateSelection(strategy=SelectionStrategy.TRUNCATED_GEOMETRIC),
+                        epsilon=epsilon, delta=delta, max_partitions=keys)
+    eps_key, delta_key = per_key_budget(epsilon, delta, keys)
+    pi = selector.probabilities
+    assert np.all(pi[1:] <= math.exp(eps_key) * pi[:-1] + delta_key * (1 + 1e-9) + 1e-15)
+    assert np.all(1 - pi[:-1] <= math.exp(eps_key) * (1 - pi[1:]) + delta_key * (1 + 1e-9) + 1e-15)
+    one = pld.from_privacy_parameters(common.DifferentialPrivacyParameters(eps_key, delta_key),
+                                      value_discretization_interval=1e-5)
+    composed = one.self_compose(keys).get_delta_for_epsilon(epsilon)
+    basic_fits = eps_key * keys <= epsilon * (1 + 1e-12) and delta_key * keys <= delta * (1 + 1e-12)
+    assert basic_fits or composed <= delta * (1 + 1e-3)
