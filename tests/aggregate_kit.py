@@ -30,7 +30,7 @@ from accounting.budget import PrivacyBudget
 from accounting.verification.dp_tester import ReleaseLayout
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds, Neighbouring
-from transforms.aggregate import DPAggregate
+from transforms.aggregate import Compute, DPAggregate, Keys, Output
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Metric
 from transforms.selection import PrivateSelection
@@ -68,6 +68,29 @@ def arrow_batches(dataset: Dataset) -> list[pa.Table]:
     return [pa.Table.from_pylist(list(batch)) for batch in dataset.batches if batch]
 
 
+#: DPAggregate's configuration objects and the flat argument names each takes (the tests'
+#: shorthand, :func:`aggregate_of`).
+_FLAT = {"compute": (Compute, {"metrics": "metrics", "value": "value", "integer_values": "integer_values"}),
+         "keys": (Keys, {"privacy_unit": "privacy_unit", "keys": "columns", "keyset": "keyset",
+                         "selection": "selection"}),
+         "output": (Output, {"output": "format", "threshold_mode": "threshold_mode",
+                             "error_columns": "error_columns", "num_shards": "num_shards"})}
+
+
+def aggregate_of(**flat) -> DPAggregate:
+    """A DPAggregate from flat arguments, as tests vary one of them at a time: ``privacy_unit``,
+    ``keys``, ``keyset``, ``selection`` -> :class:`~transforms.aggregate.Keys`; ``metrics``,
+    ``value``, ``integer_values`` -> ``Compute``; ``output``, ``threshold_mode``,
+    ``error_columns``, ``num_shards`` -> ``Output``; the others (bounds, budget, release_key,
+    testing, neighbouring, label) as they are."""
+    arguments = {}
+    for name, (cls, fields) in _FLAT.items():
+        given = {new: flat.pop(old) for old, new in fields.items() if old in flat}
+        if given or name != "output":
+            arguments[name] = cls(**given)
+    return DPAggregate(**arguments, **flat)
+
+
 @dataclass(frozen=True, kw_only=True)
 class AggregateJob:
     """One DPAggregate configuration, callable as an audited job ``(dataset, seed, exact)``.
@@ -94,11 +117,11 @@ class AggregateJob:
         return PublicKeyset.from_keys(list(self.public_keys), list(self.keys))
 
     def transform(self, key: ReleaseKey, exact: bool, *, keys=None, keyset=None) -> DPAggregate:
-        return DPAggregate(privacy_unit=self.unit, keys=list(keys or self.keys), value=self.value,
-                           metrics=list(self.metrics), bounds=self.bounds, budget=self.budget,
-                           keyset=keyset if keyset is not None else self.keyset(),
-                           selection=self.selection, neighbouring=self.neighbouring,
-                           release_key=key, testing=exact, num_shards=1, **self.options)
+        return aggregate_of(privacy_unit=self.unit, keys=list(keys or self.keys), value=self.value,
+                            metrics=list(self.metrics), bounds=self.bounds, budget=self.budget,
+                            keyset=keyset if keyset is not None else self.keyset(),
+                            selection=self.selection, neighbouring=self.neighbouring,
+                            release_key=key, testing=exact, num_shards=1, **self.options)
 
     def __call__(self, dataset: Dataset, seed: int, exact: bool) -> Release:
         transform = self.transform(ReleaseKey.for_testing(seed), exact)

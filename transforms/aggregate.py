@@ -1,20 +1,25 @@
 """``DPAggregate``: differentially private per-key aggregates as a Beam PTransform.
 
     released = rows | DPAggregate(
-        privacy_unit="user_id", keys=["country", "project"], value="seconds",
-        metrics=[Count(), Sum(), Mean(), PrivacyUnitCount()],
+        compute=Compute(metrics=[Count(), Sum(), Mean(), PrivacyUnitCount()], value="seconds"),
+        keys=Keys(privacy_unit="user_id", columns=["country", "project"],
+                  keyset=PublicKeyset.cross_product({...}).exclude("country", protected)),
         bounds=ContributionBounds(max_partitions=3, max_contributions_per_partition=2,
                                   min_value=0, max_value=10),
-        keyset=PublicKeyset.cross_product({...}).exclude("country", protected),
         budget=PrivacyBudget(epsilon=1.0), release_key=ReleaseKey.generate())
+
+Configuration: :class:`Compute` (what: the metrics and the value column), :class:`Keys` (whose
+rows and which keys: the privacy-unit and key columns, a public keyset or a private selection),
+the :class:`~accounting.sensitivity.ContributionBounds`, the budget (a ``PrivacyBudget`` or a
+``SharedBudget`` part) and :class:`Output` (format, threshold mode, error columns, shards).
 
 Input: a PCollection of pyarrow RecordBatches / Tables (the fast path, e.g. from
 ``ReadFromParquetBatched``), pandas or Polars DataFrames, or dicts / ``beam.Row``s. When the
 input's contents are known at construction (``beam.Create``, schema'd Rows), a missing or
 mistyped column fails when the transform is applied, naming the columns present
 (:func:`check_schema`; ``transform.check_schema(schema)`` checks any other source up front).
-Output: Arrow tables, one row per released key with its noisy metrics (``output="arrow"``), or
-dicts (``output="dicts"``).
+Output: Arrow tables, one row per released key with its noisy metrics (``Output(format="arrow")``),
+or dicts (``Output(format="dicts")``).
 
 Output schema (``transform.output_schema()`` states it for a given configuration): the key
 columns (their input types), then per metric, in the order given:
@@ -23,7 +28,7 @@ columns (their input types), then per metric, in the order given:
   integer noise and integer values); ``mean``, ``variance``, ``std``: float64;
 * quantiles: one float64 column per quantile, ``<name>_p<100 q>`` (``median``,
   ``percentile_p50``...); ``vector_sum``: fixed_size_list<float64>[dimension];
-* with ``error_columns=True``, after each count / sum / privacy-unit count / mean / variance /
+* with ``Output(error_columns=True)``, after each count / sum / privacy-unit count / mean / variance /
   std ``<name>``: ``<name>_ci95_low``, ``<name>_ci95_high`` and ``<name>_std``, all float64.
   For a count or a sum they are the noise's symmetric 95% interval around the released value
   and its standard deviation. A mean, variance or std derives its error from the noise of the
@@ -34,8 +39,8 @@ columns (their input types), then per metric, in the order given:
   how, with the numbers. They describe the noise only, not the bias of contribution bounding and
   clamping; quantiles state their error in ``explain()``.
 
-A null value (``threshold_mode="value"``) means *suppressed*: the noisy value was not above its
-threshold, and its error columns are null too. With ``threshold_mode="key"`` such a key is not
+A null value (``Output(threshold_mode="value")``) means *suppressed*: the noisy value was not above its
+threshold, and its error columns are null too. With ``threshold_mode="key"`` (the default) such a key is not
 released at all. Rows are sorted by the key columns (:mod:`transforms.release`).
 
 Data flow (every step works on Arrow batches; only bounded partials are shuffled):
@@ -64,7 +69,8 @@ and it refuses a secret release key, so it cannot make a real release.
 from __future__ import annotations
 
 import functools
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Optional
 
 import apache_beam as beam
 import numpy as np
@@ -92,115 +98,147 @@ ERROR_COLUMN_KINDS = (MetricKind.COUNT, MetricKind.SUM, MetricKind.PRIVACY_UNIT_
                       MetricKind.MEAN, MetricKind.VARIANCE, MetricKind.STD)
 
 
-# --------------------------------------------------------------------------- the transform
+# --------------------------------------------------------------------------- configuration
 
-class DPAggregate(beam.PTransform):
-    """Differentially private per-key metrics; see the module docstring."""
+@dataclass(frozen=True, kw_only=True)
+class Compute:
+    """What a DPAggregate computes: ``metrics`` (Metric objects or kind names) over the
+    ``value`` column (needed by value metrics). ``integer_values``: the value column holds
+    integers (default: when an integer-noise sum asks for it), so integer sums get integer noise."""
 
-    def __init__(self, *, privacy_unit: str, keys: Sequence[str], metrics: Sequence[Metric],
-                 bounds: ContributionBounds, budget: PrivacyBudget, value: str = None,
-                 keyset: PublicKeyset = None, selection: PrivateSelection = None,
-                 neighbouring=Neighbouring.ADD_REMOVE, release_key: ReleaseKey = None,
-                 testing: bool = False, num_shards: int = 32, output: str = "arrow",
-                 threshold_mode: str = "key", integer_values: bool = None,
-                 error_columns: bool = False, label: str = None):
-        super().__init__(label)
-        part = None
-        if isinstance(budget, BudgetPart):
-            part, budget = budget, budget.spendable_budget()
-            if release_key is None and part.release_key is not None and \
-                    (not testing or part.release_key.is_testing):
-                release_key = part.release_key
-        if not isinstance(budget, PrivacyBudget):
-            raise TypeError("budget must be a PrivacyBudget or a SharedBudget part "
-                            f"(shared.part(name)), got {type(budget).__name__}")
-        if isinstance(keys, str):
-            keys = [keys]
-        if not keys:
-            raise ValueError("keys must name at least one key column")
-        if selection is not None and budget.is_zcdp:
-            raise ValueError("private key selection is (epsilon, delta)-DP: give an (epsilon, delta) "
-                             "budget, or a public keyset with a zCDP budget")
-        if keyset is not None and selection is not None:
-            raise ValueError("give either a public keyset or a private selection, not both")
-        if keyset is None and selection is None:
-            raise ValueError("no public keyset: pass keyset=PublicKeyset(...) or "
-                             "selection=PrivateSelection() for private key selection")
-        if keyset is not None and list(keyset.columns) != list(keys):
-            raise ValueError(f"keyset columns {keyset.columns} must equal keys {list(keys)}")
-        if output not in ("arrow", "dicts"):
-            raise ValueError(f"output must be 'arrow' or 'dicts', got {output!r}")
-        if threshold_mode not in ("key", "value"):
-            raise ValueError(f"threshold_mode must be 'key' or 'value', got {threshold_mode!r}")
-        if num_shards < 1:
-            raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-        if isinstance(metrics, (str, Metric)):
-            metrics = [metrics]
-        metrics = [as_metric(m) for m in metrics]
-        if not isinstance(bounds, ContributionBounds):
-            raise TypeError(f"bounds must be a ContributionBounds, got {type(bounds).__name__}")
-        if not isinstance(privacy_unit, str) or (value is not None and not isinstance(value, str)) \
-                or not all(isinstance(k, str) for k in keys):
+    metrics: tuple
+    value: Optional[str] = None
+    integer_values: Optional[bool] = None
+
+    def __post_init__(self):
+        metrics = [self.metrics] if isinstance(self.metrics, (str, Metric)) else list(self.metrics)
+        metrics = tuple(as_metric(m) for m in metrics)
+        object.__setattr__(self, "metrics", metrics)
+        if self.value is not None and not isinstance(self.value, str):
             raise TypeError("privacy_unit, keys and value must be column names (strings)")
         outputs = [c for m in metrics for c in m.output_columns]
-        clash = sorted(set(outputs) & set(keys))
-        if clash:
-            raise ValueError(f"metric names {clash} are key columns: give the metrics other names")
         if len(set(outputs)) != len(outputs):
             raise ValueError(f"output columns must be unique, got {outputs}")
-        needs_value = any(m.needs_value for m in metrics)
-        if needs_value and not value:
+        if self.needs_value and not self.value:
             kinds = sorted({m.kind.value for m in metrics if m.needs_value})
             raise ValueError(f"metrics {kinds} need a value column (value=...)")
         vectors = [m for m in metrics if m.is_vector]
-        if vectors and (len(vectors) > 1 or any(m.needs_range for m in metrics)):
+        if vectors and (len(vectors) > 1 or self.needs_range):
             raise ValueError("a vector sum reads the value column as vectors: it cannot be combined "
                              "with another vector sum or with scalar value metrics in one DPAggregate "
                              "(use a second DPAggregate, e.g. with a SharedBudget)")
-        if any(m.needs_range for m in metrics) and bounds.min_value is None:
-            raise ValueError("metrics of values need a clamping range: "
-                             "ContributionBounds(..., min_value=..., max_value=...)")
-        if testing:
-            if release_key is not None and not release_key.is_testing:
-                raise ValueError("testing mode refuses a secret release key: it makes no release")
-            release_key = release_key or ReleaseKey.for_testing(0)
-        elif release_key is None:
-            release_key = ReleaseKey.generate()
-        if not isinstance(release_key, ReleaseKey):
-            raise TypeError("release_key must be a ReleaseKey")
-        if integer_values is None:
-            integer_values = needs_value and any(
-                m.kind is MetricKind.SUM and m.noise.is_integer for m in metrics)
-        if integer_values and needs_value and not is_integer_range(bounds):
+        if self.integer_values is not None and not isinstance(self.integer_values, bool):
+            raise TypeError(f"integer_values must be True, False or None, got {self.integer_values!r}")
+
+    @property
+    def needs_value(self) -> bool:
+        return any(m.needs_value for m in self.metrics)
+
+    @property
+    def needs_range(self) -> bool:
+        return any(m.needs_range for m in self.metrics)
+
+    @property
+    def vector(self) -> Optional[Metric]:
+        return next((m for m in self.metrics if m.is_vector), None)
+
+    def integer_sums(self, bounds: ContributionBounds) -> bool:
+        """Whether sums are integer (integer noise): as given, else when an integer-noise sum
+        asks for it; integer sums need integer clamping bounds."""
+        integer = self.integer_values
+        if integer is None:
+            integer = self.needs_value and any(
+                m.kind is MetricKind.SUM and m.noise.is_integer for m in self.metrics)
+        if integer and self.needs_value and not is_integer_range(bounds):
             raise ValueError("integer sums need integer clamping bounds (min_value, max_value)")
-        self.testing = testing
-        self.release_key = release_key
-        self.selection = selection
+        return bool(integer)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Keys:
+    """Whose rows and which keys: the ``privacy_unit`` column, the key ``columns``, and how the
+    released keys are chosen -- a public ``keyset`` or a private ``selection``."""
+
+    privacy_unit: str
+    columns: tuple
+    keyset: Optional[PublicKeyset] = None
+    selection: Optional[PrivateSelection] = None
+
+    def __post_init__(self):
+        columns = [self.columns] if isinstance(self.columns, str) else list(self.columns)
+        object.__setattr__(self, "columns", tuple(columns))
+        if not columns:
+            raise ValueError("keys must name at least one key column")
+        if not isinstance(self.privacy_unit, str) or not all(isinstance(k, str) for k in columns):
+            raise TypeError("privacy_unit, keys and value must be column names (strings)")
+        if self.keyset is not None and self.selection is not None:
+            raise ValueError("give either a public keyset or a private selection, not both")
+        if self.keyset is None and self.selection is None:
+            raise ValueError("no public keyset: pass keyset=PublicKeyset(...) or "
+                             "selection=PrivateSelection() for private key selection")
+        if self.keyset is not None and list(self.keyset.columns) != columns:
+            raise ValueError(f"keyset columns {self.keyset.columns} must equal keys {columns}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Output:
+    """How the release comes out: ``format`` ``"arrow"`` (tables) or ``"dicts"``;
+    ``threshold_mode`` ``"key"`` (a key failing a threshold is not released) or ``"value"``
+    (the failing value is null); ``error_columns`` (module docstring); ``num_shards``: the
+    bounding stage's unit shards (and private selection's key shards)."""
+
+    format: str = "arrow"
+    threshold_mode: str = "key"
+    error_columns: bool = False
+    num_shards: int = 32
+
+    def __post_init__(self):
+        if self.format not in ("arrow", "dicts"):
+            raise ValueError(f"output must be 'arrow' or 'dicts', got {self.format!r}")
+        if self.threshold_mode not in ("key", "value"):
+            raise ValueError(f"threshold_mode must be 'key' or 'value', got {self.threshold_mode!r}")
+        if isinstance(self.num_shards, bool) or not isinstance(self.num_shards, int) or self.num_shards < 1:
+            raise ValueError(f"num_shards must be >= 1, got {self.num_shards}")
+        if not isinstance(self.error_columns, bool):
+            raise TypeError(f"error_columns must be True or False, got {self.error_columns!r}")
+
+
+# --------------------------------------------------------------------------- the transform
+
+class DPAggregate(beam.PTransform):
+    """Differentially private per-key metrics; see the module docstring.
+
+    compute: what (:class:`Compute`); keys: whose rows and which keys (:class:`Keys`); bounds:
+    what one privacy unit may contribute; budget: a PrivacyBudget or a SharedBudget part;
+    output: :class:`Output`. release_key: the release's key (default: a fresh secret one);
+    testing: exact aggregates for unit tests (refuses a secret key); neighbouring: the relation
+    the guarantee is stated for.
+    """
+
+    def __init__(self, *, compute: Compute, keys: Keys, bounds: ContributionBounds, budget,
+                 output: Output = Output(), release_key: ReleaseKey = None, testing: bool = False,
+                 neighbouring=Neighbouring.ADD_REMOVE, label: str = None):
+        super().__init__(label)
+        for name, value, typ in (("compute", compute, Compute), ("keys", keys, Keys),
+                                 ("bounds", bounds, ContributionBounds), ("output", output, Output)):
+            if not isinstance(value, typ):
+                raise TypeError(f"{name} must be a {typ.__name__}, got {type(value).__name__}")
+        part, budget, release_key = _spendable(budget, release_key, testing)
+        _check_together(compute, keys, bounds, budget)
+        self.testing, self.release_key = testing, _release_key(release_key, testing)
+        self.selection, self.keyset = keys.selection, keys.keyset
+        integer_values = compute.integer_sums(bounds)
         self.plan, self.measures, selection_share = plan_measures(
-            metrics, bounds, budget, neighbouring=neighbouring,
-            selection_weight=selection.weight if selection else 0.0,
-            selection_needs_delta=selection is not None, integer_values=integer_values)
+            compute.metrics, bounds, budget, neighbouring=neighbouring,
+            selection_weight=keys.selection.weight if keys.selection else 0.0,
+            selection_needs_delta=keys.selection is not None, integer_values=integer_values)
         self.selector = None
-        if selection is not None:
-            self.selector = Selector.for_bounds(selection, selection_share.epsilon,
+        if keys.selection is not None:
+            self.selector = Selector.for_bounds(keys.selection, selection_share.epsilon,
                                                 selection_share.delta, bounds, neighbouring)
-        low_high = bounds.value_range() if any(m.needs_range for m in metrics) else (0.0, 0.0)
-        self.keyset = keyset
-        squares = any(m.kind in (MetricKind.VARIANCE, MetricKind.STD) for m in metrics)
-        partials = PartialsSpec(
-            half_range=(low_high[1] - low_high[0]) / 2 if squares else None,
-            trees=tuple(m.tree(bounds) for m in metrics if m.kind is MetricKind.QUANTILES),
-            vector=vectors[0].vector_spec() if vectors else None)
-        self._config = BoundingConfig(unit=privacy_unit, keys=keys, value=value if needs_value else None,
-                                      bounds=bounds, release_key=release_key, keyset=keyset,
-                                      num_shards=num_shards, integer_values=integer_values,
-                                      midpoint=(low_high[0] + low_high[1]) / 2, partials=partials)
-        self._metrics = metrics
-        self._output = output
-        self._threshold_mode = threshold_mode
-        if not isinstance(error_columns, bool):
-            raise TypeError(f"error_columns must be True or False, got {error_columns!r}")
-        self._error_columns = error_columns
+        self._config = _bounding_config(compute, keys, bounds, self.release_key, output.num_shards,
+                                        integer_values)
+        self._metrics, self._output = list(compute.metrics), output
         if part is not None:
             part.register(self)
 
@@ -282,7 +320,7 @@ class DPAggregate(beam.PTransform):
             else:
                 outputs.append(OutputColumn(name=metric.column, measure=metric.column,
                                             threshold=metric.threshold))
-            if self._error_columns and metric.kind in ERROR_COLUMN_KINDS:
+            if self._output.error_columns and metric.kind in ERROR_COLUMN_KINDS:
                 outputs += self._error_outputs(metric)
         return outputs
 
@@ -327,7 +365,7 @@ class DPAggregate(beam.PTransform):
 
     def _error_statements(self) -> str:
         """How each metric's error columns are computed (explain(), with error_columns=True)."""
-        if not self._error_columns:
+        if not self._output.error_columns:
             return ""
         lines = []
         for metric in self._metrics:
@@ -381,7 +419,7 @@ class DPAggregate(beam.PTransform):
                 else:
                     typ = pa.float64()
                 fields.append(pa.field(column, typ))
-            if self._error_columns and metric.kind in ERROR_COLUMN_KINDS:
+            if self._output.error_columns and metric.kind in ERROR_COLUMN_KINDS:
                 for suffix in ("_ci95_low", "_ci95_high", "_std"):
                     fields.append(pa.field(metric.column + suffix, pa.float64()))
         return pa.schema(fields)
@@ -411,10 +449,69 @@ class DPAggregate(beam.PTransform):
         released = partials | "Release" >> NoisyRelease(
             keys=c.keys, measures=measures, outputs=self._outputs(), partial_types=partial_types,
             release_key=self.release_key, keyset=self.keyset, selector=self.selector,
-            testing=self.testing, num_shards=c.num_shards, threshold_mode=self._threshold_mode)
-        if self._output == "dicts":
+            testing=self.testing, num_shards=c.num_shards, threshold_mode=self._output.threshold_mode)
+        if self._output.format == "dicts":
             return released | "ToDicts" >> beam.FlatMap(lambda t: t.to_pylist())
         return released
+
+
+def _spendable(budget, release_key, testing):
+    """(the SharedBudget part or None, the PrivacyBudget to spend, the release key): a part
+    lends its budget and, unless one is given, its release key."""
+    part = None
+    if isinstance(budget, BudgetPart):
+        part, budget = budget, budget.spendable_budget()
+        if release_key is None and part.release_key is not None and \
+                (not testing or part.release_key.is_testing):
+            release_key = part.release_key
+    if not isinstance(budget, PrivacyBudget):
+        raise TypeError("budget must be a PrivacyBudget or a SharedBudget part "
+                        f"(shared.part(name)), got {type(budget).__name__}")
+    return part, budget, release_key
+
+
+def _check_together(compute: Compute, keys: Keys, bounds: ContributionBounds, budget) -> None:
+    """What no single configuration object can check alone."""
+    if keys.selection is not None and budget.is_zcdp:
+        raise ValueError("private key selection is (epsilon, delta)-DP: give an (epsilon, delta) "
+                         "budget, or a public keyset with a zCDP budget")
+    outputs = [c for m in compute.metrics for c in m.output_columns]
+    clash = sorted(set(outputs) & set(keys.columns))
+    if clash:
+        raise ValueError(f"metric names {clash} are key columns: give the metrics other names")
+    if compute.needs_range and bounds.min_value is None:
+        raise ValueError("metrics of values need a clamping range: "
+                         "ContributionBounds(..., min_value=..., max_value=...)")
+
+
+def _release_key(release_key, testing: bool) -> ReleaseKey:
+    """The given key, a fresh secret one, or in testing mode a testing key (never a secret)."""
+    if testing:
+        if release_key is not None and not release_key.is_testing:
+            raise ValueError("testing mode refuses a secret release key: it makes no release")
+        release_key = release_key or ReleaseKey.for_testing(0)
+    elif release_key is None:
+        release_key = ReleaseKey.generate()
+    if not isinstance(release_key, ReleaseKey):
+        raise TypeError("release_key must be a ReleaseKey")
+    return release_key
+
+
+def _bounding_config(compute: Compute, keys: Keys, bounds: ContributionBounds, release_key,
+                     num_shards: int, integer_values: bool) -> BoundingConfig:
+    """The bounding stage's configuration: the columns, bounds and the partials to compute."""
+    metrics = compute.metrics
+    low, high = bounds.value_range() if compute.needs_range else (0.0, 0.0)
+    squares = any(m.kind in (MetricKind.VARIANCE, MetricKind.STD) for m in metrics)
+    vector = compute.vector
+    partials = PartialsSpec(
+        half_range=(high - low) / 2 if squares else None,
+        trees=tuple(m.tree(bounds) for m in metrics if m.kind is MetricKind.QUANTILES),
+        vector=vector.vector_spec() if vector is not None else None)
+    return BoundingConfig(unit=keys.privacy_unit, keys=list(keys.columns),
+                          value=compute.value if compute.needs_value else None, bounds=bounds,
+                          release_key=release_key, keyset=keys.keyset, num_shards=num_shards,
+                          integer_values=integer_values, midpoint=(low + high) / 2, partials=partials)
 
 
 def _keyset_type(keyset, column):

@@ -18,7 +18,8 @@ from typing import Optional, Sequence
 from accounting.budget import PrivacyBudget, ReleasePlan
 from accounting.calibration import NoiseKind
 from accounting.composition import sequential
-from accounting.sensitivity import (ContributionBounds, Neighbouring, count_sensitivity,
+from accounting.sensitivity import (ContributionBounds, Neighbouring, Sensitivities,
+                                    count_sensitivity,
                                     mean_sensitivity, privacy_unit_count_sensitivity,
                                     sum_sensitivity, variance_sensitivity)
 from accounting.validation import check_epsilon, check_finite
@@ -249,29 +250,43 @@ def Median(**kwargs) -> Metric:
     return Metric(kind=MetricKind.QUANTILES, quantiles=(0.5,), **kwargs)
 
 
+@dataclass(frozen=True, kw_only=True)
+class MeasureNeed:
+    """One noisy measure a metric asks for, before the budget is split: its name (labels its
+    noise streams), budget ``weight``, noise ``kind``, ``sensitivities``, the ``partial``
+    column(s) holding its exact answer (``columns`` for a vector answer), whether the answer
+    and its noise are ``integer``, and a description for ``explain()``."""
+
+    name: str
+    weight: float
+    kind: NoiseKind
+    sensitivities: Sensitivities
+    partial: str
+    integer: bool
+    description: str
+    columns: tuple = ()
+
+
 class _Planned:
     """The measures one aggregation's metrics ask for, collected as each metric plans its own
-    (:meth:`Metric.plan`): per measure name its budget weight, noise kind, sensitivities,
-    partial column(s) and description, in the order asked."""
+    (:meth:`Metric.plan`): one :class:`MeasureNeed` per measure name, in the order asked."""
 
     def __init__(self, bounds: ContributionBounds, neighbouring, *, integer_values: bool,
                  has_count: bool):
         self.bounds, self.neighbouring = bounds, neighbouring
         self.integer_values, self.has_count = integer_values, has_count
-        self.weights, self.kinds, self.sensitivities, self.partials, self.descriptions = {}, {}, {}, {}, {}
+        self.needs: dict[str, MeasureNeed] = {}
 
-    def measure(self, name: str, weight: float, kind: NoiseKind, sensitivities, partial: str,
-                integer: bool, description: str, columns: tuple = ()) -> None:
-        self.weights[name], self.kinds[name], self.sensitivities[name] = weight, kind, sensitivities
-        self.partials[name] = (partial, integer, columns)
-        self.descriptions[name] = description
+    def measure(self, need: MeasureNeed) -> None:
+        self.needs[need.name] = need
 
-    def count_for(self, m: "Metric", share: float, count_sensitivities, what: str) -> None:
+    def count_for(self, m: "Metric", weight: float, count_sensitivities, what: str) -> None:
         """A derived metric's own noisy count, unless a released count is reused."""
         if not self.has_count:
             kind = NoiseKind.DISCRETE_GAUSSIAN if m.noise.is_gaussian else NoiseKind.DISCRETE_LAPLACE
-            self.measure(f"{m.column}.count", share, kind, count_sensitivities, "count", True,
-                         f"rows per key, for the {what}")
+            self.measure(MeasureNeed(name=f"{m.column}.count", weight=weight, kind=kind,
+                                     sensitivities=count_sensitivities, partial="count",
+                                     integer=True, description=f"rows per key, for the {what}"))
 
 
 def _real_noise(m: "Metric", what: str) -> None:
@@ -280,21 +295,25 @@ def _real_noise(m: "Metric", what: str) -> None:
 
 
 def _plan_count(m: "Metric", p: _Planned) -> None:
-    p.measure(m.column, m.weight, m.noise, count_sensitivity(p.bounds, p.neighbouring), "count",
-              m.noise.is_integer, "rows per key")
+    p.measure(MeasureNeed(name=m.column, weight=m.weight, kind=m.noise,
+                          sensitivities=count_sensitivity(p.bounds, p.neighbouring), partial="count",
+                          integer=m.noise.is_integer, description="rows per key"))
 
 
 def _plan_privacy_unit_count(m: "Metric", p: _Planned) -> None:
-    p.measure(m.column, m.weight, m.noise, privacy_unit_count_sensitivity(p.bounds, p.neighbouring),
-              "units", m.noise.is_integer, "distinct privacy units per key")
+    p.measure(MeasureNeed(name=m.column, weight=m.weight, kind=m.noise,
+                          sensitivities=privacy_unit_count_sensitivity(p.bounds, p.neighbouring),
+                          partial="units", integer=m.noise.is_integer,
+                          description="distinct privacy units per key"))
 
 
 def _plan_sum(m: "Metric", p: _Planned) -> None:
     if m.noise.is_integer and not p.integer_values:
         raise ValueError(f"{m.column}: {m.noise.value} noise needs integer values and integer "
                          "clamping bounds")
-    p.measure(m.column, m.weight, m.noise, sum_sensitivity(p.bounds, p.neighbouring), "sum",
-              m.noise.is_integer, "sum of clamped values per key")
+    p.measure(MeasureNeed(name=m.column, weight=m.weight, kind=m.noise,
+                          sensitivities=sum_sensitivity(p.bounds, p.neighbouring), partial="sum",
+                          integer=m.noise.is_integer, description="sum of clamped values per key"))
 
 
 def _plan_mean(m: "Metric", p: _Planned) -> None:
@@ -302,8 +321,9 @@ def _plan_mean(m: "Metric", p: _Planned) -> None:
     _real_noise(m, "mean")
     mean = mean_sensitivity(p.bounds, p.neighbouring)
     share = m.weight if p.has_count else m.weight / 2
-    p.measure(f"{m.column}.normalized_sum", share, m.noise, mean.normalized_sum, "nsum", False,
-              "sum of (value - midpoint) per key, for the mean")
+    p.measure(MeasureNeed(name=f"{m.column}.normalized_sum", weight=share, kind=m.noise,
+                          sensitivities=mean.normalized_sum, partial="nsum", integer=False,
+                          description="sum of (value - midpoint) per key, for the mean"))
     p.count_for(m, share, mean.count, "mean")
 
 
@@ -313,11 +333,13 @@ def _plan_variance(m: "Metric", p: _Planned) -> None:
     _real_noise(m, m.kind.value)
     var = variance_sensitivity(p.bounds, p.neighbouring)
     share = m.weight / 2 if p.has_count else m.weight / 3
-    p.measure(f"{m.column}.normalized_sum", share, m.noise, var.normalized_sum, "nsum", False,
-              f"sum of (value - midpoint) per key, for the {m.kind.value}")
-    p.measure(f"{m.column}.normalized_squares", share, m.noise, var.normalized_squares, "nsq",
-              False, f"sum of ((value - midpoint)^2 - h^2/2) per key, h = {var.half_range:g}, "
-              f"for the {m.kind.value}")
+    p.measure(MeasureNeed(name=f"{m.column}.normalized_sum", weight=share, kind=m.noise,
+                          sensitivities=var.normalized_sum, partial="nsum", integer=False,
+                          description=f"sum of (value - midpoint) per key, for the {m.kind.value}"))
+    p.measure(MeasureNeed(name=f"{m.column}.normalized_squares", weight=share, kind=m.noise,
+                          sensitivities=var.normalized_squares, partial="nsq", integer=False,
+                          description=f"sum of ((value - midpoint)^2 - h^2/2) per key, "
+                                      f"h = {var.half_range:g}, for the {m.kind.value}"))
     p.count_for(m, share, var.count, m.kind.value)
 
 
@@ -326,23 +348,25 @@ def _plan_quantiles(m: "Metric", p: _Planned) -> None:
     from transforms.quantiles import tree_sensitivity
 
     tree = m.tree(p.bounds)
-    p.measure(m.column, m.weight, m.noise,
-              tree_sensitivity(count_sensitivity(p.bounds, p.neighbouring), tree.depth),
-              tree.prefix, True,
-              f"quantile tree: {tree.num_nodes} node counts per key (branching {tree.branching}, "
-              f"depth {tree.depth}, leaf width {tree.leaf_width:.4g}) for quantiles "
-              f"{list(m.quantiles)}; one row moves one node per level", columns=tree.columns)
+    p.measure(MeasureNeed(
+        name=m.column, weight=m.weight, kind=m.noise,
+        sensitivities=tree_sensitivity(count_sensitivity(p.bounds, p.neighbouring), tree.depth),
+        partial=tree.prefix, integer=True, columns=tree.columns,
+        description=f"quantile tree: {tree.num_nodes} node counts per key (branching "
+                    f"{tree.branching}, depth {tree.depth}, leaf width {tree.leaf_width:.4g}) for "
+                    f"quantiles {list(m.quantiles)}; one row moves one node per level"))
 
 
 def _plan_vector_sum(m: "Metric", p: _Planned) -> None:
     from transforms.vectors import vector_sum_sensitivity
 
     spec = m.vector_spec()
-    p.measure(m.column, m.weight, m.noise,
-              vector_sum_sensitivity(count_sensitivity(p.bounds, p.neighbouring), spec),
-              spec.prefix, False,
-              f"sum of {spec.dimension}-dimensional vectors per key, each row clipped to "
-              f"{spec.norm.upper()} norm {spec.max_norm:g}", columns=spec.columns)
+    p.measure(MeasureNeed(
+        name=m.column, weight=m.weight, kind=m.noise,
+        sensitivities=vector_sum_sensitivity(count_sensitivity(p.bounds, p.neighbouring), spec),
+        partial=spec.prefix, integer=False, columns=spec.columns,
+        description=f"sum of {spec.dimension}-dimensional vectors per key, each row clipped to "
+                    f"{spec.norm.upper()} norm {spec.max_norm:g}"))
 
 
 #: How each metric kind plans its measures (:meth:`Metric.plan`).
@@ -382,23 +406,23 @@ def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget:
                        has_count=any(m.kind is MetricKind.COUNT for m in metrics))
     for m in metrics:
         m.plan(planned)
-    weights, kinds = dict(planned.weights), planned.kinds
+    needs = planned.needs
+    weights = {name: need.weight for name, need in needs.items()}
     if selection_weight:
         weights[SELECTION_PURPOSE] = selection_weight
-    needs_delta = [n for n, k in kinds.items() if k.is_gaussian]
+    needs_delta = [name for name, need in needs.items() if need.kind.is_gaussian]
     if selection_weight and selection_needs_delta:
         needs_delta.append(SELECTION_PURPOSE)
     shares = budget.split(weights, needs_delta=needs_delta)
     plan = ReleasePlan(budget=budget)
-    plan = plan.with_measures(*(plan.calibrated(name, kinds[name], shares[name],
-                                                planned.sensitivities[name],
+    plan = plan.with_measures(*(plan.calibrated(name, need.kind, shares[name], need.sensitivities,
                                                 neighbouring=neighbouring,
-                                                description=planned.descriptions[name])
-                                for name in kinds))
+                                                description=need.description)
+                                for name, need in needs.items()))
     specs = {m.name: m.noise for m in plan.measures}
-    measures = {name: NoisedPartial(name=name, partial=partial, spec=specs[name], integer=integer,
-                                   columns=columns)
-                for name, (partial, integer, columns) in planned.partials.items()}
+    measures = {name: NoisedPartial(name=name, partial=need.partial, spec=specs[name],
+                                   integer=need.integer, columns=need.columns)
+                for name, need in needs.items()}
     selection_share = shares.get(SELECTION_PURPOSE)
     if selection_share is not None:
         check_within_budget(plan, (selection_share.epsilon, selection_share.delta))

@@ -209,7 +209,7 @@ def analyze(data, *, privacy_unit: str, keys: Sequence[str], metrics, candidates
             neighbouring=Neighbouring.ADD_REMOVE) -> UtilityReport:
     """Utility of each candidate on ``data`` (module docstring). Metrics other than count,
     sum, mean and privacy-unit count are planned (they share the budget) but not analysed."""
-    from transforms.aggregate import DPAggregate
+    from transforms.aggregate import Compute, DPAggregate, Keys
     from transforms.metrics import MetricKind
 
     if not candidates:
@@ -220,11 +220,13 @@ def analyze(data, *, privacy_unit: str, keys: Sequence[str], metrics, candidates
     for candidate in candidates:
         if not isinstance(candidate, Candidate):
             raise TypeError(f"candidates must be Candidate objects, got {type(candidate).__name__}")
-        aggregate = DPAggregate(privacy_unit=privacy_unit, keys=keys, value=value, metrics=metrics,
-                                bounds=candidate.bounds, budget=_analysed(candidate.budget),
-                                keyset=keyset,
-                                selection=selection, neighbouring=neighbouring,
-                                release_key=ReleaseKey.for_testing(0))
+        aggregate = DPAggregate(
+            compute=Compute(metrics=metrics, value=value),
+            keys=Keys(privacy_unit=privacy_unit, columns=keys, keyset=keyset, selection=selection),
+            bounds=candidate.bounds,
+            budget=_analysed(candidate.budget),
+            release_key=ReleaseKey.for_testing(0),
+            neighbouring=neighbouring)
         aggregate.check_schema(table.schema)
         config = aggregate._config
         bounded = _partials(config, table)
@@ -273,7 +275,7 @@ def analyze(data, *, privacy_unit: str, keys: Sequence[str], metrics, candidates
             p_supp = np.zeros(len(key_list))
             if metric.threshold is not None and name in specs:
                 p_supp = _p_below(specs[name], expected, metric.threshold)
-                if aggregate._threshold_mode == "key":
+                if aggregate._output.threshold_mode == "key":
                     suppressed_any = 1 - (1 - suppressed_any) * (1 - p_supp)
             if keep is not None:
                 p_supp = 1 - keep * (1 - p_supp)
@@ -290,7 +292,7 @@ def analyze(data, *, privacy_unit: str, keys: Sequence[str], metrics, candidates
                 "median_relative_error": float(np.median(relative)) if len(key_list) else 0.0,
                 "mean_relative_error": float(np.mean(relative)) if len(key_list) else 0.0,
                 "share_keys_suppressed": float(np.mean(p_supp)) if len(key_list) else 0.0})
-        if aggregate._threshold_mode == "key":  # a key is dropped when any threshold fails
+        if aggregate._output.threshold_mode == "key":  # a key is dropped when any threshold fails
             for row in report.summary:
                 if row["candidate"] == candidate.name and len(key_list):
                     row["share_keys_suppressed"] = float(np.mean(suppressed_any))

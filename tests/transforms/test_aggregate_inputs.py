@@ -17,6 +17,7 @@ from accounting.sensitivity import ContributionBounds
 from transforms.aggregate import DPAggregate
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Count, Mean, Quantiles, Sum, VectorSum
+from aggregate_kit import aggregate_of
 
 BOUNDS = ContributionBounds(max_partitions=2, max_contributions_per_partition=2, min_value=0, max_value=10)
 KEYSET = PublicKeyset.from_keys(["DE", "FR", "JP"], ["country"])
@@ -33,7 +34,7 @@ def _aggregate(**kwargs):
                    metrics=[Count(), Sum(), Mean()], budget=PrivacyBudget(epsilon=1.0), keyset=KEYSET,
                    release_key=ReleaseKey.for_testing(8))
     options.update(kwargs)
-    return DPAggregate(**options)
+    return aggregate_of(**options)
 
 
 def _run(element, transform):

@@ -17,7 +17,7 @@ import pytest
 from accounting.budget import PrivacyBudget
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds
-from transforms.aggregate import DPAggregate
+from transforms.aggregate import Compute, DPAggregate, Keys, Output
 from transforms.keyset import PublicKeyset
 from transforms.metrics import (Count, Mean, Std, Variance, mean_error, mean_from_noisy,
                                 plan_measures, variance_error, variance_from_noisy)
@@ -113,13 +113,15 @@ def _store(tables, tag):
 
 
 def _release(testing: bool, seed: int, keys: int, rows: pa.Table):
-    aggregate = DPAggregate(privacy_unit="user", keys=["k"], value="v",
-                            metrics=[Count(), Mean(), Std()], error_columns=True,
-                            bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=3,
+    aggregate = DPAggregate(
+        compute=Compute(metrics=[Count(), Mean(), Std()], value="v"),
+        keys=Keys(privacy_unit="user", columns=["k"], keyset=PublicKeyset.from_keys(list(range(keys)), ["k"])),
+        output=Output(error_columns=True),
+        bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=3,
                                                       min_value=LOW, max_value=HIGH),
-                            keyset=PublicKeyset.from_keys(list(range(keys)), ["k"]),
-                            budget=PrivacyBudget(epsilon=2.0), release_key=ReleaseKey.for_testing(seed),
-                            testing=testing)
+        budget=PrivacyBudget(epsilon=2.0),
+        release_key=ReleaseKey.for_testing(seed),
+        testing=testing)
     with beam.Pipeline("FnApiRunner") as p:  # in this process: the Map stores the table here
         _ = (p | beam.Create([rows]) | aggregate | beam.combiners.ToList()
              | beam.Map(_store, (testing, seed)))
