@@ -146,8 +146,17 @@ class AggregateJob:
             if m.is_vector:
                 out += [f"{m.column}[{i}]" for i in range(m.dimension)]
             else:
-                out += list(m.output_columns)
+                out += list(m.output_columns) + self.error_columns(m)
         return out
+
+    def error_columns(self, metric: Metric) -> list:
+        """The error columns released beside ``metric`` (on by default): functions of its noisy
+        values and public noise parameters, audited as noisy columns."""
+        from transforms.aggregate import ERROR_COLUMN_KINDS
+
+        if not self.options.get("error_columns", True) or metric.kind not in ERROR_COLUMN_KINDS:
+            return []
+        return [metric.column + suffix for suffix in ("_ci95_low", "_ci95_high", "_std")]
 
     def expand_vectors(self, table: pa.Table) -> pa.Table:
         import pyarrow.compute as pc
@@ -184,7 +193,7 @@ class AggregateJob:
         # value mode: a value not above its threshold is null (and its error columns with it)
         value_mode = self.options.get("threshold_mode") == "value"
         thresholded = tuple(c for m in self.metrics if m.threshold is not None
-                            for c in m.output_columns) if value_mode else ()
+                            for c in [*m.output_columns, *self.error_columns(m)]) if value_mode else ()
         return TableRule(keys=self.keys, noisy=columns, bounds=bounds, public_keys=self.public_keys,
                          keys_private=private, tolerance=1e-6, thresholded=thresholded,
                          indicator_claim=transform.guarantee() if private else None)

@@ -28,16 +28,28 @@ columns (their input types), then per metric, in the order given:
   integer noise and integer values); ``mean``, ``variance``, ``std``: float64;
 * quantiles: one float64 column per quantile, ``<name>_p<100 q>`` (``median``,
   ``percentile_p50``...); ``vector_sum``: fixed_size_list<float64>[dimension];
-* with ``Output(error_columns=True)``, after each count / sum / privacy-unit count / mean / variance /
-  std ``<name>``: ``<name>_ci95_low``, ``<name>_ci95_high`` and ``<name>_std``, all float64.
-  For a count or a sum they are the noise's symmetric 95% interval around the released value
-  and its standard deviation. A mean, variance or std derives its error from the noise of the
-  sums and count it is computed from (:func:`transforms.metrics.mean_error`,
-  :func:`~transforms.metrics.variance_error`): the std by the delta method at the released
-  values, the interval as a bound that holds the noise-free value with probability at least 95%
-  for every count (a union bound over the noisy answers' own intervals); ``explain()`` states
-  how, with the numbers. They describe the noise only, not the bias of contribution bounding and
-  clamping; quantiles state their error in ``explain()``.
+* error columns, on by default (``Output(error_columns=False)`` leaves them out): after each
+  count / sum / privacy-unit count / mean / variance / std ``<name>``: ``<name>_ci95_low``,
+  ``<name>_ci95_high`` and ``<name>_std``, all float64 -- functions of released values and
+  public noise parameters only, so they cost no budget. For a count or a sum measured directly
+  they are the noise's symmetric 95% interval around the released value and its standard
+  deviation; a sum derived as ``S + midpoint N`` (below) has ``sqrt(std_S^2 + midpoint^2
+  std_N^2)`` and a union bound of the two noises' 97.5% intervals. A mean, variance or std
+  derives its error from the noise of the sums and count it is computed from
+  (:func:`transforms.metrics.mean_error`, :func:`~transforms.metrics.variance_error`): the std
+  by the delta method at the released values, the interval as a bound that holds the
+  noise-free value with probability at least 95% for every count (a union bound over the noisy
+  answers' own intervals); ``explain()`` states how, with the numbers. They describe the noise
+  only, not the bias of contribution bounding and clamping; quantiles state their error in
+  ``explain()``.
+
+Counts, sums, means, variances and standard deviations share the fewest noisy measures that
+determine them -- one noisy count, one normalised sum, one normalised sum of squares
+(:mod:`transforms.moments`): a mean is ``midpoint + S / N``, a sum beside a mean or variance is
+``S + midpoint N``; the budget split among them minimises the worst requested metric's stated
+variance, and ``explain()`` states how each released metric is derived. A mean, variance or
+std whose *noisy* count is below its ``min_count`` (default 1: a key that may have no rows) is
+null, with its error columns: a public rule on a released value.
 
 A null value (``Output(threshold_mode="value")``) means *suppressed*: the noisy value was not above its
 threshold, and its error columns are null too. With ``threshold_mode="key"`` (the default) such a key is not
@@ -69,6 +81,7 @@ and it refuses a secret release key, so it cannot make a real release.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -84,8 +97,9 @@ from accounting.sensitivity import ContributionBounds, Neighbouring
 from accounting.shared_budget import BudgetPart, selection_measure
 from transforms.bounding_stage import BoundedKeyPartials, BoundingConfig, check_schema
 from transforms.keyset import PublicKeyset
-from transforms.metrics import (Metric, MetricKind, as_metric, is_integer_range, mean_error,
-                                mean_from_noisy, plan_measures, variance_error, variance_from_noisy)
+from transforms.metrics import (Metric, MetricKind, as_metric, is_integer_range, is_moment,
+                                mean_error, mean_from_noisy, plan_measures, sum_from_noisy,
+                                variance_error, variance_from_noisy)
 from transforms.partials import PartialsSpec
 from transforms.release import SELECTION_PURPOSE, NoisyRelease, OutputColumn
 from transforms.selection import PrivateSelection, Selector
@@ -96,6 +110,8 @@ from transforms.tables import static_schema
 #: variance and standard deviation, whose errors derive from the noise of their sums and count.
 ERROR_COLUMN_KINDS = (MetricKind.COUNT, MetricKind.SUM, MetricKind.PRIVACY_UNIT_COUNT,
                       MetricKind.MEAN, MetricKind.VARIANCE, MetricKind.STD)
+#: Metrics that divide by the noisy count (a ``min_count`` rule nulls them where it is small).
+_RATIO_KINDS = (MetricKind.MEAN, MetricKind.VARIANCE, MetricKind.STD)
 
 
 # --------------------------------------------------------------------------- configuration
@@ -189,7 +205,7 @@ class Output:
 
     format: str = "arrow"
     threshold_mode: str = "key"
-    error_columns: bool = False
+    error_columns: bool = True
     num_shards: int = 32
 
     def __post_init__(self):
@@ -228,10 +244,12 @@ class DPAggregate(beam.PTransform):
         self.testing, self.release_key = testing, _release_key(release_key, testing)
         self.selection, self.keyset = keys.selection, keys.keyset
         integer_values = compute.integer_sums(bounds)
-        self.plan, self.measures, selection_share = plan_measures(
+        planned = plan_measures(
             compute.metrics, bounds, budget, neighbouring=neighbouring,
             selection_weight=keys.selection.weight if keys.selection else 0.0,
             selection_needs_delta=keys.selection is not None, integer_values=integer_values)
+        self.plan, self.measures, self.moments = planned.plan, planned.measures, planned.moments
+        selection_share = planned.selection_share
         self.selector = None
         if keys.selection is not None:
             self.selector = Selector.for_bounds(keys.selection, selection_share.epsilon,
@@ -254,6 +272,7 @@ class DPAggregate(beam.PTransform):
     def explain(self) -> str:
         """The release plan: each measure's mechanism, sensitivity, noise and budget share."""
         text = self.plan.explain()
+        text += self._derivations()
         text += self._quantile_errors()
         text += self._error_statements()
         if self.selector is not None:
@@ -288,28 +307,59 @@ class DPAggregate(beam.PTransform):
         c = self._config
         check_schema(schema, c.unit, c.keys, c.value, vector=c.vector is not None)
 
-    def _count_name(self) -> Optional[str]:
-        """The released count a mean, variance or standard deviation reuses, if any."""
-        return next((m.column for m in self._metrics if m.kind is MetricKind.COUNT), None)
+    def _derivations(self) -> str:
+        """How each released moment metric derives from the shared measures, and their split
+        (transforms.moments)."""
+        mo = self.moments
+        if mo is None:
+            return ""
+        mid, h, n, s, q = mo.midpoint, mo.half_range, mo.count, mo.nsum, mo.nsq
+        how = {MetricKind.COUNT: f"the noisy count {n}",
+               MetricKind.MEAN: f"{mid:g} + {s} / max({n}, 1), clamped to the range",
+               MetricKind.VARIANCE: f"{q} / N + {h * h / 2:g} - ({s} / N)^2 with N = max({n}, 1), "
+                                    f"within [0, {h * h:g}]",
+               MetricKind.STD: "the square root of the variance "
+                               f"{q} / N + {h * h / 2:g} - ({s} / N)^2, N = max({n}, 1)"}
+        how[MetricKind.SUM] = f"the noisy sum {mo.direct_sum}" if mo.direct_sum else \
+            f"{s} + {mid:g} x {n}"
+        lines = [f"{m.column}: {how[m.kind]}" + self._min_count_rule(m)
+                 for m in self._metrics if is_moment(m)]
+        split = ", ".join(f"{name} {100 * x:.4g}%" for name, x in mo.fractions.items())
+        lines.append(f"the moment metrics share {len(mo.names)} noisy measure(s), their budget split "
+                     f"{split}: the split minimising the worst requested metric's stated variance "
+                     f"per row (transforms.moments; worst normalised variance {mo.worst:.4g})")
+        return "\nderived metrics (post-processing of the measures above):\n" + "\n".join(lines)
+
+    def _min_count_rule(self, metric: Metric) -> str:
+        if metric.kind not in _RATIO_KINDS or metric.min_count is None:
+            return ""
+        return (f"; null (with its error columns) where the noisy count {self.moments.count} is "
+                f"below {metric.min_count:g}: a public rule on the noisy count only")
 
     def _outputs(self):
         """Released columns from the metrics (a mean derives from two noisy measures), each
         followed by its error columns when asked for."""
         outputs = []
-        count_name = self._count_name()
+        mo = self.moments
         for metric in self._metrics:
-            if metric.kind is MetricKind.MEAN:
+            if metric.kind is MetricKind.COUNT or (metric.kind is MetricKind.SUM and mo is not None
+                                                  and is_moment(metric) and mo.direct_sum):
+                measure = mo.count if metric.kind is MetricKind.COUNT else mo.direct_sum
+                outputs.append(OutputColumn(name=metric.column, measure=measure,
+                                            threshold=metric.threshold))
+            elif metric.kind is MetricKind.SUM and is_moment(metric):
+                derive = functools.partial(_sum_output, nsum=mo.nsum, count=mo.count, midpoint=mo.midpoint)
+                outputs.append(OutputColumn(name=metric.column, derive=derive, threshold=metric.threshold))
+            elif metric.kind is MetricKind.MEAN:
                 low, high = self._config.bounds.value_range()
-                nsum, count = f"{metric.column}.normalized_sum", count_name or f"{metric.column}.count"
-                derive = functools.partial(_mean_output, nsum=nsum, count=count, low=low, high=high)
+                derive = functools.partial(_mean_output, nsum=mo.nsum, count=mo.count, low=low,
+                                           high=high, min_count=metric.min_count)
                 outputs.append(OutputColumn(name=metric.column, derive=derive, threshold=metric.threshold))
             elif metric.kind in (MetricKind.VARIANCE, MetricKind.STD):
                 low, high = self._config.bounds.value_range()
                 derive = functools.partial(
-                    _variance_output, nsum=f"{metric.column}.normalized_sum",
-                    nsq=f"{metric.column}.normalized_squares",
-                    count=count_name or f"{metric.column}.count", low=low, high=high,
-                    std=metric.kind is MetricKind.STD)
+                    _variance_output, nsum=mo.nsum, nsq=mo.nsq, count=mo.count, low=low, high=high,
+                    std=metric.kind is MetricKind.STD, min_count=metric.min_count)
                 outputs.append(OutputColumn(name=metric.column, derive=derive, threshold=metric.threshold))
             elif metric.kind is MetricKind.QUANTILES:
                 tree = metric.tree(self._config.bounds)
@@ -321,21 +371,39 @@ class DPAggregate(beam.PTransform):
                 outputs.append(OutputColumn(name=metric.column, measure=metric.column,
                                             threshold=metric.threshold))
             if self._output.error_columns and metric.kind in ERROR_COLUMN_KINDS:
-                outputs += self._error_outputs(metric)
+                outputs += self._error_outputs(metric, outputs[-1])
         return outputs
 
-    def _error_outputs(self, metric: Metric) -> list:
-        """``<name>_ci95_low``, ``<name>_ci95_high`` and ``<name>_std`` of ``metric`` (each null
-        where its value is suppressed); :meth:`_error_statements` says how they are computed."""
-        if metric.kind in (MetricKind.COUNT, MetricKind.SUM, MetricKind.PRIVACY_UNIT_COUNT):
+    def _single_noise(self, metric: Metric):
+        """(std, 95% half-width) of a count or sum released as one noisy measure plus public
+        constants: its own noise's; a derived sum ``S + m N``: ``sqrt(std_S^2 + m^2 std_N^2)``
+        and a union bound, each measure's interval at level 97.5%."""
+        mo = self.moments
+        if metric.kind is MetricKind.SUM and is_moment(metric) and not mo.direct_sum:
+            s, n = self.measures[mo.nsum].spec, self.measures[mo.count].spec
+            level = 1 - (1 - 0.95) / 2
+            return (math.hypot(s.std, mo.midpoint * n.std),
+                    s.ci_halfwidth(level) + abs(mo.midpoint) * n.ci_halfwidth(level))
+        if metric.kind is MetricKind.COUNT:
+            spec = self.measures[mo.count].spec
+        elif metric.kind is MetricKind.SUM and is_moment(metric):
+            spec = self.measures[mo.direct_sum].spec
+        else:
             spec = self.measures[metric.column].spec
-            std, half = spec.std, spec.ci_halfwidth(0.95)
+        return spec.std, spec.ci_halfwidth(0.95)
+
+    def _error_outputs(self, metric: Metric, released: OutputColumn) -> list:
+        """``<name>_ci95_low``, ``<name>_ci95_high`` and ``<name>_std`` of ``metric`` (each null
+        where its value is suppressed; ``released``: its value's column); :meth:`_error_statements`
+        says how they are computed."""
+        if metric.kind in (MetricKind.COUNT, MetricKind.SUM, MetricKind.PRIVACY_UNIT_COUNT):
+            std, half = self._single_noise(metric)
             return [OutputColumn(name=metric.column + "_ci95_low", follows=metric.column,
-                                 derive=functools.partial(_offset_output, measure=metric.column, offset=-half)),
+                                 derive=functools.partial(_offset_output, source=released, offset=-half)),
                     OutputColumn(name=metric.column + "_ci95_high", follows=metric.column,
-                                 derive=functools.partial(_offset_output, measure=metric.column, offset=half)),
+                                 derive=functools.partial(_offset_output, source=released, offset=half)),
                     OutputColumn(name=metric.column + "_std", follows=metric.column,
-                                 derive=functools.partial(_constant_output, measure=metric.column, value=std))]
+                                 derive=functools.partial(_constant_output, source=released, value=std))]
         errors = self._derived_errors(metric)
         return [OutputColumn(name=metric.column + suffix, follows=metric.column,
                              derive=functools.partial(_error_output, errors=errors, part=part))
@@ -345,19 +413,22 @@ class DPAggregate(beam.PTransform):
         """``noisy answers -> (std, ci low, ci high)`` of a mean, variance or standard deviation
         (transforms.metrics.mean_error / variance_error), from its measures' public noise."""
         low, high = self._config.bounds.value_range()
-        nsum, count = f"{metric.column}.normalized_sum", self._count_name() or f"{metric.column}.count"
+        mo = self.moments
+        nsum, count = mo.nsum, mo.count
         sum_spec, count_spec = self.measures[nsum].spec, self.measures[count].spec
         if metric.kind is MetricKind.MEAN:
             level = 1 - (1 - 0.95) / 2  # two noisy answers: a union bound
             return functools.partial(_mean_errors, nsum=nsum, count=count, low=low, high=high,
+                                     min_count=metric.min_count,
                                      sum_std=sum_spec.std, count_std=count_spec.std,
                                      sum_half=sum_spec.ci_halfwidth(level),
                                      count_half=count_spec.ci_halfwidth(level))
-        nsq = f"{metric.column}.normalized_squares"
+        nsq = mo.nsq
         squares_spec = self.measures[nsq].spec
         level = 1 - (1 - 0.95) / 3  # three noisy answers: a union bound
         return functools.partial(_variance_errors, nsum=nsum, nsq=nsq, count=count, low=low,
-                                 high=high, sum_std=sum_spec.std, squares_std=squares_spec.std,
+                                 high=high, min_count=metric.min_count, sum_std=sum_spec.std,
+                                 squares_std=squares_spec.std,
                                  count_std=count_spec.std, sum_half=sum_spec.ci_halfwidth(level),
                                  squares_half=squares_spec.ci_halfwidth(level),
                                  count_half=count_spec.ci_halfwidth(level),
@@ -371,10 +442,13 @@ class DPAggregate(beam.PTransform):
         for metric in self._metrics:
             name = metric.column
             if metric.kind in (MetricKind.COUNT, MetricKind.SUM, MetricKind.PRIVACY_UNIT_COUNT):
-                spec = self.measures[name].spec
-                lines.append(f"{name}: error columns {name}_std = {spec.std:.4g} and {name}_ci95 = "
-                             f"value -/+ {spec.ci_halfwidth(0.95):.4g}: the noise's own standard "
-                             "deviation and symmetric 95% interval")
+                std, half = self._single_noise(metric)
+                derived = metric.kind is MetricKind.SUM and is_moment(metric) and not self.moments.direct_sum
+                lines.append(f"{name}: error columns {name}_std = {std:.4g} and {name}_ci95 = "
+                             f"value -/+ {half:.4g}: " + (
+                                 "the noise of the normalised sum and the count it is derived from "
+                                 "(a union bound of their 97.5% intervals)" if derived else
+                                 "the noise's own standard deviation and symmetric 95% interval"))
             elif metric.kind in (MetricKind.MEAN, MetricKind.VARIANCE, MetricKind.STD):
                 errors = self._derived_errors(metric).keywords
                 answers = [errors["nsum"]] + ([errors["nsq"]] if "nsq" in errors else []) + [errors["count"]]
@@ -411,8 +485,10 @@ class DPAggregate(beam.PTransform):
             fields.append(pa.field(k, typ))
         for metric in self._metrics:
             for column in metric.output_columns:
-                if metric.kind in (MetricKind.COUNT, MetricKind.PRIVACY_UNIT_COUNT) or \
-                        (metric.kind is MetricKind.SUM and self.measures[column].integer):
+                if metric.kind is MetricKind.COUNT:
+                    typ = pa.int64() if self.measures[self.moments.count].integer else pa.float64()
+                elif metric.kind is MetricKind.PRIVACY_UNIT_COUNT or \
+                        (metric.kind is MetricKind.SUM and not is_moment(metric)):
                     typ = pa.int64() if self.measures[column].integer else pa.float64()
                 elif metric.kind is MetricKind.VECTOR_SUM:
                     typ = pa.list_(pa.float64(), metric.dimension)
@@ -519,33 +595,52 @@ def _keyset_type(keyset, column):
     return batch.schema.field(column).type
 
 
-def _offset_output(noisy, *, measure, offset):
-    return np.asarray(noisy[measure], dtype=np.float64) + offset
+def _offset_output(noisy, *, source, offset):
+    return np.asarray(source.values(noisy), dtype=np.float64) + offset
 
 
-def _constant_output(noisy, *, measure, value):
-    return np.full(len(noisy[measure]), value, dtype=np.float64)
+def _constant_output(noisy, *, source, value):
+    return np.full(len(source.values(noisy)), value, dtype=np.float64)
 
 
-def _variance_output(noisy, *, nsum, nsq, count, low, high, std):
-    return variance_from_noisy(noisy[nsum], noisy[nsq], noisy[count], low, high, std=std)
+def _sum_output(noisy, *, nsum, count, midpoint):
+    return sum_from_noisy(noisy[nsum], noisy[count], midpoint)
 
 
 def _quantile_output(noisy, *, measure, tree, q):
     return tree.quantiles(noisy[measure], [q])[:, 0]
 
 
-def _mean_output(noisy, *, nsum, count, low, high):
-    return mean_from_noisy(noisy[nsum], noisy[count], low, high)
+def _below(noisy, count, min_count):
+    """Keys whose noisy count is below ``min_count`` (None: none): their ratio metrics are null."""
+    if min_count is None:
+        return None
+    return np.asarray(noisy[count], dtype=float) < min_count
 
 
-def _mean_errors(noisy, *, nsum, count, **noise):
-    return mean_error(noisy[nsum], noisy[count], **noise)
+def _masked(values, below):
+    return values if below is None else np.ma.masked_array(values, mask=below)
 
 
-def _variance_errors(noisy, *, nsum, nsq, count, **noise):
-    return variance_error(noisy[nsum], noisy[nsq], noisy[count], **noise)
+def _mean_output(noisy, *, nsum, count, low, high, min_count):
+    return _masked(mean_from_noisy(noisy[nsum], noisy[count], low, high), _below(noisy, count, min_count))
+
+
+def _variance_output(noisy, *, nsum, nsq, count, low, high, std, min_count):
+    return _masked(variance_from_noisy(noisy[nsum], noisy[nsq], noisy[count], low, high, std=std),
+                   _below(noisy, count, min_count))
+
+
+def _mean_errors(noisy, *, nsum, count, min_count, **noise):
+    below = _below(noisy, count, min_count)
+    return tuple(_masked(a, below) for a in mean_error(noisy[nsum], noisy[count], **noise))
+
+
+def _variance_errors(noisy, *, nsum, nsq, count, min_count, **noise):
+    below = _below(noisy, count, min_count)
+    return tuple(_masked(a, below) for a in variance_error(noisy[nsum], noisy[nsq], noisy[count], **noise))
 
 
 def _error_output(noisy, *, errors, part):
-    return np.asarray(errors(noisy)[part], dtype=np.float64)
+    values = errors(noisy)[part]
+    return values.astype(np.float64) if np.ma.isMaskedArray(values) else np.asarray(values, dtype=np.float64)

@@ -210,7 +210,6 @@ def analyze(data, *, privacy_unit: str, keys: Sequence[str], metrics, candidates
     """Utility of each candidate on ``data`` (module docstring). Metrics other than count,
     sum, mean and privacy-unit count are planned (they share the budget) but not analysed."""
     from transforms.aggregate import Compute, DPAggregate, Keys
-    from transforms.metrics import MetricKind
 
     if not candidates:
         raise ValueError("give at least one Candidate")
@@ -241,7 +240,6 @@ def analyze(data, *, privacy_unit: str, keys: Sequence[str], metrics, candidates
         rows_total = float(r["count"].sum())
         dropped = 1.0 - float(b["count"].sum()) / rows_total if rows_total else 0.0
         specs = {m.name: m.noise for m in aggregate.plan.measures}
-        count_name = next((m.column for m in aggregate._metrics if m.kind is MetricKind.COUNT), None)
         keep = None
         if aggregate.selector is not None:
             keep = np.array([aggregate.selector.keep_probability(int(n)) for n in b["units"]])
@@ -252,12 +250,10 @@ def analyze(data, *, privacy_unit: str, keys: Sequence[str], metrics, candidates
             if kind not in _ANALYSED:
                 continue
             name = metric.column
-            if kind == "count":
-                true, expected, std = r["count"], b["count"], np.full(len(key_list), specs[name].std)
-            elif kind == "privacy_unit_count":
-                true, expected, std = r["units"], b["units"], np.full(len(key_list), specs[name].std)
-            elif kind == "sum":
-                true, expected, std = r["sum"], b["sum"], np.full(len(key_list), specs[name].std)
+            if kind in ("count", "privacy_unit_count", "sum"):
+                column = {"count": "count", "privacy_unit_count": "units", "sum": "sum"}[kind]
+                std = np.full(len(key_list), aggregate._single_noise(metric)[0])
+                true, expected = r[column], b[column]
             else:
                 low, high = candidate.bounds.value_range()
                 mid = (low + high) / 2
@@ -265,8 +261,8 @@ def analyze(data, *, privacy_unit: str, keys: Sequence[str], metrics, candidates
                 n = np.maximum(b["count"], 1)
                 true = r["sum"] / n_true
                 expected = mid + b["nsum"] / n
-                count_spec = specs[count_name or f"{name}.count"]
-                nsum_spec = specs[f"{name}.normalized_sum"]
+                count_spec = specs[aggregate.moments.count]
+                nsum_spec = specs[aggregate.moments.nsum]
                 std = np.sqrt(nsum_spec.std ** 2 + (b["nsum"] / n) ** 2 * count_spec.std ** 2) / n
                 std = np.minimum(std, (high - low) / 2)
             bias = expected - true

@@ -154,7 +154,7 @@ def test_private_selection_is_a_measure_composed_with_the_others():
         testing=True)
     _aggregate(shared.part("b"), "B")
     names = [m.name for m in shared.measures()]
-    assert names == ["count", "a/key_selection", "count", "sum"]
+    assert names == ["count", "a/key_selection", "count", "sum.normalized_sum"]  # the sum: S + m N
     selection = shared.measures()[1]
     assert (selection.epsilon, selection.delta) == (a.selector.epsilon, a.selector.delta)
     assert selection.noise is None and "private key selection" in selection.mechanism
@@ -184,5 +184,5 @@ def test_a_parts_budget_is_spendable_only_through_its_shared_budget():
             ReachFrequencyNoise(budget=budget, num_publishers=1)
         with pytest.raises(ValueError, match="spendable only through it"):
             choose_bounds([{"u": 1, "k": "x"}], privacy_unit="u", keys=["k"], budget=budget)
-    assert [m.name for m in shared.measures()] == ["count", "sum"]
+    assert [m.name for m in shared.measures()] == ["count", "sum.normalized_sum"]
     assert shared.guarantee().epsilon == pytest.approx(0.5)

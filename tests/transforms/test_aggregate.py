@@ -75,6 +75,7 @@ def test_testing_mode_exact_results_with_keyset():
     transform = DPAggregate(
         compute=Compute(metrics=[Count(), Sum(), Mean(), PrivacyUnitCount()], value="v"),
         keys=Keys(privacy_unit="user", columns=["country"], keyset=keyset),
+        output=Output(error_columns=False),  # exact values only
         bounds=BOUNDS,
         budget=PrivacyBudget(epsilon=1.0),
         testing=True)
@@ -159,6 +160,7 @@ def test_private_selection_with_testing_mode_gives_exact_values():
     transform = DPAggregate(
         compute=Compute(metrics=[Count(), PrivacyUnitCount()]),
         keys=Keys(privacy_unit="user", columns=["page"], selection=PrivateSelection()),
+        output=Output(error_columns=False),  # exact values only
         bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
         budget=PrivacyBudget(epsilon=1.0, delta=1e-6),
         testing=True)
@@ -188,6 +190,7 @@ def test_bad_rows_follow_rules_and_are_counted():
     transform = DPAggregate(
         compute=Compute(metrics=[Count(), Sum()], value="v"),
         keys=Keys(privacy_unit="user", columns=["country"], keyset=PublicKeyset.from_keys(["DE"], ["country"])),
+        output=Output(error_columns=False),  # exact values only
         bounds=BOUNDS,
         budget=PrivacyBudget(epsilon=1.0),
         testing=True)
@@ -399,6 +402,7 @@ def test_dp_aggregate_integer_sum_that_would_wrap_fails_the_run():
     transform = DPAggregate(
         compute=Compute(metrics=[Sum(noise="discrete_laplace")], value="v"),
         keys=Keys(privacy_unit="user", columns=["country"], keyset=PublicKeyset.from_keys(["DE"], ["country"])),
+        output=Output(error_columns=False),  # exact values only
         bounds=bounds,
         budget=PrivacyBudget(epsilon=1.0),
         testing=True)

@@ -2,6 +2,7 @@
 point 4)."""
 import glob
 import json
+import math
 import os
 import tempfile
 
@@ -93,11 +94,15 @@ def test_error_columns_state_std_and_interval_and_follow_suppression():
         else:
             assert r["count_std"] == pytest.approx(spec.std)
             assert r["count_ci95_high"] - r["count"] == pytest.approx(spec.ci_halfwidth(0.95))
+        # the sum is S + midpoint N: a union bound of the two noises' 97.5% intervals
+        mo = transform.moments
+        s, n = transform.measures[mo.nsum].spec, transform.measures[mo.count].spec
         assert r["sum_ci95_high"] - r["sum_ci95_low"] == pytest.approx(
-            2 * transform.measures["sum"].spec.ci_halfwidth(0.95))
+            2 * (s.ci_halfwidth(0.975) + abs(mo.midpoint) * n.ci_halfwidth(0.975)))
+        assert r["sum_std"] == pytest.approx(math.hypot(s.std, mo.midpoint * n.std))
         assert r["mean_ci95_low"] <= r["mean"] <= r["mean_ci95_high"] and r["mean_std"] > 0
     assert {r["count"] is None for r in rows} == {True, False}  # the threshold bites on this data
-    assert "mean: error columns derived from the noise of mean.normalized_sum, count" in \
+    assert "mean: error columns derived from the noise of sum.normalized_sum, count" in \
         transform.explain()
 
 

@@ -254,8 +254,12 @@ def test_reserved_measure_names_are_refused(metrics):
 def test_budget_check_counts_private_selection():
     from transforms.metrics import check_within_budget, plan_measures
 
-    plan, _, share = plan_measures([Count()], ONE, PrivacyBudget(epsilon=1.0, delta=1e-6),
+    planned = plan_measures([Count()], ONE, PrivacyBudget(epsilon=1.0, delta=1e-6),
                                    selection_weight=1.0, selection_needs_delta=True)
+
+    plan = planned.plan
+
+    share = planned.selection_share
     check_within_budget(plan, (share.epsilon, share.delta))            # 0.5 + 0.5 = 1.0
     with pytest.raises(ValueError, match="beyond the declared budget"):
         check_within_budget(plan, (1.0, share.delta))                   # 0.5 + 1.0 > 1.0
