@@ -175,7 +175,7 @@ def leg_ours_new(data: str, out: str, seed: int) -> dict:
     from accounting.budget import PrivacyBudget
     from accounting.keys import ReleaseKey
     from accounting.sensitivity import ContributionBounds
-    from transforms.aggregate import DPAggregate
+    from transforms.aggregate import Compute, DPAggregate, Keys
     from transforms.keyset import PublicKeyset
     from transforms.metrics import Percentiles, Variance, VectorSum
     from transforms.tables import ReadParquetTables, WriteReleasedParquet
