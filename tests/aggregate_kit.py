@@ -95,7 +95,8 @@ def aggregate_of(**flat) -> DPAggregate:
 class AggregateJob:
     """One DPAggregate configuration, callable as an audited job ``(dataset, seed, exact)``.
 
-    public_keys: the keyset (keyset mode) or None with ``selection`` (private selection).
+    public_keys: the keyset (keyset mode) or None with ``selection`` (private selection); both:
+    the keyset and private selection of ``outside_keys`` beside it.
     The release runs on one shard so its single table's row order is the released order.
     """
 
@@ -107,6 +108,7 @@ class AggregateJob:
     budget: PrivacyBudget
     public_keys: Optional[Sequence] = None
     selection: Optional[PrivateSelection] = None
+    outside_keys: Sequence = ()   # with both: the keys outside the keyset selection may release
     neighbouring: Neighbouring = Neighbouring.ADD_REMOVE
     input: str = "arrow"          # or "dicts": rows as dicts (the dict / Row input path)
     options: dict = field(default_factory=dict)   # other DPAggregate arguments
@@ -128,8 +130,12 @@ class AggregateJob:
         elements = arrow_batches(dataset) if self.input == "arrow" else dataset.rows()
         tables = run_and_collect(lambda p: p | "Input" >> beam.Create(elements, reshuffle=False)
                                  | "DPAggregate" >> transform)
-        if len(tables) > 1:
+        both = self.selection is not None and self.public_keys is not None
+        if len(tables) > 1 + both:
             raise AssertionError(f"one shard emitted {len(tables)} tables")
+        if len(tables) == 2:  # the keyset's keys and the selected ones: one table, in key order
+            tables = [pa.concat_tables(tables, promote_options="permissive").sort_by(
+                [(k, "ascending") for k in self.keys])]
         columns = [*self.keys, *self.released_columns()]
         table = Table.from_arrow(self.expand_vectors(tables[0])) if tables else \
             Table(columns=columns, rows=())
@@ -194,7 +200,12 @@ class AggregateJob:
         value_mode = self.options.get("threshold_mode") == "value"
         thresholded = tuple(c for m in self.metrics if m.threshold is not None
                             for c in [*m.output_columns, *self.error_columns(m)]) if value_mode else ()
+        candidates = None
+        if self.selection is not None and self.public_keys is not None:
+            candidates = [(k,) if not isinstance(k, tuple) else k
+                          for k in [*self.public_keys, *self.outside_keys]]
         return TableRule(keys=self.keys, noisy=columns, bounds=bounds, public_keys=self.public_keys,
+                         candidate_keys=candidates,
                          keys_private=private, tolerance=1e-6, thresholded=thresholded,
                          indicator_claim=transform.guarantee() if private else None)
 

@@ -64,9 +64,11 @@ Data flow (every step works on Arrow batches; only bounded partials are shuffled
    for the operator only) and the canonical form of privacy-unit ids (7, 7.0 and "7" are one
    unit; a unit column that cannot hold ids is refused before the pipeline runs).
 3. The release stage (:class:`~transforms.release.NoisyRelease`) sums partials per key shard.
-4. Keys are chosen: the public keyset (left join: keys without rows get zeros) or private key
-   selection. Noise is drawn per key from the release key and the measure's name, and release
-   thresholds (post-processing) suppress keys.
+4. Keys are chosen: the public keyset (left join: keys without rows get zeros), private key
+   selection, or both (the keyset's keys, and the keys outside it selected privately: bounding
+   sees every key, so one contribution bound covers both sides; the selected side is noised
+   under a child of the release key). Noise is drawn per key from the release key and the
+   measure's name, and release thresholds (post-processing) suppress keys.
 
 Keys: every random choice derives from ``release_key``. A key's secret drives each purpose once
 per process (:meth:`accounting.keys.ReleaseKey.claim`): one ``DPAggregate`` applied twice, or two
@@ -173,7 +175,9 @@ class Compute:
 @dataclass(frozen=True, kw_only=True)
 class Keys:
     """Whose rows and which keys: the ``privacy_unit`` column, the key ``columns``, and how the
-    released keys are chosen -- a public ``keyset`` or a private ``selection``."""
+    released keys are chosen -- a public ``keyset``, a private ``selection``, or both: every
+    keyset key released (keys without rows get zeros) and the keys outside it (never an
+    excluded one) chosen privately, all under one contribution bound and one budget."""
 
     privacy_unit: str
     columns: tuple
@@ -187,8 +191,9 @@ class Keys:
             raise ValueError("keys must name at least one key column")
         if not isinstance(self.privacy_unit, str) or not all(isinstance(k, str) for k in columns):
             raise TypeError("privacy_unit, keys and value must be column names (strings)")
-        if self.keyset is not None and self.selection is not None:
-            raise ValueError("give either a public keyset or a private selection, not both")
+        if self.keyset is not None and self.selection is not None and not self.keyset.in_memory:
+            raise ValueError("a public keyset with private selection of the keys outside it needs "
+                             "an in-memory keyset (a list, table, file or cross product)")
         if self.keyset is None and self.selection is None:
             raise ValueError("no public keyset: pass keyset=PublicKeyset(...) or "
                              "selection=PrivateSelection() for private key selection")
@@ -278,6 +283,11 @@ class DPAggregate(beam.PTransform):
         if self.selector is not None:
             s = self.selector
             total = self.guarantee()
+            if self.keyset is not None:
+                text += ("\nkeys: every key of the public keyset, and the keys outside it (never an "
+                         "excluded one) chosen by private selection; one contribution bound across "
+                         "both, so each unit's rows count once; the measures' noise covers every "
+                         "key (the two sides are disjoint)")
             text += (f"\nkey selection: {s.selection.strategy.value}, epsilon={s.epsilon:g}, "
                      f"delta={s.delta:g}, keys moved by one neighbouring change={s.max_partitions}"
                      f"\nwhole release with key selection: epsilon={total.epsilon:g}, delta={total.delta:g}")
@@ -513,19 +523,34 @@ class DPAggregate(beam.PTransform):
                                  f"(columns: {sorted(schema.names)})")
             if len(typed) == len(schema):
                 check_schema(schema, c.unit, c.keys, c.value, vector=c.vector is not None)
+        both = self.keyset is not None and self.selector is not None
         pcollection_keyset = None if self.keyset is None or self.keyset.in_memory else self.keyset
         # An in-memory keyset: bounded rows and partials carry the key's position in it, not the
-        # key columns (8 bytes per row through the shuffles; NoisyRelease joins on it).
-        by_position = self.keyset is not None and self.keyset.in_memory
+        # key columns (8 bytes per row through the shuffles; NoisyRelease joins on it). With
+        # private selection beside it, bounding sees every key (one bound across both) and the
+        # partials keep their key columns.
+        by_position = self.keyset is not None and self.keyset.in_memory and not both
         partials = pcoll | "BoundContributions" >> BoundedKeyPartials(c, pcollection_keyset,
                                                                       by_position=by_position)
-        measures = list(self.measures.values())
-        partial_types = c.partials.partial_types(has_value=c.value is not None,
-                                                 integer_sum=c.integer_values)
-        released = partials | "Release" >> NoisyRelease(
-            keys=c.keys, measures=measures, outputs=self._outputs(), partial_types=partial_types,
-            release_key=self.release_key, keyset=self.keyset, selector=self.selector,
-            testing=self.testing, num_shards=c.num_shards, threshold_mode=self._output.threshold_mode)
+        release = functools.partial(
+            NoisyRelease, keys=c.keys, measures=list(self.measures.values()),
+            outputs=self._outputs(), testing=self.testing, num_shards=c.num_shards,
+            partial_types=c.partials.partial_types(has_value=c.value is not None,
+                                                   integer_sum=c.integer_values),
+            threshold_mode=self._output.threshold_mode)
+        if not both:
+            released = partials | "Release" >> release(release_key=self.release_key, keyset=self.keyset,
+                                                       selector=self.selector)
+        else:
+            # The keyset's keys (left join: the others are dropped there) under the release key;
+            # the keys outside it (and not excluded) selected privately, noised under a child of
+            # the key (each key is on one side only: the same measures on disjoint keys).
+            public = partials | "ReleaseKeyset" >> release(release_key=self.release_key,
+                                                           keyset=self.keyset, selector=None)
+            outside = (partials | "OutsideKeyset" >> beam.Map(_outside_keyset, keyset=self.keyset)
+                       | "ReleaseSelected" >> release(release_key=self.release_key.derive(_OUTSIDE),
+                                                      keyset=None, selector=self.selector))
+            released = (public, outside) | "Released" >> beam.Flatten()
         if self._output.format == "dicts":
             return released | "ToDicts" >> beam.FlatMap(lambda t: t.to_pylist())
         return released
@@ -586,8 +611,23 @@ def _bounding_config(compute: Compute, keys: Keys, bounds: ContributionBounds, r
         vector=vector.vector_spec() if vector is not None else None)
     return BoundingConfig(unit=keys.privacy_unit, keys=list(keys.columns),
                           value=compute.value if compute.needs_value else None, bounds=bounds,
-                          release_key=release_key, keyset=keys.keyset, num_shards=num_shards,
+                          release_key=release_key,
+                          keyset=None if keys.selection is not None else keys.keyset,
+                          num_shards=num_shards,
                           integer_values=integer_values, midpoint=(low + high) / 2, partials=partials)
+
+
+#: The derivation label of the key that noises and selects the keys outside a public keyset.
+_OUTSIDE = "outside_keyset"
+
+
+def _outside_keyset(table: pa.Table, *, keyset: PublicKeyset) -> pa.Table:
+    """The partials of keys outside an in-memory ``keyset`` and not excluded by it (those the
+    private selection beside the keyset may release)."""
+    if not table.num_rows:
+        return table
+    keep = (keyset.positions(table) < 0) & ~keyset.excluded_mask(table)
+    return table.filter(pa.array(keep))
 
 
 def _keyset_type(keyset, column):

@@ -193,6 +193,16 @@ MUTANTS = (
                "test_count_and_sum_derived_from_one_count_and_one_normalised_sum_keep_the_claim",),
     ),
     Mutant(
+        name="keyset-keys-selected-too",
+        leak="a public keyset with private selection beside it sends the keyset's own keys "
+             "through the selection as well: those keys are released twice, each with noise of "
+             "its own, so their measures are spent twice",
+        file="transforms/aggregate.py",
+        snippet="    keep = (keyset.positions(table) < 0) & ~keyset.excluded_mask(table)\n",
+        replacement="    keep = ~keyset.excluded_mask(table)\n",
+        tests=(f"{AUDIT}[dp_aggregate/keyset_and_selection]",),
+    ),
+    Mutant(
         name="lark-faulty-record-dropped",
         leak="one Masked LARk record's bad value decides whether its report exists: the record "
              "is dropped instead of neutralised, so the report count of its key -- public under "

@@ -408,3 +408,40 @@ def test_dp_aggregate_integer_sum_that_would_wrap_fails_the_run():
         testing=True)
     with pytest.raises(Exception, match="outside the int64 range"):
         _run(rows, transform)
+
+
+def test_public_keyset_and_private_selection_of_the_keys_outside_it_in_one_call():
+    """Issue 39: every keyset key released (FR without rows, with zeros), keys outside it
+    selected privately (BR, busy: kept; XX, one unit: not), an excluded key (IT) never, all
+    under one contribution bound: u0's rows count once across public and private keys."""
+    rows = [{"user": f"u{i}", "country": "DE", "v": 1.0} for i in range(30)]
+    rows += [{"user": f"b{i}", "country": "BR", "v": 2.0} for i in range(60)]
+    rows += [{"user": "lone", "country": "XX", "v": 3.0}]
+    rows += [{"user": f"i{i}", "country": "IT", "v": 4.0} for i in range(60)]
+    rows += [{"user": "u0", "country": "BR", "v": 5.0}]  # u0's second key: over L0 = 1
+    keyset = PublicKeyset.from_keys(["DE", "FR", "IT"], ["country"]).exclude("country", ["IT"])
+    bounds = ContributionBounds(max_partitions=1, max_contributions_per_partition=1,
+                                min_value=0, max_value=10)
+
+    def transform(testing, seed):
+        return DPAggregate(
+            compute=Compute(metrics=[Count(), Sum()], value="v"),
+            keys=Keys(privacy_unit="user", columns=["country"], keyset=keyset,
+                      selection=PrivateSelection()),
+            output=Output(error_columns=False), bounds=bounds,
+            budget=PrivacyBudget(epsilon=1.0, delta=1e-5),
+            release_key=ReleaseKey.for_testing(seed), testing=testing)
+
+    exact = {r["country"]: r for r in _run(rows, transform(True, 1))}
+    assert set(exact) == {"DE", "FR", "BR"}
+    assert exact["FR"]["count"] == 0 and exact["BR"]["count"] + exact["DE"]["count"] == 90
+    noisy = transform(False, 2)
+    got = {r["country"] for r in _run(rows, noisy)}
+    assert {"DE", "FR"} <= got and "IT" not in got and "XX" not in got
+    claim = noisy.guarantee()
+    assert (claim.epsilon, claim.delta) == pytest.approx((1.0, 1e-5))
+    assert "every key of the public keyset, and the keys outside it" in noisy.explain()
+    with pytest.raises(ValueError, match="in-memory keyset"):
+        Keys(privacy_unit="user", columns=["country"], selection=PrivateSelection(),
+             keyset=PublicKeyset.from_pcollection(beam.Pipeline() | beam.Create([{"country": "DE"}]),
+                                                  ["country"], expected_size=1))
