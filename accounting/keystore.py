@@ -25,7 +25,7 @@ written)::
     from accounting.keys import KeyReuseError
     from accounting.keystore import KeyStore
     from accounting.sensitivity import ContributionBounds
-    from transforms.aggregate import DPAggregate
+    from transforms.aggregate import Compute, DPAggregate, Keys
     from transforms.keyset import PublicKeyset
     from transforms.metrics import Count
 
@@ -34,11 +34,12 @@ written)::
     def release(day, rows, key):
         with beam.Pipeline() as p:
             (p | beam.Create([pa.Table.from_pylist(rows)])
-               | DPAggregate(privacy_unit="user", keys=["country"], metrics=[Count()],
+               | DPAggregate(compute=Compute(metrics=[Count()]),
+                             keys=Keys(privacy_unit="user", columns=["country"],
+                                       keyset=PublicKeyset.from_keys(["DE", "FR"], ["country"])),
                              bounds=ContributionBounds(max_partitions=1,
                                                        max_contributions_per_partition=1),
-                             budget=PrivacyBudget(epsilon=1.0), release_key=key,
-                             keyset=PublicKeyset.from_keys(["DE", "FR"], ["country"]))
+                             budget=PrivacyBudget(epsilon=1.0), release_key=key)
                | beam.Map(lambda table: print(day, "released", table.num_rows, "rows")))
 
     days = {"2024-05-01": [{"user": 1, "country": "DE"}, {"user": 2, "country": "FR"}],

@@ -81,18 +81,20 @@ def leg_ours(data: str, out: str, seed: int, testing: bool) -> dict:
 
     from accounting.budget import PrivacyBudget
     from accounting.sensitivity import ContributionBounds
-    from transforms.aggregate import DPAggregate
+    from transforms.aggregate import Compute, DPAggregate, Keys
     from transforms.keyset import PublicKeyset
     from transforms.metrics import Count, Sum
     from accounting.keys import ReleaseKey
 
     keyset = PublicKeyset.from_table(pa.table({"key": pa.array(range(NUM_KEYS), pa.int64())}))
-    transform = DPAggregate(privacy_unit="user_id", keys=["key"], value="value",
-                            metrics=[Count(), Sum()],
-                            bounds=ContributionBounds(max_partitions=L0, max_contributions_per_partition=LINF,
+    transform = DPAggregate(
+        compute=Compute(metrics=[Count(), Sum()], value="value"),
+        keys=Keys(privacy_unit="user_id", columns=["key"], keyset=keyset),
+        bounds=ContributionBounds(max_partitions=L0, max_contributions_per_partition=LINF,
                                                      min_value=LOW, max_value=HIGH),
-                            budget=PrivacyBudget(epsilon=EPSILON), keyset=keyset,
-                            release_key=ReleaseKey.for_testing(seed), testing=testing)
+        budget=PrivacyBudget(epsilon=EPSILON),
+        release_key=ReleaseKey.for_testing(seed),
+        testing=testing)
     start = time.perf_counter()
     with beam.Pipeline(options=_in_process_options()) as p:
         (p | ReadFromParquetBatched(data) | transform
@@ -173,26 +175,29 @@ def leg_ours_new(data: str, out: str, seed: int) -> dict:
     from accounting.budget import PrivacyBudget
     from accounting.keys import ReleaseKey
     from accounting.sensitivity import ContributionBounds
-    from transforms.aggregate import DPAggregate
+    from transforms.aggregate import Compute, DPAggregate, Keys
     from transforms.keyset import PublicKeyset
     from transforms.metrics import Percentiles, Variance, VectorSum
     from transforms.tables import ReadParquetTables, WriteReleasedParquet
 
     keyset = PublicKeyset.from_table(pa.table({"key": pa.array(range(NUM_KEYS), pa.int64())}))
     key = ReleaseKey.for_testing(seed)
-    scalar = DPAggregate(privacy_unit="user_id", keys=["key"], value="value",
-                         metrics=[Percentiles([50, 90]), Variance()],
-                         bounds=ContributionBounds(max_partitions=L0, max_contributions_per_partition=LINF,
+    scalar = DPAggregate(
+        compute=Compute(metrics=[Percentiles([50, 90]), Variance()], value="value"),
+        keys=Keys(privacy_unit="user_id", columns=["key"], keyset=keyset),
+        bounds=ContributionBounds(max_partitions=L0, max_contributions_per_partition=LINF,
                                                    min_value=LOW, max_value=HIGH),
-                         budget=PrivacyBudget(epsilon=EPSILON), keyset=keyset, release_key=key.derive("a"))
+        budget=PrivacyBudget(epsilon=EPSILON),
+        release_key=key.derive("a"))
     from transforms.selection import PrivateSelection
 
     # Private key selection, as PipelineDP's vector sum needs (see PIPELINEDP_NEW_LEG).
-    vector = DPAggregate(privacy_unit="user_id", keys=["key"], value="vec",
-                         metrics=[VectorSum(dimension=2, max_norm=VECTOR_NORM, norm="l1")],
-                         bounds=ContributionBounds(max_partitions=L0, max_contributions_per_partition=LINF),
-                         budget=PrivacyBudget(epsilon=EPSILON, delta=1e-6),
-                         selection=PrivateSelection(), release_key=key.derive("b"))
+    vector = DPAggregate(
+        compute=Compute(metrics=[VectorSum(dimension=2, max_norm=VECTOR_NORM, norm="l1")], value="vec"),
+        keys=Keys(privacy_unit="user_id", columns=["key"], selection=PrivateSelection()),
+        bounds=ContributionBounds(max_partitions=L0, max_contributions_per_partition=LINF),
+        budget=PrivacyBudget(epsilon=EPSILON, delta=1e-6),
+        release_key=key.derive("b"))
     with beam.Pipeline(options=_in_process_options()) as p:
         rows = p | ReadParquetTables(data, columns=["user_id", "key", "value", "vec"])
         (rows | "Scalar" >> scalar

@@ -103,7 +103,7 @@ def leg(directory: str, engine: str, keyset_via: str = "staging") -> dict:
     from accounting.sensitivity import ContributionBounds
     from runners import execution
     from runners.profiles import pipeline_options_for
-    from transforms.aggregate import DPAggregate
+    from transforms.aggregate import Compute, DPAggregate, Keys
     from transforms.keyset import PublicKeyset
     from transforms.metrics import Count
 
@@ -124,13 +124,14 @@ def leg(directory: str, engine: str, keyset_via: str = "staging") -> dict:
                 | "ReadKeyset" >> beam.FlatMap(_read).with_output_types(pa.RecordBatch))
         released = (p | "RowFiles" >> beam.Create(rows)
                     | "ReadRows" >> beam.FlatMap(_read).with_output_types(pa.RecordBatch)
-                    | DPAggregate(privacy_unit="user", keys=["key"], metrics=[Count()],
-                                  bounds=ContributionBounds(max_partitions=1,
+                    | DPAggregate(
+                        compute=Compute(metrics=[Count()]),
+                        keys=Keys(privacy_unit="user", columns=["key"], keyset=PublicKeyset.from_pcollection(keys, ["key"], expected_size=keyset_size,
+                                                                       staging_dir=staging)),
+                        bounds=ContributionBounds(max_partitions=1,
                                                             max_contributions_per_partition=1),
-                                  keyset=PublicKeyset.from_pcollection(keys, ["key"], expected_size=keyset_size,
-                                                                       staging_dir=staging),
-                                  budget=PrivacyBudget(epsilon=EPSILON),
-                                  release_key=ReleaseKey.for_testing(1)))
+                        budget=PrivacyBudget(epsilon=EPSILON),
+                        release_key=ReleaseKey.for_testing(1)))
         (released | beam.Map(lambda t: t.num_rows) | beam.CombineGlobally(sum)
          | beam.Map(lambda n: open(os.path.join(directory, f".released-{engine}"), "w")
                     .write(str(n))))

@@ -30,7 +30,7 @@ from accounting.budget import PrivacyBudget
 from accounting.verification.dp_tester import ReleaseLayout
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds, Neighbouring
-from transforms.aggregate import DPAggregate
+from transforms.aggregate import Compute, DPAggregate, Keys, Output
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Metric
 from transforms.selection import PrivateSelection
@@ -68,11 +68,35 @@ def arrow_batches(dataset: Dataset) -> list[pa.Table]:
     return [pa.Table.from_pylist(list(batch)) for batch in dataset.batches if batch]
 
 
+#: DPAggregate's configuration objects and the flat argument names each takes (the tests'
+#: shorthand, :func:`aggregate_of`).
+_FLAT = {"compute": (Compute, {"metrics": "metrics", "value": "value", "integer_values": "integer_values"}),
+         "keys": (Keys, {"privacy_unit": "privacy_unit", "keys": "columns", "keyset": "keyset",
+                         "selection": "selection"}),
+         "output": (Output, {"output": "format", "threshold_mode": "threshold_mode",
+                             "error_columns": "error_columns", "num_shards": "num_shards"})}
+
+
+def aggregate_of(**flat) -> DPAggregate:
+    """A DPAggregate from flat arguments, as tests vary one of them at a time: ``privacy_unit``,
+    ``keys``, ``keyset``, ``selection`` -> :class:`~transforms.aggregate.Keys`; ``metrics``,
+    ``value``, ``integer_values`` -> ``Compute``; ``output``, ``threshold_mode``,
+    ``error_columns``, ``num_shards`` -> ``Output``; the others (bounds, budget, release_key,
+    testing, neighbouring, label) as they are."""
+    arguments = {}
+    for name, (cls, fields) in _FLAT.items():
+        given = {new: flat.pop(old) for old, new in fields.items() if old in flat}
+        if given or name != "output":
+            arguments[name] = cls(**given)
+    return DPAggregate(**arguments, **flat)
+
+
 @dataclass(frozen=True, kw_only=True)
 class AggregateJob:
     """One DPAggregate configuration, callable as an audited job ``(dataset, seed, exact)``.
 
-    public_keys: the keyset (keyset mode) or None with ``selection`` (private selection).
+    public_keys: the keyset (keyset mode) or None with ``selection`` (private selection); both:
+    the keyset and private selection of ``outside_keys`` beside it.
     The release runs on one shard so its single table's row order is the released order.
     """
 
@@ -84,6 +108,7 @@ class AggregateJob:
     budget: PrivacyBudget
     public_keys: Optional[Sequence] = None
     selection: Optional[PrivateSelection] = None
+    outside_keys: Sequence = ()   # with both: the keys outside the keyset selection may release
     neighbouring: Neighbouring = Neighbouring.ADD_REMOVE
     input: str = "arrow"          # or "dicts": rows as dicts (the dict / Row input path)
     options: dict = field(default_factory=dict)   # other DPAggregate arguments
@@ -94,19 +119,23 @@ class AggregateJob:
         return PublicKeyset.from_keys(list(self.public_keys), list(self.keys))
 
     def transform(self, key: ReleaseKey, exact: bool, *, keys=None, keyset=None) -> DPAggregate:
-        return DPAggregate(privacy_unit=self.unit, keys=list(keys or self.keys), value=self.value,
-                           metrics=list(self.metrics), bounds=self.bounds, budget=self.budget,
-                           keyset=keyset if keyset is not None else self.keyset(),
-                           selection=self.selection, neighbouring=self.neighbouring,
-                           release_key=key, testing=exact, num_shards=1, **self.options)
+        return aggregate_of(privacy_unit=self.unit, keys=list(keys or self.keys), value=self.value,
+                            metrics=list(self.metrics), bounds=self.bounds, budget=self.budget,
+                            keyset=keyset if keyset is not None else self.keyset(),
+                            selection=self.selection, neighbouring=self.neighbouring,
+                            release_key=key, testing=exact, num_shards=1, **self.options)
 
     def __call__(self, dataset: Dataset, seed: int, exact: bool) -> Release:
         transform = self.transform(ReleaseKey.for_testing(seed), exact)
         elements = arrow_batches(dataset) if self.input == "arrow" else dataset.rows()
         tables = run_and_collect(lambda p: p | "Input" >> beam.Create(elements, reshuffle=False)
                                  | "DPAggregate" >> transform)
-        if len(tables) > 1:
+        both = self.selection is not None and self.public_keys is not None
+        if len(tables) > 1 + both:
             raise AssertionError(f"one shard emitted {len(tables)} tables")
+        if len(tables) == 2:  # the keyset's keys and the selected ones: one table, in key order
+            tables = [pa.concat_tables(tables, promote_options="permissive").sort_by(
+                [(k, "ascending") for k in self.keys])]
         columns = [*self.keys, *self.released_columns()]
         table = Table.from_arrow(self.expand_vectors(tables[0])) if tables else \
             Table(columns=columns, rows=())
@@ -123,8 +152,17 @@ class AggregateJob:
             if m.is_vector:
                 out += [f"{m.column}[{i}]" for i in range(m.dimension)]
             else:
-                out += list(m.output_columns)
+                out += list(m.output_columns) + self.error_columns(m)
         return out
+
+    def error_columns(self, metric: Metric) -> list:
+        """The error columns released beside ``metric`` (on by default): functions of its noisy
+        values and public noise parameters, audited as noisy columns."""
+        from transforms.aggregate import ERROR_COLUMN_KINDS
+
+        if not self.options.get("error_columns", True) or metric.kind not in ERROR_COLUMN_KINDS:
+            return []
+        return [metric.column + suffix for suffix in ("_ci95_low", "_ci95_high", "_std")]
 
     def expand_vectors(self, table: pa.Table) -> pa.Table:
         import pyarrow.compute as pc
@@ -161,8 +199,13 @@ class AggregateJob:
         # value mode: a value not above its threshold is null (and its error columns with it)
         value_mode = self.options.get("threshold_mode") == "value"
         thresholded = tuple(c for m in self.metrics if m.threshold is not None
-                            for c in m.output_columns) if value_mode else ()
+                            for c in [*m.output_columns, *self.error_columns(m)]) if value_mode else ()
+        candidates = None
+        if self.selection is not None and self.public_keys is not None:
+            candidates = [(k,) if not isinstance(k, tuple) else k
+                          for k in [*self.public_keys, *self.outside_keys]]
         return TableRule(keys=self.keys, noisy=columns, bounds=bounds, public_keys=self.public_keys,
+                         candidate_keys=candidates,
                          keys_private=private, tolerance=1e-6, thresholded=thresholded,
                          indicator_claim=transform.guarantee() if private else None)
 

@@ -573,6 +573,11 @@ def _aggregate_audits() -> list[JobAudit]:
                         changes=(Change.ADD_MIXED_IDS, Change.REBATCH), noisy_changes=()),
         aggregate_audit("dp_aggregate/selection/substitute", selection.with_(**substitute), units,
                         data, changes=substitute_changes, noisy_changes=noisy_substitute),
+        # issue 39: a public keyset (k0-k2; k2 without rows) and private selection of the keys
+        # outside it, under one contribution bound, in one DPAggregate
+        aggregate_audit("dp_aggregate/keyset_and_selection",
+                        selection.with_(public_keys=keys[:3], outside_keys=[*keys[3:], "z1", "z2"]),
+                        units, data, changes=exact_changes, noisy_changes=noisy),
     ]
 
 

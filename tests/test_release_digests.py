@@ -125,7 +125,7 @@ def dp_aggregate(tmp) -> dict:
     from accounting.budget import PrivacyBudget
     from accounting.keys import ReleaseKey
     from accounting.sensitivity import ContributionBounds
-    from transforms.aggregate import DPAggregate
+    from transforms.aggregate import Compute, DPAggregate, Keys
     from transforms.keyset import PublicKeyset
     from transforms.metrics import Count, Mean, PrivacyUnitCount, Sum
 
@@ -136,13 +136,14 @@ def dp_aggregate(tmp) -> dict:
     target = os.path.join(tmp, "aggregate.parquet")
     with beam.Pipeline(runner="FnApiRunner") as p:
         (p | beam.Create([rows.slice(0, 2000), rows.slice(2000)])
-         | DPAggregate(privacy_unit="user", keys=["country", "day"], value="seconds",
-                       metrics=[Count(), Sum(), Mean(name="mean_seconds"), PrivacyUnitCount()],
-                       bounds=ContributionBounds(max_partitions=2, max_contributions_per_partition=3,
+         | DPAggregate(
+             compute=Compute(metrics=[Count(), Sum(), Mean(name="mean_seconds"), PrivacyUnitCount()], value="seconds"),
+             keys=Keys(privacy_unit="user", columns=["country", "day"], keyset=PublicKeyset.cross_product({"country": ["DE", "FR", "US", "IT"],
+                                                          "day": [1, 2, 3]})),
+             bounds=ContributionBounds(max_partitions=2, max_contributions_per_partition=3,
                                                  min_value=0, max_value=100),
-                       keyset=PublicKeyset.cross_product({"country": ["DE", "FR", "US", "IT"],
-                                                          "day": [1, 2, 3]}),
-                       budget=PrivacyBudget(epsilon=1.0), release_key=ReleaseKey.for_testing(SEED))
+             budget=PrivacyBudget(epsilon=1.0),
+             release_key=ReleaseKey.for_testing(SEED))
          | beam.combiners.ToList()
          | beam.Map(lambda tables: pq.write_table(pa.concat_tables(tables), target)))
     table = pq.read_table(target).sort_by([("country", "ascending"), ("day", "ascending")])

@@ -10,16 +10,19 @@ budget share.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
 
 from accounting.budget import PrivacyBudget, ReleasePlan
 from accounting.calibration import NoiseKind
 from accounting.composition import sequential
-from accounting.sensitivity import (ContributionBounds, Neighbouring, count_sensitivity,
-                                    mean_sensitivity, privacy_unit_count_sensitivity,
+from accounting.sensitivity import (ContributionBounds, Neighbouring, Sensitivities,
+                                    count_sensitivity, privacy_unit_count_sensitivity,
                                     sum_sensitivity, variance_sensitivity)
 from accounting.validation import check_epsilon, check_finite
 from transforms.release import SELECTION_PURPOSE, NoisedPartial
@@ -67,6 +70,11 @@ class Metric:
       noisy tree, :mod:`transforms.quantiles`) and the tree's shape.
     dimension, max_norm, norm: for ``VECTOR_SUM``: the vectors' length, and each row's clipping
       bound in the ``"l1"`` or ``"l2"`` norm (:mod:`transforms.vectors`).
+    min_count: for ``MEAN``, ``VARIANCE`` and ``STD``, which divide by the noisy count: the
+      value (and its error columns) is null where the *noisy* count is below it -- a public rule
+      on a released value, so post-processing. Default 1: a key whose noisy count is below 1
+      may have no rows, and has no mean; ``float("-inf")`` releases every value (its interval
+      then says how little it tells).
     """
 
     kind: MetricKind
@@ -80,6 +88,7 @@ class Metric:
     dimension: Optional[int] = None
     max_norm: Optional[float] = None
     norm: str = "l2"
+    min_count: Optional[float] = None
 
     def __post_init__(self):
         try:
@@ -120,6 +129,13 @@ class Metric:
                 raise ValueError(f"{self.column}: quantiles take no threshold (threshold a count)")
         elif self.quantiles:
             raise ValueError(f"{self.column}: quantiles= is only for the quantiles metric")
+        if self.kind in (MetricKind.MEAN, MetricKind.VARIANCE, MetricKind.STD):
+            min_count = 1.0 if self.min_count is None else self.min_count
+            if isinstance(min_count, bool) or not isinstance(min_count, (int, float)) or math.isnan(min_count):
+                raise TypeError(f"{self.column}: min_count must be a number, got {min_count!r}")
+            object.__setattr__(self, "min_count", float(min_count))
+        elif self.min_count is not None:
+            raise ValueError(f"{self.column}: min_count= is only for the mean, variance and std")
         if self.kind is MetricKind.VECTOR_SUM:
             self.vector_spec()  # validates dimension, max_norm and norm
             if self.noise.is_integer:
@@ -249,29 +265,34 @@ def Median(**kwargs) -> Metric:
     return Metric(kind=MetricKind.QUANTILES, quantiles=(0.5,), **kwargs)
 
 
+@dataclass(frozen=True, kw_only=True)
+class MeasureNeed:
+    """One noisy measure a metric asks for, before the budget is split: its name (labels its
+    noise streams), budget ``weight``, noise ``kind``, ``sensitivities``, the ``partial``
+    column(s) holding its exact answer (``columns`` for a vector answer), whether the answer
+    and its noise are ``integer``, and a description for ``explain()``."""
+
+    name: str
+    weight: float
+    kind: NoiseKind
+    sensitivities: Sensitivities
+    partial: str
+    integer: bool
+    description: str
+    columns: tuple = ()
+
+
 class _Planned:
     """The measures one aggregation's metrics ask for, collected as each metric plans its own
-    (:meth:`Metric.plan`): per measure name its budget weight, noise kind, sensitivities,
-    partial column(s) and description, in the order asked."""
+    (:meth:`Metric.plan`): one :class:`MeasureNeed` per measure name, in the order asked."""
 
-    def __init__(self, bounds: ContributionBounds, neighbouring, *, integer_values: bool,
-                 has_count: bool):
+    def __init__(self, bounds: ContributionBounds, neighbouring, *, integer_values: bool):
         self.bounds, self.neighbouring = bounds, neighbouring
-        self.integer_values, self.has_count = integer_values, has_count
-        self.weights, self.kinds, self.sensitivities, self.partials, self.descriptions = {}, {}, {}, {}, {}
+        self.integer_values = integer_values
+        self.needs: dict[str, MeasureNeed] = {}
 
-    def measure(self, name: str, weight: float, kind: NoiseKind, sensitivities, partial: str,
-                integer: bool, description: str, columns: tuple = ()) -> None:
-        self.weights[name], self.kinds[name], self.sensitivities[name] = weight, kind, sensitivities
-        self.partials[name] = (partial, integer, columns)
-        self.descriptions[name] = description
-
-    def count_for(self, m: "Metric", share: float, count_sensitivities, what: str) -> None:
-        """A derived metric's own noisy count, unless a released count is reused."""
-        if not self.has_count:
-            kind = NoiseKind.DISCRETE_GAUSSIAN if m.noise.is_gaussian else NoiseKind.DISCRETE_LAPLACE
-            self.measure(f"{m.column}.count", share, kind, count_sensitivities, "count", True,
-                         f"rows per key, for the {what}")
+    def measure(self, need: MeasureNeed) -> None:
+        self.needs[need.name] = need
 
 
 def _real_noise(m: "Metric", what: str) -> None:
@@ -279,46 +300,20 @@ def _real_noise(m: "Metric", what: str) -> None:
         raise ValueError(f"{m.column}: a {what} needs real-valued noise (laplace or gaussian)")
 
 
-def _plan_count(m: "Metric", p: _Planned) -> None:
-    p.measure(m.column, m.weight, m.noise, count_sensitivity(p.bounds, p.neighbouring), "count",
-              m.noise.is_integer, "rows per key")
-
-
 def _plan_privacy_unit_count(m: "Metric", p: _Planned) -> None:
-    p.measure(m.column, m.weight, m.noise, privacy_unit_count_sensitivity(p.bounds, p.neighbouring),
-              "units", m.noise.is_integer, "distinct privacy units per key")
+    p.measure(MeasureNeed(name=m.column, weight=m.weight, kind=m.noise,
+                          sensitivities=privacy_unit_count_sensitivity(p.bounds, p.neighbouring),
+                          partial="units", integer=m.noise.is_integer,
+                          description="distinct privacy units per key"))
 
 
 def _plan_sum(m: "Metric", p: _Planned) -> None:
     if m.noise.is_integer and not p.integer_values:
         raise ValueError(f"{m.column}: {m.noise.value} noise needs integer values and integer "
                          "clamping bounds")
-    p.measure(m.column, m.weight, m.noise, sum_sensitivity(p.bounds, p.neighbouring), "sum",
-              m.noise.is_integer, "sum of clamped values per key")
-
-
-def _plan_mean(m: "Metric", p: _Planned) -> None:
-    """A noisy normalized sum plus a noisy count (a released count is reused)."""
-    _real_noise(m, "mean")
-    mean = mean_sensitivity(p.bounds, p.neighbouring)
-    share = m.weight if p.has_count else m.weight / 2
-    p.measure(f"{m.column}.normalized_sum", share, m.noise, mean.normalized_sum, "nsum", False,
-              "sum of (value - midpoint) per key, for the mean")
-    p.count_for(m, share, mean.count, "mean")
-
-
-def _plan_variance(m: "Metric", p: _Planned) -> None:
-    """A noisy normalized sum, a noisy normalized sum of squares and a noisy count (a released
-    count is reused); the standard deviation is the variance's square root."""
-    _real_noise(m, m.kind.value)
-    var = variance_sensitivity(p.bounds, p.neighbouring)
-    share = m.weight / 2 if p.has_count else m.weight / 3
-    p.measure(f"{m.column}.normalized_sum", share, m.noise, var.normalized_sum, "nsum", False,
-              f"sum of (value - midpoint) per key, for the {m.kind.value}")
-    p.measure(f"{m.column}.normalized_squares", share, m.noise, var.normalized_squares, "nsq",
-              False, f"sum of ((value - midpoint)^2 - h^2/2) per key, h = {var.half_range:g}, "
-              f"for the {m.kind.value}")
-    p.count_for(m, share, var.count, m.kind.value)
+    p.measure(MeasureNeed(name=m.column, weight=m.weight, kind=m.noise,
+                          sensitivities=sum_sensitivity(p.bounds, p.neighbouring), partial="sum",
+                          integer=m.noise.is_integer, description="sum of clamped values per key"))
 
 
 def _plan_quantiles(m: "Metric", p: _Planned) -> None:
@@ -326,48 +321,169 @@ def _plan_quantiles(m: "Metric", p: _Planned) -> None:
     from transforms.quantiles import tree_sensitivity
 
     tree = m.tree(p.bounds)
-    p.measure(m.column, m.weight, m.noise,
-              tree_sensitivity(count_sensitivity(p.bounds, p.neighbouring), tree.depth),
-              tree.prefix, True,
-              f"quantile tree: {tree.num_nodes} node counts per key (branching {tree.branching}, "
-              f"depth {tree.depth}, leaf width {tree.leaf_width:.4g}) for quantiles "
-              f"{list(m.quantiles)}; one row moves one node per level", columns=tree.columns)
+    p.measure(MeasureNeed(
+        name=m.column, weight=m.weight, kind=m.noise,
+        sensitivities=tree_sensitivity(count_sensitivity(p.bounds, p.neighbouring), tree.depth),
+        partial=tree.prefix, integer=True, columns=tree.columns,
+        description=f"quantile tree: {tree.num_nodes} node counts per key (branching "
+                    f"{tree.branching}, depth {tree.depth}, leaf width {tree.leaf_width:.4g}) for "
+                    f"quantiles {list(m.quantiles)}; one row moves one node per level"))
 
 
 def _plan_vector_sum(m: "Metric", p: _Planned) -> None:
     from transforms.vectors import vector_sum_sensitivity
 
     spec = m.vector_spec()
-    p.measure(m.column, m.weight, m.noise,
-              vector_sum_sensitivity(count_sensitivity(p.bounds, p.neighbouring), spec),
-              spec.prefix, False,
-              f"sum of {spec.dimension}-dimensional vectors per key, each row clipped to "
-              f"{spec.norm.upper()} norm {spec.max_norm:g}", columns=spec.columns)
+    p.measure(MeasureNeed(
+        name=m.column, weight=m.weight, kind=m.noise,
+        sensitivities=vector_sum_sensitivity(count_sensitivity(p.bounds, p.neighbouring), spec),
+        partial=spec.prefix, integer=False, columns=spec.columns,
+        description=f"sum of {spec.dimension}-dimensional vectors per key, each row clipped to "
+                    f"{spec.norm.upper()} norm {spec.max_norm:g}"))
 
 
-#: How each metric kind plans its measures (:meth:`Metric.plan`).
+#: How each metric kind outside the moments plans its measures (:meth:`Metric.plan`); the
+#: moment metrics (:func:`is_moment`) share the measures :func:`plan_moments` chooses.
 _PLANNERS = {
-    MetricKind.COUNT: _plan_count,
     MetricKind.PRIVACY_UNIT_COUNT: _plan_privacy_unit_count,
     MetricKind.SUM: _plan_sum,
-    MetricKind.MEAN: _plan_mean,
-    MetricKind.VARIANCE: _plan_variance,
-    MetricKind.STD: _plan_variance,
     MetricKind.QUANTILES: _plan_quantiles,
     MetricKind.VECTOR_SUM: _plan_vector_sum,
 }
 
+#: The moments' budget share while the split among them is searched (a reserved name: '.').
+_MOMENTS_SHARE = "moments.share"
+
+
+def is_moment(m: Metric) -> bool:
+    """Whether ``m`` derives from the shared moment measures (:mod:`transforms.moments`): a
+    count, mean, variance, standard deviation, or a sum with real noise (an integer sum is its
+    own integer measure)."""
+    return m.kind in (MetricKind.COUNT, MetricKind.MEAN, MetricKind.VARIANCE, MetricKind.STD) or \
+        (m.kind is MetricKind.SUM and not m.noise.is_integer)
+
+
+def _moment_kinds(moments: Sequence[Metric]):
+    """(the count's noise kind, the other measures' noise kind): one noisy count serves every
+    count and derived metric, one noise kind for the normalised sums."""
+    counts = {m.noise for m in moments if m.kind is MetricKind.COUNT}
+    values = {m.noise for m in moments if m.kind is not MetricKind.COUNT}
+    for m in moments:
+        if m.kind is not MetricKind.COUNT:
+            _real_noise(m, m.kind.value)
+    if len(counts) > 1 or len(values) > 1:
+        raise ValueError("the counts, sums, means, variances and standard deviations of one "
+                         "aggregation derive from shared measures: give the counts one noise and "
+                         f"the others one noise (got {sorted(k.value for k in counts | values)})")
+    value_kind = next(iter(values), None)
+    if counts:
+        count_kind = next(iter(counts))
+    else:
+        count_kind = NoiseKind.DISCRETE_GAUSSIAN if value_kind.is_gaussian else NoiseKind.DISCRETE_LAPLACE
+    return count_kind, value_kind
+
+
+def _moment_candidates(moments: Sequence[Metric], p: _Planned):
+    """The candidate measure sets for the moment metrics: (Moments names, MeasureNeeds without
+    weights). Derived (N, S[, Q]) always; with sums but no mean or variance also the direct sum
+    (Σ[, N])."""
+    count_kind, value_kind = _moment_kinds(moments)
+    kinds = {m.kind for m in moments}
+    first = {k: next((m.column for m in moments if m.kind is k), None) for k in MetricKind}
+    var = variance_sensitivity(p.bounds, p.neighbouring) if value_kind is not None else None
+    spread = first[MetricKind.VARIANCE] or first[MetricKind.STD]
+    value_user = next((m.column for m in moments if m.kind is not MetricKind.COUNT), None)
+    count_name = first[MetricKind.COUNT] or f"{moments[0].column}.count"
+
+    def count_need():
+        return MeasureNeed(name=count_name, weight=1.0, kind=count_kind,
+                           sensitivities=count_sensitivity(p.bounds, p.neighbouring), partial="count",
+                           integer=count_kind.is_integer,
+                           description="rows per key" if first[MetricKind.COUNT] else
+                           f"rows per key, for the {moments[0].kind.value}")
+
+    candidates = []
+    needs_centred = kinds & {MetricKind.MEAN, MetricKind.VARIANCE, MetricKind.STD}
+    if value_kind is None or needs_centred or MetricKind.SUM in kinds:
+        derived = [count_need()]
+        nsum = nsq = None
+        if value_kind is not None:
+            nsum = f"{value_user}.normalized_sum"
+            derived.append(MeasureNeed(name=nsum, weight=1.0, kind=value_kind,
+                                       sensitivities=var.normalized_sum, partial="nsum", integer=False,
+                                       description="sum of (value - midpoint) per key"))
+        if spread is not None:
+            nsq = f"{spread}.normalized_squares"
+            derived.append(MeasureNeed(name=nsq, weight=1.0, kind=value_kind,
+                                       sensitivities=var.normalized_squares, partial="nsq",
+                                       integer=False, description=f"sum of ((value - midpoint)^2 - "
+                                       f"h^2/2) per key, h = {var.half_range:g}"))
+        candidates.append((dict(count=count_name, nsum=nsum, nsq=nsq, direct_sum=None), derived))
+    if MetricKind.SUM in kinds and not needs_centred:
+        direct = [count_need()] if MetricKind.COUNT in kinds else []
+        direct.append(MeasureNeed(name=first[MetricKind.SUM], weight=1.0, kind=value_kind,
+                                  sensitivities=sum_sensitivity(p.bounds, p.neighbouring),
+                                  partial="sum", integer=False,
+                                  description="sum of clamped values per key"))
+        candidates.append((dict(count=count_name if MetricKind.COUNT in kinds else None, nsum=None,
+                                nsq=None, direct_sum=first[MetricKind.SUM]), direct))
+    return candidates
+
+
+def plan_moments(moments: Sequence[Metric], p: _Planned, share) -> tuple:
+    """The moment metrics' measures and their split of ``share`` (the moments' BudgetShare):
+    the candidate with the smallest minimax objective (:mod:`transforms.moments`), fewer
+    measures on a tie. Returns ``(Moments, [MeasureNeed with its share of the moments' weight])``."""
+    from transforms.moments import Moments, best_split, metric_variances, noise_variance
+
+    low, high = p.bounds.value_range() if p.bounds.min_value is not None else (0.0, 0.0)
+    midpoint, half = (low + high) / 2, (high - low) / 2
+    kinds = [m.kind.value for m in moments]
+    mean_weight = math.fsum(m.weight for m in moments) / len(moments)
+    relative = np.array([m.weight / mean_weight for m in moments])[:, None]
+    best = None
+    for names, needs in _moment_candidates(moments, p):
+        by_name = {n.name: n for n in needs}
+
+        def objective(fractions, names=names, by_name=by_name):
+            variances = {name: np.array([noise_variance(need.kind, need.sensitivities, share, x)
+                                         for x in fractions[name]])
+                         for name, need in by_name.items()}
+            terms = metric_variances(kinds, variances, midpoint=midpoint, half_range=half, **names)
+            return np.max(np.stack(terms) / relative, axis=0)
+
+        fractions, worst = best_split([n.name for n in needs], objective)
+        if best is None or worst < best[0].worst * (1 - 1e-12):
+            best = (Moments(midpoint=midpoint, half_range=half, fractions=fractions, worst=worst,
+                            **names), needs)
+    moments_plan, needs = best
+    weight = math.fsum(m.weight for m in moments)
+    return moments_plan, [dataclasses.replace(n, weight=weight * moments_plan.fractions[n.name])
+                          for n in needs]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasurePlan:
+    """What :func:`plan_measures` returns: the ReleasePlan (every measure's mechanism,
+    sensitivity and budget share), ``measures`` (name -> the calibrated
+    :class:`~transforms.release.NoisedPartial` the release stage noises), ``selection_share``
+    (private key selection's BudgetShare, or None) and ``moments`` (the shared moment measures
+    and their split, or None without moment metrics)."""
+
+    plan: ReleasePlan
+    measures: Mapping[str, NoisedPartial]
+    selection_share: Optional[object] = None
+    moments: Optional[object] = None
+
 
 def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget: PrivacyBudget,
                   *, neighbouring=Neighbouring.ADD_REMOVE, selection_weight: float = 0.0,
-                  selection_needs_delta: bool = False, integer_values: bool = False):
-    """Split ``budget`` among the measures the metrics need (each metric plans its own:
-    :meth:`Metric.plan`) and calibrate each.
-
-    Returns ``(plan, measures, selection_share)``: the ReleasePlan, a mapping measure name ->
-    calibrated :class:`~transforms.release.NoisedPartial` (partial columns: count, units, sum,
-    nsum...), and the budget share for private key selection (or None).
-    """
+                  selection_needs_delta: bool = False, integer_values: bool = False) -> MeasurePlan:
+    """Split ``budget`` among the measures the metrics need and calibrate each: the moment
+    metrics (:func:`is_moment`) share the fewest measures that determine them, split among
+    them to minimise the worst one's stated variance (:func:`plan_moments`); the others plan
+    their own (:meth:`Metric.plan`), each with its weight. The moments' share of the budget is
+    their weights together."""
     if isinstance(metrics, (str, Metric)):
         metrics = [metrics]
     metrics = [as_metric(m) for m in metrics]
@@ -378,31 +494,57 @@ def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget:
         raise ValueError(f"metric columns must be unique, got {columns}")
     for column in columns:
         check_metric_name(column)
-    planned = _Planned(bounds, neighbouring, integer_values=integer_values,
-                       has_count=any(m.kind is MetricKind.COUNT for m in metrics))
+    planned = _Planned(bounds, neighbouring, integer_values=integer_values)
+    moments = [m for m in metrics if is_moment(m)]
+    order = []  # measure names in the order of the metrics (the moments at the first one's place)
     for m in metrics:
-        m.plan(planned)
-    weights, kinds = dict(planned.weights), planned.kinds
-    if selection_weight:
-        weights[SELECTION_PURPOSE] = selection_weight
-    needs_delta = [n for n, k in kinds.items() if k.is_gaussian]
-    if selection_weight and selection_needs_delta:
-        needs_delta.append(SELECTION_PURPOSE)
-    shares = budget.split(weights, needs_delta=needs_delta)
+        if is_moment(m):
+            if _MOMENTS_SHARE not in order:
+                order.append(_MOMENTS_SHARE)
+        else:
+            m.plan(planned)
+            order += [n for n in planned.needs if n not in order]
+    selection = SELECTION_PURPOSE if selection_weight else None
+
+    def split(needs):
+        weights = {name: need.weight for name, need in needs.items()}
+        if selection:
+            weights[selection] = selection_weight
+        needs_delta = [name for name, need in needs.items() if need.kind.is_gaussian]
+        if selection and selection_needs_delta:
+            needs_delta.append(selection)
+        return budget.split(weights, needs_delta=needs_delta)
+
+    needs = dict(planned.needs)
+    moments_plan = None
+    if moments:
+        count_kind, value_kind = _moment_kinds(moments)
+        gaussian = value_kind if value_kind is not None and value_kind.is_gaussian else count_kind
+        placeholder = MeasureNeed(name=_MOMENTS_SHARE, weight=math.fsum(m.weight for m in moments),
+                                  kind=gaussian, sensitivities=None, partial="", integer=True,
+                                  description="")
+        share = split({**needs, _MOMENTS_SHARE: placeholder})[_MOMENTS_SHARE]
+        moments_plan, moment_needs = plan_moments(moments, planned, share)
+        ordered = {}
+        for name in order:
+            for need in (moment_needs if name == _MOMENTS_SHARE else [needs[name]]):
+                ordered[need.name] = need
+        needs = ordered
+    shares = split(needs)
     plan = ReleasePlan(budget=budget)
-    plan = plan.with_measures(*(plan.calibrated(name, kinds[name], shares[name],
-                                                planned.sensitivities[name],
+    plan = plan.with_measures(*(plan.calibrated(name, need.kind, shares[name], need.sensitivities,
                                                 neighbouring=neighbouring,
-                                                description=planned.descriptions[name])
-                                for name in kinds))
+                                                description=need.description)
+                                for name, need in needs.items()))
     specs = {m.name: m.noise for m in plan.measures}
-    measures = {name: NoisedPartial(name=name, partial=partial, spec=specs[name], integer=integer,
-                                   columns=columns)
-                for name, (partial, integer, columns) in planned.partials.items()}
+    measures = {name: NoisedPartial(name=name, partial=need.partial, spec=specs[name],
+                                   integer=need.integer, columns=need.columns)
+                for name, need in needs.items()}
     selection_share = shares.get(SELECTION_PURPOSE)
     if selection_share is not None:
         check_within_budget(plan, (selection_share.epsilon, selection_share.delta))
-    return plan, measures, selection_share
+    return MeasurePlan(plan=plan, measures=measures, selection_share=selection_share,
+                       moments=moments_plan)
 
 
 def check_metric_name(column: str) -> str:
@@ -447,6 +589,14 @@ def variance_from_noisy(nsum, nsq, count, low: float, high: float, std: bool = F
         squares = np.asarray(nsq, dtype=float) / n + half * half / 2
         variance = np.clip(squares - mean * mean, 0.0, half * half)
     return np.sqrt(variance) if std else variance
+
+
+def sum_from_noisy(nsum, count, midpoint: float):
+    """Post-processing: the sum of clamped values from the noisy normalised sum and count,
+    ``S + midpoint N`` (each value is its offset from the midpoint plus the midpoint)."""
+    import numpy as np
+
+    return np.asarray(nsum, dtype=float) + midpoint * np.asarray(count, dtype=float)
 
 
 def mean_from_noisy(nsum, count, low: float, high: float):

@@ -447,12 +447,12 @@ class _NoiseAndRelease(CountingDoFn, ThreadedDoFn, beam.DoFn):
                 if self._s.threshold_mode == "key":
                     suppress |= below
                 else:
-                    array = pa.array(values, mask=below)
+                    array = _with_nulls(values, below)
                     all_below &= below
                     masks[column.name] = below
             elif column.follows is not None:
                 if column.follows in masks:
-                    array = pa.array(values, mask=masks[column.follows])
+                    array = _with_nulls(values, masks[column.follows])
             elif all_below is not None:
                 all_below[:] = False
             out[column.name] = array
@@ -466,6 +466,15 @@ class _NoiseAndRelease(CountingDoFn, ThreadedDoFn, beam.DoFn):
         counts.append(("keys_released", result.num_rows))
         if result.num_rows:
             yield result
+
+
+def _with_nulls(values, mask: np.ndarray) -> pa.Array:
+    """``values`` with nulls where ``mask`` is set, beside the nulls they carry already (a
+    derived value may be null by a public rule on noisy values: a numpy masked array)."""
+    if np.ma.isMaskedArray(values):
+        mask = mask | np.ma.getmaskarray(values)
+        values = np.ma.getdata(values)
+    return pa.array(values, mask=mask)
 
 
 class NoisyRelease(beam.PTransform):

@@ -209,8 +209,7 @@ def analyze(data, *, privacy_unit: str, keys: Sequence[str], metrics, candidates
             neighbouring=Neighbouring.ADD_REMOVE) -> UtilityReport:
     """Utility of each candidate on ``data`` (module docstring). Metrics other than count,
     sum, mean and privacy-unit count are planned (they share the budget) but not analysed."""
-    from transforms.aggregate import DPAggregate
-    from transforms.metrics import MetricKind
+    from transforms.aggregate import Compute, DPAggregate, Keys
 
     if not candidates:
         raise ValueError("give at least one Candidate")
@@ -220,11 +219,13 @@ def analyze(data, *, privacy_unit: str, keys: Sequence[str], metrics, candidates
     for candidate in candidates:
         if not isinstance(candidate, Candidate):
             raise TypeError(f"candidates must be Candidate objects, got {type(candidate).__name__}")
-        aggregate = DPAggregate(privacy_unit=privacy_unit, keys=keys, value=value, metrics=metrics,
-                                bounds=candidate.bounds, budget=_analysed(candidate.budget),
-                                keyset=keyset,
-                                selection=selection, neighbouring=neighbouring,
-                                release_key=ReleaseKey.for_testing(0))
+        aggregate = DPAggregate(
+            compute=Compute(metrics=metrics, value=value),
+            keys=Keys(privacy_unit=privacy_unit, columns=keys, keyset=keyset, selection=selection),
+            bounds=candidate.bounds,
+            budget=_analysed(candidate.budget),
+            release_key=ReleaseKey.for_testing(0),
+            neighbouring=neighbouring)
         aggregate.check_schema(table.schema)
         config = aggregate._config
         bounded = _partials(config, table)
@@ -239,7 +240,6 @@ def analyze(data, *, privacy_unit: str, keys: Sequence[str], metrics, candidates
         rows_total = float(r["count"].sum())
         dropped = 1.0 - float(b["count"].sum()) / rows_total if rows_total else 0.0
         specs = {m.name: m.noise for m in aggregate.plan.measures}
-        count_name = next((m.column for m in aggregate._metrics if m.kind is MetricKind.COUNT), None)
         keep = None
         if aggregate.selector is not None:
             keep = np.array([aggregate.selector.keep_probability(int(n)) for n in b["units"]])
@@ -250,12 +250,10 @@ def analyze(data, *, privacy_unit: str, keys: Sequence[str], metrics, candidates
             if kind not in _ANALYSED:
                 continue
             name = metric.column
-            if kind == "count":
-                true, expected, std = r["count"], b["count"], np.full(len(key_list), specs[name].std)
-            elif kind == "privacy_unit_count":
-                true, expected, std = r["units"], b["units"], np.full(len(key_list), specs[name].std)
-            elif kind == "sum":
-                true, expected, std = r["sum"], b["sum"], np.full(len(key_list), specs[name].std)
+            if kind in ("count", "privacy_unit_count", "sum"):
+                column = {"count": "count", "privacy_unit_count": "units", "sum": "sum"}[kind]
+                std = np.full(len(key_list), aggregate._single_noise(metric)[0])
+                true, expected = r[column], b[column]
             else:
                 low, high = candidate.bounds.value_range()
                 mid = (low + high) / 2
@@ -263,8 +261,8 @@ def analyze(data, *, privacy_unit: str, keys: Sequence[str], metrics, candidates
                 n = np.maximum(b["count"], 1)
                 true = r["sum"] / n_true
                 expected = mid + b["nsum"] / n
-                count_spec = specs[count_name or f"{name}.count"]
-                nsum_spec = specs[f"{name}.normalized_sum"]
+                count_spec = specs[aggregate.moments.count]
+                nsum_spec = specs[aggregate.moments.nsum]
                 std = np.sqrt(nsum_spec.std ** 2 + (b["nsum"] / n) ** 2 * count_spec.std ** 2) / n
                 std = np.minimum(std, (high - low) / 2)
             bias = expected - true
@@ -273,7 +271,7 @@ def analyze(data, *, privacy_unit: str, keys: Sequence[str], metrics, candidates
             p_supp = np.zeros(len(key_list))
             if metric.threshold is not None and name in specs:
                 p_supp = _p_below(specs[name], expected, metric.threshold)
-                if aggregate._threshold_mode == "key":
+                if aggregate._output.threshold_mode == "key":
                     suppressed_any = 1 - (1 - suppressed_any) * (1 - p_supp)
             if keep is not None:
                 p_supp = 1 - keep * (1 - p_supp)
@@ -290,7 +288,7 @@ def analyze(data, *, privacy_unit: str, keys: Sequence[str], metrics, candidates
                 "median_relative_error": float(np.median(relative)) if len(key_list) else 0.0,
                 "mean_relative_error": float(np.mean(relative)) if len(key_list) else 0.0,
                 "share_keys_suppressed": float(np.mean(p_supp)) if len(key_list) else 0.0})
-        if aggregate._threshold_mode == "key":  # a key is dropped when any threshold fails
+        if aggregate._output.threshold_mode == "key":  # a key is dropped when any threshold fails
             for row in report.summary:
                 if row["candidate"] == candidate.name and len(key_list):
                     row["share_keys_suppressed"] = float(np.mean(suppressed_any))

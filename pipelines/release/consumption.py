@@ -113,9 +113,10 @@ class Consumed:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Prepared:
-    """One namespace after rule 1: the ledger's request (None: within the batch only) and the
-    ids repeated within the batch (removed under skip)."""
+class BatchConsumption:
+    """What one namespace of a batch consumes, after rule 1: the ledger's request (None: within
+    the batch only) and the ids repeated within the batch (removed under skip). Not the job's
+    :class:`~pipelines.release.job.Prepared` request: both meet in one ``Preflight``."""
 
     consumes: Consumes
     ledger_ids: Optional[ConsumedIds]
@@ -129,7 +130,7 @@ def _repeats(ids: pa.Array) -> tuple[pa.Array, pa.Array]:
     return (pc.filter(values, pc.equal(times, 1)), pc.filter(values, pc.greater(times, 1)))
 
 
-def prepare(consumes: Consumes) -> Prepared:
+def prepare(consumes: Consumes) -> BatchConsumption:
     """Rule 1 (within the batch), and the ledger's part of ``consumes``."""
     c = consumes
     if c.limit is not None:
@@ -138,7 +139,7 @@ def prepare(consumes: Consumes) -> Prepared:
         ledger = ConsumedIds(namespace=c.namespace, ids=summed.column("id"), limit=c.limit,
                              amounts=summed.column("amount_sum").to_numpy(), noun=c.noun,
                              skip=bool(c.skip))
-        return Prepared(consumes=c, ledger_ids=ledger, repeated=pa.array([], pa.string()))
+        return BatchConsumption(consumes=c, ledger_ids=ledger, repeated=pa.array([], pa.string()))
     once, repeated = _repeats(c.ids)
     if len(repeated) and not c.skip:
         rows = int(pc.sum(pc.is_in(c.ids, value_set=repeated)).as_py() or 0)
@@ -151,11 +152,11 @@ def prepare(consumes: Consumes) -> Prepared:
     ids = once if len(repeated) else c.ids
     ledger = ConsumedIds(namespace=c.namespace, ids=ids, noun=c.noun, skip=bool(c.skip)) \
         if c.across_batches else None
-    return Prepared(consumes=c, ledger_ids=ledger, repeated=repeated)
+    return BatchConsumption(consumes=c, ledger_ids=ledger, repeated=repeated)
 
 
 def preflight(job, prepared, planned, resolved) -> dict:
-    """{release id: [Prepared]}: each planned release's ``Job.consumes``, rule 1 applied."""
+    """{release id: [BatchConsumption]}: each planned release's ``Job.consumes``, rule 1 applied."""
     out = {}
     for p in planned:
         wanted = {n: resolved[n] for n in (p.inputs or sorted(resolved))}
@@ -167,11 +168,11 @@ def preflight(job, prepared, planned, resolved) -> dict:
     return out
 
 
-def for_ledger(prepared: Sequence[Prepared]) -> list[ConsumedIds]:
+def for_ledger(prepared: Sequence[BatchConsumption]) -> list[ConsumedIds]:
     return [p.ledger_ids for p in prepared if p.ledger_ids is not None]
 
 
-def views(prepared: Sequence[Prepared], reservation=None) -> dict:
+def views(prepared: Sequence[BatchConsumption], reservation=None) -> dict:
     """{namespace: Consumed} for the job's build (``reservation``: the ledger's; None in
     testing runs, which check within the batch only)."""
     decided = {} if reservation is None else dict(reservation.consumed)

@@ -129,8 +129,8 @@ class Preflight:
     translate_only: bool
     places: Places
     started: float
-    #: {release id: [consumption.Prepared]}: what each release consumes (Job.consumes), repeats
-    #: within the batch already found; the ledger checks it across batches in reserve.
+    #: {release id: [consumption.BatchConsumption]}: what each release consumes (Job.consumes),
+    #: repeats within the batch already found; the ledger checks it across batches in reserve.
     consumed: Mapping[str, Sequence] = field(default_factory=dict, repr=False)
 
     @property

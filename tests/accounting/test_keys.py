@@ -22,7 +22,7 @@ from accounting.ledger import BudgetLedger, ReleaseRequest, Scope
 from accounting.measures import Measure
 from accounting.sensitivity import ContributionBounds, Sensitivities
 from accounting.shared_budget import SharedBudget
-from transforms.aggregate import DPAggregate
+from transforms.aggregate import Compute, DPAggregate, Keys, Output
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Count
 from transforms.noise import RandomStreams, add_noise
@@ -31,9 +31,13 @@ ONE = ContributionBounds(max_partitions=1, max_contributions_per_partition=1)
 
 
 def _aggregate(budget, release_key=None, label=None):
-    return DPAggregate(privacy_unit="u", keys=["k"], metrics=[Count()], bounds=ONE, budget=budget,
-                       keyset=PublicKeyset.from_keys(["x"], ["k"]), release_key=release_key,
-                       label=label)
+    return DPAggregate(
+        compute=Compute(metrics=[Count()]),
+        keys=Keys(privacy_unit="u", columns=["k"], keyset=PublicKeyset.from_keys(["x"], ["k"])),
+        bounds=ONE,
+        budget=budget,
+        release_key=release_key,
+        label=label)
 
 
 def _rows(pipeline, label, n):
@@ -149,9 +153,14 @@ def _released(rows, key=None):
     the exact (testing) answer."""
     from aggregate_kit import run_and_collect
 
-    transform = DPAggregate(privacy_unit="u", keys=["k"], metrics=[Count()], bounds=ONE,
-                            budget=PrivacyBudget(epsilon=1.0), release_key=key, testing=key is None,
-                            keyset=PublicKeyset.from_keys(DAY_KEYS, ["k"]), num_shards=1)
+    transform = DPAggregate(
+        compute=Compute(metrics=[Count()]),
+        keys=Keys(privacy_unit="u", columns=["k"], keyset=PublicKeyset.from_keys(DAY_KEYS, ["k"])),
+        output=Output(num_shards=1),
+        bounds=ONE,
+        budget=PrivacyBudget(epsilon=1.0),
+        release_key=key,
+        testing=key is None)
     tables = run_and_collect(lambda p: p | beam.Create([pa.Table.from_pylist(rows)],
                                                        reshuffle=False) | transform)
     return Table.from_arrow(pa.concat_tables(tables).sort_by("k"))

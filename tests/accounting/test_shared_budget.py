@@ -12,7 +12,7 @@ from accounting.budget import PrivacyBudget
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds
 from accounting.shared_budget import SharedBudget
-from transforms.aggregate import DPAggregate
+from transforms.aggregate import Compute, DPAggregate, Keys
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Count, Sum
 
@@ -41,8 +41,12 @@ def test_split_by_weights_and_explicit_parts():
 
 def _aggregate(part, name):
     keyset = PublicKeyset.from_keys(["x", "y"], ["k"])
-    return DPAggregate(privacy_unit="u", keys=["k"], value="v", metrics=[Count(), Sum()], bounds=BOUNDS,
-                       budget=part, keyset=keyset, label=name)
+    return DPAggregate(
+        compute=Compute(metrics=[Count(), Sum()], value="v"),
+        keys=Keys(privacy_unit="u", columns=["k"], keyset=keyset),
+        bounds=BOUNDS,
+        budget=part,
+        label=name)
 
 
 def test_two_aggregations_share_one_budget_and_draw_independent_noise():
@@ -75,9 +79,12 @@ def test_two_aggregations_share_one_budget_and_draw_independent_noise():
 def test_zcdp_parts_compose_by_zcdp_once():
     shared = SharedBudget(PrivacyBudget.zcdp(0.5, delta=1e-6), weights={"a": 1, "b": 1})
     from accounting.calibration import NoiseKind
-    aggs = [DPAggregate(privacy_unit="u", keys=["k"], metrics=[Count(noise=NoiseKind.DISCRETE_GAUSSIAN)],
-                        bounds=BOUNDS, budget=shared.part(n), keyset=PublicKeyset.from_keys(["x"], ["k"]),
-                        release_key=ReleaseKey.for_testing(i)) for i, n in enumerate("ab")]
+    aggs = [DPAggregate(
+        compute=Compute(metrics=[Count(noise=NoiseKind.DISCRETE_GAUSSIAN)]),
+        keys=Keys(privacy_unit="u", columns=["k"], keyset=PublicKeyset.from_keys(["x"], ["k"])),
+        bounds=BOUNDS,
+        budget=shared.part(n),
+        release_key=ReleaseKey.for_testing(i)) for i, n in enumerate("ab")]
     whole = shared.guarantee()
     one = PrivacyBudget.zcdp(0.5, delta=1e-6).as_epsilon_delta()
     # Composed as rho 0.25 + 0.25 = 0.5 converted once: the declared total, not 2 conversions.
@@ -92,8 +99,11 @@ def test_a_part_spent_twice_is_refused():
     with pytest.raises(ValueError, match="already spent"):
         _aggregate(part, "B")
     with pytest.raises(TypeError, match="PrivacyBudget or a SharedBudget part"):
-        DPAggregate(privacy_unit="u", keys=["k"], metrics=[Count()], bounds=BOUNDS, budget=1.0,
-                    keyset=PublicKeyset.from_keys(["x"], ["k"]))
+        DPAggregate(
+            compute=Compute(metrics=[Count()]),
+            keys=Keys(privacy_unit="u", columns=["k"], keyset=PublicKeyset.from_keys(["x"], ["k"])),
+            bounds=BOUNDS,
+            budget=1.0)
 
 
 def test_mixed_explicit_parts_fit_by_the_accountant_and_parts_spent_by_measures():
@@ -136,11 +146,15 @@ def test_private_selection_is_a_measure_composed_with_the_others():
     from transforms.selection import PrivateSelection
 
     shared = SharedBudget(PrivacyBudget(epsilon=2.0, delta=1e-6), weights={"a": 1, "b": 1})
-    a = DPAggregate(privacy_unit="u", keys=["k"], metrics=[Count()], bounds=BOUNDS,
-                    budget=shared.part("a"), selection=PrivateSelection(), testing=True)
+    a = DPAggregate(
+        compute=Compute(metrics=[Count()]),
+        keys=Keys(privacy_unit="u", columns=["k"], selection=PrivateSelection()),
+        bounds=BOUNDS,
+        budget=shared.part("a"),
+        testing=True)
     _aggregate(shared.part("b"), "B")
     names = [m.name for m in shared.measures()]
-    assert names == ["count", "a/key_selection", "count", "sum"]
+    assert names == ["count", "a/key_selection", "count", "sum.normalized_sum"]  # the sum: S + m N
     selection = shared.measures()[1]
     assert (selection.epsilon, selection.delta) == (a.selector.epsilon, a.selector.delta)
     assert selection.noise is None and "private key selection" in selection.mechanism
@@ -170,7 +184,7 @@ def test_a_parts_budget_is_spendable_only_through_its_shared_budget():
             ReachFrequencyNoise(budget=budget, num_publishers=1)
         with pytest.raises(ValueError, match="spendable only through it"):
             choose_bounds([{"u": 1, "k": "x"}], privacy_unit="u", keys=["k"], budget=budget)
-    assert [m.name for m in shared.measures()] == ["count", "sum"]
+    assert [m.name for m in shared.measures()] == ["count", "sum.normalized_sum"]
     assert shared.guarantee().epsilon == pytest.approx(0.5)
 
 

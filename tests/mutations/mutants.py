@@ -183,6 +183,29 @@ MUTANTS = (
                "tests/pipelines/release/test_publication_decisions.py"),
     ),
     Mutant(
+        name="moments-split-overspent",
+        leak="the shared moment measures (count, normalised sum) each noised at the moments' "
+             "whole budget share while the plan states their split: together they spend twice "
+             "the budget, and the derived sum S + midpoint N moves by more than the claim allows",
+        file="transforms/metrics.py",
+        snippet="    specs = {m.name: m.noise for m in plan.measures}\n",
+        replacement="    specs = {m.name: (plan.calibrated(m.name, m.noise.kind, share, m.sensitivities).noise\n"
+                    "                     if moments_plan is not None and m.name in moments_plan.names\n"
+                    "                     else m.noise) for m in plan.measures}\n",
+        tests=("tests/accounting/verification/test_dp_tester_aggregate.py::"
+               "test_count_and_sum_derived_from_one_count_and_one_normalised_sum_keep_the_claim",),
+    ),
+    Mutant(
+        name="keyset-keys-selected-too",
+        leak="a public keyset with private selection beside it sends the keyset's own keys "
+             "through the selection as well: those keys are released twice, each with noise of "
+             "its own, so their measures are spent twice",
+        file="transforms/aggregate.py",
+        snippet="    keep = (keyset.positions(table) < 0) & ~keyset.excluded_mask(table)\n",
+        replacement="    keep = ~keyset.excluded_mask(table)\n",
+        tests=(f"{AUDIT}[dp_aggregate/keyset_and_selection]",),
+    ),
+    Mutant(
         name="lark-faulty-record-dropped",
         leak="one Masked LARk record's bad value decides whether its report exists: the record "
              "is dropped instead of neutralised, so the report count of its key -- public under "

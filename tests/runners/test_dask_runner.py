@@ -445,7 +445,7 @@ def _dp_aggregate(target: str, dict_rows: bool = False, staging_dir: str = None)
     from accounting.budget import PrivacyBudget
     from accounting.keys import ReleaseKey
     from accounting.sensitivity import ContributionBounds
-    from transforms.aggregate import DPAggregate
+    from transforms.aggregate import Compute, DPAggregate, Keys
     from transforms.keyset import PublicKeyset
     from transforms.metrics import Count, Mean, PrivacyUnitCount, Sum
 
@@ -467,12 +467,13 @@ def _dp_aggregate(target: str, dict_rows: bool = False, staging_dir: str = None)
             keyset = PublicKeyset.from_pcollection(keys, ["country", "day"], expected_size=12,
                                                    staging_dir=staging_dir)
         (p | beam.Create(data)
-         | DPAggregate(privacy_unit="user", keys=["country", "day"], value="seconds",
-                       metrics=[Count(), Sum(), Mean(name="mean_seconds"), PrivacyUnitCount()],
-                       bounds=ContributionBounds(max_partitions=2, max_contributions_per_partition=3,
+         | DPAggregate(
+             compute=Compute(metrics=[Count(), Sum(), Mean(name="mean_seconds"), PrivacyUnitCount()], value="seconds"),
+             keys=Keys(privacy_unit="user", columns=["country", "day"], keyset=keyset),
+             bounds=ContributionBounds(max_partitions=2, max_contributions_per_partition=3,
                                                  min_value=0, max_value=100),
-                       keyset=keyset,
-                       budget=PrivacyBudget(epsilon=1.0), release_key=ReleaseKey.for_testing(7))
+             budget=PrivacyBudget(epsilon=1.0),
+             release_key=ReleaseKey.for_testing(7))
          | beam.combiners.ToList()
          | beam.Map(write))
     return build

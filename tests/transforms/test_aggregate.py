@@ -14,12 +14,13 @@ from apache_beam.testing.util import assert_that, equal_to
 from accounting.budget import PrivacyBudget
 from accounting.verification.dp_tester import DPTester
 from accounting.sensitivity import ContributionBounds
-from transforms.aggregate import DPAggregate
+from transforms.aggregate import Compute, DPAggregate, Keys, Output
 from transforms.bounding_stage import BoundingConfig
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Count, Mean, PrivacyUnitCount, Sum
 from accounting.keys import ReleaseKey
 from transforms.selection import PrivateSelection, SelectionStrategy
+from aggregate_kit import aggregate_of
 
 
 def _collect(pcoll, directory):
@@ -71,9 +72,13 @@ def test_testing_mode_exact_results_with_keyset():
     rows += [{"user": "u0", "country": "DE", "v": 9.0}] * 4          # u0 has 5 rows in DE: Linf = 3
     rows += [{"user": "z", "country": "XX", "v": 1.0}]                # outside the keyset
     keyset = PublicKeyset.from_keys(["DE", "FR", "IT"], ["country"])
-    transform = DPAggregate(privacy_unit="user", keys=["country"], value="v",
-                            metrics=[Count(), Sum(), Mean(), PrivacyUnitCount()], bounds=BOUNDS,
-                            budget=PrivacyBudget(epsilon=1.0), keyset=keyset, testing=True)
+    transform = DPAggregate(
+        compute=Compute(metrics=[Count(), Sum(), Mean(), PrivacyUnitCount()], value="v"),
+        keys=Keys(privacy_unit="user", columns=["country"], keyset=keyset),
+        output=Output(error_columns=False),  # exact values only
+        bounds=BOUNDS,
+        budget=PrivacyBudget(epsilon=1.0),
+        testing=True)
     got = {r["country"]: r for r in _run(rows, transform)}
     assert set(got) == {"DE", "FR", "IT"}                            # IT: no rows, still released
     assert got["IT"]["count"] == 0 and got["IT"]["privacy_unit_count"] == 0
@@ -86,20 +91,23 @@ def test_testing_mode_exact_results_with_keyset():
 
 def test_arrow_input_equals_dict_input():
     rows = _rows()
-    make = lambda: DPAggregate(privacy_unit="user", keys=["country"], value="v",
-                               metrics=[Count(), Sum()], bounds=BOUNDS,
-                               budget=PrivacyBudget(epsilon=1.0),
-                               keyset=PublicKeyset.from_keys(["DE", "FR", "JP"], ["country"]),
-                               release_key=ReleaseKey.for_testing(3))
+    make = lambda: DPAggregate(
+        compute=Compute(metrics=[Count(), Sum()], value="v"),
+        keys=Keys(privacy_unit="user", columns=["country"], keyset=PublicKeyset.from_keys(["DE", "FR", "JP"], ["country"])),
+        bounds=BOUNDS,
+        budget=PrivacyBudget(epsilon=1.0),
+        release_key=ReleaseKey.for_testing(3))
     assert _run(rows, make()) == _run(rows, make(), as_arrow=True)
 
 
 def test_noise_reproducible_and_key_dependent():
     rows = _rows()
-    make = lambda seed: DPAggregate(privacy_unit="user", keys=["country"], metrics=[Count()],
-                                    bounds=BOUNDS, budget=PrivacyBudget(epsilon=0.5),
-                                    keyset=PublicKeyset.from_keys(["DE", "FR", "JP"], ["country"]),
-                                    release_key=ReleaseKey.for_testing(seed))
+    make = lambda seed: DPAggregate(
+        compute=Compute(metrics=[Count()]),
+        keys=Keys(privacy_unit="user", columns=["country"], keyset=PublicKeyset.from_keys(["DE", "FR", "JP"], ["country"])),
+        bounds=BOUNDS,
+        budget=PrivacyBudget(epsilon=0.5),
+        release_key=ReleaseKey.for_testing(seed))
     first, again = _run(rows, make(1)), _run(list(reversed(rows)), make(1))
     assert first == again                                              # order/bundling independent
     assert any(_run(rows, make(seed)) != first for seed in (2, 3, 4))  # the key drives the noise
@@ -109,9 +117,12 @@ def test_noise_reproducible_and_key_dependent():
 def test_exclusions_and_no_key_outside_keyset():
     rows = _rows() + [{"user": "x", "country": "CN", "v": 1.0}]
     keyset = PublicKeyset.cross_product({"country": ["DE", "FR", "JP", "CN", "BR"]}).exclude("country", ["CN", "JP"])
-    transform = DPAggregate(privacy_unit="user", keys=["country"], metrics=[Count()], bounds=BOUNDS,
-                            budget=PrivacyBudget(epsilon=1.0), keyset=keyset,
-                            release_key=ReleaseKey.for_testing(5))
+    transform = DPAggregate(
+        compute=Compute(metrics=[Count()]),
+        keys=Keys(privacy_unit="user", columns=["country"], keyset=keyset),
+        bounds=BOUNDS,
+        budget=PrivacyBudget(epsilon=1.0),
+        release_key=ReleaseKey.for_testing(5))
     assert {r["country"] for r in _run(rows, transform)} == {"DE", "FR", "BR"}
 
 
@@ -122,11 +133,11 @@ def test_thresholds_suppress_keys_or_values():
     key = ReleaseKey.for_testing(8)  # one key object drives one release: derive one per release
     common = dict(privacy_unit="user", keys=["country"], value="v", bounds=BOUNDS,
                   budget=PrivacyBudget(epsilon=2.0), keyset=keyset)
-    by_key = _run(rows, DPAggregate(metrics=[Count(threshold=50)], release_key=key.derive("by key"),
-                                    **common))
+    by_key = _run(rows, aggregate_of(metrics=[Count(threshold=50)], release_key=key.derive("by key"),
+                                     **common))
     assert [r["country"] for r in by_key] == ["DE"]
-    by_value = _run(rows, DPAggregate(metrics=[Count(threshold=50), Sum()], threshold_mode="value",
-                                      release_key=key.derive("by value"), **common))
+    by_value = _run(rows, aggregate_of(metrics=[Count(threshold=50), Sum()], threshold_mode="value",
+                                       release_key=key.derive("by value"), **common))
     got = {r["country"]: r for r in by_value}
     assert set(got) == {"DE", "FR", "IT"} and got["FR"]["count"] is None and got["DE"]["count"] > 50
 
@@ -135,26 +146,36 @@ def test_thresholds_suppress_keys_or_values():
 def test_private_selection_keeps_popular_keys_only(strategy):
     rows = [{"user": f"u{i}", "page": "popular"} for i in range(400)]
     rows += [{"user": f"v{i}", "page": f"rare{i}"} for i in range(40)]   # one user each
-    transform = DPAggregate(privacy_unit="user", keys=["page"], metrics=[Count()],
-                            bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
-                            budget=PrivacyBudget(epsilon=1.0, delta=1e-6),
-                            selection=PrivateSelection(strategy=strategy), release_key=ReleaseKey.for_testing(4))
+    transform = DPAggregate(
+        compute=Compute(metrics=[Count()]),
+        keys=Keys(privacy_unit="user", columns=["page"], selection=PrivateSelection(strategy=strategy)),
+        bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
+        budget=PrivacyBudget(epsilon=1.0, delta=1e-6),
+        release_key=ReleaseKey.for_testing(4))
     assert [r["page"] for r in _run(rows, transform)] == ["popular"]
 
 
 def test_private_selection_with_testing_mode_gives_exact_values():
     rows = [{"user": f"u{i}", "page": "p"} for i in range(300)]
-    transform = DPAggregate(privacy_unit="user", keys=["page"], metrics=[Count(), PrivacyUnitCount()],
-                            bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1), budget=PrivacyBudget(epsilon=1.0, delta=1e-6),
-                            selection=PrivateSelection(), testing=True)
+    transform = DPAggregate(
+        compute=Compute(metrics=[Count(), PrivacyUnitCount()]),
+        keys=Keys(privacy_unit="user", columns=["page"], selection=PrivateSelection()),
+        output=Output(error_columns=False),  # exact values only
+        bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
+        budget=PrivacyBudget(epsilon=1.0, delta=1e-6),
+        testing=True)
     assert _run(rows, transform) == [{"page": "p", "count": 300, "privacy_unit_count": 300}]
 
 
 def test_testing_mode_refuses_a_secret_key():
     with pytest.raises(ValueError, match="testing mode refuses"):
-        DPAggregate(privacy_unit="u", keys=["k"], metrics=[Count()], bounds=BOUNDS,
-                    budget=PrivacyBudget(epsilon=1), keyset=PublicKeyset.from_keys(["a"], ["k"]),
-                    testing=True, release_key=ReleaseKey.generate())
+        DPAggregate(
+            compute=Compute(metrics=[Count()]),
+            keys=Keys(privacy_unit="u", columns=["k"], keyset=PublicKeyset.from_keys(["a"], ["k"])),
+            bounds=BOUNDS,
+            budget=PrivacyBudget(epsilon=1),
+            release_key=ReleaseKey.generate(),
+            testing=True)
 
 
 def test_bad_rows_follow_rules_and_are_counted():
@@ -166,9 +187,13 @@ def test_bad_rows_follow_rules_and_are_counted():
             {"user": "e", "country": "DE", "v": -3.0},
             {"user": "f", "country": "DE", "v": 99.0},
             {"user": "g", "country": "ZZ", "v": 1.0}]
-    transform = DPAggregate(privacy_unit="user", keys=["country"], value="v", metrics=[Count(), Sum()],
-                            bounds=BOUNDS, budget=PrivacyBudget(epsilon=1.0), testing=True,
-                            keyset=PublicKeyset.from_keys(["DE"], ["country"]))
+    transform = DPAggregate(
+        compute=Compute(metrics=[Count(), Sum()], value="v"),
+        keys=Keys(privacy_unit="user", columns=["country"], keyset=PublicKeyset.from_keys(["DE"], ["country"])),
+        output=Output(error_columns=False),  # exact values only
+        bounds=BOUNDS,
+        budget=PrivacyBudget(epsilon=1.0),
+        testing=True)
     p = beam.Pipeline(runner="FnApiRunner")
     directory = tempfile.mkdtemp()
     _collect(p | beam.Create(rows) | transform, directory)
@@ -184,28 +209,41 @@ def test_bad_rows_follow_rules_and_are_counted():
 
 
 def test_missing_or_mistyped_columns_fail_before_running():
-    transform = DPAggregate(privacy_unit="user", keys=["country"], value="v", metrics=[Sum()],
-                            bounds=BOUNDS, budget=PrivacyBudget(epsilon=1.0),
-                            keyset=PublicKeyset.from_keys(["DE"], ["country"]), testing=True)
+    transform = DPAggregate(
+        compute=Compute(metrics=[Sum()], value="v"),
+        keys=Keys(privacy_unit="user", columns=["country"], keyset=PublicKeyset.from_keys(["DE"], ["country"])),
+        bounds=BOUNDS,
+        budget=PrivacyBudget(epsilon=1.0),
+        testing=True)
     with pytest.raises(ValueError, match="'country'"):
         transform.check_schema(pa.schema([("user", pa.string()), ("v", pa.float64())]))
     with pytest.raises(ValueError, match="value column 'v' must be numeric"):
         transform.check_schema(pa.schema([("user", pa.string()), ("country", pa.string()), ("v", pa.string())]))
     with pytest.raises(ValueError, match="value column"):
-        DPAggregate(privacy_unit="user", keys=["country"], metrics=[Sum()], bounds=BOUNDS,
-                    budget=PrivacyBudget(epsilon=1.0), keyset=PublicKeyset.from_keys(["DE"], ["country"]))
+        DPAggregate(
+            compute=Compute(metrics=[Sum()]),
+            keys=Keys(privacy_unit="user", columns=["country"], keyset=PublicKeyset.from_keys(["DE"], ["country"])),
+            bounds=BOUNDS,
+            budget=PrivacyBudget(epsilon=1.0))
     with pytest.raises(ValueError, match="no public keyset"):
-        DPAggregate(privacy_unit="user", keys=["country"], metrics=[Count()], bounds=BOUNDS,
-                    budget=PrivacyBudget(epsilon=1.0))
+        DPAggregate(
+            compute=Compute(metrics=[Count()]),
+            keys=Keys(privacy_unit="user", columns=["country"]),
+            bounds=BOUNDS,
+            budget=PrivacyBudget(epsilon=1.0))
 
 
 def test_pcollection_keyset():
     rows = _rows()
     with test_pipeline.TestPipeline(runner="FnApiRunner") as p:
         keys = p | "Keys" >> beam.Create([{"country": c} for c in ["DE", "FR", "BR"]])
-        transform = DPAggregate(privacy_unit="user", keys=["country"], metrics=[Count()], bounds=BOUNDS,
-                                budget=PrivacyBudget(epsilon=1.0), testing=True, output="dicts",
-                                keyset=PublicKeyset.from_pcollection(keys, ["country"]))
+        transform = DPAggregate(
+            compute=Compute(metrics=[Count()]),
+            keys=Keys(privacy_unit="user", columns=["country"], keyset=PublicKeyset.from_pcollection(keys, ["country"])),
+            output=Output(format="dicts"),
+            bounds=BOUNDS,
+            budget=PrivacyBudget(epsilon=1.0),
+            testing=True)
         released = p | "Rows" >> beam.Create(rows) | transform | beam.Map(lambda r: r["country"])
         assert_that(released, equal_to(["DE", "FR", "BR"]))
 
@@ -221,9 +259,12 @@ def test_dp_tester_end_to_end_on_count():
     epsilon = 1.0
     rows = [{"user": f"u{i}", "k": i} for i in range(n) for _ in range(linf + 2)]
     keyset = PublicKeyset.from_table(pa.table({"k": pa.array(np.arange(2 * n))}))
-    transform = DPAggregate(privacy_unit="user", keys=["k"], metrics=[Count()],
-                            bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=linf), budget=PrivacyBudget(epsilon=epsilon),
-                            keyset=keyset, release_key=ReleaseKey.for_testing(21))
+    transform = DPAggregate(
+        compute=Compute(metrics=[Count()]),
+        keys=Keys(privacy_unit="user", columns=["k"], keyset=keyset),
+        bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=linf),
+        budget=PrivacyBudget(epsilon=epsilon),
+        release_key=ReleaseKey.for_testing(21))
     directory = tempfile.mkdtemp()
     with beam.Pipeline(runner="FnApiRunner") as p:
         _collect(p | beam.Create([pa.Table.from_pylist(rows)]) | transform, directory)
@@ -275,22 +316,30 @@ def test_a_unit_with_millions_of_rows_stays_bounded_in_memory():
 
 
 def test_whole_release_guarantee_includes_key_selection():
-    transform = DPAggregate(privacy_unit="u", keys=["k"], metrics=[Count(noise="discrete_gaussian"), Sum()],
-                            value="v", bounds=BOUNDS, budget=PrivacyBudget(epsilon=2.0, delta=1e-6),
-                            selection=PrivateSelection(weight=2.0))
+    transform = DPAggregate(
+        compute=Compute(metrics=[Count(noise="discrete_gaussian"), Sum()], value="v"),
+        keys=Keys(privacy_unit="u", columns=["k"], selection=PrivateSelection(weight=2.0)),
+        bounds=BOUNDS,
+        budget=PrivacyBudget(epsilon=2.0, delta=1e-6))
     total = transform.guarantee()
     assert total.epsilon == pytest.approx(2.0) and total.delta == pytest.approx(1e-6)
     assert "whole release with key selection" in transform.explain()
     with pytest.raises(ValueError, match="zCDP"):
-        DPAggregate(privacy_unit="u", keys=["k"], metrics=[Count()], bounds=BOUNDS,
-                    budget=PrivacyBudget.zcdp(0.1, delta=1e-6), selection=PrivateSelection())
+        DPAggregate(
+            compute=Compute(metrics=[Count()]),
+            keys=Keys(privacy_unit="u", columns=["k"], selection=PrivateSelection()),
+            bounds=BOUNDS,
+            budget=PrivacyBudget.zcdp(0.1, delta=1e-6))
 
 
 def test_beam_rows_input_equals_dict_input():
     rows = _rows()[:60]
-    make = lambda: DPAggregate(privacy_unit="user", keys=["country"], value="v", metrics=[Count(), Mean()],
-                               bounds=BOUNDS, budget=PrivacyBudget(epsilon=1.0), testing=True,
-                               keyset=PublicKeyset.from_keys(["DE", "FR", "JP"], ["country"]))
+    make = lambda: DPAggregate(
+        compute=Compute(metrics=[Count(), Mean()], value="v"),
+        keys=Keys(privacy_unit="user", columns=["country"], keyset=PublicKeyset.from_keys(["DE", "FR", "JP"], ["country"])),
+        bounds=BOUNDS,
+        budget=PrivacyBudget(epsilon=1.0),
+        testing=True)
     directory = tempfile.mkdtemp()
     with beam.Pipeline(runner="FnApiRunner") as p:
         source = p | beam.Create(rows) | beam.Map(lambda r: beam.Row(**r))
@@ -350,9 +399,49 @@ def test_dp_aggregate_integer_sum_that_would_wrap_fails_the_run():
     bounds = ContributionBounds(max_partitions=1, max_contributions_per_partition=1, min_value=0,
                                 max_value=2 ** 62)
     rows = [{"user": f"u{i}", "country": "DE", "v": float(2 ** 62)} for i in range(3)]
-    transform = DPAggregate(privacy_unit="user", keys=["country"], value="v",
-                            metrics=[Sum(noise="discrete_laplace")], bounds=bounds,
-                            budget=PrivacyBudget(epsilon=1.0),
-                            keyset=PublicKeyset.from_keys(["DE"], ["country"]), testing=True)
+    transform = DPAggregate(
+        compute=Compute(metrics=[Sum(noise="discrete_laplace")], value="v"),
+        keys=Keys(privacy_unit="user", columns=["country"], keyset=PublicKeyset.from_keys(["DE"], ["country"])),
+        output=Output(error_columns=False),  # exact values only
+        bounds=bounds,
+        budget=PrivacyBudget(epsilon=1.0),
+        testing=True)
     with pytest.raises(Exception, match="outside the int64 range"):
         _run(rows, transform)
+
+
+def test_public_keyset_and_private_selection_of_the_keys_outside_it_in_one_call():
+    """Issue 39: every keyset key released (FR without rows, with zeros), keys outside it
+    selected privately (BR, busy: kept; XX, one unit: not), an excluded key (IT) never, all
+    under one contribution bound: u0's rows count once across public and private keys."""
+    rows = [{"user": f"u{i}", "country": "DE", "v": 1.0} for i in range(30)]
+    rows += [{"user": f"b{i}", "country": "BR", "v": 2.0} for i in range(60)]
+    rows += [{"user": "lone", "country": "XX", "v": 3.0}]
+    rows += [{"user": f"i{i}", "country": "IT", "v": 4.0} for i in range(60)]
+    rows += [{"user": "u0", "country": "BR", "v": 5.0}]  # u0's second key: over L0 = 1
+    keyset = PublicKeyset.from_keys(["DE", "FR", "IT"], ["country"]).exclude("country", ["IT"])
+    bounds = ContributionBounds(max_partitions=1, max_contributions_per_partition=1,
+                                min_value=0, max_value=10)
+
+    def transform(testing, seed):
+        return DPAggregate(
+            compute=Compute(metrics=[Count(), Sum()], value="v"),
+            keys=Keys(privacy_unit="user", columns=["country"], keyset=keyset,
+                      selection=PrivateSelection()),
+            output=Output(error_columns=False), bounds=bounds,
+            budget=PrivacyBudget(epsilon=1.0, delta=1e-5),
+            release_key=ReleaseKey.for_testing(seed), testing=testing)
+
+    exact = {r["country"]: r for r in _run(rows, transform(True, 1))}
+    assert set(exact) == {"DE", "FR", "BR"}
+    assert exact["FR"]["count"] == 0 and exact["BR"]["count"] + exact["DE"]["count"] == 90
+    noisy = transform(False, 2)
+    got = {r["country"] for r in _run(rows, noisy)}
+    assert {"DE", "FR"} <= got and "IT" not in got and "XX" not in got
+    claim = noisy.guarantee()
+    assert (claim.epsilon, claim.delta) == pytest.approx((1.0, 1e-5))
+    assert "every key of the public keyset, and the keys outside it" in noisy.explain()
+    with pytest.raises(ValueError, match="in-memory keyset"):
+        Keys(privacy_unit="user", columns=["country"], selection=PrivateSelection(),
+             keyset=PublicKeyset.from_pcollection(beam.Pipeline() | beam.Create([{"country": "DE"}]),
+                                                  ["country"], expected_size=1))

@@ -2,6 +2,7 @@
 point 4)."""
 import glob
 import json
+import math
 import os
 import tempfile
 
@@ -17,6 +18,7 @@ from accounting.sensitivity import ContributionBounds
 from transforms.aggregate import DPAggregate
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Count, Mean, Quantiles, Sum, VectorSum
+from aggregate_kit import aggregate_of
 
 BOUNDS = ContributionBounds(max_partitions=2, max_contributions_per_partition=2, min_value=0, max_value=10)
 KEYSET = PublicKeyset.from_keys(["DE", "FR", "JP"], ["country"])
@@ -33,7 +35,7 @@ def _aggregate(**kwargs):
                    metrics=[Count(), Sum(), Mean()], budget=PrivacyBudget(epsilon=1.0), keyset=KEYSET,
                    release_key=ReleaseKey.for_testing(8))
     options.update(kwargs)
-    return DPAggregate(**options)
+    return aggregate_of(**options)
 
 
 def _run(element, transform):
@@ -92,11 +94,15 @@ def test_error_columns_state_std_and_interval_and_follow_suppression():
         else:
             assert r["count_std"] == pytest.approx(spec.std)
             assert r["count_ci95_high"] - r["count"] == pytest.approx(spec.ci_halfwidth(0.95))
+        # the sum is S + midpoint N: a union bound of the two noises' 97.5% intervals
+        mo = transform.moments
+        s, n = transform.measures[mo.nsum].spec, transform.measures[mo.count].spec
         assert r["sum_ci95_high"] - r["sum_ci95_low"] == pytest.approx(
-            2 * transform.measures["sum"].spec.ci_halfwidth(0.95))
+            2 * (s.ci_halfwidth(0.975) + abs(mo.midpoint) * n.ci_halfwidth(0.975)))
+        assert r["sum_std"] == pytest.approx(math.hypot(s.std, mo.midpoint * n.std))
         assert r["mean_ci95_low"] <= r["mean"] <= r["mean_ci95_high"] and r["mean_std"] > 0
     assert {r["count"] is None for r in rows} == {True, False}  # the threshold bites on this data
-    assert "mean: error columns derived from the noise of mean.normalized_sum, count" in \
+    assert "mean: error columns derived from the noise of sum.normalized_sum, count" in \
         transform.explain()
 
 

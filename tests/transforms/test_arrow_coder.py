@@ -10,7 +10,7 @@ from apache_beam import coders
 from accounting.budget import PrivacyBudget
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds
-from transforms.aggregate import DPAggregate
+from transforms.aggregate import Compute, DPAggregate, Keys
 from transforms.arrow_coder import ArrowRecordBatchCoder, ArrowTableCoder
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Count
@@ -66,10 +66,12 @@ def test_shuffled_tables_use_the_arrow_coder():
     p = beam.Pipeline()
     rows = p | beam.Create([pa.table({"u": [1, 2], "k": ["a", "b"]})])
     assert _has_arrow(_coder_of(rows))
-    _ = rows | DPAggregate(privacy_unit="u", keys=["k"], metrics=[Count()],
-                           bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
-                           keyset=PublicKeyset.from_keys(["a", "b"], ["k"]),
-                           budget=PrivacyBudget(epsilon=1.0), release_key=ReleaseKey.for_testing(1))
+    _ = rows | DPAggregate(
+        compute=Compute(metrics=[Count()]),
+        keys=Keys(privacy_unit="u", columns=["k"], keyset=PublicKeyset.from_keys(["a", "b"], ["k"])),
+        bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
+        budget=PrivacyBudget(epsilon=1.0),
+        release_key=ReleaseKey.for_testing(1))
     shuffles = {}
 
     class Visitor(beam.pipeline.PipelineVisitor):

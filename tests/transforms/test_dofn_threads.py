@@ -15,7 +15,7 @@ from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds
 from transforms import bounding_stage
 from transforms import parallel
-from transforms.aggregate import DPAggregate
+from transforms.aggregate import Compute, DPAggregate, Keys, Output
 from transforms.bounding_stage import BoundedKeyPartials, BoundingConfig
 from transforms.metrics import Count, Sum
 from transforms.keyset import PublicKeyset
@@ -182,12 +182,14 @@ def _released(threads: int, kind: str, tmp_path, monkeypatch):
         selection = PrivateSelection()
     tag = ("dp", threads, kind)
     released = (p | beam.Create(batches, reshuffle=False)
-         | DPAggregate(privacy_unit="user", keys=["k"], value="v",
-                       metrics=[Count(threshold=3), Sum()],
-                       bounds=ContributionBounds(max_partitions=3, max_contributions_per_partition=2,
+         | DPAggregate(
+             compute=Compute(metrics=[Count(threshold=3), Sum()], value="v"),
+             keys=Keys(privacy_unit="user", columns=["k"], keyset=keyset, selection=selection),
+             output=Output(num_shards=5),
+             bounds=ContributionBounds(max_partitions=3, max_contributions_per_partition=2,
                                                  min_value=0, max_value=10),
-                       budget=PrivacyBudget(epsilon=1.0, delta=1e-6), keyset=keyset,
-                       selection=selection, num_shards=5, release_key=ReleaseKey.for_testing(9))
+             budget=PrivacyBudget(epsilon=1.0, delta=1e-6),
+             release_key=ReleaseKey.for_testing(9))
          | beam.FlatMap(lambda t: t.to_pylist()))
     rows, counters = _collected(p, released, tag)
     return sorted(rows, key=lambda r: r["k"]), counters

@@ -17,7 +17,7 @@ import pytest
 from accounting.budget import PrivacyBudget
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds
-from transforms.aggregate import DPAggregate
+from transforms.aggregate import Compute, DPAggregate, Keys, Output
 from transforms.keyset import PublicKeyset
 from transforms.metrics import (Count, Mean, Std, Variance, mean_error, mean_from_noisy,
                                 plan_measures, variance_error, variance_from_noisy)
@@ -52,7 +52,8 @@ def _covers(low, value, high):
 @pytest.mark.parametrize("epsilon", [0.5, 4.0])
 @pytest.mark.parametrize("rows", [0, 1, 3, 10, 100, 1000])
 def test_intervals_hold_the_noise_free_value_for_every_count(rows, epsilon):
-    _, measures, _ = plan_measures([Mean(), Variance(), Std()], BOUNDS, PrivacyBudget(epsilon=epsilon))
+    planned = plan_measures([Mean(), Variance(), Std()], BOUNDS, PrivacyBudget(epsilon=epsilon))
+    measures = planned.measures
     nsum, nsq, count = _exact(rows, seed=rows)
     spec = {name: m.spec for name, m in measures.items()}
     seed = 100 * rows + int(10 * epsilon)
@@ -69,7 +70,8 @@ def test_intervals_hold_the_noise_free_value_for_every_count(rows, epsilon):
 
     # variance and std: three noisy answers, each within its 98.33% interval
     for kind in ("variance", "std"):
-        names = [f"{kind}.normalized_sum", f"{kind}.normalized_squares", f"{kind}.count"]
+        # one shared normalised sum, sum of squares and count (transforms.moments)
+        names = ["mean.normalized_sum", "variance.normalized_squares", "mean.count"]
         s, q, n = (_noisy(measures, name, exact_answer, seed + i)
                    for i, (name, exact_answer) in enumerate(zip(names, (nsum, nsq, count))))
         level = 1 - 0.05 / 3
@@ -88,14 +90,15 @@ def test_intervals_hold_the_noise_free_value_for_every_count(rows, epsilon):
 def test_the_delta_method_std_matches_the_spread_of_released_values():
     """Where counts are large the ratio is nearly linear in the noise: the stated std is the
     spread of released minus noise-free values (within 10%)."""
-    _, measures, _ = plan_measures([Mean(), Std()], BOUNDS, PrivacyBudget(epsilon=1.0))
+    planned = plan_measures([Mean(), Std()], BOUNDS, PrivacyBudget(epsilon=1.0))
+    measures = planned.measures
     nsum, nsq, count = _exact(2000, seed=7)
     s, n = _noisy(measures, "mean.normalized_sum", nsum, 1), _noisy(measures, "mean.count", count, 2)
     std, _, _ = mean_error(s, n, LOW, HIGH, sum_std=measures["mean.normalized_sum"].spec.std,
                            count_std=measures["mean.count"].spec.std, sum_half=1.0, count_half=1.0)
     spread = np.std(mean_from_noisy(s, n, LOW, HIGH) - mean_from_noisy(nsum, count, LOW, HIGH))
     assert np.mean(std) == pytest.approx(spread, rel=0.1)
-    names = ["std.normalized_sum", "std.normalized_squares", "std.count"]
+    names = ["mean.normalized_sum", "std.normalized_squares", "mean.count"]
     s, q, n = (_noisy(measures, name, exact, 3 + i) for i, (name, exact) in enumerate(zip(names, (nsum, nsq, count))))
     std, _, _ = variance_error(s, q, n, LOW, HIGH, sum_std=measures[names[0]].spec.std,
                                squares_std=measures[names[1]].spec.std, count_std=measures[names[2]].spec.std,
@@ -113,13 +116,16 @@ def _store(tables, tag):
 
 
 def _release(testing: bool, seed: int, keys: int, rows: pa.Table):
-    aggregate = DPAggregate(privacy_unit="user", keys=["k"], value="v",
-                            metrics=[Count(), Mean(), Std()], error_columns=True,
-                            bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=3,
+    aggregate = DPAggregate(
+        # every key's mean and std, whatever its noisy count (no min_count rule): their intervals
+        compute=Compute(metrics=[Count(), Mean(min_count=-math.inf), Std(min_count=-math.inf)], value="v"),
+        keys=Keys(privacy_unit="user", columns=["k"], keyset=PublicKeyset.from_keys(list(range(keys)), ["k"])),
+        output=Output(error_columns=True),
+        bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=3,
                                                       min_value=LOW, max_value=HIGH),
-                            keyset=PublicKeyset.from_keys(list(range(keys)), ["k"]),
-                            budget=PrivacyBudget(epsilon=2.0), release_key=ReleaseKey.for_testing(seed),
-                            testing=testing)
+        budget=PrivacyBudget(epsilon=2.0),
+        release_key=ReleaseKey.for_testing(seed),
+        testing=testing)
     with beam.Pipeline("FnApiRunner") as p:  # in this process: the Map stores the table here
         _ = (p | beam.Create([rows]) | aggregate | beam.combiners.ToList()
              | beam.Map(_store, (testing, seed)))

@@ -10,7 +10,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from accounting.budget import PrivacyBudget
 from accounting.sensitivity import ContributionBounds
-from transforms.aggregate import DPAggregate
+from transforms.aggregate import Compute, DPAggregate, Keys, Output
 from transforms.bounding_stage import _FilterWordsCoder, _KeyFilterFn, _StagedKeyFilterFn
 from transforms.keyset import PublicKeyset
 from transforms.membership import BITS_PER_KEY, KeyFilter, filter_words
@@ -105,9 +105,13 @@ def _release(rows, keys, expected_size, staging_dir=None):
     keyset = PublicKeyset.from_pcollection(p | "Keys" >> beam.Create([{"k": k} for k in keys]), ["k"],
                                            expected_size=expected_size, staging_dir=staging_dir)
     out = (p | "Rows" >> beam.Create(rows)
-           | DPAggregate(privacy_unit="user", keys=["k"], metrics=[Count()], output="dicts",
-                         bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
-                         budget=PrivacyBudget(epsilon=1.0), keyset=keyset, testing=True))
+           | DPAggregate(
+               compute=Compute(metrics=[Count()]),
+               keys=Keys(privacy_unit="user", columns=["k"], keyset=keyset),
+               output=Output(format="dicts"),
+               bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
+               budget=PrivacyBudget(epsilon=1.0),
+               testing=True))
     # Exact mode: each inside key has its two units, and no outside key is released.
     assert_that(out | beam.Map(lambda r: (r["k"], r["count"])), equal_to([(k, 2) for k in keys]))
     result = p.run()
@@ -119,9 +123,12 @@ def test_an_unstated_keyset_is_counted_once_for_the_filter_and_the_key_shards():
     p = beam.Pipeline(runner="FnApiRunner")
     keyset = PublicKeyset.from_pcollection(p | "Keys" >> beam.Create([{"k": "a"}]), ["k"])
     _ = (p | "Rows" >> beam.Create([{"user": "u", "k": "a"}])
-         | DPAggregate(privacy_unit="user", keys=["k"], metrics=[Count()],
-                       bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
-                       budget=PrivacyBudget(epsilon=1.0), keyset=keyset, testing=True))
+         | DPAggregate(
+             compute=Compute(metrics=[Count()]),
+             keys=Keys(privacy_unit="user", columns=["k"], keyset=keyset),
+             bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1),
+             budget=PrivacyBudget(epsilon=1.0),
+             testing=True))
     counts = []
 
     class Visitor(beam.pipeline.PipelineVisitor):

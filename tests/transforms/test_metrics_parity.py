@@ -18,11 +18,12 @@ from accounting.verification.dp_tester import DPTester
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds, Neighbouring
 from transforms import quantiles as quantiles_module
-from transforms.aggregate import DPAggregate
+from transforms.aggregate import Compute, DPAggregate, Keys
 from transforms.keyset import PublicKeyset
 from transforms.metrics import (Count, Median, Percentiles, Quantiles, Std, Sum, Variance, VectorSum,
                                 as_metric)
 from transforms.quantiles import QuantileTree
+from aggregate_kit import aggregate_of
 
 BOUNDS = ContributionBounds(max_partitions=2, max_contributions_per_partition=3, min_value=0, max_value=100)
 KEYS = ["a", "b", "c"]
@@ -38,10 +39,10 @@ def _rows(seed=0, units=40):
 
 
 def _aggregate(metrics, testing=True, bounds=BOUNDS, neighbouring=Neighbouring.ADD_REMOVE, **kwargs):
-    return DPAggregate(privacy_unit="u", keys=["k"], value="v", metrics=metrics, bounds=bounds,
-                       budget=PrivacyBudget(epsilon=1.0), keyset=PublicKeyset.from_keys(KEYS, ["k"]),
-                       testing=testing, neighbouring=neighbouring,
-                       release_key=ReleaseKey.for_testing(3), **kwargs)
+    return aggregate_of(privacy_unit="u", keys=["k"], value="v", metrics=metrics, bounds=bounds,
+                        budget=PrivacyBudget(epsilon=1.0), keyset=PublicKeyset.from_keys(KEYS, ["k"]),
+                        testing=testing, neighbouring=neighbouring,
+                        release_key=ReleaseKey.for_testing(3), **kwargs)
 
 
 def _run(rows, transform):
@@ -182,15 +183,21 @@ def test_dp_tester_on_the_quantile_tree_and_a_broken_calibration(monkeypatch):
         return tester.run(*_noise_samplers(measure, a, b, n), epsilon=epsilon)
 
     metric = Quantiles([0.5], branching=2, depth=3)
-    agg = DPAggregate(privacy_unit="u", keys=["k"], value="v", metrics=[metric], bounds=bounds,
-                      budget=PrivacyBudget(epsilon=epsilon), keyset=PublicKeyset.from_keys(KEYS, ["k"]),
-                      release_key=ReleaseKey.for_testing(1))
+    agg = DPAggregate(
+        compute=Compute(metrics=[metric], value="v"),
+        keys=Keys(privacy_unit="u", columns=["k"], keyset=PublicKeyset.from_keys(KEYS, ["k"])),
+        bounds=bounds,
+        budget=PrivacyBudget(epsilon=epsilon),
+        release_key=ReleaseKey.for_testing(1))
     assert run(agg).passed
     # Broken: calibrated as if a unit moved one node in the whole tree (depth ignored).
     monkeypatch.setattr(quantiles_module, "tree_sensitivity", lambda count, depth: count)
-    broken = DPAggregate(privacy_unit="u", keys=["k"], value="v", metrics=[metric], bounds=bounds,
-                         budget=PrivacyBudget(epsilon=epsilon), keyset=PublicKeyset.from_keys(KEYS, ["k"]),
-                         release_key=ReleaseKey.for_testing(2))
+    broken = DPAggregate(
+        compute=Compute(metrics=[metric], value="v"),
+        keys=Keys(privacy_unit="u", columns=["k"], keyset=PublicKeyset.from_keys(KEYS, ["k"])),
+        bounds=bounds,
+        budget=PrivacyBudget(epsilon=epsilon),
+        release_key=ReleaseKey.for_testing(2))
     result = run(broken)
     assert not result.passed, result
 
@@ -233,8 +240,11 @@ def test_metric_arguments_fail_clearly():
     with pytest.raises(ValueError, match="needs real-valued noise"):
         _aggregate([Variance(noise="discrete_laplace")])
     with pytest.raises(ValueError, match=r"metrics \['std'\] need a value column"):
-        DPAggregate(privacy_unit="u", keys=["k"], metrics=[Std()], bounds=BOUNDS,
-                    budget=PrivacyBudget(epsilon=1), keyset=PublicKeyset.from_keys(KEYS, ["k"]))
+        DPAggregate(
+            compute=Compute(metrics=[Std()]),
+            keys=Keys(privacy_unit="u", columns=["k"], keyset=PublicKeyset.from_keys(KEYS, ["k"])),
+            bounds=BOUNDS,
+            budget=PrivacyBudget(epsilon=1))
 
 
 def test_explain_states_sensitivities_and_quantile_error():
@@ -251,11 +261,14 @@ def _vector_rows(seed=5, units=25, dimension=4):
 
 def _vector_aggregate(norm, testing=True, neighbouring=Neighbouring.ADD_REMOVE, noise=None, epsilon=1.0,
                       bounds=ContributionBounds(max_partitions=2, max_contributions_per_partition=3)):
-    return DPAggregate(privacy_unit="u", keys=["k"], value="e", bounds=bounds,
-                       metrics=[Count(), VectorSum(dimension=4, max_norm=1.5, norm=norm, noise=noise)],
-                       budget=PrivacyBudget(epsilon=epsilon, delta=1e-6),
-                       keyset=PublicKeyset.from_keys(KEYS, ["k"]), testing=testing,
-                       neighbouring=neighbouring, release_key=ReleaseKey.for_testing(4))
+    return DPAggregate(
+        compute=Compute(metrics=[Count(), VectorSum(dimension=4, max_norm=1.5, norm=norm, noise=noise)], value="e"),
+        keys=Keys(privacy_unit="u", columns=["k"], keyset=PublicKeyset.from_keys(KEYS, ["k"])),
+        bounds=bounds,
+        budget=PrivacyBudget(epsilon=epsilon, delta=1e-6),
+        release_key=ReleaseKey.for_testing(4),
+        testing=testing,
+        neighbouring=neighbouring)
 
 
 def test_vector_sum_clips_rows_and_sums_exactly_in_testing_mode():
@@ -271,9 +284,11 @@ def test_vector_sum_clips_rows_and_sums_exactly_in_testing_mode():
     with pytest.raises(ValueError, match="must hold lists of numbers"):
         _vector_aggregate("l2").check_schema(pa.schema([("u", pa.int64()), ("k", pa.string()), ("e", pa.float64())]))
     with pytest.raises(ValueError, match="cannot be combined"):
-        DPAggregate(privacy_unit="u", keys=["k"], value="e", bounds=BOUNDS,
-                    metrics=[Count(), Sum(), VectorSum(dimension=4, max_norm=1)],
-                    budget=PrivacyBudget(epsilon=1), keyset=PublicKeyset.from_keys(KEYS, ["k"]))
+        DPAggregate(
+            compute=Compute(metrics=[Count(), Sum(), VectorSum(dimension=4, max_norm=1)], value="e"),
+            keys=Keys(privacy_unit="u", columns=["k"], keyset=PublicKeyset.from_keys(KEYS, ["k"])),
+            bounds=BOUNDS,
+            budget=PrivacyBudget(epsilon=1))
 
 
 @pytest.mark.parametrize("norm,neighbouring", [("l1", Neighbouring.ADD_REMOVE), ("l2", Neighbouring.SUBSTITUTE)])

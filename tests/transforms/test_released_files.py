@@ -12,7 +12,7 @@ from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds
 from pipelines.release.job import OutputSpec
 from pipelines.release.outputs import WriteStaged, decode
-from transforms.aggregate import DPAggregate
+from transforms.aggregate import Compute, DPAggregate, Keys, Output
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Count, Mean
 from transforms.released_files import conform, encode
@@ -25,14 +25,15 @@ def _release(p):
     rng = np.random.default_rng(3)
     rows = pa.table({"user": rng.integers(0, 300, 4000), "country": rng.choice(["DE", "FR", "US"], 4000),
                      "day": rng.integers(1, 4, 4000), "seconds": rng.uniform(0, 120, 4000)})
-    aggregate = DPAggregate(privacy_unit="user", keys=KEYS, value="seconds",
-                            metrics=[Count(), Mean(name="mean_seconds")],
-                            bounds=ContributionBounds(max_partitions=2, max_contributions_per_partition=3,
+    aggregate = DPAggregate(
+        compute=Compute(metrics=[Count(), Mean(name="mean_seconds")], value="seconds"),
+        keys=Keys(privacy_unit="user", columns=KEYS, keyset=PublicKeyset.cross_product({"country": ["DE", "FR", "IT", "US"],
+                                                               "day": [1, 2, 3]})),
+        output=Output(num_shards=3),
+        bounds=ContributionBounds(max_partitions=2, max_contributions_per_partition=3,
                                                       min_value=0, max_value=100),
-                            keyset=PublicKeyset.cross_product({"country": ["DE", "FR", "IT", "US"],
-                                                               "day": [1, 2, 3]}),
-                            budget=PrivacyBudget(epsilon=1.0), release_key=ReleaseKey.for_testing(4),
-                            num_shards=3)
+        budget=PrivacyBudget(epsilon=1.0),
+        release_key=ReleaseKey.for_testing(4))
     released = p | beam.Create([rows.slice(0, 1500), rows.slice(1500)]) | aggregate
     return released, aggregate.output_schema()
 

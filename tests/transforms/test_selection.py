@@ -40,12 +40,16 @@ def test_single_unit_key_is_rarely_released(strategy):
 
 def test_plan_mean_reuses_count_and_splits_budget():
     bounds = ContributionBounds(max_partitions=2, max_contributions_per_partition=3, min_value=0, max_value=10)
-    plan, measures, _ = plan_measures([Count(), Mean()], bounds, PrivacyBudget(epsilon=1.0))
+    planned = plan_measures([Count(), Mean()], bounds, PrivacyBudget(epsilon=1.0))
+    plan = planned.plan
+    measures = planned.measures
     assert set(measures) == {"count", "mean.normalized_sum"}
     assert measures["mean.normalized_sum"].partial == "nsum" and not measures["mean.normalized_sum"].integer
     assert measures["count"].spec == plan.measures[0].noise  # one measure type, calibrated
     assert sum(m.noise.epsilon for m in plan.measures) == pytest.approx(1.0)
-    plan, measures, _ = plan_measures([Mean(), PrivacyUnitCount()], bounds, PrivacyBudget(epsilon=1.0))
+    planned = plan_measures([Mean(), PrivacyUnitCount()], bounds, PrivacyBudget(epsilon=1.0))
+    plan = planned.plan
+    measures = planned.measures
     assert set(measures) == {"mean.normalized_sum", "mean.count", "privacy_unit_count"}
     nsum = next(m for m in plan.measures if m.name == "mean.normalized_sum")
     assert nsum.sensitivities.l1 == 2 * 3 * 5  # L0 * Linf * half-range
@@ -57,9 +61,12 @@ def test_plan_mean_reuses_count_and_splits_budget():
 
 def test_plan_with_selection_and_gaussian():
     bounds = ContributionBounds(max_partitions=4, max_contributions_per_partition=1)
-    plan, measures, share = plan_measures([Count(noise="discrete_gaussian")], bounds,
+    planned = plan_measures([Count(noise="discrete_gaussian")], bounds,
                                       PrivacyBudget(epsilon=1.0, delta=1e-6),
                                       selection_weight=1.0, selection_needs_delta=True)
+    plan = planned.plan
+    measures = planned.measures
+    share = planned.selection_share
     assert share.epsilon == pytest.approx(0.5) and share.delta > 0
     spec = plan.measures[0].noise
     assert spec.l2_sensitivity == pytest.approx(2.0)  # sqrt(L0) * Linf

@@ -510,3 +510,35 @@ def test_a_threshold_on_the_exact_value_is_caught_by_the_released_indicator(mode
     assert result.worst.count_denominator == 0 and result.worst.count_numerator == n // 2
     result = indicators(broken)
     assert not result.passed and result.worst.event.projection in ("released[b]", "count[b] released")
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 39: count and sum from the shared moment measures (sum = S + midpoint N)
+# --------------------------------------------------------------------------------------------
+
+# Values in [0, 100]: the added unit's 100 moves the normalised sum S by its full sensitivity
+# 50 and the count N by 1, so the released sum S + 50 N moves by 100 -- within the claim only
+# if N and S together spend no more than the budget (the equal split: each at epsilon / 2).
+DERIVED_LAYOUT = ReleaseLayout(keys=("a",), values=("count", "sum"))
+
+
+def derived_job():
+    return AggregateJob(keys=("k",), value="v", metrics=(Count(), Sum()),
+                        bounds=ContributionBounds(max_partitions=1, max_contributions_per_partition=1,
+                                                  min_value=0, max_value=100),
+                        budget=PrivacyBudget(epsilon=1.0), public_keys=("a",),
+                        options={"error_columns": False})
+
+
+def test_count_and_sum_derived_from_one_count_and_one_normalised_sum_keep_the_claim():
+    job = derived_job()
+    declared = job.declared()
+    assert [m.name for m in declared.plan.measures] == ["count", "sum.normalized_sum"]
+    claim = declared.guarantee()
+    assert claim.epsilon == pytest.approx(1.0)
+    background = units("a", 5, "a", v=40.0)
+    d, d2 = background + [{"user": "x", "k": "a", "v": 100.0}], background
+    n = 4_000
+    result = check(samples(job, d, n, DERIVED_LAYOUT, 31), samples(job, d2, n, DERIVED_LAYOUT, 32),
+                   DERIVED_LAYOUT.projections(), claim, n)
+    assert result.passed, result

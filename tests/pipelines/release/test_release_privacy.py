@@ -13,10 +13,11 @@ import pytest
 from accounting.budget import PrivacyBudget
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds
-from transforms.aggregate import DPAggregate
+from transforms.aggregate import Compute, DPAggregate, Keys, Output
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Count, PrivacyUnitCount
 from transforms.selection import PrivateSelection
+from aggregate_kit import aggregate_of
 
 ONE = ContributionBounds(max_partitions=1, max_contributions_per_partition=1)
 
@@ -41,9 +42,13 @@ def _emitted_tables(elements, transform):
 def test_keyset_release_is_sorted_by_key_not_keys_with_rows_first():
     keys = ["a", "b", "c", "d", "e"]
     rows = pa.table({"u": [1, 2, 3], "k": ["e", "e", "d"]})   # only the last keys have data
-    transform = DPAggregate(privacy_unit="u", keys=["k"], metrics=[Count()], bounds=ONE,
-                            keyset=PublicKeyset.from_keys(keys, ["k"]), num_shards=1,
-                            budget=PrivacyBudget(epsilon=1.0), testing=True)
+    transform = DPAggregate(
+        compute=Compute(metrics=[Count()]),
+        keys=Keys(privacy_unit="u", columns=["k"], keyset=PublicKeyset.from_keys(keys, ["k"])),
+        output=Output(num_shards=1),
+        bounds=ONE,
+        budget=PrivacyBudget(epsilon=1.0),
+        testing=True)
     (table,) = _emitted_tables([rows], transform)
     assert [r["k"] for r in table] == keys
     assert [r["count"] for r in table] == [0, 0, 0, 1, 2]
@@ -52,10 +57,13 @@ def test_keyset_release_is_sorted_by_key_not_keys_with_rows_first():
 def test_private_selection_release_is_sorted_by_key():
     rows = pa.table({"u": list(range(400)), "k": [f"k{9 - i % 10}" for i in range(400)],
                      "day": [i % 2 for i in range(400)]})
-    transform = DPAggregate(privacy_unit="u", keys=["k", "day"], metrics=[PrivacyUnitCount()],
-                            bounds=ONE, selection=PrivateSelection(), num_shards=2,
-                            budget=PrivacyBudget(epsilon=2.0, delta=1e-6),
-                            release_key=ReleaseKey.for_testing(3))
+    transform = DPAggregate(
+        compute=Compute(metrics=[PrivacyUnitCount()]),
+        keys=Keys(privacy_unit="u", columns=["k", "day"], selection=PrivateSelection()),
+        output=Output(num_shards=2),
+        bounds=ONE,
+        budget=PrivacyBudget(epsilon=2.0, delta=1e-6),
+        release_key=ReleaseKey.for_testing(3))
     tables = _emitted_tables([rows.slice(0, 150), rows.slice(150)], transform)
     assert sum(len(t) for t in tables) == 10
     for table in tables:
@@ -89,9 +97,12 @@ def test_reach_frequency_release_order_is_public():
 # --------------------------------------------------------------------------- point 2: unit ids
 
 def _one_key_count(elements):
-    transform = DPAggregate(privacy_unit="user", keys=["k"], metrics=[Count()], bounds=ONE,
-                            keyset=PublicKeyset.from_keys(["x"], ["k"]),
-                            budget=PrivacyBudget(epsilon=1.0), testing=True)
+    transform = DPAggregate(
+        compute=Compute(metrics=[Count()]),
+        keys=Keys(privacy_unit="user", columns=["k"], keyset=PublicKeyset.from_keys(["x"], ["k"])),
+        bounds=ONE,
+        budget=PrivacyBudget(epsilon=1.0),
+        testing=True)
     (table,) = _emitted_tables(elements, transform)
     return table[0]["count"]
 
@@ -113,9 +124,12 @@ def test_one_unit_whatever_the_type_of_its_id_dict_rows():
 def test_a_unit_column_that_cannot_hold_ids_is_refused_before_the_pipeline_runs():
     from transforms.privacy_units import UnitIdError
 
-    transform = DPAggregate(privacy_unit="user", keys=["k"], metrics=[Count()], bounds=ONE,
-                            keyset=PublicKeyset.from_keys(["x"], ["k"]),
-                            budget=PrivacyBudget(epsilon=1.0), testing=True)
+    transform = DPAggregate(
+        compute=Compute(metrics=[Count()]),
+        keys=Keys(privacy_unit="user", columns=["k"], keyset=PublicKeyset.from_keys(["x"], ["k"])),
+        bounds=ONE,
+        budget=PrivacyBudget(epsilon=1.0),
+        testing=True)
     with pytest.raises(UnitIdError, match="'user'"):
         transform.check_schema(pa.schema([("user", pa.bool_()), ("k", pa.string())]))
     transform.check_schema(pa.schema([("user", pa.float64()), ("k", pa.string())]))
@@ -132,9 +146,13 @@ def test_bounding_does_not_depend_on_batches_or_row_order():
                                 max_contributions=5, min_value=0, max_value=10)
 
     def release(batches):
-        transform = DPAggregate(privacy_unit="user", keys=["k"], value="v", metrics=[Count(), Sum()],
-                                bounds=bounds, keyset=PublicKeyset.from_keys(["x", "y"], ["k"]),
-                                budget=PrivacyBudget(epsilon=1.0), testing=True, num_shards=1)
+        transform = DPAggregate(
+            compute=Compute(metrics=[Count(), Sum()], value="v"),
+            keys=Keys(privacy_unit="user", columns=["k"], keyset=PublicKeyset.from_keys(["x", "y"], ["k"])),
+            output=Output(num_shards=1),
+            bounds=bounds,
+            budget=PrivacyBudget(epsilon=1.0),
+            testing=True)
         (table,) = _emitted_tables(batches, transform)
         return table
 
@@ -155,10 +173,12 @@ def test_private_selection_is_calibrated_for_substitution(strategy):
 
     l0, epsilon, delta = 2, 1.0, 1e-5
     bounds = ContributionBounds(max_partitions=l0, max_contributions_per_partition=1)
-    aggregate = DPAggregate(privacy_unit="u", keys=["k"], metrics=[PrivacyUnitCount()], bounds=bounds,
-                            selection=PrivateSelection(strategy=strategy, weight=1.0),
-                            budget=PrivacyBudget(epsilon=2 * epsilon, delta=delta),
-                            neighbouring=Neighbouring.SUBSTITUTE)
+    aggregate = DPAggregate(
+        compute=Compute(metrics=[PrivacyUnitCount()]),
+        keys=Keys(privacy_unit="u", columns=["k"], selection=PrivateSelection(strategy=strategy, weight=1.0)),
+        bounds=bounds,
+        budget=PrivacyBudget(epsilon=2 * epsilon, delta=delta),
+        neighbouring=Neighbouring.SUBSTITUTE)
     selector = aggregate.selector
     assert (selector.epsilon, selector.delta) == pytest.approx((epsilon, delta))
     worst = 0.0
@@ -177,7 +197,7 @@ def _aggregate(**kwargs):
     args = dict(privacy_unit="u", keys=["k"], metrics=[Count()], bounds=ONE,
                 keyset=PublicKeyset.from_keys(["x"], ["k"]), budget=PrivacyBudget(epsilon=1.0))
     args.update(kwargs)
-    return DPAggregate(**args)
+    return aggregate_of(**args)
 
 
 def test_one_dp_aggregate_applied_twice_raises():
@@ -234,8 +254,12 @@ def test_reserved_measure_names_are_refused(metrics):
 def test_budget_check_counts_private_selection():
     from transforms.metrics import check_within_budget, plan_measures
 
-    plan, _, share = plan_measures([Count()], ONE, PrivacyBudget(epsilon=1.0, delta=1e-6),
+    planned = plan_measures([Count()], ONE, PrivacyBudget(epsilon=1.0, delta=1e-6),
                                    selection_weight=1.0, selection_needs_delta=True)
+
+    plan = planned.plan
+
+    share = planned.selection_share
     check_within_budget(plan, (share.epsilon, share.delta))            # 0.5 + 0.5 = 1.0
     with pytest.raises(ValueError, match="beyond the declared budget"):
         check_within_budget(plan, (1.0, share.delta))                   # 0.5 + 1.0 > 1.0
