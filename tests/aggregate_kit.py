@@ -269,7 +269,7 @@ class ChooseBoundsJob:
     """:func:`transforms.utility.choose_bounds` as an audited job ``(dataset, seed, exact)``.
 
     Released table, keyed by (bound, candidate), public: ``utility``, each candidate's score in
-    the exponential mechanism (:func:`transforms.utility.bound_utilities` on the per-unit
+    the quantile mechanism (:func:`transforms.utility.bound_utilities` on the per-unit
     :func:`~transforms.utility.bound_statistics`: what the mechanism's privacy rests on, declared
     to move by at most the utility sensitivity per neighbouring change), and ``chosen`` (1 for
     the candidate the mechanism picked with the run's key, noisy). The batches are concatenated

@@ -581,7 +581,7 @@ for _entry in _aggregate_audits():
 
 
 def _choose_bounds_audit() -> JobAudit:
-    """choose_bounds (transforms/utility.py): each candidate's utility in the exponential
+    """choose_bounds (transforms/utility.py): each candidate's utility in the quantile
     mechanism moves by at most its stated sensitivity when one unit is added or removed."""
     from aggregate_kit import ChooseBoundsJob
 
