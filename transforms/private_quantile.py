@@ -51,10 +51,14 @@ b`` the chosen cell is within ``Delta' ln(k / b) / epsilon`` ranks of the target
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
+import pyarrow as pa
 
 from accounting.sensitivity import Neighbouring
+from transforms.quantiles import QuantileTree
 
 #: The quantile and epsilon are taken on this grid (2^-GRID_BITS), so the exponents are exact
 #: rationals with a 64-bit denominator.
@@ -78,15 +82,17 @@ def grid_epsilon(epsilon: float) -> int:
     return units
 
 
-def rank_distances(counts_at_or_below, n: int, quantile_units: int) -> np.ndarray:
+def rank_distances(counts_at_or_below, n, quantile_units: int) -> np.ndarray:
     """Each candidate's rank distance ``d_i`` (module docstring) in units of 2^-GRID_BITS
-    ranks, exactly (integers)."""
+    ranks, exactly (integers). ``counts_at_or_below``: (k,) with ``n`` a number, or one row per
+    key (keys, k) with ``n`` one per key."""
     upper = np.asarray(counts_at_or_below, dtype=np.int64)
-    if int(n) >= 1 << (62 - GRID_BITS):
+    n = np.asarray(n, dtype=np.int64)
+    if n.size and int(n.max()) >= 1 << (62 - GRID_BITS):
         raise ValueError("too many units for the exact quantile mechanism (2^42)")
     upper = upper << GRID_BITS
-    lower = np.concatenate([[0], upper[:-1]]).astype(np.int64)
-    target = int(quantile_units) * int(n)
+    lower = np.concatenate([np.zeros(upper.shape[:-1] + (1,), np.int64), upper[..., :-1]], axis=-1)
+    target = int(quantile_units) * (n[..., None] if upper.ndim == 2 else n)
     return np.maximum(target - upper, 0) + np.maximum(lower - target, 0)
 
 
@@ -112,15 +118,20 @@ def score_scale(quantile: float, neighbouring) -> float:
 
 
 def rank_exponents(distances: np.ndarray, epsilon: float, quantile_units: int,
-                   neighbouring) -> tuple[np.ndarray, int]:
-    """``(num, den)`` with ``num / den = epsilon' (d - min d) / Delta'`` exactly per candidate
-    (``d`` from :func:`rank_distances`, ``epsilon'`` :func:`grid_epsilon`)."""
+                   neighbouring, steps: int = 1) -> tuple[np.ndarray, int]:
+    """``(num, den)`` with ``num / den = epsilon' (d - min d) / (steps Delta')`` exactly per
+    candidate (per row for (keys, k) distances; ``d`` from :func:`rank_distances`, ``epsilon'``
+    :func:`grid_epsilon`). ``steps``: how many values one neighbouring change adds or removes
+    (a unit's rows over all keys, :class:`CellSelection`); each step then costs ``epsilon /
+    steps``, so the change costs ``epsilon`` (group privacy)."""
     eps_units = grid_epsilon(epsilon)
+    if not isinstance(steps, int) or steps < 1 or steps > 1 << 20:
+        raise ValueError(f"steps must be an integer in [1, 2^20], got {steps!r}")
     distances = np.asarray(distances, dtype=np.int64)
-    shifted = distances - distances.min()
+    shifted = distances - distances.min(axis=-1, keepdims=True)
     if shifted.size and int(shifted.max()) * eps_units >= 1 << 63:
         raise ValueError("epsilon * rank distance too large for the exact quantile mechanism")
-    return shifted * eps_units, score_scale_units(quantile_units, neighbouring) << GRID_BITS
+    return shifted * eps_units, (steps * score_scale_units(quantile_units, neighbouring)) << GRID_BITS
 
 
 def choose_candidate(counts_at_or_below, n: int, quantile: float, epsilon: float, neighbouring,
@@ -136,10 +147,118 @@ def choose_candidate(counts_at_or_below, n: int, quantile: float, epsilon: float
 
 
 def rank_error_bound(epsilon: float, quantile: float, candidates: int, neighbouring,
-                     failure: float = 0.05) -> float:
+                     failure: float = 0.05, steps: int = 1) -> float:
     """Ranks within which the chosen cell lies of the target with probability >= 1 - failure
     (module docstring, "Stated error"), for ``candidates`` candidates."""
     if not 0 < failure < 1:
         raise ValueError(f"failure must be in (0, 1), got {failure!r}")
     eps = grid_epsilon(epsilon) / _ONE
-    return score_scale(quantile, neighbouring) * math.log(max(int(candidates), 1) / failure) / eps
+    return steps * score_scale(quantile, neighbouring) * math.log(max(int(candidates), 1) / failure) / eps
+
+
+def rank_error_std(epsilon: float, quantile: float, candidates: int, neighbouring,
+                   steps: int = 1) -> float:
+    """A bound on the root mean square rank distance of the chosen cell, whatever the data:
+    from ``P(d >= D) <= min(1, k exp(-epsilon D / s))`` (``s = steps Delta'``),
+    ``E[d^2] <= (s / epsilon)^2 (L^2 + 2 L + 2)`` with ``L = ln k``."""
+    eps = grid_epsilon(epsilon) / _ONE
+    log_k = math.log(max(int(candidates), 1))
+    return steps * score_scale(quantile, neighbouring) / eps * math.sqrt(log_k ** 2 + 2 * log_k + 2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CellSelection:
+    """A quantiles metric released by selection (the tree's rival, :mod:`transforms.quantiles`):
+    per key and quantile, the leaf of ``tree`` holding the quantile, chosen by permute-and-flip
+    over the leaves' rank distances (module docstring) from the key's exact leaf counts, and
+    released as the leaf's midpoint.
+
+    ``epsilon``: per quantile (the metric's share over its quantiles: basic composition).
+    ``steps``: the values one neighbouring change adds or removes over all keys, the L1 of the
+    per-key row counts (``L0 Linf`` under add/remove, doubled under substitution: a replaced unit
+    is removed, then added); a change is a chain of ``steps`` one-value additions/removals each
+    moving one key's score monotonically (add/remove bound), so each step costs ``epsilon /
+    steps``. The release stage reads ``columns`` (the tree's leaf counts) as the exact answer
+    and draws each (key, quantile) from its own keyed lane.
+    """
+
+    name: str
+    tree: QuantileTree
+    quantiles: tuple
+    epsilon: float
+    steps: int
+    integer: bool = True
+
+    @property
+    def columns(self) -> tuple:
+        return self.tree.columns[-self.tree.leaves:]
+
+    def exact(self, table: pa.Table) -> np.ndarray:
+        return np.stack([table.column(c).to_numpy(zero_copy_only=False).astype(np.int64)
+                         for c in self.columns], axis=1).reshape(table.num_rows, len(self.columns))
+
+    def _distances(self, counts: np.ndarray, j: int) -> np.ndarray:
+        return rank_distances(np.cumsum(counts, axis=1), counts.sum(axis=1),
+                              grid_quantile(self.quantiles[j]))
+
+    def noise_free(self, counts: np.ndarray) -> np.ndarray:
+        """(keys, quantiles) leaves holding each quantile, without noise (testing mode)."""
+        return np.stack([np.argmin(self._distances(counts, j), axis=1)
+                         for j in range(len(self.quantiles))], axis=1)
+
+    def noisy(self, counts: np.ndarray, release_key, keys: pa.Table) -> np.ndarray:
+        """(keys, quantiles) chosen leaves; lane (key, quantile j) of the measure's streams."""
+        from transforms.noise import RandomStreams
+        from transforms.noise.exponential import permute_and_flip
+
+        width = len(self.quantiles)
+        lanes = keys.take(pa.array(np.repeat(np.arange(keys.num_rows), width)))
+        lanes = lanes.append_column("__quantile", pa.array(np.tile(np.arange(width), keys.num_rows)))
+        streams = RandomStreams.for_keys(release_key, self.name, lanes)
+        if streams.noise_free:
+            return self.noise_free(counts)
+        chosen = np.empty((keys.num_rows, width), dtype=np.int64)
+        for j in range(width):
+            num, den = rank_exponents(self._distances(counts, j), self.epsilon,
+                                      grid_quantile(self.quantiles[j]), Neighbouring.ADD_REMOVE,
+                                      self.steps)
+            chosen[:, j] = permute_and_flip(streams, num, den,
+                                            np.arange(keys.num_rows) * width + j)
+        return chosen
+
+    def values(self, chosen: np.ndarray, j: int) -> np.ndarray:
+        """Quantile ``j`` of each key: its chosen leaf's midpoint."""
+        tree = self.tree
+        return np.clip(tree.low + (chosen[:, j] + 0.5) * tree.leaf_width, tree.low, tree.high)
+
+    def rank_error_std(self) -> float:
+        """The largest of its quantiles' :func:`rank_error_std` bounds, in rows."""
+        return max(rank_error_std(self.epsilon, q, self.tree.leaves, Neighbouring.ADD_REMOVE,
+                                  self.steps) for q in self.quantiles)
+
+    def explain(self) -> str:
+        worst = max(rank_error_bound(self.epsilon, q, self.tree.leaves, Neighbouring.ADD_REMOVE,
+                                     steps=self.steps) for q in self.quantiles)
+        return (f"{self.name}: permute-and-flip over the {self.tree.leaves} leaves per quantile "
+                f"(epsilon {self.epsilon:g} each, {self.steps} value(s) per neighbouring change): "
+                f"error = leaf width {self.tree.leaf_width:.4g} (resolution) plus a rank error of "
+                f"rms <= {self.rank_error_std():.4g} rows, <= {worst:.4g} rows with probability "
+                "95%, whatever the data")
+
+
+def selection_if_better(name: str, tree: QuantileTree, quantiles, share_epsilon: float,
+                        tree_rank_std: float, bounds, neighbouring) -> Optional[CellSelection]:
+    """The :class:`CellSelection` for a quantiles metric's budget share when its stated rank
+    error (rms bound) is below the tree's (``tree_rank_std``), else None: per request, the
+    mechanism with the smaller stated error (one or two quantiles usually select; many read
+    one tree)."""
+    from accounting.sensitivity import count_sensitivity
+
+    steps = int(count_sensitivity(bounds, neighbouring).l1)
+    epsilon = share_epsilon / len(quantiles)
+    inside = all(0 < round(float(q) * _ONE) < _ONE for q in quantiles)
+    if not inside or epsilon * _ONE < 1 or steps > 1 << 20:
+        return None
+    selection = CellSelection(name=name, tree=tree, quantiles=tuple(quantiles), epsilon=epsilon,
+                              steps=steps)
+    return selection if selection.rank_error_std() < tree_rank_std else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from accounting.keys import ReleaseKey
@@ -16,8 +17,9 @@ from accounting.sensitivity import Neighbouring
 from accounting.verification.dp_tester import DPTester
 from transforms.noise import RandomStreams
 from transforms.noise.exponential import permute_and_flip_probabilities
-from transforms.private_quantile import (choose_candidate, grid_quantile, rank_distances,
+from transforms.private_quantile import (CellSelection, choose_candidate, grid_quantile, rank_distances,
                                          rank_exponents)
+from transforms.quantiles import QuantileTree
 
 ADD_REMOVE = Neighbouring.ADD_REMOVE
 
@@ -101,3 +103,24 @@ def test_the_shifted_score_is_monotone_with_the_stated_sensitivity():
         before = rank_distances(counts, n, units) + beta * n
         after = rank_distances(other, n + 1, units) + beta * (n + 1)
         assert np.all(after >= before) and np.all(after - before <= 2 * beta)
+
+
+def _selection_sampler(selection, histogram, seed):
+    def sample(m):
+        keys = pa.table({"lane": np.arange(m)})
+        return selection.noisy(np.tile(histogram, (m, 1)), ReleaseKey.for_testing(seed), keys)[:, 0].astype(float)
+    return sample
+
+
+@pytest.mark.parametrize("linf", [1, 2])
+def test_dp_tester_passes_dpaggregate_selection_of_a_median(linf):
+    """DPAggregate's wiring (CellSelection, keyed per key and quantile): the median's worst
+    neighbours above as leaf counts, the unit adding ``linf`` rows to one leaf (``steps`` =
+    L0 Linf values per change)."""
+    tree = QuantileTree(low=0.0, high=4.0, branching=2, depth=2)
+    selection = CellSelection(name="median", tree=tree, quantiles=(0.5,), epsilon=1.0, steps=linf)
+    base = np.array([0, 1, 0, 1]) * linf
+    other = base + np.array([linf, 0, 0, 0])
+    result = DPTester(n_samples=60_000).run(_selection_sampler(selection, base, 5),
+                                            _selection_sampler(selection, other, 6), epsilon=1.0)
+    assert result.passed, result
