@@ -24,7 +24,7 @@ columns (their input types), then per metric, in the order given:
 * quantiles: one float64 column per quantile, ``<name>_p<100 q>`` (``median``,
   ``percentile_p50``...), from the metric's quantile tree or, when it states the smaller rank
   error at the metric's budget share (one or two quantiles, usually), by permute-and-flip over
-  the tree's leaves (:mod:`transforms.private_quantile`); ``vector_sum``:
+  the tree's leaf edges (:mod:`transforms.private_quantile`); ``vector_sum``:
   fixed_size_list<float64>[dimension];
 * with ``error_columns=True``, after each count / sum / privacy-unit count / mean / variance /
   std ``<name>``: ``<name>_ci95_low``, ``<name>_ci95_high`` and ``<name>_std``, all float64.

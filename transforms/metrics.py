@@ -72,7 +72,7 @@ class Metric:
       (its leaves are the answers' resolution). mechanism: ``"auto"`` (default) releases them
       by whichever states the smaller rank error at the metric's budget share: one noisy tree
       read for every quantile (:mod:`transforms.quantiles`), or permute-and-flip over the
-      tree's leaves per quantile (:mod:`transforms.private_quantile`, under an (epsilon, delta)
+      tree's leaf edges per quantile (:mod:`transforms.private_quantile`, under an (epsilon, delta)
       budget); ``"tree"`` or ``"selection"`` asks for one.
     dimension, max_norm, norm: for ``VECTOR_SUM``: the vectors' length, and each row's clipping
       bound in the ``"l1"`` or ``"l2"`` norm (:mod:`transforms.vectors`).
@@ -451,8 +451,8 @@ def _selections(metrics, calibrated, shares, bounds, neighbouring, budget) -> di
                 name=metric.column, mechanism="permute_and_flip", epsilon=share.epsilon,
                 neighbouring=neighbouring, share=share,
                 sensitivities=count_sensitivity(bounds, neighbouring),
-                description=f"quantiles {list(metric.quantiles)}: per key and quantile, the leaf "
-                            f"of {tree.leaves} (width {tree.leaf_width:.4g}) holding it, by "
+                description=f"quantiles {list(metric.quantiles)}: per key and quantile, one of "
+                            f"the {tree.leaves + 1} leaf edges (width {tree.leaf_width:.4g}), by "
                             f"permute-and-flip over the rank distance (epsilon "
                             f"{selection.epsilon:g} each, {selection.steps} value(s) per "
                             "change, monotone bound); "

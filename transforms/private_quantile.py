@@ -96,6 +96,19 @@ def rank_distances(counts_at_or_below, n, quantile_units: int) -> np.ndarray:
     return np.maximum(target - upper, 0) + np.maximum(lower - target, 0)
 
 
+def point_distances(counts_below, n, quantile_units: int) -> np.ndarray:
+    """Rank distances of candidate *points* (2^-GRID_BITS ranks, exact): ``|L_i - q n|`` with
+    ``L_i = counts_below[i]`` the values below point ``i`` -- a cell ``[c, c]`` holding no value
+    (``E_i = 0``: a value at ``c`` counts in ``G_i``), so the module docstring's lemma and
+    calibration hold unchanged. Shapes as :func:`rank_distances`."""
+    below = np.asarray(counts_below, dtype=np.int64)
+    n = np.asarray(n, dtype=np.int64)
+    if n.size and int(n.max()) >= 1 << (62 - GRID_BITS):
+        raise ValueError("too many units for the exact quantile mechanism (2^42)")
+    target = int(quantile_units) * (n[..., None] if below.ndim == 2 else n)
+    return np.abs((below << GRID_BITS) - target)
+
+
 def rank_utility(counts_at_or_below, n: float, quantile: float) -> np.ndarray:
     """Minus the rank distance in ranks (floats; for analysis and the audits). One unit moves it
     by at most ``max(q, 1 - q)``, and ``-(d + beta n)`` monotonically by at most ``2 beta``."""
@@ -169,9 +182,12 @@ def rank_error_std(epsilon: float, quantile: float, candidates: int, neighbourin
 @dataclass(frozen=True, kw_only=True)
 class CellSelection:
     """A quantiles metric released by selection (the tree's rival, :mod:`transforms.quantiles`):
-    per key and quantile, the leaf of ``tree`` holding the quantile, chosen by permute-and-flip
-    over the leaves' rank distances (module docstring) from the key's exact leaf counts, and
-    released as the leaf's midpoint.
+    per key and quantile, one of the ``leaves + 1`` edges of ``tree``'s leaves (``low + i w``),
+    chosen by permute-and-flip over their rank distances (:func:`point_distances`: the values
+    below edge ``i`` are the key's exact counts of leaves ``< i``, ``n`` below ``high``) and
+    released as it. Points rather than cells: a cell holding the target may have its midpoint
+    on the wrong side of it, an edge's rank is known exactly (OpenDP's candidates, on the
+    tree's grid).
 
     ``epsilon``: per quantile (the metric's share over its quantiles: basic composition).
     ``steps``: the values one neighbouring change adds or removes over all keys, the L1 of the
@@ -197,9 +213,14 @@ class CellSelection:
         return np.stack([table.column(c).to_numpy(zero_copy_only=False).astype(np.int64)
                          for c in self.columns], axis=1).reshape(table.num_rows, len(self.columns))
 
+    @property
+    def candidates(self) -> int:
+        return self.tree.leaves + 1
+
     def _distances(self, counts: np.ndarray, j: int) -> np.ndarray:
-        return rank_distances(np.cumsum(counts, axis=1), counts.sum(axis=1),
-                              grid_quantile(self.quantiles[j]))
+        below = np.concatenate([np.zeros((counts.shape[0], 1), np.int64), np.cumsum(counts, axis=1)],
+                               axis=1)
+        return point_distances(below, counts.sum(axis=1), grid_quantile(self.quantiles[j]))
 
     def noise_free(self, counts: np.ndarray) -> np.ndarray:
         """(keys, quantiles) leaves holding each quantile, without noise (testing mode)."""
@@ -227,19 +248,19 @@ class CellSelection:
         return chosen
 
     def values(self, chosen: np.ndarray, j: int) -> np.ndarray:
-        """Quantile ``j`` of each key: its chosen leaf's midpoint."""
+        """Quantile ``j`` of each key: its chosen edge."""
         tree = self.tree
-        return np.clip(tree.low + (chosen[:, j] + 0.5) * tree.leaf_width, tree.low, tree.high)
+        return np.clip(tree.low + chosen[:, j] * tree.leaf_width, tree.low, tree.high)
 
     def rank_error_std(self) -> float:
         """The largest of its quantiles' :func:`rank_error_std` bounds, in rows."""
-        return max(rank_error_std(self.epsilon, q, self.tree.leaves, Neighbouring.ADD_REMOVE,
+        return max(rank_error_std(self.epsilon, q, self.candidates, Neighbouring.ADD_REMOVE,
                                   self.steps) for q in self.quantiles)
 
     def explain(self) -> str:
-        worst = max(rank_error_bound(self.epsilon, q, self.tree.leaves, Neighbouring.ADD_REMOVE,
+        worst = max(rank_error_bound(self.epsilon, q, self.candidates, Neighbouring.ADD_REMOVE,
                                      steps=self.steps) for q in self.quantiles)
-        return (f"{self.name}: permute-and-flip over the {self.tree.leaves} leaves per quantile "
+        return (f"{self.name}: permute-and-flip over the {self.candidates} leaf edges per quantile "
                 f"(epsilon {self.epsilon:g} each, {self.steps} value(s) per neighbouring change): "
                 f"error = leaf width {self.tree.leaf_width:.4g} (resolution) plus a rank error of "
                 f"rms <= {self.rank_error_std():.4g} rows, <= {worst:.4g} rows with probability "

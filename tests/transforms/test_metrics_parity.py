@@ -86,10 +86,11 @@ def test_testing_mode_variance_std_and_quantiles_are_exact():
             # the tree's answer lies in the leaf holding the rank-q value (interpolated inside it)
             exact = np.quantile(values, q, method="inverted_cdf")
             assert abs(out[key][f"quantiles_p{100 * q:g}"] - exact) <= width + 1e-9
-        # the median (one quantile: permute-and-flip states the smaller error) is the midpoint
-        # of the leaf holding the rank-1/2 value, here without noise
-        exact = np.quantile(values, 0.5, method="inverted_cdf")
-        assert abs(out[key]["median"] - exact) <= width / 2 + 1e-9
+        # the median (one quantile: permute-and-flip states the smaller error) is the leaf edge
+        # whose rank (values below it) is nearest n / 2, here without noise
+        edges = np.arange(257) * width
+        best = np.abs((values[:, None] < edges[None, :]).sum(axis=0) - len(values) / 2).min()
+        assert abs((values < out[key]["median"]).sum() - len(values) / 2) == best
 
 
 def test_quantile_tree_post_processing():
@@ -249,7 +250,7 @@ def test_explain_states_sensitivities_and_quantile_error():
     chosen = _aggregate([Quantiles([0.5]), Quantiles([0.1, 0.25, 0.5, 0.75, 0.9], name="q5")],
                         testing=False)
     assert [m.mechanism for m in chosen.plan.measures] == ["permute_and_flip", "discrete_laplace"]
-    assert "quantiles: permute-and-flip over the 256 leaves" in chosen.explain()
+    assert "quantiles: permute-and-flip over the 257 leaf edges" in chosen.explain()
     with pytest.raises(ValueError, match="mechanism must be one of"):
         Quantiles([0.5], mechanism="exponential")
 
