@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 OUT    ?= out/demo
 
-.PHONY: setup lock demo test test-slow test-runners test-airflow test-browser test-mutations fetch-runners clean
+.PHONY: setup lock demo test test-slow test-runners test-airflow test-browser test-mutations fetch-runners bench-peers clean
 
 LOCK   := requirements.lock
 AIRFLOW_LOCK := requirements-airflow.lock
@@ -79,6 +79,16 @@ test-browser: setup
 ## tests. Prints per mutant the test that caught it; fails if one survives or no longer applies.
 test-mutations: setup
 	$(BIN)/python tests/mutations/run.py
+
+## The peers benchmarks/utility.py compares with, each in a virtualenv of its own under
+## benchmarks/.venvs/ (never dependencies of the project; their pins are in benchmarks/utility_peers/).
+PEERS := benchmarks/.venvs
+bench-peers:
+	@for peer in pipelinedp opendp; do \
+	  test -x $(PEERS)/$$peer/bin/python || $(PYTHON) -m venv $(PEERS)/$$peer || exit 1; \
+	  echo ">> installing $$peer into $(PEERS)/$$peer"; \
+	  $(PEERS)/$$peer/bin/pip install --quiet $(PIP_FLAGS) -r benchmarks/utility_peers/requirements-$$peer.txt || exit 1; \
+	done
 
 ## Prism is built from the Go module proxy (~6 min cold, cached). Flink and Spark job-server jars
 ## are fetched when the Maven mirror serves them (this machine's does not: their tests then skip).

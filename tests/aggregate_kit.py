@@ -182,8 +182,10 @@ class AggregateJob:
     def rule(self) -> TableRule:
         transform = self.declared()
         columns = [m.column for m in self.metrics]
+        # A selected quantile (permute-and-flip, no additive noise) is a choice: no additive
+        # bound; the DP tester checks it (tests/accounting/verification/test_dp_tester_quantile.py).
         bounds = {m.name: Bound.of(m.sensitivities) for m in transform.plan.measures if m.name in columns
-                  and not m.name.startswith(tuple(f"{q.column}" for q in self.metrics
+                  and m.noise is not None and not m.name.startswith(tuple(f"{q.column}" for q in self.metrics
                                                   if len(q.output_columns) > 1 or q.output_columns != (q.column,)))}
         # A vector sum's measure covers every key and coordinate: each coordinate column changes
         # in at most l0 / dimension keys, by at most linf per key and l1 in total.
@@ -312,7 +314,7 @@ class ChooseBoundsJob:
     """:func:`transforms.utility.choose_bounds` as an audited job ``(dataset, seed, exact)``.
 
     Released table, keyed by (bound, candidate), public: ``utility``, each candidate's score in
-    the exponential mechanism (:func:`transforms.utility.bound_utilities` on the per-unit
+    the quantile mechanism (:func:`transforms.utility.bound_utilities` on the per-unit
     :func:`~transforms.utility.bound_statistics`: what the mechanism's privacy rests on, declared
     to move by at most the utility sensitivity per neighbouring change), and ``chosen`` (1 for
     the candidate the mechanism picked with the run's key, noisy). The batches are concatenated

@@ -485,7 +485,7 @@ def _aggregate_audits() -> list[JobAudit]:
     from accounting.verification.audit import synthetic_dataset
     from accounting.budget import PrivacyBudget
     from accounting.sensitivity import ContributionBounds, Neighbouring
-    from transforms.metrics import Count, PrivacyUnitCount, Quantiles, Std, Sum, Variance
+    from transforms.metrics import Count, Median, PrivacyUnitCount, Quantiles, Std, Sum, Variance
     from transforms.selection import PrivateSelection, SelectionStrategy
 
     Job = exact_aggregate_job_type()
@@ -498,6 +498,9 @@ def _aggregate_audits() -> list[JobAudit]:
     # variance, std and quantiles (issue 16): derived columns, audited for structure and as noisy
     spread = Job(value="v", metrics=[Count(), Variance(), Std(), Quantiles([0.5, 0.9], branching=4, depth=2)],
                  bounds=bounds, budget=PrivacyBudget(epsilon=1.0), public_keys=keys)
+    # a median by permute-and-flip over the leaves (issue 39: one quantile selects)
+    median = Job(value="v", metrics=[Count(), Median()], bounds=bounds,
+                 budget=PrivacyBudget(epsilon=1.0), public_keys=keys)
     selection = Job(value="v", metrics=[Count(), Sum()], bounds=bounds,
                     budget=PrivacyBudget(epsilon=8.0, delta=1e-2),
                     selection=PrivateSelection(strategy=SelectionStrategy.LAPLACE_THRESHOLDING))
@@ -568,6 +571,8 @@ def _aggregate_audits() -> list[JobAudit]:
                         noisy_changes=noisy),
         aggregate_audit("dp_aggregate/keyset/spread_metrics", spread, units, data, changes=exact_changes,
                         noisy_changes=noisy),
+        aggregate_audit("dp_aggregate/keyset/median_selection", median, units, data,
+                        changes=exact_changes, noisy_changes=noisy),
         # the dict / Row input path: one batch may mix id types
         aggregate_audit("dp_aggregate/keyset/dicts", keyset.with_(input="dicts"), units, data,
                         changes=(Change.ADD_MIXED_IDS, Change.REBATCH), noisy_changes=()),
@@ -586,7 +591,7 @@ for _entry in _aggregate_audits():
 
 
 def _choose_bounds_audit() -> JobAudit:
-    """choose_bounds (transforms/utility.py): each candidate's utility in the exponential
+    """choose_bounds (transforms/utility.py): each candidate's utility in the quantile
     mechanism moves by at most its stated sensitivity when one unit is added or removed."""
     from aggregate_kit import ChooseBoundsJob
 

@@ -585,8 +585,6 @@ COVERED_ELSEWHERE = {
     "transforms/noise/streams.py": (("tests/transforms/noise/test_noise.py",
                                      "tests/transforms/test_release_sharding.py"),
                                     "keyed streams, through every sampler and sharded release"),
-    "transforms/noise/exponential.py": (("tests/transforms/test_utility.py",),
-                                        "the exponential mechanism, through the utility transforms"),
     "pipelines/ara/event_tuning.py": (("tests/test_module_help.py",),
                                       "a tuning report command; its --help runs in the help test"),
     "pipelines/catalog/operator.py": (("tests/pipelines/catalog/test_catalog.py",),

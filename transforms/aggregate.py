@@ -27,7 +27,10 @@ columns (their input types), then per metric, in the order given:
 * ``count``, ``privacy_unit_count``: int64 (discrete noise); ``sum``: float64 (int64 with
   integer noise and integer values); ``mean``, ``variance``, ``std``: float64;
 * quantiles: one float64 column per quantile, ``<name>_p<100 q>`` (``median``,
-  ``percentile_p50``...); ``vector_sum``: fixed_size_list<float64>[dimension];
+  ``percentile_p50``...), from the metric's quantile tree or, when it states the smaller rank
+  error at the metric's budget share (one or two quantiles, usually), by permute-and-flip over
+  the tree's leaf edges (:mod:`transforms.private_quantile`); ``vector_sum``:
+  fixed_size_list<float64>[dimension];
 * error columns, on by default (``Output(error_columns=False)`` leaves them out): after each
   count / sum / privacy-unit count / mean / variance / std ``<name>``: ``<name>_ci95_low``,
   ``<name>_ci95_high`` and ``<name>_std``, all float64 -- functions of released values and
@@ -103,6 +106,7 @@ from transforms.metrics import (Metric, MetricKind, as_metric, is_integer_range,
                                 mean_error, mean_from_noisy, plan_measures, sum_from_noisy,
                                 variance_error, variance_from_noisy)
 from transforms.partials import PartialsSpec
+from transforms.private_quantile import CellSelection
 from transforms.release import SELECTION_PURPOSE, NoisyRelease, OutputColumn
 from transforms.selection import PrivateSelection, Selector
 from transforms.tables import static_schema
@@ -303,6 +307,9 @@ class DPAggregate(beam.PTransform):
         for metric in self._metrics:
             if metric.kind is not MetricKind.QUANTILES:
                 continue
+            if isinstance(self.measures[metric.column], CellSelection):
+                lines.append(self.measures[metric.column].explain())
+                continue
             tree = metric.tree(self._config.bounds)
             spec = next(m for m in self.plan.measures if m.name == metric.column).noise
             if spec is None:
@@ -373,9 +380,14 @@ class DPAggregate(beam.PTransform):
                 outputs.append(OutputColumn(name=metric.column, derive=derive, threshold=metric.threshold))
             elif metric.kind is MetricKind.QUANTILES:
                 tree = metric.tree(self._config.bounds)
+                selection = self.measures[metric.column]
                 for j, column in enumerate(metric.output_columns):
-                    derive = functools.partial(_quantile_output, measure=metric.column, tree=tree,
-                                               q=metric.quantiles[j])
+                    if isinstance(selection, CellSelection):
+                        derive = functools.partial(_selected_output, measure=metric.column,
+                                                   selection=selection, j=j)
+                    else:
+                        derive = functools.partial(_quantile_output, measure=metric.column,
+                                                   tree=tree, q=metric.quantiles[j])
                     outputs.append(OutputColumn(name=column, derive=derive))
             else:
                 outputs.append(OutputColumn(name=metric.column, measure=metric.column,
@@ -649,6 +661,10 @@ def _sum_output(noisy, *, nsum, count, midpoint):
 
 def _quantile_output(noisy, *, measure, tree, q):
     return tree.quantiles(noisy[measure], [q])[:, 0]
+
+
+def _selected_output(noisy, *, measure, selection, j):
+    return selection.values(noisy[measure], j)
 
 
 def _below(noisy, count, min_count):

@@ -19,6 +19,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from accounting.budget import PrivacyBudget, ReleasePlan
+from accounting.measures import Measure
 from accounting.calibration import NoiseKind
 from accounting.composition import sequential
 from accounting.sensitivity import (ContributionBounds, Neighbouring, Sensitivities,
@@ -56,6 +57,10 @@ _VALUE_KINDS = (MetricKind.SUM, MetricKind.MEAN, MetricKind.VARIANCE, MetricKind
 _VECTOR_KINDS = (MetricKind.VECTOR_SUM,)
 
 
+#: How a quantiles metric may be released (:class:`Metric`, ``mechanism``).
+QUANTILE_MECHANISMS = ("auto", "tree", "selection")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Metric:
     """One released metric (one output column; a quantiles metric has one per quantile).
@@ -66,8 +71,12 @@ class Metric:
       (post-processing). weight: this metric's share of the budget, relative to the others.
     name: the output column (default: the kind); ``key_selection`` and names containing ``.``
       are reserved for internal measures (:func:`check_metric_name`).
-    quantiles, branching, depth: for ``QUANTILES``: the quantiles in [0, 1] (all read from one
-      noisy tree, :mod:`transforms.quantiles`) and the tree's shape.
+    quantiles, branching, depth: for ``QUANTILES``: the quantiles in [0, 1] and the tree's shape
+      (its leaves are the answers' resolution). mechanism: ``"auto"`` (default) releases them
+      by whichever states the smaller rank error at the metric's budget share: one noisy tree
+      read for every quantile (:mod:`transforms.quantiles`), or permute-and-flip over the
+      tree's leaf edges per quantile (:mod:`transforms.private_quantile`, under an (epsilon, delta)
+      budget); ``"tree"`` or ``"selection"`` asks for one.
     dimension, max_norm, norm: for ``VECTOR_SUM``: the vectors' length, and each row's clipping
       bound in the ``"l1"`` or ``"l2"`` norm (:mod:`transforms.vectors`).
     min_count: for ``MEAN``, ``VARIANCE`` and ``STD``, which divide by the noisy count: the
@@ -85,6 +94,7 @@ class Metric:
     quantiles: tuple = ()
     branching: int = 16
     depth: int = 2
+    mechanism: str = "auto"
     dimension: Optional[int] = None
     max_norm: Optional[float] = None
     norm: str = "l2"
@@ -127,6 +137,9 @@ class Metric:
                                  "discrete_laplace or discrete_gaussian noise")
             if self.threshold is not None:
                 raise ValueError(f"{self.column}: quantiles take no threshold (threshold a count)")
+            if self.mechanism not in QUANTILE_MECHANISMS:
+                raise ValueError(f"{self.column}: mechanism must be one of {QUANTILE_MECHANISMS}, "
+                                 f"got {self.mechanism!r}")
         elif self.quantiles:
             raise ValueError(f"{self.column}: quantiles= is only for the quantiles metric")
         if self.kind in (MetricKind.MEAN, MetricKind.VARIANCE, MetricKind.STD):
@@ -532,19 +545,63 @@ def plan_measures(metrics: Sequence[Metric], bounds: ContributionBounds, budget:
         needs = ordered
     shares = split(needs)
     plan = ReleasePlan(budget=budget)
-    plan = plan.with_measures(*(plan.calibrated(name, need.kind, shares[name], need.sensitivities,
-                                                neighbouring=neighbouring,
-                                                description=need.description)
-                                for name, need in needs.items()))
+    calibrated = [plan.calibrated(name, need.kind, shares[name], need.sensitivities,
+                                  neighbouring=neighbouring, description=need.description)
+                  for name, need in needs.items()]
+    selections = _selections(metrics, calibrated, shares, bounds, neighbouring, budget)
+    plan = plan.with_measures(*(selections[m.name][0] if m.name in selections else m
+                                for m in calibrated))
     specs = {m.name: m.noise for m in plan.measures}
-    measures = {name: NoisedPartial(name=name, partial=need.partial, spec=specs[name],
-                                   integer=need.integer, columns=need.columns)
+    measures = {name: selections[name][1] if name in selections else
+                NoisedPartial(name=name, partial=need.partial, spec=specs[name],
+                              integer=need.integer, columns=need.columns)
                 for name, need in needs.items()}
     selection_share = shares.get(SELECTION_PURPOSE)
     if selection_share is not None:
         check_within_budget(plan, (selection_share.epsilon, selection_share.delta))
     return MeasurePlan(plan=plan, measures=measures, selection_share=selection_share,
                        moments=moments_plan)
+
+
+def _selections(metrics, calibrated, shares, bounds, neighbouring, budget) -> dict:
+    """Per quantiles metric whose selection (:mod:`transforms.private_quantile`) states a smaller
+    rank error than its tree at the same budget share: ``name -> (Measure, CellSelection)``.
+    Pure-epsilon selection under an (epsilon, delta) budget only (a zCDP budget keeps the tree)."""
+    from transforms.private_quantile import selection_if_better
+    from transforms.quantiles import rank_error_std
+
+    by_name = {m.name: m for m in calibrated}
+    out = {}
+    for metric in metrics:
+        if metric.kind is not MetricKind.QUANTILES or metric.mechanism == "tree":
+            continue
+        if budget.is_zcdp:
+            if metric.mechanism == "selection":
+                raise ValueError(f"{metric.column}: selection is pure epsilon-DP: give an "
+                                 "(epsilon, delta) budget, or mechanism='tree'")
+            continue
+        tree = metric.tree(bounds)
+        share = shares[metric.column]
+        beat = math.inf if metric.mechanism == "selection" else \
+            rank_error_std(tree, by_name[metric.column].noise.std)
+        selection = selection_if_better(metric.column, tree, metric.quantiles, share.epsilon,
+                                        beat, bounds, neighbouring)
+        if selection is None and metric.mechanism == "selection":
+            raise ValueError(f"{metric.column}: selection needs quantiles strictly inside (0, 1) "
+                             "and a share of epsilon >= 2^-20 per quantile")
+        if selection is not None:
+            out[metric.column] = (Measure(
+                name=metric.column, mechanism="permute_and_flip", epsilon=share.epsilon,
+                neighbouring=neighbouring, share=share,
+                sensitivities=count_sensitivity(bounds, neighbouring),
+                description=f"quantiles {list(metric.quantiles)}: per key and quantile, one of "
+                            f"the {tree.leaves + 1} leaf edges (width {tree.leaf_width:.4g}), by "
+                            f"permute-and-flip over the rank distance (epsilon "
+                            f"{selection.epsilon:g} each, {selection.steps} value(s) per "
+                            "change, monotone bound); "
+                            + ("asked for" if metric.mechanism == "selection" else
+                               "chosen over the tree by its smaller stated rank error")), selection)
+    return out
 
 
 def check_metric_name(column: str) -> str:

@@ -23,15 +23,14 @@ Per key and metric (count, sum, mean, privacy-unit count):
   one) or, with private selection, the selector's drop probability for its unit count.
 
 :func:`choose_bounds` picks ``max_partitions`` and ``max_contributions_per_partition`` with
-differential privacy: each as the candidate (powers of two by default) nearest the
-``quantile`` of the per-unit statistic (keys per unit; largest row count of a unit in one key),
-by the exponential mechanism (McSherry & Talwar 2007) with utility minus the distance of the
-target rank ``q n`` to ``[#{units <= c_prev}, #{units <= c}]`` (:func:`exponential_choice`),
-sensitivity 1 under add/remove (2 under substitution), each with half the given epsilon. The
-draw is exact (:mod:`transforms.noise.exponential`: integer arithmetic on the release key's
-streams, every candidate with its exact positive probability): the quantile is taken on the 2^-20
-grid and epsilon rounded down to it, so the distances and the mechanism's exponents are exact
-rationals. The choice spends budget, so it takes a part of the job's
+differential privacy: each as the candidate (powers of two by default) whose cell ``(c_prev, c]``
+holds the ``quantile`` of the per-unit statistic (keys per unit; largest row count of a unit in
+one key), chosen by :mod:`transforms.private_quantile` -- permute-and-flip over the rank
+distance, sampled exactly, its exponent ``epsilon d / (2 max(q, 1 - q))`` under add/remove (the
+score is monotone up to a constant: no further factor 2; ``epsilon d`` at the median) and
+``epsilon d / 2`` under substitution -- each bound with half the given epsilon. One unit adds or
+removes one entry of each statistic, so this is the neighbouring relation the proof there needs.
+The choice spends budget, so it takes a part of the job's
 :class:`~accounting.shared_budget.SharedBudget` (a plain budget is refused: it would be composed
 nowhere); the part's guarantee (``shared.guarantee()``) includes the choice.
 """
@@ -357,72 +356,6 @@ class BoundsChoice:
                 + self.plan.explain())
 
 
-#: The quantile and the mechanism's epsilon are taken on this grid (2^-GRID_BITS), so the
-#: exponential mechanism's exponents are exact rationals with a 64-bit denominator.
-GRID_BITS = 20
-
-
-def grid_quantile(quantile: float) -> int:
-    """``quantile`` in units of 2^-GRID_BITS (nearest), strictly between 0 and 1."""
-    units = int(round(float(quantile) * (1 << GRID_BITS)))
-    if not 0 < units < 1 << GRID_BITS:
-        raise ValueError(f"quantile must be in (0, 1) on the 2^-{GRID_BITS} grid, got {quantile!r}")
-    return units
-
-
-def candidate_distances(counts_at_or_below, n: int, quantile_units: int) -> np.ndarray:
-    """Minus :func:`candidate_utility` in units of 2^-GRID_BITS ranks, exactly (integers), for
-    the quantile ``quantile_units * 2^-GRID_BITS``."""
-    upper = np.asarray(counts_at_or_below, dtype=np.int64) << GRID_BITS
-    lower = np.concatenate([[0], upper[:-1]]).astype(np.int64)
-    target = int(quantile_units) * int(n)
-    if int(n) >= 1 << (62 - GRID_BITS):
-        raise ValueError("too many units for the exact exponential mechanism (2^42)")
-    return np.maximum(target - upper, 0) + np.maximum(lower - target, 0)
-
-
-def candidate_utility(counts_at_or_below: np.ndarray, n: float, quantile: float) -> np.ndarray:
-    """The exponential mechanism's utility of each candidate ``c_i``: good when the target rank
-    ``quantile * n`` lies in ``[count(<= c_{i-1}), count(<= c_i)]``, so minus the distance to
-    that interval (candidates above every unit's value, which all hold ``n`` units, do not tie
-    with the right one). One unit moves the counts by 0 or 1 and the target by ``quantile``, so
-    each utility moves by at most max(q, 1 - q) <= 1: sensitivity 1 (add/remove)."""
-    upper = np.asarray(counts_at_or_below, dtype=float)
-    lower = np.concatenate([[0.0], upper[:-1]])
-    target = quantile * n
-    return -(np.maximum(target - upper, 0.0) + np.maximum(lower - target, 0.0))
-
-
-def exponential_exponents(distances: np.ndarray, epsilon: float, sensitivity: int) -> tuple[np.ndarray, int]:
-    """``(num, den)`` with ``num / den = epsilon' * distance / (2 * sensitivity)`` exactly, per
-    candidate: the exponents of the exponential mechanism over distances in 2^-GRID_BITS rank
-    units, ``epsilon'`` = ``epsilon`` rounded down to the 2^-GRID_BITS grid (so the choice is
-    ``epsilon'``-DP, ``epsilon' <= epsilon``)."""
-    eps_units = int(np.floor(float(epsilon) * (1 << GRID_BITS)))
-    if eps_units < 1:
-        raise ValueError(f"epsilon {epsilon!r} is below the exponential mechanism's 2^-{GRID_BITS} grid")
-    if sensitivity not in (1, 2):
-        raise ValueError(f"utility sensitivity must be 1 or 2, got {sensitivity!r}")
-    distances = np.asarray(distances, dtype=np.int64)
-    shifted = distances - distances.min()
-    if shifted.size and int(shifted.max()) * eps_units >= 1 << 63:
-        raise ValueError("epsilon * (units) too large for the exact exponential mechanism")
-    return shifted * eps_units, 2 * int(sensitivity) << (2 * GRID_BITS)
-
-
-def exponential_choice(counts_at_or_below: np.ndarray, n: int, quantile: float, epsilon: float,
-                       sensitivity: int, streams, lanes: np.ndarray = None) -> np.ndarray:
-    """Per lane of ``streams`` (a :class:`~transforms.noise.RandomStreams`), the index of the
-    candidate chosen by the exact exponential mechanism (:mod:`transforms.noise.exponential`)
-    over the utility minus :func:`candidate_distances`: ``P(i) ∝ exp(-epsilon' d_i / (2
-    sensitivity))``."""
-    from transforms.noise.exponential import exponential_mechanism
-
-    distances = candidate_distances(counts_at_or_below, n, grid_quantile(quantile))
-    num, den = exponential_exponents(distances, epsilon, sensitivity)
-    return exponential_mechanism(streams, num, den, lanes)
-
-
 def bound_statistics(data, *, privacy_unit: str, keys: Sequence[str]) -> dict[str, np.ndarray]:
     """Per privacy unit (one entry each, canonical ids; rows with a null id or key dropped): the
     number of keys it contributes to (``max_partitions``) and its largest row count in one key
@@ -449,11 +382,14 @@ def bound_statistics(data, *, privacy_unit: str, keys: Sequence[str]) -> dict[st
 
 def bound_utilities(statistics: Mapping[str, np.ndarray], candidates: Sequence[int],
                     quantile: float) -> dict[str, np.ndarray]:
-    """Each bound's candidate utilities (:func:`candidate_utility`) from :func:`bound_statistics`."""
+    """Each bound's candidate utilities (:func:`transforms.private_quantile.rank_utility`) from
+    :func:`bound_statistics`."""
+    from transforms.private_quantile import rank_utility
+
     out = {}
     for name, stat in statistics.items():
         at_or_below = np.array([(stat <= c).sum() for c in candidates])
-        out[name] = candidate_utility(at_or_below, len(stat), quantile)
+        out[name] = rank_utility(at_or_below, len(stat), quantile)
     return out
 
 
@@ -466,6 +402,8 @@ def choose_bounds(data, *, privacy_unit: str, keys: Sequence[str], budget, relea
     choice draws from (default: the part's, else a fresh one)."""
     from accounting.shared_budget import BudgetPart
     from transforms.noise import RandomStreams
+    from transforms.private_quantile import (GRID_BITS, choose_candidate, grid_epsilon,
+                                             grid_quantile, score_scale)
 
     if not isinstance(budget, BudgetPart):
         check_spendable(budget, "choose_bounds")
@@ -476,34 +414,37 @@ def choose_bounds(data, *, privacy_unit: str, keys: Sequence[str], budget, relea
     budget = part.spendable_budget()
     if budget.is_zcdp:
         raise ValueError("choose_bounds needs an (epsilon, delta) budget part (pure epsilon is used)")
-    quantile_units = grid_quantile(quantile)
+    quantile = grid_quantile(quantile) / (1 << GRID_BITS)
     candidates = sorted({int(c) for c in candidates})
     if not candidates or candidates[0] < 1:
         raise ValueError("candidates must be positive integers")
+    neighbouring = Neighbouring(neighbouring)
+    epsilon = budget.epsilon / 2
+    grid_epsilon(epsilon)  # refuse before any claim
     if release_key is None:
         release_key = part.release_key if part.release_key else ReleaseKey.generate()
     statistics = bound_statistics(data, privacy_unit=privacy_unit, keys=keys)
-    sensitivity = int(Neighbouring(neighbouring).factor)
-    epsilon = budget.epsilon / 2
-    exponential_exponents(np.zeros(1, np.int64), epsilon, sensitivity)  # refuse before any claim
     chosen = []
     for name, stat in statistics.items():
         purpose = f"bounds:{name}"
         release_key.claim(purpose, owner="choose_bounds")
         at_or_below = np.array([(stat <= c).sum() for c in candidates])
         streams = RandomStreams.for_range(release_key, purpose, 1)
-        index = exponential_choice(at_or_below, len(stat), quantile_units / (1 << GRID_BITS),
-                                   epsilon, sensitivity, streams)[0]
+        index = choose_candidate(at_or_below, len(stat), quantile, epsilon, neighbouring, streams)[0]
         chosen.append(candidates[int(index)])
+    scale = score_scale(quantile, neighbouring)
+    why = ("the score is monotone up to a constant" if neighbouring is Neighbouring.ADD_REMOVE
+           else "sensitivity 1, not monotone")
     plan = ReleasePlan(budget=PrivacyBudget(epsilon=budget.epsilon, delta=budget.delta))
     for name, stat_text in (("max_partitions", "keys per unit"),
                             ("max_contributions_per_partition", "largest rows of a unit in one key")):
         plan = plan.with_measures(Measure(
-            name=f"bounds.{name}", mechanism="exponential", epsilon=epsilon,
+            name=f"bounds.{name}", mechanism="permute_and_flip", epsilon=epsilon,
             neighbouring=neighbouring,
-            description=f"{name}: the candidate nearest the {quantile:g} quantile of {stat_text} "
-                        f"(on the 2^-{GRID_BITS} grid), exponential mechanism sampled exactly, "
-                        f"utility sensitivity {sensitivity:g}, candidates {candidates}"))
+            description=f"{name}: the candidate whose cell holds the {quantile:g} quantile of "
+                        f"{stat_text} (on the 2^-{GRID_BITS} grid), permute-and-flip over the "
+                        f"rank distance d sampled exactly, exponent epsilon d / {scale:g} "
+                        f"({why}), candidates {candidates}"))
     choice = BoundsChoice(max_partitions=chosen[0], max_contributions_per_partition=chosen[1], plan=plan)
     part.register(choice)
     return choice

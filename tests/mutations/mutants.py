@@ -35,6 +35,7 @@ PRIVACY_TESTS = {
     "tests/accounting/verification/test_audit_harness.py": "the audit harness on toy jobs",
     "tests/accounting/verification/test_dp_tester.py": "the DP tester on the project's noise mechanisms",
     "tests/accounting/verification/test_dp_tester_aggregate.py": "the DP tester on sampled DPAggregate releases",
+    "tests/accounting/verification/test_dp_tester_quantile.py": "the DP tester on the quantile mechanism",
     "tests/transforms/ldp/test_ldp_dp.py": "the DP tester on every local randomizer",
     "tests/transforms/sketches/test_sketches_dp.py": "the DP tester on the sketches' noise",
     "tests/transforms/test_bounding.py": "contribution bounding's invariants (privacy unit tests)",
@@ -96,6 +97,18 @@ MUTANTS = (
         snippet="return discrete_laplace(streams, spec.unit_scale)",
         replacement="return discrete_laplace(streams, spec.unit_scale / 2)",
         tests=("tests/accounting/verification/test_dp_tester.py::test_project_mechanism_satisfies_its_claim",),
+    ),
+    Mutant(
+        name="quantile-score-scale-halved",
+        leak="the quantile mechanism's score scale halved (max(q, 1 - q) for the monotone "
+             "bound's 2 max(q, 1 - q)): twice the exponent its epsilon allows",
+        file="transforms/private_quantile.py",
+        snippet="return 2 * max(int(quantile_units), _ONE - int(quantile_units))",
+        replacement="return max(int(quantile_units), _ONE - int(quantile_units))",
+        tests=("tests/accounting/verification/test_dp_tester_quantile.py::"
+               "test_dp_tester_passes_the_quantile_mechanism_at_its_stated_epsilon",
+               "tests/accounting/verification/test_dp_tester_quantile.py::"
+               "test_no_small_neighbour_pair_exceeds_the_stated_epsilon"),
     ),
     Mutant(
         name="no-l0-bound",

@@ -87,7 +87,11 @@ def test_testing_mode_variance_std_and_quantiles_are_exact():
             # the tree's answer lies in the leaf holding the rank-q value (interpolated inside it)
             exact = np.quantile(values, q, method="inverted_cdf")
             assert abs(out[key][f"quantiles_p{100 * q:g}"] - exact) <= width + 1e-9
-        assert out[key]["median"] == out[key]["quantiles_p50"]
+        # the median (one quantile: permute-and-flip states the smaller error) is the leaf edge
+        # whose rank (values below it) is nearest n / 2, here without noise
+        edges = np.arange(257) * width
+        best = np.abs((values[:, None] < edges[None, :]).sum(axis=0) - len(values) / 2).min()
+        assert abs((values < out[key]["median"]).sum() - len(values) / 2) == best
 
 
 def test_quantile_tree_post_processing():
@@ -127,7 +131,8 @@ def _answers(agg, partials):
 
 @pytest.mark.parametrize("neighbouring", list(Neighbouring))
 def test_one_unit_moves_every_measure_within_its_stated_sensitivity(neighbouring):
-    agg = _aggregate([Count(), Variance(), Std(name="sd"), Quantiles([0.5, 0.9], branching=4, depth=3)],
+    agg = _aggregate([Count(), Variance(), Std(name="sd"),
+                      Quantiles([0.5, 0.9], branching=4, depth=3, mechanism="tree")],
                      neighbouring=neighbouring)
     stated = {m.name: m.sensitivities for m in agg.plan.measures}
     rows = _rows(seed=4, units=25)
@@ -182,7 +187,7 @@ def test_dp_tester_on_the_quantile_tree_and_a_broken_calibration(monkeypatch):
         assert measure.integer and measure.spec.kind.is_integer
         return tester.run(*_noise_samplers(measure, a, b, n), epsilon=epsilon)
 
-    metric = Quantiles([0.5], branching=2, depth=3)
+    metric = Quantiles([0.5], branching=2, depth=3, mechanism="tree")
     agg = DPAggregate(
         compute=Compute(metrics=[metric], value="v"),
         keys=Keys(privacy_unit="u", columns=["k"], keyset=PublicKeyset.from_keys(KEYS, ["k"])),
@@ -248,9 +253,16 @@ def test_metric_arguments_fail_clearly():
 
 
 def test_explain_states_sensitivities_and_quantile_error():
-    text = _aggregate([Variance(), Quantiles([0.5])], testing=False).explain()
+    text = _aggregate([Variance(), Quantiles([0.5], mechanism="tree")], testing=False).explain()
     assert "variance.normalized_squares" in text and "h = 50" in text
     assert "quantile tree: 272 node counts" in text and "rank error of std <=" in text
+    # one quantile: permute-and-flip states the smaller rank error, and is chosen
+    chosen = _aggregate([Quantiles([0.5]), Quantiles([0.1, 0.25, 0.5, 0.75, 0.9], name="q5")],
+                        testing=False)
+    assert [m.mechanism for m in chosen.plan.measures] == ["permute_and_flip", "discrete_laplace"]
+    assert "quantiles: permute-and-flip over the 257 leaf edges" in chosen.explain()
+    with pytest.raises(ValueError, match="mechanism must be one of"):
+        Quantiles([0.5], mechanism="exponential")
 
 
 def _vector_rows(seed=5, units=25, dimension=4):

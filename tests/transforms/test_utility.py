@@ -4,7 +4,6 @@ import pyarrow as pa
 import pytest
 
 from accounting.budget import PrivacyBudget
-from accounting.verification.dp_tester import DPTester
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds
 from accounting.shared_budget import SharedBudget
@@ -12,7 +11,7 @@ from transforms.keyset import PublicKeyset
 from transforms.metrics import Count, Mean, PrivacyUnitCount, Sum
 from transforms.noise import RandomStreams
 from transforms.selection import PrivateSelection
-from transforms.utility import Candidate, analyze, choose_bounds, exponential_choice
+from transforms.utility import Candidate, analyze, choose_bounds
 
 
 def _data(seed=0):
@@ -76,28 +75,8 @@ def test_bounds_chosen_privately_are_charged_and_sensible():
     # 90% of users have <= 3 keys and their largest key holds <= ~8 rows.
     assert choice.max_partitions in (2, 4) and choice.max_contributions_per_partition in (4, 8)
     assert choice.guarantee().epsilon == pytest.approx(1.0)
-    assert "exponential" in shared.explain() and "bounds.max_partitions" in choice.explain()
+    assert "permute_and_flip" in shared.explain() and "bounds.max_partitions" in choice.explain()
     assert choice.bounds(min_value=0, max_value=1).max_partitions == choice.max_partitions
-
-
-def test_dp_tester_on_the_exponential_choice_and_a_broken_sensitivity():
-    """Neighbours: one unit more at or below candidate 0; each sample is one keyed choice."""
-    epsilon, n = 1.0, 40_000
-    rng_counts = np.array([10, 11, 11])   # units at or below each candidate, dataset D
-    other = np.array([9, 10, 10])          # D': one unit fewer (n 19 vs 20)
-
-    def sampler(counts, units, epsilon_used, seed):
-        def sample(m):
-            streams = RandomStreams.for_range(ReleaseKey.for_testing(seed), "dp-test", m)
-            return exponential_choice(counts, units, 0.5, epsilon_used, 1, streams).astype(float)
-        return sample
-
-    tester = DPTester(n_samples=n)
-    assert tester.run(sampler(rng_counts, 20, epsilon, 1), sampler(other, 19, epsilon, 2), epsilon=epsilon).passed
-    # A mechanism that ignores the sensitivity (5x the epsilon it states) is caught.
-    result = tester.run(sampler(rng_counts, 20, 5 * epsilon, 3), sampler(other, 19, 5 * epsilon, 4),
-                        epsilon=epsilon)
-    assert not result.passed, result
 
 
 def test_choose_bounds_with_a_plain_budget_is_refused():
@@ -113,44 +92,19 @@ def test_choose_bounds_with_a_plain_budget_is_refused():
     assert shared.guarantee().epsilon == pytest.approx(0.5)
 
 
-def test_the_exponential_draw_is_exact_and_uses_no_floating_point_uniforms(monkeypatch):
+def test_the_bounds_choice_uses_no_floating_point_uniforms(monkeypatch):
     """Gumbel-max from clipped 2^-53-grid uniforms gave some candidates probability exactly 0
-    (main f02cb62). The draw now reads only uniform integers: a choice made with the float
-    uniforms disabled still works, and the sampled frequencies match the exact probabilities,
-    a candidate of probability ~3e-3 included."""
+    (main f02cb62). The choice reads only uniform integers (transforms/noise/exponential.py;
+    its exactness is tested in tests/transforms/noise/test_exponential.py): a choice made with
+    the float uniforms disabled still works."""
     def no_floats(self, lanes=None):
         raise AssertionError("a floating-point uniform was drawn")
 
     monkeypatch.setattr(RandomStreams, "uniform_float", no_floats)
     shared = SharedBudget(PrivacyBudget(epsilon=2.0), weights={"bounds": 1})
-    choose_bounds(_data(), privacy_unit="user", keys=["country"], budget=shared.part("bounds"),
-                  release_key=ReleaseKey.for_testing(8))
-
-    from transforms.noise.exponential import exponential_mechanism, exponential_probabilities
-    from transforms.utility import candidate_distances, exponential_exponents, grid_quantile
-
-    counts = np.array([3, 10, 18, 20, 20])
-    num, den = exponential_exponents(candidate_distances(counts, 20, grid_quantile(0.5)), 1.0, 1)
-    p = exponential_probabilities(num, den)
-    assert p.min() < 5e-3 and abs(p.sum() - 1) < 1e-12
-    n = 200_000
-    streams = RandomStreams.for_range(ReleaseKey.for_testing(12), "exact-em", n)
-    observed = np.bincount(exponential_mechanism(streams, num, den), minlength=len(counts))
-    chi2 = float((((observed - n * p) ** 2) / (n * p)).sum())
-    assert chi2 < 25, (observed, n * p)  # 4 degrees of freedom: P(chi2 > 25) < 1e-4
-    assert observed[np.argmin(p)] > 0
-
-
-def test_exact_bernoulli_exp_of_large_and_fractional_exponents():
-    from transforms.noise.exponential import bernoulli_exp_rational
-
-    n = 100_000
-    streams = RandomStreams.for_range(ReleaseKey.for_testing(13), "bexp", n)
-    lanes = np.arange(n)
-    for num, den in ((0, 7), (3, 4), (9, 4), (10 ** 12, 10 ** 11 + 1)):
-        hits = bernoulli_exp_rational(streams, np.full(n, num), den, lanes).mean()
-        expected = np.exp(-num / den)
-        assert abs(hits - expected) < 5 * np.sqrt(expected * (1 - expected) / n) + 1e-9, (num, den)
+    choice = choose_bounds(_data(), privacy_unit="user", keys=["country"], budget=shared.part("bounds"),
+                           release_key=ReleaseKey.for_testing(8))
+    assert "permute-and-flip" in choice.explain() and "epsilon d / 1.8" in choice.explain()
 
 
 def _show_their_data(panels):

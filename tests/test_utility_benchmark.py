@@ -1,0 +1,30 @@
+"""benchmarks/utility.py's quick mode, exactly as its docstring documents it: ``make bench-peers``
+(PipelineDP and OpenDP in virtualenvs of their own) then ``python benchmarks/utility.py
+--quick``. Slow: the first run installs the peers from the package index."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from runners.harness import REPO_ROOT, project_env
+
+METRICS = ("count", "sum", "mean", "variance", "median")
+
+
+@pytest.mark.slow
+def test_the_quick_utility_benchmark_runs_as_documented():
+    doc = (REPO_ROOT / "benchmarks" / "utility.py").read_text()
+    assert "    make bench-peers" in doc and "    python benchmarks/utility.py [--quick]" in doc
+    subprocess.run(["make", "bench-peers"], cwd=REPO_ROOT, check=True, capture_output=True)
+    run = subprocess.run([sys.executable, "benchmarks/utility.py", "--quick"], cwd=REPO_ROOT,
+                         env=project_env(), capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.strip().splitlines()
+    rows = [line.split() for line in lines if line.split()[:1] and line.split()[0] in METRICS]
+    # every metric at every epsilon, each with a finite ratio to the best peer
+    assert sorted({(r[0], r[1]) for r in rows}) == sorted((m, e) for m in METRICS for e in ("0.1", "1", "8"))
+    assert all(float(r[-1]) > 0 for r in rows)
+    assert re.fullmatch(r"worst_ratio_to_best_peer=(\d+\.\d{3}|inf) \(\w+@[\d.]+\)", lines[-1]), lines[-1]
