@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 
 def _verify(ledger: str, key_store: Optional[str]) -> str:
     from accounting.ledger import chain
-    from accounting.ledger import records as R
+    from accounting.ledger import records
     from accounting.ledger.machine import BudgetLedger
     from accounting.ledger.sealing import load_json
     from accounting.ledger.stores import store_for
@@ -23,27 +23,27 @@ def _verify(ledger: str, key_store: Optional[str]) -> str:
         book = BudgetLedger(ledger, key_store)
         data = book._store.read()
         if data is None:
-            raise R.LedgerError(f"ledger {ledger} does not exist")
+            raise records.LedgerError(f"ledger {ledger} does not exist")
         state = book._sealing.read(data)
         return f"ledger {book.path}: {len(state['releases'])} records, chain and MAC verified"
     data = store_for(ledger).read()
     if data is None:
-        raise R.LedgerError(f"ledger {ledger} does not exist")
+        raise records.LedgerError(f"ledger {ledger} does not exist")
     state = load_json(data, ledger)
-    if not isinstance(state, dict) or state.get("format") != R.FORMAT:
-        raise R.LedgerError(f"ledger {ledger} is not a {R.FORMAT} file")
+    if not isinstance(state, dict) or state.get("format") != records.FORMAT:
+        raise records.LedgerError(f"ledger {ledger} is not a {records.FORMAT} file")
     try:
-        R.check_structure(state)
+        records.check_structure(state)
         chain.verify(state, None)
-        R.check_indexes(state)
+        records.check_indexes(state)
     except ValueError as err:
-        raise R.LedgerError(f"ledger {ledger} does not verify: {err}")
+        raise records.LedgerError(f"ledger {ledger} does not verify: {err}")
     return (f"ledger {ledger}: {len(state['releases'])} records, chain verified (its MAC needs "
             "--key_store)")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from accounting.ledger import records as R
+    from accounting.ledger import records
 
     parser = argparse.ArgumentParser(prog="python -m accounting.ledger",
                                      description=__doc__.split("\n\n")[0], allow_abbrev=False)
@@ -63,7 +63,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"ledger {args.ledger}: {count} records chained")
         else:
             print(_verify(args.ledger, args.key_store))
-    except R.LedgerError as err:
+    except records.LedgerError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
