@@ -11,6 +11,10 @@
   head a MAC keyed from the key store: a hand edit is refused, naming the record;
 * :mod:`~accounting.ledger.sealing` -- reading (structure, chain and MAC verified) and writing
   (sealed) the ledger document;
+* :mod:`~accounting.ledger.witness` -- the latest state, witnessed in the key store: a
+  rolled-back or rewritten ledger is refused before any charge;
+* :mod:`~accounting.ledger.operations` -- operator commands: a deliberate restore, holds of dead
+  hosts, orphan keys and staging attempts (``python -m accounting.ledger``);
 * :mod:`~accounting.ledger.holds` -- which run is working on a release: a concurrent run is
   refused ("held by another run") before anything is charged or stored; which process is
   finishing a submitted release;

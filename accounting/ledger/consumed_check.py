@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from accounting.keys import ReleaseKey
-from accounting.keystore import KeyRef
+from accounting.keystore import KeyOutsideStore, KeyRef
 from accounting.ledger import consumed
 from accounting.ledger.consumed import ConsumedIds
 from accounting.ledger.records import ConsumedIdsError, LedgerError
@@ -70,13 +70,15 @@ class ConsumedCheck:
         fingerprint = ref["fingerprint"]
         if fingerprint not in self.keys:
             try:
-                self.keys[fingerprint] = self.ledger.key_store.load(
-                    KeyRef.from_json(ref)).secret_bytes()
+                store = self.ledger.key_store
+                self.keys[fingerprint] = store.load(store.resolve(
+                    KeyRef.from_json(ref), CONSUMED_KEY_LABEL)).secret_bytes()
             except (OSError, ValueError) as err:
+                why = str(err) if isinstance(err, KeyOutsideStore) else type(err).__name__
                 raise LedgerError(
                     f"ledger {self.ledger.path}: the key its consumed-id records are hashed with "
-                    f"({ref['uri']}) cannot be loaded ({type(err).__name__}); without it no "
-                    "release can be checked against earlier batches: refusing") from None
+                    f"({ref['uri']}) cannot be loaded ({why}); without it no release can be "
+                    "checked against earlier batches: refusing") from None
         return self.keys[fingerprint], fingerprint
 
     def prehash(self, requests) -> None:
@@ -85,9 +87,8 @@ class ConsumedCheck:
         checks and records."""
         if not any(r.consumes for r in requests):
             return
-        data = self.ledger._store.read()
-        state = self.ledger._parse(data) if data is not None else {}
-        if state.get("consumed_key") is None:
+        data, state = self.ledger._read()
+        if data is None or state.get("consumed_key") is None:
             return
         for request in requests:
             for ids in request.consumes:
@@ -204,8 +205,8 @@ class ConsumedCheck:
         if not self.written and self.pending_key is None:
             return
         try:
-            data = self.ledger._store.read()
-            state = self.ledger._parse(data) if data is not None else {}
+            data, state = self.ledger._read()
+            state = state if data is not None else {}
         except Exception:  # noqa: BLE001 -- the original error is what the caller must see
             return
         for name in self.written - referenced_files(state):

@@ -32,7 +32,8 @@ from accounting.ledger.records import ReleaseHeld
 TTL_SECONDS = 24 * 3600
 
 
-def _host() -> str:
+def host_id() -> str:
+    """This host: its name and boot id (a reboot ends every process of the host)."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as handle:
             boot = handle.read().strip()
@@ -66,7 +67,7 @@ class Hold:
     @classmethod
     def new(cls) -> "Hold":
         pid = os.getpid()
-        return cls(run=secrets.token_hex(8), host=_host(), pid=pid, started=_started(pid))
+        return cls(run=secrets.token_hex(8), host=host_id(), pid=pid, started=_started(pid))
 
     def to_json(self) -> dict:
         since = _now()
@@ -85,7 +86,7 @@ def is_live(data) -> bool:
             return False
     except ValueError:
         return False
-    if data.get("host") != _host():
+    if data.get("host") != host_id():
         return True
     pid = data.get("pid")
     if not isinstance(pid, int):

@@ -57,14 +57,14 @@ from accounting import guarantee
 from accounting.budget import PrivacyBudget
 from accounting.composition import EpsDelta
 from accounting.keystore import KeyRef, KeyStore
-from accounting.ledger import budgets, chain, holds
+from accounting.ledger import budgets, chain, holds, witness
 from accounting.ledger.consumed_check import CONSUMED_SUFFIX, ConsumedCheck
 from accounting.ledger.records import (COMMITTED, PUBLISHING, RESERVED, ChangedInputError,
                                        ContentAlreadyReleased, LedgerError, ReleaseRequest,
                                        Reservation, Scope, empty_state, now, versioned_id)
-from accounting.ledger.reservation_keys import ReservationKeys, bound
+from accounting.ledger.reservation_keys import ReservationKeys, bind, load_key
 from accounting.ledger.sealing import Sealing
-from accounting.ledger.stores import files_beside, store_for
+from accounting.ledger.stores import LedgerConflict, files_beside, store_for
 
 
 class BudgetLedger:
@@ -85,14 +85,19 @@ class BudgetLedger:
         self.path = getattr(self._store, "path", None) or getattr(self._store, "uri")
         self._files = files_beside(self._store, CONSUMED_SUFFIX)
         self._sealing = Sealing(self.key_store, self.path)
+        self._witness = witness.Witness(self.key_store, self.path)
 
     # ----------------------------------------------------------------- (de)serialisation
 
     def _parse(self, data: Optional[bytes]) -> dict:
-        """The verified state (sealing.Sealing.read), or a new empty one for no data."""
+        """The verified state (sealing.Sealing.read), checked against its witness (the latest
+        state this toolkit wrote: :mod:`~accounting.ledger.witness`), or a new empty one for no
+        data."""
         if data is None:
             return empty_state(self.accountant)
         state = self._sealing.read(data)
+        self._witness.check(state, getattr(self._store, "read_generation", None),
+                            changed=lambda: self._store.read() != data)
         if state.get("accountant") != self.accountant:
             raise LedgerError(f"ledger {self.path} counts budgets with accountant "
                                 f"{state.get('accountant')!r}, this run asked for "
@@ -101,14 +106,18 @@ class BudgetLedger:
 
     def _dump(self, state: dict) -> bytes:
         state["updated_at"] = now()
+        witness.advance(state)
         self._sealing.seal(state)
+        self._witness.sealed(state)
         return (json.dumps(state, indent=1, sort_keys=True) + "\n").encode("utf-8")
 
     def _transact(self, update):
-        """The store's transaction, with the chain key of a new ledger settled after it."""
+        """The store's transaction, the witness updated inside it, with the chain key of a new
+        ledger settled after it."""
         try:
-            result = self._store.transact(update)
+            result = self._store.transact(update, written=self._witness.written)
         except BaseException:
+            self._witness.discard()
             self._sealing.settle(written=False)
             raise
         self._sealing.settle(written=True)
@@ -116,15 +125,26 @@ class BudgetLedger:
 
     def snapshot(self) -> dict:
         """The whole ledger as a dict (a consistent read; an empty new one if it does not exist)."""
-        return self._parse(self._store.read())
+        return self._read()[1]
+
+    def _read(self) -> tuple[Optional[bytes], dict]:
+        """The ledger's bytes and verified state, read again when another writer replaced it
+        while it was checked against its witness."""
+        for _ in range(5):
+            data = self._store.read()
+            try:
+                return data, self._parse(data)
+            except LedgerConflict:
+                continue
+        raise LedgerConflict(f"ledger {self.path} keeps changing while it is read")
 
     def exists(self) -> bool:
         return self._store.read() is not None
 
     def ledger_id(self) -> Optional[str]:
         """The ledger's id, or None if the ledger does not exist yet."""
-        data = self._store.read()
-        return None if data is None else self._parse(data)["ledger_id"]
+        data, state = self._read()
+        return None if data is None else state["ledger_id"]
 
     # ----------------------------------------------------------------- queries
 
@@ -204,12 +224,15 @@ class BudgetLedger:
     def _reservation(self, kind: str, record: dict, ledger_id: str,
                      keys: Optional[dict] = None, consumed: Optional[dict] = None) -> Reservation:
         """The :class:`Reservation` of ``record`` with its keys (loaded from the key store unless
-        given), bound to the record (:func:`~accounting.ledger.reservation_keys.bound`), and the consumed-id decisions of this
-        reservation (none for a reservation found again, :meth:`find`)."""
+        given), each bound to the record in the key store and in this process
+        (:func:`~accounting.ledger.reservation_keys.bind`: a second process using it for
+        anything else is refused), and the consumed-id decisions of this reservation (none for a
+        reservation found again, :meth:`find`)."""
         refs = {name: KeyRef.from_json(ref) for name, ref in record["keys"].items()}
         if keys is None:
-            keys = {name: self.key_store.load(ref) for name, ref in refs.items()}
-        keys = {name: bound(key, ledger_id, record, name) for name, key in keys.items()}
+            keys = {name: load_key(self.key_store, record, name) for name in refs}
+        keys = {name: bind(self.key_store, key, refs[name], ledger_id, record, name)
+                for name, key in keys.items()}
         return Reservation(release_id=record["release_id"], version=record["version"],
                              versioned_id=record["versioned_id"], keys=keys, key_refs=refs,
                              record=record, ledger_id=ledger_id,
@@ -286,6 +309,7 @@ class BudgetLedger:
             "publishing_at": None, "committed_at": None, "last_run_at": at, "runs": 1,
             "supersedes": latest_vid, "takeovers": [], "metadata": json.loads(json.dumps(
                 dict(request.metadata))), chain.SEQ: chain.next_seq(state),
+            "charged_under": witness.charge_position(state),
         }
         if consumed:
             record["consumed"] = consumed
@@ -322,7 +346,7 @@ class BudgetLedger:
         record.update(measures=request.measures_json(), scopes=[s.name for s in request.scopes],
                       input_digest=request.input_digest, keys=keys.fresh(request),
                       content_key=request.content_key, last_run_at=now(),
-                      runs=record["runs"] + 1,
+                      runs=record["runs"] + 1, charged_under=witness.charge_position(state),
                       metadata=json.loads(json.dumps(dict(request.metadata))))
         if request.content_key:
             state["content"][request.content_key] = vid

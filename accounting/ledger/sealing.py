@@ -21,7 +21,7 @@ import json
 from typing import Optional
 
 from accounting.keys import ReleaseKey
-from accounting.keystore import KeyRef, KeyStore
+from accounting.keystore import KeyOutsideStore, KeyRef, KeyStore
 from accounting.ledger import chain
 from accounting.ledger import records
 
@@ -79,7 +79,7 @@ class Sealing:
                     and isinstance(ref.get("fingerprint"), str)):
                 raise self._refuse("its head names no chain key")
             try:
-                chain.verify(state, self.secret(ref))
+                chain.verify(state, self.secret(ref, state["ledger_id"]))
                 records.check_indexes(state)
             except ValueError as err:
                 raise self._refuse(str(err))
@@ -122,12 +122,18 @@ class Sealing:
             raise records.LedgerError(f"ledger {self.path}: key store {self.key_store.root} cannot be "
                                 f"listed ({error_text(err)}); refusing") from None
 
-    def secret(self, ref: dict) -> bytes:
-        """The chain key's secret (loaded once; its fingerprint checked)."""
+    def secret(self, ref: dict, ledger_id: str) -> bytes:
+        """The chain key's secret (loaded once; its fingerprint checked), resolved inside the
+        key store under the ledger's chain-key name: a head naming a key anywhere else (a key
+        of whoever rewrote the ledger) is refused."""
         fingerprint = ref["fingerprint"]
         if fingerprint not in self._secrets:
             try:
-                key = self.key_store.load(KeyRef.from_json(ref))
+                key = self.key_store.load(self.key_store.resolve(KeyRef.from_json(ref),
+                                                                 chain_key_name(ledger_id)))
+            except KeyOutsideStore as err:
+                raise self._refuse(f"its head names a chain key outside the key store ({err})") \
+                    from None
             except (OSError, ValueError) as err:
                 raise records.LedgerError(
                     f"ledger {self.path}: its chain key {ref['uri']} cannot be loaded "
@@ -143,7 +149,7 @@ class Sealing:
         ref = (state.get("chain") or {}).get("key")
         if ref is None:
             ref = self._new_key(state["ledger_id"])
-        chain.seal(state, self.secret(ref), ref)
+        chain.seal(state, self.secret(ref, state["ledger_id"]), ref)
         self._sealed_with = ref["fingerprint"]
 
     def _new_key(self, ledger_id: str) -> dict:

@@ -60,12 +60,14 @@ def _published(ledger, reservation):
 
 
 def _listing(root) -> dict:
-    """Key-store and record-file names (what a refusal must leave as it was)."""
+    """Key and record-file names (what a refusal must leave as it was; the key store's control
+    records -- the ledger's witness, the keys' use records -- aside)."""
     if str(root).startswith("gs://"):
-        return {"keys": gcs.list_objects(f"{root}/keys/"),
+        return {"keys": [u for u in gcs.list_objects(f"{root}/keys/") if u.endswith(".key")],
                 "files": gcs.list_objects(f"{root}/ledger.json.consumed/")}
     files = root / "ledger.json.consumed"
-    return {"keys": sorted(os.listdir(root / "keys")) if (root / "keys").exists() else [],
+    keys = sorted(os.listdir(root / "keys")) if (root / "keys").exists() else []
+    return {"keys": [k for k in keys if k.endswith(".key")],
             "files": sorted(os.listdir(files)) if files.exists() else []}
 
 
