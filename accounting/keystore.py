@@ -11,9 +11,13 @@ release from :meth:`KeyStore.issue`: one key per release name, ever, stored befo
 operator can check or reproduce the release later; a second ``issue`` of the name is refused).
 A key drives one release: the same secret applied to another day's data is refused in-process
 (:class:`~accounting.keys.KeyReuseError`), because the two days' noise would cancel in their
-difference. Keys the ledger issues record their release id in the file (``issued-for``): loaded
-by anything but the ledger, such a key drives no transform (:mod:`accounting.keys`, "One secret,
-one use").
+difference. Across processes too: every key issued for a release records it in the file
+(``issued-for``; loaded with :meth:`KeyStore.load`, it drives no transform) and is bound durably
+to that release and its input digest -- :meth:`KeyStore.issue`'s by its issue record
+(:meth:`KeyStore.use` gives it back for that release and input only), the ledger's by a use
+record beside the key (:meth:`KeyStore.bind_use`) -- so a second process asking for it for
+anything else is refused (:mod:`accounting.keys`, "One secret, one use"). Every reference the
+ledger holds is resolved inside the store under the key's own name (:meth:`KeyStore.resolve`).
 
 Example (a daily release by a library user, one fresh key per day; tests/accounting/test_keys.py runs it as
 written)::
