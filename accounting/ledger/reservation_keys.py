@@ -58,7 +58,7 @@ def load_key(key_store: KeyStore, record: dict, name: str) -> ReleaseKey:
     except (OSError, ValueError) as err:
         raise LedgerError(
             f"release {record['versioned_id']!r} (ledger record {record.get('seq')}): "
-            f"its key {ref['uri']} cannot be used ("
+            f"its key {ref['uri']} cannot be loaded ("
             f"{err if isinstance(err, ValueError) else error_text(err)}); without it "
             "the release cannot be reproduced or completed. Nothing was charged or "
             "changed; restore the key store (or point --key_store at it)") from None

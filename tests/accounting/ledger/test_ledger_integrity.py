@@ -106,7 +106,7 @@ def test_every_key_the_ledger_names_is_resolved_in_the_key_store_under_its_own_n
         chain.seal(state, secret, state["chain"]["key"])
 
     _edit(tmp_path, point_elsewhere)
-    with pytest.raises(LedgerError, match=r"its key .*copy.key cannot be used .*never used"):
+    with pytest.raises(LedgerError, match=r"its key .*copy.key cannot be loaded .*never used"):
         _ledger(tmp_path).reserve(_request("d1"))
 
 
