@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import socket
 from typing import Optional
 
@@ -74,12 +75,15 @@ def position(state: dict) -> dict:
 
 def charge_position(state: dict) -> dict:
     """Where a charge (a reservation, or a take-over's fresh keys) enters the ledger: the write
-    that records it and the head it follows (a new ledger: its chain's genesis). A published
-    release carries the head in its marker (``ledger_head``; the write number stays in the
-    private ledger: it counts failed runs too), so a reader without the key store (the catalog)
-    can tell a ledger older than its releases, or one that charged them again."""
+    that records it, the head it follows (a new ledger: its chain's genesis) and a random charge
+    id. A published release carries the charge id in its marker (``ledger_charge``), so a reader
+    without the key store (the catalog) can tell a ledger older than its releases (the record
+    is missing) or one that charged them again (another id). The marker carries neither the
+    write number (it counts failed runs too) nor the head (a digest of private ledger state,
+    input digests included): only public information shapes a release."""
     return {"writes": int(state.get("writes") or 0) + 1,
-            "after_head": (state.get("chain") or {}).get("head") or chain.genesis(state["ledger_id"])}
+            "after_head": (state.get("chain") or {}).get("head") or chain.genesis(state["ledger_id"]),
+            "charge": secrets.token_hex(16)}
 
 
 def advance(state: dict) -> None:

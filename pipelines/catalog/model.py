@@ -138,9 +138,9 @@ class MarkerFacts:
     path: str
     ledger_id: Optional[str]
     key_fingerprints: Mapping
-    #: The ledger head the release was charged under (markers of older versions carry none):
-    #: the catalog's cross-check of the ledger against its releases.
-    ledger_head: Optional[str] = None
+    #: The random id of the ledger charge the release was published under (markers of older
+    #: versions carry none): the catalog's cross-check of the ledger against its releases.
+    ledger_charge: Optional[str] = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -539,8 +539,8 @@ def parse_marker(marker, path: str, rel_folder: str, sizes: Mapping[str, Optiona
     facts = MarkerFacts(versioned_id=release.versioned_id, path=path,
                         ledger_id=marker.get("ledger_id"),
                         key_fingerprints=dict(marker.get("key_fingerprints") or {}),
-                        ledger_head=marker.get("ledger_head")
-                        if isinstance(marker.get("ledger_head"), str) else None)
+                        ledger_charge=marker.get("ledger_charge")
+                        if isinstance(marker.get("ledger_charge"), str) else None)
     return release, facts
 
 
@@ -657,12 +657,12 @@ def read_catalog(releases_root: str, ledger: Optional[Ledger], *,
 
 def check_charge(facts: MarkerFacts, ledger: Ledger) -> None:
     """Refuse a ledger that does not hold a release as it was charged: the marker carries the
-    ledger head it was charged under (``ledger_head``). A ledger of the same id without the
+    id of the ledger charge it was published under (``ledger_charge``). A ledger of the same id without the
     release is older than it (an older copy put back: its budgets and consumed ids no longer
-    count the release); one holding it under another head charged it again. What the catalog
+    count the release); one holding it under another charge charged it again. What the catalog
     cannot check without the key store -- the head's MAC, the witness of the ledger's latest
     write -- ``python -m accounting.ledger verify --key_store`` does."""
-    if not facts.ledger_head or facts.ledger_id != ledger.ledger_id:
+    if not facts.ledger_charge or facts.ledger_id != ledger.ledger_id:
         return
     record = ledger.record(facts.versioned_id)
     if record is None:
@@ -670,8 +670,8 @@ def check_charge(facts: MarkerFacts, ledger: Ledger) -> None:
             f"ledger {ledger.path} does not hold release {facts.versioned_id} ({facts.path}), "
             "which it charged: the ledger is older than its releases (rolled back?). Refusing "
             "to vouch for it")
-    charged = (record.charged_under or {}).get("after_head")
-    if charged is not None and charged != facts.ledger_head:
+    charged = (record.charged_under or {}).get("charge")
+    if charged is not None and charged != facts.ledger_charge:
         raise CatalogInputError(
             f"ledger {ledger.path} holds release {facts.versioned_id} under another charge than "
             f"the one it was published under ({facts.path}): rolled back and charged again? "

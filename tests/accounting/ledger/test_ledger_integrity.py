@@ -358,4 +358,6 @@ def test_the_witness_module_names_its_parts():
     assert witness.position(state) == {"writes": 4, "head": "sha256:h", "previous_head": "sha256:g"}
     witness.advance(state)
     assert state["writes"] == 5 and state["previous_head"] == "sha256:h"
-    assert witness.charge_position(state) == {"writes": 6, "after_head": "sha256:h"}
+    charge = witness.charge_position(state)
+    assert {k: charge[k] for k in ("writes", "after_head")} == {"writes": 6, "after_head": "sha256:h"}
+    assert len(charge["charge"]) == 32 and charge["charge"] != witness.charge_position(state)["charge"]

@@ -345,10 +345,10 @@ def test_the_catalog_cross_checks_markers_with_the_ledger_and_says_what_it_could
     ledger = json.loads(ledger_path.read_text())
     path = copy / "releases" / "C2" / "2026-11-01" / "v1" / "RELEASE.json"
     marker = json.loads(path.read_text())
-    assert marker["ledger_head"] == ledger["releases"]["C2/2026-11-01"]["charged_under"]["after_head"]
+    assert marker["ledger_charge"] == ledger["releases"]["C2/2026-11-01"]["charged_under"]["charge"]
     args = ["--ledger", str(ledger_path), "--releases", str(copy / "releases"),
             "--output", str(tmp_path / "site")]
-    marker["ledger_head"] = "sha256:" + "0" * 64  # charged again under another head
+    marker["ledger_charge"] = "0" * 32  # charged again (another charge of the same release)
     path.write_text(json.dumps(marker))
     assert catalog.main(args) == 2
     assert "under another charge" in capsys.readouterr().err
@@ -356,7 +356,7 @@ def test_the_catalog_cross_checks_markers_with_the_ledger_and_says_what_it_could
     # An older copy of the ledger, before C2/2026-11-01 was charged (its chain valid): refused.
     from accounting.ledger import chain
 
-    marker["ledger_head"] = ledger["releases"]["C2/2026-11-01"]["charged_under"]["after_head"]
+    marker["ledger_charge"] = ledger["releases"]["C2/2026-11-01"]["charged_under"]["charge"]
     path.write_text(json.dumps(marker))
     older = dict(ledger, releases={v: r for v, r in ledger["releases"].items()
                                    if r["seq"] < ledger["releases"]["C2/2026-11-01"]["seq"]})
