@@ -49,7 +49,10 @@ binding from another session is a re-run, from the same session a reuse.
   and reproduces the release. Loaded from its file by anything but the ledger, such a key drives
   nothing (:meth:`claim` refuses it): it belongs to its release.
 
-Across processes the ledger binds a stored key to its release and input digest.
+Across processes the key store binds a stored key to its release and input digest, durably: the
+ledger's keys by a use record beside the key (:meth:`accounting.keystore.KeyStore.bind_use`),
+:meth:`~accounting.keystore.KeyStore.issue`'s by its issue record; a second process asking for
+the key for another release or input is refused (:class:`KeyReuseError`).
 
 Audit worlds (tests only)
 -------------------------
@@ -234,10 +237,10 @@ class ReleaseKey:
             raise ValueError("a key claim needs a non-empty purpose")
         if self._issued_for is not None and self._binding is None:
             raise KeyReuseError(
-                f"{owner}: this key was issued by the budget ledger for release "
-                f"{self._issued_for!r}; it drives that release only, through the ledger (a re-run "
-                f"of the same input gets it from BudgetLedger.reserve). Loaded from its file it "
-                f"cannot drive {purpose!r}. {REMEDY}")
+                f"{owner}: this key was issued for release {self._issued_for!r} (by the budget "
+                f"ledger or KeyStore.issue); it drives that release only, bound to it (a re-run "
+                f"of the same input gets it from BudgetLedger.reserve or KeyStore.use). Loaded "
+                f"from its file it cannot drive {purpose!r}. {REMEDY}")
         slot = (self.fingerprint(), purpose)
         with _CLAIMS_LOCK:
             claims = _WORLD if _WORLD is not None and slot[0] in _PUBLIC_SEEDED else _CLAIMS
@@ -303,8 +306,9 @@ class ReleaseKey:
 
     @classmethod
     def load(cls, path: str) -> "ReleaseKey":
-        """The key in ``path``. A key the budget ledger issued loads (e.g. to check a keyed
-        binding) but drives no transform (:meth:`claim`)."""
+        """The key in ``path``. A key issued for a release (by the budget ledger or
+        ``KeyStore.issue``) loads (e.g. to check a keyed binding) but drives no transform
+        (:meth:`claim`)."""
         with open(path) as handle:
             return cls.from_text(handle.read(), path)
 

@@ -11,9 +11,13 @@ release from :meth:`KeyStore.issue`: one key per release name, ever, stored befo
 operator can check or reproduce the release later; a second ``issue`` of the name is refused).
 A key drives one release: the same secret applied to another day's data is refused in-process
 (:class:`~accounting.keys.KeyReuseError`), because the two days' noise would cancel in their
-difference. Keys the ledger issues record their release id in the file (``issued-for``): loaded
-by anything but the ledger, such a key drives no transform (:mod:`accounting.keys`, "One secret,
-one use").
+difference. Across processes too: every key issued for a release records it in the file
+(``issued-for``; loaded with :meth:`KeyStore.load`, it drives no transform) and is bound durably
+to that release and its input digest -- :meth:`KeyStore.issue`'s by its issue record
+(:meth:`KeyStore.use` gives it back for that release and input only), the ledger's by a use
+record beside the key (:meth:`KeyStore.bind_use`) -- so a second process asking for it for
+anything else is refused (:mod:`accounting.keys`, "One secret, one use"). Every reference the
+ledger holds is resolved inside the store under the key's own name (:meth:`KeyStore.resolve`).
 
 Example (a daily release by a library user, one fresh key per day; tests/accounting/test_keys.py runs it as
 written)::
@@ -68,13 +72,15 @@ Access control of a ``gs://`` key prefix is the bucket's IAM policy: keep it apa
 """
 from __future__ import annotations
 
+import datetime as _dt
+import json
 import os
 import re
 from dataclasses import dataclass
 from typing import Optional
 
-from accounting import gcs
-from accounting.keys import ReleaseKey
+from accounting import durable, gcs
+from accounting.keys import KeyReuseError, ReleaseKey
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -92,6 +98,16 @@ class KeyRef:
     @classmethod
     def from_json(cls, data: dict) -> "KeyRef":
         return cls(uri=data["uri"], fingerprint=data["fingerprint"])
+
+
+class KeyOutsideStore(ValueError):
+    """A reference names a key outside the key store, or under another name than its own."""
+
+
+#: The name prefix of a ledger-issued key's use record (the one release and input it drives,
+#: across processes); a key of :meth:`KeyStore.issue` has its issue record instead.
+USE_PREFIX = "ledger-use-"
+USE_FORMAT = "beam-dp-release/key-use/v1"
 
 
 class KeyStore:
@@ -133,7 +149,7 @@ class KeyStore:
             key.save(uri, issued_for)  # O_CREAT | O_EXCL, mode 0600
         return KeyRef(uri=uri, fingerprint=fingerprint)
 
-    def issue(self, name: str) -> tuple[ReleaseKey, KeyRef]:
+    def issue(self, name: str, *, input_digest: Optional[str] = None) -> tuple[ReleaseKey, KeyRef]:
         """A fresh secret key for the one release ``name`` (e.g. ``"pageviews/2024-05-01"``),
         stored before it is returned, with its public reference (keep it with the release).
 
@@ -141,34 +157,129 @@ class KeyStore:
         so a scheduled job re-run for the same day cannot silently draw a second key (a second
         release of that day) nor take the first day's key for other data. Names are reduced to
         ``[A-Za-z0-9._-]`` for the file name; names that reduce alike count as one.
+
+        The key is bound to ``name`` and ``input_digest`` (e.g. a SHA-256 of the release's
+        input) durably, by the name's issue record in the store: another process gets it back only through
+        :meth:`use` for the same release and input; loaded with :meth:`load` it drives nothing.
         """
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"a release name is a non-empty string, got {name!r}")
+        _check_digest(input_digest)
         key = ReleaseKey.generate()
         marker = self._uri(name, "issued", suffix="")
-        text = key.fingerprint() + "\n"
-        if gcs.is_gcs(marker):
-            from google.api_core import exceptions
-
-            try:
-                gcs.blob(marker).upload_from_string(text, content_type="text/plain",
-                                                    if_generation_match=0)
-            except exceptions.PreconditionFailed:
-                raise FileExistsError(f"a key was already issued for release {name!r} ({marker})")
-        else:
-            os.makedirs(self.root, mode=0o700, exist_ok=True)
-            try:
-                fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:
-                raise FileExistsError(f"a key was already issued for release {name!r} ({marker})")
-            with os.fdopen(fd, "w") as handle:
-                handle.write(text)
+        body = _use_body(key.fingerprint(), release=name, input_digest=input_digest)
         try:
-            ref = self.save(key, name)
+            durable.write(marker, body, generation=0, mode=0o600)
+        except durable.GenerationMismatch:
+            raise FileExistsError(f"a key was already issued for release {name!r} ({marker})") \
+                from None
+        try:
+            ref = self.save(key, name, issued_for=name)
         except BaseException:
             self._remove(marker)
             raise
-        return key, ref
+        return key.bound(f"issued:{name}@{input_digest}", issued_for=name), ref
+
+    def use(self, ref: KeyRef, *, release: str, input_digest: Optional[str] = None) -> ReleaseKey:
+        """The key :meth:`issue` made for ``release``, to drive it on the input of
+        ``input_digest`` in this process (a re-run, or another process finishing it). Refused
+        (:class:`KeyReuseError`) for another release, or for another input than the one it was
+        issued for."""
+        key = self.load(ref)
+        marker = self._uri(release, "issued", suffix="")
+        data, _ = durable.read(marker)
+        recorded = _use_record(data)
+        if key.issued_for != release or not recorded or \
+                recorded.get("fingerprint") != ref.fingerprint:
+            raise KeyReuseError(f"the key {ref.uri} was not issued for release {release!r} "
+                                f"(its issue record {marker}): one key, one release")
+        if recorded.get("input_digest") not in (None, input_digest):
+            raise KeyReuseError(
+                f"the key {ref.uri} was issued for release {release!r} on input "
+                f"{recorded['input_digest']} (its issue record {marker}); it cannot drive input "
+                f"{input_digest}: one key, one use, in every process")
+        return key.bound(f"issued:{release}@{recorded.get('input_digest')}", issued_for=release)
+
+    def bind_use(self, key: ReleaseKey, ref: KeyRef, *, release: str, input_digest: str,
+                 binding: str) -> ReleaseKey:
+        """THE BUDGET LEDGER ONLY: ``key`` bound to ``release`` and ``input_digest`` (and the
+        ledger's ``binding``: ledger, release version, key name) in this process, after the
+        key's use record in the store says so: the first use writes it (an exclusive create),
+        every later one -- in any process -- must match it. KeyReuseError names the record
+        when it does not."""
+        if key.issued_for is not None and key.issued_for != release:
+            raise KeyReuseError(f"the key {ref.uri} was issued for release {key.issued_for!r}, "
+                                f"not {release!r}: one key, one release")
+        uri = self.use_record_uri(ref)
+        wanted = {"release": release, "input_digest": input_digest, "binding": binding}
+        for _ in range(3):
+            data, _ = durable.read(uri)
+            if data is None:
+                try:
+                    durable.write(uri, _use_body(ref.fingerprint, **wanted), generation=0,
+                                  mode=0o600)
+                except durable.GenerationMismatch:
+                    continue  # another process recorded its use first: compare with it
+                return key.bound(f"{binding}@{input_digest}", issued_for=release)
+            recorded = _use_record(data)
+            if recorded is None:  # empty or cut: this toolkit's own interrupted write
+                self._remove(uri)
+                continue
+            if {k: recorded.get(k) for k in wanted} != wanted:
+                raise KeyReuseError(
+                    f"the key {ref.uri} drives release {recorded.get('release')!r} on input "
+                    f"{recorded.get('input_digest')} (its use record {uri}); it cannot drive "
+                    f"{release!r} on input {input_digest}: one key, one use, in every process")
+            return key.bound(f"{binding}@{input_digest}", issued_for=release)
+        raise KeyReuseError(f"the use of key {ref.uri} could not be recorded ({uri} keeps "
+                            "changing): refusing to use it")
+
+    def use_record_uri(self, ref: KeyRef) -> str:
+        """Where the use record of a key the ledger issued lives (beside it, named ``ledger-``
+        like the ledger's other files in the store)."""
+        name, fingerprint = self._split(ref)
+        return self._uri(f"{USE_PREFIX}{name}", fingerprint, suffix=".json")
+
+    def _split(self, ref: KeyRef) -> tuple[str, str]:
+        """(safe name, fingerprint) of a reference inside this store (KeyOutsideStore if not)."""
+        filename = ref.uri.rsplit("/", 1)[-1]
+        suffix = f".{ref.fingerprint}.key"
+        if not filename.endswith(suffix) or ref.uri != self._uri(filename[:-len(suffix)],
+                                                                  ref.fingerprint):
+            raise KeyOutsideStore(f"{ref.uri} is not a key of the key store {self.root}")
+        return filename[:-len(suffix)], ref.fingerprint
+
+    def resolve(self, ref: KeyRef, name: str) -> KeyRef:
+        """``ref`` if it names the key of ``name`` with its fingerprint inside this store (the
+        only place a ledger's keys are looked up), else KeyOutsideStore naming both: a reference
+        to another path or ``gs://`` URI is never followed."""
+        if not isinstance(ref.fingerprint, str) or not re.fullmatch(r"[0-9a-f]{16}",
+                                                                    ref.fingerprint):
+            raise KeyOutsideStore(f"the key reference {ref.uri} has no valid fingerprint")
+        expected = self._uri(name, ref.fingerprint)
+        if ref.uri != expected:
+            raise KeyOutsideStore(f"it names the key {ref.uri}, but the key store {self.root} "
+                                  f"keeps that key at {expected}: a key outside the key store "
+                                  "(or under another name) is never used")
+        return ref
+
+    # ----------------------------------------------------------------- control records
+    def record_uri(self, name: str) -> str:
+        """Where a control record (e.g. a ledger's witness) of ``name`` lives in the store."""
+        return self._uri(name, "record", suffix=".json")
+
+    def read_record(self, name: str) -> tuple[Optional[bytes], int]:
+        """``(bytes or None, generation)`` of a control record (generation 0: none yet)."""
+        return durable.read(self.record_uri(name))
+
+    def write_record(self, name: str, data: bytes, *, generation: Optional[int]) -> int:
+        """Write a control record atomically (``generation``: the one read, on gs://; locally
+        the caller holds the lock of what it records). Raises durable.GenerationMismatch."""
+        if not gcs.is_gcs(self.root):
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            if generation:  # a local file has no generations: it is replaced whole
+                generation = None
+        return durable.write(self.record_uri(name), data, generation=generation, mode=0o600)
 
     def load(self, ref: KeyRef) -> ReleaseKey:
         """The key behind ``ref``; raises ValueError if its fingerprint does not match."""
@@ -217,3 +328,31 @@ class KeyStore:
                 os.remove(uri)
             except FileNotFoundError:
                 pass
+
+
+
+def _check_digest(input_digest) -> None:
+    if input_digest is not None and (not isinstance(input_digest, str) or not input_digest):
+        raise ValueError(f"input_digest is a non-empty string, got {input_digest!r}")
+
+
+def _use_body(fingerprint: str, **fields) -> bytes:
+    return json.dumps({"format": USE_FORMAT, "fingerprint": fingerprint, **fields,
+                       "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")},
+                      sort_keys=True).encode("utf-8") + b"\n"
+
+
+def _use_record(data: Optional[bytes]) -> Optional[dict]:
+    """A use or issue record's content, or None for none -- or for an empty or cut one (the
+    toolkit's own interrupted write: a cut JSON object binds nothing). An issue record of an
+    older version holds the fingerprint alone."""
+    if not data:
+        return None
+    try:
+        text = data.decode("utf-8")
+        if re.fullmatch(r"[0-9a-f]{16}\n?", text):
+            return {"fingerprint": text.strip(), "input_digest": None}
+        record = json.loads(text)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("format") == USE_FORMAT else {}

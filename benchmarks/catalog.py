@@ -173,8 +173,12 @@ def synthesise(root: Path, *, campaigns: int, days: int, start: dt.date = dt.dat
                 written += 1
     (root / "ledger.json").write_text(json.dumps(ledger, sort_keys=True))
     releases.mkdir(exist_ok=True)
-    (releases / ".ledger-binding.json").write_text(json.dumps(
-        {"ledger_id": ledger_id, "ledger": str(root / "ledger.json")}))
+    # The output root's binding lives beside the ledger (pipelines.release.publish), as written
+    # by a release; the catalog reads only the releases and the ledger.
+    bindings = root / "ledger.json.bindings"
+    bindings.mkdir(exist_ok=True)
+    (bindings / "synthetic.json").write_text(json.dumps(
+        {"ledger_id": ledger_id, "ledger": str(root / "ledger.json"), "output": str(releases)}))
     return config_path, written
 
 

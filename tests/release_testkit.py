@@ -79,13 +79,16 @@ def published(root) -> dict[str, bytes]:
 
 
 def secrets_of(key_stores: Iterable) -> set[str]:
-    """The secret hex of every key stored under the given key store folders."""
+    """The secret hex of every key stored under the given key store folders (its key files:
+    the store's control records -- the ledger's witness, key use records -- hold public
+    digests and ids)."""
     found = set()
     for store in key_stores:
         if not os.path.isdir(str(store)):
             continue
-        for data in files_under(store).values():
-            found.update(m.decode().lower() for m in re.findall(rb"[0-9a-fA-F]{32,}", data))
+        for name, data in files_under(store).items():
+            if name.endswith(".key"):
+                found.update(m.decode().lower() for m in re.findall(rb"[0-9a-fA-F]{32,}", data))
     return found
 
 

@@ -26,8 +26,9 @@ from accounting.verification.audit import Dataset, Refused, ReportRule
 from audit_kit import read_released
 
 #: Marker fields that differ between the two worlds of a pair whatever the job does: each world
-#: has its own ledger (ledger_id) and input files (the keyed binding to the input digest).
-MARKER_PER_WORLD = ("ledger_id", "input_binding")
+#: has its own ledger (ledger_id, and the random id of each charge) and input files (the keyed
+#: binding to the input digest).
+MARKER_PER_WORLD = ("ledger_id", "ledger_charge", "input_binding")
 
 
 def marker_rule(noisy: tuple = ()) -> dict:

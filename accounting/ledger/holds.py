@@ -25,12 +25,15 @@ import socket
 from dataclasses import dataclass
 from typing import Optional
 
+from accounting.ledger.records import ReleaseHeld
+
 #: How long a hold of a run on another host lasts (a run longer than this may be taken over
 #: by another; the ledger then refuses the first run's publication, exit 3).
 TTL_SECONDS = 24 * 3600
 
 
-def _host() -> str:
+def host_id() -> str:
+    """This host: its name and boot id (a reboot ends every process of the host)."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as handle:
             boot = handle.read().strip()
@@ -64,7 +67,7 @@ class Hold:
     @classmethod
     def new(cls) -> "Hold":
         pid = os.getpid()
-        return cls(run=secrets.token_hex(8), host=_host(), pid=pid, started=_started(pid))
+        return cls(run=secrets.token_hex(8), host=host_id(), pid=pid, started=_started(pid))
 
     def to_json(self) -> dict:
         since = _now()
@@ -83,7 +86,7 @@ def is_live(data) -> bool:
             return False
     except ValueError:
         return False
-    if data.get("host") != _host():
+    if data.get("host") != host_id():
         return True
     pid = data.get("pid")
     if not isinstance(pid, int):
@@ -96,3 +99,40 @@ def describe(data: dict) -> str:
     return (f"run {data.get('run')} on {str(data.get('host')).split('/')[0]}, process "
             f"{data.get('pid')}, since {data.get('since')}; the hold lapses when that process "
             f"ends or at {data.get('until')}")
+
+
+def check(record: dict, hold: Optional[Hold]) -> None:
+    """Refuse a release another live run holds (:class:`ReleaseHeld`: nothing charged or
+    stored); a dead run's hold is removed from ``record``."""
+    held = record.get("hold")
+    if held is None or (hold is not None and held.get("run") == hold.run):
+        return
+    if is_live(held):
+        raise ReleaseHeld(
+            f"release {record['versioned_id']!r} is held by another run ({describe(held)}). "
+            "Nothing was charged or stored; run again once it has ended")
+    del record["hold"]  # a dead run's hold
+
+
+def take(record: dict, hold: Optional[Hold]) -> None:
+    """The run holds ``record`` (no hold: nothing changes)."""
+    if hold is not None:
+        record["hold"] = hold.to_json()
+
+
+def claim_finalizing(record: dict, token: str, seconds: float, replacing: Optional[str],
+                     now: float) -> tuple[bool, Optional[dict]]:
+    """A finalizing process's claim on a submitted release (``seconds`` <= 0: let go of it):
+    ``(changed, other holder's claim or None)``. Another live claim is taken only by naming it
+    in ``replacing`` (its holder is known to be gone)."""
+    held = record.get("finalizing")
+    if seconds <= 0:
+        if held and held.get("token") == token:
+            record["finalizing"] = None
+            return True, None
+        return False, None
+    if held and held.get("token") not in (token, replacing) and held["until"] > now:
+        return False, dict(held)
+    record["finalizing"] = {"token": token, "until": now + seconds,
+                            "host": socket.gethostname(), "pid": os.getpid()}
+    return True, None

@@ -16,7 +16,7 @@ do) and one whose chain key exists in the key store (it *was* chained: the chain
 from __future__ import annotations
 
 from accounting.ledger import chain
-from accounting.ledger import records as R
+from accounting.ledger import records
 from accounting.ledger.machine import BudgetLedger
 from accounting.ledger.sealing import load_json
 
@@ -28,12 +28,12 @@ def _order(record: dict) -> tuple:
 
 def upgrade(state: dict) -> dict:
     """An unchained state in the current format's layout, its records numbered (not sealed)."""
-    if state.get("format") == R.FORMAT_V1:
-        state = R.upgrade_v1(state)
-    state["format"] = R.FORMAT  # v2 -> v3 only added consumed-id records; v4 adds the chain
-    records = state.get("releases")
-    if isinstance(records, dict) and all(isinstance(r, dict) for r in records.values()):
-        for seq, record in enumerate(sorted(records.values(), key=_order), 1):
+    if state.get("format") == records.FORMAT_V1:
+        state = records.upgrade_v1(state)
+    state["format"] = records.FORMAT  # v2 -> v3 only added consumed-id records; v4 adds the chain
+    releases = state.get("releases")
+    if isinstance(releases, dict) and all(isinstance(r, dict) for r in releases.values()):
+        for seq, record in enumerate(sorted(releases.values(), key=_order), 1):
             record[chain.SEQ] = seq
     return state
 
@@ -46,20 +46,20 @@ def migrate(path: str, key_store) -> int:
 
     def update(data):
         if data is None:
-            raise R.LedgerError(f"ledger {ledger.path} does not exist: nothing to migrate")
+            raise records.LedgerError(f"ledger {ledger.path} does not exist: nothing to migrate")
         state = load_json(data, ledger.path)
-        if not isinstance(state, dict) or state.get("format") not in R.UNCHAINED:
+        if not isinstance(state, dict) or state.get("format") not in records.UNCHAINED:
             fmt = state.get("format") if isinstance(state, dict) else None
-            raise R.LedgerError(f"ledger {ledger.path} is {fmt or 'not a ledger'}, not a ledger "
+            raise records.LedgerError(f"ledger {ledger.path} is {fmt or 'not a ledger'}, not a ledger "
                                 "without a chain: nothing to migrate")
         if isinstance(state.get("ledger_id"), str) and sealing.chain_keys(state["ledger_id"]):
             raise sealing.unchained(state)
         state = upgrade(state)
         sealing.check(state)
         try:
-            R.check_indexes(state)
+            records.check_indexes(state)
         except ValueError as err:
-            raise R.LedgerError(f"ledger {ledger.path} is malformed: {err}; nothing was migrated")
+            raise records.LedgerError(f"ledger {ledger.path} is malformed: {err}; nothing was migrated")
         return len(state["releases"]), ledger._dump(state)
 
     return ledger._transact(update)

@@ -8,6 +8,8 @@ A ledger is one JSON document::
      "releases": {versioned id: record},  "latest": {release id: versioned id},
      "content":  {content key: versioned id},
      "consumed_key": {"uri": .., "fingerprint": ..},              # once a release consumed ids
+     "writes": n, "previous_head": ..,                            # its witness: witness.py
+     "restores": [..], "operations": [..],                        # operator commands
      "chain": {"records": n, "head": .., "mac": .., "key": {"uri": .., "fingerprint": ..}}}
 
 A record holds the release id and version, the measures it spends (:class:`Measure` JSON: the
@@ -300,6 +302,15 @@ def check_structure(state: dict) -> None:
             raise ValueError(f"the budget of scope {name!r} is malformed")
     if state.get("consumed_key") is not None and not _ref(state["consumed_key"]):
         raise ValueError("its 'consumed_key' is malformed")
+    writes = state.get("writes", 0)
+    if not isinstance(writes, int) or isinstance(writes, bool) or writes < 0:
+        raise ValueError("its write number ('writes') is malformed")
+    if not isinstance(state.get("previous_head"), (str, type(None))):
+        raise ValueError("its 'previous_head' is malformed")
+    for name in ("restores", "operations"):
+        if not (isinstance(state.get(name, []), list)
+                and all(isinstance(e, dict) for e in state.get(name, []))):
+            raise ValueError(f"its {name!r} is malformed")
     for vid, record in state["releases"].items():
         problem = "it is not an object" if not isinstance(record, dict) else \
             _record_problem(vid, record)

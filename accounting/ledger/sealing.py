@@ -21,9 +21,9 @@ import json
 from typing import Optional
 
 from accounting.keys import ReleaseKey
-from accounting.keystore import KeyRef, KeyStore
+from accounting.keystore import KeyOutsideStore, KeyRef, KeyStore
 from accounting.ledger import chain
-from accounting.ledger import records as R
+from accounting.ledger import records
 
 #: The key-store name of a ledger's chain key (one per ledger id).
 CHAIN_KEY_PREFIX = "ledger-chain-"
@@ -39,7 +39,7 @@ def load_json(data: bytes, path: str):
     try:
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise R.LedgerError(f"ledger {path} is not valid JSON (emptied, cut or overwritten?): "
+        raise records.LedgerError(f"ledger {path} is not valid JSON (emptied, cut or overwritten?): "
                             "refusing to use it") from None
 
 
@@ -65,11 +65,11 @@ class Sealing:
     def read(self, data: bytes) -> dict:
         """The verified state of a ledger document (raises LedgerError)."""
         state = load_json(data, self.path)
-        if isinstance(state, dict) and state.get("format") in R.UNCHAINED:
+        if isinstance(state, dict) and state.get("format") in records.UNCHAINED:
             raise self.unchained(state)
-        if not isinstance(state, dict) or state.get("format") != R.FORMAT or \
+        if not isinstance(state, dict) or state.get("format") != records.FORMAT or \
                 not isinstance(state.get("ledger_id"), str):
-            raise R.LedgerError(f"ledger {self.path} is not a {R.FORMAT} file: refusing to use "
+            raise records.LedgerError(f"ledger {self.path} is not a {records.FORMAT} file: refusing to use "
                                 "it")
         self.check(state)
         digest = hashlib.sha256(data).digest()
@@ -79,8 +79,8 @@ class Sealing:
                     and isinstance(ref.get("fingerprint"), str)):
                 raise self._refuse("its head names no chain key")
             try:
-                chain.verify(state, self.secret(ref))
-                R.check_indexes(state)
+                chain.verify(state, self.secret(ref, state["ledger_id"]))
+                records.check_indexes(state)
             except ValueError as err:
                 raise self._refuse(str(err))
             self._verified = digest
@@ -89,27 +89,27 @@ class Sealing:
     def check(self, state: dict) -> None:
         """The structure of a state (types; records named), before its chain is checked."""
         try:
-            R.check_structure(state)
+            records.check_structure(state)
         except ValueError as err:
-            raise R.LedgerError(f"ledger {self.path} is malformed: {err}. Refusing to use it; "
+            raise records.LedgerError(f"ledger {self.path} is malformed: {err}. Refusing to use it; "
                                 "nothing was charged") from None
 
-    def _refuse(self, why: str) -> R.LedgerError:
-        return R.LedgerError(
+    def _refuse(self, why: str) -> records.LedgerError:
+        return records.LedgerError(
             f"ledger {self.path} does not verify: {why}. Refusing to use it; nothing was "
             "charged. A ledger is only ever written by the release layer: restore it from a "
             "backup, and find out who edited it")
 
-    def unchained(self, state: dict) -> R.LedgerError:
+    def unchained(self, state: dict) -> records.LedgerError:
         """The refusal of a ledger without a record chain (an older format, or stripped)."""
         ledger_id = state.get("ledger_id")
         found = self.chain_keys(ledger_id) if isinstance(ledger_id, str) else []
         if found:
-            return R.LedgerError(
+            return records.LedgerError(
                 f"ledger {self.path} has no record chain, but the key store holds its chain key "
                 f"({found[0]}): it was chained, and the chain was removed by hand. Refusing to "
                 "use it; nothing was charged. Restore it from a backup")
-        return R.LedgerError(
+        return records.LedgerError(
             f"ledger {self.path} is a {state.get('format')} ledger, written by an older version "
             "without a record chain: a hand edit of it could not be detected. Check it, then "
             f"chain it once: {MIGRATE} --ledger {self.path} --key_store {self.key_store.root}. "
@@ -119,17 +119,23 @@ class Sealing:
         try:
             return self.key_store.named(chain_key_name(ledger_id))
         except OSError as err:
-            raise R.LedgerError(f"ledger {self.path}: key store {self.key_store.root} cannot be "
+            raise records.LedgerError(f"ledger {self.path}: key store {self.key_store.root} cannot be "
                                 f"listed ({error_text(err)}); refusing") from None
 
-    def secret(self, ref: dict) -> bytes:
-        """The chain key's secret (loaded once; its fingerprint checked)."""
+    def secret(self, ref: dict, ledger_id: str) -> bytes:
+        """The chain key's secret (loaded once; its fingerprint checked), resolved inside the
+        key store under the ledger's chain-key name: a head naming a key anywhere else (a key
+        of whoever rewrote the ledger) is refused."""
         fingerprint = ref["fingerprint"]
         if fingerprint not in self._secrets:
             try:
-                key = self.key_store.load(KeyRef.from_json(ref))
+                key = self.key_store.load(self.key_store.resolve(KeyRef.from_json(ref),
+                                                                 chain_key_name(ledger_id)))
+            except KeyOutsideStore as err:
+                raise self._refuse(f"its head names a chain key outside the key store ({err})") \
+                    from None
             except (OSError, ValueError) as err:
-                raise R.LedgerError(
+                raise records.LedgerError(
                     f"ledger {self.path}: its chain key {ref['uri']} cannot be loaded "
                     f"({error_text(err)}): without it the ledger cannot be verified. Refusing "
                     "to use it; nothing was charged (restore the key store, or point "
@@ -143,7 +149,7 @@ class Sealing:
         ref = (state.get("chain") or {}).get("key")
         if ref is None:
             ref = self._new_key(state["ledger_id"])
-        chain.seal(state, self.secret(ref), ref)
+        chain.seal(state, self.secret(ref, state["ledger_id"]), ref)
         self._sealed_with = ref["fingerprint"]
 
     def _new_key(self, ledger_id: str) -> dict:
@@ -152,7 +158,7 @@ class Sealing:
             self._pending = None
         if self._pending is None:
             if self.chain_keys(ledger_id):
-                raise R.LedgerError(f"ledger {self.path}: a chain key for ledger id {ledger_id} "
+                raise records.LedgerError(f"ledger {self.path}: a chain key for ledger id {ledger_id} "
                                     "exists already; refusing to chain it again")
             key = ReleaseKey.generate()
             ref = self.key_store.save(key, chain_key_name(ledger_id),

@@ -1,12 +1,14 @@
 """Where a budget ledger lives: a local JSON file or one ``gs://`` object, updated transactionally.
 
-Both stores offer ``transact(update)``: read the current bytes (None if the ledger does not exist
-yet), let ``update`` decide ``(result, new bytes or None)``, and write the new bytes only if
-nobody else wrote in between.
+Both stores offer ``transact(update, written=None)``: read the current bytes (None if the ledger
+does not exist yet), let ``update`` decide ``(result, new bytes or None)``, and write the new
+bytes only if nobody else wrote in between; then ``written(generation)`` runs inside the same
+transaction (the ledger's witness, :mod:`~accounting.ledger.witness`; ``generation``: the new
+object generation on ``gs://``, None locally).
 
 * Local: the read-check-write runs under an exclusive ``fcntl.flock`` on ``<ledger>.lock``, and
-  the new ledger replaces the old atomically (temporary file, fsync, ``os.replace``, fsync of the
-  directory). The path is resolved (symbolic links followed) first: replacing a link would turn
+  the new ledger replaces the old atomically (:mod:`accounting.durable`: temporary file, fsync,
+  ``os.replace``, fsync of the directory). The path is resolved (symbolic links followed) first: replacing a link would turn
   it into a regular file and fork the ledger into two that each show part of the spend.
 * GCS: the object is read with its generation and written with ``if_generation_match``; a 412
   (another writer won) re-reads and re-runs ``update``, so two concurrent releases can never both
@@ -15,14 +17,12 @@ nobody else wrote in between.
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import random
-import tempfile
 import time
 
-from accounting import gcs
+from accounting import durable, gcs
 
 
 class LedgerConflict(RuntimeError):
@@ -40,7 +40,7 @@ class LocalStore:
         self.path = os.path.realpath(os.path.abspath(path))
         self.lock_path = self.path + ".lock"
 
-    def transact(self, update):
+    def transact(self, update, written=None):
         directory = os.path.dirname(self.path)
         os.makedirs(directory, exist_ok=True)
         with open(self.lock_path, "a+") as lock:
@@ -53,34 +53,12 @@ class LocalStore:
                     data = None
                 result, new_data = update(data)
                 if new_data is not None:
-                    self._replace(directory, new_data)
+                    durable.write_local(self.path, new_data, mode=0o600)
+                    if written is not None:
+                        written(None)
                 return result
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
-
-    def _replace(self, directory: str, data: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(self.path) + ".", suffix=".tmp",
-                                   dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.remove(tmp)
-            except OSError:
-                pass
-            raise
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        except OSError as err:  # some file systems cannot fsync a directory
-            if err.errno not in (errno.EINVAL, errno.EBADF):
-                raise
-        finally:
-            os.close(dir_fd)
 
     def read(self):
         try:
@@ -121,25 +99,25 @@ class GcsStore:
             raise LedgerConflict(f"{self.uri} changed while being read")
         return data, generation
 
-    def write_if_generation(self, data: bytes, generation: int) -> None:
-        """Write ``data`` only if the object is still at ``generation`` (0: must not exist)."""
-        from google.api_core import exceptions
-
+    def write_if_generation(self, data: bytes, generation: int) -> int:
+        """Write ``data`` only if the object is still at ``generation`` (0: must not exist);
+        returns the new generation."""
         try:
-            gcs.blob(self.uri).upload_from_string(data, content_type="application/json",
-                                                  if_generation_match=generation)
-        except exceptions.PreconditionFailed:
+            return durable.write(self.uri, data, generation=generation)
+        except durable.GenerationMismatch:
             raise LedgerConflict(f"{self.uri} was changed by another writer (generation "
-                                 f"{generation} no longer current)")
+                                 f"{generation} no longer current)") from None
 
-    def transact(self, update):
+    def transact(self, update, written=None):
         delay = 0.05
         for _ in range(self.max_attempts):
             try:
                 data, generation = self.read_with_generation()
                 result, new_data = update(data)
                 if new_data is not None:
-                    self.write_if_generation(new_data, generation)
+                    new_generation = self.write_if_generation(new_data, generation)
+                    if written is not None:
+                        written(new_generation)
                 return result
             except LedgerConflict:
                 self.conflicts += 1
@@ -185,7 +163,7 @@ class LocalFiles:
 
     def write(self, name: str, data: bytes) -> None:
         os.makedirs(self.folder, mode=0o700, exist_ok=True)
-        LocalStore(self.where(name))._replace(self.folder, data)
+        durable.write_local(self.where(name), data, mode=0o600)
 
     def delete(self, name: str) -> None:
         try:

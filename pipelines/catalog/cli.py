@@ -262,6 +262,10 @@ def _build(args, out=None) -> int:
         print(f"catalog: operator view (private) file://"
               f"{os.path.join(os.path.abspath(args.operator), 'index.html')}"
               + (f"; {len(alarms)} coverage alarm(s)" if alarms else ""), file=out)
+    print(f"catalog: ledger {args.ledger}: structure and record chain verified, and every "
+          "release's marker cross-checked with it; NOT verified: the head's MAC and the "
+          "witness of its latest write (they need the key store: python -m accounting.ledger "
+          f"verify --ledger {args.ledger} --key_store KEY_STORE)", file=out)
     if inputs.excluded:
         print(f"catalog: {len(inputs.excluded)} marker(s) left out of the public site (not "
               "releases of this ledger; see the operator view)", file=out)

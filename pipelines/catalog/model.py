@@ -145,6 +145,9 @@ class MarkerFacts:
     path: str
     ledger_id: Optional[str]
     key_fingerprints: Mapping
+    #: The random id of the ledger charge the release was published under (markers of older
+    #: versions carry none): the catalog's cross-check of the ledger against its releases.
+    ledger_charge: Optional[str] = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,6 +177,7 @@ class LedgerRecord:
     key_fingerprints: Mapping
     files: Mapping
     supersedes: Optional[str]
+    charged_under: Optional[Mapping] = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -419,7 +423,8 @@ def _ledger_record(vid: str, record: Mapping) -> LedgerRecord:
             t.get("key_fingerprints") or {}), measures_changed=bool(t.get("measures_changed")))
             for t in record.get("takeovers", [])),
         key_fingerprints={n: k.get("fingerprint") for n, k in sorted(keys.items())},
-        files=dict(record.get("files") or {}), supersedes=record.get("supersedes"))
+        files=dict(record.get("files") or {}), supersedes=record.get("supersedes"),
+        charged_under=dict(record["charged_under"]) if record.get("charged_under") else None)
 
 
 def _key(value: Mapping):
@@ -541,7 +546,9 @@ def parse_marker(marker, path: str, rel_folder: str, sizes: Mapping[str, Optiona
         raise CatalogInputError(f"{path} is a malformed release marker{where}") from None
     facts = MarkerFacts(versioned_id=release.versioned_id, path=path,
                         ledger_id=marker.get("ledger_id"),
-                        key_fingerprints=dict(marker.get("key_fingerprints") or {}))
+                        key_fingerprints=dict(marker.get("key_fingerprints") or {}),
+                        ledger_charge=marker.get("ledger_charge")
+                        if isinstance(marker.get("ledger_charge"), str) else None)
     return release, facts
 
 
@@ -631,6 +638,8 @@ def read_catalog(releases_root: str, ledger: Optional[Ledger], *,
             raise CatalogInputError(f"release marker {path} is not valid JSON") from None
         sizes = {n: _size(_join(folder, n), size) for n, size in files.items() if n != MARKER}
         release, facts = parse_marker(marker, path, rel_folder, sizes, data)
+        if not testing:
+            check_charge(facts, ledger)
         reason = _exclusion(release, facts, rel_folder, ledger, testing)
         if reason:
             excluded.append((path, reason))
@@ -652,6 +661,29 @@ def read_catalog(releases_root: str, ledger: Optional[Ledger], *,
     return CatalogInputs(datasets=tuple(datasets), ledger=ledger, markers=markers,
                          reports=read_reports(reports_root, ledger), excluded=tuple(excluded),
                          missing_files=tuple(missing), testing=testing)
+
+
+def check_charge(facts: MarkerFacts, ledger: Ledger) -> None:
+    """Refuse a ledger that does not hold a release as it was charged: the marker carries the
+    id of the ledger charge it was published under (``ledger_charge``). A ledger of the same id without the
+    release is older than it (an older copy put back: its budgets and consumed ids no longer
+    count the release); one holding it under another charge charged it again. What the catalog
+    cannot check without the key store -- the head's MAC, the witness of the ledger's latest
+    write -- ``python -m accounting.ledger verify --key_store`` does."""
+    if not facts.ledger_charge or facts.ledger_id != ledger.ledger_id:
+        return
+    record = ledger.record(facts.versioned_id)
+    if record is None:
+        raise CatalogInputError(
+            f"ledger {ledger.path} does not hold release {facts.versioned_id} ({facts.path}), "
+            "which it charged: the ledger is older than its releases (rolled back?). Refusing "
+            "to vouch for it")
+    charged = (record.charged_under or {}).get("charge")
+    if charged is not None and charged != facts.ledger_charge:
+        raise CatalogInputError(
+            f"ledger {ledger.path} holds release {facts.versioned_id} under another charge than "
+            f"the one it was published under ({facts.path}): rolled back and charged again? "
+            "Refusing to vouch for it")
 
 
 def _exclusion(release: PublishedRelease, facts: MarkerFacts, rel_folder: str,

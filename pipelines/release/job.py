@@ -53,7 +53,7 @@ class ReleaseOptions:
         "help": "where the operator's report.json/report.txt go (default: reports/ beside the "
                 "ledger; they hold raw-data counts, keep them private)"})
     staging_dir: Optional[str] = field(default=None, metadata={
-        "help": "private staging root (default: OUTPUT/.staging; must not be public)"})
+        "help": "private staging root (default: the ledger's folder/staging; must not be public)"})
     max_dropped_fraction: float = field(default=0.5, metadata={
         "help": "alert the operator when more than this share of an input's eligible rows was "
                 "dropped by the row rules (also alerted: all dropped, no eligible rows, no "

@@ -376,7 +376,7 @@ def _places(options) -> Places:
     output = storage.absolute(options.output)
     publication.check_output_root(output, options.testing)
     staging = storage.absolute(options.staging_dir) if options.staging_dir else \
-        storage.join(output, publication.STAGING)
+        default_staging(options, output)
     places = Places(output=output, staging=staging, reports=_report_root(options, output))
     folders = [("--output", output), ("--staging_dir", staging), ("--report_dir", places.reports)]
     if not options.testing:
@@ -391,6 +391,15 @@ def _places(options) -> Places:
         if reason:
             raise ReleaseRefused(f"{flag}: cannot write {folder} ({reason}); nothing was charged")
     return places
+
+
+def default_staging(options, output: str) -> str:
+    """Private staging beside the ledger (never in the public output root); a testing run's
+    under its testing prefix."""
+    if options.testing:
+        return storage.join(output, publication.TESTING_PREFIX, publication.STAGING)
+    return storage.join(storage.parent(storage.absolute(options.ledger)),
+                        publication.PRIVATE_STAGING)
 
 
 def _report_root(options, output: str) -> str:

@@ -1,14 +1,21 @@
 """Publication is owned: where releases go, their markers, and atomic, never-overwriting publication.
 
-Layout under ``--output`` (OUTPUT)::
+Layout under ``--output`` (OUTPUT), public, and beside the ledger (LEDGER), private::
 
-    OUTPUT/.ledger-binding.json              which ledger (id and path) owns this output root
     OUTPUT/<release id>/v<N>/<files>         a published release version ...
     OUTPUT/<release id>/v<N>/RELEASE.json    ... and its marker (public metadata), written last
-    OUTPUT/.staging/<release id>/v<N>.<attempt>/   private staging (default --staging_dir): the
-                                             release's files, and its row counters (COUNTERS,
-                                             operator-only: never published)
     OUTPUT/testing-not-a-release/<release id>/     testing runs (--testing_seed) only
+    LEDGER.bindings/<root digest>.json       which ledger (id and path) owns the output root
+    <LEDGER's folder>/staging/<release id>/v<N>.<attempt>/   private staging (the default
+                                             --staging_dir): the release's files, and its row
+                                             counters (COUNTERS, operator-only: never published)
+
+Nothing but releases is in OUTPUT: the binding and staging are control files and operator
+data. A root of an older version (``OUTPUT/.ledger-binding.json``, ``OUTPUT/.staging/``) is
+migrated on its next release: the binding is checked, written beside the ledger, then removed
+from OUTPUT, with the empty folders of the old staging root. Control files are written
+atomically (:mod:`accounting.durable`); an empty or cut binding is recognised as this toolkit's
+own interrupted write and written again -- never taken for another ledger's.
 
 Rules:
 
@@ -21,13 +28,16 @@ Rules:
 * Testing runs write only under ``testing-not-a-release/``; a real release refuses that prefix
   and a testing run refuses a path inside a real release.
 * The output root is bound to one ledger on its first release. A root whose binding names
-  another ledger, or whose ledger is missing, or that holds release markers without a binding,
-  is refused, naming both files: a deleted, emptied, replaced or mistyped ledger must never
-  re-charge and re-release a published day with a fresh key (new noise on top of the published
-  noise lets averaging remove it). Every marker of the release id must be in the ledger too.
+  another ledger, or whose ledger is missing, or that holds release markers of another ledger
+  (or markers while the ledger is missing), is refused, naming both: a deleted, emptied,
+  replaced or mistyped ledger must never re-charge and re-release a published day with a fresh
+  key (new noise on top of the published noise lets averaging remove it). Every marker of the
+  release id must be in the ledger too.
 """
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 from typing import Mapping, Optional
@@ -36,9 +46,16 @@ from pipelines.release import names, storage
 from pipelines.release.errors import ReleaseFailed, ReleaseRefused
 
 MARKER = "RELEASE.json"
+#: Where an output root's ledger binding was kept by older versions (migrated: see above).
 BINDING = ".ledger-binding.json"
+#: The folder beside the ledger holding the bindings of its output roots.
+BINDINGS_SUFFIX = ".bindings"
 TESTING_PREFIX = "testing-not-a-release"
+#: The staging root's name: beside the ledger (``<ledger's folder>/staging``) by default, and
+#: ``OUTPUT/testing-not-a-release/.staging`` for testing runs; ``OUTPUT/.staging`` in older
+#: versions.
 STAGING = ".staging"
+PRIVATE_STAGING = "staging"
 #: A release's row counters, staged beside its files for the operator (pipelines.release.counters);
 #: publication leaves them behind.
 COUNTERS = ".counters.json"
@@ -150,27 +167,51 @@ def _real_markers(output: str) -> list[str]:
             if p.endswith("/" + MARKER) and f"/{TESTING_PREFIX}/" not in p and f"/{STAGING}/" not in p]
 
 
+def binding_path(output: str, ledger_path: str) -> str:
+    """Where the binding of ``output`` lives: beside the ledger, named by a digest of the root."""
+    digest = hashlib.sha256(output.rstrip("/").encode("utf-8")).hexdigest()[:24]
+    return ledger_path + BINDINGS_SUFFIX + "/" + digest + ".json"
+
+
+def _read_binding(path: str, output: str, ledger) -> Optional[dict]:
+    """The binding at ``path``; None when there is none -- or when it is empty or cut, this
+    toolkit's own interrupted write (deleted here, written again by :func:`bind`)."""
+    data = storage.read_bytes(path)
+    if data is None:
+        return None
+    try:
+        binding = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        if data.strip() and not data.lstrip().startswith(b"{"):
+            binding = None  # not JSON and not a cut JSON object: not ours
+        else:
+            storage.delete_file(path)  # empty or cut: an interrupted write of the binding
+            return None
+    if not (isinstance(binding, dict) and isinstance(binding.get("ledger_id"), str)
+            and isinstance(binding.get("ledger"), str)):
+        raise ReleaseRefused(f"{path} is not a ledger binding (it records which ledger owns "
+                             f"the releases under {output}); refusing to charge {ledger.path}")
+    return binding
+
+
 def check_binding(output: str, ledger) -> Optional[dict]:
     """Refuse a missing or replaced ledger next to existing releases; returns the binding."""
     from accounting.ledger import LedgerError
 
-    path = storage.join(output, BINDING)
-    data = storage.read_bytes(path)
+    paths = (binding_path(output, ledger.path), storage.join(output, BINDING))
     try:
         ledger_id = ledger.ledger_id()
     except LedgerError as err:
-        if data is None and not _real_markers(output):
+        if not any(storage.read_bytes(p) for p in paths) and not _real_markers(output):
             raise
         raise ReleaseRefused(
-            f"output root {output} holds published releases (ledger binding {path}), but the "
-            f"ledger cannot be read: {err}. Refusing to charge anything for published releases")
-    if data is not None:
-        try:
-            binding = json.loads(data.decode("utf-8"))
-            binding["ledger_id"], binding["ledger"]
-        except (UnicodeDecodeError, ValueError, TypeError, KeyError):
-            raise ReleaseRefused(f"{path} is not a ledger binding (it records which ledger owns "
-                                 f"the releases under {output}); refusing to charge {ledger.path}")
+            f"output root {output} holds published releases (ledger binding {paths[0]}), but "
+            f"the ledger cannot be read: {err}. Refusing to charge anything for published "
+            "releases")
+    for path in paths:
+        binding = _read_binding(path, output, ledger)
+        if binding is None:
+            continue
         if ledger_id is None:
             raise ReleaseRefused(
                 f"output root {output} holds releases charged by ledger {binding['ledger_id']} "
@@ -183,21 +224,31 @@ def check_binding(output: str, ledger) -> Optional[dict]:
                 f"{path}, ledger path {binding['ledger']}); {ledger.path} is another ledger "
                 f"({ledger_id}): replaced? Refusing")
         return binding
-    markers = _real_markers(output)
-    if markers:
-        raise ReleaseRefused(
-            f"output root {output} holds published releases (e.g. {markers[0]}) but no ledger "
-            f"binding ({path}); refusing to charge ledger {ledger.path} for them")
+    for marker_path in _real_markers(output):
+        marker = json.loads(storage.read_bytes(marker_path).decode("utf-8"))
+        if ledger_id is None or marker.get("ledger_id") != ledger_id:
+            raise ReleaseRefused(
+                f"output root {output} holds published releases of ledger "
+                f"{marker.get('ledger_id')} (e.g. {marker_path}) and no ledger binding "
+                f"({paths[0]}); ledger {ledger.path} "
+                + ("does not exist" if ledger_id is None else f"is another ledger ({ledger_id})")
+                + ": refusing to charge it for them")
     return None
 
 
 def bind(output: str, ledger) -> None:
-    """Record the output root's ledger (first release); a concurrent first run binds once."""
-    path = storage.join(output, BINDING)
-    body = json.dumps({"ledger_id": ledger.ledger_id(), "ledger": ledger.path}, indent=1,
-                      sort_keys=True).encode("utf-8") + b"\n"
+    """Record the output root's ledger beside the ledger (first release; a concurrent first run
+    binds once), and migrate a root of an older version (its binding and empty staging folders
+    leave OUTPUT)."""
+    path = binding_path(output, ledger.path)
+    body = json.dumps({"ledger_id": ledger.ledger_id(), "ledger": ledger.path,
+                       "output": output}, indent=1, sort_keys=True).encode("utf-8") + b"\n"
     if not storage.write_bytes(path, body, exclusive=True):
         check_binding(output, ledger)
+    legacy = storage.join(output, BINDING)
+    if storage.read_bytes(legacy) is not None:
+        storage.delete_file(legacy)
+        storage.delete_empty_dirs(storage.join(output, STAGING))
 
 
 def check_markers_in_ledger(output: str, release_id: str, ledger) -> None:
@@ -275,7 +326,9 @@ def publish(staging: str, final: str, *, testing: bool, root: Optional[str] = No
         try:
             storage.rename_dir(staging, final, root=root)
             return outcome
-        except OSError:  # a concurrent run of the same release got there first
+        except OSError as err:  # a concurrent run of the same release got there first
+            if err.errno == errno.EXDEV:  # staging on another file system: copied below
+                return _copy(staging, final, testing=testing, outcome=outcome)
             if root is not None and storage.symlink_below(root, final):
                 raise ReleaseFailed(f"{storage.symlink_below(root, final)} is a symbolic link "
                                     "inside the output tree; nothing was published") from None
@@ -285,7 +338,11 @@ def publish(staging: str, final: str, *, testing: bool, root: Optional[str] = No
         if outcome == "identical":
             storage.delete_tree(staging)
             return outcome
-    # GCS (or across file systems): files first, the marker last; never overwrite.
+    return _copy(staging, final, testing=testing, outcome=outcome)
+
+
+def _copy(staging: str, final: str, *, testing: bool, outcome: str) -> str:
+    """GCS (or across file systems): files first, the marker last; never overwrite."""
     prefix = staging.rstrip("/") + "/"
     files = sorted(storage.list_files(staging), key=lambda p: p.endswith("/" + MARKER))
     for path in files:

@@ -50,6 +50,10 @@ def marker(*, job, prepared, context, version: int, files: Mapping[str, str], ta
         out["ledger_id"] = reservation.ledger_id
         key = reservation.keys.get("release") or reservation.keys[sorted(reservation.keys)[0]]
         out["input_binding"] = keyed_binding(key.secret_bytes(), reservation.record["input_digest"])
+        if reservation.record.get("charged_under"):
+            # The random id of the charge (accounting.ledger.witness.charge_position): a reader
+            # without the key store (the catalog) can tell a ledger older than the release.
+            out["ledger_charge"] = reservation.record["charged_under"]["charge"]
     return json.loads(json.dumps(out, default=str))
 
 

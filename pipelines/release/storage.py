@@ -19,7 +19,7 @@ import os
 import shutil
 from typing import Iterator, Optional
 
-from accounting import gcs
+from accounting import durable, gcs
 
 
 def is_gcs(path: str) -> bool:
@@ -97,17 +97,20 @@ def write_bytes(path: str, data: bytes, *, exclusive: bool = False) -> bool:
         except exceptions.PreconditionFailed:
             return False
         return True
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
-    try:
-        fd = os.open(path, flags, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    return True
+    # Through a temporary file and a rename (or a link, when exclusive): a crash or a full disk
+    # leaves the old file or none, never an empty or cut one (accounting.durable).
+    return durable.write_local(path, data, exclusive=exclusive)
+
+
+def delete_empty_dirs(path: str) -> None:
+    """Remove ``path`` and the folders below it that hold no file (local; bottom up)."""
+    if is_gcs(path) or not os.path.isdir(path) or os.path.islink(path):
+        return
+    for top, _, _ in sorted(os.walk(path), key=lambda entry: -len(entry[0])):
+        try:
+            os.rmdir(top)
+        except OSError:
+            pass  # not empty (or gone)
 
 
 def list_files(prefix: str) -> list[str]:
@@ -217,6 +220,7 @@ def rename_dir(source: str, target: str, root: Optional[str] = None) -> None:
     parts = os.path.relpath(target, root).split(os.sep)
     if parts[0] in (os.pardir, os.curdir, ""):
         raise ValueError(f"{target} is not below {root}")
+    os.makedirs(root, exist_ok=True)  # the first release of a root (staging lives elsewhere)
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for part in parts[:-1]:

@@ -62,7 +62,9 @@ def submitted(reserved):
     reservation's), or was submitted with another staging root."""
     from runners.execution import JobHandle
 
-    root = reserved.pre.places.staging.rstrip("/") + "/"
+    places = reserved.pre.places
+    roots = (places.staging.rstrip("/") + "/",) if reserved.pre.options.staging_dir else \
+        (places.staging.rstrip("/") + "/", storage.join(places.output, ".staging") + "/")
     staging, handles = {}, set()
     for context in reserved.releases:
         reservation = reserved.reservations[context.release_id]
@@ -74,10 +76,10 @@ def submitted(reserved):
                                              for n, r in reservation.key_refs.items()}:
             raise ReleaseRefused(f"{context.versioned_id} was taken over by another run after "
                                  "it was submitted: submit it again")
-        if not str(found.get("staging", "")).startswith(root):
+        if not str(found.get("staging", "")).startswith(roots):  # or OUTPUT/.staging, before
             raise ReleaseRefused(f"{context.versioned_id} was submitted with staging "
-                                 f"{found.get('staging')}, not under {root}: finalize with the "
-                                 "flags it was submitted with")
+                                 f"{found.get('staging')}, not under {roots[0]}: finalize with "
+                                 "the flags it was submitted with")
         staging[context.release_id] = found["staging"]
         handles.add(json.dumps(JobHandle.from_json(found).to_json(), sort_keys=True))
     if len(handles) != 1:

@@ -48,6 +48,8 @@ PRIVACY_TESTS = {
     "tests/pipelines/release/test_publication_decisions.py": "one unit's faulty rows never decide publication",
     "tests/accounting/verification/test_stated_guarantees.py":
         "stated guarantees against independent dp_accounting computations",
+    "tests/accounting/ledger/test_ledger_integrity.py": "a ledger in its latest state, written by this "
+                                                        "toolkit only; one key, one use across processes",
 }
 
 #: Tests that pin released bytes: never a mutant's selection, never a catch.
@@ -180,6 +182,46 @@ MUTANTS = (
         replacement="(at most once) and the sources' budgets (see the module docstring).\"\"\"\n"
                     "        return []\n",
         tests=("tests/accounting/verification/test_audit_sequences.py::test_summary_reports_second_batch_adds_nothing",),
+    ),
+    Mutant(
+        name="ledger-witness-skipped",
+        leak="a rolled-back ledger (an older copy, chain and MAC valid) is accepted: the releases "
+             "charged since are forgotten, their budget spent again and their consumed reports "
+             "published a second time",
+        file="accounting/ledger/witness.py",
+        snippet="            self._check(state, generation)\n",
+        replacement="            pass\n",
+        tests=("tests/accounting/ledger/test_ledger_integrity.py::test_a_rolled_back_ledger_is_refused_and_a_deliberate_restore_is_recorded",
+               "tests/accounting/ledger/test_ledger_integrity.py::test_on_gcs_a_rollback_is_refused_and_a_restore_accepted"),
+    ),
+    Mutant(
+        name="ledger-chain-key-followed-anywhere",
+        leak="the head's chain-key reference is taken at face value: whoever can write the ledger "
+             "reseals it (records deleted, spend lowered) with a key of their own stored elsewhere",
+        file="accounting/ledger/sealing.py",
+        snippet="                key = self.key_store.load(self.key_store.resolve(KeyRef.from_json(ref),\n"
+                "                                                                 chain_key_name(ledger_id)))\n",
+        replacement="                key = self.key_store.load(KeyRef.from_json(ref))\n",
+        tests=("tests/accounting/ledger/test_ledger_integrity.py::test_a_ledger_resealed_with_a_key_outside_the_key_store_is_refused",),
+    ),
+    Mutant(
+        name="key-use-record-ignored",
+        leak="a ledger key's use record is written but not compared: a second process (a restored "
+             "or copied ledger) draws the same noise on another input, and the difference of the "
+             "two releases is exact",
+        file="accounting/keystore.py",
+        snippet="            if {k: recorded.get(k) for k in wanted} != wanted:\n",
+        replacement="            if False:\n",
+        tests=("tests/accounting/ledger/test_ledger_integrity.py::test_two_processes_one_key_the_second_is_refused_for_anything_else",),
+    ),
+    Mutant(
+        name="issued-key-any-input",
+        leak="a key from KeyStore.issue drives its release on any input in another process: day 1's "
+             "key on day 2's data repeats day 1's noise",
+        file="accounting/keystore.py",
+        snippet='        if recorded.get("input_digest") not in (None, input_digest):\n',
+        replacement="        if False:\n",
+        tests=("tests/accounting/ledger/test_ledger_integrity.py::test_a_key_store_issued_key_is_bound_to_its_release_and_input_in_every_process",),
     ),
     Mutant(
         name="dropped-rows-gate-on-exact-counts",

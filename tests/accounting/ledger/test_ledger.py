@@ -501,7 +501,7 @@ def test_a_dead_or_lapsed_hold_is_not_in_the_way(tmp_path):
     process = multiprocessing.get_context("fork").Process(target=os._exit, args=(0,))
     process.start()
     process.join()
-    dead = holds.Hold(run="dead", host=holds._host(), pid=process.pid,
+    dead = holds.Hold(run="dead", host=holds.host_id(), pid=process.pid,
                       started=holds._started(os.getpid()))
     ledger.reserve(_request(), hold=dead)
     assert not holds.is_live(ledger.get(f"{CAMPAIGN}/2026-11-20")["hold"])

@@ -24,7 +24,7 @@ from accounting.budget import PrivacyBudget
 from accounting.calibration import calibrate
 from accounting.ledger import (BudgetLedger, ConsumedIds, ConsumedIdsError, LedgerError,
                                ReleaseRequest, Scope)
-from accounting.ledger import consumed as C
+from accounting.ledger import consumed
 from accounting.measures import Measure
 from accounting.sensitivity import Sensitivities
 
@@ -60,12 +60,14 @@ def _published(ledger, reservation):
 
 
 def _listing(root) -> dict:
-    """Key-store and record-file names (what a refusal must leave as it was)."""
+    """Key and record-file names (what a refusal must leave as it was; the key store's control
+    records -- the ledger's witness, the keys' use records -- aside)."""
     if str(root).startswith("gs://"):
-        return {"keys": gcs.list_objects(f"{root}/keys/"),
+        return {"keys": [u for u in gcs.list_objects(f"{root}/keys/") if u.endswith(".key")],
                 "files": gcs.list_objects(f"{root}/ledger.json.consumed/")}
     files = root / "ledger.json.consumed"
-    return {"keys": sorted(os.listdir(root / "keys")) if (root / "keys").exists() else [],
+    keys = sorted(os.listdir(root / "keys")) if (root / "keys").exists() else []
+    return {"keys": [k for k in keys if k.endswith(".key")],
             "files": sorted(os.listdir(files)) if files.exists() else []}
 
 
@@ -111,7 +113,7 @@ def test_overlapping_batches_local(tmp_path):
     blob = (tmp_path / "ledger.json").read_bytes() + b"".join(
         p.read_bytes() for p in (tmp_path / "ledger.json.consumed").iterdir())
     assert b"rid-" not in blob
-    plain = C.hash_ids(b"\0" * 32, REPORTS, ["rid-1"]).tobytes()
+    plain = consumed.hash_ids(b"\0" * 32, REPORTS, ["rid-1"]).tobytes()
     assert plain not in blob
 
 
@@ -180,16 +182,16 @@ def test_a_missing_or_edited_record_is_refused(tmp_path, damage):
 
 def test_hashes_are_keyed_per_namespace_and_128_bits():
     key = os.urandom(32)
-    a = C.hash_ids(key, REPORTS, ["x", "y"])
+    a = consumed.hash_ids(key, REPORTS, ["x", "y"])
     assert a.shape == (2, 2) and a.dtype == np.uint64
-    assert not np.array_equal(a, C.hash_ids(key, SOURCES, ["x", "y"]))
-    assert not np.array_equal(a, C.hash_ids(os.urandom(32), REPORTS, ["x", "y"]))
-    record = C.Record(hi=np.sort(a[:, 0]), lo=a[np.argsort(a[:, 0]), 1])
-    assert (C.matches(record, C.hash_ids(key, REPORTS, ["y", "z", "x"])) >= 0).tolist() == \
+    assert not np.array_equal(a, consumed.hash_ids(key, SOURCES, ["x", "y"]))
+    assert not np.array_equal(a, consumed.hash_ids(os.urandom(32), REPORTS, ["x", "y"]))
+    record = consumed.Record(hi=np.sort(a[:, 0]), lo=a[np.argsort(a[:, 0]), 1])
+    assert (consumed.matches(record, consumed.hash_ids(key, REPORTS, ["y", "z", "x"])) >= 0).tolist() == \
         [True, False, True]
     # ids sharing their first 64 bits are told apart by the other 64
-    shared = C.Record(hi=np.array([5, 5, 5], np.uint64), lo=np.array([1, 2, 3], np.uint64))
-    found = C.matches(shared, np.array([[5, 3], [5, 4], [6, 1]], np.uint64))
+    shared = consumed.Record(hi=np.array([5, 5, 5], np.uint64), lo=np.array([1, 2, 3], np.uint64))
+    found = consumed.matches(shared, np.array([[5, 3], [5, 4], [6, 1]], np.uint64))
     assert found.tolist() == [2, -1, -1]
 
 

@@ -327,3 +327,43 @@ def test_make_demo_builds_the_catalog_of_its_releases(tmp_path):
     doc = json.loads(site["catalog.json"])
     assert len(doc["datasets"]) == 3 and all(len(d["releases"]) == 1 for d in doc["datasets"])
     assert os.path.exists(os.path.join(out, "catalog-operator", "operator.json"))
+
+
+def test_the_catalog_cross_checks_markers_with_the_ledger_and_says_what_it_could_not(made, tmp_path,
+                                                                                    capsys):
+    """Each marker carries the ledger write that charged it: a ledger older than its releases (an
+    older copy put back) is refused, naming the release; what needs the key store (the head's MAC,
+    the witness of the latest write) is said to be unverified, never vouched for."""
+    import shutil
+
+    assert catalog.main(made.args("--output", str(tmp_path / "site0"))) == 0
+    out = capsys.readouterr().out
+    assert "structure and record chain verified" in out and "NOT verified: the head's MAC" in out
+    copy = tmp_path / "copy"
+    shutil.copytree(made.root, copy)
+    ledger_path = copy / "private" / "ledger.json"
+    ledger = json.loads(ledger_path.read_text())
+    path = copy / "releases" / "C2" / "2026-11-01" / "v1" / "RELEASE.json"
+    marker = json.loads(path.read_text())
+    assert marker["ledger_charge"] == ledger["releases"]["C2/2026-11-01"]["charged_under"]["charge"]
+    args = ["--ledger", str(ledger_path), "--releases", str(copy / "releases"),
+            "--output", str(tmp_path / "site")]
+    marker["ledger_charge"] = "0" * 32  # charged again (another charge of the same release)
+    path.write_text(json.dumps(marker))
+    assert catalog.main(args) == 2
+    assert "under another charge" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "site")
+    # An older copy of the ledger, before C2/2026-11-01 was charged (its chain valid): refused.
+    from accounting.ledger import chain
+
+    marker["ledger_charge"] = ledger["releases"]["C2/2026-11-01"]["charged_under"]["charge"]
+    path.write_text(json.dumps(marker))
+    older = dict(ledger, releases={v: r for v, r in ledger["releases"].items()
+                                   if r["seq"] < ledger["releases"]["C2/2026-11-01"]["seq"]})
+    older["latest"] = {k: v for k, v in ledger["latest"].items() if v in older["releases"]}
+    older["content"] = {}
+    chain.seal(older, b"k" * 32, ledger["chain"]["key"])  # keyless readers check digests only
+    ledger_path.write_text(json.dumps(older))
+    code = catalog.main(args)
+    err = capsys.readouterr().err
+    assert code == 2 and "does not hold release C2/2026-11-01" in err and "rolled back?" in err

@@ -334,11 +334,46 @@ def _break_ledger(fault: str, root: pathlib.Path) -> None:
         path.write_text(json.dumps(state))
     elif fault == "older-version":
         unchain(path, keys, "beam-dp-release/budget-ledger/v3")
+    elif fault in INTEGRITY_FAULTS:
+        _break_integrity(fault, path, keys)
     else:
         next(keys.glob("ledger-chain-*")).unlink()
 
 
-LEDGER_CASES = [(job, fault) for job in JOBS for fault in LEDGER_FAULTS]
+#: Issue 40: a ledger rolled back to an older copy, resealed with a key outside the key store,
+#: or missing its witness -- each refused before the charge (tried on two jobs: one code path).
+INTEGRITY_FAULTS = ("rolled-back", "resealed-elsewhere", "witness-gone")
+
+
+def _break_integrity(fault: str, path: pathlib.Path, keys: pathlib.Path) -> None:
+    from accounting.budget import PrivacyBudget
+    from accounting.keys import ReleaseKey
+    from accounting.ledger import BudgetLedger, ReleaseRequest, Scope, chain
+    from accounting.measures import Measure
+
+    older = path.read_bytes()
+    BudgetLedger(str(path), str(keys)).reserve(ReleaseRequest(
+        release_id="earlier/2", input_digest="sha256:2", scopes=[
+            Scope(name="earlier", budget=PrivacyBudget(epsilon=1.0))],
+        measures=[Measure(name="earlier", mechanism="recorded", epsilon=0.25,
+                          neighbouring="as recorded")]))
+    if fault == "rolled-back":
+        path.write_bytes(older)
+    elif fault == "witness-gone":
+        next(keys.glob("ledger-witness-*")).unlink()
+    else:
+        key, elsewhere = ReleaseKey.generate(), path.parent.parent / "elsewhere"
+        elsewhere.mkdir()
+        state = json.loads(path.read_text())
+        uri = elsewhere / f"ledger-chain-{state['ledger_id']}.{key.fingerprint()}.key"
+        key.save(str(uri))
+        del state["releases"]["earlier/2"], state["latest"]["earlier/2"]
+        chain.seal(state, key.secret_bytes(), {"uri": str(uri), "fingerprint": key.fingerprint()})
+        path.write_text(json.dumps(state))
+
+
+LEDGER_CASES = [(job, fault) for job in JOBS for fault in LEDGER_FAULTS] + [
+    (job, fault) for job in ("centralnotice", "summary_reports") for fault in INTEGRITY_FAULTS]
 
 
 @pytest.mark.parametrize("job, fault", LEDGER_CASES, ids=[f"{j}-{f}" for j, f in LEDGER_CASES])

@@ -171,6 +171,21 @@ class Workspace:
         return str(self.keys / keys[0]) if keys else "<no release key>"
 
 
+def _binding(ws):
+    """The output root's ledger binding, beside the ledger (pipelines.release.publish)."""
+    [path] = (ws.path / "private" / "ledger.json.bindings").glob("*.json")
+    return path
+
+
+def _legacy_root(ws):
+    """An output root as an older version left it: the binding in OUTPUT, empty staging
+    folders beside the releases."""
+    binding = _binding(ws)
+    (ws.path / "out" / ".ledger-binding.json").write_bytes(binding.read_bytes())
+    binding.unlink()
+    (ws.path / "out" / ".staging" / "C1" / "2026-11-01").mkdir(parents=True)
+
+
 def release_keys(ws) -> list:
     """The release keys in a workspace's key store (not the ledger's own keys)."""
     return sorted(n for n in os.listdir(ws.keys) if not n.startswith("ledger-"))
@@ -295,8 +310,8 @@ FIXTURES: dict[str, Callable] = {
     "cn_lower_period_budget": lambda ws: (FIXTURES["cn_changed_input"](ws), write_json(
         ws / "c.json", cn_config(budget={"campaign_total": {"epsilon": 8.0},
                                          "per_period": {"epsilon": 3.0}}))),
-    "cn_stale_staging": lambda ws: (ws / "out" / ".staging" / "C1" / "2026-11-02" / "v1.dead").mkdir(
-        parents=True) or (ws / "out" / ".staging" / "C1" / "2026-11-02" / "v1.dead" / "x").write_text("old"),
+    "cn_stale_staging": lambda ws: (ws / "private" / "staging" / "C1" / "2026-11-02" / "v1.dead").mkdir(
+        parents=True) or (ws / "private" / "staging" / "C1" / "2026-11-02" / "v1.dead" / "x").write_text("old"),
     "cn_tampered_release": lambda ws: (ws / "out" / "C1" / "2026-11-01" / "v1" / "centralnotice.parquet"
                                        ).write_bytes(b"PAR1 not the published bytes"),
     # ledger and output root
@@ -305,8 +320,11 @@ FIXTURES: dict[str, Callable] = {
     "ledger_replaced": lambda ws: (ws.ledger.unlink(), _fresh_ledger(ws)),
     "ledger_forgot_release": lambda ws: _forget_releases(ws),
     "ledger_symlinked": lambda ws: _symlink_ledger(ws),
-    "binding_deleted": lambda ws: (ws.path / "out" / ".ledger-binding.json").unlink(),
-    "binding_garbage": lambda ws: (ws.path / "out" / ".ledger-binding.json").write_text("[]"),
+    "binding_deleted": lambda ws: _binding(ws).unlink(),
+    "binding_garbage": lambda ws: _binding(ws).write_text("[]"),
+    "binding_emptied": lambda ws: _binding(ws).write_bytes(b""),  # a full disk, before 40.4
+    "binding_cut": lambda ws: _binding(ws).write_bytes(_binding(ws).read_bytes()[:9]),
+    "binding_legacy": lambda ws: _legacy_root(ws),
     # reach & frequency
     "rf_ids_unparseable": lambda ws: write_csv(ws / "bad.csv", ["publisher", "campaign", "vid"],
                                                _rf_rows(("c2",), 60, vid=lambda i: f"x{i}")),
@@ -451,8 +469,23 @@ def then_rf_directory(ws, case, argv, charged_after):
 
 
 def then_staging_cleaned(ws, case, argv, charged_after):
-    assert not (ws.path / "out" / ".staging" / "C1" / "2026-11-02" / "v1.dead").exists()
-    assert not any((ws.path / "out" / ".staging" / "C1" / "2026-11-02").iterdir())
+    assert not (ws.path / "private" / "staging" / "C1" / "2026-11-02" / "v1.dead").exists()
+    assert not any((ws.path / "private" / "staging" / "C1" / "2026-11-02").iterdir())
+
+
+def then_binding_repaired(ws, case, argv, charged_after):
+    """The interrupted binding was this toolkit's own write: written again, whole."""
+    assert read_json(_binding(ws))["ledger"] == str(ws.ledger)
+    then_reproduce(ws, case, argv, charged_after)
+
+
+def then_root_migrated(ws, case, argv, charged_after):
+    """Nothing but releases is left in the public root: the binding moved beside the ledger,
+    the empty staging folders are gone."""
+    assert read_json(_binding(ws))["ledger_id"] == read_json(ws.ledger)["ledger_id"]
+    assert not (ws.path / "out" / ".ledger-binding.json").exists()
+    assert not (ws.path / "out" / ".staging").exists()
+    assert sorted(p.name for p in (ws.path / "out").iterdir()) == ["C1"]
 
 
 def then_alert(ws, case, argv, charged_after):
@@ -476,6 +509,7 @@ def then_testing_prefix(ws, case, argv, charged_after):
 THEN = {"takeover": then_takeover, "reproduce": then_reproduce, "symlink": then_symlink_kept,
         "directory": then_directory_digest, "rf_directory": then_rf_directory,
         "staging": then_staging_cleaned, "alert": then_alert,
+        "binding": then_binding_repaired, "root_migrated": then_root_migrated,
         "new_version": then_new_version, "testing": then_testing_prefix,
         "writable": then_rerun_writable}
 
@@ -557,13 +591,14 @@ CASES = [
     Case("cn-dry-run-release", "cn", None, "--dry_run True", refused("--testing_seed")),
     # ---- the ledger: deleted, mistyped, emptied, replaced, older, symlinked, binding
     Case("cn-ledger-deleted", "cn", "ledger_deleted", "",
-         refused("{ws}/out/.ledger-binding.json", "{ws}/private/ledger.json does not exist")),
+         refused("{ws}/private/ledger.json.bindings/", "{ws}/private/ledger.json does not exist")),
     Case("cn-ledger-mistyped", "cn", None, "--ledger {ws}/private/Ledger.json",
-         refused("{ws}/out/.ledger-binding.json", "{ws}/private/Ledger.json does not exist")),
+         refused("holds published releases of ledger", "{ws}/out/C1/2026-11-01/v1/RELEASE.json",
+                 "{ws}/private/Ledger.json does not exist")),
     Case("cn-ledger-emptied", "cn", "ledger_emptied", DAY2,
-         refused("{ws}/out/.ledger-binding.json", "{ws}/private/ledger.json is not valid JSON")),
+         refused("{ws}/private/ledger.json.bindings/", "{ws}/private/ledger.json is not valid JSON")),
     Case("cn-ledger-replaced", "cn", "ledger_replaced", DAY2,
-         refused("{ws}/out/.ledger-binding.json", "is another ledger")),
+         refused("{ws}/private/ledger.json.bindings/", "is another ledger")),
     Case("cn-ledger-older-copy", "cn", "ledger_forgot_release", "",
          refused("{ws}/out/C1/2026-11-01/v1/RELEASE.json is a published release that ledger "
                  "{ws}/private/ledger.json does not hold")),
@@ -572,10 +607,16 @@ CASES = [
     Case("cn-key-store-is-a-file", "cn", None, f"{DAY2} --key_store {{ws}}/c.json",
          refused("--key_store: cannot write {ws}/c.json")),
     Case("cn-ledger-symlinked", "cn", "ledger_symlinked", DAY2, released(then="symlink")),
-    Case("cn-binding-deleted", "cn", "binding_deleted", DAY2,
-         refused("holds published releases", "no ledger binding")),
+    # the binding lost: the markers name this ledger, so the root is bound again
+    Case("cn-binding-deleted", "cn", "binding_deleted", DAY2, released("C1/2026-11-02", then="binding")),
     Case("cn-binding-garbage", "cn", "binding_garbage", DAY2,
-         refused("{ws}/out/.ledger-binding.json is not a ledger binding")),
+         refused("{ws}/private/ledger.json.bindings/", "is not a ledger binding")),
+    # an interrupted write of the binding (empty, or cut): the toolkit's own, repaired
+    Case("cn-binding-emptied", "cn", "binding_emptied", DAY2, released("C1/2026-11-02", then="binding")),
+    Case("cn-binding-cut", "cn", "binding_cut", DAY2, released("C1/2026-11-02", then="binding")),
+    # a root of an older version: the binding leaves the public root, with the empty staging
+    Case("cn-binding-in-the-public-root", "cn", "binding_legacy", DAY2,
+         released("C1/2026-11-02", then="root_migrated")),
     # ---- input faults found before any charge
     Case("cn-header-with-spaces", "cn", "cn_header_spaces", f"{DAY2} --impressions {{ws}}/bad.csv",
          refused("--impressions: {ws}/bad.csv: header field 2 is column 'banner_id' with "
@@ -659,7 +700,7 @@ CASES = [
          refused("inside the published release")),
     Case("rf-testing-beside-releases", "rf", None, TESTING,
          released("(testing)", spend="same", then="testing")),
-    Case("rf-ledger-deleted", "rf", "ledger_deleted", "", refused("{ws}/out/.ledger-binding.json",
+    Case("rf-ledger-deleted", "rf", "ledger_deleted", "", refused("{ws}/private/ledger.json.bindings/",
                                                                   "does not exist")),
     Case("rf-ledger-replaced", "rf", "ledger_replaced", "", refused("is another ledger")),
     Case("rf-campaign-dotdot", "rf", None, "--campaigns ..", refused("campaign '..' is not a valid name")),
@@ -882,7 +923,7 @@ def test_kill_at_a_phase_then_rerun(tmp_path_factory, point, state, visible):
     assert read_json(ws.ledger)["releases"]["C1/2026-11-02"]["state"] == "committed"
     assert charged(ws.ledger) == pytest.approx(charged_after_kill)  # no extra spend
     assert (ws.path / "private" / "reports" / "C1" / "2026-11-02" / "v1" / "report.json").exists()
-    assert not list((ws.path / "out" / ".staging").rglob("*.parquet"))  # no attempt survives
+    assert not list((ws.path / "private" / "staging").rglob("*.parquet"))  # no attempt survives
 
 
 def test_every_kill_point_is_a_function_of_the_lifecycle():
@@ -1117,10 +1158,10 @@ EDGE_FIXTURES: dict[str, Callable] = {
     "out_file_link": lambda ws: (ws / "out" / "C1" / "2026-11-02").mkdir(parents=True) or (
         ws / "out" / "C1" / "2026-11-02" / "notes").symlink_to(ws / "c.json"),
     "out_binding_link": lambda ws: _plant(ws, "out/.ledger-binding.json"),
-    "staging_root_link": lambda ws: _plant(ws, "out/.staging"),
-    "staging_campaign_link": lambda ws: _plant(ws, "out/.staging/C1"),
-    "staging_day_link": lambda ws: _plant(ws, "out/.staging/C1/2026-11-02"),
-    "staging_attempt_link": lambda ws: _plant(ws, "out/.staging/C1/2026-11-02/v1.dead"),
+    "staging_root_link": lambda ws: _plant(ws, "private/staging"),
+    "staging_campaign_link": lambda ws: _plant(ws, "private/staging/C1"),
+    "staging_day_link": lambda ws: _plant(ws, "private/staging/C1/2026-11-02"),
+    "staging_attempt_link": lambda ws: _plant(ws, "private/staging/C1/2026-11-02/v1.dead"),
     "testing_prefix_link": lambda ws: _plant(ws, "out/testing-not-a-release"),
     "rf_campaign_link": lambda ws: _plant(ws, "out/rf/c2"),
     "sr_release_link": lambda ws: _plant(ws, "out/summary_reports"),
@@ -1227,14 +1268,15 @@ EDGE_CASES = [
          refused("{ws}/out/C1/2026-11-02/notes " + LINK)),
     Case("cn-output-binding-link", "cn", "out_binding_link", DAY2,
          refused("{ws}/out/.ledger-binding.json " + LINK)),
-    Case("cn-staging-root-link", "cn", "staging_root_link", DAY2,
-         refused("{ws}/out/.staging " + LINK)),
+    # the staging root beside the ledger may itself be a link (where the operator keeps it);
+    # a link below it is refused
+    Case("cn-staging-root-link", "cn", "staging_root_link", DAY2, released("C1/2026-11-02")),
     Case("cn-staging-campaign-link", "cn", "staging_campaign_link", DAY2,
-         refused("{ws}/out/.staging/C1 " + LINK)),
+         refused("{ws}/private/staging/C1 " + LINK)),
     Case("cn-staging-day-link", "cn", "staging_day_link", DAY2,
-         refused("{ws}/out/.staging/C1/2026-11-02 " + LINK)),
+         refused("{ws}/private/staging/C1/2026-11-02 " + LINK)),
     Case("cn-staging-attempt-link", "cn", "staging_attempt_link", DAY2,
-         refused("{ws}/out/.staging/C1/2026-11-02/v1.dead " + LINK)),
+         refused("{ws}/private/staging/C1/2026-11-02/v1.dead " + LINK)),
     Case("cn-testing-prefix-link", "cn", "testing_prefix_link", TESTING,
          refused("{ws}/out/testing-not-a-release " + LINK)),
     Case("cn-report-folder-link", "cn", "reports_link", DAY2,
@@ -1296,7 +1338,7 @@ def _disk_full(function):
     real = getattr(storage, function)
 
     def full(path, *args, **kwargs):
-        if DISK["full"] and (function != "write_bytes" or "/.staging/" in str(path)):
+        if DISK["full"] and (function != "write_bytes" or "/private/staging/" in str(path)):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         return real(path, *args, **kwargs)
 
@@ -1398,7 +1440,7 @@ EXIT_FIXTURES: dict[str, Callable] = {
     "ledger_chain_key_deleted": lambda ws: next(ws.keys.glob("ledger-chain-*")).unlink(),
     "ledger_held_by_a_live_run": lambda ws: _hold(ws, host="elsewhere", pid=1, started="1"),
     "ledger_hold_of_a_dead_run": lambda ws: _hold(ws, host=__import__(
-        "accounting.ledger.holds", fromlist=["_host"])._host(), pid=_dead_pid(), started="1"),
+        "accounting.ledger.holds", fromlist=["host_id"]).host_id(), pid=_dead_pid(), started="1"),
     "ledger_spend_lowered": lambda ws: _edit_ledger(ws, lambda s: s["releases"][
         "C1/2026-11-01"]["measures"][0].update(epsilon=0.001)),
     "ledger_budget_raised": lambda ws: _edit_ledger(ws, lambda s: s["scopes"][
@@ -1472,8 +1514,8 @@ EXIT_CASES = [
          refused("--config {ws}/config.json: slice_dimensions", "63-bit slice code")),
     # ---- a failure after the reservation: exit 3 naming its root cause, never content
     Case("cn-disk-full-while-staging", "cn", "disk_full_staging", DAY2,
-         failed("the computation failed (OSError: [Errno 28] No space left on device: {ws}/out/"
-                ".staging/C1/2026-11-02/", then="disk_freed")),
+         failed("the computation failed (OSError: [Errno 28] No space left on device: {ws}/private/"
+                "staging/C1/2026-11-02/", then="disk_freed")),
     Case("cn-disk-full-while-publishing", "cn", "disk_full_publishing", DAY2,
          failed("the release failed (OSError: [Errno 28] No space left on device",
                 then="disk_freed")),
@@ -1810,7 +1852,7 @@ def then_no_failure_record(ws, case, argv, charged_after):
     """Refused in preflight: the runner's message went to the operator on stderr (asserted by
     the row), nothing was recorded as a failure and no staging was made."""
     assert not list((ws.path / "private" / "reports").rglob("failure.json"))
-    assert not (ws.path / "out" / ".staging" / "C1" / "2026-11-02").exists()
+    assert not (ws.path / "private" / "staging" / "C1" / "2026-11-02").exists()
 
 
 def _kill_a_dask_worker_once(monkeypatch, retries: bool):

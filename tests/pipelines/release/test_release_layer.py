@@ -359,18 +359,20 @@ def test_the_output_root_is_bound_to_one_ledger(tmp_path):
     ledger = _ledger(tmp_path / "ledger.json", tmp_path)
     assert publish.check_binding(out, ledger) is None
     publish.bind(out, ledger)
-    binding = os.path.join(out, publish.BINDING)
-    assert read_json(binding) == {"ledger": ledger.path, "ledger_id": ledger.ledger_id()}
+    binding = publish.binding_path(out, ledger.path)
+    assert binding.startswith(ledger.path + publish.BINDINGS_SUFFIX + "/")
+    assert not os.path.exists(out)  # nothing but releases in the public root
+    assert read_json(binding) == {"ledger": ledger.path, "ledger_id": ledger.ledger_id(),
+                                  "output": out}
     assert publish.check_binding(out, ledger)["ledger_id"] == ledger.ledger_id()
     publish.bind(out, ledger)  # a second first run binds nothing new
-    # Deleted or mistyped: the message names the binding and both ledger paths.
-    missing = BudgetLedger(str(tmp_path / "Ledger.json"), str(tmp_path / "keys"))
+    # Deleted: the message names the binding and both ledger paths.
+    os.rename(tmp_path / "ledger.json", tmp_path / "away.json")
     with pytest.raises(ReleaseRefused) as info:
-        publish.check_binding(out, missing)
-    assert binding in str(info.value) and ledger.path in str(info.value) and missing.path in str(info.value)
+        publish.check_binding(out, BudgetLedger(str(tmp_path / "ledger.json"), str(tmp_path / "keys")))
+    assert binding in str(info.value) and ledger.path in str(info.value)
     assert "does not exist" in str(info.value)
     # Replaced by another ledger at the same path.
-    os.remove(tmp_path / "ledger.json")
     other = _ledger(tmp_path / "ledger.json", tmp_path)
     with pytest.raises(ReleaseRefused, match="is another ledger") as info:
         publish.check_binding(out, other)
@@ -382,14 +384,48 @@ def test_the_output_root_is_bound_to_one_ledger(tmp_path):
     assert binding in str(info.value) and str(tmp_path / "ledger.json") in str(info.value)
 
 
+def test_an_interrupted_binding_is_repaired_and_an_older_root_migrated(tmp_path):
+    out = str(tmp_path / "out")
+    ledger = _ledger(tmp_path / "ledger.json", tmp_path)
+    publish.bind(out, ledger)
+    binding = publish.binding_path(out, ledger.path)
+    whole = open(binding, "rb").read()
+    for interrupted in (b"", whole[:len(whole) // 2]):
+        with open(binding, "wb") as handle:
+            handle.write(interrupted)
+        assert publish.check_binding(out, ledger) is None  # ours, cut: not another ledger's
+        publish.bind(out, ledger)
+        assert open(binding, "rb").read() == whole
+    with open(binding, "wb") as handle:
+        handle.write(b"not a binding")
+    with pytest.raises(ReleaseRefused, match="is not a ledger binding"):
+        publish.check_binding(out, ledger)
+    # An output root of an older version: its binding and empty staging leave the public root.
+    os.remove(binding)
+    os.makedirs(os.path.join(out, publish.STAGING, "C1", "d"))
+    legacy = os.path.join(out, publish.BINDING)
+    with open(legacy, "wb") as handle:
+        handle.write(whole)
+    assert publish.check_binding(out, ledger)["ledger_id"] == ledger.ledger_id()
+    publish.bind(out, ledger)
+    assert open(binding, "rb").read() == whole and os.listdir(out) == []
+    os.remove(tmp_path / "ledger.json")
+    other = _ledger(tmp_path / "ledger.json", tmp_path)
+    with open(legacy, "wb") as handle:  # a legacy binding of another ledger still refuses
+        handle.write(whole)
+    os.remove(binding)
+    with pytest.raises(ReleaseRefused, match="is another ledger"):
+        publish.check_binding(out, other)
+
+
 def test_releases_without_a_binding_or_a_ledger_record_are_refused(tmp_path):
     out = tmp_path / "out"
     marker = {"release_id": "C1/d", "version": 1, "testing": False, "key_fingerprints": {"release": "ab"}}
     _stage(out / "C1" / "d" / "v1", {publish.MARKER: json.dumps(marker).encode()})
     _stage(out / publish.TESTING_PREFIX / "T" / "d", {publish.MARKER: b'{"testing": true}'})
     ledger = _ledger(tmp_path / "ledger.json", tmp_path)
-    with pytest.raises(ReleaseRefused, match="holds published releases .*C1/d/v1/RELEASE.json.*no ledger "
-                                             "binding") as info:
+    with pytest.raises(ReleaseRefused, match="holds published releases of ledger None .*C1/d/v1/"
+                                             "RELEASE.json.*no ledger binding") as info:
         publish.check_binding(str(out), ledger)
     assert ledger.path in str(info.value)
     with pytest.raises(ReleaseRefused, match=f"C1/d/v1/RELEASE.json is a published release that ledger "

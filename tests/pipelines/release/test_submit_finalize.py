@@ -77,7 +77,7 @@ def test_submit_then_finalize_in_other_processes_publishes_once(ws):
     assert submitted["state"] == "reserved" and published(ws / "out") == {}
     handle = submitted["submission"]
     assert handle["runner"] == "FnApiRunner" and handle["state"] == "DONE"
-    assert handle["staging"].startswith(str(ws / "out" / ".staging") + "/")
+    assert handle["staging"].startswith(str(ws / "private" / "staging") + "/")
     assert handle["key_fingerprints"] == {n: k["fingerprint"] for n, k in submitted["keys"].items()}
     charged = spent(ws)
     assert charged > 0
@@ -91,7 +91,7 @@ def test_submit_then_finalize_in_other_processes_publishes_once(ws):
     assert record(ws)["state"] == "committed" and spent(ws) == pytest.approx(charged)
     marker = read_json(ws / "out" / RELEASE / "v1" / "RELEASE.json")
     assert marker["key_fingerprints"] == handle["key_fingerprints"]
-    assert not list((ws / "out" / ".staging").rglob("*.*"))  # attempt and its counters gone
+    assert not list((ws / "private" / "staging").rglob("*.*"))  # attempt and its counters gone
 
     again = cli(ws, "--finalize")
     assert again.returncode == 0, again.stderr
