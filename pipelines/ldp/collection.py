@@ -83,18 +83,19 @@ def client_namespace(job: str, collection_id: str) -> str:
 
 def client_consumes(job: str, request, inputs, input_name: str = "reports") -> list:
     """The collection's client ids (``Job.consumes`` of the local-DP jobs)."""
-    ids = canonical_ids(inputs[input_name], request.id_column,
-                        required=not request.options.testing)
+    ids, faults = canonical_ids(inputs[input_name], request.id_column,
+                                required=not request.options.testing)
     return [Consumes(namespace=client_namespace(job, request.collection_id), ids=ids,
                      noun="clients", label="--input", skip=request.skip_consumed,
-                     across_batches=False)]
+                     across_batches=False, faults=faults)]
 
 
 def remove_replayed(tables, pipeline, release, job: str, request):
     """``tables`` without the reports of clients the release must not count (see above)."""
     return remove_consumed(tables, pipeline, release,
                            client_namespace(job, request.collection_id), request.id_column,
-                           counter=("ldp", "reports_removed_already_consumed"), label="clients")
+                           counter=("ldp", "reports"), label="clients",
+                           drop_missing=not request.options.testing)
 
 
 def collection_scope(collection_id: str, epsilon: float) -> Scope:

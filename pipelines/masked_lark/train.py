@@ -55,7 +55,8 @@ from accounting.budget import PrivacyBudget
 from accounting.ledger import Scope
 from accounting.measures import Measure
 from pipelines.masked_lark.config import (LarkPrepared, load_model, params_to_json,
-                                         prepare_lark, record_ids_once)
+                                          prepare_lark, record_ids_once,
+                                          remove_repeated_records)
 from pipelines.masked_lark.share import LOCAL_NEIGHBOURING, CountRecordFaults, record_check
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
                                ReleaseRefused, cli)
@@ -313,7 +314,8 @@ class TrainJob(Job):
                     | release.label("TestFaults") >> Counted(CountRecordFaults(
                         check, release.counters(NAME, "test")))
                     | release.label("TestRecords") >> beam.combiners.ToList())
-        trained = (inputs["records"]
+        records = remove_repeated_records(NAME, inputs["records"], pipeline, release)
+        trained = (records
                    | release.label("Faults") >> Counted(CountRecordFaults(
                        check, release.counters(NAME, "records")))
                    | release.label("Records") >> beam.combiners.ToList()
