@@ -350,3 +350,54 @@ def test_a_broken_ledger_or_key_store_is_refused_before_the_charge(job, fault, i
     code, out, err = _run(job, _argv(job, work, tmp_path))
     _check_refused(job, tmp_path, work, code, out, err, before)
     assert str(tmp_path / "private") in err  # the ledger (or its chain key) is named
+
+
+# --------------------------------------------------------------------------- columns (issue 40)
+
+#: job -> the input file (under the workspace) whose first column is named twice.
+DUPLICATED_COLUMN = {
+    "centralnotice": "centralnotice/clicks.csv", "reach_frequency": "reach_frequency/impressions.csv",
+    "summary_reports": "conv.csv", "event_level_reports": "event_level/conversions.csv",
+    "ldp_frequencies": "ldp/reports_oue.parquet", "ldp_heavy_hitters": "ldp/pem_reports.parquet",
+    "shuffle_sum": "ldp/shares.parquet", "label_dp": "ldp/training.csv",
+    "masked_lark_share": "masked_lark/conversions.csv",
+    "masked_lark_helper": "reports_helper_0.parquet", "masked_lark_combine": "helper_0.parquet",
+    "masked_lark_train": "masked_lark/train.csv",
+}
+
+
+def test_every_job_has_a_duplicated_column_case():
+    assert set(DUPLICATED_COLUMN) == set(JOBS)
+
+
+def _name_a_column_twice(path: pathlib.Path) -> str:
+    """``path`` with its first column repeated as its last (same name, same values)."""
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        name = table.column_names[0]
+        pq.write_table(pa.Table.from_arrays([*table.columns, table.column(0)],
+                                            names=[*table.column_names, name]), path)
+        return name
+    import csv
+
+    with open(path, newline="") as handle:
+        rows = list(csv.reader(handle))
+    with open(path, "w", newline="") as handle:
+        csv.writer(handle).writerows([*row, row[0]] for row in rows)
+    return rows[0][0]
+
+
+@pytest.mark.parametrize("job", sorted(DUPLICATED_COLUMN))
+def test_a_column_named_twice_is_refused_before_the_charge(job, inputs, tmp_path):
+    """Issue 40: five jobs exited 1 on a header naming a column twice, four read one of the two
+    silently (which one differs between readers): refused in preflight, naming file and column."""
+    work = _workspace(inputs, tmp_path)
+    path = work / DUPLICATED_COLUMN[job]
+    name = _name_a_column_twice(path)
+    before = _state(tmp_path)
+    code, out, err = _run(job, _argv(job, work, tmp_path))
+    _check_refused(job, tmp_path, work, code, out, err, before)
+    assert f"column {name!r} is named twice" in err and str(path) in err, err
