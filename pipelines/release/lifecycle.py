@@ -23,8 +23,9 @@ rule        the row rules over each release's counters: alerts   never refuses (
 publish     markers staged; every release checked publishable,   ReleaseFailed (exit 3) before
             pinned in the ledger, published atomically, marker   the first is out; part-way:
             last                                                 those out are committed first
-commit      ledger records completed, operator reports written   a warning (exit 0): the
-                                                                 release is out
+commit      ledger records completed, operator reports written   exit 4 (a failed ledger
+                                                                 commit; re-run) or a warning
+                                                                 (a report): the release is out
 ==========  ===================================================  ===============================
 
 After the reservation, a fault of any class in any phase is ReleaseFailed (exit 3) naming its
@@ -66,7 +67,8 @@ from pipelines.release import inputs as release_inputs
 from pipelines.release import outputs as release_outputs
 from pipelines.release import publish as publication
 from pipelines.release import report, storage, submission
-from pipelines.release.errors import ReleaseFailed, ReleaseRefused, exception_chain, root_cause
+from pipelines.release.errors import (EXIT_NOT_COMMITTED, ReleaseFailed, ReleaseRefused,
+                                     exception_chain, root_cause)
 from pipelines.release.job import Job, PlannedRelease, Prepared, ReleaseContext
 from transforms.counting import AllCounts
 from transforms.noise.mechanisms import IntegerSumOverflowError
@@ -829,21 +831,23 @@ def commit(published: Published) -> RunResult:
     """Each published release's ledger record is completed (:func:`commit_record`) and its
     operator report written beside the ledger (:func:`write_report`).
 
-    Failure policy: the releases are out, so a failing commit or report is a warning (exit 0):
-    the budget was charged at the reservation, and the next run of the same command completes
-    the record without spending."""
+    Failure policy: the releases are out, so nothing is undone: a failing commit exits
+    ``EXIT_NOT_COMMITTED`` (4, naming the errno and file of an OS error), and the next run of the
+    same command completes the record without spending; a failing operator report is a warning
+    (exit 0)."""
     ruled = published.ruled
     pre = ruled.computed.reserved.pre
-    results, warnings = [], []
+    results, warnings, uncommitted = [], [], False
     for release in published.releases:
         rid = release.context.release_id
         try:
             commit_record(published, release)
         except Exception as err:  # noqa: BLE001
             _LOG.debug("ledger commit failed", exc_info=True)
+            uncommitted = True
             warnings.append(f"{rid} is published but its ledger record was not committed "
-                            f"({type(err).__name__}); re-run the same command to complete it "
-                            "(nothing more is spent)")
+                            f"({root_cause(err)}); re-run the same command to complete it "
+                            f"(nothing more is spent; exit {EXIT_NOT_COMMITTED})")
         operator = path = None
         try:
             operator, path = write_report(published, release)
@@ -864,6 +868,8 @@ def commit(published: Published) -> RunResult:
         _LOG.warning("operator alert (published): %s", alert)
     _LOG.info("%s: %d release(s) in %.1f s", pre.job.name, len(results), time.time() - pre.started)
     code = pre.options.alert_exit_code if alerts and pre.options.alert_exit_code else 0
+    if uncommitted:
+        code = EXIT_NOT_COMMITTED
     return RunResult(job=pre.job.name, releases=results, counters=dict(ruled.counts),
                      warnings=tuple(warnings), alerts=alerts, exit_code=code)
 
