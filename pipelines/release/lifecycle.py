@@ -413,7 +413,10 @@ def reserve(pre: Preflight) -> Reserved:
 
     Failure policy: a ledger or ownership refusal -- another run holding a release included --
     is ReleaseRefused (exit 2): the ledger reserves all or nothing, so nothing was charged or
-    stored. A fault after the reservation (binding a new output root) is ReleaseFailed."""
+    stored. An OS fault while reserving (a full, read-only or immutable ledger folder or key
+    store) is exit 2 naming errno and file when the ledger holds no record of this run, else
+    exit 3 (:func:`_reserve_fault`). A fault after the reservation (binding a new output root)
+    is ReleaseFailed."""
     options = pre.options
     if options.testing:
         contexts = tuple(ReleaseContext(
@@ -427,6 +430,8 @@ def reserve(pre: Preflight) -> Reserved:
         reserved = ledger.reserve(requests, new_release=options.new_release, hold=hold)
     except LedgerError as err:
         raise ReleaseRefused(str(err)) from None
+    except OSError as err:
+        raise _reserve_fault(pre, ledger, hold, err) from None
     reservations = {r.release_id: r for r in reserved}
     contexts = tuple(ReleaseContext(
         planned=p, keys=reservations[p.release_id].keys,
@@ -443,6 +448,37 @@ def reserve(pre: Preflight) -> Reserved:
         end_hold(state)
         raise after_reservation(state, err) from None
     return state
+
+
+def _reserve_fault(pre: Preflight, ledger, hold, err: OSError) -> Exception:
+    """The outcome of an OS fault raised while the ledger reserved: read back whether the ledger
+    holds a record of this run (its hold). None: the transaction did not commit, nothing was
+    charged (the ledger abandons the keys and consumed-id records it made) -- exit 2. One, or a
+    ledger that cannot be read back: charged, or maybe -- exit 3, and a re-run takes the
+    reservation over without spending again."""
+    cause = root_cause(err)
+    if not isinstance(err.filename, str):  # a write that names no file: name where it wrote
+        cause += f" under the ledger {pre.options.ledger} or the key store {pre.options.key_store}"
+    try:
+        held = any(isinstance(r.get("hold"), dict) and r["hold"].get("run") == hold.run
+                   for r in ledger.records())
+    except Exception:  # noqa: BLE001 -- cannot tell: the conservative answer
+        held = None
+    if held is False:
+        return ReleaseRefused(f"{pre.job.name}: the ledger or its key store could not be written "
+                              f"while reserving ({cause}); nothing was charged")
+    if held:
+        try:
+            ledger.release_hold(hold)
+        except Exception:  # noqa: BLE001 -- the hold lapses when this process ends
+            _LOG.debug("could not end the hold", exc_info=True)
+    return ReleaseFailed(f"{pre.job.name}: the reservation was recorded but could not be "
+                         f"completed ({cause}); nothing was published: re-run the same command "
+                         "after fixing the cause (it takes the reservation over, spending nothing "
+                         "more)" if held else
+                         f"{pre.job.name}: the ledger could not be written nor read back while "
+                         f"reserving ({cause}); nothing was published -- if it was charged, a "
+                         "re-run of the same command takes the reservation over")
 
 
 def _requests(pre: Preflight) -> tuple:
