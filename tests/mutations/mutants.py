@@ -45,6 +45,7 @@ PRIVACY_TESTS = {
     "tests/accounting/test_keys.py": "one secret, one use: key claims, derive, key reuse across releases",
     "tests/accounting/verification/test_audit_sequences.py": "neighbouring-pair audits of two-batch sequences",
     "tests/pipelines/release/test_publication_decisions.py": "one unit's faulty rows never decide publication",
+    "tests/transforms/ara/test_ara_summary.py": "the DP tester on ARA summary reports' noise",
 }
 
 #: Tests that pin released bytes: never a mutant's selection, never a catch.
@@ -307,6 +308,15 @@ MUTANTS += (
         snippet="threshold_floor(e / (e + k - 1)) if k > 1 else TWO32)",
         replacement="threshold_floor(e / (e + 1)) if k > 1 else TWO32)",
         tests=(f"{LDP_DP}::test_label_randomization_passes_including_undeclared_labels",),
+    ),
+    Mutant(
+        name="ara-summary-sensitivity-halved",
+        leak="ARA summary noise calibrated for half a source's 65,536 L1 contribution budget",
+        file="transforms/ara/summary.py",
+        snippet="l1_sensitivity=CONTRIBUTION_BUDGET)",
+        replacement="l1_sensitivity=CONTRIBUTION_BUDGET // 2)",
+        tests=("tests/transforms/ara/test_ara_summary.py::"
+               "test_summary_noise_passes_dp_tester_for_a_full_budget_source",),
     ),
     Mutant(
         name="repeated-report-refuses-the-batch",

@@ -88,7 +88,8 @@ def _kept_keys(selector, n, seed, purpose):
     return sample
 
 
-@pytest.mark.parametrize("strategy", list(SelectionStrategy))
+@pytest.mark.parametrize("strategy", ["truncated_geometric", "laplace_thresholding",
+                                      "gaussian_thresholding"])
 def test_selection_at_l0_above_one_meets_its_claim_on_the_joint_keys(strategy):
     from accounting.verification.dp_tester import DPTester
 
