@@ -301,8 +301,12 @@ class ReleaseKey:
         if self.is_testing:
             raise ValueError("refusing to store a testing key as a release secret")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(self.to_text(issued_for))
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(self.to_text(issued_for))
+        except OSError as err:  # a full disk: no partial key file left behind (it is ours: O_EXCL)
+            os.unlink(path)
+            raise OSError(err.errno, err.strerror, path) from None
 
     @classmethod
     def load(cls, path: str) -> "ReleaseKey":

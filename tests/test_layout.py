@@ -591,8 +591,6 @@ COVERED_ELSEWHERE = {
     "pipelines/masked_lark/config.py": (("tests/pipelines/masked_lark/test_masked_lark_jobs.py",
                                          "tests/pipelines/release/test_textfiles.py"),
                                         "the aggregation parameters file, read by every LARk job"),
-    "pipelines/release/errors.py": (("tests/pipelines/release/test_exit_codes.py",),
-                                    "how a fault becomes an exit code and a message"),
     "pipelines/release/job.py": (("tests/pipelines/release/test_release_layer.py",
                                   "tests/transforms/test_released_files.py"),
                                  "the Job interface, through toy jobs and the library sink"),

@@ -165,7 +165,9 @@ def _first_bytes(text: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return raw[np.minimum(offsets[:-1], len(raw) - 1)], present
 
 
-def _canonical_text(text: pa.Array, name: str = "privacy unit") -> pa.Array:
+def _canonical_text(text: pa.Array, name: str = "privacy unit", faults=None) -> pa.Array:
+    """``faults``: None raises for a numeric text without a canonical form; a list collects one
+    entry per such value and leaves it null instead (:func:`unit_ids_and_faults`)."""
     text = pc.utf8_trim_whitespace(_folded(text))
     # Numbers start with a digit, a sign or a point: most text ids stop here.
     first, present = _first_bytes(text)
@@ -186,7 +188,13 @@ def _canonical_text(text: pa.Array, name: str = "privacy unit") -> pa.Array:
     out = pc.if_else(integral, _integer_text(candidates), candidates).to_pylist()
     integral = integral.to_numpy(zero_copy_only=False)
     for i in np.flatnonzero(numeric & ~integral):
-        out[i] = _number_text(out[i], name)
+        try:
+            out[i] = _number_text(out[i], name)
+        except UnitIdError:
+            if faults is None:
+                raise
+            faults.append(int(rows[i]))
+            out[i] = None
     return _scatter(text, rows, pa.array(out, pa.string()))
 
 
@@ -195,6 +203,24 @@ def canonical_unit_ids(column, name: str = "privacy unit") -> pa.Array:
 
     Raises :class:`UnitIdError` naming ``name`` for a type or a value without a canonical form.
     """
+    return _canonical_ids(column, name, None)
+
+
+def unit_ids_and_faults(column, name: str = "privacy unit") -> tuple[pa.Array, np.ndarray]:
+    """(canonical ids, a boolean mask of the values without a canonical form) of one Arrow
+    column: the row rule of the release layer -- a *value* without a canonical form
+    (``"1e999"``, ``7.5`` or infinity in a float column) is no id, null like a missing one, and
+    marked so that the caller drops and counts its row (one row never decides a release). A
+    column *type* that cannot hold ids still raises :class:`UnitIdError` (a schema fault,
+    refused in preflight)."""
+    faults: list = []
+    ids = _canonical_ids(column, name, faults)
+    mask = np.zeros(len(ids), dtype=bool)
+    mask[np.asarray(faults, dtype=np.int64)] = True
+    return ids, mask
+
+
+def _canonical_ids(column, name: str, faults) -> pa.Array:
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks else pa.array([], column.type)
     if pa.types.is_dictionary(column.type):
@@ -208,9 +234,15 @@ def canonical_unit_ids(column, name: str = "privacy unit") -> pa.Array:
     if pa.types.is_floating(typ):
         values = pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False)
         present = np.isfinite(values)
-        if np.isinf(values).any():
+        infinite = np.isinf(values)
+        inexact = present & ((np.floor(values) != values) | (np.abs(values) >= _EXACT_FLOAT))
+        if faults is not None:
+            bad = infinite | inexact
+            faults.extend(np.flatnonzero(bad).tolist())
+            present &= ~bad
+        elif infinite.any():
             raise UnitIdError(f"privacy unit column {name!r} holds an infinite number: not an id")
-        if np.any(present & ((np.floor(values) != values) | (np.abs(values) >= _EXACT_FLOAT))):
+        elif inexact.any():
             raise UnitIdError(f"privacy unit column {name!r} holds non-integral (or inexact, "
                               f"|x| >= 2^53) numbers: ids must be integers or text")
         mask = ~present | (column.is_null().to_numpy(zero_copy_only=False) if column.null_count
@@ -221,10 +253,14 @@ def canonical_unit_ids(column, name: str = "privacy unit") -> pa.Array:
         text = pc.cast(column, pa.string())
         integral = pc.fill_null(pc.match_substring_regex(text, _INTEGER_TEXT), True)
         if not pc.all(integral).as_py():
-            raise UnitIdError(f"privacy unit column {name!r} holds non-integral numbers: ids must "
-                              "be integers or text")
+            if faults is None:
+                raise UnitIdError(f"privacy unit column {name!r} holds non-integral numbers: "
+                                  "ids must be integers or text")
+            bad = ~integral.to_numpy(zero_copy_only=False)
+            faults.extend(np.flatnonzero(bad).tolist())
+            text = pc.if_else(integral, text, pa.scalar(None, pa.string()))
         return _integer_text(text)
-    return _canonical_text(pc.cast(column, pa.string()), name)
+    return _canonical_text(pc.cast(column, pa.string()), name, faults)
 
 
 def canonical_unit_dictionary(column, name: str = "privacy unit") -> pa.DictionaryArray:

@@ -303,17 +303,18 @@ class EventLevelReportsJob(Job):
 
     def consumes(self, prepared: EventLevelPrepared, planned, inputs):
         """The registered sources: each randomized once, ever (see the module docstring)."""
-        return [Consumes(namespace=SOURCES, ids=canonical_ids(inputs["sources"], "source_id"),
-                         noun="sources", label="--sources", skip=prepared.request.skip_consumed)]
+        ids, faults = canonical_ids(inputs["sources"], "source_id")
+        return [Consumes(namespace=SOURCES, ids=ids, noun="sources", label="--sources",
+                         skip=prepared.request.skip_consumed, faults=faults)]
 
     def build(self, pipeline, prepared: EventLevelPrepared, inputs, release):
         request, config, mapping = prepared.request, prepared.config, prepared.mapping
         registered = remove_consumed(
             inputs["sources"], pipeline, release, SOURCES, "source_id", label="sources",
-            counter=(NAMESPACE, "source_rows_removed_already_consumed"))
+            counter=(NAMESPACE, "source_rows"))
         logs = remove_consumed(
             inputs["conversions"], pipeline, release, SOURCES, "source_id", label="conversions",
-            counter=(NAMESPACE, "conversion_rows_removed_source_already_consumed"))
+            counter=(NAMESPACE, "conversion_rows"))
         sources = registered | release.label("SourceColumns") >> beam.ParDo(
             _Columns(text=request.group_by))
         conversions = logs | release.label("ConversionColumns") >> beam.ParDo(

@@ -34,8 +34,10 @@ the charge):
   overlapping batch, a late report sent with its batch again -- is refused (exit 2, naming how
   many and which batches hold them); with ``--skip_consumed`` those reports are removed in the
   pipeline (counter ``ara.reports_removed_already_consumed``) and the rest aggregated. A report
-  id repeated within one batch is refused too (or, with ``--skip_consumed``, every copy removed:
-  which copy to keep would depend on content or arrival order).
+  sent twice within one batch never refuses it: every copy is removed (counter
+  ``ara.reports_removed_repeated_in_batch``; keeping the first by arrival is not the same on
+  every runner, keeping one by content lets an added copy replace a report), and a report id
+  without a canonical form drops its report like any other faulty report.
 * **A source's 65,536 L1 budget holds across all batches**, as in the browser: the ledger keeps
   per source what its batches were granted, and a later batch's algorithm C bounds the source by
   what is left. A batch is granted, per source, the least of what is left and what its reports
@@ -502,9 +504,12 @@ class SummaryReportsJob(Job):
                            config, key, batch_purpose(ROUNDING_PURPOSE, batch), required))
         removed = release.consumed.get(REPORT_IDS)
         if removed is not None and removed.removes:
+            repeated = set(removed.repeated_ids.to_pylist())
             ids = pipeline | release.label("ConsumedReportIds") >> beam.Create(
-                removed.removed.to_pylist())
-            reports = reports | release.label("RemoveConsumed") >> RemoveReports(ids)
+                [i for i in removed.removed.to_pylist() if i not in repeated])
+            copies = pipeline | release.label("RepeatedReportIds") >> beam.Create(
+                sorted(repeated))
+            reports = reports | release.label("RemoveConsumed") >> RemoveReports(ids, copies)
         budget = release.consumed.get(SOURCE_BUDGET)
         grants = None
         if budget is not None and budget.grants:

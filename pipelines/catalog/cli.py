@@ -51,11 +51,29 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
+#: The days a schedule may be checked at, and the most days of grace: a schedule's slots are
+#: counted from their cadence's start to ``--as_of`` (a year 1 or a grace of millions of days
+#: would reach outside the calendar's range; an exit 1 must only ever mean "late").
+AS_OF_RANGE = (_dt.date(1970, 1, 1), _dt.date(9998, 12, 31))
+MAX_GRACE_DAYS = 36_525
+
+
 def _date(text: str) -> _dt.date:
     try:
-        return _dt.date.fromisoformat(text)
+        day = _dt.date.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError("expected a date YYYY-MM-DD") from None
+    if not AS_OF_RANGE[0] <= day <= AS_OF_RANGE[1]:
+        raise argparse.ArgumentTypeError(f"must be a day from {AS_OF_RANGE[0]} to "
+                                         f"{AS_OF_RANGE[1]}")
+    return day
+
+
+def _grace(text: str) -> int:
+    value = _non_negative(text)
+    if value > MAX_GRACE_DAYS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_GRACE_DAYS} days (100 years)")
+    return value
 
 
 def _non_negative(text: str) -> int:
@@ -106,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
          help="exit 1 naming every slot overdue by more than --grace days and not published")
     flag("as_of", type=_date, metavar="DATE", help="the day the schedule is checked at "
          "(default: today, UTC)")
-    flag("grace", type=_non_negative, default=1, metavar="DAYS",
+    flag("grace", type=_grace, default=1, metavar="DAYS",
          help="days a slot may be late before it is overdue (default: 1)")
     flag("coverage_window", type=_positive, default=3, metavar="N",
          help="coverage alarm: a key value with rows earlier and none in the last N releases "

@@ -28,11 +28,12 @@ release layer's dropped-rows rule.
 
 **A client's report counted once per collection.** Report files carry each report's client id
 (``--id_column``, default ``client_id``; required in real releases, optional in testing runs).
-A client id repeated within a collection -- a replayed report batch, a file given twice -- is
-refused before the charge (a client that randomized twice would count twice at epsilon each);
-with ``--skip_consumed`` every report of such a client is removed in the pipeline (keeping one
-would choose between its reports by content or arrival), counted as
-``ldp.reports_removed_already_consumed`` (``pipelines/release/consumption.py``). A collection is
+A client id repeated within a collection -- a replayed report batch, a file given twice -- has
+every report of that client removed in the pipeline (a client that randomized twice would count
+twice at epsilon each; keeping one would choose between its reports by content or arrival),
+counted as ``ldp.reports_removed_repeated_in_batch``; in a real release a report without a
+client id, or with one that has no canonical form, is dropped and counted too
+(``pipelines/release/consumption.py``): one replayed report never refuses a collection. A collection is
 released once: its ledger scope is budgeted at the clients' epsilon, so no second version and no
 second job can release it again, and nothing needs recording across collections. Different
 collections (e.g. one per day) are different scopes: a client reports once in each; a report
@@ -83,18 +84,19 @@ def client_namespace(job: str, collection_id: str) -> str:
 
 def client_consumes(job: str, request, inputs, input_name: str = "reports") -> list:
     """The collection's client ids (``Job.consumes`` of the local-DP jobs)."""
-    ids = canonical_ids(inputs[input_name], request.id_column,
-                        required=not request.options.testing)
+    ids, faults = canonical_ids(inputs[input_name], request.id_column,
+                                required=not request.options.testing)
     return [Consumes(namespace=client_namespace(job, request.collection_id), ids=ids,
                      noun="clients", label="--input", skip=request.skip_consumed,
-                     across_batches=False)]
+                     across_batches=False, faults=faults)]
 
 
 def remove_replayed(tables, pipeline, release, job: str, request):
     """``tables`` without the reports of clients the release must not count (see above)."""
     return remove_consumed(tables, pipeline, release,
                            client_namespace(job, request.collection_id), request.id_column,
-                           counter=("ldp", "reports_removed_already_consumed"), label="clients")
+                           counter=("ldp", "reports"), label="clients",
+                           drop_missing=not request.options.testing)
 
 
 def collection_scope(collection_id: str, epsilon: float) -> Scope:

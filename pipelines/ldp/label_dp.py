@@ -40,7 +40,10 @@ randomized is refused before the charge -- its label would be randomized again w
 independent key, epsilon twice -- naming how many and which exports hold them; with
 ``--skip_consumed`` those examples are removed (counter ``label_dp.rows_removed_already_consumed``)
 and the new ones exported: a trainer reuses the earlier export's randomized labels. An example id
-repeated within one export is refused (or, with ``--skip_consumed``, every row of it removed).
+repeated within one export has every row removed (``label_dp.rows_removed_repeated_in_batch``),
+and a row whose id has no canonical form (``"1e999"``) is dropped
+(``label_dp.rows_dropped_id_without_canonical_form``): one row never decides whether an export
+is published (which rows are kept depends on the public ids only).
 """
 from __future__ import annotations
 
@@ -156,9 +159,10 @@ class _Prepare(CountingDoFn):
     def process(self, table: pa.Table):
         import pyarrow.compute as pc
 
-        from transforms.privacy_units import canonical_unit_ids
+        from transforms.privacy_units import unit_ids_and_faults
 
-        ids = canonical_unit_ids(table.column(self._id), self._id)
+        # an id without a canonical form was dropped and counted before (remove_consumed)
+        ids = unit_ids_and_faults(table.column(self._id), self._id)[0]
         keep = ids.is_valid()
         missing = len(ids) - pc.sum(keep.cast(pa.int64())).as_py() if len(ids) else 0
         self._counters.dropped("missing_example_id", missing)
@@ -184,7 +188,7 @@ def _content_digest(request, resolved) -> str:
     import pyarrow.compute as pc
 
     from pipelines.release.inputs import open_input
-    from transforms.privacy_units import canonical_unit_ids
+    from transforms.privacy_units import unit_ids_and_faults
 
     total = 0
     wanted = [request.id_column, request.label_column]
@@ -192,7 +196,8 @@ def _content_digest(request, resolved) -> str:
         for path in inp.files:
             try:
                 for table in _tables(path, inp, wanted, open_input):
-                    ids = canonical_unit_ids(table.column(request.id_column), request.id_column)
+                    ids = unit_ids_and_faults(table.column(request.id_column),
+                                              request.id_column)[0]
                     labels = pc.cast(table.column(request.label_column), pa.string())
                     for i, label in zip(ids.to_pylist(), labels.to_pylist()):
                         if i is not None:
@@ -304,9 +309,10 @@ class LabelDPJob(Job):
     def consumes(self, prepared: LabelDPPrepared, planned, inputs):
         """The examples whose labels the export randomizes: once, ever (module docstring)."""
         request = prepared.request
-        return [Consumes(namespace=f"{NAME}/{request.label_column}/example",
-                         ids=canonical_ids(inputs["rows"], request.id_column), noun="examples",
-                         label="--input", skip=request.skip_consumed)]
+        ids, faults = canonical_ids(inputs["rows"], request.id_column)
+        return [Consumes(namespace=f"{NAME}/{request.label_column}/example", ids=ids,
+                         noun="examples", label="--input", skip=request.skip_consumed,
+                         faults=faults)]
 
     def build(self, pipeline, prepared: LabelDPPrepared, inputs, release):
         from transforms.ldp.beam import RandomizeLabels
@@ -314,7 +320,7 @@ class LabelDPJob(Job):
         request, randomizer = prepared.request, prepared.randomizer
         kept = remove_consumed(inputs["rows"], pipeline, release,
                                f"{NAME}/{request.label_column}/example", request.id_column,
-                               counter=(NAME, "rows_removed_already_consumed"), label="examples")
+                               counter=(NAME, "rows"), label="examples")
         rows = kept | release.label("Prepare") >> Counted(
             _Prepare(request, release.counters(NAME, "rows")))
         out = rows | release.label("RandomizeLabels") >> RandomizeLabels(

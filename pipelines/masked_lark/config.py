@@ -16,8 +16,8 @@ A gradient run also needs the model the ad server sends (``--model``):
 Errors name the file and the field, never the file's content. :func:`prepare_lark` is what every
 Masked LARk job's ``Job.prepare`` starts with (the run id, ``--params`` and ``--model``, read once).
 
-:func:`record_ids_once` is the browsers' rule both jobs that share records apply: each record is
-shared once per batch.
+:func:`record_ids_once` and :func:`remove_repeated_records` are the browsers' rule both jobs
+that share records apply: each record is shared once per batch.
 """
 from __future__ import annotations
 
@@ -35,13 +35,24 @@ Params = Union[AggregationParams, GradientParams]
 
 def record_ids_once(job: str, inputs) -> list:
     """``Job.consumes`` of the jobs that share records (browsers, training driver): the records'
-    ids, each shared once per batch -- a duplicate is refused before anything is charged (each
-    copy would get a fresh report id, invisible to the helpers' replay check). Not recorded
+    ids, each shared once per batch -- every copy of a repeated id is removed, counted (each
+    copy would get a fresh report id, invisible to the helpers' replay check; which records are
+    shared then depends on their public identities only, never on a value). Not recorded
     across batches."""
     from pipelines.release.consumption import Consumes, canonical_ids
 
-    return [Consumes(namespace=f"{job}/record", ids=canonical_ids(inputs["records"], "record_id"),
-                     noun="record ids", label="--input", skip=None, across_batches=False)]
+    ids, faults = canonical_ids(inputs["records"], "record_id")
+    return [Consumes(namespace=f"{job}/record", ids=ids, noun="record ids", label="--input",
+                     skip=None, across_batches=False, faults=faults)]
+
+
+def remove_repeated_records(job: str, tables, pipeline, release):
+    """``tables`` without the records :func:`record_ids_once` removes (counters
+    ``records_removed_repeated_in_batch``, ``records_dropped_id_without_canonical_form``)."""
+    from pipelines.release.consumption import remove_consumed
+
+    return remove_consumed(tables, pipeline, release, f"{job}/record", "record_id",
+                           counter=(job, "records"), label="records")
 _FIELDS = {"aggregation": {"value_columns", "lower", "upper", "epsilon", "k", "fraction_bits",
                            "num_helpers", "max_batch_records"},
            "gradient": {"num_features", "clip_norm", "epsilon", "k", "fraction_bits",

@@ -38,9 +38,10 @@ them.
 
 Privacy: the reports are not a statistic; the job spends nothing (its guarantee is
 compose([]) = (0, 0)) -- the helpers' releases carry the guarantee. Each record is shared once:
-a ``record_id`` that appears twice in the input (also under different ``batch_id`` values) is
-refused before anything is charged -- each copy would get a fresh report id, so no helper's
-replay check could see it, and the record would count twice in an aggregate. With
+a ``record_id`` that appears twice in the input (also under different ``batch_id`` values) has
+every copy removed (counted: ``records_removed_repeated_in_batch``) -- each
+copy would get a fresh report id, so no helper's replay check could see it, and the record
+would count twice in an aggregate; one repeated record never refuses the batch. With
 ``--local_noise_epsilon e`` (gradients; Section 4.2.3) every byte feature gets discrete Laplace
 noise with scale 255 / e before sharing: the features of a record are (d * e)-local-DP against
 every party, charged to the scope ``masked-lark-local-features:<batch_id>``.
@@ -67,7 +68,7 @@ from accounting.budget import PrivacyBudget
 from accounting.ledger import Scope
 from accounting.measures import Measure
 from pipelines.masked_lark.config import (LarkPrepared, params_to_json, prepare_lark,
-                                         record_ids_once)
+                                          record_ids_once, remove_repeated_records)
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
                                ReleaseRefused, cli)
 from pipelines.release import run as run_release
@@ -222,7 +223,8 @@ class ShareJob(Job):
             share = ShareRecords(randomness=randomness, num_features=params.num_features,
                                  num_helpers=params.num_helpers, local_noise=local,
                                  batch_id=request.batch_id)
-        streams = (inputs["records"]
+        records = remove_repeated_records(NAME, inputs["records"], pipeline, release)
+        streams = (records
                    | release.label("Faults") >> Counted(CountRecordFaults(
                        record_check(params), release.counters(NAME, "records")))
                    | release.label("Share") >> share)

@@ -17,8 +17,9 @@ functions in process (the records are held in memory: a training set, not a log)
 
 Input (CSV or Parquet): record_id, x_0..x_{d-1} (bytes 0..255), label (0/1). Rows are put in
 record_id order first, so the result does not depend on how the files were read. Each record is
-shared once: a ``record_id`` that appears twice is refused before anything is charged (its
-copies would get fresh report ids and count twice in every step that draws them). A record
+shared once: every copy of a ``record_id`` that appears twice is removed, counted (its copies
+would get fresh report ids and count twice in every step that draws them; which records are
+shared then depends on their public identities only, never on a value). A record
 whose features or label are missing, not numbers or outside their domain is neutralised, never
 refused (one record must not decide whether a model is released): it is shared as a strictly
 fake record (adding nothing to any gradient; the number of reports, which decides the steps and
@@ -55,7 +56,8 @@ from accounting.budget import PrivacyBudget
 from accounting.ledger import Scope
 from accounting.measures import Measure
 from pipelines.masked_lark.config import (LarkPrepared, load_model, params_to_json,
-                                         prepare_lark, record_ids_once)
+                                          prepare_lark, record_ids_once,
+                                          remove_repeated_records)
 from pipelines.masked_lark.share import LOCAL_NEIGHBOURING, CountRecordFaults, record_check
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
                                ReleaseRefused, cli)
@@ -313,7 +315,8 @@ class TrainJob(Job):
                     | release.label("TestFaults") >> Counted(CountRecordFaults(
                         check, release.counters(NAME, "test")))
                     | release.label("TestRecords") >> beam.combiners.ToList())
-        trained = (inputs["records"]
+        records = remove_repeated_records(NAME, inputs["records"], pipeline, release)
+        trained = (records
                    | release.label("Faults") >> Counted(CountRecordFaults(
                        check, release.counters(NAME, "records")))
                    | release.label("Records") >> beam.combiners.ToList()

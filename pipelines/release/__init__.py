@@ -50,10 +50,12 @@ owns everything else, the same way for every job:
    flags Beam pipeline options (:mod:`~pipelines.release.flags`): an unknown or abbreviated flag
    is refused (exit 2).
    Exit codes (:mod:`~pipelines.release.errors`): 0 released (or an identical re-run), 2
-   refused before any charge, 3 failed after the reservation, 1 internal error; anything but 0
-   means nothing new was published, except a multi-release run whose publication failed part-way
-   (exit 3 names the releases that are out; the same command finishes the rest) and
-   ``--alert_exit_code N`` (released, with an operator alert).
+   refused before any charge, 3 failed after the reservation, 4 published but the ledger commit
+   that follows failed (re-run the same command: it completes the record, spending nothing),
+   1 internal error; anything but 0 and 4 means nothing new was published, except a
+   multi-release run whose publication failed part-way (exit 3 names the releases that are
+   out; the same command finishes the rest) and ``--alert_exit_code N`` (5..125: released,
+   with an operator alert).
 
 **Publication decisions.** Nothing but noisy values and public information may decide *whether*
 a release is published: a rule that reads exact raw rows and withholds a release lets one

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 from pipelines.release import flags as release_flags
 from pipelines.release import lifecycle, report
 from pipelines.release.errors import (EXIT_INTERNAL, EXIT_RELEASED, ReleaseFailed,
-                                      ReleaseRefused)
+                                      ReleaseRefused, root_cause)
 from pipelines.release.flags import FlagError, add_arguments
 from pipelines.release.job import Job, ReleaseOptions
 
@@ -134,6 +134,10 @@ def main(job: Job, argv: Optional[Sequence[str]] = None) -> int:
         return err.exit_code
     except ValueError as err:  # invalid parameters found while building the request
         print(f"{job.name}: error: {err}", file=sys.stderr)
+        return ReleaseRefused.exit_code
+    except OSError as err:  # the environment, before the charge (after it: ReleaseFailed)
+        print(f"{job.name}: error: refused before the charge ({root_cause(err)}); nothing was "
+              "charged", file=sys.stderr)
         return ReleaseRefused.exit_code
     except Exception as err:  # noqa: BLE001 -- the scheduler must see a failure
         _LOG.debug("internal error", exc_info=True)

@@ -6,10 +6,21 @@ rows carry such ids declare them (:meth:`Job.consumes <pipelines.release.job.Job
 release layer applies one set of rules, the same way for every job:
 
 1. **Within the batch** (every run, testing runs too): an id that must be aggregated at most
-   once and appears more than once is refused (exit 2, naming how many) -- or, when the job's
-   ``--skip_consumed`` is given, *every* copy is removed. Keeping one copy would have to pick it
-   by content or by arrival order: the first makes the kept value depend on the replayed copy,
-   the second is not the same on every runner.
+   once and appears more than once has *every* copy removed inside the pipeline, counted for the
+   operator (``<noun>_removed_repeated_in_batch``) -- never a refusal: one row sent twice never
+   decides whether a release is published (the Aggregation Service drops later copies too).
+   Every copy, not the first: "first" by arrival is not the same on every runner, and a copy
+   kept by a rule on its content (the smallest digest) would let a neighbour's added copy
+   *replace* the kept row -- a substitution, twice the add/remove sensitivity. Dropping every
+   copy depends on the rows of that id only, whatever the batching: under each job's relation
+   (a report, an example's label, a client, a record or a source is one id, ids are not shared
+   between privacy units) adding or removing one copy changes the aggregate by at most the
+   rows of one id, which the stated sensitivity already covers (and under label DP the ids are
+   public: which rows are kept is a function of public data). The audits of
+   ``tests/pipelines/release/test_publication_decisions.py`` check this edge for every job
+   that declares consumed ids. A row whose id has no canonical form (``"1e999"``: see
+   :func:`~transforms.privacy_units.unit_ids_and_faults`) is no id: dropped and counted
+   (``<noun>_dropped_id_without_canonical_form``), like any other row fault.
 2. **Across batches** (releases): the ledger checks the ids against every other release's
    record inside the reservation's transaction and records them (:mod:`accounting.ledger.
    consumed`). Ids another release holds refuse the release (exit 2: how many, and which
@@ -40,9 +51,10 @@ from pipelines.release.errors import ReleaseRefused
 from transforms.counting import Counted, Counters, CountingDoFn
 
 SKIP_FLAG = "--skip_consumed"
-SKIP_HELP = ("remove rows whose ids an earlier batch already consumed (or that repeat within this "
-             "batch) inside the pipeline, counted for the operator, and release the rest; "
-             "without it such a batch is refused before the charge")
+SKIP_HELP = ("remove rows whose ids an earlier batch already consumed inside the pipeline, "
+             "counted for the operator, and release the rest; without it such a batch is "
+             "refused before the charge (ids repeated within the batch are always removed, "
+             "every copy, and counted)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,9 +64,11 @@ class Consumes:
     ``ids``: the canonical id of each row (or unit) in the batch, as a pyarrow string array (or
     a sequence of str; no nulls: rows without an id are the job's row faults). ``noun``: how
     messages call them ("report ids"); ``label``: the input they come from ("--input").
-    At most once (default): ``ids`` may repeat (rule 1). Budgeted: ``limit`` per id over all
-    batches and ``amounts`` (one per row of ``ids``, summed per id). ``skip``: the job's
-    ``--skip_consumed`` (None: the job offers no such flag; repeats are always refused).
+    ``faults``: rows whose id has no canonical form (left out of ``ids``; the job drops and
+    counts them: :func:`remove_consumed` does). At most once (default): ``ids`` may repeat
+    (rule 1: every copy removed). Budgeted: ``limit`` per id over all batches and ``amounts``
+    (one per row of ``ids``, summed per id). ``skip``: the job's ``--skip_consumed`` (None: the
+    job offers no such flag; ids held by earlier batches are always refused).
     ``across_batches=False``: checked within the batch only, never recorded (Masked LARk record
     ids: each record shared once per batch; an LDP collection's clients: a collection is
     released once, its scope budgeted at the clients' epsilon).
@@ -68,6 +82,7 @@ class Consumes:
     amounts: Optional[np.ndarray] = field(default=None, repr=False)
     skip: Optional[bool] = False
     across_batches: bool = True
+    faults: int = 0
 
     def __post_init__(self):
         ids = self.ids
@@ -94,28 +109,33 @@ class Consumed:
     """What a job removes and grants in one namespace (``ReleaseContext.consumed[namespace]``).
 
     ``removed``: ids whose rows the job drops inside the pipeline (repeated within the batch,
-    or held by earlier batches, under ``--skip_consumed``); ``repeated`` / ``held``: how many of
-    each; ``holders``: {versioned release id: ids it holds}. ``grants``: budgeted namespaces,
-    {id: what it may still spend} for the ids granted less than their rows ask (every other id
-    is granted all it asks).
+    or held by earlier batches, under ``--skip_consumed``); of those, ``repeated_ids`` repeat
+    within the batch; ``repeated`` / ``held``: how many of each; ``holders``: {versioned release
+    id: ids it holds}. ``grants``: budgeted namespaces, {id: what it may still spend} for the
+    ids granted less than their rows ask (every other id is granted all it asks). ``faults``:
+    rows whose id has no canonical form (dropped too).
     """
 
     namespace: str
     removed: pa.Array = field(default_factory=lambda: pa.array([], pa.string()), repr=False)
+    repeated_ids: pa.Array = field(default_factory=lambda: pa.array([], pa.string()),
+                                   repr=False)
     repeated: int = 0
     held: int = 0
     holders: Mapping[str, int] = field(default_factory=dict)
     grants: Mapping[str, int] = field(default_factory=dict, repr=False)
+    faults: int = 0
 
     @property
     def removes(self) -> bool:
-        return len(self.removed) > 0
+        """Whether the job must drop rows (of removed ids, or without a canonical id)."""
+        return len(self.removed) > 0 or self.faults > 0
 
 
 @dataclass(frozen=True, kw_only=True)
 class BatchConsumption:
-    """What one namespace of a batch consumes, after rule 1: the ledger's request (None: within
-    the batch only) and the ids repeated within the batch (removed under skip). Not the job's
+    """One namespace after rule 1: the ledger's request (None: within the batch only) and the
+    ids repeated within the batch (every copy removed). Not the job's
     :class:`~pipelines.release.job.Prepared` request: both meet in one ``Preflight``."""
 
     consumes: Consumes
@@ -141,14 +161,8 @@ def prepare(consumes: Consumes) -> BatchConsumption:
                              skip=bool(c.skip))
         return BatchConsumption(consumes=c, ledger_ids=ledger, repeated=pa.array([], pa.string()))
     once, repeated = _repeats(c.ids)
-    if len(repeated) and not c.skip:
-        rows = int(pc.sum(pc.is_in(c.ids, value_set=repeated)).as_py() or 0)
-        remedy = f", or pass {SKIP_FLAG} to remove every copy (counted)" if c.skip is not None \
-            else ""
-        raise ReleaseRefused(
-            f"{c.label}: {len(repeated)} {c.noun} appear more than once in this batch ({rows} "
-            f"rows); each is aggregated at most once: remove the copies{remedy}. Nothing was "
-            "charged")
+    # Every copy of a repeated id is removed (module docstring, rule 1): the ledger records the
+    # ids aggregated, so a repeated id is not consumed by this batch.
     ids = once if len(repeated) else c.ids
     ledger = ConsumedIds(namespace=c.namespace, ids=ids, noun=c.noun, skip=bool(c.skip)) \
         if c.across_batches else None
@@ -193,8 +207,8 @@ def views(prepared: Sequence[BatchConsumption], reservation=None) -> dict:
                         [ledger.ids[i] for i in np.flatnonzero(result.held).tolist()],
                         pa.string())])
         out[c.namespace] = Consumed(namespace=c.namespace, removed=removed,
-                                    repeated=len(p.repeated), held=held, holders=holders,
-                                    grants=grants)
+                                    repeated_ids=p.repeated, repeated=len(p.repeated),
+                                    held=held, holders=holders, grants=grants, faults=c.faults)
     return out
 
 
@@ -236,55 +250,81 @@ def read_columns(resolved, columns: Sequence[str]):
                                  f"({type(err).__name__}); nothing was charged") from None
 
 
-def canonical_ids(resolved, column: str, *, required: bool = False) -> pa.Array:
-    """The canonical ids (``transforms.privacy_units``) of ``column`` over every row of a
-    preflighted input, rows without an id left out (the pipeline drops and counts those) --
-    unless ``required``: then a row without an id refuses the release (its rows could not be
-    checked against earlier batches)."""
-    from transforms.privacy_units import UnitIdError, canonical_unit_ids
+def canonical_ids(resolved, column: str, *, required: bool = False) -> tuple[pa.Array, int]:
+    """(the canonical ids (``transforms.privacy_units``) of ``column`` over every row of a
+    preflighted input, how many rows the pipeline must drop for their id): rows whose id has no
+    canonical form -- and, when ``required``, rows without an id (they could not be checked
+    against the batch's other rows or earlier batches) -- are left out and counted (pass the
+    count as ``Consumes.faults``; :func:`remove_consumed` with ``drop_missing=required`` drops
+    them); other rows without an id are left out, the job's own row rule."""
+    from transforms.privacy_units import UnitIdError, unit_ids_and_faults
 
-    parts, missing = [], 0
+    parts, missing, faults = [], 0, 0
     for table in read_columns(resolved, [column]):
         try:
-            ids = canonical_unit_ids(table.column(column), column)
+            ids, bad = unit_ids_and_faults(table.column(column), column)
         except UnitIdError as err:
             raise ReleaseRefused(f"{resolved.spec.label}: {err}; nothing was charged") from None
-        missing += ids.null_count
+        faults += int(bad.sum())
+        missing += ids.null_count - int(bad.sum())
         parts.append(ids.drop_null())
-    if required and missing:
-        raise ReleaseRefused(f"{resolved.spec.label}: {missing} rows have no {column!r}; a "
-                             "release checks every row's id against earlier batches, so each "
-                             "needs one. Nothing was charged")
-    return pa.concat_arrays(parts) if parts else pa.array([], pa.string())
+    return ((pa.concat_arrays(parts) if parts else pa.array([], pa.string())),
+            faults + (missing if required else 0))
 
 
 class _RemoveRowsFn(CountingDoFn):
-    def __init__(self, column: str, namespace: str, counter: str):
-        self._column = column
-        self._removed = Counters(namespace).counter(counter)
+    """Drops the rows of removed ids (counted apart: repeated within the batch, held by earlier
+    batches), the rows whose id has no canonical form and (``drop_missing``) rows without one."""
+
+    def __init__(self, column: str, namespace: str, noun: str, drop_missing: bool = False):
+        self._column, self._drop_missing = column, drop_missing
+        counters = Counters(namespace)
+        self._missing = counters.counter(f"{noun}_dropped_missing_id")
+        self._held = counters.counter(f"{noun}_removed_already_consumed")
+        self._repeated = counters.counter(f"{noun}_removed_repeated_in_batch")
+        self._faults = counters.counter(f"{noun}_dropped_id_without_canonical_form")
         self._cache = (None, None)
 
     def process(self, table: pa.Table, removed):
-        from transforms.privacy_units import canonical_unit_ids
+        from transforms.privacy_units import unit_ids_and_faults
 
         if self._cache[0] is not removed:
-            self._cache = (removed, pa.array(removed, pa.string()))
-        ids = canonical_unit_ids(table.column(self._column), self._column)
-        kept, dropped = drop_rows(table, ids, self._cache[1])
-        self._removed.inc(dropped)
+            held, repeated = removed
+            self._cache = (removed, (pa.array(held, pa.string()), pa.array(repeated, pa.string())))
+        held, repeated = self._cache[1]
+        ids, bad = unit_ids_and_faults(table.column(self._column), self._column)
+        missing = (~ids.is_valid().to_numpy(zero_copy_only=False) & ~bad) \
+            if self._drop_missing and ids.null_count else np.zeros(len(ids), dtype=bool)
+        if bad.any() or missing.any():
+            self._faults.inc(int(bad.sum()))
+            self._missing.inc(int(missing.sum()))
+            keep = pa.array(~(bad | missing))
+            table, ids = table.filter(keep), ids.filter(keep)
+        table, dropped = drop_rows(table, ids, repeated)
+        if dropped:
+            self._repeated.inc(dropped)
+            ids = unit_ids_and_faults(table.column(self._column), self._column)[0]
+        kept, dropped = drop_rows(table, ids, held)
+        self._held.inc(dropped)
         if kept.num_rows:
             yield kept
 
 
 def remove_consumed(tables, pipeline, release, namespace: str, column: str, *,
-                    counter: tuple[str, str], label: str):
+                    counter: tuple[str, str], label: str, drop_missing: bool = False):
     """``tables`` (Arrow tables) without the rows whose canonical ``column`` id the release must
-    remove in ``namespace`` (``release.consumed``); the rows removed are counted in
-    ``counter`` = (namespace, name), for the operator. Unchanged when nothing is removed."""
+    remove in ``namespace`` (``release.consumed``) and without the rows whose id has no
+    canonical form; counted in ``counter`` = (namespace, noun), for the operator:
+    ``NOUN_removed_repeated_in_batch``, ``NOUN_removed_already_consumed`` and
+    ``NOUN_dropped_id_without_canonical_form`` (and, ``drop_missing``: the ids are required,
+    ``NOUN_dropped_missing_id``). Unchanged when nothing is removed."""
     consumed = release.consumed.get(namespace)
     if consumed is None or not consumed.removes:
         return tables
+    repeated = set(consumed.repeated_ids.to_pylist())
+    held = [i for i in consumed.removed.to_pylist() if i not in repeated]
     removed = (pipeline | release.label(f"ConsumedIds[{label}]")
-               >> beam.Create([consumed.removed.to_pylist()]))
+               >> beam.Create([(held, sorted(repeated))]))
     return tables | release.label(f"RemoveConsumed[{label}]") >> Counted(
-        _RemoveRowsFn(column, *counter), beam.pvalue.AsSingleton(removed))
+        _RemoveRowsFn(column, *counter, drop_missing=drop_missing),
+        beam.pvalue.AsSingleton(removed))

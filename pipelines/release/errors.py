@@ -17,9 +17,11 @@ with two stated exceptions: a run of several releases whose publication fails pa
 fault after the checks that precede every publication) exits 3 naming the releases that are out
 (re-running the same command reproduces those byte for byte and publishes the rest); and a run
 given ``--alert_exit_code N`` exits N when its releases were published with an operator alert.
-After a release is published, a failing ledger commit or operator report is a warning (exit 0):
-the budget was charged at the reservation, and the next run of the same command completes the
-record.
+After a release is published, a failing ledger commit exits 4 (``EXIT_NOT_COMMITTED``): the
+release is out and the budget was charged at the reservation, but the ledger's record is not
+complete -- the scheduler must re-run the same command, which completes the record without
+spending (until then the release's ids are recorded as the reservation's). A failing operator
+report alone is a warning (exit 0).
 
 **The alert exit code is a data-dependent signal.** Alerts (dropped rows, an input without
 eligible rows, a release without staged counters: see :mod:`pipelines.release`) come from exact
@@ -34,8 +36,10 @@ EXIT_RELEASED = 0
 EXIT_INTERNAL = 1
 EXIT_REFUSED = 2
 EXIT_FAILED = 3
-#: The codes ``--alert_exit_code`` may take (0-3 mean the above; 126 and up are the shell's).
-ALERT_EXIT_CODES = (4, 125)
+#: Published, but the ledger commit that follows publication failed: re-run the same command.
+EXIT_NOT_COMMITTED = 4
+#: The codes ``--alert_exit_code`` may take (0-4 mean the above; 126 and up are the shell's).
+ALERT_EXIT_CODES = (5, 125)
 
 
 class ReleaseRefused(ValueError):

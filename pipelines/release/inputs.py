@@ -313,8 +313,21 @@ def _check_complete(spec: InputSpec, path: str, header: Sequence[str]) -> None:
                              "copy?). Refusing it; nothing was charged")
 
 
+def _check_unique(spec: InputSpec, path: str, names: Sequence[str]) -> None:
+    """Refuse a header (or Parquet schema) that names a column twice: which of the two a reader
+    takes differs between readers, and the row would be read differently on another runner."""
+    seen = set()
+    for position, name in enumerate(names, 1):
+        if name in seen and name != "":
+            raise ReleaseRefused(f"{spec.label}: {path}: column {name!r} is named twice (again "
+                                 f"as field {position}); each column must be named once. "
+                                 "Nothing was charged")
+        seen.add(name)
+
+
 def _check_csv(spec: InputSpec, path: str, compression: Optional[str]) -> tuple[str, ...]:
     header = _header_columns(spec, path, compression)
+    _check_unique(spec, path, header)
     for position, name in enumerate(header, 1):
         if name != name.strip() and name.strip() in spec.all_columns:
             raise ReleaseRefused(f"{spec.label}: {path}: header field {position} is column "
@@ -342,6 +355,7 @@ def _check_parquet(spec: InputSpec, path: str) -> tuple[str, ...]:
     except Exception:  # noqa: BLE001 -- any footer fault: the file is not readable Parquet
         raise ReleaseRefused(f"{spec.label}: {path} is not a readable Parquet file (bad footer)")
     names = schema.names
+    _check_unique(spec, path, names)
     missing = [c for c in spec.columns if c not in names]
     if missing:
         raise ReleaseRefused(f"{spec.label}: {path} has no column {missing[0]!r} (columns: {names})")

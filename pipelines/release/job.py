@@ -106,7 +106,7 @@ class ReleaseOptions:
                 isinstance(self.alert_exit_code, bool) or not isinstance(self.alert_exit_code, int)
                 or not ALERT_EXIT_CODES[0] <= self.alert_exit_code <= ALERT_EXIT_CODES[1]):
             raise ReleaseRefused(f"--alert_exit_code must be an integer in "
-                                 f"{ALERT_EXIT_CODES[0]}..{ALERT_EXIT_CODES[1]} (0-3 have their "
+                                 f"{ALERT_EXIT_CODES[0]}..{ALERT_EXIT_CODES[1]} (0-4 have their "
                                  "own meanings; 126 and above are the shell's)")
         object.__setattr__(self, "pipeline_args", tuple(self.pipeline_args))
 

@@ -23,8 +23,9 @@ rule        the row rules over each release's counters: alerts   never refuses (
 publish     markers staged; every release checked publishable,   ReleaseFailed (exit 3) before
             pinned in the ledger, published atomically, marker   the first is out; part-way:
             last                                                 those out are committed first
-commit      ledger records completed, operator reports written   a warning (exit 0): the
-                                                                 release is out
+commit      ledger records completed, operator reports written   exit 4 (a failed ledger
+                                                                 commit; re-run) or a warning
+                                                                 (a report): the release is out
 ==========  ===================================================  ===============================
 
 After the reservation, a fault of any class in any phase is ReleaseFailed (exit 3) naming its
@@ -66,7 +67,8 @@ from pipelines.release import inputs as release_inputs
 from pipelines.release import outputs as release_outputs
 from pipelines.release import publish as publication
 from pipelines.release import report, storage, submission
-from pipelines.release.errors import ReleaseFailed, ReleaseRefused, exception_chain, root_cause
+from pipelines.release.errors import (EXIT_NOT_COMMITTED, ReleaseFailed, ReleaseRefused,
+                                     exception_chain, root_cause)
 from pipelines.release.job import Job, PlannedRelease, Prepared, ReleaseContext
 from transforms.counting import AllCounts
 from transforms.noise.mechanisms import IntegerSumOverflowError
@@ -420,7 +422,10 @@ def reserve(pre: Preflight) -> Reserved:
 
     Failure policy: a ledger or ownership refusal -- another run holding a release included --
     is ReleaseRefused (exit 2): the ledger reserves all or nothing, so nothing was charged or
-    stored. A fault after the reservation (binding a new output root) is ReleaseFailed."""
+    stored. An OS fault while reserving (a full, read-only or immutable ledger folder or key
+    store) is exit 2 naming errno and file when the ledger holds no record of this run, else
+    exit 3 (:func:`_reserve_fault`). A fault after the reservation (binding a new output root)
+    is ReleaseFailed."""
     options = pre.options
     if options.testing:
         contexts = tuple(ReleaseContext(
@@ -434,6 +439,8 @@ def reserve(pre: Preflight) -> Reserved:
         reserved = ledger.reserve(requests, new_release=options.new_release, hold=hold)
     except LedgerError as err:
         raise ReleaseRefused(str(err)) from None
+    except OSError as err:
+        raise _reserve_fault(pre, ledger, hold, err) from None
     reservations = {r.release_id: r for r in reserved}
     contexts = tuple(ReleaseContext(
         planned=p, keys=reservations[p.release_id].keys,
@@ -450,6 +457,37 @@ def reserve(pre: Preflight) -> Reserved:
         end_hold(state)
         raise after_reservation(state, err) from None
     return state
+
+
+def _reserve_fault(pre: Preflight, ledger, hold, err: OSError) -> Exception:
+    """The outcome of an OS fault raised while the ledger reserved: read back whether the ledger
+    holds a record of this run (its hold). None: the transaction did not commit, nothing was
+    charged (the ledger abandons the keys and consumed-id records it made) -- exit 2. One, or a
+    ledger that cannot be read back: charged, or maybe -- exit 3, and a re-run takes the
+    reservation over without spending again."""
+    cause = root_cause(err)
+    if not isinstance(err.filename, str):  # a write that names no file: name where it wrote
+        cause += f" under the ledger {pre.options.ledger} or the key store {pre.options.key_store}"
+    try:
+        held = any(isinstance(r.get("hold"), dict) and r["hold"].get("run") == hold.run
+                   for r in ledger.records())
+    except Exception:  # noqa: BLE001 -- cannot tell: the conservative answer
+        held = None
+    if held is False:
+        return ReleaseRefused(f"{pre.job.name}: the ledger or its key store could not be written "
+                              f"while reserving ({cause}); nothing was charged")
+    if held:
+        try:
+            ledger.release_hold(hold)
+        except Exception:  # noqa: BLE001 -- the hold lapses when this process ends
+            _LOG.debug("could not end the hold", exc_info=True)
+    return ReleaseFailed(f"{pre.job.name}: the reservation was recorded but could not be "
+                         f"completed ({cause}); nothing was published: re-run the same command "
+                         "after fixing the cause (it takes the reservation over, spending nothing "
+                         "more)" if held else
+                         f"{pre.job.name}: the ledger could not be written nor read back while "
+                         f"reserving ({cause}); nothing was published -- if it was charged, a "
+                         "re-run of the same command takes the reservation over")
 
 
 def _requests(pre: Preflight) -> tuple:
@@ -838,21 +876,23 @@ def commit(published: Published) -> RunResult:
     """Each published release's ledger record is completed (:func:`commit_record`) and its
     operator report written beside the ledger (:func:`write_report`).
 
-    Failure policy: the releases are out, so a failing commit or report is a warning (exit 0):
-    the budget was charged at the reservation, and the next run of the same command completes
-    the record without spending."""
+    Failure policy: the releases are out, so nothing is undone: a failing commit exits
+    ``EXIT_NOT_COMMITTED`` (4, naming the errno and file of an OS error), and the next run of the
+    same command completes the record without spending; a failing operator report is a warning
+    (exit 0)."""
     ruled = published.ruled
     pre = ruled.computed.reserved.pre
-    results, warnings = [], []
+    results, warnings, uncommitted = [], [], False
     for release in published.releases:
         rid = release.context.release_id
         try:
             commit_record(published, release)
         except Exception as err:  # noqa: BLE001
             _LOG.debug("ledger commit failed", exc_info=True)
+            uncommitted = True
             warnings.append(f"{rid} is published but its ledger record was not committed "
-                            f"({type(err).__name__}); re-run the same command to complete it "
-                            "(nothing more is spent)")
+                            f"({root_cause(err)}); re-run the same command to complete it "
+                            f"(nothing more is spent; exit {EXIT_NOT_COMMITTED})")
         operator = path = None
         try:
             operator, path = write_report(published, release)
@@ -873,6 +913,8 @@ def commit(published: Published) -> RunResult:
         _LOG.warning("operator alert (published): %s", alert)
     _LOG.info("%s: %d release(s) in %.1f s", pre.job.name, len(results), time.time() - pre.started)
     code = pre.options.alert_exit_code if alerts and pre.options.alert_exit_code else 0
+    if uncommitted:
+        code = EXIT_NOT_COMMITTED
     return RunResult(job=pre.job.name, releases=results, counters=dict(ruled.counts),
                      warnings=tuple(warnings), alerts=alerts, exit_code=code)
 

@@ -50,6 +50,7 @@ PRIVACY_TESTS = {
         "stated guarantees against independent dp_accounting computations",
     "tests/accounting/ledger/test_ledger_integrity.py": "a ledger in its latest state, written by this "
                                                         "toolkit only; one key, one use across processes",
+    "tests/transforms/ara/test_ara_summary.py": "the DP tester on ARA summary reports' noise",
 }
 
 #: Tests that pin released bytes: never a mutant's selection, never a catch.
@@ -329,6 +330,156 @@ MUTANTS = (
         tests=(f"{STATED}::test_joint_calibration_fits_its_target_by_an_independent_accountant",),
     ),
 )
+
+# ---- Issue 40.7: every calibration parameter has a mutant the privacy tests catch -----------
+# Private selection (each strategy's split of epsilon and delta over the L0 keys one unit
+# moves), the count's sensitivities at L0 > 1, the local randomizers' client-side parameters,
+# and the within-batch rule of the release layer (issue 40.3).
+
+SELECTION_L0 = ("tests/transforms/test_selection.py::"
+                "test_selection_at_l0_above_one_meets_its_claim_on_the_joint_keys")
+DP_TESTER_L0 = ("tests/accounting/verification/test_dp_tester.py::"
+                "test_project_mechanism_at_l0_above_one_meets_its_claim")
+LDP_DP = "tests/transforms/ldp/test_ldp_dp.py"
+
+MUTANTS += (
+    Mutant(
+        name="selection-one-changed-key",
+        leak="private selection calibrated as if a unit moved one key: at L0 > 1 a unit "
+             "moves L0 keys, each at the full selection epsilon",
+        file="transforms/selection.py",
+        snippet="return privacy_unit_count_sensitivity(bounds, neighbouring).l0",
+        replacement="return 1",
+        tests=(SELECTION_L0,),
+    ),
+    Mutant(
+        name="selection-geometric-epsilon-not-split",
+        leak="truncated geometric selection spends the whole epsilon on every one of the L0 keys",
+        file="transforms/selection.py",
+        snippet="    basic = (epsilon / k, delta / k)\n    if k == 1:",
+        replacement="    basic = (epsilon, delta / k)\n    if True:",
+        tests=(f"{SELECTION_L0}[truncated_geometric]",),
+    ),
+    Mutant(
+        name="selection-geometric-delta-not-split",
+        leak="truncated geometric selection grants every one of the L0 keys the whole delta: a "
+             "key of one unit is released with probability delta, not delta / L0",
+        file="transforms/selection.py",
+        snippet="    basic = (epsilon / k, delta / k)\n    if k == 1:",
+        replacement="    basic = (epsilon / k, delta)\n    if True:",
+        tests=("tests/transforms/test_selection.py::test_single_unit_key_is_rarely_released",),
+    ),
+    Mutant(
+        name="selection-laplace-l1-of-one-key",
+        leak="Laplace thresholding's noise calibrated for an L1 sensitivity of 1 instead of L0",
+        file="transforms/selection.py",
+        snippet="l1_sensitivity=max_partitions)",
+        replacement="l1_sensitivity=1)",
+        tests=(f"{SELECTION_L0}[laplace_thresholding]",),
+    ),
+    Mutant(
+        name="selection-laplace-threshold-delta-not-split",
+        leak="Laplace thresholding's threshold at the whole delta instead of delta / L0",
+        file="transforms/selection.py",
+        snippet="discrete_laplace_quantile(self.noise.unit_scale, delta / max_partitions)",
+        replacement="discrete_laplace_quantile(self.noise.unit_scale, delta)",
+        tests=("tests/transforms/test_selection.py::test_single_unit_key_is_rarely_released",),
+    ),
+    Mutant(
+        name="selection-gaussian-l2-of-one-key",
+        leak="Gaussian thresholding's noise calibrated for an L2 sensitivity of 1 instead of "
+             "sqrt(L0)",
+        file="transforms/selection.py",
+        snippet="l2_sensitivity=math.sqrt(max_partitions), l0=max_partitions)",
+        replacement="l2_sensitivity=1.0, l0=max_partitions)",
+        tests=(f"{SELECTION_L0}[gaussian_thresholding]",),
+    ),
+    Mutant(
+        name="count-l1-of-one-partition",
+        leak="a count's L1 sensitivity taken as one partition's Linf: noise calibrated for a "
+             "unit that moves one key, while it moves L0",
+        file="accounting/sensitivity.py",
+        snippet="l1=float(l0 * linf), l2=math.sqrt(l0) * linf)",
+        replacement="l1=float(linf), l2=math.sqrt(l0) * linf)",
+        tests=(f"{DP_TESTER_L0}[discrete_laplace]", DP_TESTER_L0),
+    ),
+    Mutant(
+        name="count-l2-of-one-partition",
+        leak="a count's L2 sensitivity taken as Linf instead of sqrt(L0) Linf",
+        file="accounting/sensitivity.py",
+        snippet="l1=float(l0 * linf), l2=math.sqrt(l0) * linf)",
+        replacement="l1=float(l0 * linf), l2=float(linf))",
+        tests=(f"{DP_TESTER_L0}[discrete_gaussian]", DP_TESTER_L0),
+    ),
+    Mutant(
+        name="oue-zero-bit-at-twice-epsilon",
+        leak="optimized unary encoding sets a zero bit with probability 1 / (e^(2 eps) + 1): "
+             "each client's report is 2 eps-LDP, not eps",
+        file="transforms/ldp/oracles.py",
+        snippet="return 0.5, 1.0 / (math.exp(self.epsilon) + 1.0)",
+        replacement="return 0.5, 1.0 / (math.exp(2 * self.epsilon) + 1.0)",
+        tests=(f"{LDP_DP}::test_unary_encodings_pass",),
+    ),
+    Mutant(
+        name="sue-per-bit-epsilon",
+        leak="symmetric unary encoding (RAPPOR) spends eps per bit instead of eps / 2: two bits "
+             "change, the report is 2 eps-LDP",
+        file="transforms/ldp/oracles.py",
+        snippet="h = math.exp(self.epsilon / 2)\n            return h / (1.0 + h)",
+        replacement="h = math.exp(self.epsilon)\n            return h / (1.0 + h)",
+        tests=(f"{LDP_DP}::test_unary_encodings_pass",),
+    ),
+    Mutant(
+        name="olh-keep-among-two",
+        leak="local hashing keeps the true bucket with the binary probability e^eps / (e^eps + "
+             "1), ignoring its g buckets",
+        file="transforms/ldp/oracles.py",
+        snippet='object.__setattr__(self, "keep_threshold", _grr_keep_threshold(self.epsilon, g))',
+        replacement='object.__setattr__(self, "keep_threshold", _grr_keep_threshold(self.epsilon, 2))',
+        tests=(f"{LDP_DP}::test_olh_passes",),
+    ),
+    Mutant(
+        name="label-rr-keep-among-two",
+        leak="label randomized response keeps the label with e^eps / (e^eps + 1) whatever the "
+             "number of labels in its support",
+        file="transforms/ldp/labels.py",
+        snippet="threshold_floor(e / (e + k - 1)) if k > 1 else TWO32)",
+        replacement="threshold_floor(e / (e + 1)) if k > 1 else TWO32)",
+        tests=(f"{LDP_DP}::test_label_randomization_passes_including_undeclared_labels",),
+    ),
+    Mutant(
+        name="ara-summary-sensitivity-halved",
+        leak="ARA summary noise calibrated for half a source's 65,536 L1 contribution budget",
+        file="transforms/ara/summary.py",
+        snippet="l1_sensitivity=CONTRIBUTION_BUDGET)",
+        replacement="l1_sensitivity=CONTRIBUTION_BUDGET // 2)",
+        tests=("tests/transforms/ara/test_ara_summary.py::"
+               "test_summary_noise_passes_dp_tester_for_a_full_budget_source",),
+    ),
+    Mutant(
+        name="repeated-report-refuses-the-batch",
+        leak="a report sent twice within a batch refuses the whole batch: one row decides "
+             "whether a release is published (issue 40.3)",
+        file="pipelines/release/consumption.py",
+        snippet="    ids = once if len(repeated) else c.ids\n",
+        replacement="    if len(repeated):\n"
+                    "        raise ReleaseRefused(f\"{c.label}: repeated {c.noun}\")\n"
+                    "    ids = once if len(repeated) else c.ids\n",
+        tests=("tests/pipelines/release/test_publication_decisions.py::"
+               "test_summary_reports_a_report_sent_twice_or_an_uncanonical_id_does_not_decide_the_batch",),
+    ),
+    Mutant(
+        name="uncanonical-id-refuses-the-batch",
+        leak="a row whose id has no canonical form refuses the whole export: one row decides "
+             "whether a release is published (issue 40.3)",
+        file="transforms/privacy_units.py",
+        snippet="            if faults is None:\n                raise\n",
+        replacement="            raise\n",
+        tests=("tests/pipelines/release/test_publication_decisions.py::"
+               "test_label_dp_a_repeated_or_uncanonical_example_id_does_not_decide_the_export",),
+    ),
+)
+
 
 #: Leak classes of issue 30 whose mutants wait for other branches' fixes: none (all applied).
 PLANNED = ()

@@ -152,3 +152,22 @@ def test_ascii_and_non_ascii_batches_give_the_same_ids():
     together = canonical_unit_ids(pa.array(spellings)).to_pylist()
     alone = [canonical_unit_ids(pa.array([v])).to_pylist()[0] for v in spellings]
     assert together == alone == ["bob", "bob", "bob", "12", "12", "x"]
+
+
+def test_values_without_a_canonical_form_are_marked_not_raised_in_the_row_rule_form():
+    """unit_ids_and_faults (issue 40): the same ids as canonical_unit_ids where there is one;
+    a value without one is null and marked, so the caller drops and counts its row."""
+    import decimal
+
+    from transforms.privacy_units import unit_ids_and_faults
+
+    ids, bad = unit_ids_and_faults(pa.array(["7", "1e999", None, " A7", "7.5", "1e64"]))
+    assert ids.to_pylist() == ["7", None, None, "a7", "7.5", None]
+    assert bad.tolist() == [False, True, False, False, False, True]
+    ids, bad = unit_ids_and_faults(pa.array([7.0, float("inf"), 7.5, float("nan"), None, 2.0 ** 60]))
+    assert ids.to_pylist() == ["7", None, None, None, None, None]
+    assert bad.tolist() == [False, True, True, False, False, True]
+    ids, bad = unit_ids_and_faults(pa.array([decimal.Decimal("7.00"), decimal.Decimal("7.5"), None]))
+    assert ids.to_pylist() == ["7", None, None] and bad.tolist() == [False, True, False]
+    with pytest.raises(UnitIdError):   # a column type that holds no ids: still a schema fault
+        unit_ids_and_faults(pa.array([True, False]))

@@ -84,3 +84,42 @@ def test_per_key_budget_is_the_basic_split_for_few_keys_and_better_for_many():
     assert half(keep_curve(eps_key, delta_key)) < 0.9 * half(keep_curve(1.0 / 40, 1e-5 / 40))
     selector = Selector(PrivateSelection(), epsilon=1.0, delta=1e-5, max_partitions=40)
     assert selector.per_key == (eps_key, delta_key)
+
+
+# ---- L0 > 1 (issue 40.7): one unit moves L0 keys at once --------------------------------------
+#
+# At L0 = 1 a selector calibrated for the wrong number of changed keys changes nothing. Here one
+# unit adds itself to L0 = 9 keys: the number of those keys released (a post-processing of the
+# keys' indicators) must meet the selection's (epsilon, delta) claim under the DP tester -- a
+# selector calibrated as if one key moved loses up to L0 x epsilon on it (and its Gaussian
+# noise is sqrt(L0) = 3 times too small).
+
+L0 = 9
+SELECTION_EPSILON, SELECTION_DELTA = 1.0, 1e-5
+JOINT_SAMPLES = 200_000
+
+
+def _kept_keys(selector, n, seed, purpose):
+    """A sampler: per sample, how many of L0 keys with ``n`` units each are released."""
+    def sample(samples):
+        lanes = samples * L0
+        keep = selector.keep(np.full(lanes, n), RandomStreams.for_range(
+            ReleaseKey.for_testing(seed), purpose, lanes))
+        return keep.reshape(samples, L0).sum(axis=1).astype(np.float64)
+    return sample
+
+
+@pytest.mark.parametrize("strategy", ["truncated_geometric", "laplace_thresholding",
+                                      "gaussian_thresholding"])
+def test_selection_at_l0_above_one_meets_its_claim_on_the_joint_keys(strategy):
+    from accounting.verification.dp_tester import DPTester
+
+    bounds = ContributionBounds(max_partitions=L0, max_contributions_per_partition=2)
+    selector = Selector.for_bounds(PrivateSelection(strategy=strategy), SELECTION_EPSILON,
+                                   SELECTION_DELTA, bounds)
+    # the edge where the keep probability turns: a calibration for fewer keys shows there
+    n = next(m for m in range(1, 100_000) if selector.keep_probability(m + 1) >= 0.5)
+    DPTester(n_samples=JOINT_SAMPLES).assert_dp(
+        _kept_keys(selector, n, seed=41, purpose="D"),
+        _kept_keys(selector, n + 1, seed=41, purpose="D'"),
+        epsilon=SELECTION_EPSILON, delta=SELECTION_DELTA)

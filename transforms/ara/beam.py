@@ -80,6 +80,7 @@ class ConversionRows:
     null_rows: int
     range_rows: int
     missing_report_id: int
+    bad_id_rows: int
     rows: np.ndarray                  # indices of the valid rows
     sources: list                     # canonical source ids of the valid rows
     report_ids: list | None           # canonical report ids (None: the batch has no column)
@@ -93,10 +94,12 @@ def conversion_rows(batch, cfg: ContributionConfig,
                     require_report_id: bool = False) -> ConversionRows:
     """Algorithm A's row rules on a pyarrow RecordBatch/Table of conversions (numeric columns):
     canonical source (and report) ids, null/non-finite and out-of-range rows dropped; with
-    ``require_report_id`` a row without a report id is dropped too."""
+    ``require_report_id`` a row without a report id is dropped too. A source or report id
+    without a canonical form (``"1e999"``) drops its row, counted (``bad_id_rows``): one row
+    never refuses or fails a batch."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    from transforms.privacy_units import canonical_unit_ids
+    from transforms.privacy_units import unit_ids_and_faults
     n = batch.num_rows
     check_conversion_schema(batch.schema, cfg)
     names = batch.schema.names
@@ -105,11 +108,13 @@ def conversion_rows(batch, cfg: ContributionConfig,
         return batch.column(names.index(name))
 
     # One canonical form before any grouping or hashing: 7, 7.0 and "7" are one source.
-    source_ids = canonical_unit_ids(column("source_id"), "source_id")
+    source_ids, bad_id = unit_ids_and_faults(column("source_id"), "source_id")
     valid = np.asarray(pc.is_valid(source_ids), dtype=bool)
     report_ids = None
     if "report_id" in names and not pa.types.is_null(column("report_id").type):
-        report_ids = canonical_unit_ids(column("report_id"), "report_id")
+        report_ids, bad_report = unit_ids_and_faults(column("report_id"), "report_id")
+        bad_id = bad_id | bad_report
+    valid &= ~bad_id
     missing = np.zeros(n, dtype=bool)
     if require_report_id:
         missing = ~np.asarray(pc.is_valid(report_ids), dtype=bool) if report_ids is not None \
@@ -127,7 +132,8 @@ def conversion_rows(batch, cfg: ContributionConfig,
         v = np.asarray(pc.fill_null(column(m).cast(pa.float64()), np.nan))
         valid &= np.isfinite(v)
         values.append(v)
-    null_rows = int((~valid).sum())
+    bad_id_rows = int(bad_id.sum())
+    null_rows = int((~valid & ~bad_id).sum())
     features = np.stack(dims, axis=1) if dims else np.zeros((n, 0))
     integral = (features == np.floor(features)).all(axis=1)
     in_range = valid & integral & cfg.valid_feature_rows(features)
@@ -144,6 +150,7 @@ def conversion_rows(batch, cfg: ContributionConfig,
     not_one = int((values[:, pad] != 1).sum()) if pad is not None and "count" in names else 0
     return ConversionRows(
         n=n, null_rows=null_rows, range_rows=range_rows, missing_report_id=missing_rows,
+        bad_id_rows=bad_id_rows,
         rows=rows, sources=source_ids.take(take).to_pylist(),
         report_ids=None if report_ids is None else report_ids.take(take).to_pylist(),
         order=order, values=values, features=features[rows], padding_counts_not_one=not_one)
@@ -169,6 +176,7 @@ class _EncodeConversionsFn(CountingDoFn):
         self.null_rows = self._counts.counter("conversion_rows_dropped_null_or_nonfinite")
         self.range_rows = self._counts.counter("conversion_rows_dropped_feature_out_of_range")
         self.missing_ids = self._counts.counter("conversion_rows_dropped_missing_report_id")
+        self.bad_ids = self._counts.counter("conversion_rows_dropped_id_without_canonical_form")
         self.negative = self._counts.counter("conversion_values_negative_clipped_to_zero")
         self.reports = self._counts.counter("reports_encoded")
         self.count_not_one = self._counts.counter("conversion_rows_count_not_one_counted_once_by_padding")
@@ -183,6 +191,7 @@ class _EncodeConversionsFn(CountingDoFn):
         self.null_rows.inc(prepared.null_rows)
         self.range_rows.inc(prepared.range_rows)
         self.missing_ids.inc(prepared.missing_report_id)
+        self.bad_ids.inc(prepared.bad_id_rows)
         n_rows = prepared.rows.size
         if n_rows == 0:
             return
@@ -282,27 +291,35 @@ class _RemoveReportsFn(CountingDoFn):
     def __init__(self):
         self._counts = Counters(NAMESPACE)
         self.removed = self._counts.counter("reports_removed_already_consumed")
+        self.repeated = self._counts.counter("reports_removed_repeated_in_batch")
 
     def process(self, report, removed):
-        if report.report_id is not None and report.report_id in removed:
+        held, repeated = removed
+        if report.report_id is not None and report.report_id in repeated:
+            self.repeated.inc()
+            return
+        if report.report_id is not None and report.report_id in held:
             self.removed.inc()
             return
         yield report
 
 
 class RemoveReports(beam.PTransform):
-    """Drop the reports whose report id is in ``removed`` (a PCollection of canonical ids): ids
-    an earlier batch consumed, or repeated within this batch, when the operator chose to remove
-    them (``--skip_consumed``). Counted as ``reports_removed_already_consumed`` (operator only;
-    not a row fault: the reports are valid, only already aggregated)."""
+    """Drop the reports whose report id is in ``removed`` or ``repeated`` (PCollections of
+    canonical ids): ids an earlier batch consumed, when the operator chose to remove them
+    (``--skip_consumed``), counted as ``reports_removed_already_consumed``; ids repeated within
+    this batch (every copy), counted as ``reports_removed_repeated_in_batch``. Operator only;
+    not row faults: the reports are valid, only already (or ambiguously) aggregated."""
 
-    def __init__(self, removed):
+    def __init__(self, removed, repeated):
         super().__init__()
-        self.removed = removed
+        self.removed, self.repeated = removed, repeated
 
     def expand(self, reports):
-        removed = self.removed | "AsSet" >> beam.combiners.ToSet()
-        return reports | "Remove" >> Counted(_RemoveReportsFn(), beam.pvalue.AsSingleton(removed))
+        held = self.removed | "AsSet" >> beam.combiners.ToSet()
+        repeated = self.repeated | "RepeatedAsSet" >> beam.combiners.ToSet()
+        both = (held | "Both" >> beam.Map(lambda h, r: (h, r), beam.pvalue.AsSingleton(repeated)))
+        return reports | "Remove" >> Counted(_RemoveReportsFn(), beam.pvalue.AsSingleton(both))
 
 
 # --------------------------------------------------------------------------------------------

@@ -133,14 +133,17 @@ class _TriggersFn(CountingDoFn):
         self.null = self._counts.counter("conversion_rows_dropped_null_or_nonfinite")
         self.trigger_out = self._counts.counter("conversion_rows_dropped_trigger_data_outside_cardinality")
         self.window_out = self._counts.counter("conversion_rows_dropped_window_outside_report_windows")
+        self.bad_id = self._counts.counter("conversion_rows_dropped_id_without_canonical_form")
 
     def process(self, table):
-        from transforms.privacy_units import canonical_unit_ids
+        from transforms.privacy_units import unit_ids_and_faults
         cfg, n = self.config, table.num_rows
         if n == 0:
             return
         self.rows.inc(n)
-        ids = canonical_unit_ids(_column(table, "source_id"), "source_id")
+        # a source id without a canonical form is no id: the row is dropped, counted
+        ids, bad = unit_ids_and_faults(_column(table, "source_id"), "source_id")
+        self.bad_id.inc(int(bad.sum()))
         order = _integral(_column(table, "order", required=False), n, fill=0.0)
         if self.mapping is None:
             trigger = _integral(_column(table, "trigger_data"), n)
@@ -153,7 +156,7 @@ class _TriggersFn(CountingDoFn):
             window = np.where(finite, self.mapping.window(np.nan_to_num(delay)), np.nan)
         valid = np.asarray(ids.is_valid()) & np.isfinite(trigger) & np.isfinite(window) \
             & np.isfinite(order)
-        self.null.inc(int((~valid).sum()))
+        self.null.inc(int((~valid & ~bad).sum()))
         integral = (trigger == np.floor(trigger)) & (window == np.floor(window))
         t_ok = integral & (trigger >= 0) & (trigger < cfg.trigger_data_cardinality)
         w_ok = integral & (window >= 0) & (window < cfg.report_windows)

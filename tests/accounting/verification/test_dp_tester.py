@@ -511,3 +511,40 @@ def test_slow_gaussian_delta_understatement(kind, epsilon):
     tester.assert_dp(a, b, epsilon=epsilon, delta=1e-3)
     result = tester.run(a, b, epsilon=epsilon, delta=1e-8)
     assert not result.passed, result
+
+
+# --------------------------------------------------------------------------------------------
+# L0 > 1 (issue 40.7): one unit moves several coordinates at once
+# --------------------------------------------------------------------------------------------
+#
+# The project's mechanisms calibrated from a count's sensitivities (accounting.sensitivity) with
+# L0 = 9 keys of Linf = 2 rows each: the neighbour moves every coordinate by Linf, the worst
+# case of both norms. The tester's sum projection sees the L1 (and, for Gaussian kinds, the L2)
+# shift: a calibration for one coordinate's change passes at L0 = 1 and fails here (L0 = 9: the
+# L2 norm is then 3 Linf, a factor the tester resolves at delta = 1e-5).
+
+L0_BOUNDS = dict(max_partitions=9, max_contributions_per_partition=2)
+
+
+def vector_sampler(spec, answer, coordinates, seed, purpose):
+    dtype = np.int64 if spec.kind.is_integer else np.float64
+
+    def sample(n):
+        values = np.full(n * coordinates, answer, dtype=dtype)
+        return add_noise(spec, values, lanes(seed, purpose, n * coordinates)).reshape(
+            n, coordinates)
+    return memoised(sample)
+
+
+@pytest.mark.parametrize("kind", ["laplace", "discrete_laplace", "gaussian", "discrete_gaussian"])
+def test_project_mechanism_at_l0_above_one_meets_its_claim(kind):
+    from accounting.sensitivity import ContributionBounds, count_sensitivity
+
+    s = count_sensitivity(ContributionBounds(**L0_BOUNDS))
+    kind_ = NoiseKind(kind)
+    spec = (calibrate(kind_, epsilon=1.0, delta=GAUSSIAN_DELTA, l2_sensitivity=s.l2, l0=s.l0)
+            if kind_.is_gaussian else calibrate(kind_, epsilon=1.0, l1_sensitivity=s.l1, l0=s.l0))
+    base = 7 if spec.kind.is_integer else 0.3
+    a = vector_sampler(spec, base, s.l0, seed=31, purpose="D")
+    b = vector_sampler(spec, base + s.linf, s.l0, seed=31, purpose="D'")
+    DPTester(n_samples=NP).assert_dp(a, b, epsilon=spec.epsilon, delta=spec.delta)

@@ -262,6 +262,11 @@ def test_a_hand_edited_ledger_is_refused_naming_the_record(made, tmp_path, capsy
     (["--bogus"], "unrecognized arguments"),
     (["--as_of", "2026-13-01", "--check"], "--as_of"),
     (["--grace", "-1", "--check"], "--grace"),
+    # issue 40: these were a traceback with exit 1, the code of "releases are late"
+    (["--as_of", "0001-01-01", "--check"], "--as-of: must be a day from 1970-01-01"),
+    (["--as_of", "9999-12-31", "--check"], "--as-of: must be a day from 1970-01-01"),
+    (["--grace", "10000000000", "--check"], "--grace: must be at most 36525 days"),
+    (["--grace", "9" * 5000, "--check"], "--grace"),
     (["--cadence", "summary_reports/x=daily:2026-11-01", "--check"], "{date}"),
     ([], "nothing to do"),
 ])

@@ -3,7 +3,7 @@ batches -- the findings "Overlapping ARA batches" and "Replays the jobs cannot s
 way an operator runs the job (its CLI), against a real ledger where the rule is across batches.
 
 Every test here failed on the code before the consumed-id records (main f02cb62): overlapping and
-replayed batches were released. Refusals exit 2 with nothing reserved: the ledger, the key store
+replayed batches were released. Refusals (ids held by earlier batches) exit 2 with nothing reserved: the ledger, the key store
 and the consumed-id records are byte for byte as before, and no output folder appears.
 """
 from __future__ import annotations
@@ -193,13 +193,11 @@ def test_report_ids_within_one_batch_and_missing_ids(tmp_path, capsys):
     testing = ["--input", path, "--input_format", "reports", "--output_domain",
                _reports(tmp_path / "domain.txt", ["0x10"]), "--epsilon", "4",
                "--batch_id", "T", "--output", str(out), "--testing_seed", "3"]
-    capsys.readouterr()
-    assert summary_reports.main(testing) == 2
-    assert "--input: 1 report ids appear more than once in this batch (2 rows)" in \
-        capsys.readouterr().err
-    assert summary_reports.main(testing + ["--skip_consumed"]) == 0
+    # a report sent twice never refuses the batch (issue 40): every copy removed, counted
+    assert summary_reports.main(testing) == 0
     counters = _testing_counters(out, "summary_reports/T")
-    assert counters["ara.reports_removed_already_consumed"] == 2   # every copy
+    assert counters["ara.reports_removed_repeated_in_batch"] == 2   # every copy
+    assert "ara.reports_removed_already_consumed" not in counters
     assert counters["ara.reports_kept"] == 2                        # r2, and s4 (testing: no id)
     # in a real release a report without an id is a fault: dropped and counted
     domain = tmp_path / "domain.txt"
@@ -255,16 +253,26 @@ def test_an_overlapping_event_level_batch_is_refused_or_its_sources_removed(tmp_
     assert counters["ara_event_level.sources_randomized"] == 1
     with open(second[3]) as handle:   # the conversions of the 200 removed sources
         removed = sum(1 for r in list(csv.reader(handle))[1:] if r[0] != ids[200])
-    assert counters["ara_event_level.conversion_rows_removed_source_already_consumed"] == removed
+    assert counters["ara_event_level.conversion_rows_removed_already_consumed"] == removed
     assert counters.get("ara_event_level.conversion_rows_dropped_source_not_registered", 0) == 0
 
 
-def test_duplicated_source_registrations_in_one_event_level_batch_are_refused(tmp_path, capsys):
+def test_duplicated_source_registrations_in_one_event_level_batch_are_removed(tmp_path):
+    """Issue 40: a source registered twice within a batch never refuses it; every registration
+    of it (and its conversions) is removed, counted, and nothing of it is recorded as consumed."""
     batch = _event_batch(tmp_path, "a", {str(1000 + i) for i in range(50)})
-    shutil.copy(batch[1], tmp_path / "again.csv")
-    batch[1] = f"{batch[1]},{tmp_path / 'again.csv'}"
-    _refused(event_level_reports.main, batch + ["--batch_id", "D", *_release(tmp_path)],
-             tmp_path, capsys, "--sources: 50 sources appear more than once in this batch")
+    sources = batch[1]
+    with open(sources) as handle:
+        rows = list(csv.reader(handle))
+    with open(tmp_path / "again.csv", "w", newline="") as handle:
+        csv.writer(handle).writerows(rows[:11])          # 10 of the 50 sources again
+    batch[1] = f"{sources},{tmp_path / 'again.csv'}"
+    assert event_level_reports.main(batch + ["--batch_id", "D", *_release(tmp_path)]) == 0
+    counters = _counters(tmp_path, "event_level_reports/D")
+    assert counters["ara_event_level.source_rows_removed_repeated_in_batch"] == 20
+    assert counters["ara_event_level.sources_randomized"] == 40
+    assert _ledger_record(tmp_path, "event_level_reports/D")["consumed"][
+        event_level_reports.SOURCES]["count"] == 40
 
 
 # --------------------------------------------------------------------------- local DP
@@ -288,18 +296,19 @@ def test_a_replayed_ldp_report_batch_is_refused_or_counted(tmp_path, capsys):
     shutil.copy(path, tmp_path / "again.parquet")
     twice = f"{path},{tmp_path / 'again.parquet'}"
     out = tmp_path / "testing"
-    capsys.readouterr()
+    # issue 40: a replay never refuses the collection; every report of a replayed client is
+    # removed, counted (a client is one id: the rule depends on that client's reports only)
     assert ldp_frequencies.main(_frequencies(twice, "c1", "--output", str(out),
-                                             "--testing_seed", "1")) == 2
-    assert "--input: 1000 clients appear more than once in this batch (2000 rows)" in \
-        capsys.readouterr().err
+                                             "--testing_seed", "1")) == 0
+    counters = _testing_counters(out, "ldp_frequencies/c1")
+    assert counters["ldp.reports_removed_repeated_in_batch"] == 2000
     # a collection with a replayed part: the replayed clients' reports are removed, counted
     part = _ldp_reports(tmp_path, "part", range(100))
     mixed = f"{path},{part}"
-    assert ldp_frequencies.main(_frequencies(mixed, "c1", "--skip_consumed", "--output",
-                                             str(out), "--testing_seed", "1")) == 0
-    counters = _testing_counters(out, "ldp_frequencies/c1")
-    assert counters["ldp.reports_removed_already_consumed"] == 200
+    assert ldp_frequencies.main(_frequencies(mixed, "c2", "--output", str(out),
+                                             "--testing_seed", "1")) == 0
+    counters = _testing_counters(out, "ldp_frequencies/c2")
+    assert counters["ldp.reports_removed_repeated_in_batch"] == 200
     assert counters["ldp.reports_read"] == 900
 
 
@@ -307,12 +316,9 @@ def test_a_replayed_report_batch_is_refused_in_a_release(tmp_path, capsys):
     day = _ldp_reports(tmp_path, "day", range(1000))
     late = _ldp_reports(tmp_path, "late", range(900, 1200))       # 100 clients replayed
     both = f"{day},{late}"
-    _refused(ldp_frequencies.main, _frequencies(both, "c1", *_release(tmp_path)), tmp_path,
-             capsys, "--input: 100 clients appear more than once in this batch (200 rows)")
-    assert ldp_frequencies.main(_frequencies(both, "c1", "--skip_consumed",
-                                             *_release(tmp_path))) == 0
+    assert ldp_frequencies.main(_frequencies(both, "c1", *_release(tmp_path))) == 0
     counters = _counters(tmp_path, "ldp_frequencies/c1")
-    assert counters["ldp.reports_removed_already_consumed"] == 200
+    assert counters["ldp.reports_removed_repeated_in_batch"] == 200
     # another collection (another day) is another scope: the same clients report again
     assert ldp_frequencies.main(_frequencies(day, "c2", *_release(tmp_path))) == 0
     # real releases need the client ids
@@ -322,13 +328,15 @@ def test_a_replayed_report_batch_is_refused_in_a_release(tmp_path, capsys):
              capsys, "has no column 'client_id'")
 
 
-def test_replayed_pem_reports_are_refused(tmp_path, capsys):
+def test_replayed_pem_reports_are_removed(tmp_path):
     path = os.path.join(SAMPLE, "ldp", "pem_reports.parquet")
-    shutil.copy(path, tmp_path / "again.parquet")
+    table = pq.read_table(path)
+    pq.write_table(table.slice(0, 500), tmp_path / "again.parquet")
     argv = ["--input", f"{path},{tmp_path / 'again.parquet'}", "--epsilon", "4",
             "--value_bits", "16", "--top_k", "9", "--collection_id", "c1", *_release(tmp_path)]
-    _refused(ldp_heavy_hitters.main, argv, tmp_path, capsys,
-             "20000 clients appear more than once in this batch")
+    assert ldp_heavy_hitters.main(argv) == 0
+    counters = _counters(tmp_path, "ldp_heavy_hitters/c1")
+    assert counters["ldp.reports_removed_repeated_in_batch"] == 1000
 
 
 def test_an_overlapping_label_export_is_refused_or_only_new_examples_exported(tmp_path, capsys):
@@ -373,21 +381,24 @@ def _with_duplicate(source, target) -> str:
     return str(target)
 
 
-def test_a_duplicated_record_is_refused_by_the_browsers_job(tmp_path, capsys):
-    """The finding: each copy got a fresh report id, so no helper could see the replay."""
+def test_a_duplicated_record_is_removed_by_the_browsers_job(tmp_path):
+    """The finding: each copy got a fresh report id, so no helper could see the replay. Since
+    issue 40 every copy is removed (counted) instead of refusing the batch."""
     sample = os.path.join(SAMPLE, "masked_lark")
     records = _with_duplicate(os.path.join(sample, "conversions.csv"), tmp_path / "records.csv")
     argv = ["--input", records, "--params", os.path.join(sample, "aggregation_params.json"),
             "--batch_id", "b1", *_release(tmp_path)]
-    _refused(masked_lark_share.main, argv, tmp_path, capsys,
-             "--input: 1 record ids appear more than once in this batch (2 rows)")
+    assert masked_lark_share.main(argv) == 0
+    counters = _counters(tmp_path, "masked_lark_share/b1")
+    assert counters["records_removed_repeated_in_batch"] == 2
 
 
-def test_a_duplicated_record_is_refused_by_the_training_driver(tmp_path, capsys):
+def test_a_duplicated_record_is_removed_by_the_training_driver(tmp_path):
     sample = os.path.join(SAMPLE, "masked_lark")
     records = _with_duplicate(os.path.join(sample, "train.csv"), tmp_path / "train.csv")
     argv = ["--input", records, "--params", os.path.join(sample, "gradient_params.json"),
             "--model", os.path.join(sample, "model.json"), "--model_id", "m1", "--epochs", "1",
             *_release(tmp_path)]
-    _refused(masked_lark_train.main, argv, tmp_path, capsys,
-             "--input: 1 record ids appear more than once in this batch (2 rows)")
+    assert masked_lark_train.main(argv) == 0
+    counters = _counters(tmp_path, "masked_lark_train/m1")
+    assert counters["records_removed_repeated_in_batch"] == 2

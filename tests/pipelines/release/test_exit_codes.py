@@ -385,3 +385,171 @@ def test_a_broken_ledger_or_key_store_is_refused_before_the_charge(job, fault, i
     code, out, err = _run(job, _argv(job, work, tmp_path))
     _check_refused(job, tmp_path, work, code, out, err, before)
     assert str(tmp_path / "private") in err  # the ledger (or its chain key) is named
+
+
+# --------------------------------------------------------------------------- columns (issue 40)
+
+#: job -> the input file (under the workspace) whose first column is named twice.
+DUPLICATED_COLUMN = {
+    "centralnotice": "centralnotice/clicks.csv", "reach_frequency": "reach_frequency/impressions.csv",
+    "summary_reports": "conv.csv", "event_level_reports": "event_level/conversions.csv",
+    "ldp_frequencies": "ldp/reports_oue.parquet", "ldp_heavy_hitters": "ldp/pem_reports.parquet",
+    "shuffle_sum": "ldp/shares.parquet", "label_dp": "ldp/training.csv",
+    "masked_lark_share": "masked_lark/conversions.csv",
+    "masked_lark_helper": "reports_helper_0.parquet", "masked_lark_combine": "helper_0.parquet",
+    "masked_lark_train": "masked_lark/train.csv",
+}
+
+
+def test_every_job_has_a_duplicated_column_case():
+    assert set(DUPLICATED_COLUMN) == set(JOBS)
+
+
+def _name_a_column_twice(path: pathlib.Path) -> str:
+    """``path`` with its first column repeated as its last (same name, same values)."""
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        name = table.column_names[0]
+        pq.write_table(pa.Table.from_arrays([*table.columns, table.column(0)],
+                                            names=[*table.column_names, name]), path)
+        return name
+    import csv
+
+    with open(path, newline="") as handle:
+        rows = list(csv.reader(handle))
+    with open(path, "w", newline="") as handle:
+        csv.writer(handle).writerows([*row, row[0]] for row in rows)
+    return rows[0][0]
+
+
+@pytest.mark.parametrize("job", sorted(DUPLICATED_COLUMN))
+def test_a_column_named_twice_is_refused_before_the_charge(job, inputs, tmp_path):
+    """Issue 40: five jobs exited 1 on a header naming a column twice, four read one of the two
+    silently (which one differs between readers): refused in preflight, naming file and column."""
+    work = _workspace(inputs, tmp_path)
+    path = work / DUPLICATED_COLUMN[job]
+    name = _name_a_column_twice(path)
+    before = _state(tmp_path)
+    code, out, err = _run(job, _argv(job, work, tmp_path))
+    _check_refused(job, tmp_path, work, code, out, err, before)
+    assert f"column {name!r} is named twice" in err and str(path) in err, err
+
+
+# --------------------------------------------------------------------------- a full disk (issue 40)
+
+def _tmpfs(folder: pathlib.Path, size: str):
+    """A small tmpfs mounted at ``folder`` (root only: skipped otherwise); unmount with
+    ``umount``."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    folder.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                          capture_output=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace')[:80]}")
+
+
+def _fill(folder: pathlib.Path, leave: int) -> pathlib.Path:
+    """Fill the file system of ``folder`` up to ``leave`` bytes free (page granularity)."""
+    filler = folder / "filler"
+    free = os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize
+    with open(filler, "wb") as handle:
+        handle.write(b"\0" * max(0, free - leave))
+    return filler
+
+
+#: Free bytes left beside the ledger and key store: every step of a first release (the
+#: consumed-id record, the key, the chain key, the ledger itself, the binding) meets the full disk.
+FREE_BYTES = (0, 4096, 8192, 12288, 16384, 24576, 32768)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("free", FREE_BYTES)
+def test_a_full_ledger_or_key_store_is_exit_2_or_3_never_1(free, inputs, tmp_path):
+    """A full disk under the ledger and the key store (a small tmpfs): exit 2 (nothing charged:
+    no ledger, no key, no consumed-id record left) or 3 (charged, nothing published), naming the
+    errno -- never exit 1; once space is freed, the same command releases, charged once."""
+    import subprocess
+
+    work = tmp_path / "w"
+    shutil.copytree(inputs, work)
+    private = tmp_path / "private"
+    _tmpfs(private, "64k")
+    try:
+        filler = _fill(private, free)
+        argv = _argv("label_dp", work, tmp_path)
+        code, out, err = _run("label_dp", argv)
+        assert code in (0, 2, 3), f"exit {code}: {err}"
+        published = [p for p in (tmp_path / "out").rglob("RELEASE.json")] \
+            if (tmp_path / "out").exists() else []
+        if code in (2, 3):
+            assert "[Errno 28] No space left on device" in err, err
+            assert not published
+        if code == 2:
+            assert "nothing was charged" in err
+            assert not (private / "ledger.json").exists()
+            keys = private / "keys"
+            assert not keys.exists() or not [p for p in keys.iterdir()
+                                             if not p.name.startswith("ledger-chain-")], \
+                f"a key left behind: {sorted(p.name for p in keys.iterdir())}"
+        filler.unlink()
+        code, out, err = _run("label_dp", argv)
+        assert code == 0, err
+        state = json.loads((private / "ledger.json").read_text())
+        assert len(state["releases"]) == 1
+    finally:
+        subprocess.run(["umount", str(private)], check=False)
+
+
+def _chattr(flag: str, path: pathlib.Path) -> bool:
+    import subprocess
+
+    return subprocess.run(["chattr", flag, str(path)], capture_output=True).returncode == 0
+
+
+#: What is made immutable before a second release, and the exit code promised: the ledger, the
+#: key store and the output root are probed before the charge (2); the job's folder of
+#: releases is first written after it (3).
+IMMUTABLE = {"ledger": ("private/ledger.json", 2), "key store": ("private/keys", 2),
+             "output root": ("out", 2), "releases folder": ("out/label_dp", 3)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("place", sorted(IMMUTABLE))
+def test_an_immutable_ledger_key_store_or_output_is_exit_2_or_3_never_1(place, inputs, tmp_path):
+    """``chattr +i`` (root: permission bits do not stop root, an immutable file does): the
+    second release exits as promised naming the errno, never 1, and a re-run once the flag is
+    removed releases it."""
+    if os.geteuid() != 0:
+        pytest.skip("chattr needs root")
+    work = _workspace(inputs, tmp_path)
+    with open(work / "ldp" / "training.csv") as handle:
+        lines = handle.readlines()
+    (work / "first.csv").write_text("".join(lines[:101]))
+    (work / "second.csv").write_text("".join(lines[:1] + lines[101:201]))
+    argv = _argv("label_dp", work, tmp_path, ["--input", str(work / "first.csv")])
+    assert _run("label_dp", argv)[0] == 0
+    target, promised = IMMUTABLE[place]
+    path = tmp_path / target
+    if not _chattr("+i", path):
+        pytest.skip("chattr +i is not supported here")
+    second = _argv("label_dp", work, tmp_path, ["--dataset_id", "second",
+                                                 "--input", str(work / "second.csv")])
+    try:
+        before = (tmp_path / "private" / "ledger.json").read_bytes()
+        code, out, err = _run("label_dp", second)
+        assert code == promised, f"exit {code}: {err}"
+        assert "[Errno 1] Operation not permitted" in err or \
+            f"{path} is not writable" in err, err
+        assert not (tmp_path / "out" / "label_dp" / "second").exists()
+        if code == 2:
+            assert (tmp_path / "private" / "ledger.json").read_bytes() == before
+    finally:
+        _chattr("-i", path)
+    code, out, err = _run("label_dp", second)
+    assert code == 0, err

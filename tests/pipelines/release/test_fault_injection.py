@@ -542,7 +542,8 @@ def alerted(code, *says, then=None):
 
 
 def _published(expect: Expect) -> bool:
-    """Exit 0, or an operator's --alert_exit_code (4..125): released."""
+    """Exit 0, 4 (published, the ledger commit failed) or an operator's --alert_exit_code
+    (5..125): released."""
     return expect.code == 0 or expect.code >= 4
 
 
@@ -1346,6 +1347,27 @@ def _disk_full(function):
     PATCHES["monkeypatch"].setattr(storage, function, full)
 
 
+COMMIT = {"fails": False}  # the ledger commit after publication
+
+
+def _commit_fails():
+    """The ledger's commit after publication fails as on a full ledger folder (ENOSPC) while
+    COMMIT["fails"]; ``then_commit_completed`` lets it succeed again."""
+    import errno
+
+    from accounting.ledger import BudgetLedger
+
+    real = BudgetLedger.commit
+
+    def full(self, *args, **kwargs):
+        if COMMIT["fails"]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.path)
+        return real(self, *args, **kwargs)
+
+    COMMIT["fails"] = True
+    PATCHES["monkeypatch"].setattr(BudgetLedger, "commit", full)
+
+
 def _cn_epsilon(ws, epsilon):
     config = cn_config()
     config["campaigns"][0]["privacy"]["impressions"]["epsilon"] = epsilon
@@ -1432,6 +1454,7 @@ EXIT_FIXTURES: dict[str, Callable] = {
         ws, slice_dimensions=[2 ** 40, 2 ** 40])),
     "disk_full_staging": lambda ws: _disk_full("write_bytes"),
     "disk_full_publishing": lambda ws: _disk_full("rename_dir"),
+    "commit_fails": lambda ws: _commit_fails(),
     "ledger_releases_a_list": lambda ws: _edit_ledger(ws, lambda s: s.update(releases=[])),
     "ledger_epsilon_a_string": lambda ws: _edit_ledger(ws, lambda s: s["releases"][
         "C1/2026-11-01"]["measures"][0].update(epsilon="0.1")),
@@ -1466,6 +1489,19 @@ def then_disk_freed(ws, case, argv, charged_after):
     assert charged(ws.ledger) == pytest.approx(charged_after)
 
 
+def then_commit_completed(ws, case, argv, charged_after):
+    """Exit 4 left the release out and its record 'publishing'; with the space back, the same
+    command completes the record (reproduced, nothing more spent)."""
+    states = {r["versioned_id"]: r["state"] for r in read_json(ws.ledger)["releases"].values()}
+    assert states["C1/2026-11-02"] == "publishing"
+    COMMIT["fails"] = False
+    code, out, err = run_main(case.job, argv)
+    assert code == 0 and "(reproduced)" in out, err
+    assert charged(ws.ledger) == pytest.approx(charged_after)
+    states = {r["versioned_id"]: r["state"] for r in read_json(ws.ledger)["releases"].values()}
+    assert states["C1/2026-11-02"] == "committed"
+
+
 def then_migrated(ws, case, argv, charged_after):
     """``python -m accounting.ledger migrate`` chains it once; the run then goes on, and a hand
     edit after that is caught; migrating again is refused (nothing to do)."""
@@ -1491,7 +1527,8 @@ def then_not_migrated(ws, case, argv, charged_after):
     assert ws.ledger.read_bytes() == before
 
 
-EXIT_THEN = {"disk_freed": then_disk_freed, "migrated": then_migrated,
+EXIT_THEN = {"disk_freed": then_disk_freed, "commit_completed": then_commit_completed,
+             "migrated": then_migrated,
              "not_migrated": then_not_migrated}
 VERIFY = "{ws}/private/ledger.json does not verify: "
 EXIT_CASES = [
@@ -1519,6 +1556,11 @@ EXIT_CASES = [
     Case("cn-disk-full-while-publishing", "cn", "disk_full_publishing", DAY2,
          failed("the release failed (OSError: [Errno 28] No space left on device",
                 then="disk_freed")),
+    # ---- published, the ledger commit failed: exit 4 (issue 40), not 0 with a warning
+    Case("cn-ledger-commit-fails-after-publication", "cn", "commit_fails", DAY2,
+         Expect(4, ("C1/2026-11-02 is published but its ledger record was not committed "
+                    "(OSError: [Errno 28] No space left on device: {ws}/private/ledger.json)",
+                    "exit 4"), "more", "commit_completed")),
     # ---- the ledger and the key store: unreadable or malformed -> exit 2, nothing changed
     Case("cn-ledger-releases-not-an-object", "cn", "ledger_releases_a_list", DAY2,
          refused("{ws}/private/ledger.json is malformed: its 'releases' is missing or of the "
@@ -1614,6 +1656,7 @@ def edges(monkeypatch):
         monkeypatch.setitem(THEN, name, then)
     monkeypatch.setitem(PATCHES, "monkeypatch", monkeypatch)
     monkeypatch.setitem(DISK, "full", False)
+    monkeypatch.setitem(COMMIT, "fails", False)
 
 
 @pytest.mark.parametrize("case", EDGE_CASES, ids=[c.id for c in EDGE_CASES])

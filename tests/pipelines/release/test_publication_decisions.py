@@ -242,3 +242,207 @@ def test_one_training_records_faulty_feature_or_label_does_not_decide_the_model(
     result = audit(spec, datasets, changes=[Change.REPLACE_VALUES])
     result.assert_ok()
     assert len(result.pairs) == 7
+
+
+# ---- Repeated and uncanonical ids never decide a run (issue 40, item 3) ----------------------
+#
+# Every job that declares consumed ids (``Job.consumes``) removes every copy of an id repeated
+# within its batch and drops a row whose id has no canonical form, counted for the operator;
+# only ids consumed by *earlier* releases refuse a batch. The neighbours below sit on that edge:
+# D plus one more copy of an id D already holds (another content: the copies conflict), and D
+# plus one row whose id has no canonical form. Before issue 40 each D' was refused (exit 2)
+# while D was published -- an observable difference the audit reports.
+
+#: An id without a canonical form (its plain decimal form would have 1000 digits).
+NO_CANONICAL_FORM = "1e999"
+
+
+def _edge(name, neighbours, *, job=None, tables=None, datasets=None):
+    entry = REGISTRY[name]
+    datasets = datasets if datasets is not None else entry.datasets()
+    spec = dataclasses.replace(entry.spec(datasets), units=None, neighbours=neighbours,
+                               modes=("exact",))
+    if job is not None:
+        spec = dataclasses.replace(spec, job=job)
+    if tables is not None:
+        spec = dataclasses.replace(spec, tables={**spec.tables, **tables})
+    _published(spec.job, datasets)
+    result = audit(spec, datasets, changes=[Change.ADD_SPREAD])
+    result.assert_ok()
+    return result
+
+
+def _published(job, datasets):
+    """Each dataset is published (a refusal of D itself is the regression these audits pin: an
+    assertion, not an audit that cannot start)."""
+    from pipelines.release import ReleaseRefused
+
+    for dataset in datasets:
+        try:
+            job(dataset, 1, True)
+        except ReleaseRefused as err:
+            raise AssertionError(f"{dataset.name} was refused: {err}") from None
+
+
+def _adding(*rows_of):
+    """Neighbours: D plus the rows ``row_of(dataset)`` returns, in a batch of their own."""
+    def neighbours(dataset, changes, seed):
+        return [Neighbour(change=Change.ADD_SPREAD, note=note,
+                          dataset=Dataset(batches=[*dataset.batches, build(dataset)],
+                                          name=f"{dataset.name}+{note}", extra=dataset.extra))
+                for note, build in rows_of]
+    return neighbours
+
+
+def _relabel(target):
+    """Label-DP neighbours: the label of each row ``target(row)`` selects flipped, one at a
+    time (the relation: one example's label changed; ids and features fixed)."""
+    def neighbours(dataset, changes, seed):
+        out = []
+        for i, row in enumerate(dataset.rows()):
+            if not target(row):
+                continue
+            flipped = [dict(r) for r in dataset.rows()]
+            flipped[i]["label"] = "no" if row["label"] == "yes" else "yes"
+            out.append(Neighbour(change=Change.REPLACE_VALUES, note=f"row {i} relabelled",
+                                 dataset=Dataset(batches=[flipped], name=f"{dataset.name}'")))
+        return out
+    return neighbours
+
+
+def test_label_dp_a_repeated_or_uncanonical_example_id_does_not_decide_the_export():
+    """D holds one example twice (two labels) and a row whose id is "1e999"; its label-DP
+    neighbours flip the label of each of those rows and of an ordinary example. Before issue 40
+    D itself was refused (exit 2: nothing to audit); now every run is published, the repeated
+    example's rows are removed and the faulty row dropped (the ids are public: which rows are
+    exported depends on them only), and a flipped label moves its own example only."""
+    entry = REGISTRY["label_dp"]
+    (base,) = entry.datasets()
+    rows = base.rows()
+    extra = [{**rows[0], "label": "no" if rows[0]["label"] == "yes" else "yes"},
+             {**rows[1], "example_id": NO_CANONICAL_FORM}]
+    edge = Dataset(batches=[*base.batches, extra], name="examples + a repeat + 1e999")
+    rule = entry.tables["*/dataset.parquet"]
+    kept = [k for k in rule.public_keys if k != (str(rows[0]["example_id"]),)]
+    targets = {str(rows[0]["example_id"]), NO_CANONICAL_FORM, str(rows[5]["example_id"])}
+    result = _edge("label_dp", _relabel(lambda r: str(r["example_id"]) in targets),
+                   datasets=[edge],
+                   tables={"*/dataset.parquet": dataclasses.replace(rule, public_keys=kept)})
+    assert len(result.pairs) == 4   # the example's two rows, the faulty row, an ordinary one
+
+
+def _summary_with_ids(dataset: Dataset) -> Dataset:
+    rows = [{**r, "report_id": f"r{i}"} for i, r in enumerate(dataset.rows())]
+    size = -(-len(rows) // len(dataset.batches))
+    return Dataset(batches=[rows[i:i + size] for i in range(0, len(rows), size)],
+                   name=f"{dataset.name} with report ids", extra=dataset.extra)
+
+
+def _summary_reports_job_with_ids():
+    """The registered summary-reports job, its reports written with their ``report_id``."""
+    from audit_kit import rows_as_jsonl
+
+    job = REGISTRY["summary_reports"].job
+
+    def write(dataset, folder):
+        buckets = dataset.extra["buckets"]
+        domain = os.path.join(folder, "domain.txt")
+        with open(domain, "w") as handle:
+            handle.writelines(f"{b:#x}\n" for b in buckets)
+        files = rows_as_jsonl("reports", lambda r: {
+            "report_id": r["report_id"], "source_id": r["source_id"],
+            "contributions": [{"bucket": f"{r['bucket']:#x}", "value": r["value"]}]})(
+                dataset, folder)
+        return {**files, "domain": [domain]}
+    return dataclasses.replace(job, write=write)
+
+
+def test_summary_reports_a_report_sent_twice_or_an_uncanonical_id_does_not_decide_the_batch():
+    """D' adds a second copy of one report (another value: the copies conflict, so every copy
+    is removed -- within one report's contribution, the source's L1 bound), or a report whose
+    id has no canonical form (a faulty report: dropped)."""
+    def again(dataset):
+        row = dataset.rows()[0]
+        return [{**row, "value": max(1, row["value"] // 2)}]
+
+    def faulty(dataset):
+        return [{**dataset.rows()[1], "report_id": NO_CANONICAL_FORM}]
+
+    entry = REGISTRY["summary_reports"]
+    datasets = [_summary_with_ids(d) for d in entry.datasets()]
+    result = _edge("summary_reports", _adding(("report sent twice", again),
+                                              ("no canonical report id", faulty)),
+                   job=_summary_reports_job_with_ids(), datasets=datasets)
+    assert len(result.pairs) == 2
+
+
+def test_ldp_a_replayed_client_does_not_decide_the_collection():
+    """D' adds a second report of one client (another value): every report of that client is
+    removed -- the client's own reports only; the collection is published on both sides."""
+    for name in ("ldp_frequencies", "ldp_heavy_hitters"):
+        def again(dataset):
+            row = dataset.rows()[0]
+            return [{**row, "value": (int(row["value"]) + 1) % 8}]
+        result = _edge(name, _adding(("client replayed", again)))
+        assert len(result.pairs) == 1
+
+
+def test_masked_lark_training_a_repeated_record_id_does_not_decide_the_model():
+    """D holds one record id twice and a record whose id is "1e999" (public identities: every
+    copy of the repeated id is removed, the faulty one dropped, counted); its neighbours replace
+    those records' labels (the helpers' relation: one report's values replaced). Before issue 40
+    D was refused (exit 2); now every run trains, and the model moves by at most the stated
+    gradient sensitivity."""
+    entry = REGISTRY["masked_lark_train"]
+    (base,) = entry.datasets()
+    rows = base.rows()
+    extra = [{**rows[3], "label": 1 - int(rows[3]["label"])},
+             {**rows[4], "record_id": NO_CANONICAL_FORM}]
+    edge = Dataset(batches=[*base.batches, extra], name=f"{base.name} + a repeat + 1e999")
+
+    def neighbours(dataset, changes, seed):
+        out = []
+        for i, row in enumerate(dataset.rows()):
+            if str(row["record_id"]) not in {str(rows[3]["record_id"]), NO_CANONICAL_FORM,
+                                             str(rows[6]["record_id"])}:
+                continue
+            changed = [dict(r) for r in dataset.rows()]
+            changed[i]["label"] = 1 - int(row["label"])
+            out.append(Neighbour(change=Change.REPLACE_VALUES, note=f"record {i} relabelled",
+                                 dataset=Dataset(batches=[changed], name=f"{dataset.name}'")))
+        return out
+
+    result = _edge("masked_lark_train", neighbours, datasets=[edge])
+    assert len(result.pairs) == 4
+
+
+def test_event_level_a_source_registered_twice_or_uncanonical_does_not_decide_the_batch():
+    """D registers one source a second time (another campaign: the registrations conflict, so
+    the source and its conversions are removed, counted) and a source whose id has no canonical
+    form (dropped); the registered sources are public, so D is audited against the job's own
+    neighbours (one source's conversions added, removed, rebatched). Before issue 40 D was
+    refused (exit 2: nothing to audit)."""
+    entry = REGISTRY["event_level_reports"]
+    job = entry.job
+    (base,) = entry.datasets()
+
+    def write(dataset, folder):
+        extra = dict(dataset.extra)
+        more = extra.pop("registrations", [])
+        files = job.write(Dataset(batches=dataset.batches, name=dataset.name, extra=extra),
+                          folder)
+        with open(files["sources"][0], "a") as handle:
+            handle.writelines(f"{s},{c}\n" for s, c in more)
+        return files
+
+    source = base.rows()[0]["source_id"]
+    campaign = "c2" if base.extra[source] == "c1" else "c1"
+    edge = Dataset(batches=base.batches, name=f"{base.name} + a repeat + 1e999",
+                   extra={**base.extra, "registrations": [(source, campaign),
+                                                          (NO_CANONICAL_FORM, "c1")]})
+    spec = dataclasses.replace(entry.spec([base]), job=dataclasses.replace(job, write=write),
+                               modes=("exact",))
+    _published(spec.job, [edge])
+    result = audit(spec, [edge], changes=[Change.ADD_HEAVY, Change.REMOVE_HEAVY, Change.REBATCH])
+    result.assert_ok()
+    assert len(result.pairs) == 3

@@ -28,6 +28,7 @@ from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Relea
                                ReleaseOptions, ReleaseRefused, cli, counters, inputs, names,
                                publish, storage)
 from pipelines.release import flags as release_flags
+from pipelines.release.errors import EXIT_NOT_COMMITTED
 from pipelines.release import run as run_release
 from transforms.counting import Counted, CountingDoFn
 
@@ -539,7 +540,7 @@ def test_the_removed_allow_dropped_rows_flag_is_refused_naming_its_replacement(f
     (dict(testing_seed=True), "--testing_seed must be an integer"),
     (dict(ledger="l"), "a release needs --ledger and --key_store"),
     (dict(testing_seed=1, max_dropped_fraction=1.0), r"--max_dropped_fraction must be in \[0, 1\)"),
-    (dict(testing_seed=1, alert_exit_code=3), r"--alert_exit_code must be an integer in 4\.\.125"),
+    (dict(testing_seed=1, alert_exit_code=3), r"--alert_exit_code must be an integer in 5\.\.125"),
     (dict(testing_seed=1, alert_exit_code=126), r"--alert_exit_code must be an integer"),
     (dict(testing_seed=1, alert_exit_code=True), r"--alert_exit_code must be an integer"),
     (dict(output=""), "--output is required"),
@@ -709,7 +710,7 @@ def _toy_argv(tmp_path, label="toy/2026"):
             "--key_store", str(tmp_path / "keys"), "--label", label]
 
 
-def test_a_failing_ledger_commit_after_publication_is_a_warning_and_a_rerun_completes_it(
+def test_a_failing_ledger_commit_after_publication_exits_4_and_a_rerun_completes_it(
         tmp_path, monkeypatch, capsys):
     from accounting.ledger import machine
 
@@ -720,9 +721,11 @@ def test_a_failing_ledger_commit_after_publication_is_a_warning_and_a_rerun_comp
         raise OSError("disk full")
 
     monkeypatch.setattr(machine.BudgetLedger, "commit", broken)
-    assert cli.main(TOY, argv) == 0  # the release is out: 0 means released
+    # the release is out, its record incomplete: exit 4 (issue 40), never 0 with a warning
+    assert cli.main(TOY, argv) == EXIT_NOT_COMMITTED == 4
     captured = capsys.readouterr()
-    assert "published but its ledger record was not committed" in captured.err
+    assert "published but its ledger record was not committed (OSError" in captured.err
+    assert f"exit {EXIT_NOT_COMMITTED}" in captured.err
     folder = tmp_path / "out" / "toy" / "2026" / "v1"
     assert (folder / "RELEASE.json").exists()
     assert read_json(tmp_path / "l.json")["releases"]["toy/2026"]["state"] == "publishing"

@@ -103,7 +103,21 @@ def test_what_consumes_scans_before_the_charge_reads_the_same_way(tmp_path):
                                                                       "value": "number"})
     tables = list(consumption.read_columns(inputs.preflight(spec), ["key"]))
     assert pa.concat_tables(tables).column("key").to_pylist() == ["k1", None, "k3"]
-    assert consumption.canonical_ids(inputs.preflight(spec), "key").to_pylist() == ["k1", "k3"]
+    ids, faults = consumption.canonical_ids(inputs.preflight(spec), "key")
+    assert ids.to_pylist() == ["k1", "k3"] and faults == 0
+
+
+def test_an_id_without_a_canonical_form_is_left_out_and_counted_before_the_charge(tmp_path):
+    """Issue 40: "1e999" has no canonical form: a row fault (counted, its row dropped by the
+    job), never a refusal of the batch; a missing id is counted only when ids are required."""
+    path = tmp_path / "rows.csv"
+    path.write_text("key,value\n7,1\n1e999,2\n,3\n007,4\n")
+    spec = inputs.InputSpec(name="rows", paths=(str(path),), columns={"key": "id",
+                                                                      "value": "number"})
+    ids, faults = consumption.canonical_ids(inputs.preflight(spec), "key")
+    assert ids.to_pylist() == ["7", "7"] and faults == 1
+    ids, faults = consumption.canonical_ids(inputs.preflight(spec), "key", required=True)
+    assert ids.to_pylist() == ["7", "7"] and faults == 2
 
 
 def test_valid_batches_take_the_one_pass_check_only(tmp_path, monkeypatch):
