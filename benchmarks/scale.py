@@ -101,7 +101,7 @@ def leg(directory: str, engine: str, keyset_via: str = "staging") -> dict:
     from accounting.budget import PrivacyBudget
     from accounting.keys import ReleaseKey
     from accounting.sensitivity import ContributionBounds
-    from runners import execution
+    from runners import seam
     from runners.profiles import pipeline_options_for
     from transforms.aggregate import DPAggregate
     from transforms.keyset import PublicKeyset
@@ -136,7 +136,7 @@ def leg(directory: str, engine: str, keyset_via: str = "staging") -> dict:
                     .write(str(n))))
 
     try:
-        execution.run(pipeline_options_for(argv), build)
+        seam.run(pipeline_options_for(argv), build)
     finally:
         if staging:
             shutil.rmtree(staging, ignore_errors=True)

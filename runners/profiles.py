@@ -1,10 +1,10 @@
 """One way to put any pipeline of this project on a runner: ``--runner`` plus Beam's own options.
 
 Every pipeline main passes the arguments it does not know itself to :func:`pipeline_options_for`
-and runs through the runner seam (:func:`runners.execution.run`)::
+and runs through the runner seam (:func:`runners.seam.run`)::
 
     known, beam_args = parser.parse_known_args(argv)
-    result = runners.execution.run(pipeline_options_for(beam_args), build)
+    result = runners.seam.run(pipeline_options_for(beam_args), build)
 
 which applies the profile of the chosen runner: defaults that make that runner work here (local
 engines, no Docker, cached jars and binaries), checks that what a remote runner needs is there,
@@ -52,7 +52,6 @@ profiles:
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import os
 import sys
@@ -69,25 +68,6 @@ from runners.prism import PrismExecution
 from transforms.parallel import ExecutionOptions  # noqa: F401
 
 _LOGGER = logging.getLogger(__name__)
-
-#: Modules whose import registers runner-specific pipeline options with Beam (Beam parses, and
-#: pipelines.release.flags accepts, only the flags of option classes it has seen): Beam's Dask
-#: runner's (``--dask_client_address``, ...) and its render runner's. This project's own
-#: (:mod:`runners.dask_cluster`, :class:`transforms.parallel.ExecutionOptions`) are imported above.
-OPTION_MODULES = ("apache_beam.runners.dask.dask_runner", "apache_beam.runners.render")
-
-
-def register_options() -> None:
-    """Import every module that registers a pipeline option a run on some profile may take.
-    A module whose runner is not installed (Beam's Dask runner without the ``dask`` extra: the
-    base install of ``make demo``) registers nothing: its flags are then unknown, as its runner
-    is unusable."""
-    for module in OPTION_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            _LOGGER.debug("pipeline options of %s not registered: %s", module, err)
-
 
 REPO_SETUP_FILE = Path(__file__).resolve().parent.parent / "setup.py"
 
@@ -407,7 +387,7 @@ def pipeline_options_for(argv: Sequence[str] | None = None,
 
 def profile_of(options) -> RunnerProfile:
     """The profile of the runner ``options`` run on (a pass-through profile for a runner without
-    one): what :func:`runners.execution.run` asks how a run goes."""
+    one): what the seam (:mod:`runners.seam`) asks how a run goes."""
     from apache_beam.options.pipeline_options import StandardOptions
 
     if is_dask(options):
