@@ -18,8 +18,9 @@ profiles:
   silently falls back to the FnApiRunner, so this profile picks one itself: the FnApiRunner (the
   embedded runner), or PrismRunner when ``--prism_location`` is given.
 * ``FnApiRunner`` — the embedded runner, as is. With one worker (``--direct_num_workers=1``, Beam's
-  default) it runs a job on one core, so its DoFns run their per-element work on
-  ``--dofn_threads`` threads: the cores, at most :data:`MAX_THREADS`.
+  default) it runs a job on one core, so its DoFns run their per-element work on the cores, at
+  most :data:`transforms.parallel.MAX_THREADS` (:func:`transforms.parallel.default_threads`:
+  chosen for any pipeline on the in-process engine, a profile's or a user's plain one).
 * ``PrismRunner`` — LOOPBACK workers; ``--prism_location`` defaults to the binary built by
   ``python -m runners.fetch prism`` if it is there (otherwise Beam downloads a release binary);
   the binary is found before anything runs (:mod:`runners.prism`: a missing one is refused with
@@ -235,29 +236,6 @@ def _dask_runner(_given) -> str:
     return DASK_RUNNER
 
 
-#: The most threads the in-process engine's profile gives a DoFn (``--dofn_threads``).
-MAX_THREADS = 4
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def _in_process_threads(given) -> int | None:
-    """``--dofn_threads`` for the in-process engine run with one worker, which otherwise uses a
-    single core: the machine's cores, at most :data:`MAX_THREADS` (threads of a DoFn do the
-    Arrow, numpy and AES work of bounding and noise, which releases the GIL). None (one thread)
-    with several workers, or when the DirectRunner profile picks Prism (which runs bundles on
-    every core already)."""
-    if given.get("prism_location") or given.get("direct_num_workers", "1") != "1":
-        return None
-    return max(1, min(MAX_THREADS, _cores()))
-
-
-_THREADS_WHY = "threads per DoFn: the in-process engine with one worker uses one core"
-_IN_PROCESS_THREADS = ("dofn_threads", _in_process_threads, _THREADS_WHY)
-
-
 def _no_scheduler(given) -> bool:
     return not (given.get("dask_client_address") or given.get("dask_scheduler_file"))
 
@@ -305,10 +283,8 @@ PROFILES: dict[str, RunnerProfile] = {p.name: p for p in (
         name="DirectRunner",
         summary="Embedded and deterministic: the FnApiRunner, or PrismRunner if --prism_location is given "
         "(Beam's own DirectRunner would try Prism and fall back silently).",
-        choose_runner=_direct_runner, always={"PrismRunner": (_PRISM_OWN_SERVER,)},
-        defaults=(_IN_PROCESS_THREADS,)),
-    RunnerProfile(name="FnApiRunner", summary="Beam's embedded Python runner, unchanged.",
-                  defaults=(_IN_PROCESS_THREADS,)),
+        choose_runner=_direct_runner, always={"PrismRunner": (_PRISM_OWN_SERVER,)}),
+    RunnerProfile(name="FnApiRunner", summary="Beam's embedded Python runner, unchanged."),
     RunnerProfile(
         name="PrismRunner",
         summary="Beam's Go runner on this machine; LOOPBACK workers; a Prism job server per run.",
