@@ -1,6 +1,7 @@
 """Noise throughput: keyed streams plus exact samplers for one million output keys.
 
     python benchmarks/noise.py [--keys N] [--repeats R]
+    python benchmarks/noise.py --keys 20000 --repeats 1  # quick
 
 Prints a table (seconds per million keys for each mechanism, median of R runs, and the share of
 that spent deriving the per-key streams) and ends with ``noise_seconds_per_million=S``, S being

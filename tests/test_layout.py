@@ -256,6 +256,27 @@ def test_the_runner_rule_catches_a_loop():
     assert _import_loops(graph) == ["runners.a", "runners.b", "runners.c"]
 
 
+def _shadowed(script_names, packages) -> list:
+    """The script names (benchmarks/NAME.py) that are also the name of an importable package."""
+    return sorted(set(script_names) & set(packages))
+
+
+def test_no_benchmark_shadows_a_package():
+    """A benchmark runs as a script (``python benchmarks/NAME.py``), so benchmarks/ comes first
+    on ``sys.path``: a benchmark named like one of the project's packages, a standard-library
+    module or an installed distribution's module would be imported in its place
+    (``benchmarks/runners.py`` made ``import runners`` fail with a circular import)."""
+    import importlib.metadata
+    import sys
+
+    scripts = [n[:-3] for n in os.listdir(os.path.join(ROOT, "benchmarks")) if n.endswith(".py")]
+    packages = {n for n in os.listdir(ROOT) if os.path.exists(os.path.join(ROOT, n, "__init__.py"))}
+    packages |= set(sys.stdlib_module_names) | set(importlib.metadata.packages_distributions())
+    assert {"runners", "transforms", "json", "numpy"} <= packages
+    assert _shadowed(scripts, packages) == []
+    assert _shadowed(["runners", "aggregate"], packages) == ["runners"]  # the rule bites
+
+
 #: Documents and scripts that cite source files, besides the Python sources.
 DOCUMENTS = (".md", ".sh", ".example")
 
