@@ -23,7 +23,7 @@ BENCHMARKS = os.path.join(ROOT, "benchmarks")
 #: A documented quick command: ``python benchmarks/<name>.py ARGS  # quick...``.
 QUICK = re.compile(r"^\s*(python benchmarks/(\w+)\.py\b[^#\n]*?)\s*#\s*quick\b", re.MULTILINE)
 #: A summary line: ``name=value`` pairs (with words naming a group, ``|`` joining two summaries).
-SUMMARY = re.compile(r"^(\w+ )*\w+=\S+(\s+(\w+=\S+|\w+|\|))*\s*$")
+SUMMARY = re.compile(r"^(\w+ )*[\w\[\]]+=\S+(\s+([\w\[\]]+=\S+|\w+|\|))*\s*$")
 #: Scripts the benchmarks run, not benchmarks of their own.
 HELPERS = {"local_dp_pure_ldp": "local_dp.py's pure-ldp leg, inside pure-ldp's own virtualenv",
            "columnar_floor": "the columnar floor that aggregate.py and scale.py compare with"}
@@ -50,6 +50,7 @@ def _quick_command(name: str, docstring: str) -> str:
 
 def test_every_benchmark_documents_one_quick_command():
     assert SUMMARY.match("speedup=1.5 ratio=0.3 | new_metrics rows=10 error_ratio p50=1.0")
+    assert SUMMARY.match("median=1.2 separate_over_chosen[criteo]=1.199")
     assert not SUMMARY.match("whole process at 10 rows: ours 1 s")
     benchmarks = _benchmarks()
     assert "aggregate" in benchmarks and "scale" in benchmarks
