@@ -81,13 +81,17 @@ def test_each_profile_owns_how_a_run_goes_on_its_runner():
         assert type(profiles.profile_of(PipelineOptions(argv)).execution) is execution.Execution, argv
     dataflow = profiles.profile_of(PipelineOptions(["--runner=DataflowRunner"]))
     assert dataflow.name == "DataflowRunner"
-    # Dataflow's execution only submits without waiting and awaits from another process
-    # (runners/dataflow_jobs.py); a whole run goes as Beam's.
+    # Dataflow's execution only submits without waiting, awaits from another process and knows
+    # a Flex Template launcher's job object (runners/dataflow_jobs.py); a whole run goes as Beam's.
     from runners.dataflow_jobs import DataflowExecution
 
     assert type(dataflow.execution) is DataflowExecution
     assert {name for name in vars(DataflowExecution) if not name.startswith("_")} == \
-        {"submit", "wait"}
+        {"submit", "wait", "launches_job"}
+    launch = "gs://b/staging/template_launches/2026-11-27_02_30_07-1234567890123456789/job_object"
+    assert dataflow.execution.launches_job(PipelineOptions([f"--template_location={launch}"]))
+    assert not dataflow.execution.launches_job(PipelineOptions(["--template_location=gs://b/t.json"]))
+    assert not execution.Execution().launches_job(PipelineOptions([f"--template_location={launch}"]))
     from runners.prism import PrismExecution  # Beam's own run, its binary checked first
 
     assert type(profiles.profile_of(PipelineOptions(["--runner=PrismRunner"])).execution) is PrismExecution
