@@ -111,5 +111,16 @@ test-airflow:
 	    --constraint $(AIRFLOW_LOCK) -e ".[airflow]" pytest
 	BEAM_DP_REQUIRE_AIRFLOW=1 $(AIRFLOW_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "" tests/runners/test_runners.py -k airflow
 
+## Benchmark peers, each in a virtualenv of its own under benchmarks/.venvs/ (never dependencies
+## of the project): PipelineDP on the same Beam as the lock, for benchmarks/aggregate.py, which
+## runs this target on first use.
+PEERS_DIR := benchmarks/.venvs
+BEAM_PIN  := $(shell sed -n 's/^apache-beam==//p' $(LOCK))
+bench-peers: $(PEERS_DIR)/pipelinedp/.ready
+$(PEERS_DIR)/pipelinedp/.ready:
+	$(PYTHON) -m venv $(PEERS_DIR)/pipelinedp
+	$(PEERS_DIR)/pipelinedp/bin/pip install $(PIP_FLAGS) "apache-beam==$(BEAM_PIN)" pipeline-dp pyarrow
+	touch $@
+
 clean:
 	rm -rf $(VENV) $(AIRFLOW_VENV) out build *.egg-info

@@ -1,19 +1,36 @@
-"""DP count+sum on the DirectRunner's engine: this project vs plain Beam vs PipelineDP.
+"""DP count+sum on the DirectRunner's engine: this toolkit vs plain Beam, a columnar floor, PipelineDP.
 
-    python benchmarks/aggregate.py [--rows 1000000 --rows 10000000] [--skip-pipelinedp]
+    python benchmarks/aggregate.py [--rows 1000000 --rows 10000000] [--repeats 3] [--skip-pipelinedp]
+    python benchmarks/aggregate.py --rows 20000 --repeats 1 --skip-pipelinedp --utility-rows 3000 --utility-runs 1 --new-metrics-rows 20000  # quick
 
 Generates synthetic Parquet data (heavy-tailed users and keys), then runs side by side, each in
-a fresh process so peak memory is its own:
-  (a) ours: ReadFromParquetBatched -> DPAggregate(count + sum; L0=3, Linf=2, clamp [0, 10],
-      public keyset of 1000 keys, epsilon 1) -> Parquet;
-  (b) plain Beam: ReadFromParquet -> Map -> CombinePerKey(sum) (non-private);
-  (c) PipelineDP's DPEngine on Beam with the same parameters (in its own virtualenv, created
-      on first use under benchmarks/.venvs/, because pipeline-dp pins its own dependencies).
-Prints wall time (pipeline only, and the whole process from start to exit: "process s"), rows/s
-and peak RSS per leg, a utility check (empirical RMSE of released
-counts against the exact bounded counts of the same release in testing mode, over >= 10,000
-(key, run) samples, against the mechanism's theoretical RMSE), and ends with
-``speedup_vs_pipelinedp=X ratio_to_plain_beam=Y``.
+a fresh process so peak memory and CPU time are its own, the legs in turn ``--repeats`` times
+(paired runs: each round runs every leg once, so a busy machine slows them alike; the table
+shows medians, the ratios are medians of each round's ratios):
+
+* toolkit default: the script as a user writes it, no options --
+  ``with beam.Pipeline() as p: p | ReadParquetTables(data) | DPAggregate(count + sum; L0=3,
+  Linf=2, clamp [0, 10], public keyset of 1000 keys, epsilon 1) | WriteReleasedParquet(out)``;
+* toolkit tuned: the same on the options the jobs run with (``pipeline_options_for`` with
+  ``--runner=FnApiRunner``: the runner profile, no Prism attempt first);
+* plain Beam: ReadFromParquet -> Map -> CombinePerKey(sum) (non-private);
+* columnar floor: the same DP algorithm in Polars with numpy randomness
+  (``benchmarks/columnar_floor.py aggregate``; no secure noise);
+* PipelineDP's DPEngine on Beam with the same parameters, up to ``--pipelinedp-max-rows`` (in
+  its own virtualenv, made by ``make bench-peers``, run on first use: PipelineDP is never a
+  dependency).
+
+Prints per leg wall time (pipeline only, and the whole process from start to exit: "process s",
+what the ratios use), CPU seconds of the process (user + system: the work done, whatever else the
+machine runs), rows/s and peak RSS, a utility check (empirical RMSE of released counts against
+the exact bounded counts of the same release in testing mode, over >= 10,000 (key, run) samples,
+against the mechanism's theoretical RMSE), and ends with ``default_over_floor=X
+tuned_over_floor=Y default_cpu_over_floor=C peak_over_floor=Z default_over_plain_beam=W
+speedup_vs_pipelinedp=V | ...``
+(whole-process wall ratios at the largest size, and the default leg's CPU time over the floor's:
+``default_cpu_over_floor``; peak memory of the default leg over the floor's;
+the speedup at the largest size PipelineDP ran; goals: ``default_over_floor <= 1.5`` and
+``peak_over_floor < 1`` at 10M rows).
 
 New metrics (``--new-metrics-rows N``, repeatable; ``--only-new-metrics`` runs just these): on
 the same data with a 2-d vector column, ours (``Percentiles([50, 90]) + Variance()`` and
@@ -68,23 +85,25 @@ def generate(path: str, rows: int, seed: int = 0) -> None:
 # --------------------------------------------------------------------------- legs (subprocesses)
 
 def _in_process_options():
-    """The in-process engine as the project's jobs run on it (its runner profile: DoFn threads)."""
+    """The in-process engine as the project's jobs run on it (its runner profile)."""
     from runners.profiles import pipeline_options_for
 
     return pipeline_options_for(["--runner=FnApiRunner"])
 
 
-def leg_ours(data: str, out: str, seed: int, testing: bool) -> dict:
+def leg_ours(data: str, out: str, seed: int, testing: bool, tuned: bool = True) -> dict:
+    """The user's script: ReadParquetTables -> DPAggregate -> WriteReleasedParquet, on a plain
+    ``beam.Pipeline()`` (``tuned=False``) or on the jobs' options."""
     import apache_beam as beam
     import pyarrow as pa
-    from apache_beam.io.parquetio import ReadFromParquetBatched
 
     from accounting.budget import PrivacyBudget
+    from accounting.keys import ReleaseKey
     from accounting.sensitivity import ContributionBounds
     from transforms.aggregate import Compute, DPAggregate, Keys
     from transforms.keyset import PublicKeyset
     from transforms.metrics import Count, Sum
-    from accounting.keys import ReleaseKey
+    from transforms.tables import ReadParquetTables, WriteReleasedParquet
 
     keyset = PublicKeyset.from_table(pa.table({"key": pa.array(range(NUM_KEYS), pa.int64())}))
     transform = DPAggregate(
@@ -96,11 +115,9 @@ def leg_ours(data: str, out: str, seed: int, testing: bool) -> dict:
         release_key=ReleaseKey.for_testing(seed),
         testing=testing)
     start = time.perf_counter()
-    with beam.Pipeline(options=_in_process_options()) as p:
-        (p | ReadFromParquetBatched(data) | transform
-         | beam.io.WriteToParquetBatched(out, schema=pa.schema([("key", pa.int64()), ("count", pa.int64()),
-                                                                ("sum", pa.float64())]),
-                                         num_shards=1, shard_name_template=""))
+    with (beam.Pipeline(options=_in_process_options()) if tuned else beam.Pipeline()) as p:
+        (p | ReadParquetTables(data, columns=["user_id", "key", "value"]) | transform
+         | WriteReleasedParquet(out, keys=["key"]))
     spec = next(m.noise for m in transform.plan.measures if m.name == "count")
     return {"seconds": time.perf_counter() - start, "count_std": spec.std}
 
@@ -321,28 +338,27 @@ def new_metrics_comparison(rows: int, workdir: str, skip_pipelinedp: bool) -> st
 
 
 def _pipelinedp_python() -> str:
-    import apache_beam
-
-    venv = os.path.join(HERE, ".venvs", "pipelinedp")
-    python = os.path.join(venv, "bin", "python")
-    if not os.path.exists(os.path.join(venv, ".ready")):
-        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-        subprocess.run([python, "-m", "pip", "install", "--quiet", f"apache-beam=={apache_beam.__version__}",
-                        "pipeline-dp", "pyarrow"], check=True)
-        open(os.path.join(venv, ".ready"), "w").close()
+    """PipelineDP's virtualenv (``make bench-peers``, made on first use)."""
+    python = os.path.join(HERE, ".venvs", "pipelinedp", "bin", "python")
+    if not os.path.exists(os.path.join(HERE, ".venvs", "pipelinedp", ".ready")):
+        subprocess.run(["make", "bench-peers"], cwd=ROOT, check=True)
     return python
 
 
 def _run_leg(command) -> dict:
     """Run a leg in a fresh process; it prints JSON with its pipeline time and its own peak RSS.
     ``process_seconds`` is the whole process, start to exit (interpreter, imports, pipeline),
-    as a user running the job feels it."""
+    as a user running the job feels it; ``cpu_seconds`` its user + system time."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise RuntimeError(f"leg failed: {' '.join(command)}\n{proc.stderr[-3000:]}")
-    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "process_seconds": elapsed}
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "process_seconds": elapsed,
+            "cpu_seconds": cpu}
 
 
 def _self(*args) -> list:
@@ -368,19 +384,71 @@ def utility_check(data: str, workdir: str, runs: int) -> dict:
     return {"samples": int(errors.size), "rmse": rmse, "theory": std, "ratio": rmse / std}
 
 
+DEFAULT, TUNED, PLAIN, FLOOR, PIPELINEDP = ("toolkit default (user script)", "toolkit tuned (job options)",
+                                            "plain Beam CombinePerKey", "columnar floor (Polars)",
+                                            "PipelineDP DPEngine")
+
+
+def _median(values):
+    import statistics
+
+    return statistics.median(values)
+
+
+def compare(rows: int, workdir: str, repeats: int, pipelinedp: bool) -> dict:
+    """The legs at ``rows`` rows, in turn ``repeats`` times: {leg: [result per round]}."""
+    data = os.path.join(workdir, f"data{rows}.parquet")
+    generate(data, rows)
+    legs = {DEFAULT: _self("--leg", "default", "--data", data, "--out", data + ".default"),
+            TUNED: _self("--leg", "ours", "--data", data, "--out", data + ".ours"),
+            PLAIN: _self("--leg", "plain", "--data", data, "--out", data + ".plain"),
+            FLOOR: [sys.executable, os.path.join(HERE, "columnar_floor.py"), "aggregate", data,
+                    data + ".floor"]}
+    if pipelinedp:
+        legs[PIPELINEDP] = [_pipelinedp_python(), "-c", PIPELINEDP_LEG, data, data + ".pdp",
+                            str(L0), str(LINF), str(LOW), str(HIGH), str(EPSILON), str(NUM_KEYS)]
+    rounds = {name: [] for name in legs}
+    for _ in range(repeats):
+        for name, command in legs.items():
+            if name == PIPELINEDP and rounds[name]:
+                continue  # minutes per run: once is enough for its ratio
+            rounds[name].append(_run_leg(command))
+    return rounds
+
+
+def _ratio(rounds: dict, leg: str, to: str, field: str = "process_seconds") -> float:
+    """The median over rounds of ``leg``'s ``field`` over ``to``'s in the same round."""
+    pairs = zip(rounds[leg], rounds[to])
+    return _median([a[field] / b[field] for a, b in pairs])
+
+
+def print_table(results: dict) -> None:
+    print(f"{'rows':>10}  {'leg':31} {'pipeline s':>10} {'process s':>10} {'cpu s':>7} "
+          f"{'rows/s':>12} {'peak MB':>8} {'process / floor':>16}")
+    for rows, rounds in results.items():
+        for name, runs in rounds.items():
+            process = _median([r["process_seconds"] for r in runs])
+            print(f"{rows:>10}  {name:31} {_median([r['seconds'] for r in runs]):10.2f} "
+                  f"{process:10.2f} {_median([r['cpu_seconds'] for r in runs]):7.2f} "
+                  f"{rows / process:12,.0f} {_median([r['peak_mb'] for r in runs]):8.0f} "
+                  f"{_ratio(rounds, name, FLOOR):16.2f}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, action="append", help="rows (repeatable); default 1M")
+    parser.add_argument("--rows", type=int, action="append", help="rows (repeatable); default 1M and 10M")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of paired runs per size")
     parser.add_argument("--skip-pipelinedp", action="store_true", help="skip the PipelineDP leg")
-    parser.add_argument("--pipelinedp-max-rows", type=int, default=10_000_000,
-                        help="run PipelineDP only up to this many rows (minutes at 10M rows)")
+    parser.add_argument("--pipelinedp-max-rows", type=int, default=1_000_000,
+                        help="run PipelineDP only up to this many rows (a minute at 1M rows)")
     parser.add_argument("--utility-rows", type=int, default=300_000)
     parser.add_argument("--utility-runs", type=int, default=10)
     parser.add_argument("--new-metrics-rows", type=int, action="append",
                         help="rows for the new-metrics comparison (repeatable); default 1M")
     parser.add_argument("--only-new-metrics", action="store_true",
                         help="run only the new-metrics comparison (percentiles, variance, vector sum)")
-    parser.add_argument("--leg", choices=["ours", "plain", "ours_new", "prepare_new"], help=argparse.SUPPRESS)
+    parser.add_argument("--leg", choices=["ours", "default", "plain", "ours_new", "prepare_new"],
+                        help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
@@ -397,9 +465,10 @@ def main(argv=None):
             result = {}
         elif args.leg == "ours_new":
             result = leg_ours_new(args.data, args.out, args.seed)
+        elif args.leg in ("ours", "default"):
+            result = leg_ours(args.data, args.out, args.seed, args.testing, tuned=args.leg == "ours")
         else:
-            result = leg_ours(args.data, args.out, args.seed, args.testing) if args.leg == "ours" \
-                else leg_plain(args.data, args.out)
+            result = leg_plain(args.data, args.out)
         result["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(json.dumps(result))
         return
@@ -411,30 +480,12 @@ def main(argv=None):
         print(new_lines[-1])
         return
     sizes = args.rows or [1_000_000, 10_000_000]
-    table = []
-    last, compared = {}, None
-    for rows in sizes:
-        data = os.path.join(workdir, f"data{rows}.parquet")
-        generate(data, rows)
-        legs = {"ours (DPAggregate)": _self("--leg", "ours", "--data", data, "--out", data + ".ours"),
-                "plain Beam CombinePerKey": _self("--leg", "plain", "--data", data, "--out", data + ".plain")}
-        if not args.skip_pipelinedp and rows <= args.pipelinedp_max_rows:
-            legs["PipelineDP DPEngine"] = [_pipelinedp_python(), "-c", PIPELINEDP_LEG, data,
-                                           data + ".pdp", str(L0), str(LINF), str(LOW), str(HIGH),
-                                           str(EPSILON), str(NUM_KEYS)]
-        results = {name: _run_leg(cmd) for name, cmd in legs.items()}
-        for name, r in results.items():
-            table.append((rows, name, r["seconds"], rows / r["seconds"], r["peak_mb"],
-                          r["process_seconds"]))
-        last = results
-        if "PipelineDP DPEngine" in results:
-            compared = results
-    print(f"{'rows':>10}  {'leg':28} {'seconds':>9} {'rows/s':>12} {'peak MB':>9} {'time / ours':>12}"
-          f" {'process s':>10}")
-    ours_time = {rows: seconds for rows, name, seconds, *_ in table if name.startswith("ours")}
-    for rows, name, seconds, rate, peak, process in table:
-        print(f"{rows:>10}  {name:28} {seconds:9.2f} {rate:12,.0f} {peak:9.0f} "
-              f"{seconds / ours_time[rows]:12.2f} {process:10.2f}")
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
+          f"{args.repeats} round(s) of paired runs per size (medians)")
+    results = {rows: compare(rows, workdir, args.repeats,
+                             not args.skip_pipelinedp and rows <= args.pipelinedp_max_rows)
+               for rows in sizes}
+    print_table(results)
 
     data = os.path.join(workdir, "utility.parquet")
     generate(data, args.utility_rows, seed=7)
@@ -443,17 +494,19 @@ def main(argv=None):
           f"bounded counts = {utility['rmse']:.3f}, theoretical = {utility['theory']:.3f} "
           f"(ratio {utility['ratio']:.3f}; goal within 5%: {'PASS' if abs(utility['ratio'] - 1) <= 0.05 else 'FAIL'})")
 
-    whole = {name: r["process_seconds"] for name, r in last.items()}
-    print(f"whole process (start to exit) at {sizes[-1]:,} rows: ours "
-          f"{whole['ours (DPAggregate)']:.2f} s, plain Beam {whole['plain Beam CombinePerKey']:.2f} s"
-          f" (ratio {whole['ours (DPAggregate)'] / whole['plain Beam CombinePerKey']:.3f}; "
-          "goal <= 1)")
-    ours = last["ours (DPAggregate)"]["seconds"]
-    plain = last["plain Beam CombinePerKey"]["seconds"]
-    # The speedup is read at the largest size where PipelineDP ran; the ratio at the largest size.
-    speedup = (f"{compared['PipelineDP DPEngine']['seconds'] / compared['ours (DPAggregate)']['seconds']:.2f}"
-               if compared else "skipped")
-    print(f"speedup_vs_pipelinedp={speedup} ratio_to_plain_beam={ours / plain:.3f} | {new_lines[-1]}")
+    last = results[sizes[-1]]
+    compared = [rows for rows in sizes if PIPELINEDP in results[rows]]
+    speedup = f"{_ratio(results[compared[-1]], PIPELINEDP, DEFAULT):.2f}" if compared else "skipped"
+    peak = _median([r["peak_mb"] for r in last[DEFAULT]]) / _median([r["peak_mb"] for r in last[FLOOR]])
+    print(f"at {sizes[-1]:,} rows, whole processes: default / floor and tuned / floor in wall time "
+          "(goal <= 1.5) and in CPU time, default peak / floor peak (goal < 1), default / plain "
+          "Beam; PipelineDP / default at " + (f"{compared[-1]:,} rows" if compared else "no size (skipped)"))
+    print(f"default_over_floor={_ratio(last, DEFAULT, FLOOR):.3f} "
+          f"tuned_over_floor={_ratio(last, TUNED, FLOOR):.3f} "
+          f"default_cpu_over_floor={_ratio(last, DEFAULT, FLOOR, 'cpu_seconds'):.3f} "
+          f"peak_over_floor={peak:.3f} "
+          f"default_over_plain_beam={_ratio(last, DEFAULT, PLAIN):.3f} "
+          f"speedup_vs_pipelinedp={speedup} | {new_lines[-1]}")
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,7 @@
 """The release catalog at scale: three years of daily releases of 50 CentralNotice campaigns.
 
     python benchmarks/catalog.py [--campaigns 50] [--days 1095] [--keep DIR]
+    python benchmarks/catalog.py --campaigns 2 --days 20  # quick
 
 Synthesises what the jobs would leave behind -- a budget ledger, a published ``RELEASE.json``
 and a released file per release, an operator report per release (row counters with coverage

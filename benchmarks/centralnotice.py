@@ -4,6 +4,7 @@
         [--epsilon 1.0] [--clicks-dp user|row] [--max-clicks-per-user 5] [--seed 0]
         [--part-rows 131072] [--data-dir DIR] [--runner DirectRunner] [other Beam options]
         [--skip-tumult] [--setup-tumult] [--tumult-cores 2]
+    python benchmarks/centralnotice.py --impression-rows 20000 --clicks 10000 --skip-tumult  # quick
 
 One day of one campaign whose public keyset is large (banners x every country x every project of
 the generator's catalogue, sized so the day has about ``--impression-rows`` impression rows) is

@@ -2,6 +2,7 @@
 by side, against an empty ledger and against a ledger that holds 10M consumed report ids.
 
     python benchmarks/consumed_ids.py [--conversions 300000] [--ledger_ids 10000000]
+    python benchmarks/consumed_ids.py --conversions 2000 --ledger_ids 20000  # quick
         [--sources 2000000] [--repeats 2]
 
 Every release of ``pipelines.ara.summary_reports`` checks its report ids (at most once) and its
@@ -31,7 +32,7 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # before benchmarks/ (its runners.py is not the runners package)
+sys.path.insert(0, ROOT)  # before benchmarks/: the project's packages first
 
 
 def _conversions(folder: str, target: int) -> tuple[str, str, int]:

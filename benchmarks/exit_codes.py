@@ -1,6 +1,7 @@
 """Exit codes a scheduler can trust: the sample release run N times, each from process start.
 
     python benchmarks/exit_codes.py [--runs 200] [--parallel 1] [--job centralnotice]
+    python benchmarks/exit_codes.py --runs 2  # quick
         [--keep_cores DIR]
 
 Each run is a fresh ``python -m pipelines.centralnotice --demo --output <fresh dir>`` process,

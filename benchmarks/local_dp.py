@@ -2,6 +2,7 @@
 
     python benchmarks/local_dp.py [--quick] [--skip-pure-ldp] [--pem-clients 1000000,10000000]
         [--variance-samples 20000] [--out benchmarks/out/local_dp] [--threads 2]
+    python benchmarks/local_dp.py --quick --skip-pure-ldp  # quick: smaller sizes, no pure-ldp
 
 Legs (each prints a table):
 

@@ -1,7 +1,7 @@
 """Masked LARk: browser sharing speed, helper aggregation speed, exactness, and training accuracy.
 
     python benchmarks/masked_lark.py            # full run, a few minutes on 2 cores
-    python benchmarks/masked_lark.py --quick    # smaller sizes, fewer training settings
+    python benchmarks/masked_lark.py --quick    # quick: smaller sizes, fewer training settings
 
 1. Browser side: secret-shared values per second of ``aggregation_reports`` (Algorithm 1) and
    ``gradient_reports`` (masks, fake labels, blinding), in bundles of 100k records, with the
@@ -36,8 +36,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 
 import numpy as np
 import pyarrow as pa

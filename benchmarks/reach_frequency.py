@@ -17,7 +17,7 @@ Speed: ids fingerprinted, bucketed and aggregated into one sketch per second (on
 time to union 50 publisher sketches of m = 100,000 with the CombineFn.
 
     python benchmarks/reach_frequency.py            # full run, a few minutes on 2 cores
-    python benchmarks/reach_frequency.py --quick    # smaller sizes, fewer runs
+    python benchmarks/reach_frequency.py --quick    # quick: smaller sizes, fewer runs
 
 The table goes to stdout, the plot of relative error vs true reach to --out (PNG); the last line
 is ``reach_95_5=PASS|FAIL frequency_80_20=PASS|FAIL sketch_ids_per_second=N merge_50_seconds=S``.

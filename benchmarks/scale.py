@@ -1,8 +1,9 @@
 """Public-keyset DPAggregate at Wikimedia scale: in process vs a Dask cluster of 1 and 2 workers.
 
     python benchmarks/scale.py [--keys 10000000 --keys 30000000 --keys 125000000]
-                               [--rows_per_key 1.6] [--engines in_process,dask1,dask2]
+                               [--rows_per_key 1.6] [--engines in_process,dask1,dask2,floor]
                                [--dask_up_to N] [--max_gb G] [--cn_peak_gb G]
+    python benchmarks/scale.py --keys 100000 --engines in_process,floor --ceiling_files 0  # quick
 
 For each keyset size N the benchmark generates (once, cached under --work_dir) a public keyset of N
 integer keys (files of 1M keys) and about ``rows_per_key x N`` rows (default 1.6: 200M rows at 125M keys) whose keys
@@ -14,7 +15,9 @@ of the keyset files is public, its key shards staged as files under the work dir
 (``--keyset_via staging``, transforms.keyset_staging) or sent through the shuffle
 (``--keyset_via shuffle``); epsilon 1) -> count released keys``
 on the in-process FnApiRunner or on a local Dask cluster (runners.dask_cluster) of 1 or 2 worker
-processes. The parent measures, from process start (imports included), wall time, rows/s, keys/s
+processes; the ``floor`` leg is the same keyset release in Polars with numpy randomness
+(``benchmarks/columnar_floor.py keyset``: every core, no secure noise, a benchmark-only extra).
+The parent measures, from process start (imports included), wall time, rows/s, keys/s
 and the peak memory of the whole process tree (the leg and every Dask scheduler, nanny and
 worker it starts: RSS summed over the tree, sampled every 0.1 s).
 
@@ -26,8 +29,9 @@ When a Dask leg ran, a probe then measures the machine's own ceiling for 2 over 
 :func:`ceiling`): the job's filtering, bounding and noise, without an engine, in one process and in
 two at once; what the Dask ratio loses below it is the engine's (start-up, side inputs, shuffles).
 
-Last line: ``keys_125m_seconds=S peak_gb_125m=G dask_2_over_1=R cn_peak_gb=M`` (``nan`` for what
-was not measured; ``dask_2_over_1`` is at the largest keyset both Dask legs ran, named on the line
+Last line: ``keys_125m_seconds=S peak_gb_125m=G dask_2_over_1=R cn_peak_gb=M
+floor_ratio=F floor_keys=K`` (``nan`` for what was not measured; ``floor_ratio`` is the in-process
+leg's wall time over the floor's at the largest keyset K both ran, goal <= 1.5; ``dask_2_over_1`` is at the largest keyset both Dask legs ran, named on the line
 before; ``cn_peak_gb`` is taken from ``benchmarks/centralnotice.py`` via --cn_peak_gb, or nan). A
 leg holding more than ``--max_gb`` (default 20) or running past ``--timeout`` is stopped and
 reported as such; ``--dask_up_to N`` skips the Dask legs above N keys.
@@ -101,7 +105,7 @@ def leg(directory: str, engine: str, keyset_via: str = "staging") -> dict:
     from accounting.budget import PrivacyBudget
     from accounting.keys import ReleaseKey
     from accounting.sensitivity import ContributionBounds
-    from runners import execution
+    from runners import seam
     from runners.profiles import pipeline_options_for
     from transforms.aggregate import Compute, DPAggregate, Keys
     from transforms.keyset import PublicKeyset
@@ -137,7 +141,7 @@ def leg(directory: str, engine: str, keyset_via: str = "staging") -> dict:
                     .write(str(n))))
 
     try:
-        execution.run(pipeline_options_for(argv), build)
+        seam.run(pipeline_options_for(argv), build)
     finally:
         if staging:
             shutil.rmtree(staging, ignore_errors=True)
@@ -223,8 +227,12 @@ def run_leg(directory: str, engine: str, timeout: float, max_gb: float = float("
 
     load = os.getloadavg()[0]
     start = time.perf_counter()
-    child = subprocess.Popen([sys.executable, __file__, "--leg", engine, "--work_dir", directory,
-                              "--keyset_via", keyset_via],
+    command = [sys.executable, __file__, "--leg", engine, "--work_dir", directory,
+               "--keyset_via", keyset_via]
+    if engine == "floor":
+        command = [sys.executable, os.path.join(HERE, "columnar_floor.py"), "keyset", directory,
+                   os.path.join(directory, ".released-floor.parquet")]
+    child = subprocess.Popen(command,
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     peak = 0
     while child.poll() is None:
@@ -250,7 +258,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", type=int, action="append")
     parser.add_argument("--rows_per_key", type=float, default=1.6)
-    parser.add_argument("--engines", default="in_process,dask1,dask2")
+    parser.add_argument("--engines", default="in_process,dask1,dask2,floor")
     parser.add_argument("--work_dir", default=os.path.join(tempfile.gettempdir(), "beam-dp-scale"))
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--dask_up_to", type=int, default=10**12,
@@ -307,8 +315,17 @@ def main(argv=None) -> int:
         ratio = results[(at, "dask1")]["seconds"] / results[(at, "dask2")]["seconds"]
         print(f"dask_2_over_1 at {at:,} keys ({int(at * args.rows_per_key):,} rows), the largest "
               f"keyset both Dask legs ran")
+    floored = [k for k in sizes if (k, "in_process") in results and (k, "floor") in results]
+    floor_ratio = nan
+    if floored:
+        at = max(floored)
+        floor_ratio = results[(at, "in_process")]["seconds"] / results[(at, "floor")]["seconds"]
+        print(f"floor_ratio at {at:,} keys: in process {results[(at, 'in_process')]['seconds']:.1f} s "
+              f"({results[(at, 'in_process')]['peak_gb']:.2f} GB) vs the columnar floor "
+              f"{results[(at, 'floor')]['seconds']:.1f} s ({results[(at, 'floor')]['peak_gb']:.2f} GB)")
     print(f"keys_125m_seconds={big.get('seconds', nan):.1f} peak_gb_125m={big.get('peak_gb', nan):.2f} "
-          f"dask_2_over_1={ratio:.2f} cn_peak_gb={args.cn_peak_gb:.2f}")
+          f"dask_2_over_1={ratio:.2f} cn_peak_gb={args.cn_peak_gb:.2f} floor_ratio={floor_ratio:.2f} "
+          f"floor_keys={max(floored) if floored else 0}")
     return 0
 
 

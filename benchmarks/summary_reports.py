@@ -1,5 +1,8 @@
 """ARA summary reports: encodings chosen by the optimiser vs baselines; event-level vs summary.
 
+    python benchmarks/summary_reports.py [--presets criteo ...] [--epsilons 1 ...] [--repetitions 20]
+    python benchmarks/summary_reports.py --presets criteo --epsilons 1 --event_epsilons 1 --repetitions 1 --no_hierarchy --no_event_level  # quick
+
 For each synthetic preset (Aksu et al., PoPETs 2024; ``pipelines.ara.synthetic``) a training and
 an independent test data set are generated. At each epsilon the optimiser
 (``pipelines.ara.optimize``) optimises both count encodings -- ``separate`` (a count query with

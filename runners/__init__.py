@@ -3,8 +3,10 @@
 * :mod:`runners.profiles` — ``pipeline_options_for(argv)``: ``--runner`` plus Beam's options with
   per-runner defaults, including the threads and batch sizes DoFns take
   (:class:`transforms.parallel.ExecutionOptions`); every pipeline main builds its options with it;
-* :mod:`runners.execution` — ``run(options, build)``: the one seam through which every run goes;
-  the profile's execution owns what differs between runners (a cluster for the run, checks of
+* :mod:`runners.seam` — ``run(options, build)``, ``submit``, ``wait``, ``options_for``: the one
+  seam through which every run goes (the release layer imports nothing else of ``runners/`` but
+  the interface's value types); the profile's execution (:mod:`runners.execution`, the interface,
+  which imports no profile) owns what differs between runners (a cluster for the run, checks of
   the built pipeline, one final leaf where the runner needs it, clients to close);
 * :mod:`runners.dask_cluster` and :mod:`runners.dask_runner` — Dask: the run's cluster and
   execution, and Beam's Dask runner translated for a cluster;

@@ -10,8 +10,8 @@ scheduler's second task need: a launcher must only build and submit, never wait 
   :class:`~runners.execution.JobHandle` (job id, project, region). Inside a Flex Template launcher
   the program is given ``--template_location=gs://.../template_launches/<job id>/job_object``:
   Beam writes the job there and the launcher creates the job with that id, so the id is read
-  from that path (:func:`flex_launch_job_id`); any other template location stays a template,
-  which the release layer refuses for a release.
+  from that path (:func:`flex_launch_job_id`, :meth:`DataflowExecution.launches_job`); any
+  other template location stays a template, which the release layer refuses for a release.
 * :meth:`DataflowExecution.wait` finds the job again through the Dataflow client (Beam's
   ``DataflowApplicationClient``, from the finishing process's own ``--project``/``--region``
   options, falling back to the handle's), polls it with Beam's own loop
@@ -72,6 +72,13 @@ class DataflowExecution(Execution):
             raise RuntimeError("Dataflow returned no job id for the submitted job")
         return JobHandle(runner=name, job_id=job_id, state=state, project=cloud.project,
                          region=cloud.region), result
+
+    def launches_job(self, options) -> bool:
+        """A Flex Template launcher's job object (``.../template_launches/<job id>/job_object``)
+        is the job it creates, not a template."""
+        from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+        return flex_launch_job_id(options.view_as(GoogleCloudOptions).template_location) is not None
 
     def wait(self, options, handle: JobHandle):
         from apache_beam.runners.dataflow.dataflow_metrics import DataflowMetrics

@@ -148,7 +148,7 @@ def build(pipeline: beam.Pipeline, args) -> None:
 def run(argv=None, defaults=()):
     """Build and run the release; returns the PipelineResult (finished unless the runner
     only translates, as with Dataflow's dry run or a template)."""
-    from runners.execution import run as run_on_runner
+    from runners.seam import run as run_on_runner
 
     args, beam_args = parse_args(argv)
     return run_on_runner(pipeline_options_for(beam_args, defaults),

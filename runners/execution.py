@@ -1,9 +1,9 @@
-"""The one seam between this project's pipelines and a runner: build, run, wait, clean up.
+"""How a run goes on a runner: the interface each runner profile's execution implements.
 
-Every run of the project (each job through the release layer's ``run_pipeline``, the runner
-check, the benchmarks) goes through :func:`run`, and the runner profile of the run's options
-(:func:`runners.profiles.profile_of`) owns what differs between runners, as an
-:class:`Execution`:
+Every run goes through the seam (:mod:`runners.seam`), which asks the runner profile of the
+run's options (:func:`runners.profiles.profile_of`) for its :class:`Execution`: what differs
+between runners. This module imports nothing of ``runners/`` (the profiles and each runner's
+module import it, never the other way round):
 
 * ``session``: what must exist around the run (a local Dask cluster started for it and shut
   down after it, failed or not) and the options the run then uses;
@@ -12,13 +12,15 @@ check, the benchmarks) goes through :func:`run`, and the runner profile of the r
   where the runner computes only the last-applied transform;
 * ``close``: what the finished result holds open (the Dask runner's client, closed before its
   cluster);
-* ``submit`` and ``wait``: a run split between two processes (:func:`submit` starts the job and
-  returns its :class:`JobHandle`; :func:`wait`, in another process, waits for the job the handle
+* ``submit`` and ``wait``: a run split between two processes (``submit`` starts the job and
+  returns its :class:`JobHandle`; ``wait``, in another process, waits for the job the handle
   names). A local engine's job lives in the process that runs it, so its ``submit`` runs it to
   the end and its ``wait`` only checks the recorded end; Dataflow's returns at once with the job
   id and its ``wait`` polls the Dataflow service (:mod:`runners.dataflow_jobs`).
 * ``check``: what the runner needs on this machine, checked before anything runs (Prism's
-  binary), after :func:`check_runner` resolved the runner's name as Beam will.
+  binary), after :func:`runners.seam.check_runner` resolved the runner's name as Beam will;
+* ``launches_job``: whether a template location the run writes to is a job's launch (a Flex
+  Template launcher's job object), not a template.
 
 What DoFns need to know of the runner (threads, batch sizes) the profile states in the options
 (:class:`transforms.parallel.ExecutionOptions`), not here: transforms never ask which runner
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional
 
 #: The state of a job that ran to the end (Beam's ``PipelineState.DONE``).
 DONE = "DONE"
@@ -112,28 +114,14 @@ class Execution:
         """What ``runner`` (the resolved runner object of ``options``) needs on this machine,
         checked without starting a job; raise :class:`RunnerUnavailable` (nothing here)."""
 
+    def launches_job(self, options) -> bool:
+        """Whether the ``--template_location`` of ``options`` is where a launcher asks for the
+        one job it creates (a submission), not a template (never here)."""
+        return False
+
 
 class RunnerUnavailable(ValueError):
     """The run's ``--runner`` cannot run here; the message is the runner's own (Beam's)."""
-
-
-def check_runner(options) -> None:
-    """Resolve the runner of ``options`` as Beam will when the pipeline is made
-    (``apache_beam.runners.runner.create_runner``: a known name, or the full name of a
-    ``PipelineRunner`` class that imports), then let its profile check what it needs here
-    (:meth:`Execution.check`), all without starting a job. Raises :class:`RunnerUnavailable`
-    with Beam's message: a caller can refuse the run before it commits to anything."""
-    from apache_beam.options.pipeline_options import StandardOptions
-    from apache_beam.runners.runner import PipelineRunner, create_runner
-
-    from runners.profiles import profile_of
-
-    name = options.view_as(StandardOptions).runner or "DirectRunner"
-    try:
-        runner = name if isinstance(name, PipelineRunner) else create_runner(name)
-    except (ValueError, ImportError, AttributeError, TypeError) as err:
-        raise RunnerUnavailable(f"--runner {name}: {err}") from None
-    profile_of(options).execution.check(options, runner)
 
 
 def leaves(pipeline) -> list:
@@ -163,44 +151,3 @@ def join_leaves(pipeline, label: str = "AllLeaves") -> None:
     found = leaves(pipeline)
     if len(found) > 1:
         _ = tuple(found) | label >> beam.Flatten()
-
-
-def run(options, build: Callable) -> object:
-    """Build a pipeline with ``build(pipeline)`` on ``options``, run it to the end on its runner
-    profile's :class:`Execution` and return the finished result. Raises what the run raised, or
-    RuntimeError when it ended in a state other than done."""
-    import apache_beam as beam
-
-    from runners.profiles import profile_of
-
-    execution = profile_of(options).execution
-    with execution.session(options) as run_options:
-        pipeline = beam.Pipeline(options=run_options)
-        build(pipeline)
-        execution.prepare(pipeline)
-        return execution.run_to_end(pipeline)
-
-
-def submit(options, build: Callable):
-    """Build a pipeline with ``build(pipeline)`` on ``options`` and start it on its runner
-    profile's :class:`Execution` without waiting where the runner allows it (module docstring);
-    returns its :class:`JobHandle` and result."""
-    import apache_beam as beam
-
-    from runners.profiles import profile_of
-
-    profile = profile_of(options)
-    with profile.execution.session(options) as run_options:
-        pipeline = beam.Pipeline(options=run_options)
-        build(pipeline)
-        profile.execution.prepare(pipeline)
-        return profile.execution.submit(pipeline, profile.name)
-
-
-def wait(options, handle: JobHandle):
-    """The finished result of a job :func:`submit` started (possibly in another process), or
-    None where the runner has none to give (a local engine); raises :class:`JobFailed`."""
-    from runners.profiles import PROFILES, profile_of
-
-    execution = (PROFILES.get(handle.runner) or profile_of(options)).execution
-    return execution.wait(options, handle)

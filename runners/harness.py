@@ -1,6 +1,6 @@
 """Running a pipeline main on a chosen runner and reading back what it wrote.
 
-Used by ``tests/runners/test_runners.py`` (same outputs on every runner) and ``benchmarks/runners.py``
+Used by ``tests/runners/test_runners.py`` (same outputs on every runner) and ``benchmarks/runner_engines.py``
 (time per runner). A pipeline main here is any module with ``main(argv)`` that builds its options
 with :func:`runners.profiles.pipeline_options_for` — ``runners.demo_release`` and the
 ``pipelines.*`` mains alike — so one call covers every pipeline on every runner.

@@ -1,10 +1,10 @@
 """One way to put any pipeline of this project on a runner: ``--runner`` plus Beam's own options.
 
 Every pipeline main passes the arguments it does not know itself to :func:`pipeline_options_for`
-and runs through the runner seam (:func:`runners.execution.run`)::
+and runs through the runner seam (:func:`runners.seam.run`)::
 
     known, beam_args = parser.parse_known_args(argv)
-    result = runners.execution.run(pipeline_options_for(beam_args), build)
+    result = runners.seam.run(pipeline_options_for(beam_args), build)
 
 which applies the profile of the chosen runner: defaults that make that runner work here (local
 engines, no Docker, cached jars and binaries), checks that what a remote runner needs is there,
@@ -18,8 +18,9 @@ profiles:
   silently falls back to the FnApiRunner, so this profile picks one itself: the FnApiRunner (the
   embedded runner), or PrismRunner when ``--prism_location`` is given.
 * ``FnApiRunner`` — the embedded runner, as is. With one worker (``--direct_num_workers=1``, Beam's
-  default) it runs a job on one core, so its DoFns run their per-element work on
-  ``--dofn_threads`` threads: the cores, at most :data:`MAX_THREADS`.
+  default) it runs a job on one core, so its DoFns run their per-element work on the cores, at
+  most :data:`transforms.parallel.MAX_THREADS` (:func:`transforms.parallel.default_threads`:
+  chosen for any pipeline on the in-process engine, a profile's or a user's plain one).
 * ``PrismRunner`` — LOOPBACK workers; ``--prism_location`` defaults to the binary built by
   ``python -m runners.fetch prism`` if it is there (otherwise Beam downloads a release binary);
   the binary is found before anything runs (:mod:`runners.prism`: a missing one is refused with
@@ -52,7 +53,6 @@ profiles:
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import os
 import sys
@@ -69,25 +69,6 @@ from runners.prism import PrismExecution
 from transforms.parallel import ExecutionOptions  # noqa: F401
 
 _LOGGER = logging.getLogger(__name__)
-
-#: Modules whose import registers runner-specific pipeline options with Beam (Beam parses, and
-#: pipelines.release.flags accepts, only the flags of option classes it has seen): Beam's Dask
-#: runner's (``--dask_client_address``, ...) and its render runner's. This project's own
-#: (:mod:`runners.dask_cluster`, :class:`transforms.parallel.ExecutionOptions`) are imported above.
-OPTION_MODULES = ("apache_beam.runners.dask.dask_runner", "apache_beam.runners.render")
-
-
-def register_options() -> None:
-    """Import every module that registers a pipeline option a run on some profile may take.
-    A module whose runner is not installed (Beam's Dask runner without the ``dask`` extra: the
-    base install of ``make demo``) registers nothing: its flags are then unknown, as its runner
-    is unusable."""
-    for module in OPTION_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            _LOGGER.debug("pipeline options of %s not registered: %s", module, err)
-
 
 REPO_SETUP_FILE = Path(__file__).resolve().parent.parent / "setup.py"
 
@@ -255,29 +236,6 @@ def _dask_runner(_given) -> str:
     return DASK_RUNNER
 
 
-#: The most threads the in-process engine's profile gives a DoFn (``--dofn_threads``).
-MAX_THREADS = 4
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def _in_process_threads(given) -> int | None:
-    """``--dofn_threads`` for the in-process engine run with one worker, which otherwise uses a
-    single core: the machine's cores, at most :data:`MAX_THREADS` (threads of a DoFn do the
-    Arrow, numpy and AES work of bounding and noise, which releases the GIL). None (one thread)
-    with several workers, or when the DirectRunner profile picks Prism (which runs bundles on
-    every core already)."""
-    if given.get("prism_location") or given.get("direct_num_workers", "1") != "1":
-        return None
-    return max(1, min(MAX_THREADS, _cores()))
-
-
-_THREADS_WHY = "threads per DoFn: the in-process engine with one worker uses one core"
-_IN_PROCESS_THREADS = ("dofn_threads", _in_process_threads, _THREADS_WHY)
-
-
 def _no_scheduler(given) -> bool:
     return not (given.get("dask_client_address") or given.get("dask_scheduler_file"))
 
@@ -325,10 +283,8 @@ PROFILES: dict[str, RunnerProfile] = {p.name: p for p in (
         name="DirectRunner",
         summary="Embedded and deterministic: the FnApiRunner, or PrismRunner if --prism_location is given "
         "(Beam's own DirectRunner would try Prism and fall back silently).",
-        choose_runner=_direct_runner, always={"PrismRunner": (_PRISM_OWN_SERVER,)},
-        defaults=(_IN_PROCESS_THREADS,)),
-    RunnerProfile(name="FnApiRunner", summary="Beam's embedded Python runner, unchanged.",
-                  defaults=(_IN_PROCESS_THREADS,)),
+        choose_runner=_direct_runner, always={"PrismRunner": (_PRISM_OWN_SERVER,)}),
+    RunnerProfile(name="FnApiRunner", summary="Beam's embedded Python runner, unchanged."),
     RunnerProfile(
         name="PrismRunner",
         summary="Beam's Go runner on this machine; LOOPBACK workers; a Prism job server per run.",
@@ -407,7 +363,7 @@ def pipeline_options_for(argv: Sequence[str] | None = None,
 
 def profile_of(options) -> RunnerProfile:
     """The profile of the runner ``options`` run on (a pass-through profile for a runner without
-    one): what :func:`runners.execution.run` asks how a run goes."""
+    one): what the seam (:mod:`runners.seam`) asks how a run goes."""
     from apache_beam.options.pipeline_options import StandardOptions
 
     if is_dask(options):

@@ -170,7 +170,7 @@ DASK_WORKAROUNDS = ("transforms/batching.py", "transforms/fanout.py")
 def test_runner_knowledge_stays_in_runners():
     """Dask is named only in runners/ and in the transforms that work around its limits:
     transforms take threads and batch sizes from the pipeline's options (filled by the runner
-    profile), and how a run goes on a runner is the profile's (runners.execution)."""
+    profile), and how a run goes on a runner is the profile's (runners.seam, runners.execution)."""
     named = {path for path, text in _sources()
              if path.startswith(("accounting", "transforms", "pipelines"))
              and re.search("dask", text, re.IGNORECASE)}
@@ -194,6 +194,88 @@ def test_runners_import_no_job():
                        if path.startswith("runners") and not path.startswith("runners/deploy")
                        and any(m.split(".")[0] == "pipelines" for m in _imported_modules(text)))
     assert offenders == []
+
+
+def _all_imports(text: str) -> set[str]:
+    """Every module ``text`` imports, at any depth (inside functions too); ``from a import b``
+    gives ``a.b`` as well as ``a``, since ``b`` may be a module of package ``a``."""
+    found = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _import_graph(texts: dict) -> dict:
+    """{module: the modules of ``texts`` it imports} for ``texts`` = {path: source} of one
+    package's modules (the package's own ``__init__`` left out: importing a submodule imports
+    it, so every module would seem to loop through it)."""
+    names = {path[:-3].replace("/", "."): text for path, text in texts.items()
+             if not path.endswith("__init__.py")}
+    return {name: {m for m in _all_imports(text) if m in names and m != name}
+            for name, text in names.items()}
+
+
+def _import_loops(graph: dict) -> list:
+    """The modules of ``graph`` that import themselves through other modules."""
+    def reaches(start, goal, seen):
+        return any(m == goal or (m not in seen and reaches(m, goal, seen | {m}))
+                   for m in graph.get(start, ()))
+
+    return sorted(name for name in graph if reaches(name, name, {name}))
+
+
+#: What the release layer may import of runners/: the seam, and the interface's value types.
+RELEASE_RUNNER_MODULES = {"runners.seam", "runners.execution"}
+
+
+def test_runners_import_in_no_loop_and_the_release_layer_asks_the_seam():
+    """runners/execution.py is the interface every profile's execution implements: it imports
+    nothing of runners/ (the profiles import it); no module of runners/ imports another that
+    imports it back, however indirectly (imports inside functions count). The release layer
+    imports of runners/ only the seam (runners.seam) and the interface (runners.execution),
+    never a profile or a specific runner's module (Dataflow's, Dask's, Prism's)."""
+    graph = _import_graph({path: text for path, text in _sources()
+                           if path.startswith("runners/") and path.count("/") == 1})
+    assert graph["runners.execution"] == set()
+    assert _import_loops(graph) == []
+    asked = {path: sorted(m for m in _all_imports(text) if m.split(".")[0] == "runners"
+                          and m != "runners" and m not in RELEASE_RUNNER_MODULES
+                          and m.rsplit(".", 1)[0] not in RELEASE_RUNNER_MODULES)
+             for path, text in _sources() if path.startswith("pipelines/release/")}
+    assert {path: found for path, found in asked.items() if found} == {}
+
+
+def test_the_runner_rule_catches_a_loop():
+    graph = _import_graph({"runners/a.py": "def f():\n    from runners.b import g\n",
+                           "runners/b.py": "from runners import c\n",
+                           "runners/c.py": "import runners.a\n",
+                           "runners/d.py": "from runners import a\n"})
+    assert _import_loops(graph) == ["runners.a", "runners.b", "runners.c"]
+
+
+def _shadowed(script_names, packages) -> list:
+    """The script names (benchmarks/NAME.py) that are also the name of an importable package."""
+    return sorted(set(script_names) & set(packages))
+
+
+def test_no_benchmark_shadows_a_package():
+    """A benchmark runs as a script (``python benchmarks/NAME.py``), so benchmarks/ comes first
+    on ``sys.path``: a benchmark named like one of the project's packages, a standard-library
+    module or an installed distribution's module would be imported in its place
+    (``benchmarks/runners.py`` made ``import runners`` fail with a circular import)."""
+    import importlib.metadata
+    import sys
+
+    scripts = [n[:-3] for n in os.listdir(os.path.join(ROOT, "benchmarks")) if n.endswith(".py")]
+    packages = {n for n in os.listdir(ROOT) if os.path.exists(os.path.join(ROOT, n, "__init__.py"))}
+    packages |= set(sys.stdlib_module_names) | set(importlib.metadata.packages_distributions())
+    assert {"runners", "transforms", "json", "numpy"} <= packages
+    assert _shadowed(scripts, packages) == []
+    assert _shadowed(["runners", "aggregate"], packages) == ["runners"]  # the rule bites
 
 
 #: Documents and scripts that cite source files, besides the Python sources.

@@ -6,11 +6,14 @@ GIL), can run several elements' work at once on threads of its instance. Other r
 bundles on every core already, so their DoFns keep one thread (no pool: the work runs inline).
 
 How many threads, and how many rows a DoFn gathers into one batch, the DoFns read from the
-pipeline's :class:`ExecutionOptions` (``--dofn_threads``, ``--dofn_batch_rows``), never from the
-runner's name: the runner profile fills them (:mod:`runners.profiles`: the cores, at most four,
-on the in-process engine with one worker; one thread on a cluster whose workers run bundles on
-every thread already). A pipeline whose options no profile filled gets one thread and
-full batches.
+pipeline's :class:`ExecutionOptions` (``--dofn_threads``, ``--dofn_batch_rows``). Without
+``--dofn_threads`` (a user's plain ``beam.Pipeline()``, a notebook, a job's in-process run alike)
+:func:`default_threads` chooses: the machine's cores, at most :data:`MAX_THREADS`, on Beam's
+in-process engine with one worker, which otherwise runs every bundle on one core; one thread on
+every other runner, whose workers run bundles on every core already (a runner profile may state
+it: :mod:`runners.profiles`). Threads change no output: each element's
+work is a pure function of the element, and random choices depend on row content and the
+release key only.
 
 :class:`OrderedThreads` keeps at most ``2 x threads`` elements in flight (the thread that feeds
 them may be busy reading the next input while the threads finish theirs), so memory stays
@@ -23,6 +26,7 @@ comes back, on the bundle's thread (:class:`ThreadedDoFn`).
 from __future__ import annotations
 
 import collections
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Optional, Tuple
 
@@ -32,20 +36,22 @@ from apache_beam.utils.windowed_value import WindowedValue
 #: Rows a DoFn gathers from row elements (dicts, Rows) into one Arrow batch, unless the
 #: pipeline's :class:`ExecutionOptions` say otherwise.
 BATCH_ROWS = 20_000
+#: The most threads a DoFn gets by default on the in-process engine (:func:`default_threads`).
+MAX_THREADS = 4
 
 
 class ExecutionOptions(PipelineOptions):
-    """How this project's DoFns work on the pipeline's runner (module docstring). The runner
-    profile fills them (:func:`runners.profiles.pipeline_options_for`); given on the command
-    line, they win over the profile's choice."""
+    """How this project's DoFns work on the pipeline's runner (module docstring). Given on the
+    command line (or by a runner profile: :func:`runners.profiles.pipeline_options_for`), they
+    win over the defaults chosen for the runner."""
 
     @classmethod
     def _add_argparse_args(cls, parser) -> None:
         parser.add_argument(
             "--dofn_threads", type=int, default=None,
             help="the most threads a DoFn of this project runs its per-element work on (and how "
-                 "many it uses when the transform asks for none); default 1, or what the runner "
-                 "profile chooses (the cores, at most 4, on the in-process engine with one worker)")
+                 "many it uses when the transform asks for none); default: the cores, at most "
+                 f"{MAX_THREADS}, on the in-process engine with one worker, else 1")
         parser.add_argument(
             "--dofn_batch_rows", type=int, default=None,
             help=f"rows a DoFn gathers from row elements (dicts, Rows) into one Arrow batch "
@@ -77,13 +83,52 @@ def check_threads(threads: Optional[int]) -> Optional[int]:
     return threads
 
 
+#: Beam's runners that run a pipeline's bundles one at a time in this process (the embedded
+#: FnApiRunner; Beam's DirectRunner, which runs the pipeline on it or on Prism's loopback worker,
+#: also one process).
+IN_PROCESS_RUNNERS = ("DirectRunner", "SwitchingDirectRunner", "FnApiRunner",
+                      "BundleBasedDirectRunner")
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _runner_name(pipeline) -> str:
+    """The short class name of ``pipeline``'s runner (its options' ``--runner`` for an object
+    without one)."""
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    runner = getattr(pipeline, "runner", None)
+    if runner is None:
+        options = getattr(pipeline, "options", None) or PipelineOptions([])
+        runner = options.view_as(StandardOptions).runner or "DirectRunner"
+    name = runner if isinstance(runner, str) else type(runner).__name__
+    return name.rsplit(".", 1)[-1]
+
+
+def default_threads(pipeline) -> Optional[int]:
+    """Threads for a DoFn's work when ``pipeline`` has no ``--dofn_threads``: the cores, at most
+    :data:`MAX_THREADS`, on the in-process engine with one worker (``--direct_num_workers=1``,
+    Beam's default); None (one thread, no cap on a transform's own request) on any other runner
+    and with several workers (module docstring)."""
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    options = getattr(pipeline, "options", None) or PipelineOptions([])
+    if _runner_name(pipeline) not in IN_PROCESS_RUNNERS or \
+            options.view_as(DirectOptions).direct_num_workers not in (None, 1):
+        return None
+    return max(1, min(MAX_THREADS, cores()))
+
+
 def threads_for(pipeline, requested: Optional[int] = None) -> int:
     """Threads for a DoFn's per-element work in ``pipeline``: ``requested`` (None: the
-    pipeline's ``--dofn_threads``, default 1), never more than ``--dofn_threads`` when that is
-    set (a runner that drops what finish_bundle emits, where threaded DoFns hand back their last
-    results, sets 1)."""
+    pipeline's ``--dofn_threads``, else :func:`default_threads`, else 1), never more than
+    ``--dofn_threads`` or the in-process default (a runner that drops what finish_bundle emits,
+    where threaded DoFns hand back their last results, sets ``--dofn_threads=1``)."""
     check_threads(requested)
-    most = execution_options(pipeline).dofn_threads
+    most = execution_options(pipeline).dofn_threads or default_threads(pipeline)
     if requested is None:
         return most or 1
     return int(requested) if most is None else min(int(requested), most)

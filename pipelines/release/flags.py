@@ -9,7 +9,7 @@ the metadata). ``options_class(job)(argv)`` is a ``PipelineOptions`` like any ot
 
 Beam's flags are those of every registered ``PipelineOptions`` class (``PipelineOptions.
 __subclasses__()``, as Beam's own ``get_all_options`` collects them), after the runner profiles
-registered theirs (:func:`runners.profiles.register_options`: the options the profiles fill and
+registered theirs (:func:`runners.seam.register_options`: the options the profiles fill and
 every runner-specific module's); Prism's, Flink's, Spark's and Dataflow's options are in Beam's
 core module.
 
@@ -172,8 +172,8 @@ def switches(job) -> list[str]:
 
 def beam_options_classes() -> list[type]:
     """Every registered ``PipelineOptions`` class (one per name, as Beam's get_all_options
-    takes them), runner-specific ones included (:func:`runners.profiles.register_options`)."""
-    from runners.profiles import register_options
+    takes them), runner-specific ones included (:func:`runners.seam.register_options`)."""
+    from runners.seam import register_options
 
     register_options()
     found = {}

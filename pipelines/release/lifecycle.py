@@ -354,23 +354,17 @@ def _pipeline_options(args: Sequence[str], submit_only: bool = False):
     job_object``) is a submission when the run is ``--submit_only``: the launcher creates that
     one job from it."""
     from pipelines.release.flags import check_beam_args
-    from runners.dataflow_jobs import flex_launch_job_id
-    from runners.execution import RunnerUnavailable, check_runner
-    from runners.profiles import pipeline_options_for
+    from runners import seam
+    from runners.execution import RunnerUnavailable
 
     args = check_beam_args(args)  # every flag one of Beam's, spelled out (FlagError: exit 2)
     try:
-        options = pipeline_options_for(list(args))
-        check_runner(options)
+        options = seam.options_for(list(args))
     except RunnerUnavailable as err:
         raise ReleaseRefused(f"{str(err).rstrip('.')}; nothing was charged") from None
     except (ValueError, SystemExit) as err:
         raise ReleaseRefused(f"pipeline options: {err}")
-    every = options.get_all_options()
-    template = every.get("template_location")
-    if submit_only and flex_launch_job_id(template):
-        template = None
-    return options, bool(every.get("dry_run")) or bool(template)
+    return options, seam.only_translates(options, submitting=submit_only)
 
 
 def _places(options) -> Places:
@@ -602,8 +596,8 @@ def _graph(reserved: Reserved, staging: Mapping[str, str]):
 def run_pipeline(options, build) -> object:
     """Build and run one Beam pipeline; returns its finished result (raises on failure). How a
     run goes on the chosen runner (a cluster for the run, checks of the built pipeline, what to
-    close) is its runner profile's (runners.execution)."""
-    from runners.execution import run as run_on_runner
+    close) is its runner profile's, through the seam (runners.seam)."""
+    from runners.seam import run as run_on_runner
 
     return run_on_runner(options, build)
 
@@ -668,13 +662,13 @@ def _record_failure(reserved: Reserved, cause: str, err: Exception) -> None:
 # --------------------------------------------------------------------------- submit and finalize
 
 def start(reserved: Reserved, staging: Mapping[str, str]):
-    """submit's compute: the run's graph started on its runner (``runners.execution.submit``:
+    """submit's compute: the run's graph started on its runner (``runners.seam.submit``:
     Dataflow creates the job and returns its id without waiting; a local engine runs the job to
     the end). Its counters are staged by the pipeline itself. Returns the job's handle.
 
     Failure policy: compute's (:func:`_computation_failed`: exit 3, the reservation stays and
     submitting again takes it over without spending)."""
-    from runners.execution import submit as submit_on_runner
+    from runners.seam import submit as submit_on_runner
 
     try:
         handle, _ = submit_on_runner(reserved.pre.beam_options, _graph(reserved, staging))
@@ -705,13 +699,13 @@ def find_submitted(pre: Preflight) -> Reserved:
 
 
 def await_job(reserved: Reserved, handle):
-    """finalize's wait: the submitted job's finished result (``runners.execution.wait``:
+    """finalize's wait: the submitted job's finished result (``runners.seam.wait``:
     Dataflow's job polled through the Dataflow client until it ends; a local engine's job ended
     in the submitting process: None).
 
     Failure policy: a job that failed or was cancelled is compute's failure (exit 3 with the
     runner's message; the reservation stays: submitting again takes it over)."""
-    from runners.execution import wait
+    from runners.seam import wait
 
     try:
         return wait(reserved.pre.beam_options, handle)

@@ -23,7 +23,7 @@ from pathlib import Path
 import apache_beam as beam
 import pytest
 
-from runners import dask_cluster, execution, profiles
+from runners import dask_cluster, execution, profiles, seam
 from runners.deploy.flex_template import JOBS as JOB_COMMANDS
 from runners.harness import REPO_ROOT, RunnerCase, run_pipeline_main
 
@@ -68,7 +68,7 @@ def test_dask_runs_are_partitioned_for_the_cluster_unless_the_run_says_how():
 
 
 def test_each_profile_owns_how_a_run_goes_on_its_runner():
-    """The runner seam (runners.execution): the Dask profile's execution starts a cluster for the
+    """The runner seam (runners.seam): the Dask profile's execution starts a cluster for the
     run, refuses what the runner gets wrong and joins every leaf into one last transform; other
     runners' executions leave Beam's run as it is."""
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -81,13 +81,17 @@ def test_each_profile_owns_how_a_run_goes_on_its_runner():
         assert type(profiles.profile_of(PipelineOptions(argv)).execution) is execution.Execution, argv
     dataflow = profiles.profile_of(PipelineOptions(["--runner=DataflowRunner"]))
     assert dataflow.name == "DataflowRunner"
-    # Dataflow's execution only submits without waiting and awaits from another process
-    # (runners/dataflow_jobs.py); a whole run goes as Beam's.
+    # Dataflow's execution only submits without waiting, awaits from another process and knows
+    # a Flex Template launcher's job object (runners/dataflow_jobs.py); a whole run goes as Beam's.
     from runners.dataflow_jobs import DataflowExecution
 
     assert type(dataflow.execution) is DataflowExecution
     assert {name for name in vars(DataflowExecution) if not name.startswith("_")} == \
-        {"submit", "wait"}
+        {"submit", "wait", "launches_job"}
+    launch = "gs://b/staging/template_launches/2026-11-27_02_30_07-1234567890123456789/job_object"
+    assert dataflow.execution.launches_job(PipelineOptions([f"--template_location={launch}"]))
+    assert not dataflow.execution.launches_job(PipelineOptions(["--template_location=gs://b/t.json"]))
+    assert not execution.Execution().launches_job(PipelineOptions([f"--template_location={launch}"]))
     from runners.prism import PrismExecution  # Beam's own run, its binary checked first
 
     assert type(profiles.profile_of(PipelineOptions(["--runner=PrismRunner"])).execution) is PrismExecution
@@ -399,7 +403,7 @@ def test_finish_bundle_and_tagged_outputs_are_kept_on_the_cluster(cluster, tmp_p
     results = {}
     for name, argv in (("local", []), ("dask", dask_argv(cluster) + ["--dask_npartitions=3"])):
         out = tmp_path / f"{name}.json"
-        execution.run(pipeline_options_for(argv), build_for(out))
+        seam.run(pipeline_options_for(argv), build_for(out))
         results[name] = json.loads(out.read_text())
     assert results["dask"] == results["local"]
     got = dict(results["dask"])
@@ -428,7 +432,7 @@ def test_every_branch_of_a_pipeline_runs_on_dask(cluster, tmp_path):
         _ = (numbers | "Square" >> beam.Map(lambda x: x * x) | "AllSquared" >> beam.combiners.ToList()
              | "WriteSecond" >> beam.Map(_write_text, str(second)))
 
-    execution.run(pipeline_options_for(dask_argv(cluster)), build)
+    seam.run(pipeline_options_for(dask_argv(cluster)), build)
     assert first.read_text() == "2\n4\n6" and second.read_text() == "1\n4\n9"
 
 
@@ -568,7 +572,7 @@ def test_side_inputs_are_computed_once_as_graph_dependencies(cluster, tmp_path):
         options = pipeline_options_for(argv)
         if name == "dask":
             assert options.view_as(StandardOptions).runner == dask_runner.RUNNER
-        execution.run(options, _side_input_pipeline(calls, out))
+        seam.run(options, _side_input_pipeline(calls, out))
         results[name] = out.read_text()
         assert sorted(p.name.split("-")[0] for p in calls.iterdir()) == ["a", "b", "c"], name
     assert results["dask"] == results["local"]
@@ -589,8 +593,8 @@ def test_dp_aggregate_of_dict_rows_on_dask(cluster, tmp_path):
     from runners.profiles import pipeline_options_for
 
     local, dask = str(tmp_path / "local.parquet"), str(tmp_path / "dask.parquet")
-    execution.run(pipeline_options_for([]), _dp_aggregate(local, dict_rows=True))
-    execution.run(pipeline_options_for(dask_argv(cluster)), _dp_aggregate(dask, dict_rows=True))
+    seam.run(pipeline_options_for([]), _dp_aggregate(local, dict_rows=True))
+    seam.run(pipeline_options_for(dask_argv(cluster)), _dp_aggregate(dask, dict_rows=True))
     assert Path(dask).read_bytes() == Path(local).read_bytes()
 
 
@@ -601,9 +605,9 @@ def test_dp_aggregate_with_a_staged_keyset_on_dask(cluster, tmp_path):
     from runners.profiles import pipeline_options_for
 
     cross, local, dask = (str(tmp_path / f"{name}.parquet") for name in ("cross", "local", "dask"))
-    execution.run(pipeline_options_for([]), _dp_aggregate(cross))
-    execution.run(pipeline_options_for([]), _dp_aggregate(local, staging_dir=str(tmp_path / "stage")))
-    execution.run(pipeline_options_for(dask_argv(cluster)),
+    seam.run(pipeline_options_for([]), _dp_aggregate(cross))
+    seam.run(pipeline_options_for([]), _dp_aggregate(local, staging_dir=str(tmp_path / "stage")))
+    seam.run(pipeline_options_for(dask_argv(cluster)),
                      _dp_aggregate(dask, staging_dir=str(tmp_path / "stage")))
     assert Path(dask).read_bytes() == Path(local).read_bytes() == Path(cross).read_bytes()
     runs = list((tmp_path / "stage").iterdir())
@@ -619,7 +623,7 @@ def test_dp_aggregate_on_a_run_scoped_local_cluster(tmp_path, monkeypatch):
     from runners.profiles import pipeline_options_for
 
     local, dask = str(tmp_path / "local.parquet"), str(tmp_path / "dask.parquet")
-    execution.run(pipeline_options_for(["--runner=FnApiRunner"]), _dp_aggregate(local))
+    seam.run(pipeline_options_for(["--runner=FnApiRunner"]), _dp_aggregate(local))
     started = []
     real_local_cluster = dask_cluster.local_cluster
 
@@ -639,7 +643,7 @@ def test_dp_aggregate_on_a_run_scoped_local_cluster(tmp_path, monkeypatch):
         partitions.append(pipeline.options.view_as(DaskOptions).npartitions)
         build(pipeline)
 
-    result = execution.run(options, recording_build)
+    result = seam.run(options, recording_build)
     assert result.client.status == "closed"
     assert Path(dask).read_bytes() == Path(local).read_bytes()
     [(workers, address)] = started
@@ -727,7 +731,7 @@ def test_combines_are_lifted_before_the_shuffle(cluster, tmp_path):
     for name, argv in (("local", []), ("dask", dask_argv(cluster) + ["--dask_npartitions=2"])):
         calls, out = tmp_path / f"calls-{name}", tmp_path / f"{name}.json"
         calls.mkdir()
-        execution.run(pipeline_options_for(argv), build_for(calls, out))
+        seam.run(pipeline_options_for(argv), build_for(calls, out))
         results[name] = json.loads(out.read_text())
         if name == "dask":
             made = sorted(p.name.rsplit("-", 1)[0] for p in calls.iterdir())
@@ -811,7 +815,7 @@ def test_workers_size_beam_elements_by_what_they_hold():
     with dask_cluster.local_cluster(1) as address:
         with distributed.Client(address, set_as_default=False) as client:
             [before] = client.run(held_size).values()
-            execution.run(pipeline_options_for(["--runner=DaskRunner", f"--dask_client_address={address}"]),
+            seam.run(pipeline_options_for(["--runner=DaskRunner", f"--dask_client_address={address}"]),
                              lambda p: p | beam.Create([1, 2]) | beam.Map(lambda x: x))
             [after] = client.run(held_size).values()
     assert before < 0.01 and 1 <= after < 1.1, (before, after)
@@ -875,7 +879,7 @@ def test_root_partitions_run_on_the_workers_they_are_dealt_to(cluster):
         client.register_plugin(Recorder())
         workers = sorted(client.nthreads())
         with distributed.get_task_stream(client=client) as stream:
-            execution.run(pipeline_options_for(dask_argv(cluster)),
+            seam.run(pipeline_options_for(dask_argv(cluster)),
                              lambda p: p | beam.Create(range(40)) | beam.Map(lambda x: x * x)
                              | beam.Map(lambda x: (x % 3, x)) | beam.CombinePerKey(sum))
         [recorded] = client.run_on_scheduler(

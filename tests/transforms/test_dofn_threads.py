@@ -135,15 +135,13 @@ def _threads(*argv, requested=None):
 
 
 def test_threads_only_on_the_in_process_engine_with_one_worker(monkeypatch):
-    from runners import profiles
-
-    monkeypatch.setattr(profiles.os, "sched_getaffinity", lambda _: set(range(16)), raising=False)
-    assert _threads("--runner=FnApiRunner") == profiles.MAX_THREADS
-    assert _threads() == profiles.MAX_THREADS  # DirectRunner
-    monkeypatch.setattr(profiles.os, "sched_getaffinity", lambda _: {0, 1}, raising=False)
+    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda _: set(range(16)), raising=False)
+    assert _threads("--runner=FnApiRunner") == parallel.MAX_THREADS
+    assert _threads() == parallel.MAX_THREADS  # DirectRunner
+    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda _: {0, 1}, raising=False)
     assert _threads("--runner=DirectRunner") == 2
-    assert _threads("--runner=DirectRunner", requested=3) == 2  # the profile's count caps a request
-    assert _threads("--runner=FnApiRunner", "--dofn_threads=3") == 3  # given: wins over the profile
+    assert _threads("--runner=DirectRunner", requested=3) == 2  # the default caps a request
+    assert _threads("--runner=FnApiRunner", "--dofn_threads=3") == 3  # given: wins over the default
     for argv in (["--runner=FlinkRunner"], ["--runner=PrismRunner"], ["--runner=SparkRunner"],
                  ["--runner=DaskRunner"], ["--runner=DirectRunner", "--prism_location=/x/prism"],
                  ["--runner=FnApiRunner", "--direct_num_workers=2"],
@@ -152,13 +150,61 @@ def test_threads_only_on_the_in_process_engine_with_one_worker(monkeypatch):
     assert _threads("--runner=DaskRunner", requested=3) == 1  # the workers' threads run bundles
     # The project's Dask translation keeps what finish_bundle emits: more threads may be given.
     assert _threads("--runner=DaskRunner", "--dofn_threads=2", requested=3) == 2
-    plain = types.SimpleNamespace(options=PipelineOptions([]))  # no profile: one thread
-    assert parallel.threads_for(plain) == 1 and parallel.threads_for(plain, 3) == 3
+    # Options no profile filled: the runner they name decides (in process by default).
+    plain = types.SimpleNamespace(options=PipelineOptions([]))
+    assert parallel.threads_for(plain) == 2 and parallel.threads_for(plain, 3) == 2
+    flink = types.SimpleNamespace(options=PipelineOptions(["--runner=FlinkRunner"]))
+    assert parallel.threads_for(flink) == 1 and parallel.threads_for(flink, 3) == 3
     assert parallel.batch_rows(plain) == parallel.BATCH_ROWS
     with pytest.raises(ValueError, match="threads"):
         BoundedKeyPartials(_config(), threads=0)
     with pytest.raises(ValueError, match="dofn_threads must be at least 1"):
         parallel.threads_for(types.SimpleNamespace(options=PipelineOptions(["--dofn_threads=0"])))
+
+
+def _dofn_threads(pipeline) -> list:
+    """The threads of every threaded DoFn applied in ``pipeline``."""
+    from apache_beam.pipeline import PipelineVisitor
+
+    found = []
+
+    class Visitor(PipelineVisitor):
+        def visit_transform(self, node):
+            work = getattr(getattr(node.transform, "fn", None), "_work", None)
+            if isinstance(work, parallel.OrderedThreads):
+                found.append(work.threads)
+
+    pipeline.visit(Visitor())
+    return found
+
+
+def _aggregate(rows, seed):
+    return rows | DPAggregate(
+        privacy_unit="user", keys=["k"], value="v", metrics=[Count(), Sum()],
+        bounds=ContributionBounds(max_partitions=3, max_contributions_per_partition=2,
+                                  min_value=0, max_value=10),
+        budget=PrivacyBudget(epsilon=1.0), release_key=ReleaseKey.for_testing(seed),
+        keyset=PublicKeyset.from_table(pa.table({"k": pa.array(np.arange(10))})))
+
+
+def test_a_plain_pipeline_uses_the_cores_of_the_in_process_engine(monkeypatch):
+    """``beam.Pipeline()`` as a user writes it (no options, no runner profile): on the
+    in-process engine every threaded DoFn of DPAggregate (bounding, keyset routing, noise) gets
+    the machine's cores, at most MAX_THREADS; on a runner that runs bundles itself, one."""
+    if parallel.cores() > 1:  # this machine, unpatched: more than one thread
+        assert parallel.threads_for(beam.Pipeline()) == min(parallel.cores(), parallel.MAX_THREADS) > 1
+    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda _: set(range(8)), raising=False)
+    for seed, pipeline in enumerate((beam.Pipeline(), beam.Pipeline("FnApiRunner"),
+                                     beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"])))):
+        assert parallel.threads_for(pipeline) == parallel.MAX_THREADS
+        _aggregate(pipeline | beam.Create([pa.table({"user": [1], "k": [1], "v": [1.0]})]), 50 + seed)
+        threads = _dofn_threads(pipeline)
+        assert len(threads) >= 2 and set(threads) == {parallel.MAX_THREADS}, threads
+    for seed, argv in enumerate((["--direct_num_workers=2"], ["--dofn_threads=1"],
+                                 ["--runner=PrismRunner"])):
+        pipeline = beam.Pipeline(options=PipelineOptions(argv))
+        _aggregate(pipeline | beam.Create([pa.table({"user": [1], "k": [1], "v": [1.0]})]), 60 + seed)
+        assert set(_dofn_threads(pipeline)) == {1}
 
 
 def _released(threads: int, kind: str, tmp_path, monkeypatch):

@@ -308,7 +308,8 @@ def test_a_dataflow_job_is_awaited_until_it_is_done(dataflow):
     pipeline, as on every runner: finalize reads them from staging, not from the job)."""
     from apache_beam.runners.runner import PipelineState
 
-    from runners.execution import JobHandle, wait
+    from runners.execution import JobHandle
+    from runners.seam import wait
 
     dataflow["now"] = StandInDataflow(["JOB_STATE_RUNNING", "JOB_STATE_DONE"],
                                       counters={"impressions.read": 223})
@@ -319,7 +320,8 @@ def test_a_dataflow_job_is_awaited_until_it_is_done(dataflow):
 
 @pytest.mark.parametrize("state", ["JOB_STATE_FAILED", "JOB_STATE_CANCELLED"])
 def test_a_failed_or_cancelled_dataflow_job_raises_the_runners_message(dataflow, state):
-    from runners.execution import JobFailed, JobHandle, wait
+    from runners.execution import JobFailed, JobHandle
+    from runners.seam import wait
 
     dataflow["now"] = StandInDataflow([state], errors=[
         "Traceback (most recent call last):\n  ...\nOSError: [Errno 28] No space left on device"])

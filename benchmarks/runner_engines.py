@@ -1,12 +1,14 @@
 """Time of the same job on each runner, at 1M and 10M rows.
 
-    python benchmarks/runners.py [--rows 1000000,10000000]
+    python benchmarks/runner_engines.py [--rows 1000000,10000000]
         [--runners direct,direct-mp2,prism,flink,spark] [--job demo_release] [--data_dir DIR]
+    python benchmarks/runner_engines.py --rows 10000 --runners direct  # quick
 
 Each run is a fresh ``python -m <job main>`` process, as a user would start it, so the time
 includes interpreter and runner start-up (job server, Prism binary, Flink mini cluster). Runners
 whose artifacts are not cached (``python -m runners.fetch ...``) are reported as unavailable.
 All runs of one size must write the same output (keyed noise); the table says if one did not.
+Last line: ``rows=N <runner>_seconds=S ... outputs_identical=PASS|FAIL`` (the largest size).
 
 Jobs: ``demo_release`` (runners/demo_release.py, noisy row counts per public key),
 ``centralnotice`` (one release of pipelines/centralnotice/job.py on pipelines.centralnotice.data's
@@ -155,11 +157,13 @@ def main(argv=None) -> int:
         print(f"job {args.job}; each run is a fresh process (start-up included)\n")
         print(f"{'rows':>10s}  {'runner':32s} {'seconds':>8s} {'rows/s':>10s} "
               f"{'vs direct':>9s}  note")
+        identical = True
         for rows in sizes:
             t0 = time.perf_counter()
             data = job.write_input(data_dir, rows)
             print(f"{rows:>10d}  {'(write input)':32s} {time.perf_counter() - t0:8.1f}")
             baseline, reference = None, None
+            timed = {}
             for name in names:
                 case = RUNNERS[name]
                 reason = _available(name)
@@ -181,10 +185,14 @@ def main(argv=None) -> int:
                 if reference is None:
                     reference = output
                 note = "" if output == reference else "OUTPUT DIFFERS"
+                identical = identical and not note
+                timed[name] = seconds
                 baseline = baseline or (seconds if name == "direct" else None)
                 ratio = f"{seconds / baseline:8.2f}x" if baseline else f"{'-':>9s}"
                 print(f"{rows:>10d}  {case.label:32s} {seconds:8.1f} {rows / seconds:10.0f} "
                       f"{ratio}  {note}", flush=True)
+    print(f"rows={sizes[-1]} " + " ".join(f"{n.replace('-', '_')}_seconds={t:.1f}" for n, t in timed.items())
+          + f" outputs_identical={'PASS' if identical else 'FAIL'}")
     return 0
 
 
