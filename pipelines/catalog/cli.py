@@ -129,7 +129,8 @@ def _inside(path: str, folder: str) -> bool:
 def check_folders(args) -> None:
     """Refuse outputs that would mix the public and the private, or overwrite something that is
     not a catalog (raises CatalogInputError)."""
-    from pipelines.catalog.model import MARKER, CatalogInputError
+    from pipelines.catalog.model import CatalogInputError
+    from pipelines.release.layout import MARKER
 
     for flag, path, stamp in (("--output", args.output, SITE_STAMP),
                               ("--operator", args.operator, OPERATOR_STAMP)):

@@ -46,6 +46,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 from accounting import guarantee
 from pipelines.catalog.model import CatalogInputError, CatalogInputs, dataset_of
+from pipelines.release import textfiles
 
 SCHEDULE_FORMAT = "beam-dp-release/schedule/v1"
 PUBLISHED, FAILED, RESERVED, OVER_BUDGET, MISSING, PENDING = (
@@ -170,12 +171,9 @@ def load_config(path: str):
     """A ``--config`` file: a CentralNotice configuration (``campaigns``) or a schedule file
     (``cadences``). Returns ``("centralnotice", config)`` or ``("cadences", [Cadence])``. Read
     by the one configuration reader (:mod:`pipelines.release.textfiles`: it names the file, line
-    and column, never the content, and refuses a release key file)."""
-    from pipelines import quiet_beam_import
-
-    quiet_beam_import()  # the release layer imports Beam (pipelines.LAZY_BEAM)
-    from pipelines.release import textfiles
-
+    and column, never the content, and refuses a release key file); a CentralNotice one is
+    parsed by its job's own parser (imported here: it loads pyarrow, which a catalog without
+    CentralNotice configuration never needs). Both are Beam-free (tests/test_layout.py)."""
     try:
         data = textfiles.read(path, "--config").json()
     except textfiles.TextFileError as err:

@@ -34,15 +34,12 @@ from typing import Mapping, Optional
 
 from pipelines.release import names, storage
 from pipelines.release.errors import ReleaseFailed, ReleaseRefused
+from pipelines.release.layout import MARKER, MARKER_FORMAT, STAGING, TESTING_PREFIX
 
-MARKER = "RELEASE.json"
 BINDING = ".ledger-binding.json"
-TESTING_PREFIX = "testing-not-a-release"
-STAGING = ".staging"
 #: A release's row counters, staged beside its files for the operator (pipelines.release.counters);
 #: publication leaves them behind.
 COUNTERS = ".counters.json"
-MARKER_FORMAT = "beam-dp-release/release/v1"
 
 
 def release_folder(output: str, release_id: str, version: int, testing: bool) -> str:

@@ -19,7 +19,8 @@ import time
 from typing import Mapping
 
 from accounting.ledger import keyed_binding
-from pipelines.release import names, publish, storage
+from pipelines.release import names, storage
+from pipelines.release.layout import FAILURE, MARKER_FORMAT, REPORT
 
 
 def _finite(value):
@@ -31,7 +32,7 @@ def marker(*, job, prepared, context, version: int, files: Mapping[str, str], ta
     """The public marker of one release (see the module docstring)."""
     p = context.planned
     out = {
-        "format": publish.MARKER_FORMAT, "job": job.name, "release_id": p.release_id,
+        "format": MARKER_FORMAT, "job": job.name, "release_id": p.release_id,
         "version": version, "versioned_id": context.versioned_id, "testing": context.testing,
         "status": ("TESTING - NOT A RELEASE (" + ("noise-free exact " if any(k.noise_free for k in context.keys.values()) else "public ")
                    + "testing key)") if context.testing else "released",
@@ -115,7 +116,7 @@ def _folder(root: str, release_id: str, version: int) -> str:
 
 def report_path(root: str, release_id: str, version: int) -> str:
     """Where the operator report of a release version is (:func:`write`)."""
-    return storage.join(_folder(root, release_id, version), "report.json")
+    return storage.join(_folder(root, release_id, version), REPORT)
 
 
 def write(report: Mapping, *, root: str, release_id: str, version: int, job) -> str:
@@ -123,8 +124,8 @@ def write(report: Mapping, *, root: str, release_id: str, version: int, job) -> 
     this version (a run that published nothing and was then taken over) moves into it as
     ``earlier_failure``, so the folder never shows a failure beside a release that succeeded."""
     folder = _folder(root, release_id, version)
-    path = storage.join(folder, "report.json")
-    stale = storage.join(folder, "failure.json")
+    path = storage.join(folder, REPORT)
+    stale = storage.join(folder, FAILURE)
     earlier = storage.read_bytes(stale)
     if earlier is not None:
         report = {**report, "earlier_failure": json.loads(earlier.decode("utf-8"))}
@@ -138,7 +139,7 @@ def write(report: Mapping, *, root: str, release_id: str, version: int, job) -> 
 
 def write_failure(body: Mapping, *, root: str, release_id: str, version: int) -> str:
     """The operator's record of a run that published nothing for this release version."""
-    path = storage.join(_folder(root, release_id, version), "failure.json")
+    path = storage.join(_folder(root, release_id, version), FAILURE)
     storage.write_bytes(path, (json.dumps(body, indent=1, sort_keys=True, default=str) + "\n")
                         .encode("utf-8"))
     return path
