@@ -74,6 +74,8 @@ border-top:1px solid var(--line)}
  table.stack td.num{text-align:left;white-space:normal}
  table.stack td::before{content:attr(data-label);font-size:.8rem;color:var(--muted);
   padding-top:.1rem}
+ table.stack tr.empty td{display:block}
+ table.stack tr.empty td::before{content:none}
  .charts{grid-template-columns:minmax(0,1fr)}
 }
 """
@@ -134,9 +136,10 @@ def _crumb(label: str, href: Optional[str]) -> str:
 
 
 def table(headers: Sequence, rows: Iterable[Sequence], *, cls: str = "stack",
-          numeric: Sequence[int] = (), caption: str = "") -> str:
+          numeric: Sequence[int] = (), caption: str = "", empty: str = "none") -> str:
     """A table; cells are HTML already (escape with :func:`e`). ``numeric``: column indexes
-    aligned right; every cell carries its header as ``data-label`` (the phone layout)."""
+    aligned right; every cell carries its header as ``data-label`` (the phone layout). A table
+    without rows says so (``empty``, in one cell across the columns), never shows bare headers."""
     numeric = set(numeric)
     head = "".join(f'<th{" class=num" if i in numeric else ""} scope="col">{e(h)}</th>'
                    for i, h in enumerate(headers))
@@ -145,6 +148,9 @@ def table(headers: Sequence, rows: Iterable[Sequence], *, cls: str = "stack",
         cells = "".join(f'<td{" class=num" if i in numeric else ""} data-label="{e(headers[i])}">'
                         f"<div>{c}</div></td>" for i, c in enumerate(row))
         body.append(f"<tr>{cells}</tr>")
+    if not body:
+        body.append(f'<tr class="empty"><td colspan="{len(headers)}" data-label="">'
+                    f'<div class="muted">{e(empty)}</div></td></tr>')
     cap = f"<caption class=\"muted\">{e(caption)}</caption>" if caption else ""
     return (f'<table class="{e(cls)}">{cap}<thead><tr>{head}</tr></thead>'
             f"<tbody>{''.join(body)}</tbody></table>")

@@ -589,7 +589,10 @@ def read_catalog(releases_root: str, ledger: Optional[Ledger], *,
         raise ValueError("a catalog reads real releases with their ledger, or testing ones without")
     root = storage.join(releases_root, TESTING_PREFIX) if testing else releases_root
     folders: dict = {}
+    testing_folder = storage.join(releases_root, TESTING_PREFIX).rstrip("/") + "/"
     for path, size in _walk(root):
+        if not testing and path.startswith(testing_folder):
+            continue  # testing output lies apart by design: neither a release nor a stray marker
         folder, name = path.rsplit("/", 1) if "/" in path else ("", path)
         folders.setdefault(folder, {})[name] = size
     prefix = root.rstrip("/") + "/"

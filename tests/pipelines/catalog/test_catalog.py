@@ -291,6 +291,29 @@ def test_a_marker_of_another_ledger_stays_out_of_the_public_site(made, tmp_path,
     assert op["excluded_markers"][0]["reason"] == "charged by another ledger"
 
 
+def test_testing_output_in_its_folder_is_not_called_a_stray_testing_marker(made, tmp_path, capsys):
+    """Testing output under testing-not-a-release/ lies apart by design: neither listed nor
+    "left out" (issue 42); a testing marker anywhere else is left out, saying so."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(made.root, copy)
+    source = copy / "releases" / "C2" / "2026-11-01" / "v1"
+    for target in (copy / "releases" / "testing-not-a-release" / "C2" / "2026-11-01",
+                   copy / "releases" / "T9" / "2026-11-01" / "v1"):
+        shutil.copytree(source, target)
+        marker = json.loads((target / "RELEASE.json").read_text())
+        (target / "RELEASE.json").write_text(json.dumps({**marker, "testing": True}))
+    site, operator = tmp_path / "site", tmp_path / "operator"
+    assert catalog.main(["--ledger", str(copy / "private" / "ledger.json"), "--releases",
+                         str(copy / "releases"), "--output", str(site), "--operator",
+                         str(operator)]) == 0
+    assert "1 marker(s) left out of the public site" in capsys.readouterr().out
+    op = json.loads((operator / "operator.json").read_text())
+    assert [(x["path"].split("/releases/")[1], x["reason"]) for x in op["excluded_markers"]] == [
+        ("T9/2026-11-01/v1/RELEASE.json", "a testing marker outside testing-not-a-release/")]
+
+
 def test_rebuilding_replaces_the_site_whole_and_refuses_a_foreign_folder(made, tmp_path, capsys):
     site = tmp_path / "site"
     assert catalog.main(made.args("--output", str(site))) == 0

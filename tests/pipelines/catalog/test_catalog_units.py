@@ -141,6 +141,14 @@ def test_chart_is_valid_svg_with_budget_line_and_escaped_labels():
     ET.fromstring(flat)
 
 
+def test_an_empty_table_says_none_and_a_filled_one_does_not():
+    empty = catalog_html.table(["Release", "State"], [])
+    assert '<td colspan="2" data-label=""><div class="muted">none</div></td>' in empty
+    assert "<th" in empty  # the headers still say what would be listed
+    assert "nothing failed" in catalog_html.table(["A"], [], empty="nothing failed")
+    assert "none" not in catalog_html.table(["A"], [["x"]])
+
+
 def test_html_escapes_everything_and_paginates():
     page = catalog_html.page(title="<t>", body=catalog_html.table(["<h>"], [[catalog_html.e("<c>")]]),
                              crumbs=[("<a>", None)])
