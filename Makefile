@@ -46,7 +46,7 @@ lock:
 ## second run reproduces the releases and spends nothing; `rm -rf $(OUT)` starts afresh.
 demo: $(DEMO_STAMP)
 	$(BIN)/python -m pipelines.centralnotice --demo --output $(OUT)
-	$(BIN)/python -m pipelines.catalog --ledger $(OUT)/ledger.json --releases $(OUT)/releases --config pipelines/sample_data/centralnotice/campaigns.json --output $(OUT)/catalog --operator $(OUT)/catalog-operator
+	$(BIN)/python -m pipelines.catalog --ledger $(OUT)/ledger.json --releases $(OUT)/releases --config pipelines/sample_data/centralnotice/campaigns.json --metadata pipelines/sample_data/centralnotice/datasets.json --output $(OUT)/catalog --operator $(OUT)/catalog-operator
 
 ## Run the default test suite (well under 15 minutes on 2 cores).
 test: setup

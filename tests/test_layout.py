@@ -661,10 +661,11 @@ def test_tests_mirror_the_code():
         assert why and all(os.path.isfile(os.path.join(ROOT, t)) for t in tests), path
 
 
-#: What the catalog may read releases with: the release layer's Beam-free layout, storage and
-#: configuration reader, and CentralNotice's configuration parser (the public schedule).
+#: What the catalog may read releases with: the release layer's Beam-free layout, storage,
+#: configuration reader and schema check, and CentralNotice's configuration parser (the public schedule).
 CATALOG_READS = {"pipelines.release.layout", "pipelines.release.storage",
-                 "pipelines.release.textfiles", "pipelines.centralnotice.config"}
+                 "pipelines.release.textfiles", "pipelines.release.config_schema",
+                 "pipelines.centralnotice.config"}
 #: Libraries the catalog renders and checks with (none imports Beam).
 CATALOG_LIBRARIES = {"jinja2", "jsonschema"}
 

@@ -115,14 +115,15 @@ def bar(share: float) -> str:
 
 
 def page(*, title: str, body: str, crumbs: Sequence[tuple] = (), root: str = "",
-         banner: str = "", footer: str = "") -> str:
+         banner: str = "", footer: str = "", head: str = "") -> str:
     """A whole page. ``crumbs``: (label, href or None) after the home link; ``root``: the
-    relative path to the site root (e.g. ``"../../"``)."""
+    relative path to the site root (e.g. ``"../../"``); ``head``: markup for the head (built
+    safe by the caller: the JSON-LD of :mod:`pipelines.catalog.linked_data`)."""
     trail = "".join(_crumb(label, href) for label, href in crumbs)
     return ("<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
             "<link rel=\"icon\" href=\"data:,\">\n"
-            f"<title>{e(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
+            f"<title>{e(title)}</title>\n<style>{CSS}</style>\n{head}</head>\n<body>\n"
             f'<div class="top"><a href="{e(root)}index.html">Release catalog</a>{trail}</div>\n'
             + (f'<div class="banner" role="alert">{e(banner)}</div>\n' if banner else "")
             + f"<main>\n{body}\n</main>\n"
