@@ -209,19 +209,20 @@ def write_tree(folder: str, files: dict, stamp: str) -> None:
 
 def site_files(inputs, *, title: str = DEFAULT_TITLE, page_size: int = 100,
                files_base: Optional[str] = None, metadata=None,
-               site_url: Optional[str] = None) -> dict:
+               site_url: Optional[str] = None, gaps=None) -> dict:
     """{relative path: text} of the public site of ``inputs`` (a
     :class:`pipelines.catalog.model.CatalogInputs`): the Python API of ``--output``. Built from
     the published releases and the (validated) dataset ``metadata`` only; ``files_base``: the
     released files' URL base, absolute or relative to the site's root (:func:`files_base`). A
     testing catalog (``read_catalog(..., testing=True)``) says on every page that it is not a
-    release."""
+    release. ``gaps``: {dataset id: scheduled releases due and not published}
+    (:func:`pipelines.catalog.schedule.public_gaps`)."""
     from pipelines.catalog import export as catalog_export
     from pipelines.catalog import facts as catalog_facts
     from pipelines.catalog import linked_data
     from pipelines.catalog import site as catalog_site
 
-    all_facts = catalog_facts.all_facts(inputs.datasets, metadata)
+    all_facts = catalog_facts.all_facts(inputs.datasets, metadata, gaps)
     structured = {f.dataset.dataset_id: linked_data.script(linked_data.schema_org(
         f, files_base=files_base, site_url=site_url, newest=page_size)) for f in all_facts}
     files = catalog_site.site_pages(all_facts, title=title, page_size=page_size,
@@ -287,7 +288,8 @@ def _build(args, out=None) -> int:
     if args.output:
         files = site_files(inputs, title=args.title, page_size=args.page_size,
                            files_base=files_base(args.releases, args.output, args.releases_url),
-                           metadata=metadata, site_url=args.site_url)
+                           metadata=metadata, site_url=args.site_url,
+                           gaps=catalog_schedule.public_gaps(health))
         write_tree(args.output, files, SITE_STAMP)
         index = os.path.join(os.path.abspath(args.output), "index.html")
         print(f"catalog: {len(inputs.releases())} releases in {len(inputs.datasets)} datasets; "

@@ -78,6 +78,7 @@ def dataset_json(f: DatasetFacts) -> dict:
         "caveats": list(f.caveats),
         "releases": [_release(r) for r in f.releases],
         "about": _about(f),
+        "gaps": [{"release_id": rid, "first": first, "last": last} for rid, first, last in f.gaps],
     }
 
 
@@ -156,9 +157,14 @@ def schema() -> dict:
     dataset = {
         "type": "object", "additionalProperties": False,
         "required": ["id", "title", "kind", "jobs", "page", "readme", "outputs", "neighbouring",
-                     "measures", "scopes", "thresholds", "caveats", "releases", "about"],
+                     "measures", "scopes", "thresholds", "caveats", "releases", "about", "gaps"],
         "properties": {
             "about": about,
+            "gaps": {"type": "array", "items": {
+                "type": "object", "additionalProperties": False,
+                "required": ["release_id", "first", "last"],
+                "properties": {"release_id": string, "first": {"type": "string", "format": "date"},
+                               "last": {"type": "string", "format": "date"}}}},
             "id": string, "title": string, "kind": string,
             "jobs": {"type": "array", "items": string}, "page": string, "readme": string,
             "outputs": {"type": "array", "items": {
@@ -309,6 +315,10 @@ def readme(f: DatasetFacts, *, testing: bool) -> str:
     lines += ["", "## Thresholds", ""]
     lines += [f"- `{_md(p)}`: {_md(v)}" for p, v in f.thresholds] or ["None stated."]
     lines += ["", "## Caveats", ""] + [f"- {_md(c)}" for c in f.caveats]
+    lines += ["", "## Scheduled releases not published", "",
+              "Due (past their grace) and not published; the catalog does not say why.", ""]
+    lines += [f"- `{_md(rid)}` ({first}" + ("" if first == last else f"..{last}") + ")"
+              for rid, first, last in f.gaps] or ["None."]
     lines += ["", "## Releases", "", "| Release | Version | Period | epsilon | delta | Files |",
               "| --- | --- | --- | --- | --- | --- |"]
     for r in reversed(f.releases):

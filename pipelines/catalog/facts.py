@@ -51,6 +51,7 @@ class DatasetFacts:
     thresholds: tuple         # (parameter path, value)
     caveats: tuple            # sentences
     about: About              # description, licence, ... (configuration; pipelines.catalog.about)
+    gaps: tuple = ()          # (release id, first day, last day): scheduled, due, not published
 
     @property
     def releases(self) -> tuple:
@@ -120,10 +121,12 @@ def _caveats(dataset: Dataset, latest: PublishedRelease, scope_rows, measure_set
 
 
 def dataset_facts(dataset: Dataset, slug: str, uses: Mapping[str, catalog_budget.ScopeUse],
-                  scope_datasets: Mapping[str, set], metadata: Mapping) -> DatasetFacts:
+                  scope_datasets: Mapping[str, set], metadata: Mapping,
+                  gaps: Sequence[tuple] = ()) -> DatasetFacts:
     """The facts of one dataset. ``uses``: {scope: ScopeUse} over every published release;
     ``scope_datasets``: {scope: dataset ids charged to it}; ``metadata``: the validated
-    ``--metadata`` file ({} without one)."""
+    ``--metadata`` file ({} without one); ``gaps``: its scheduled releases that are due and
+    not published (:func:`pipelines.catalog.schedule.public_gaps`)."""
     latest = dataset.releases[-1]
     outputs = {}
     for release in dataset.releases:
@@ -176,7 +179,8 @@ def dataset_facts(dataset: Dataset, slug: str, uses: Mapping[str, catalog_budget
         thresholds=tuple(thresholds),
         caveats=tuple(_caveats(dataset, latest, rows_t, len(plans))),
         about=about(dataset.dataset_id, dataset.jobs,
-                    [m.measure.neighbouring for m in latest.measures], metadata))
+                    [m.measure.neighbouring for m in latest.measures], metadata),
+        gaps=tuple(gaps))
 
 
 def null_meaning(table) -> str:
@@ -186,7 +190,8 @@ def null_meaning(table) -> str:
     return "The job states no meaning for null in this file."
 
 
-def all_facts(datasets: Sequence[Dataset], metadata: Optional[Mapping] = None) -> list[DatasetFacts]:
+def all_facts(datasets: Sequence[Dataset], metadata: Optional[Mapping] = None,
+              gaps: Optional[Mapping[str, Sequence[tuple]]] = None) -> list[DatasetFacts]:
     releases = [r for d in datasets for r in d.releases]
     uses = catalog_budget.scope_uses(releases)
     scope_datasets: dict = {}
@@ -194,5 +199,5 @@ def all_facts(datasets: Sequence[Dataset], metadata: Optional[Mapping] = None) -
         for scope in release.scopes:
             scope_datasets.setdefault(scope.name, set()).add(release.dataset_id)
     names = slugs([d.dataset_id for d in datasets])
-    return [dataset_facts(d, names[d.dataset_id], uses, scope_datasets, metadata or {})
-            for d in datasets]
+    return [dataset_facts(d, names[d.dataset_id], uses, scope_datasets, metadata or {},
+                          (gaps or {}).get(d.dataset_id, ())) for d in datasets]

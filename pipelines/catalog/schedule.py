@@ -316,6 +316,19 @@ def overdue(health: Iterable[SlotHealth]) -> list[SlotHealth]:
     return [h for h in health if h.overdue and h.state != PUBLISHED]
 
 
+def public_gaps(health: Iterable[SlotHealth]) -> dict:
+    """{dataset id: ((release id, first day, last day), ...)} of the slots past their grace and
+    not published, for the public site. Only what is public goes in: the configured schedule,
+    the as-of day and the published markers decide it; the state and detail (failed, refused
+    over budget, ... read from the ledger and the operator reports) stay with the operator."""
+    out: dict = {}
+    for h in overdue(health):
+        s = h.slot
+        out.setdefault(s.dataset_id, []).append((s.release_id, s.start.isoformat(),
+                                                 s.due.isoformat()))
+    return {k: tuple(v) for k, v in out.items()}
+
+
 def counts(health: Iterable[SlotHealth]) -> Mapping[str, int]:
     out = {state: 0 for state in STATES}
     for h in health:

@@ -211,6 +211,18 @@ def _about(f: DatasetFacts, files_base: Optional[str]) -> str:
                else f"<p>{e(NOT_STATED)}</p>"))
 
 
+def _gaps(f: DatasetFacts) -> str:
+    """The scheduled releases that are due and not published, shown as gaps: which, never why."""
+    rows = [(f'<span class="release-id">{e(rid)}</span>',
+             f'<span class="period">{e(first)}</span>' + (
+                 "" if first == last else f' \u2013 <span class="period">{e(last)}</span>'))
+            for rid, first, last in f.gaps]
+    return ('<h2 id="gaps">Scheduled releases not published</h2>'
+            "<p>Releases the schedule has due (past their grace) that are not published. "
+            "The catalog does not say why.</p>"
+            + table(["Release", "Period"], rows, cls="stack gaps"))
+
+
 def dataset_pages(f: DatasetFacts, *, page_size: int, files_base: Optional[str],
                   testing: bool, structured: str = "") -> dict[str, str]:
     """{path: HTML} of one dataset: its page and its older releases' pages. ``files_base``:
@@ -269,7 +281,7 @@ def dataset_pages(f: DatasetFacts, *, page_size: int, files_base: Optional[str],
         heading = f'<h2 id="releases">Releases, newest first ({num(len(f.releases))})</h2>'
         listing = heading + nav + releases_table(f, chunk, files_base) + nav
         if n == 1:
-            html = "".join(body) + listing
+            html = "".join(body) + listing + _gaps(f)
             crumbs = [(f.dataset.title, None)]
         else:
             html = (f'<h1>{e(f.dataset.title)}: releases, page {n}</h1>'

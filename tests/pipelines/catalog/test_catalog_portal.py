@@ -189,3 +189,27 @@ def test_methodology_lists_configured_links_then_each_jobs_sources():
     assert names[0] == "Our method note" and len(names) == 3 and "Ghazi and Manurangsi" in names[2]
     assert told.privacy_unit == "r" and told.license is None and told.citation == "not stated"
     assert catalog_about.about("x", ["own_job"], [], {}).methodology == ()
+
+
+def test_missing_and_refused_days_are_public_gaps_without_a_reason(made, tmp_path):
+    site = tmp_path / "site"
+    assert catalog.main(made.args("--output", str(site), "--as_of", "2026-11-06")) == 0
+    files = files_of(str(site))
+    gaps = {}
+    for campaign in ("C1", "C2"):
+        page = files[f"datasets/centralnotice--{campaign}/index.html"]
+        part = page.split('<h2 id="gaps">', 1)[1]
+        gaps[campaign] = re.findall(r'<span class="release-id">([^<]+)</span>', part)
+        for why in ("over budget", "failed", "missing", "reserved", "checksum"):
+            assert why not in part, (campaign, why)
+    # C1's third day was refused over budget; C2's second failed, its third never ran.
+    assert gaps == {"C1": ["C1/2026-11-03"], "C2": ["C2/2026-11-02", "C2/2026-11-03"]}
+    doc = json.loads(files["catalog.json"])
+    assert [g["release_id"] for d in doc["datasets"] for g in d["gaps"]] == [
+        "C1/2026-11-03", "C2/2026-11-02", "C2/2026-11-03"]
+    assert "- `C2/2026-11-03` (2026-11-03)" in files["datasets/centralnotice--C2/README.md"]
+    # Before they are due there is no gap, and the table says so.
+    early = tmp_path / "early"
+    assert catalog.main(made.args("--output", str(early), "--as_of", "2026-11-02")) == 0
+    page = files_of(str(early))[PAGE]
+    assert '<h2 id="gaps">' in page and "<div class=\"muted\">none</div>" in page.split('id="gaps"')[1]
