@@ -8,7 +8,8 @@ setup(
                 "aggregates, CentralNotice, reach & frequency, ARA summary reports.",
     python_requires=">=3.10",
     packages=find_packages(include=["transforms*", "accounting*", "pipelines*", "runners*"]),
-    package_data={"pipelines": ["sample_data/*", "sample_data/**/*", "catalog/*.schema.json"]},
+    package_data={"pipelines": ["sample_data/*", "sample_data/**/*", "catalog/*.schema.json",
+                              "catalog/templates/*"]},
     install_requires=[
         "apache-beam>=2.60",
         "numpy>=1.24",
@@ -21,6 +22,8 @@ setup(
         # Configuration files are checked against their published JSON Schemas
         # (pipelines/release/config_schema.py; the catalog's --metadata).
         "jsonschema>=4.18",
+        # The catalog's pages are Jinja2 templates a portal can replace (pipelines/catalog/templates/).
+        "jinja2>=3.1",
     ],
     extras_require={
         "gcp": ["apache-beam[gcp]>=2.60"],

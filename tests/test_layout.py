@@ -667,7 +667,7 @@ CATALOG_READS = {"pipelines.release.layout", "pipelines.release.storage",
                  "pipelines.release.textfiles", "pipelines.release.config_schema",
                  "pipelines.centralnotice.config"}
 #: Libraries the catalog renders and checks with (none imports Beam).
-CATALOG_LIBRARIES = {"jinja2", "jsonschema"}
+CATALOG_LIBRARIES = {"jinja2", "markupsafe", "jsonschema"}
 
 
 def _import_targets(text: str) -> set[str]:

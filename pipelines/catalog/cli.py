@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
               "contact, citation, methodology, privacy unit, column descriptions and units "
               "(format beam-dp-release/dataset-metadata/v1; schema "
               "pipelines/catalog/dataset_metadata.schema.json); without it they say 'not stated'")
+    flag("templates", metavar="DIR",
+         help="a portal's own page.html and/or catalog.css (Jinja2), used instead of the "
+              "catalog's (pipelines/catalog/templates/) to restyle the public site")
     flag("site_url", metavar="URL",
          help="public base URL of the site: the identifiers of its JSON-LD and DCAT export "
               "(default: relative to each file)")
@@ -180,6 +183,28 @@ def check_folders(args) -> None:
                                     f"{private} (ledger or reports): choose another folder")
 
 
+def check_templates(folder: Optional[str]) -> None:
+    """A portal's ``--templates`` folder: it exists, and every template in it parses (Jinja2),
+    before anything is written; an error names the template and its line."""
+    from pipelines.catalog.html import environment
+    from pipelines.catalog.model import CatalogInputError
+
+    if folder is None:
+        return
+    if not os.path.isdir(folder):
+        raise CatalogInputError(f"--templates {folder} is not a folder")
+    import jinja2
+
+    env = environment(os.path.abspath(folder))
+    for name in sorted(os.listdir(folder)):
+        if name.endswith((".html", ".css")):
+            try:
+                env.get_template(name)
+            except jinja2.TemplateSyntaxError as err:
+                raise CatalogInputError(f"--templates {folder}: {name} line {err.lineno}: not a "
+                                        "valid Jinja2 template") from None
+
+
 def write_tree(folder: str, files: dict, stamp: str) -> None:
     """Write ``files`` ({relative path: text}) as ``folder``, replacing it whole: into a
     temporary sibling first, then swapped in."""
@@ -209,7 +234,8 @@ def write_tree(folder: str, files: dict, stamp: str) -> None:
 
 def site_files(inputs, *, title: str = DEFAULT_TITLE, page_size: int = 100,
                files_base: Optional[str] = None, metadata=None,
-               site_url: Optional[str] = None, gaps=None) -> dict:
+               site_url: Optional[str] = None, gaps=None,
+               templates: Optional[str] = None) -> dict:
     """{relative path: text} of the public site of ``inputs`` (a
     :class:`pipelines.catalog.model.CatalogInputs`): the Python API of ``--output``. Built from
     the published releases and the (validated) dataset ``metadata`` only; ``files_base``: the
@@ -222,12 +248,15 @@ def site_files(inputs, *, title: str = DEFAULT_TITLE, page_size: int = 100,
     from pipelines.catalog import linked_data
     from pipelines.catalog import site as catalog_site
 
+    from pipelines.catalog.html import environment
+
+    environment.cache_clear()  # templates are read afresh by each build (a portal edits them)
     all_facts = catalog_facts.all_facts(inputs.datasets, metadata, gaps)
     structured = {f.dataset.dataset_id: linked_data.script(linked_data.schema_org(
         f, files_base=files_base, site_url=site_url, newest=page_size)) for f in all_facts}
     files = catalog_site.site_pages(all_facts, title=title, page_size=page_size,
                                     files_base=files_base, testing=inputs.testing,
-                                    structured=structured)
+                                    structured=structured, templates=templates)
     files.update(catalog_export.export_files(all_facts, title=title, testing=inputs.testing))
     files[linked_data.DCAT_FILE] = linked_data.dcat(all_facts, title=title, files_base=files_base,
                                                     site_url=site_url, newest=page_size)
@@ -268,11 +297,13 @@ def _build(args, out=None) -> int:
     from pipelines.catalog import model as catalog_model
     from pipelines.catalog import operator as catalog_operator
     from pipelines.catalog import schedule as catalog_schedule
+    from pipelines.catalog.model import CatalogInputError
 
     out = out or sys.stdout
     started = time.perf_counter()
     check_folders(args)
     metadata = catalog_about.read_metadata(args.metadata)
+    check_templates(args.templates)
     ledger = catalog_model.read_ledger(args.ledger)
     reports = args.reports or (os.path.join(os.path.dirname(os.path.abspath(args.ledger)),
                                             "reports")
@@ -286,10 +317,17 @@ def _build(args, out=None) -> int:
     slots = catalog_schedule.slots_from(args.config, args.cadence, as_of, inputs)
     health = catalog_schedule.assess(slots, inputs, as_of, args.grace)
     if args.output:
-        files = site_files(inputs, title=args.title, page_size=args.page_size,
-                           files_base=files_base(args.releases, args.output, args.releases_url),
-                           metadata=metadata, site_url=args.site_url,
-                           gaps=catalog_schedule.public_gaps(health))
+        import jinja2
+
+        templates = os.path.abspath(args.templates) if args.templates else None
+        try:
+            files = site_files(inputs, title=args.title, page_size=args.page_size,
+                               files_base=files_base(args.releases, args.output, args.releases_url),
+                               metadata=metadata, site_url=args.site_url,
+                               gaps=catalog_schedule.public_gaps(health), templates=templates)
+        except jinja2.TemplateError as err:  # only a portal's own templates can fail
+            raise CatalogInputError(f"--templates {args.templates}: the pages could not be "
+                                    f"rendered ({type(err).__name__})") from None
         write_tree(args.output, files, SITE_STAMP)
         index = os.path.join(os.path.abspath(args.output), "index.html")
         print(f"catalog: {len(inputs.releases())} releases in {len(inputs.datasets)} datasets; "

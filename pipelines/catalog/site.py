@@ -224,7 +224,8 @@ def _gaps(f: DatasetFacts) -> str:
 
 
 def dataset_pages(f: DatasetFacts, *, page_size: int, files_base: Optional[str],
-                  testing: bool, structured: str = "") -> dict[str, str]:
+                  testing: bool, structured: str = "",
+                  templates: Optional[str] = None) -> dict[str, str]:
     """{path: HTML} of one dataset: its page and its older releases' pages. ``files_base``:
     where the released files are downloaded from (:func:`file_url`); ``structured``: markup for
     every page's head (the dataset's JSON-LD, :mod:`pipelines.catalog.linked_data`)."""
@@ -290,7 +291,7 @@ def dataset_pages(f: DatasetFacts, *, page_size: int, files_base: Optional[str],
         pages[f"{folder}/{release_page(n)}"] = page(
             title=f"{f.dataset.title} \u2014 release catalog" + (f" (page {n})" if n > 1 else ""),
             body=html, crumbs=crumbs, root="../../", banner=TESTING_BANNER if testing else "",
-            footer=_footer(), head=structured)
+            footer=_footer(), head=structured, templates=templates)
     return pages
 
 
@@ -300,7 +301,8 @@ def _footer() -> str:
             "releases only.")
 
 
-def index_page(all_facts: Sequence[DatasetFacts], *, title: str, testing: bool) -> str:
+def index_page(all_facts: Sequence[DatasetFacts], *, title: str, testing: bool,
+               templates: Optional[str] = None) -> str:
     rows = []
     for f in all_facts:
         main = max((r for r in f.scopes if r.family_size == 1), key=lambda r: r.releases,
@@ -323,17 +325,20 @@ def index_page(all_facts: Sequence[DatasetFacts], *, title: str, testing: bool) 
               '(<a href="catalog.schema.json">JSON Schema</a>); DCAT: '
               '<a href="dcat.jsonld">dcat.jsonld</a>.</p>')
     return page(title=title, body=body, banner=TESTING_BANNER if testing else "",
-                footer=_footer())
+                footer=_footer(), templates=templates)
 
 
 def site_pages(all_facts: Sequence[DatasetFacts], *, title: str, page_size: int,
                files_base: Optional[str] = None, testing: bool = False,
-               structured: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+               structured: Optional[Mapping[str, str]] = None,
+               templates: Optional[str] = None) -> dict[str, str]:
     """{relative path: HTML} of the whole public site; ``structured``: {dataset id: head
-    markup} (the datasets' JSON-LD)."""
-    pages = {"index.html": index_page(all_facts, title=title, testing=testing)}
+    markup} (the datasets' JSON-LD); ``templates``: a portal's template folder
+    (:func:`pipelines.catalog.html.page`)."""
+    pages = {"index.html": index_page(all_facts, title=title, testing=testing,
+                                      templates=templates)}
     for f in all_facts:
         pages.update(dataset_pages(f, page_size=page_size, files_base=files_base,
-                                   testing=testing,
+                                   testing=testing, templates=templates,
                                    structured=(structured or {}).get(f.dataset.dataset_id, "")))
     return pages

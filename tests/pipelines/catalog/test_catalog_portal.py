@@ -213,3 +213,30 @@ def test_missing_and_refused_days_are_public_gaps_without_a_reason(made, tmp_pat
     assert catalog.main(made.args("--output", str(early), "--as_of", "2026-11-02")) == 0
     page = files_of(str(early))[PAGE]
     assert '<h2 id="gaps">' in page and "<div class=\"muted\">none</div>" in page.split('id="gaps"')[1]
+
+
+def test_a_portal_restyles_the_pages_with_its_own_templates(made, tmp_path, capsys):
+    own = tmp_path / "templates"
+    own.mkdir()
+    (own / "catalog.css").write_text("body{background:#fdf6e3}\n")
+    site = tmp_path / "site"
+    assert catalog.main(made.args("--output", str(site), "--templates", str(own))) == 0
+    files = files_of(str(site))
+    for name in ("index.html", PAGE):
+        assert "<style>body{background:#fdf6e3}\n</style>" in files[name]
+        assert "--accent:#0a58a6" not in files[name]                 # the catalog's own CSS
+        assert files[name].startswith("<!doctype html>")             # its page.html still
+    (own / "page.html").write_text("<html><title>{{ title }}</title>{{ body }}"
+                                   "<p>Published by the portal</p></html>\n")
+    assert catalog.main(made.args("--output", str(site), "--templates", str(own))) == 0
+    page = (site / PAGE).read_text()
+    assert page.endswith("<p>Published by the portal</p></html>\n")
+    assert '<span class="release-id">C1/2026-11-01</span>' in page   # the body, not re-escaped
+    capsys.readouterr()
+    (own / "page.html").write_text("<html>\n{% if %}\n</html>\n")
+    assert catalog.main(made.args("--output", str(tmp_path / "s2"), "--templates", str(own))) == 2
+    assert f"--templates {own}: page.html line 2: not a valid Jinja2 template" in capsys.readouterr().err
+    (own / "page.html").write_text("{{ no_such_value }}\n")
+    assert catalog.main(made.args("--output", str(tmp_path / "s3"), "--templates", str(own))) == 2
+    assert "could not be rendered (UndefinedError)" in capsys.readouterr().err
+    assert not (tmp_path / "s2").exists() and not (tmp_path / "s3").exists()
