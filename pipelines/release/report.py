@@ -55,8 +55,10 @@ def marker(*, job, prepared, context, version: int, files: Mapping[str, str], ta
 
 
 def operator_report(*, context, marker: Mapping, status: str, folder: str, counters, shares,
-                    alerts, ledger, reservation, started: float) -> dict:
-    """The operator's report of one published release (raw-data facts: never published)."""
+                    alerts, ledger, reservation, started: float, finalized: bool = False) -> dict:
+    """The operator's report of one published release (raw-data facts: never published).
+    ``finalized``: published by ``--finalize`` (charged by its ``--submit_only``: finding that
+    reservation again is the plan, not a re-run)."""
     out = {"marker": dict(marker), "status": status, "folder": folder,
            "counters": dict(counters), "dropped_rows": shares, "alerts": list(alerts),
            "seconds": round(time.time() - started, 3)}
@@ -72,7 +74,8 @@ def operator_report(*, context, marker: Mapping, status: str, folder: str, count
                                          "delta": max(budget.delta - spent.delta, 0.0)}})
         out["ledger"] = {"path": ledger.path, "accountant": ledger.accountant, "scopes": scopes,
                          "input_digest": reservation.record["input_digest"],
-                         "resumed": reservation.resumed, "taken_over": reservation.taken_over,
+                         "resumed": reservation.resumed and not finalized,
+                         "finalized": finalized, "taken_over": reservation.taken_over,
                          "runs": reservation.record.get("runs")}
     return out
 
@@ -98,7 +101,9 @@ def text(job, report: Mapping) -> str:
             spent, budget = scope["spent"]["epsilon"], scope["budget"]["epsilon"]
             lines.append(f"  budget {scope['name']}: spent epsilon="
                          f"{'inf' if spent is None else f'{spent:.4g}'} of {budget:g}")
-        if ledger["resumed"]:
+        if ledger.get("finalized"):
+            lines.append("  (finalized: charged when it was submitted; nothing more was spent)")
+        elif ledger["resumed"]:
             lines.append("  (re-run of a charged release: nothing more was spent)")
         if ledger["taken_over"]:
             lines.append("  (took over an unpublished reservation: nothing more was spent)")
