@@ -337,22 +337,36 @@ def test_rebuilding_replaces_the_site_whole_and_refuses_a_foreign_folder(made, t
     assert "not a folder this command wrote" in capsys.readouterr().err
 
 
-def test_make_demo_builds_the_catalog_of_its_releases(tmp_path):
-    """The Makefile's demo recipe, run as written (the project's Python for $(BIN)/python)."""
+def _run_make_recipe(target: str, variable: str, out: str):
+    """A Makefile recipe's Python commands, run as written (the project's Python for
+    $(BIN)/python, ``out`` for ``variable``); the last one's result."""
     import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     text = open(os.path.join(root, "Makefile")).read()
-    recipe = text.split("\ndemo:", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    recipe = text.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
     commands = [line.strip() for line in recipe if "$(BIN)/python" in line]
     assert any("pipelines.catalog" in c for c in commands)
-    out = str(tmp_path / "demo")
     env = dict(os.environ, PYTHONPATH=root)
     for command in commands:
-        argv = command.replace("$(BIN)/python", sys.executable).replace("$(OUT)", out).split()
+        argv = command.replace("$(BIN)/python", sys.executable).replace(variable, out).split()
         done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+def test_make_smoke_makes_a_release_and_its_catalog(tmp_path):
+    out = str(tmp_path / "smoke")
+    done = _run_make_recipe("smoke", "$(SMOKE)", out)
+    assert f"open file://{out}/catalog/index.html" in done.stdout
+    assert json.loads(files_of(os.path.join(out, "catalog"))["catalog.json"])["datasets"]
+
+
+def test_make_demo_builds_the_catalog_of_its_releases(tmp_path):
+    """The Makefile's demo recipe, run as written (the project's Python for $(BIN)/python)."""
+    out = str(tmp_path / "demo")
+    done = _run_make_recipe("demo", "$(OUT)", out)
     assert f"open file://{out}/catalog/index.html" in done.stdout
     site = files_of(os.path.join(out, "catalog"))
     doc = json.loads(site["catalog.json"])
