@@ -8,7 +8,8 @@ setup(
                 "aggregates, CentralNotice, reach & frequency, ARA summary reports.",
     python_requires=">=3.10",
     packages=find_packages(include=["transforms*", "accounting*", "pipelines*", "runners*"]),
-    package_data={"pipelines": ["sample_data/*", "sample_data/**/*"]},
+    package_data={"pipelines": ["sample_data/*", "sample_data/**/*", "catalog/*.schema.json",
+                              "catalog/templates/*"]},
     install_requires=[
         "apache-beam>=2.60",
         "numpy>=1.24",
@@ -18,6 +19,11 @@ setup(
         "google-cloud-storage>=2.10",
         # AES (a PRF) drives every random choice of a release; keyed, so re-runs reproduce.
         "cryptography>=41",
+        # Configuration files are checked against their published JSON Schemas
+        # (pipelines/release/config_schema.py; the catalog's --metadata).
+        "jsonschema>=4.18",
+        # The catalog's pages are Jinja2 templates a portal can replace (pipelines/catalog/templates/).
+        "jinja2>=3.1",
     ],
     extras_require={
         "gcp": ["apache-beam[gcp]>=2.60"],
@@ -30,8 +36,8 @@ setup(
         "test": ["google-cloud-dataflow-client>=0.13", "pytest>=7.4", "hypothesis>=6.80",
                  "pytest-xdist>=3.3", "gcp-storage-emulator>=2024.8.3", "matplotlib>=3.7",
                  "dask[distributed]>=2024.4.2",
-                 # catalog.json is checked against its JSON Schema.
-                 "jsonschema>=4.18",
+                 # The catalog's DCAT export is parsed back as RDF.
+                 "rdflib>=7.0",
                  # DataFrame input (DPAggregate accepts them without importing either).
                  "pandas>=2.0"],
         # Polars frames as input, tested by `make test-slow` (Polars alone is 180 MB: outside the

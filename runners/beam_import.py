@@ -1,11 +1,14 @@
-"""Importing Beam in a command-line entry without its ``apitools not found`` warning.
+"""A command-line entry's console without Beam's ``apitools not found`` warning.
 
-Used by ``python -m pipelines.NAME`` and ``python -m runners.NAME`` (their packages call it when
-run with ``-m``) and by the Beam benchmarks. It lives in runners/ because runners/ imports no
-job (tests/test_layout.py); ``pipelines`` re-exports it.
+``python -m pipelines.NAME`` sets its console up front (:func:`console_logging`: Beam is imported
+later, by the job modules that need it, so a Beam-free command such as the catalog never pays
+for it); ``python -m runners.NAME`` and the Beam benchmarks import Beam quietly
+(:func:`quiet_beam_import`). It lives in runners/ because runners/ imports no job
+(tests/test_layout.py); ``pipelines`` re-exports it.
 """
 import importlib.util
 import logging
+import os
 import sys
 
 
@@ -33,6 +36,19 @@ def quiet_beam_import() -> None:
     finally:
         root.removeFilter(notice)
         root.removeHandler(handler)
+
+
+def console_logging() -> None:
+    """The console of ``python -m pipelines.NAME``, set before anything imports Beam: the root
+    logger's one handler, on stderr at ``LOGLEVEL`` (default WARNING), that drops Beam's
+    ``apitools not found`` notice (whichever module imports Beam, whenever). A no-op when
+    logging is already configured."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    logging.basicConfig(level=os.environ.get("LOGLEVEL", "WARNING"))
+    for handler in root.handlers:
+        handler.addFilter(_ApitoolsNotice())
 
 
 def module_run() -> str:

@@ -10,6 +10,8 @@ import collections
 import functools
 import os
 import re
+import subprocess
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("accounting", "transforms", "pipelines", "runners", "benchmarks", "tests")
@@ -322,6 +324,7 @@ ONE_HOME = {
     ("class", "TextFile"): "pipelines/release/textfiles.py",  # configuration and list files
     ("def", "conform"): "transforms/released_files.py",
     ("def", "encode"): "transforms/released_files.py",
+    ("def", "read_bytes"): "pipelines/release/storage.py",  # local and gs:// reads, the catalog's too
 }
 
 
@@ -679,9 +682,6 @@ COVERED_ELSEWHERE = {
     "pipelines/release/outputs.py": (("tests/transforms/test_released_files.py",
                                       "tests/transforms/test_parquet_files.py"),
                                      "released files, written by the library sink too"),
-    "pipelines/release/report.py": (("tests/pipelines/release/test_release_layer.py",
-                                     "tests/pipelines/catalog/test_catalog_units.py"),
-                                    "the operator report, as written and as the catalog reads it"),
     "runners/beam_import.py": (("tests/test_module_help.py",),
                                "Beam imported without its warning, by every command's --help"),
     "runners/demo_release.py": (("tests/runners/test_runners.py",),
@@ -735,3 +735,79 @@ def test_tests_mirror_the_code():
     for path, (tests, why) in COVERED_ELSEWHERE.items():
         assert os.path.isfile(os.path.join(ROOT, path)), path
         assert why and all(os.path.isfile(os.path.join(ROOT, t)) for t in tests), path
+
+
+#: What the catalog may read releases with: the release layer's Beam-free layout, storage,
+#: configuration reader and schema check, and CentralNotice's configuration parser (the public schedule).
+CATALOG_READS = {"pipelines.release.layout", "pipelines.release.storage",
+                 "pipelines.release.textfiles", "pipelines.release.config_schema",
+                 "pipelines.centralnotice.config"}
+#: Libraries the catalog renders and checks with (none imports Beam).
+CATALOG_LIBRARIES = {"jinja2", "markupsafe", "jsonschema"}
+
+
+def _import_targets(text: str) -> set[str]:
+    """Every module an import statement names, at any depth of the file (a function's imports
+    too), ``from package import module`` as the module."""
+    found = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                dotted = f"{node.module}.{alias.name}"
+                found.add(dotted if _module_file(dotted) else node.module)
+    return found
+
+
+def _module_file(dotted: str):
+    path = os.path.join(ROOT, *dotted.split("."))
+    return path + ".py" if os.path.isfile(path + ".py") else (
+        path if os.path.isdir(path) else None)
+
+
+def test_the_catalog_stands_on_its_own():
+    """The catalog (pipelines/catalog/) reads published files, the ledger and configuration, and
+    imports no Beam by construction: its modules import the standard library, accounting/
+    (not its verification), their own package, CATALOG_READS and CATALOG_LIBRARIES only --
+    at any depth, a function's imports too -- and ``pipelines/__init__.py`` treats it as any
+    command (no exemption)."""
+    wrong = {}
+    for path, text in _sources():
+        if not path.startswith("pipelines/catalog/"):
+            continue
+        bad = sorted(m for m in _import_targets(text)
+                     if m.split(".")[0] not in sys.stdlib_module_names | CATALOG_LIBRARIES
+                     and not (m.split(".")[0] == "accounting"
+                              and not m.startswith("accounting.verification"))
+                     and not m.startswith("pipelines.catalog") and m not in CATALOG_READS)
+        if bad:
+            wrong[path] = bad
+    assert wrong == {}
+    entry = open(os.path.join(ROOT, "pipelines", "__init__.py"), encoding="utf-8").read()
+    assert "LAZY_BEAM" not in entry and "pipelines.catalog" not in entry
+
+
+def test_the_catalog_runs_without_beam():
+    """What the static rule promises, run: every catalog module and what it reads with, a
+    CentralNotice configuration parsed for its schedule, and ``python -m pipelines.catalog``
+    itself leave Beam unimported."""
+    modules = sorted({f"pipelines.catalog.{name[:-3]}" for name in os.listdir(
+        os.path.join(ROOT, "pipelines", "catalog")) if name.endswith(".py")
+        and name != "__main__.py"} | CATALOG_READS)
+    config = os.path.join(ROOT, "pipelines", "sample_data", "centralnotice", "campaigns.json")
+    code = ("import importlib, sys\n"
+            f"for name in {modules!r}:\n    importlib.import_module(name)\n"
+            "from pipelines.catalog import schedule\n"
+            f"kind, config = schedule.load_config({config!r})\n"
+            "assert kind == 'centralnotice' and schedule.centralnotice_slots(config)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'apache_beam'))")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
+    cli = subprocess.run([sys.executable, "-X", "importtime", "-m", "pipelines.catalog", "--help"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0 and cli.stdout.startswith("usage:"), cli.stderr[-2000:]
+    assert [line for line in cli.stderr.splitlines() if "apache_beam" in line] == []
+    assert "import time:" in cli.stderr  # the check above read a real import trace

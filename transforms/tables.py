@@ -7,17 +7,17 @@ schema of a PCollection whose contents are known at construction (``beam.Create`
 DataFrames or dicts; Beam schema'd rows), so a misspelt column fails when the pipeline is built,
 naming the missing column and the columns present, instead of inside a worker.
 :class:`ReadParquetTables` reads Parquet files as Arrow tables from a glob that may be relative
-(:func:`normalize_glob`: Beam's file systems need an absolute local path) and states their schema
+(:func:`transforms.file_patterns.normalize_glob`: Beam's file systems need an absolute local path) and states their schema
 at construction.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-import os
-
 import apache_beam as beam
 import pyarrow as pa
+
+from transforms.file_patterns import normalize_glob
 
 
 def _is_dataframe(element, module: str) -> bool:
@@ -70,16 +70,6 @@ def static_schema(pcoll) -> Optional[pa.Schema]:
     if hasattr(first, "_asdict"):
         return pa.schema([pa.field(name, pa.null()) for name in first._asdict()])
     return None
-
-
-def normalize_glob(pattern: str) -> str:
-    """A local path or glob made absolute (``rows-*.parquet`` -> ``/cwd/rows-*.parquet``, ``~``
-    expanded), so it works with every runner; URLs (``gs://...``) are returned unchanged."""
-    if not isinstance(pattern, str) or not pattern:
-        raise TypeError(f"a file pattern must be a non-empty string, got {pattern!r}")
-    if "://" in pattern:
-        return pattern
-    return os.path.abspath(os.path.expanduser(pattern))
 
 
 class ReadParquetTables(beam.PTransform):

@@ -9,10 +9,14 @@ schedule health.
   per dataset, what is released, the privacy unit and neighbouring relation, mechanisms and
   noise, each release's guarantee, the budget scopes with spent and remaining and a
   budget-over-time chart per scope (inline SVG), thresholds, caveats and the paginated releases
-  with their files (size, sha256); ``catalog.json`` with ``catalog.schema.json``, and a
-  ``README.md`` per dataset. Static, no script, no external asset: it opens from ``file://`` and
-  from any static host. Only what the published markers and files already make public reaches
-  it (:mod:`pipelines.catalog.model`).
+  with their files (size, sha256, download link); with ``--metadata``, the description,
+  licence, publisher, contact, citation, methodology and column descriptions and units a portal
+  publishes (:mod:`pipelines.catalog.about`, "not stated" where none is given); a schema.org
+  ``Dataset`` (JSON-LD) in every dataset page and ``dcat.jsonld``, the catalog in DCAT
+  (:mod:`pipelines.catalog.linked_data`); ``catalog.json`` with ``catalog.schema.json``, and a
+  ``README.md`` per dataset. Static, no executable script, no external asset: it opens from
+  ``file://`` and from any static host. Only what the published markers and files and the
+  metadata file make public reaches it (:mod:`pipelines.catalog.model`).
 * ``--operator DIR``: the operator view (:mod:`pipelines.catalog.operator`), never inside the
   site: failures, take-overs, reservations without publication, row counters and dropped-row
   shares, key fingerprints, coverage alarms, the schedule.
@@ -133,7 +137,20 @@ def build_parser() -> argparse.ArgumentParser:
          help="releases per page (default: 100)")
     flag("title", default=DEFAULT_TITLE, help="the site's title")
     flag("releases_url", metavar="URL",
-         help="public base URL of OUTPUT_ROOT: released files are linked from the site")
+         help="public base URL of OUTPUT_ROOT: released files are linked there (default: "
+              "relative links from the site to a local OUTPUT_ROOT, for a site published beside "
+              "its releases)")
+    flag("metadata", metavar="FILE",
+         help="dataset descriptions for the public pages: description, licence, publisher, "
+              "contact, citation, methodology, privacy unit, column descriptions and units "
+              "(format beam-dp-release/dataset-metadata/v1; schema "
+              "pipelines/catalog/dataset_metadata.schema.json); without it they say 'not stated'")
+    flag("templates", metavar="DIR",
+         help="a portal's own page.html and/or catalog.css (Jinja2), used instead of the "
+              "catalog's (pipelines/catalog/templates/) to restyle the public site")
+    flag("site_url", metavar="URL",
+         help="public base URL of the site: the identifiers of its JSON-LD and DCAT export "
+              "(default: relative to each file)")
     return parser
 
 
@@ -147,7 +164,8 @@ def _inside(path: str, folder: str) -> bool:
 def check_folders(args) -> None:
     """Refuse outputs that would mix the public and the private, or overwrite something that is
     not a catalog (raises CatalogInputError)."""
-    from pipelines.catalog.model import MARKER, CatalogInputError
+    from pipelines.catalog.model import CatalogInputError
+    from pipelines.release.layout import MARKER
 
     for flag, path, stamp in (("--output", args.output, SITE_STAMP),
                               ("--operator", args.operator, OPERATOR_STAMP)):
@@ -183,6 +201,28 @@ def check_folders(args) -> None:
                                     f"{private} (ledger or reports): choose another folder")
 
 
+def check_templates(folder: Optional[str]) -> None:
+    """A portal's ``--templates`` folder: it exists, and every template in it parses (Jinja2),
+    before anything is written; an error names the template and its line."""
+    from pipelines.catalog.html import environment
+    from pipelines.catalog.model import CatalogInputError
+
+    if folder is None:
+        return
+    if not os.path.isdir(folder):
+        raise CatalogInputError(f"--templates {folder} is not a folder")
+    import jinja2
+
+    env = environment(os.path.abspath(folder))
+    for name in sorted(os.listdir(folder)):
+        if name.endswith((".html", ".css")):
+            try:
+                env.get_template(name)
+            except jinja2.TemplateSyntaxError as err:
+                raise CatalogInputError(f"--templates {folder}: {name} line {err.lineno}: not a "
+                                        "valid Jinja2 template") from None
+
+
 def write_tree(folder: str, files: dict, stamp: str) -> None:
     """Write ``files`` ({relative path: text}) as ``folder``, replacing it whole: into a
     temporary sibling first, then swapped in."""
@@ -211,20 +251,46 @@ def write_tree(folder: str, files: dict, stamp: str) -> None:
 # --------------------------------------------------------------------------- the command
 
 def site_files(inputs, *, title: str = DEFAULT_TITLE, page_size: int = 100,
-               releases_url: Optional[str] = None) -> dict:
+               files_base: Optional[str] = None, metadata=None,
+               site_url: Optional[str] = None, gaps=None,
+               templates: Optional[str] = None) -> dict:
     """{relative path: text} of the public site of ``inputs`` (a
     :class:`pipelines.catalog.model.CatalogInputs`): the Python API of ``--output``. Built from
-    the published releases only; a testing catalog (``read_catalog(..., testing=True)``) says
-    on every page that it is not a release."""
+    the published releases and the (validated) dataset ``metadata`` only; ``files_base``: the
+    released files' URL base, absolute or relative to the site's root (:func:`files_base`). A
+    testing catalog (``read_catalog(..., testing=True)``) says on every page that it is not a
+    release. ``gaps``: {dataset id: scheduled releases due and not published}
+    (:func:`pipelines.catalog.schedule.public_gaps`)."""
     from pipelines.catalog import export as catalog_export
     from pipelines.catalog import facts as catalog_facts
+    from pipelines.catalog import linked_data
     from pipelines.catalog import site as catalog_site
 
-    all_facts = catalog_facts.all_facts(inputs.datasets)
+    from pipelines.catalog.html import environment
+
+    environment.cache_clear()  # templates are read afresh by each build (a portal edits them)
+    all_facts = catalog_facts.all_facts(inputs.datasets, metadata, gaps)
+    structured = {f.dataset.dataset_id: linked_data.script(linked_data.schema_org(
+        f, files_base=files_base, site_url=site_url, newest=page_size)) for f in all_facts}
     files = catalog_site.site_pages(all_facts, title=title, page_size=page_size,
-                                    releases_url=releases_url, testing=inputs.testing)
+                                    files_base=files_base, testing=inputs.testing,
+                                    structured=structured, templates=templates)
     files.update(catalog_export.export_files(all_facts, title=title, testing=inputs.testing))
+    files[linked_data.DCAT_FILE] = linked_data.dcat(all_facts, title=title, files_base=files_base,
+                                                    site_url=site_url, newest=page_size)
     return files
+
+
+def files_base(releases: str, output: str, releases_url: Optional[str]) -> Optional[str]:
+    """Where the site links released files from: ``--releases_url``, else the local releases
+    root relative to the site's root (a site published beside its releases keeps working from
+    ``file://`` and any static host); None for ``gs://`` releases without a URL."""
+    if releases_url:
+        return releases_url
+    if releases.startswith("gs://"):
+        return None
+    rel = os.path.relpath(os.path.abspath(releases), os.path.abspath(output))
+    return "/".join(rel.split(os.sep))
 
 
 def build(args, out=None) -> int:
@@ -244,14 +310,18 @@ def build(args, out=None) -> int:
 
 
 def _build(args, out=None) -> int:
+    from pipelines.catalog import about as catalog_about
     from pipelines.catalog import coverage as catalog_coverage
     from pipelines.catalog import model as catalog_model
     from pipelines.catalog import operator as catalog_operator
     from pipelines.catalog import schedule as catalog_schedule
+    from pipelines.catalog.model import CatalogInputError
 
     out = out or sys.stdout
     started = time.perf_counter()
     check_folders(args)
+    metadata = catalog_about.read_metadata(args.metadata)
+    check_templates(args.templates)
     ledger = catalog_model.read_ledger(args.ledger)
     reports = args.reports or (os.path.join(os.path.dirname(os.path.abspath(args.ledger)),
                                             "reports")
@@ -265,8 +335,17 @@ def _build(args, out=None) -> int:
     slots = catalog_schedule.slots_from(args.config, args.cadence, as_of, inputs)
     health = catalog_schedule.assess(slots, inputs, as_of, args.grace)
     if args.output:
-        files = site_files(inputs, title=args.title, page_size=args.page_size,
-                           releases_url=args.releases_url)
+        import jinja2
+
+        templates = os.path.abspath(args.templates) if args.templates else None
+        try:
+            files = site_files(inputs, title=args.title, page_size=args.page_size,
+                               files_base=files_base(args.releases, args.output, args.releases_url),
+                               metadata=metadata, site_url=args.site_url,
+                               gaps=catalog_schedule.public_gaps(health), templates=templates)
+        except jinja2.TemplateError as err:  # only a portal's own templates can fail
+            raise CatalogInputError(f"--templates {args.templates}: the pages could not be "
+                                    f"rendered ({type(err).__name__})") from None
         write_tree(args.output, files, SITE_STAMP)
         index = os.path.join(os.path.abspath(args.output), "index.html")
         print(f"catalog: {len(inputs.releases())} releases in {len(inputs.datasets)} datasets; "

@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 
 from accounting.composition import FIGURE_ACCOUNTANTS
 from accounting.guarantee import ACCOUNTANTS
+from pipelines.catalog.about import NOT_STATED
 from pipelines.catalog.facts import DatasetFacts, null_meaning
 from pipelines.catalog.site import dataset_folder, ordered_columns
 
@@ -79,7 +80,24 @@ def dataset_json(f: DatasetFacts) -> dict:
         "thresholds": [{"parameter": p, "value": v} for p, v in f.thresholds],
         "caveats": list(f.caveats),
         "releases": [_release(r) for r in f.releases],
+        "about": _about(f),
+        "gaps": [{"release_id": rid, "first": first, "last": last} for rid, first, last in f.gaps],
     }
+
+
+def _agent(agent) -> Optional[dict]:
+    return None if agent is None else {"name": agent.name, "url": agent.url, "email": agent.email}
+
+
+def _about(f: DatasetFacts) -> dict:
+    a = f.about
+    return {"description": a.description, "citation": a.citation, "privacy_unit": a.privacy_unit,
+            "license": None if a.license is None else {"name": a.license.name, "url": a.license.url},
+            "publisher": _agent(a.publisher), "contact": _agent(a.contact),
+            "keywords": list(a.keywords),
+            "methodology": [{"name": m.name, "url": m.url} for m in a.methodology],
+            "columns": {c: {"description": a.column(c).description, "unit": a.column(c).unit}
+                        for t in f.outputs for c, _ in t.columns}}
 
 
 def catalog_json(all_facts: Sequence[DatasetFacts], *, title: str, testing: bool) -> str:
@@ -121,11 +139,36 @@ def schema() -> dict:
                 "type": "object", "additionalProperties": False,
                 "required": ["name", "size", "sha256"],
                 "properties": {"name": string, "size": _nullable("integer"), "sha256": sha}}}}}
+    link = {"type": "object", "additionalProperties": False, "required": ["name", "url"],
+            "properties": {"name": string, "url": _nullable("string")}}
+    agent = {"oneOf": [{"type": "null"}, {
+        "type": "object", "additionalProperties": False, "required": ["name", "url", "email"],
+        "properties": {"name": string, "url": _nullable("string"),
+                       "email": _nullable("string")}}]}
+    about = {
+        "type": "object", "additionalProperties": False,
+        "required": ["description", "citation", "privacy_unit", "license", "publisher",
+                     "contact", "keywords", "methodology", "columns"],
+        "properties": {
+            "description": string, "citation": string, "privacy_unit": string,
+            "license": {"oneOf": [{"type": "null"}, link]}, "publisher": agent,
+            "contact": agent, "keywords": {"type": "array", "items": string},
+            "methodology": {"type": "array", "items": link},
+            "columns": {"type": "object", "additionalProperties": {
+                "type": "object", "additionalProperties": False,
+                "required": ["description", "unit"],
+                "properties": {"description": string, "unit": string}}}}}
     dataset = {
         "type": "object", "additionalProperties": False,
         "required": ["id", "title", "kind", "jobs", "page", "readme", "outputs", "neighbouring",
-                     "measures", "scopes", "thresholds", "caveats", "releases"],
+                     "measures", "scopes", "thresholds", "caveats", "releases", "about", "gaps"],
         "properties": {
+            "about": about,
+            "gaps": {"type": "array", "items": {
+                "type": "object", "additionalProperties": False,
+                "required": ["release_id", "first", "last"],
+                "properties": {"release_id": string, "first": {"type": "string", "format": "date"},
+                               "last": {"type": "string", "format": "date"}}}},
             "id": string, "title": string, "kind": string,
             "jobs": {"type": "array", "items": string}, "page": string, "readme": string,
             "outputs": {"type": "array", "items": {
@@ -207,6 +250,19 @@ def _g(x: Optional[float], digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
+def _who(agent) -> str:
+    if agent is None:
+        return NOT_STATED
+    return " ".join(x for x in (agent.name, agent.url, f"<{agent.email}>" if agent.email else "")
+                    if x)
+
+
+def _named(link) -> str:
+    if link is None:
+        return NOT_STATED
+    return f"{link.name} ({link.url})" if link.url else link.name
+
+
 def readme(f: DatasetFacts, *, testing: bool) -> str:
     d, latest = f.dataset, f.latest
     g = latest.guarantee
@@ -217,17 +273,27 @@ def readme(f: DatasetFacts, *, testing: bool) -> str:
     lines += [f"{_md(d.kind)}; dataset `{_md(d.dataset_id)}`; job(s): "
               + ", ".join(f"`{_md(j)}`" for j in d.jobs) + ".",
               f"{len(f.releases)} published release(s); latest `{_md(latest.versioned_id)}`.", "",
+              "## About this dataset", "", _md(f.about.description), "",
+              f"- Publisher: {_md(_who(f.about.publisher))}",
+              f"- Contact: {_md(_who(f.about.contact))}",
+              f"- Licence: {_md(_named(f.about.license))}",
+              f"- Citation: {_md(f.about.citation)}",
+              f"- Privacy unit: {_md(f.about.privacy_unit)}",
+              "- Methodology: " + ("; ".join(_md(_named(m)) for m in f.about.methodology)
+                                   or NOT_STATED), "",
               "## What is released", ""]
     for t in f.outputs:
         lines += [f"### `{_md(t.name)}`", ""]
         if t.description and t.description != null_meaning(t):
             lines += [_md(t.description), ""]
         lines += [f"Sorted by: {', '.join(f'`{_md(c)}`' for c in t.sorted_by) or '-'}. "
-                  f"Null: {_md(null_meaning(t))}", "", "| Column | Type | Role |",
-                  "| --- | --- | --- |"]
+                  f"Null: {_md(null_meaning(t))}", "",
+                  "| Column | Type | Role | Description | Unit |", "| --- | --- | --- | --- | --- |"]
         for c, k in ordered_columns(t):
             role = "key" if c in t.sorted_by else ("noisy" if c in t.noisy_columns else "public")
-            lines.append(f"| `{_md(c)}` | `{_md(k)}` | {role} |")
+            told = f.about.column(c)
+            lines.append(f"| `{_md(c)}` | `{_md(k)}` | {role} | {_md(told.description)} | "
+                         f"{_md(told.unit)} |")
         lines.append("")
     lines += ["## Privacy unit and neighbouring relation", ""]
     lines += [f"- **{_md(n)}**: {_md(r)}" for n, r in f.relations] + [""]
@@ -242,7 +308,8 @@ def readme(f: DatasetFacts, *, testing: bool) -> str:
                      f"{_md(m.measure.accountant)} |")
     lines += ["", "## Guarantee", "",
               f"Each release: epsilon={_g(g.guarantee.epsilon)}, delta={_g(g.guarantee.delta, 3)} "
-              f"({_md(g.accountant)} composition; the figure by {_md(g.figure_accountant)}). "
+              f"({_md(g.accountant)} composition; the figure by {_md(g.figure_accountant)}) "
+              f"per privacy unit: {_md(f.about.privacy_unit)}. "
               f"Covers: {_md(g.covers)}", "",
               "## Budget scopes", "", "Spent and remaining count published releases only.", "",
               "| Scope | What it bounds | Budget | Spent epsilon | Remaining epsilon | Releases |",
@@ -255,6 +322,10 @@ def readme(f: DatasetFacts, *, testing: bool) -> str:
     lines += ["", "## Thresholds", ""]
     lines += [f"- `{_md(p)}`: {_md(v)}" for p, v in f.thresholds] or ["None stated."]
     lines += ["", "## Caveats", ""] + [f"- {_md(c)}" for c in f.caveats]
+    lines += ["", "## Scheduled releases not published", "",
+              "Due (past their grace) and not published; the catalog does not say why.", ""]
+    lines += [f"- `{_md(rid)}` ({first}" + ("" if first == last else f"..{last}") + ")"
+              for rid, first, last in f.gaps] or ["None."]
     lines += ["", "## Releases", "", "| Release | Version | Period | epsilon | delta | Files |",
               "| --- | --- | --- | --- | --- | --- |"]
     for r in reversed(f.releases):

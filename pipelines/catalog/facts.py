@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 from pipelines.catalog import budget as catalog_budget
+from pipelines.catalog.about import About, about
 from pipelines.catalog.model import Dataset, PublishedRelease, natural_key, scope_families
 
 
@@ -49,6 +50,8 @@ class DatasetFacts:
     scopes: tuple             # ScopeRow
     thresholds: tuple         # (parameter path, value)
     caveats: tuple            # sentences
+    about: About              # description, licence, ... (configuration; pipelines.catalog.about)
+    gaps: tuple = ()          # (release id, first day, last day): scheduled, due, not published
 
     @property
     def releases(self) -> tuple:
@@ -118,9 +121,12 @@ def _caveats(dataset: Dataset, latest: PublishedRelease, scope_rows, measure_set
 
 
 def dataset_facts(dataset: Dataset, slug: str, uses: Mapping[str, catalog_budget.ScopeUse],
-                  scope_datasets: Mapping[str, set]) -> DatasetFacts:
+                  scope_datasets: Mapping[str, set], metadata: Mapping,
+                  gaps: Sequence[tuple] = ()) -> DatasetFacts:
     """The facts of one dataset. ``uses``: {scope: ScopeUse} over every published release;
-    ``scope_datasets``: {scope: dataset ids charged to it}."""
+    ``scope_datasets``: {scope: dataset ids charged to it}; ``metadata``: the validated
+    ``--metadata`` file ({} without one); ``gaps``: its scheduled releases that are due and
+    not published (:func:`pipelines.catalog.schedule.public_gaps`)."""
     latest = dataset.releases[-1]
     outputs = {}
     for release in dataset.releases:
@@ -171,7 +177,10 @@ def dataset_facts(dataset: Dataset, slug: str, uses: Mapping[str, catalog_budget
         relations=tuple((m.measure.name, m.measure.neighbouring) for m in latest.measures),
         measure_sets=len(plans), epsilon_range=(min(epsilons), max(epsilons)), scopes=rows_t,
         thresholds=tuple(thresholds),
-        caveats=tuple(_caveats(dataset, latest, rows_t, len(plans))))
+        caveats=tuple(_caveats(dataset, latest, rows_t, len(plans))),
+        about=about(dataset.dataset_id, dataset.jobs,
+                    [m.measure.neighbouring for m in latest.measures], metadata),
+        gaps=tuple(gaps))
 
 
 def null_meaning(table) -> str:
@@ -181,7 +190,8 @@ def null_meaning(table) -> str:
     return "The job states no meaning for null in this file."
 
 
-def all_facts(datasets: Sequence[Dataset]) -> list[DatasetFacts]:
+def all_facts(datasets: Sequence[Dataset], metadata: Optional[Mapping] = None,
+              gaps: Optional[Mapping[str, Sequence[tuple]]] = None) -> list[DatasetFacts]:
     releases = [r for d in datasets for r in d.releases]
     uses = catalog_budget.scope_uses(releases)
     scope_datasets: dict = {}
@@ -189,4 +199,5 @@ def all_facts(datasets: Sequence[Dataset]) -> list[DatasetFacts]:
         for scope in release.scopes:
             scope_datasets.setdefault(scope.name, set()).add(release.dataset_id)
     names = slugs([d.dataset_id for d in datasets])
-    return [dataset_facts(d, names[d.dataset_id], uses, scope_datasets) for d in datasets]
+    return [dataset_facts(d, names[d.dataset_id], uses, scope_datasets, metadata or {},
+                          (gaps or {}).get(d.dataset_id, ())) for d in datasets]

@@ -1,7 +1,8 @@
 """HTML building blocks shared by the catalog's public site and its operator view.
 
-Static pages with no external asset: one inline style sheet, no script, every text escaped
-with :func:`html.escape` (:func:`e`). Tables of many rows stack into cards on narrow screens
+Static pages with no external asset: one inline style sheet, no executable script, every text
+escaped with :func:`html.escape` (:func:`e`); the page around each body, and its style sheet, are
+Jinja2 templates (``pipelines/catalog/templates/``) a portal can replace (:func:`page`). Tables of many rows stack into cards on narrow screens
 (each cell labelled by its column), so pages read at phone widths without side scrolling.
 Numbers are formatted by :func:`num` (4 significant digits) and sizes by :func:`size` (exact
 bytes, in a ``span.size`` that the privacy audits mask: a released file's size depends on its
@@ -9,74 +10,12 @@ noisy values).
 """
 from __future__ import annotations
 
+import functools
 import html
 import math
+import os
 from typing import Iterable, Optional, Sequence
 
-CSS = """
-:root{--fg:#1f2328;--muted:#59636e;--line:#d1d9e0;--soft:#f6f8fa;--accent:#0a58a6;
---warn:#9a3412;--warnbg:#fff4e5;--bad:#b42318;--ok:#1a7f37}
-*{box-sizing:border-box}
-body{margin:0;font:16px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"Noto Sans",sans-serif;
-color:var(--fg);background:#fff}
-a{color:var(--accent)}
-.top{background:#0d3b66;color:#fff;padding:.6rem 1rem}
-.top a{color:#fff;text-decoration:none;font-weight:600}
-.top .crumb{opacity:.85;font-weight:400}
-.banner{background:var(--bad);color:#fff;padding:.5rem 1rem;font-weight:700}
-main{max-width:72rem;margin:0 auto;padding:.5rem 1rem 3rem}
-h1{font-size:1.65rem;line-height:1.25;margin:1rem 0 .25rem;overflow-wrap:anywhere}
-h2{font-size:1.2rem;margin:2.2rem 0 .6rem;padding-bottom:.3rem;border-bottom:1px solid var(--line)}
-h3{font-size:1rem;margin:1.2rem 0 .4rem}
-p.lead{color:var(--muted);margin:.25rem 0 1rem}
-.muted{color:var(--muted)}
-dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:.3rem 1.25rem;margin:.75rem 0}
-dl.facts dt{color:var(--muted)}
-dl.facts dd{margin:0;overflow-wrap:anywhere}
-table{border-collapse:collapse;width:100%;font-size:.92rem;margin:.5rem 0}
-th,td{border-bottom:1px solid var(--line);padding:.4rem .55rem;text-align:left;vertical-align:top;
-overflow-wrap:anywhere}
-th{background:var(--soft);font-weight:600}
-td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-code{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:.86em}
-.hash{word-break:break-all;color:var(--muted)}
-ul.files{list-style:none;margin:0;padding:0}
-ul.files li+li{margin-top:.35rem}
-.note{border-left:4px solid var(--accent);background:var(--soft);padding:.5rem .8rem;margin:.6rem 0}
-.caveat{border-left:4px solid var(--warn);background:var(--warnbg);padding:.5rem .8rem;margin:.6rem 0}
-.bad{color:var(--bad);font-weight:600}
-.ok{color:var(--ok)}
-.bar{display:inline-block;width:6rem;height:.6rem;background:var(--soft);border:1px solid var(--line);
-border-radius:3px;vertical-align:middle;margin-right:.4rem;overflow:hidden}
-.bar>span{display:block;height:100%;background:var(--accent)}
-.bar.full>span{background:var(--bad)}
-.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(22rem,34rem));gap:1.25rem 2rem}
-figure{margin:0}
-figcaption{font-size:.9rem;color:var(--muted);margin-top:.2rem;overflow-wrap:anywhere}
-svg.chart{width:100%;height:auto;display:block}
-nav.pages{margin:.75rem 0;display:flex;flex-wrap:wrap;gap:.25rem .6rem;align-items:center}
-nav.pages .current{font-weight:700}
-td .period{white-space:nowrap}
-@media (min-width:44.01rem){table.stack td:first-child{min-width:9.5rem}}
-footer{max-width:72rem;margin:0 auto;padding:1rem;color:var(--muted);font-size:.85rem;
-border-top:1px solid var(--line)}
-@media (max-width:44rem){
- body{font-size:15px}
- main{padding:.25rem .75rem 2rem}
- h1{font-size:1.35rem}
- dl.facts{grid-template-columns:1fr;gap:0}
- dl.facts dd{margin-bottom:.4rem}
- table.stack,table.stack tbody,table.stack tr,table.stack td{display:block;width:100%}
- table.stack thead{display:none}
- table.stack tr{border:1px solid var(--line);border-radius:6px;margin:.6rem 0;padding:.3rem .5rem}
- table.stack td{border:0;padding:.15rem 0;text-align:left;display:grid;
-  grid-template-columns:7.5rem minmax(0,1fr);gap:.5rem}
- table.stack td.num{text-align:left;white-space:normal}
- table.stack td::before{content:attr(data-label);font-size:.8rem;color:var(--muted);
-  padding-top:.1rem}
- .charts{grid-template-columns:minmax(0,1fr)}
-}
-"""
 
 
 def e(value) -> str:
@@ -112,31 +51,43 @@ def bar(share: float) -> str:
     return f'<span class="{cls}" aria-hidden="true"><span style="width:{width:.0f}%"></span></span>'
 
 
+#: The templates every page is rendered with: ``page.html`` (the page around its body) and
+#: ``catalog.css`` (its one inline style sheet). A portal restyles the catalog with
+#: ``--templates DIR`` holding its own of either (Jinja2; found there first).
+TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+
+
+@functools.lru_cache(maxsize=8)
+def environment(templates: Optional[str] = None):
+    """The Jinja2 environment of ``templates`` (a portal's folder) over the catalog's own.
+    Autoescaping is on: a value reaches a page escaped unless it is HTML the catalog built
+    (:func:`markupsafe.Markup`, e.g. a page's body, whose every text went through :func:`e`)."""
+    import jinja2
+
+    folders = ([templates] if templates else []) + [TEMPLATES]
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(folders), autoescape=True,
+                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+
+
 def page(*, title: str, body: str, crumbs: Sequence[tuple] = (), root: str = "",
-         banner: str = "", footer: str = "") -> str:
-    """A whole page. ``crumbs``: (label, href or None) after the home link; ``root``: the
-    relative path to the site root (e.g. ``"../../"``)."""
-    trail = "".join(_crumb(label, href) for label, href in crumbs)
-    return ("<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-            "<link rel=\"icon\" href=\"data:,\">\n"
-            f"<title>{e(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
-            f'<div class="top"><a href="{e(root)}index.html">Release catalog</a>{trail}</div>\n'
-            + (f'<div class="banner" role="alert">{e(banner)}</div>\n' if banner else "")
-            + f"<main>\n{body}\n</main>\n"
-            + (f"<footer>{footer}</footer>\n" if footer else "")
-            + "</body>\n</html>\n")
+         banner: str = "", footer: str = "", head: str = "",
+         templates: Optional[str] = None) -> str:
+    """A whole page, from the ``page.html`` template. ``crumbs``: (label, href or None) after
+    the home link; ``root``: the relative path to the site root (e.g. ``"../../"``); ``head``:
+    markup for the head (built safe by the caller: the JSON-LD of
+    :mod:`pipelines.catalog.linked_data`); ``templates``: a portal's template folder."""
+    from markupsafe import Markup
 
-
-def _crumb(label: str, href: Optional[str]) -> str:
-    inner = f'<a href="{e(href)}">{e(label)}</a>' if href else e(label)
-    return f' <span class="crumb">/ {inner}</span>'
+    return environment(templates).get_template("page.html").render(
+        title=title, body=Markup(body), crumbs=list(crumbs), root=root, banner=banner,
+        footer=Markup(footer), head=Markup(head))
 
 
 def table(headers: Sequence, rows: Iterable[Sequence], *, cls: str = "stack",
-          numeric: Sequence[int] = (), caption: str = "") -> str:
+          numeric: Sequence[int] = (), caption: str = "", empty: str = "none") -> str:
     """A table; cells are HTML already (escape with :func:`e`). ``numeric``: column indexes
-    aligned right; every cell carries its header as ``data-label`` (the phone layout)."""
+    aligned right; every cell carries its header as ``data-label`` (the phone layout). A table
+    without rows says so (``empty``, in one cell across the columns), never shows bare headers."""
     numeric = set(numeric)
     head = "".join(f'<th{" class=num" if i in numeric else ""} scope="col">{e(h)}</th>'
                    for i, h in enumerate(headers))
@@ -145,6 +96,9 @@ def table(headers: Sequence, rows: Iterable[Sequence], *, cls: str = "stack",
         cells = "".join(f'<td{" class=num" if i in numeric else ""} data-label="{e(headers[i])}">'
                         f"<div>{c}</div></td>" for i, c in enumerate(row))
         body.append(f"<tr>{cells}</tr>")
+    if not body:
+        body.append(f'<tr class="empty"><td colspan="{len(headers)}" data-label="">'
+                    f'<div class="muted">{e(empty)}</div></td></tr>')
     cap = f"<caption class=\"muted\">{e(caption)}</caption>" if caption else ""
     return (f'<table class="{e(cls)}">{cap}<thead><tr>{head}</tr></thead>'
             f"<tbody>{''.join(body)}</tbody></table>")

@@ -20,8 +20,10 @@ Reading is tolerant of fields other parts of the project add (consumed-id refere
 digests, ...): unknown fields are ignored, but the ledger's and each marker's ``format`` is
 checked. Faults are :class:`CatalogInputError`, naming the file and never quoting its content.
 
-The catalog reads the release layer's layout without importing it (``pipelines.release``
-imports Beam); ``tests/pipelines/catalog/test_catalog_units.py`` pins the names below to the release layer's.
+The catalog stands on its own: it imports no Beam, by construction. It reads the release layout
+and files through the release layer's Beam-free modules (:mod:`pipelines.release.layout` for the
+names, :mod:`pipelines.release.storage` for local and ``gs://`` reads), which the release layer
+writes them with; ``tests/test_layout.py`` holds the catalog to those imports.
 """
 from __future__ import annotations
 
@@ -37,12 +39,8 @@ from accounting.composition import EpsDelta
 from accounting.ledger import records as ledger_records
 from accounting.ledger.records import Scope
 from accounting.measures import Measure
-
-MARKER = "RELEASE.json"                        # pipelines.release.publish.MARKER
-MARKER_FORMAT = "beam-dp-release/release/v1"   # pipelines.release.publish.MARKER_FORMAT
-TESTING_PREFIX = "testing-not-a-release"       # pipelines.release.publish.TESTING_PREFIX
-STAGING = ".staging"                           # pipelines.release.publish.STAGING
-REPORT, FAILURE = "report.json", "failure.json"  # pipelines.release.report.write / write_failure
+from pipelines.release import storage
+from pipelines.release.layout import FAILURE, MARKER, MARKER_FORMAT, REPORT, TESTING_PREFIX
 
 _VERSION_FOLDER = re.compile(r"v([1-9][0-9]*)")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -306,7 +304,7 @@ def natural_key(text: str) -> tuple:
 # --------------------------------------------------------------------------- reading files
 
 def _read_json(path: str, what: str):
-    data = _read_bytes(path)
+    data = _read(path)
     if data is None:
         raise CatalogInputError(f"{what} {path} does not exist")
     try:
@@ -315,28 +313,14 @@ def _read_json(path: str, what: str):
         raise CatalogInputError(f"{what} {path} is not valid JSON") from None
 
 
-def _read_bytes(path: str) -> Optional[bytes]:
-    if path.startswith("gs://"):
-        from accounting import gcs
-
-        bucket, name = gcs.split_gcs_uri(path)
-        blob = gcs.client().bucket(bucket).get_blob(name)
-        return None if blob is None else blob.download_as_bytes()
+def _read(path: str) -> Optional[bytes]:
+    """:func:`pipelines.release.storage.read_bytes`, its faults as input errors naming the path."""
     try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return None
+        return storage.read_bytes(path)
     except IsADirectoryError:
         raise CatalogInputError(f"{path} is a folder, not a file") from None
     except OSError as err:
         raise CatalogInputError(f"cannot read {path} ({err.strerror})") from None
-
-
-def _join(base: str, *parts: str) -> str:
-    if base.startswith("gs://"):
-        return "/".join([base.rstrip("/"), *parts])
-    return os.path.join(base, *parts)
 
 
 def _walk(root: str) -> Iterable[tuple[str, Optional[int]]]:
@@ -561,7 +545,7 @@ def read_reports(root: Optional[str], ledger: Optional[Ledger] = None) -> dict:
     if not root or (not root.startswith("gs://") and not os.path.isdir(root)):
         return out
     if ledger is not None:
-        candidates = [(r.release_id, r.version, _join(root, *r.release_id.split("/"),
+        candidates = [(r.release_id, r.version, storage.join(root, *r.release_id.split("/"),
                                                      f"v{r.version}", name))
                       for r in ledger.records for name in (REPORT, FAILURE)]
     else:
@@ -576,7 +560,7 @@ def read_reports(root: Optional[str], ledger: Optional[Ledger] = None) -> dict:
         vid = ledger_records.versioned_id(release_id, version)
         if vid in out:
             continue
-        data = _read_bytes(path)
+        data = _read(path)
         if data is None:
             continue
         try:
@@ -618,9 +602,12 @@ def read_catalog(releases_root: str, ledger: Optional[Ledger], *,
         raise CatalogInputError(f"--releases {releases_root} is not a folder")
     if testing == (ledger is not None):
         raise ValueError("a catalog reads real releases with their ledger, or testing ones without")
-    root = _join(releases_root, TESTING_PREFIX) if testing else releases_root
+    root = storage.join(releases_root, TESTING_PREFIX) if testing else releases_root
     folders: dict = {}
+    testing_folder = storage.join(releases_root, TESTING_PREFIX).rstrip("/") + "/"
     for path, size in _walk(root):
+        if not testing and path.startswith(testing_folder):
+            continue  # testing output lies apart by design: neither a release nor a stray marker
         folder, name = path.rsplit("/", 1) if "/" in path else ("", path)
         folders.setdefault(folder, {})[name] = size
     prefix = root.rstrip("/") + "/"
@@ -630,13 +617,13 @@ def read_catalog(releases_root: str, ledger: Optional[Ledger], *,
         if MARKER not in files:
             continue
         rel_folder = folder[len(prefix):] if folder.startswith(prefix) else ""
-        path = _join(folder, MARKER)
-        data = _read_bytes(path)
+        path = storage.join(folder, MARKER)
+        data = _read(path)
         try:
             marker = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
             raise CatalogInputError(f"release marker {path} is not valid JSON") from None
-        sizes = {n: _size(_join(folder, n), size) for n, size in files.items() if n != MARKER}
+        sizes = {n: _size(storage.join(folder, n), size) for n, size in files.items() if n != MARKER}
         release, facts = parse_marker(marker, path, rel_folder, sizes, data)
         if not testing:
             check_charge(facts, ledger)

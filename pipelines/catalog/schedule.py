@@ -46,6 +46,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 from accounting import guarantee
 from pipelines.catalog.model import CatalogInputError, CatalogInputs, dataset_of
+from pipelines.release import textfiles
 
 SCHEDULE_FORMAT = "beam-dp-release/schedule/v1"
 PUBLISHED, FAILED, RESERVED, OVER_BUDGET, MISSING, PENDING = (
@@ -170,12 +171,9 @@ def load_config(path: str):
     """A ``--config`` file: a CentralNotice configuration (``campaigns``) or a schedule file
     (``cadences``). Returns ``("centralnotice", config)`` or ``("cadences", [Cadence])``. Read
     by the one configuration reader (:mod:`pipelines.release.textfiles`: it names the file, line
-    and column, never the content, and refuses a release key file)."""
-    from pipelines import quiet_beam_import
-
-    quiet_beam_import()  # the release layer imports Beam (pipelines.LAZY_BEAM)
-    from pipelines.release import textfiles
-
+    and column, never the content, and refuses a release key file); a CentralNotice one is
+    parsed by its job's own parser (imported here: it loads pyarrow, which a catalog without
+    CentralNotice configuration never needs). Both are Beam-free (tests/test_layout.py)."""
     try:
         data = textfiles.read(path, "--config").json()
     except textfiles.TextFileError as err:
@@ -316,6 +314,19 @@ def assess(slots: Iterable[Slot], inputs: CatalogInputs, as_of: _dt.date,
 def overdue(health: Iterable[SlotHealth]) -> list[SlotHealth]:
     """Slots past their grace that are not published: what ``--check`` names."""
     return [h for h in health if h.overdue and h.state != PUBLISHED]
+
+
+def public_gaps(health: Iterable[SlotHealth]) -> dict:
+    """{dataset id: ((release id, first day, last day), ...)} of the slots past their grace and
+    not published, for the public site. Only what is public goes in: the configured schedule,
+    the as-of day and the published markers decide it; the state and detail (failed, refused
+    over budget, ... read from the ledger and the operator reports) stay with the operator."""
+    out: dict = {}
+    for h in overdue(health):
+        s = h.slot
+        out.setdefault(s.dataset_id, []).append((s.release_id, s.start.isoformat(),
+                                                 s.due.isoformat()))
+    return {k: tuple(v) for k, v in out.items()}
 
 
 def counts(health: Iterable[SlotHealth]) -> Mapping[str, int]:

@@ -15,8 +15,9 @@ or of the operator reports.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
+from pipelines.catalog.about import NOT_STATED
 from pipelines.catalog.charts import budget_chart
 from pipelines.catalog.facts import DatasetFacts, null_meaning
 from pipelines.catalog.html import bar, e, facts, num, page, pagination, size, table
@@ -50,23 +51,38 @@ def _period_span(f: DatasetFacts) -> str:
     return f'<span class="period">{e(first)}</span> \u2013 <span class="period">{e(last)}</span>'
 
 
-def _guarantee(g) -> str:
+def _guarantee(g, unit: str) -> str:
+    """A guarantee's epsilon (and delta) with its privacy unit beside it: units differ between
+    datasets, and an epsilon means nothing without one."""
     text = f"\u03b5={num(g.guarantee.epsilon)}"
     if g.guarantee.delta:
         text += f", \u03b4={num(g.guarantee.delta, 3)}"
-    return f'<span class="epsilon" data-epsilon="{g.guarantee.epsilon!r}">{e(text)}</span>'
+    return (f'<span class="epsilon" data-epsilon="{g.guarantee.epsilon!r}">{e(text)}</span>'
+            + _unit(unit))
 
 
-def _file_link(base: Optional[str], release, name: str) -> str:
-    label = f"<code>{e(name)}</code>"
-    if not base:
-        return label
-    return f'<a href="{e(base.rstrip("/") + "/" + release.folder + "/" + name)}">{label}</a>'
+def _unit(unit: str) -> str:
+    return f' <span class="unit muted">per privacy unit: {e(unit)}</span>'
 
 
-def _files(release, releases_url: Optional[str]) -> str:
-    items = [f"<li>{_file_link(releases_url, release, f.name)} {size(f.size)}<br>"
-             f'<code class="hash">{e(f.sha256)}</code></li>' for f in release.files]
+def file_url(files_base: Optional[str], release, name: str, root: str = "") -> Optional[str]:
+    """Where a released file is downloaded from: ``files_base`` is an absolute URL of the
+    releases' output root (``--releases_url``) or a path relative to the site's root (the
+    default, when the releases lie beside the site); ``root`` leads from a page to the site's
+    root. None when the files are not reachable from the site."""
+    if not files_base:
+        return None
+    base = files_base if "://" in files_base else root + files_base
+    return base.rstrip("/") + "/" + release.folder + "/" + name
+
+
+def _files(release, files_base: Optional[str]) -> str:
+    items = []
+    for f in release.files:
+        label, href = f"<code>{e(f.name)}</code>", file_url(files_base, release, f.name, "../../")
+        link = f'<a href="{e(href)}" download>{label}</a>' if href else label
+        items.append(f"<li>{link} {size(f.size)}<br>"
+                     f'<code class="hash">{e(f.sha256)}</code></li>')
     return f'<ul class="files">{"".join(items)}</ul>'
 
 
@@ -81,10 +97,11 @@ def _rows(release) -> str:
     return "<br>".join(rows) or "\u2014"
 
 
-def releases_table(f: DatasetFacts, rows: Sequence, releases_url: Optional[str]) -> str:
+def releases_table(f: DatasetFacts, rows: Sequence, files_base: Optional[str]) -> str:
     body = [(f'<span class="release-id">{e(r.release_id)}</span>',
-             f'<span class="version">v{r.version}</span>', _period(r), _guarantee(r.guarantee),
-             _rows(r), _files(r, releases_url)) for r in rows]
+             f'<span class="version">v{r.version}</span>', _period(r),
+             _guarantee(r.guarantee, f.about.privacy_unit), _rows(r), _files(r, files_base))
+            for r in rows]
     return '<div class="releases">' + table(
         ["Release", "Version", "Period", "Guarantee", "Rows", "Files (size, sha256)"], body,
         cls="stack releases") + "</div>"
@@ -106,14 +123,17 @@ def _outputs(f: DatasetFacts) -> str:
         for column, kind in ordered_columns(t):
             role = "key (public order)" if column in t.sorted_by else \
                 ("noisy" if column in t.noisy_columns else "public")
-            roles.append((f"<code>{e(column)}</code>", f"<code>{e(kind)}</code>", e(role)))
+            told = f.about.column(column)
+            roles.append((f"<code>{e(column)}</code>", f"<code>{e(kind)}</code>", e(role),
+                          e(told.description), e(told.unit)))
         null = null_meaning(t)
         keys = ", ".join(f"<code>{e(c)}</code>" for c in t.sorted_by) or "nothing stated"
         parts.append(f"<h3><code>{e(t.name)}</code></h3>"
                      + (f"<p>{e(t.description)}</p>" if t.description and t.description != null
                         else "")
                      + f"<p>Rows are sorted by {keys}. <strong>Null:</strong> {e(null)}</p>"
-                     + table(["Column", "Type", "Role"], roles, cls="plain"))
+                     + table(["Column", "Type", "Role", "Description", "Unit"], roles,
+                             cls="stack"))
     return "".join(parts)
 
 
@@ -129,10 +149,10 @@ def _mechanisms(f: DatasetFacts) -> str:
                      f"<code>{e(m.measure.mechanism)}</code>", e(sens), num(m.noise_scale),
                      num(m.std), ("\u00b1" + num(m.ci95_halfwidth)) if m.ci95_halfwidth else "\u2014",
                      num(m.measure.epsilon), num(m.measure.delta, 3), num(m.measure.rho, 3),
-                     e(m.measure.accountant)))
+                     e(m.measure.accountant), e(m.measure.neighbouring)))
     return table(["Measure", "Mechanism", "Sensitivity", "Noise scale", "Noise std",
-                  "95% interval", "\u03b5", "\u03b4", "\u03c1 (zCDP)", "\u03b5 by"], rows,
-                 numeric=(3, 4, 5, 6, 7, 8))
+                  "95% interval", "\u03b5", "\u03b4", "\u03c1 (zCDP)", "\u03b5 by",
+                  "Privacy unit (neighbouring relation)"], rows, numeric=(3, 4, 5, 6, 7, 8))
 
 
 def _scopes(f: DatasetFacts) -> str:
@@ -158,9 +178,57 @@ def _scopes(f: DatasetFacts) -> str:
             + '<h3>Budget over time</h3><div class="charts">' + "".join(charts) + "</div>")
 
 
-def dataset_pages(f: DatasetFacts, *, page_size: int, releases_url: Optional[str],
-                  testing: bool) -> dict[str, str]:
-    """{path: HTML} of one dataset: its page and its older releases' pages."""
+def _agent(agent) -> str:
+    if agent is None:
+        return e(NOT_STATED)
+    parts = [f'<a href="{e(agent.url)}">{e(agent.name)}</a>' if agent.url else e(agent.name)]
+    if agent.email:
+        parts.append(f'<a href="mailto:{e(agent.email)}">{e(agent.email)}</a>')
+    return " \u00b7 ".join(parts)
+
+
+def _link(link) -> str:
+    return f'<a href="{e(link.url)}">{e(link.name)}</a>' if link.url else e(link.name)
+
+
+def _about(f: DatasetFacts, files_base: Optional[str]) -> str:
+    """The portal's part of a dataset page: what the data is and who answers for it (all from
+    configuration, "not stated" where none says), and how to get the files."""
+    a = f.about
+    download = ("Every release below links its files; each file's sha256 is listed beside it."
+                if files_base else "The released files are not linked from this site (give "
+                "--releases_url, or publish the site beside the releases); each file's sha256 is "
+                "listed below.")
+    methodology = "".join(f"<li>{_link(m)}</li>" for m in a.methodology)
+    return (f'<h2 id="about">About this dataset</h2><p class="description">{e(a.description)}</p>'
+            + facts([("Publisher", _agent(a.publisher)), ("Contact", _agent(a.contact)),
+                     ("Licence", e(NOT_STATED) if a.license is None else _link(a.license)),
+                     ("Citation", e(a.citation)),
+                     ("Keywords", e(", ".join(a.keywords)) if a.keywords else e(NOT_STATED)),
+                     ("Privacy unit", e(a.privacy_unit)), ("Download", e(download))])
+            + '<h3 id="methodology">Methodology</h3>'
+            + (f'<ul class="methodology">{methodology}</ul>' if methodology
+               else f"<p>{e(NOT_STATED)}</p>"))
+
+
+def _gaps(f: DatasetFacts) -> str:
+    """The scheduled releases that are due and not published, shown as gaps: which, never why."""
+    rows = [(f'<span class="release-id">{e(rid)}</span>',
+             f'<span class="period">{e(first)}</span>' + (
+                 "" if first == last else f' \u2013 <span class="period">{e(last)}</span>'))
+            for rid, first, last in f.gaps]
+    return ('<h2 id="gaps">Scheduled releases not published</h2>'
+            "<p>Releases the schedule has due (past their grace) that are not published. "
+            "The catalog does not say why.</p>"
+            + table(["Release", "Period"], rows, cls="stack gaps"))
+
+
+def dataset_pages(f: DatasetFacts, *, page_size: int, files_base: Optional[str],
+                  testing: bool, structured: str = "",
+                  templates: Optional[str] = None) -> dict[str, str]:
+    """{path: HTML} of one dataset: its page and its older releases' pages. ``files_base``:
+    where the released files are downloaded from (:func:`file_url`); ``structured``: markup for
+    every page's head (the dataset's JSON-LD, :mod:`pipelines.catalog.linked_data`)."""
     folder = dataset_folder(f.slug)
     newest = list(reversed(f.releases))
     chunks = [newest[i:i + page_size] for i in range(0, len(newest), page_size)] or [[]]
@@ -178,7 +246,7 @@ def dataset_pages(f: DatasetFacts, *, page_size: int, releases_url: Optional[str
         ("Latest release", f'<code>{e(latest.versioned_id)}</code>'),
         ("Per-release guarantee", f"\u03b5 from {num(lo)} to {num(hi)}" if lo != hi else
          f"\u03b5={num(hi)}" + (f", \u03b4={num(g.guarantee.delta, 3)}" if g.guarantee.delta else "")
-         + f" ({e(g.accountant)} composition)"),
+         + f" ({e(g.accountant)} composition)" + _unit(f.about.privacy_unit)),
         ("Machine-readable", f'<a href="README.md">README.md</a> \u00b7 '
                              f'<a href="../../catalog.json">catalog.json</a>'),
     ])
@@ -189,7 +257,7 @@ def dataset_pages(f: DatasetFacts, *, page_size: int, releases_url: Optional[str
         "<p>No release thresholds are stated.</p>"
     caveats = "".join(f'<div class="caveat">{e(c)}</div>' for c in f.caveats)
     body = [f'<h1>{e(f.dataset.title)}</h1><p class="lead">{e(f.dataset.kind)} \u00b7 dataset '
-            f'<code>{e(f.dataset.dataset_id)}</code></p>', overview,
+            f'<code>{e(f.dataset.dataset_id)}</code></p>', overview, _about(f, files_base),
             '<h2 id="released">What is released</h2>', _outputs(f),
             '<h2 id="unit">Privacy unit and neighbouring relation</h2>',
             "<p>Each measure protects the difference between two inputs that differ as follows "
@@ -199,21 +267,22 @@ def dataset_pages(f: DatasetFacts, *, page_size: int, releases_url: Optional[str
             "is integer-valued for counts; the 95% interval is the noise's own.</p>",
             _mechanisms(f),
             '<h2 id="guarantee">Guarantee</h2>',
-            f"<p>Each release: {_guarantee(g)} by {e(g.accountant)} composition (the figure "
-            f"by {e(g.figure_accountant)}). "
+            f"<p>Each release: {_guarantee(g, f.about.privacy_unit)} by {e(g.accountant)} "
+            f"composition (the figure by {e(g.figure_accountant)}). "
             f"It covers: {e(g.covers)}</p>",
             '<h2 id="budget">Budget scopes</h2>',
             "<p>Every release is charged to these ledger scopes; a scope's budget bounds one "
-            "person's total loss over all releases charged to it.</p>", _scopes(f),
+            "person's total loss over all releases charged to it; every \u03b5 below is per "
+            f"privacy unit: {e(f.about.privacy_unit)}.</p>", _scopes(f),
             '<h2 id="thresholds">Thresholds</h2>', thresholds,
             '<h2 id="caveats">Caveats</h2>', caveats]
     pages = {}
     for n, chunk in enumerate(chunks, 1):
         nav = pagination(n, total, release_page)
         heading = f'<h2 id="releases">Releases, newest first ({num(len(f.releases))})</h2>'
-        listing = heading + nav + releases_table(f, chunk, releases_url) + nav
+        listing = heading + nav + releases_table(f, chunk, files_base) + nav
         if n == 1:
-            html = "".join(body) + listing
+            html = "".join(body) + listing + _gaps(f)
             crumbs = [(f.dataset.title, None)]
         else:
             html = (f'<h1>{e(f.dataset.title)}: releases, page {n}</h1>'
@@ -222,7 +291,7 @@ def dataset_pages(f: DatasetFacts, *, page_size: int, releases_url: Optional[str
         pages[f"{folder}/{release_page(n)}"] = page(
             title=f"{f.dataset.title} \u2014 release catalog" + (f" (page {n})" if n > 1 else ""),
             body=html, crumbs=crumbs, root="../../", banner=TESTING_BANNER if testing else "",
-            footer=_footer())
+            footer=_footer(), head=structured, templates=templates)
     return pages
 
 
@@ -232,17 +301,18 @@ def _footer() -> str:
             "releases only.")
 
 
-def index_page(all_facts: Sequence[DatasetFacts], *, title: str, testing: bool) -> str:
+def index_page(all_facts: Sequence[DatasetFacts], *, title: str, testing: bool,
+               templates: Optional[str] = None) -> str:
     rows = []
     for f in all_facts:
         main = max((r for r in f.scopes if r.family_size == 1), key=lambda r: r.releases,
                    default=None)
         budget = "\u2014" if main is None else (
             f"{bar(main.share_spent)}<code>{e(main.name)}</code>: {num(main.spent_epsilon)} of "
-            f"{e(main.budget_text)}")
+            f"{e(main.budget_text)}" + _unit(f.about.privacy_unit))
         rows.append((f'<a href="{e(dataset_folder(f.slug))}/index.html">{e(f.dataset.title)}</a>',
                      e(f.dataset.kind), num(len(f.releases)), _period_span(f),
-                     _guarantee(f.latest.guarantee), budget))
+                     _guarantee(f.latest.guarantee, f.about.privacy_unit), budget))
     count = sum(len(f.releases) for f in all_facts)
     body = (f"<h1>{e(title)}</h1>"
             f'<p class="lead">{num(len(all_facts))} datasets, {num(count)} published releases. '
@@ -252,16 +322,23 @@ def index_page(all_facts: Sequence[DatasetFacts], *, title: str, testing: bool) 
                       "Main budget (spent \u03b5)"], rows, numeric=(2,))
                if rows else "<p>No release has been published yet.</p>")
             + '<p class="muted">Machine-readable: <a href="catalog.json">catalog.json</a> '
-              '(<a href="catalog.schema.json">JSON Schema</a>).</p>')
+              '(<a href="catalog.schema.json">JSON Schema</a>); DCAT: '
+              '<a href="dcat.jsonld">dcat.jsonld</a>.</p>')
     return page(title=title, body=body, banner=TESTING_BANNER if testing else "",
-                footer=_footer())
+                footer=_footer(), templates=templates)
 
 
 def site_pages(all_facts: Sequence[DatasetFacts], *, title: str, page_size: int,
-               releases_url: Optional[str] = None, testing: bool = False) -> dict[str, str]:
-    """{relative path: HTML} of the whole public site."""
-    pages = {"index.html": index_page(all_facts, title=title, testing=testing)}
+               files_base: Optional[str] = None, testing: bool = False,
+               structured: Optional[Mapping[str, str]] = None,
+               templates: Optional[str] = None) -> dict[str, str]:
+    """{relative path: HTML} of the whole public site; ``structured``: {dataset id: head
+    markup} (the datasets' JSON-LD); ``templates``: a portal's template folder
+    (:func:`pipelines.catalog.html.page`)."""
+    pages = {"index.html": index_page(all_facts, title=title, testing=testing,
+                                      templates=templates)}
     for f in all_facts:
-        pages.update(dataset_pages(f, page_size=page_size, releases_url=releases_url,
-                                   testing=testing))
+        pages.update(dataset_pages(f, page_size=page_size, files_base=files_base,
+                                   testing=testing, templates=templates,
+                                   structured=(structured or {}).get(f.dataset.dataset_id, "")))
     return pages

@@ -473,26 +473,53 @@ def generate_sample(out_dir: str = SAMPLE_DIR) -> dict:
                             click_through_rate=SAMPLE_CLICK_THROUGH_RATE, protected_share=1.0)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Beam's flag style: underscores, no abbreviations; an old dashed spelling of a flag is
+    refused naming the flag to use (exit 2), like any unknown flag."""
+
+    def parse_args(self, args=None, namespace=None):
+        known = {o for action in self._actions for o in action.option_strings}
+        for arg in sys.argv[1:] if args is None else args:
+            name = arg.split("=", 1)[0]
+            if name.startswith("--") and "-" in name[2:] and name not in known and \
+                    "--" + name[2:].replace("-", "_") in known:
+                self.error(f"unrecognized argument {name}: flags are spelt with underscores "
+                           f"(Beam style): use --{name[2:].replace('-', '_')}")
+        return super().parse_args(args, namespace)
+
+
+def _shown(result: dict) -> dict:
+    """The summary with its file paths relative to the working folder when they are inside it
+    (the bundled sample's summary is then the same on every machine)."""
+    here = os.getcwd()
+
+    def rel(path: str) -> str:
+        inside = os.path.commonpath([here, os.path.abspath(path)]) == here
+        return os.path.relpath(path, here) if inside else path
+    return {**result, "paths": {k: rel(v) for k, v in result["paths"].items()}}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.centralnotice.data",
+    parser = _Parser(
+        prog="python -m pipelines.centralnotice.data", allow_abbrev=False,
         description="Generate synthetic CentralNotice inputs: campaigns.json, "
                     "protected_countries.txt, impressions and clicks tables.")
     parser.add_argument("--out", help="output directory (required unless --sample)")
-    parser.add_argument("--impression-rows", type=int, default=2_000_000)
+    parser.add_argument("--impression_rows", type=int, default=2_000_000)
     parser.add_argument("--clicks", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--format", choices=("parquet", "csv"), default="parquet")
-    parser.add_argument("--start-date", type=_dt.date.fromisoformat, default=_dt.date(2026, 11, 1))
-    parser.add_argument("--bad-rows", type=int, default=0,
+    parser.add_argument("--start_date", type=_dt.date.fromisoformat, default=_dt.date(2026, 11, 1))
+    parser.add_argument("--bad_rows", type=int, default=0,
                         help="faulty impressions rows to inject (and as many duplicate keys)")
-    parser.add_argument("--max-campaigns", type=int, default=None)
-    parser.add_argument("--max-countries", type=int, default=80)
-    parser.add_argument("--max-projects", type=int, default=60)
-    parser.add_argument("--max-days", type=int, default=21)
+    parser.add_argument("--max_campaigns", type=int, default=None)
+    parser.add_argument("--max_countries", type=int, default=80)
+    parser.add_argument("--max_projects", type=int, default=60)
+    parser.add_argument("--max_days", type=int, default=21)
     parser.add_argument("--accountant", choices=("basic", "zcdp"), default="basic")
     parser.add_argument("--sample", action="store_true",
-                        help=f"regenerate the bundled sample in {SAMPLE_DIR} (ignores other options)")
+                        help="regenerate the bundled sample in pipelines/sample_data/centralnotice/ "
+                             "(ignores other options)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     if args.sample:
@@ -506,7 +533,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                   max_countries=args.max_countries, max_projects=args.max_projects,
                                   max_days=args.max_days, accountant=args.accountant)
     result["seconds"] = round(time.perf_counter() - started, 2)
-    json.dump(result, sys.stdout, indent=1)
+    json.dump(_shown(result), sys.stdout, indent=1)
     sys.stdout.write("\n")
     return 0
 

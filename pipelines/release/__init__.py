@@ -107,13 +107,22 @@ of the jobs, and what it is:
   its cost part of the stated guarantee. None exists yet; the rule phase is where one goes,
   reading counters computed as pipeline output.
 """
-from pipelines.release.counters import RowCounters
-from pipelines.release.errors import ReleaseFailed, ReleaseRefused
-from pipelines.release.inputs import InputSpec
-from pipelines.release.job import (Job, OutputSpec, PlannedRelease, Prepared, ReleaseContext,
-                                   ReleaseOptions)
-from pipelines.release.lifecycle import ReleaseOutcome, RunResult, run
+#: The release layer's public names, each with its module: imported on first use (PEP 562), so
+#: that importing one Beam-free module of the layer (``storage``, ``names``, ``layout``,
+#: ``textfiles``, ``errors``: what the catalog reads releases with) does not import the Beam side.
+_EXPORTS = {
+    "RowCounters": "counters", "ReleaseFailed": "errors", "ReleaseRefused": "errors",
+    "InputSpec": "inputs", "Job": "job", "OutputSpec": "job", "PlannedRelease": "job",
+    "Prepared": "job", "ReleaseContext": "job", "ReleaseOptions": "job",
+    "ReleaseOutcome": "lifecycle", "RunResult": "lifecycle", "run": "lifecycle",
+}
 
-__all__ = ["Job", "InputSpec", "OutputSpec", "PlannedRelease", "Prepared", "ReleaseContext",
-           "ReleaseOptions", "ReleaseRefused", "ReleaseFailed", "RowCounters", "RunResult",
-           "ReleaseOutcome", "run"]
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(f"pipelines.release.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -930,7 +930,8 @@ def write_report(published: Published, release: PublishedRelease):
         context=release.context, marker=release.marker, status=release.status,
         folder=release.folder, counters=ruled.counts[rid], shares=ruled.shares[rid],
         alerts=ruled.alerts[rid], ledger=reserved.ledger,
-        reservation=reserved.reservations.get(rid), started=pre.started)
+        reservation=reserved.reservations.get(rid), started=pre.started,
+        finalized=bool(pre.options.finalize))
     path = report.write(operator, root=pre.places.reports, release_id=rid,
                         version=reserved.versions[rid], job=pre.job)
     return operator, path

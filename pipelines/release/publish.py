@@ -44,22 +44,19 @@ from typing import Mapping, Optional
 
 from pipelines.release import names, storage
 from pipelines.release.errors import ReleaseFailed, ReleaseRefused
+from pipelines.release.layout import MARKER, MARKER_FORMAT, STAGING, TESTING_PREFIX
 
-MARKER = "RELEASE.json"
 #: Where an output root's ledger binding was kept by older versions (migrated: see above).
 BINDING = ".ledger-binding.json"
 #: The folder beside the ledger holding the bindings of its output roots.
 BINDINGS_SUFFIX = ".bindings"
-TESTING_PREFIX = "testing-not-a-release"
-#: The staging root's name: beside the ledger (``<ledger's folder>/staging``) by default, and
-#: ``OUTPUT/testing-not-a-release/.staging`` for testing runs; ``OUTPUT/.staging`` in older
-#: versions.
-STAGING = ".staging"
+#: The staging root (layout.STAGING) is beside the ledger (``<ledger's folder>/staging``) by
+#: default, and ``OUTPUT/testing-not-a-release/.staging`` for testing runs; ``OUTPUT/.staging``
+#: in older versions.
 PRIVATE_STAGING = "staging"
 #: A release's row counters, staged beside its files for the operator (pipelines.release.counters);
 #: publication leaves them behind.
 COUNTERS = ".counters.json"
-MARKER_FORMAT = "beam-dp-release/release/v1"
 
 
 def release_folder(output: str, release_id: str, version: int, testing: bool) -> str:

@@ -19,7 +19,8 @@ import time
 from typing import Mapping
 
 from accounting.ledger import keyed_binding
-from pipelines.release import names, publish, storage
+from pipelines.release import names, storage
+from pipelines.release.layout import FAILURE, MARKER_FORMAT, REPORT
 
 
 def _finite(value):
@@ -31,7 +32,7 @@ def marker(*, job, prepared, context, version: int, files: Mapping[str, str], ta
     """The public marker of one release (see the module docstring)."""
     p = context.planned
     out = {
-        "format": publish.MARKER_FORMAT, "job": job.name, "release_id": p.release_id,
+        "format": MARKER_FORMAT, "job": job.name, "release_id": p.release_id,
         "version": version, "versioned_id": context.versioned_id, "testing": context.testing,
         "status": ("TESTING - NOT A RELEASE (" + ("noise-free exact " if any(k.noise_free for k in context.keys.values()) else "public ")
                    + "testing key)") if context.testing else "released",
@@ -58,8 +59,10 @@ def marker(*, job, prepared, context, version: int, files: Mapping[str, str], ta
 
 
 def operator_report(*, context, marker: Mapping, status: str, folder: str, counters, shares,
-                    alerts, ledger, reservation, started: float) -> dict:
-    """The operator's report of one published release (raw-data facts: never published)."""
+                    alerts, ledger, reservation, started: float, finalized: bool = False) -> dict:
+    """The operator's report of one published release (raw-data facts: never published).
+    ``finalized``: published by ``--finalize`` (charged by its ``--submit_only``: finding that
+    reservation again is the plan, not a re-run)."""
     out = {"marker": dict(marker), "status": status, "folder": folder,
            "counters": dict(counters), "dropped_rows": shares, "alerts": list(alerts),
            "seconds": round(time.time() - started, 3)}
@@ -75,7 +78,8 @@ def operator_report(*, context, marker: Mapping, status: str, folder: str, count
                                          "delta": max(budget.delta - spent.delta, 0.0)}})
         out["ledger"] = {"path": ledger.path, "accountant": ledger.accountant, "scopes": scopes,
                          "input_digest": reservation.record["input_digest"],
-                         "resumed": reservation.resumed, "taken_over": reservation.taken_over,
+                         "resumed": reservation.resumed and not finalized,
+                         "finalized": finalized, "taken_over": reservation.taken_over,
                          "runs": reservation.record.get("runs")}
     return out
 
@@ -101,7 +105,9 @@ def text(job, report: Mapping) -> str:
             spent, budget = scope["spent"]["epsilon"], scope["budget"]["epsilon"]
             lines.append(f"  budget {scope['name']}: spent epsilon="
                          f"{'inf' if spent is None else f'{spent:.4g}'} of {budget:g}")
-        if ledger["resumed"]:
+        if ledger.get("finalized"):
+            lines.append("  (finalized: charged when it was submitted; nothing more was spent)")
+        elif ledger["resumed"]:
             lines.append("  (re-run of a charged release: nothing more was spent)")
         if ledger["taken_over"]:
             lines.append("  (took over an unpublished reservation: nothing more was spent)")
@@ -119,7 +125,7 @@ def _folder(root: str, release_id: str, version: int) -> str:
 
 def report_path(root: str, release_id: str, version: int) -> str:
     """Where the operator report of a release version is (:func:`write`)."""
-    return storage.join(_folder(root, release_id, version), "report.json")
+    return storage.join(_folder(root, release_id, version), REPORT)
 
 
 def write(report: Mapping, *, root: str, release_id: str, version: int, job) -> str:
@@ -127,8 +133,8 @@ def write(report: Mapping, *, root: str, release_id: str, version: int, job) -> 
     this version (a run that published nothing and was then taken over) moves into it as
     ``earlier_failure``, so the folder never shows a failure beside a release that succeeded."""
     folder = _folder(root, release_id, version)
-    path = storage.join(folder, "report.json")
-    stale = storage.join(folder, "failure.json")
+    path = storage.join(folder, REPORT)
+    stale = storage.join(folder, FAILURE)
     earlier = storage.read_bytes(stale)
     if earlier is not None:
         report = {**report, "earlier_failure": json.loads(earlier.decode("utf-8"))}
@@ -142,7 +148,7 @@ def write(report: Mapping, *, root: str, release_id: str, version: int, job) -> 
 
 def write_failure(body: Mapping, *, root: str, release_id: str, version: int) -> str:
     """The operator's record of a run that published nothing for this release version."""
-    path = storage.join(_folder(root, release_id, version), "failure.json")
+    path = storage.join(_folder(root, release_id, version), FAILURE)
     storage.write_bytes(path, (json.dumps(body, indent=1, sort_keys=True, default=str) + "\n")
                         .encode("utf-8"))
     return path

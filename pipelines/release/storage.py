@@ -34,9 +34,9 @@ def join(base: str, *parts: str) -> str:
 
 def absolute(path: str) -> str:
     """Local paths made absolute (relative globs then work with Beam everywhere); URIs as given.
-    The one normalisation of the project: :func:`transforms.tables.normalize_glob` (the library
-    readers use it too)."""
-    from transforms.tables import normalize_glob
+    The one normalisation of the project: :func:`transforms.file_patterns.normalize_glob` (the
+    library readers use it too)."""
+    from transforms.file_patterns import normalize_glob
 
     return normalize_glob(path)
 

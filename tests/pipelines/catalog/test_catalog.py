@@ -134,6 +134,13 @@ def test_operator_view_holds_failures_counters_fingerprints_and_coverage_alarms(
 def operator_only_facts(made) -> dict[str, str]:
     """Facts only the operator may see, each a string that must never appear in the public
     site: {fact: where it comes from}."""
+    from pipelines.catalog import schedule as catalog_schedule
+
+    # The configured schedule is public: the site lists every due slot that is not published
+    # as a gap, whether a reservation for it exists or not, so a scheduled release id tells
+    # nothing of a reservation. Any other unpublished reservation's id is operator-only.
+    scheduled = {slot.release_id for slot in catalog_schedule.centralnotice_slots(
+        catalog_schedule.load_config(made.config)[1])}
     facts = {}
     state = json.load(open(made.ledger))
     for vid, record in state["releases"].items():
@@ -141,7 +148,8 @@ def operator_only_facts(made) -> dict[str, str]:
             facts[ref["fingerprint"]] = f"key fingerprint of {vid}"
         facts[record["input_digest"].split(":", 1)[1]] = f"input digest of {vid}"
         if record["state"] != "committed":
-            facts[vid] = "an unpublished reservation"
+            if vid not in scheduled:
+                facts[vid] = "an unpublished reservation"
             for scope in record["scopes"]:
                 if scope.startswith("period:"):
                     facts[scope] = "a scope charged only by an unpublished reservation"
@@ -176,7 +184,7 @@ def test_no_operator_only_fact_reaches_the_public_site(made, built):
     operator_text = "\n".join(built["operator_files"].values())
     held = [f for f, why in facts.items() if f in operator_text]
     assert any(why.startswith("key fingerprint") for f, why in facts.items() if f in held)
-    assert "C2/2026-11-02" in held and "impressions.read" in held
+    assert "impressions.read" in held and "C2/2026-11-02" in operator_text
 
 
 def test_the_split_check_catches_a_site_that_leaks(made, tmp_path, monkeypatch):
@@ -296,6 +304,29 @@ def test_a_marker_of_another_ledger_stays_out_of_the_public_site(made, tmp_path,
     assert op["excluded_markers"][0]["reason"] == "charged by another ledger"
 
 
+def test_testing_output_in_its_folder_is_not_called_a_stray_testing_marker(made, tmp_path, capsys):
+    """Testing output under testing-not-a-release/ lies apart by design: neither listed nor
+    "left out" (issue 42); a testing marker anywhere else is left out, saying so."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(made.root, copy)
+    source = copy / "releases" / "C2" / "2026-11-01" / "v1"
+    for target in (copy / "releases" / "testing-not-a-release" / "C2" / "2026-11-01",
+                   copy / "releases" / "T9" / "2026-11-01" / "v1"):
+        shutil.copytree(source, target)
+        marker = json.loads((target / "RELEASE.json").read_text())
+        (target / "RELEASE.json").write_text(json.dumps({**marker, "testing": True}))
+    site, operator = tmp_path / "site", tmp_path / "operator"
+    assert catalog.main(["--ledger", str(copy / "private" / "ledger.json"), "--releases",
+                         str(copy / "releases"), "--output", str(site), "--operator",
+                         str(operator)]) == 0
+    assert "1 marker(s) left out of the public site" in capsys.readouterr().out
+    op = json.loads((operator / "operator.json").read_text())
+    assert [(x["path"].split("/releases/")[1], x["reason"]) for x in op["excluded_markers"]] == [
+        ("T9/2026-11-01/v1/RELEASE.json", "a testing marker outside testing-not-a-release/")]
+
+
 def test_rebuilding_replaces_the_site_whole_and_refuses_a_foreign_folder(made, tmp_path, capsys):
     site = tmp_path / "site"
     assert catalog.main(made.args("--output", str(site))) == 0
@@ -311,22 +342,36 @@ def test_rebuilding_replaces_the_site_whole_and_refuses_a_foreign_folder(made, t
     assert "not a folder this command wrote" in capsys.readouterr().err
 
 
-def test_make_demo_builds_the_catalog_of_its_releases(tmp_path):
-    """The Makefile's demo recipe, run as written (the project's Python for $(BIN)/python)."""
+def _run_make_recipe(target: str, variable: str, out: str):
+    """A Makefile recipe's Python commands, run as written (the project's Python for
+    $(BIN)/python, ``out`` for ``variable``); the last one's result."""
     import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     text = open(os.path.join(root, "Makefile")).read()
-    recipe = text.split("\ndemo:", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    recipe = text.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
     commands = [line.strip() for line in recipe if "$(BIN)/python" in line]
     assert any("pipelines.catalog" in c for c in commands)
-    out = str(tmp_path / "demo")
     env = dict(os.environ, PYTHONPATH=root)
     for command in commands:
-        argv = command.replace("$(BIN)/python", sys.executable).replace("$(OUT)", out).split()
+        argv = command.replace("$(BIN)/python", sys.executable).replace(variable, out).split()
         done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+def test_make_smoke_makes_a_release_and_its_catalog(tmp_path):
+    out = str(tmp_path / "smoke")
+    done = _run_make_recipe("smoke", "$(SMOKE)", out)
+    assert f"open file://{out}/catalog/index.html" in done.stdout
+    assert json.loads(files_of(os.path.join(out, "catalog"))["catalog.json"])["datasets"]
+
+
+def test_make_demo_builds_the_catalog_of_its_releases(tmp_path):
+    """The Makefile's demo recipe, run as written (the project's Python for $(BIN)/python)."""
+    out = str(tmp_path / "demo")
+    done = _run_make_recipe("demo", "$(OUT)", out)
     assert f"open file://{out}/catalog/index.html" in done.stdout
     site = files_of(os.path.join(out, "catalog"))
     doc = json.loads(site["catalog.json"])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 
 import numpy as np
@@ -116,13 +117,31 @@ def test_catalogues():
     assert set(data.PROTECTED_COUNTRIES) <= set(data.COUNTRIES)
 
 
-def test_cli(tmp_path, capsys):
+def test_cli(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit) as exit_info:
         data.main(["--help"])
-    assert exit_info.value.code == 0 and "--impression-rows" in capsys.readouterr().out
-    assert data.main(["--out", str(tmp_path), "--impression-rows", "500", "--clicks", "100",
-                      "--format", "csv", "--max-countries", "8", "--max-projects", "6",
-                      "--max-days", "4", "--start-date", "2027-01-01"]) == 0
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0 and "--impression_rows" in out
+    assert data.SAMPLE_DIR not in out and "pipelines/sample_data/centralnotice/" in out
+    monkeypatch.chdir(tmp_path)
+    assert data.main(["--out", "gen", "--impression_rows", "500", "--clicks", "100",
+                      "--format", "csv", "--max_countries", "8", "--max_projects", "6",
+                      "--max_days", "4", "--start_date", "2027-01-01"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["paths"]["clicks"] == os.path.join("gen", "clicks.csv"), summary["paths"]
+    tmp_path = tmp_path / "gen"
     config = load_config(str(tmp_path / "campaigns.json"))
     assert min(c.start_date for c in config.campaigns) >= dt.date(2027, 1, 1)
     assert csv.read_csv(tmp_path / "clicks.csv").num_rows == 100
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--out", "x", "--impression-rows", "5"], "use --impression_rows"),
+    (["--out", "x", "--start-date=2027-01-01"], "use --start_date"),
+    (["--out", "x", "--max_day", "3"], "unrecognized arguments: --max_day"),   # no abbreviation
+    (["--out", "x", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+])
+def test_cli_flags_are_underscored_and_unknown_ones_refused(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        data.main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -2,7 +2,7 @@
 
 Every job reads its files through the release layer's one resolution
 (:func:`pipelines.release.inputs.resolve`: relative patterns made absolute by
-:func:`transforms.tables.normalize_glob`), so ``--impressions 'impressions*.csv'`` run from the
+:func:`transforms.file_patterns.normalize_glob`), so ``--impressions 'impressions*.csv'`` run from the
 data folder releases exactly what the absolute paths release. One test per input kind: CSV,
 gzip-compressed CSV, Parquet, a folder, JSON lines; and the CentralNotice tuning tool.
 """

@@ -322,6 +322,26 @@ def test_a_partial_publication_is_completed_with_the_marker_last_or_refused(tmp_
     assert (partial / "out.csv").read_bytes() == b"other\n" and not (partial / publish.MARKER).exists()
 
 
+def test_the_layout_module_names_what_the_layer_writes(tmp_path):
+    """pipelines.release.layout is the one statement of the release layout (the catalog reads
+    with it): the folders, the marker, the reports the layer writes are its names."""
+    from pipelines.release import layout
+    from pipelines.release import report as release_report
+
+    out = str(tmp_path / "out")
+    assert publish.release_folder(out, "C1/d", 2, False) == os.path.join(out, "C1", "d", "v2")
+    assert publish.release_folder(out, "C1/d", 2, True) == os.path.join(
+        out, layout.TESTING_PREFIX, "C1", "d")
+    folder = publish.release_folder(out, "C1/d", 1, False)
+    publish.publish(_stage(tmp_path / "s", FILES), folder, testing=False)
+    assert sorted(os.listdir(folder)) == sorted(FILES) and layout.MARKER in FILES
+    assert release_report.report_path("r", "C1/d", 1) == os.path.join("r", "C1", "d", "v1",
+                                                                      layout.REPORT)
+    path = release_report.write_failure({"status": "failed"}, root=str(tmp_path / "r"),
+                                        release_id="C1/d", version=1)
+    assert os.path.basename(path) == layout.FAILURE and os.path.isfile(path)
+
+
 def test_testing_runs_live_under_their_prefix_and_replace_only_their_own_output(tmp_path):
     out = str(tmp_path / "out")
     final = publish.release_folder(out, "C1/2026-11-01", 1, True)

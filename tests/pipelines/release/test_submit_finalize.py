@@ -86,6 +86,9 @@ def test_submit_then_finalize_in_other_processes_publishes_once(ws):
     assert done.returncode == 0, done.stderr
     assert f"{RELEASE} (released)" in done.stdout
     assert "rows (operator only): clicks.excluded" in done.stdout  # the submitted run's counters
+    # The first finalize is the plan, not a re-run: it says where the charge was made.
+    assert "(finalized: charged when it was submitted; nothing more was spent)" in done.stdout
+    assert "re-run of a charged release" not in done.stdout
     out = published(ws / "out")
     assert sorted(Path(p).name for p in out) == ["RELEASE.json", "centralnotice.parquet"]
     assert record(ws)["state"] == "committed" and spent(ws) == pytest.approx(charged)
