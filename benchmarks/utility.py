@@ -2,6 +2,7 @@
 
     make bench-peers                     # benchmarks/.venvs/pipelinedp and benchmarks/.venvs/opendp
     python benchmarks/utility.py [--quick] [--keys 250] [--runs 2] [--epsilons 0.1,1,8] [--seed 0]
+    python benchmarks/utility.py --quick  # quick: 40 keys, 1 run (after make bench-peers)
 
 Data (synthetic, :func:`generate`): ``--keys`` public keys, 200-1,000 privacy units each, one row
 per unit (so L0 = Linf = 1), values in [0, 100] (100 x Beta(2, 5), continuous). Every leg releases

@@ -27,6 +27,9 @@ SUMMARY = re.compile(r"^(\w+ )*[\w\[\]]+=\S+(\s+([\w\[\]]+=\S+|\w+|\|))*\s*$")
 #: Scripts the benchmarks run, not benchmarks of their own.
 HELPERS = {"local_dp_pure_ldp": "local_dp.py's pure-ldp leg, inside pure-ldp's own virtualenv",
            "columnar_floor": "the columnar floor that aggregate.py and scale.py compare with"}
+#: Benchmarks whose quick mode needs the peers' virtualenvs (``make bench-peers``), and the test
+#: that makes them and runs it as documented.
+WITH_PEERS = {"utility": "tests/test_utility_benchmark.py"}
 
 
 def _benchmarks() -> dict:
@@ -57,10 +60,13 @@ def test_every_benchmark_documents_one_quick_command():
     for name, docstring in benchmarks.items():
         if name not in HELPERS:
             _quick_command(name, docstring)
+    for test in WITH_PEERS.values():
+        assert os.path.isfile(os.path.join(ROOT, test)), test
 
 
 def _quick_cases():
-    return [pytest.param(name, id=name) for name in _benchmarks() if name not in HELPERS]
+    return [pytest.param(name, id=name) for name in _benchmarks()
+            if name not in HELPERS and name not in WITH_PEERS]
 
 
 @pytest.mark.slow
