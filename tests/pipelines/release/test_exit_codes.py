@@ -479,10 +479,13 @@ def test_a_full_ledger_or_key_store_is_exit_2_or_3_never_1(free, inputs, tmp_pat
     work = tmp_path / "w"
     shutil.copytree(inputs, work)
     private = tmp_path / "private"
-    _tmpfs(private, "64k")
+    _tmpfs(private, "512k")  # room for a release's control files, a page each (ledger, witness, ...)
     try:
         filler = _fill(private, free)
-        argv = _argv("label_dp", work, tmp_path)
+        # Staging and operator reports default to the ledger's folder: kept off the small disk,
+        # which holds what this test is about (ledger, bindings, consumed ids, keys, witness).
+        argv = _argv("label_dp", work, tmp_path) + ["--staging_dir", str(tmp_path / "staging"),
+                                                     "--report_dir", str(tmp_path / "reports")]
         code, out, err = _run("label_dp", argv)
         assert code in (0, 2, 3), f"exit {code}: {err}"
         published = [p for p in (tmp_path / "out").rglob("RELEASE.json")] \
