@@ -1,8 +1,9 @@
-"""A command-line entry's console without Beam's ``apitools not found`` warning.
+"""A command-line entry's console: libraries quiet, no Beam ``apitools not found`` warning.
 
 ``python -m pipelines.NAME`` sets its console up front (:func:`console_logging`: Beam is imported
 later, by the job modules that need it, so a Beam-free command such as the catalog never pays
-for it); ``python -m runners.NAME`` and the Beam benchmarks import Beam quietly
+for it), the runners' and libraries' loggers at WARNING (:func:`runners.seam.library_logging`);
+``python -m runners.NAME`` and the Beam benchmarks import Beam quietly
 (:func:`quiet_beam_import`). It lives in runners/ because runners/ imports no job
 (tests/test_layout.py); ``pipelines`` re-exports it.
 """
@@ -49,6 +50,9 @@ def console_logging() -> None:
     logging.basicConfig(level=os.environ.get("LOGLEVEL", "WARNING"))
     for handler in root.handlers:
         handler.addFilter(_ApitoolsNotice())
+    from runners.seam import library_logging
+
+    library_logging()
 
 
 def module_run() -> str:

@@ -15,13 +15,17 @@ specific runner's module. What differs between runners is each profile's ``Execu
   with the job id; a local engine runs the job to the end in ``submit``);
 * :func:`only_translates`: whether the run writes a job description instead of running it
   (``--dry_run``, a Dataflow template; a Flex Template launcher's job object is a submission);
-* :func:`register_options`: every runner's pipeline options known to Beam, for flag checks.
+* :func:`register_options`: every runner's pipeline options known to Beam, for flag checks;
+* :func:`library_logging`: the runners' and libraries' loggers quiet (WARNING) unless the
+  run's ``--log_level`` asks for more, so that a run's console is its summary.
 """
 from __future__ import annotations
 
 import importlib
 import logging
-from typing import Callable, Sequence
+import os
+import sys
+from typing import Callable, Optional, Sequence
 
 from runners.execution import JobHandle, RunnerUnavailable
 
@@ -135,3 +139,34 @@ def wait(options, handle: JobHandle):
 
     execution = (PROFILES.get(handle.runner) or profile_of(options)).execution
     return execution.wait(options, handle)
+
+
+#: The loggers of runners and libraries whose INFO chatter (a Dask cluster's 70-odd lines per
+#: run, Beam's stage notices, Arrow's and absl's) would bury a run's summary.
+LIBRARIES = ("distributed", "dask", "apache_beam", "pyarrow", "absl", "urllib3", "google")
+
+def library_level(level: Optional[str] = None) -> str:
+    """The level of :data:`LIBRARIES`' loggers: WARNING, unless ``level`` (``--log_level``)
+    asks for more (DEBUG, INFO). ``LOGLEVEL`` sets the project's own loggers only (the root
+    logger): ``LOGLEVEL=DEBUG`` shows a failed run's traceback without the runners' chatter.
+    Raises ValueError on an unknown level."""
+    wanted = logging.getLevelName((level or "WARNING").upper())
+    if not isinstance(wanted, int):
+        raise ValueError(f"unknown log level {level!r}: DEBUG, INFO, WARNING, ERROR or CRITICAL")
+    return logging.getLevelName(min(wanted, logging.WARNING))
+
+
+def library_logging(level: Optional[str] = None) -> None:
+    """:data:`LIBRARIES`' loggers at :func:`library_level`, and Dask's ``logging.distributed``
+    setting with them: ``distributed`` sets its logger from that setting when it is imported
+    (INFO by default), and a local cluster's worker processes read it too (from the
+    environment, or from the configuration their nanny hands them)."""
+    name = library_level(level)
+    for logger in LIBRARIES:
+        logging.getLogger(logger).setLevel(name)
+    if level is not None or "DASK_LOGGING__DISTRIBUTED" not in os.environ:
+        os.environ["DASK_LOGGING__DISTRIBUTED"] = name.lower()
+    if "dask" in sys.modules:  # imported already: its setting is read, not the environment
+        import dask
+
+        dask.config.set({"logging.distributed": name.lower()})

@@ -26,6 +26,7 @@ from pipelines.release.errors import (EXIT_INTERNAL, EXIT_RELEASED, ReleaseFaile
                                       ReleaseRefused, root_cause)
 from pipelines.release.flags import FlagError, add_arguments
 from pipelines.release.job import Job, ReleaseOptions
+from runners.seam import library_logging
 
 _LOG = logging.getLogger(__name__)
 
@@ -117,11 +118,18 @@ def _submitted(submitted) -> int:
 
 
 def main(job: Job, argv: Optional[Sequence[str]] = None) -> int:
-    """Parse, run, print the summary; the exit code says what happened (see errors)."""
+    """Parse, run, print the summary; the exit code says what happened (see errors). The
+    console: the summary on stdout; on stderr the progress lines (pipelines.release.progress),
+    warnings, alerts and errors, runner and library logs at WARNING unless ``--log_level``
+    (or ``LOGLEVEL``) asks for more."""
     logging.basicConfig(level=os.environ.get("LOGLEVEL", "WARNING"))
+    library_logging()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         request = parse_request(job, argv)
+        if request.options.log_level:
+            logging.getLogger().setLevel(request.options.log_level)
+            library_logging(request.options.log_level)
         if request.options.explain:
             return _explain(job, request)
         if request.options.submit_only:

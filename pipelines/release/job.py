@@ -12,6 +12,7 @@ the release layer's.
 """
 from __future__ import annotations
 
+import logging
 import math
 import sys
 from dataclasses import dataclass, field
@@ -76,6 +77,10 @@ class ReleaseOptions:
         "help": "with the flags of a --submit_only run: find its reservation, wait for its job, "
                 "apply the row rules, publish and commit (safe to repeat or run twice at once: "
                 "a published release is reproduced, nothing more is spent)"})
+    log_level: Optional[str] = field(default=None, metadata={
+        "help": "the console's log level (DEBUG, INFO, WARNING, ERROR, CRITICAL; default: "
+                "LOGLEVEL, else WARNING); the runners' and libraries' loggers (Beam, Arrow, "
+                "...: runners.seam.LIBRARIES) stay at WARNING unless it asks for more"})
     pipeline_args: tuple = field(default=(), metadata={"cli": False})
 
     def __post_init__(self):
@@ -108,6 +113,11 @@ class ReleaseOptions:
             raise ReleaseRefused(f"--alert_exit_code must be an integer in "
                                  f"{ALERT_EXIT_CODES[0]}..{ALERT_EXIT_CODES[1]} (0-4 have their "
                                  "own meanings; 126 and above are the shell's)")
+        if self.log_level is not None:
+            if not isinstance(self.log_level, str) \
+                    or not isinstance(logging.getLevelName(self.log_level.upper()), int):
+                raise ReleaseRefused("--log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+            object.__setattr__(self, "log_level", self.log_level.upper())
         object.__setattr__(self, "pipeline_args", tuple(self.pipeline_args))
 
     @property

@@ -28,6 +28,9 @@ commit      ledger records completed, operator reports written   exit 4 (a faile
                                                                  (a report): the release is out
 ==========  ===================================================  ===============================
 
+Each phase change, and every 10 s while the Beam run is waited for, is a progress line on stderr
+(:mod:`pipelines.release.progress`: phase, rows read, elapsed time), kept in the operator report.
+
 After the reservation, a fault of any class in any phase is ReleaseFailed (exit 3) naming its
 root cause (:func:`after_reservation`), and the run's hold ends with the run (:func:`end_hold`;
 a composition of phases that ends a process -- submit, finalize -- ends it too).
@@ -70,6 +73,7 @@ from pipelines.release import report, storage, submission
 from pipelines.release.errors import (EXIT_NOT_COMMITTED, ReleaseFailed, ReleaseRefused,
                                      exception_chain, root_cause)
 from pipelines.release.job import Job, PlannedRelease, Prepared, ReleaseContext
+from pipelines.release.progress import Progress, rows_read
 from transforms.counting import AllCounts
 from transforms.noise.mechanisms import IntegerSumOverflowError
 
@@ -134,6 +138,8 @@ class Preflight:
     #: {release id: [consumption.BatchConsumption]}: what each release consumes (Job.consumes),
     #: repeats within the batch already found; the ledger checks it across batches in reserve.
     consumed: Mapping[str, Sequence] = field(default_factory=dict, repr=False)
+    #: the run's progress lines on stderr (pipelines.release.progress)
+    progress: Progress = field(repr=False, compare=False)
 
     @property
     def options(self):
@@ -193,21 +199,24 @@ class Published:
 
 # --------------------------------------------------------------------------- the run
 
-def run(job: Job, request) -> RunResult:
+def run(job: Job, request, *, progress: Optional[Progress] = None) -> RunResult:
     """Make the releases ``request`` asks for (see the module docstring); raises ReleaseRefused
     (nothing charged) or ReleaseFailed (reserved, nothing published).
 
     The exit codes hold whatever goes wrong: a fault before the reservation is a refusal
     (:func:`preflight`), any fault after it -- whatever its class --
     is a failure naming its root cause (:func:`after_reservation`), and the run's hold on its
-    releases ends with the run (:func:`end_hold`)."""
-    pre = preflight(job, request)
+    releases ends with the run (:func:`end_hold`). ``progress``: where the phase lines go
+    (:mod:`pipelines.release.progress`; default: stderr every 10 s)."""
+    pre = preflight(job, request, progress=progress)
     reserved = reserve(pre)
     try:
         computed = compute(reserved)
         if pre.translate_only:
             return RunResult(job=job.name, releases=[], counters={})
-        return commit(publish(rule(computed)))
+        result = commit(publish(rule(computed)))
+        pre.progress.phase("done")
+        return result
     except Exception as err:  # noqa: BLE001 -- after the charge, every fault is exit 3
         raise after_reservation(reserved, err) from None
     finally:
@@ -225,11 +234,11 @@ class Submitted:
     exit_code: int = 0
 
 
-def submit(job: Job, request) -> Submitted:
+def submit(job: Job, request, *, progress: Optional[Progress] = None) -> Submitted:
     """The first half of a release made by two processes (module docstring); raises
     ReleaseRefused (nothing charged) or ReleaseFailed (reserved, nothing staged for finalize).
-    The exit codes and the hold as for :func:`run`."""
-    pre = preflight(job, request)
+    The exit codes, the hold and ``progress`` as for :func:`run`."""
+    pre = preflight(job, request, progress=progress)
     reserved = reserve(pre)
     try:
         staging = stage(reserved)
@@ -239,14 +248,16 @@ def submit(job: Job, request) -> Submitted:
         raise after_reservation(reserved, err) from None
     finally:
         end_hold(reserved)
+    pre.progress.phase("done")
     return Submitted(job=job.name, releases=tuple(c.versioned_id for c in reserved.releases),
                      handle=handle)
 
 
-def finalize(job: Job, request) -> RunResult:
+def finalize(job: Job, request, *, progress: Optional[Progress] = None) -> RunResult:
     """The second half, in another process with the same flags (module docstring); safe to
-    repeat or to run twice at once: a published release is reproduced, nothing is spent."""
-    pre = preflight(job, request)
+    repeat or to run twice at once: a published release is reproduced, nothing is spent.
+    ``progress`` as for :func:`run`."""
+    pre = preflight(job, request, progress=progress)
     reserved = find_submitted(pre)
     try:
         staging, handle = submission.submitted(reserved)
@@ -258,6 +269,7 @@ def finalize(job: Job, request) -> RunResult:
         raise
     except Exception as err:  # noqa: BLE001 -- a reserved release: every fault is exit 3
         raise after_reservation(reserved, err) from None
+    pre.progress.phase("done")
     if done is None:
         return RunResult(job=job.name, releases=out, counters={})
     return dataclasses.replace(done, releases=[*out, *done.releases])
@@ -265,7 +277,7 @@ def finalize(job: Job, request) -> RunResult:
 
 # --------------------------------------------------------------------------- 1. preflight
 
-def preflight(job: Job, request) -> Preflight:
+def preflight(job: Job, request, *, progress: Optional[Progress] = None) -> Preflight:
     """The job prepares its request (once), checks it and plans its releases; every input is
     resolved once and preflighted; Beam options are built (runner profile) and the runner
     resolved and checked (``--runner``); the output, staging, report, ledger and key-store
@@ -273,16 +285,18 @@ def preflight(job: Job, request) -> Preflight:
 
     Failure policy: everything here raises ReleaseRefused (or ValueError: exit 2), an
     arithmetic fault of the parameters (an overflow, a huge size) included; nothing has been
-    charged or written."""
+    charged or written. ``progress``: the run's progress lines (default: a new one, on stderr)."""
+    progress = progress if progress is not None else Progress(job.name)
+    progress.phase("preflight")
     try:
-        return _preflight(job, request)
+        return _preflight(job, request, progress)
     except (ArithmeticError, MemoryError) as err:  # a parameter the computation cannot hold
         raise ReleaseRefused(f"{job.name}: a parameter is outside what the computation can hold "
                              f"({type(err).__name__}: {str(err)[:120]}); nothing was charged"
                              ) from None
 
 
-def _preflight(job: Job, request) -> Preflight:
+def _preflight(job: Job, request, progress: Progress) -> Preflight:
     """preflight's work (its docstring)."""
     started = time.time()
     if request.options.explain:
@@ -315,7 +329,7 @@ def _preflight(job: Job, request) -> Preflight:
     consumed = release_consumption.preflight(job, prepared, planned, resolved)
     return Preflight(job=job, prepared=prepared, planned=planned, inputs=resolved,
                      beam_options=beam_options, translate_only=translate_only,
-                     places=places, started=started, consumed=consumed)
+                     places=places, started=started, consumed=consumed, progress=progress)
 
 
 def _check_measures(job: Job, planned: Sequence[PlannedRelease]) -> None:
@@ -421,6 +435,7 @@ def reserve(pre: Preflight) -> Reserved:
     exit 3 (:func:`_reserve_fault`). A fault after the reservation (binding a new output root)
     is ReleaseFailed."""
     options = pre.options
+    pre.progress.phase("reserve")
     if options.testing:
         contexts = tuple(ReleaseContext(
             planned=p, keys=_testing_keys(options.testing_seed, p.key_names, options.exact_testing),
@@ -544,9 +559,11 @@ def compute(reserved: Reserved) -> Computed:
     Failure policy (:func:`_computation_failed`): any fault of the computation publishes
     nothing: the operator's failure record is written, and ReleaseFailed (exit 3) says the
     reservation stays (a corrected re-run takes it over without spending again)."""
+    reserved.pre.progress.phase("compute")
     staging = stage(reserved)
     try:
-        run_pipeline(reserved.pre.beam_options, _graph(reserved, staging))
+        with reserved.pre.progress.ticking():
+            run_pipeline(reserved.pre.beam_options, _graph(reserved, staging))
     except Exception as err:  # noqa: BLE001 -- any fault of the computation: nothing published
         raise _computation_failed(reserved, err) from None
     if reserved.pre.translate_only:
@@ -605,10 +622,12 @@ def run_pipeline(options, build) -> object:
 def collect(reserved: Reserved, staging: Mapping[str, str]) -> Computed:
     """Each release's row counters, read from its staging folder, where the pipeline wrote them
     (None for a release whose staging holds none). Reads staging and the reservation only,
-    never the runner's result: it may run in another process than the pipeline's submitter."""
-    return Computed(reserved=reserved, staging=staging,
-                    counters={c.release_id: row_counters.read_staged(staging[c.release_id])
-                              for c in reserved.releases})
+    never the runner's result: it may run in another process than the pipeline's submitter.
+    The rows read go to the run's progress lines."""
+    counters = {c.release_id: row_counters.read_staged(staging[c.release_id])
+                for c in reserved.releases}
+    reserved.pre.progress.rows(rows_read(counters, sorted(reserved.pre.inputs)))
+    return Computed(reserved=reserved, staging=staging, counters=counters)
 
 
 def _computation_failed(reserved: Reserved, err: Exception,
@@ -670,8 +689,10 @@ def start(reserved: Reserved, staging: Mapping[str, str]):
     submitting again takes it over without spending)."""
     from runners.seam import submit as submit_on_runner
 
+    reserved.pre.progress.phase("compute")
     try:
-        handle, _ = submit_on_runner(reserved.pre.beam_options, _graph(reserved, staging))
+        with reserved.pre.progress.ticking():
+            handle, _ = submit_on_runner(reserved.pre.beam_options, _graph(reserved, staging))
     except Exception as err:  # noqa: BLE001 -- any fault of the computation: nothing published
         raise _computation_failed(reserved, err) from None
     return handle
@@ -683,6 +704,7 @@ def find_submitted(pre: Preflight) -> Reserved:
 
     Failure policy: no reservation for these flags (never submitted, or other input since) is
     ReleaseRefused (exit 2: this run charges nothing)."""
+    pre.progress.phase("reserve")
     ledger, requests = _requests(pre)  # the output root's ownership checked there
     try:
         if not ledger.exists():
@@ -707,8 +729,10 @@ def await_job(reserved: Reserved, handle):
     runner's message; the reservation stays: submitting again takes it over)."""
     from runners.seam import wait
 
+    reserved.pre.progress.phase("compute")
     try:
-        return wait(reserved.pre.beam_options, handle)
+        with reserved.pre.progress.ticking():
+            return wait(reserved.pre.beam_options, handle)
     except Exception as err:  # noqa: BLE001 -- the job's fault: nothing published
         raise _computation_failed(reserved, err) from None
 
@@ -771,6 +795,7 @@ def rule(computed: Computed) -> Ruled:
     with the release, its threshold stated in the guarantee."""
     reserved = computed.reserved
     pre = reserved.pre
+    pre.progress.phase("rule")
     counts, shares, alerts = {}, {}, {}
     for context in reserved.releases:
         rid, staged = context.release_id, computed.counters.get(context.release_id)
@@ -795,6 +820,7 @@ def publish(ruled: Ruled) -> Published:
     ReleaseFailed names them: re-running the same command reproduces them byte for byte and
     publishes the rest without spending again."""
     reserved = ruled.computed.reserved
+    reserved.pre.progress.phase("publish")
     staged = [_stage_marker(ruled, context) for context in reserved.releases]
     pre = reserved.pre
     testing = pre.options.testing
@@ -876,6 +902,7 @@ def commit(published: Published) -> RunResult:
     (exit 0)."""
     ruled = published.ruled
     pre = ruled.computed.reserved.pre
+    pre.progress.phase("commit")
     results, warnings, uncommitted = [], [], False
     for release in published.releases:
         rid = release.context.release_id
@@ -931,7 +958,7 @@ def write_report(published: Published, release: PublishedRelease):
         folder=release.folder, counters=ruled.counts[rid], shares=ruled.shares[rid],
         alerts=ruled.alerts[rid], ledger=reserved.ledger,
         reservation=reserved.reservations.get(rid), started=pre.started,
-        finalized=bool(pre.options.finalize))
+        finalized=bool(pre.options.finalize), progress=pre.progress.lines)
     path = report.write(operator, root=pre.places.reports, release_id=rid,
                         version=reserved.versions[rid], job=pre.job)
     return operator, path

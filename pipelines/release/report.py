@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from accounting.ledger import keyed_binding
 from pipelines.release import names, storage
@@ -59,13 +59,15 @@ def marker(*, job, prepared, context, version: int, files: Mapping[str, str], ta
 
 
 def operator_report(*, context, marker: Mapping, status: str, folder: str, counters, shares,
-                    alerts, ledger, reservation, started: float, finalized: bool = False) -> dict:
+                    alerts, ledger, reservation, started: float, finalized: bool = False,
+                    progress: Sequence[str] = ()) -> dict:
     """The operator's report of one published release (raw-data facts: never published).
     ``finalized``: published by ``--finalize`` (charged by its ``--submit_only``: finding that
-    reservation again is the plan, not a re-run)."""
+    reservation again is the plan, not a re-run). Its timing: ``seconds`` since preflight and
+    ``progress``, the run's progress lines so far (pipelines.release.progress)."""
     out = {"marker": dict(marker), "status": status, "folder": folder,
            "counters": dict(counters), "dropped_rows": shares, "alerts": list(alerts),
-           "seconds": round(time.time() - started, 3)}
+           "seconds": round(time.time() - started, 3), "progress": list(progress)}
     if ledger is not None and reservation is not None:
         scopes = []
         for scope in context.planned.scopes:
