@@ -180,11 +180,12 @@ def _dofn_threads(pipeline) -> list:
 
 def _aggregate(rows, seed):
     return rows | DPAggregate(
-        privacy_unit="user", keys=["k"], value="v", metrics=[Count(), Sum()],
+        compute=Compute(metrics=[Count(), Sum()], value="v"),
+        keys=Keys(privacy_unit="user", columns=["k"],
+                  keyset=PublicKeyset.from_table(pa.table({"k": pa.array(np.arange(10))}))),
         bounds=ContributionBounds(max_partitions=3, max_contributions_per_partition=2,
                                   min_value=0, max_value=10),
-        budget=PrivacyBudget(epsilon=1.0), release_key=ReleaseKey.for_testing(seed),
-        keyset=PublicKeyset.from_table(pa.table({"k": pa.array(np.arange(10))})))
+        budget=PrivacyBudget(epsilon=1.0), release_key=ReleaseKey.for_testing(seed))
 
 
 def test_a_plain_pipeline_uses_the_cores_of_the_in_process_engine(monkeypatch):
