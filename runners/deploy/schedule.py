@@ -17,7 +17,8 @@ after the data interval, ``grace`` days late allowed) names every earlier slot o
 configuration that is still not published: a failed, refused or never-run day is seen the next
 morning, not at the end of the campaign.
 
-Schedule file (all fields required unless marked optional; unknown fields are errors)::
+Schedule file (all fields required unless marked optional; unknown fields are errors; local
+paths relative to the file's folder, since a scheduler's task runs in a folder of its own)::
 
     {
       "config": "/srv/centralnotice/campaigns.json",   # pipelines.centralnotice.config
@@ -45,6 +46,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -111,7 +113,11 @@ def read_schedule(path: str) -> ScheduleFile:
     grace = data.get("grace", 1)
     if not (isinstance(grace, int) and not isinstance(grace, bool) and grace >= 0):
         raise ScheduleError(f"{path}: grace: must be a whole number of days >= 0")
-    return ScheduleFile(source=path, **{**data, "runner_options": dict(options), "grace": grace,
+    base = os.path.dirname(os.path.abspath(path))
+    paths = {name: data[name] if "://" in data[name] else os.path.join(base, data[name])
+             for name in _REQUIRED}  # relative to the file: a task's working directory is not
+    return ScheduleFile(source=path, **{**data, **paths, "runner_options": dict(options),
+                                        "grace": grace,
                                         "campaigns": tuple(campaigns) if campaigns else None})
 
 

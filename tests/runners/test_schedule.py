@@ -131,3 +131,17 @@ def test_the_cli_refuses_a_bad_day_or_file_with_exit_2_and_prints_json(tmp_path,
     assert sched.main(["--schedule", path, "--day", "2026-11-02", "--dry_run"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and "-m pipelines.catalog" in lines[0]  # nothing due: only the check
+
+
+def test_local_paths_are_relative_to_the_schedule_file_not_the_working_directory(tmp_path):
+    """A scheduler's task runs in a folder of its own (Airflow's BashOperator: a temporary one),
+    so a relative path means the schedule file's folder; URLs are kept as given."""
+    (tmp_path / "conf").mkdir()
+    path = tmp_path / "conf" / "schedule.json"
+    path.write_text(json.dumps({"config": "campaigns.json", "data": "../in", "output": "gs://b/out",
+                                "ledger": "l.json", "key_store": "/keys"}))
+    schedule = sched.read_schedule(str(path))
+    assert schedule.config == str(tmp_path / "conf" / "campaigns.json")
+    assert Path(schedule.data).resolve() == tmp_path / "in"
+    assert (schedule.output, schedule.ledger, schedule.key_store) == (
+        "gs://b/out", str(tmp_path / "conf" / "l.json"), "/keys")
