@@ -6,14 +6,20 @@
 # elsewhere (no Docker engine here), from the repository root:
 #
 #   docker build -f runners/deploy/launcher.Dockerfile --build-arg JOB=centralnotice \
+#       --build-arg BASE_DIGEST=sha256:<64 hex digits> \
 #       --build-arg WORKER_IMAGE=REGISTRY/beam-dp-release:0.1.0 \
 #       -t REGISTRY/beam-dp-release-launcher-centralnotice:0.1.0 .
 #
 # The base image's Python (3.11) equals the lock's, and the lock pins apache-beam, so the job
 # graph is built by the same Beam version as the workers run (tests/runners/test_flex_template.py).
-# For reproducible builds, pin a dated tag of the base image from Google's list of Flex Template
-# base images instead of latest.
-FROM gcr.io/dataflow-templates-base/python311-template-launcher-base:latest
+# The base image is pinned by digest, given at build time: BASE_DIGEST is the digest of the
+# base image release chosen from Google's list of Flex Template base images (e.g. `docker
+# buildx imagetools inspect gcr.io/dataflow-templates-base/python311-template-launcher-base:TAG`
+# prints it). A build without it fails (an image reference ending in "@" is invalid), so no
+# launcher is ever built from whatever a moving tag names that day. (No digest is written here:
+# none could be verified from this repository's machines, which reach no container registry.)
+ARG BASE_DIGEST
+FROM gcr.io/dataflow-templates-base/python311-template-launcher-base@${BASE_DIGEST}
 
 ARG JOB=centralnotice
 ARG WORKER_IMAGE

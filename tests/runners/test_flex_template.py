@@ -103,8 +103,12 @@ def _env(dockerfile: str) -> dict:
 
 def test_the_launcher_image_is_googles_python_launcher_base_not_the_worker_image():
     (base,) = [arg for kind, arg in _instructions(LAUNCHER) if kind == "FROM"]
+    # Pinned by digest: the build argument BASE_DIGEST, declared before FROM, no default, so an
+    # unpinned build fails; never a tag (a tag moves).
     assert re.fullmatch(r"gcr\.io/dataflow-templates-base/python(\d)(\d+)-template-launcher-base"
-                        r"(:[\w.-]+)?", base), base
+                        r"@\$\{BASE_DIGEST\}", base), base
+    assert LAUNCHER.index("ARG BASE_DIGEST\n") < LAUNCHER.index("FROM ")
+    assert not re.search(r"ARG BASE_DIGEST=", LAUNCHER)
     lock_python = re.search(r"--python-version (\S+)", (ROOT / "Makefile").read_text())[1]
     assert re.match(r"gcr\.io/dataflow-templates-base/python(\d+)", base)[1] == \
         lock_python.replace(".", "")  # the launcher's Python is the lock's

@@ -8,6 +8,7 @@ with the same lock). The Airflow DAG's Dataflow job names are checked without Ai
 from __future__ import annotations
 
 import ast
+import datetime as dt
 import json
 import re
 from pathlib import Path
@@ -129,37 +130,33 @@ def test_remote_profiles_take_the_worker_image(monkeypatch):
     assert any(a.startswith("--setup_file=") for a in dataflow)
 
 
-def _dag_function(name: str):
-    """A function of runners/deploy/airflow_dag.py, without importing Airflow (its constants
-    and functions only, read from the environment as when Airflow parses the DAG)."""
-    import os
-    import shlex
+def _release(campaign: str, day: str = "2026-11-26"):
+    from pipelines.centralnotice.config import ScheduledRelease
 
-    source = (ROOT / "runners" / "deploy" / "airflow_dag.py").read_text()
-    tree = ast.parse(source)
-    nodes = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.Assign))]
-    namespace = {"re": re, "os": os, "json": json, "shlex": shlex}
-    exec(compile(ast.Module(body=nodes, type_ignores=[]), "airflow_dag.py", "exec"), namespace)
-    return namespace[name]
+    date = dt.date.fromisoformat(day)
+    return ScheduledRelease(release_id=f"{campaign}/{day}", campaign_id=campaign,
+                            periods=(day,), dates=(date,))
 
 
-def test_the_dag_s_tasks_run_the_job_with_flags_its_cli_accepts(monkeypatch):
-    """Both tasks' commands, rendered for a day, parse with the job's own command line, as one
-    submission and its finalize."""
+def test_the_scheduled_tasks_run_the_job_with_flags_its_cli_accepts(tmp_path):
+    """Both tasks' commands (runners/deploy/schedule.py: the DAG's and the cron script's), for a
+    day, parse with the job's own command line, as one submission and its finalize."""
     import shlex
 
     from pipelines.centralnotice import job as centralnotice
     from pipelines.release.cli import parse_request
+    from runners.deploy import schedule as sched
 
-    monkeypatch.setenv("BEAM_DP_RUNNER", "DataflowRunner")
-    monkeypatch.setenv("BEAM_DP_RUNNER_OPTIONS", '{"project": "p", "region": "europe-west1"}')
-    command = _dag_function("command")
+    path = tmp_path / "schedule.json"
+    path.write_text(json.dumps({
+        "config": str(ROOT / "pipelines" / "sample_data" / "centralnotice" / "campaigns.json"),
+        "data": "/in", "output": "/out", "ledger": "/l.json", "key_store": "/keys",
+        "runner": "DataflowRunner",
+        "runner_options": {"project": "p", "region": "europe-west1"}}))
+    planned = sched.plan(sched.read_schedule(str(path)), dt.date(2026, 11, 28))
     requests = []
-    for step in ("submit_only", "finalize"):
-        text = command("C2026_000_fr", step).replace(
-            "{{ data_interval_start | ds }}", "2026-11-28").replace(
-            "{{ data_interval_start | ds_nodash }}", "20261128")
-        argv = shlex.split(text)
+    for step in ("submit", "finalize"):
+        argv = shlex.split(planned[step][0])
         assert argv[1:3] == ["-m", "pipelines.centralnotice"]
         requests.append(parse_request(centralnotice.JOB, argv[3:]))
     submit, finalize = requests
@@ -170,16 +167,19 @@ def test_the_dag_s_tasks_run_the_job_with_flags_its_cli_accepts(monkeypatch):
 
 @pytest.mark.parametrize("campaign", [
     "C2026_000_fr", "example_campaign", "9-lives.EN", "x" * 128, "Wiki_Loves_Monuments_2026__de"])
-def test_airflow_dataflow_job_names_are_accepted_by_dataflow(campaign):
-    name = _dag_function("dataflow_job_name")(campaign)
-    rendered = name.replace("{{ data_interval_start | ds_nodash }}", "20261126")
-    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", rendered), rendered
-    assert len(rendered) <= 63 and "--" not in rendered
+def test_scheduled_dataflow_job_names_are_accepted_by_dataflow(campaign):
+    from runners.deploy.schedule import dataflow_job_name
+
+    name = dataflow_job_name(_release(campaign))
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and name.endswith("-20261126"), name
+    assert len(name) <= 63 and "--" not in name
 
 
-def test_airflow_job_names_of_the_sample_campaigns_are_distinct():
+def test_scheduled_job_names_of_the_sample_campaigns_are_distinct():
+    from runners.deploy.schedule import dataflow_job_name
+
     config = json.loads((ROOT / "pipelines" / "sample_data" / "centralnotice" /
                          "campaigns.json").read_text())
     ids = [c["campaign_id"] for c in config["campaigns"]]
-    names = {_dag_function("dataflow_job_name")(c) for c in ids}
+    names = {dataflow_job_name(_release(c)) for c in ids}
     assert len(names) == len(ids)
