@@ -129,7 +129,11 @@ def main(argv=None) -> int:
         os.makedirs(empty)
         full = os.path.join(root, "full")
         start = time.perf_counter()
-        _full_ledger(full, args.ledger_ids, args.sources)
+        # Built where every run uses it (work/private): a ledger names its keys inside its own
+        # key store, so the template is the saved copy of that folder, restored whole (ledger and
+        # key store, with its witness) before each run.
+        _full_ledger(os.path.join(root, "work", "private"), args.ledger_ids, args.sources)
+        shutil.copytree(os.path.join(root, "work", "private"), full)
         built = time.perf_counter() - start
         size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(full) for f in fs)
         print(f"conversions: {rows}; full ledger: {args.ledger_ids} report ids + {args.sources} "
