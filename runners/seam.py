@@ -166,7 +166,6 @@ def library_logging(level: Optional[str] = None) -> None:
         logging.getLogger(logger).setLevel(name)
     if level is not None or "DASK_LOGGING__DISTRIBUTED" not in os.environ:
         os.environ["DASK_LOGGING__DISTRIBUTED"] = name.lower()
-    if "dask" in sys.modules:  # imported already: its setting is read, not the environment
-        import dask
-
+    dask = sys.modules.get("dask")  # None: not imported, or not installed (the base install)
+    if dask is not None:  # imported already: its setting is read, not the environment
         dask.config.set({"logging.distributed": name.lower()})
