@@ -701,15 +701,20 @@ COVERED_ELSEWHERE = {
 
 
 def _test_imports() -> dict[str, set]:
-    return {path: _imported_modules(text) | {f"{m}.{a}" for m in _imported_modules(text)
-                                             for a in _imported_names(text, m)}
-            for path, text in _sources() if path.startswith("tests/") and os.path.basename(path).startswith("test_")}
-
-
-def _imported_names(text: str, module: str) -> set[str]:
-    return {alias.name for node in ast.walk(ast.parse(text))
-            if isinstance(node, ast.ImportFrom) and node.module == module and not node.level
-            for alias in node.names}
+    """{test module: the modules it imports, and ``module.name`` for each ``from module import
+    name``} (a name may be a submodule), from each file's one parse."""
+    found = {}
+    for path, _ in _sources():
+        if path.startswith("tests/") and os.path.basename(path).startswith("test_"):
+            names = set()
+            for node in ast.walk(_parsed(path)):
+                if isinstance(node, ast.Import):
+                    names.update(alias.name for alias in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    names.add(node.module)
+                    names.update(f"{node.module}.{alias.name}" for alias in node.names)
+            found[path] = names
+    return found
 
 
 def test_tests_mirror_the_code():
