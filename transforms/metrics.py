@@ -455,7 +455,7 @@ def plan_moments(moments: Sequence[Metric], p: _Planned, share) -> tuple:
     mean_weight = math.fsum(m.weight for m in moments) / len(moments)
     relative = np.array([m.weight / mean_weight for m in moments])[:, None]
     # metrics of equal weight: none above its variance at the equal split (module docstring)
-    floored = len(moments) > 1 and bool(np.all(relative == 1.0))
+    floored = len(moments) > 1 and len({m.weight for m in moments}) == 1
     best = None
     for names, needs in _moment_candidates(moments, p):
         by_name = {n.name: n for n in needs}
@@ -477,7 +477,7 @@ def plan_moments(moments: Sequence[Metric], p: _Planned, share) -> tuple:
         fractions, worst = best_split([n.name for n in needs], objective)
         if best is None or worst < best[0].worst * (1 - 1e-12):
             best = (Moments(midpoint=midpoint, half_range=half, fractions=fractions, worst=worst,
-                            **names), needs)
+                            floored=floored, **names), needs)
     moments_plan, needs = best
     weight = math.fsum(m.weight for m in moments)
     return moments_plan, [dataclasses.replace(n, weight=weight * moments_plan.fractions[n.name])

@@ -77,7 +77,9 @@ class Moments:
     count, nsum, nsq, direct_sum: the names of the measures ``N``, ``S``, ``Q`` and ``Σ`` (None
     where not measured); a sum is derived as ``S + midpoint N`` when ``direct_sum`` is None.
     fractions: each measure's share of the moments' budget (they add up to 1); worst: the
-    minimised objective (the worst requested metric's normalised variance).
+    minimised objective (the worst requested metric's normalised variance); floored: whether
+    the split was held to no metric above its variance at the equal split (metrics of equal
+    weight, module docstring).
     """
 
     count: Optional[str] = None
@@ -88,6 +90,7 @@ class Moments:
     half_range: float = 0.0
     fractions: Mapping[str, float] = field(default_factory=dict)
     worst: float = 0.0
+    floored: bool = False
 
     @property
     def names(self) -> tuple:

@@ -87,6 +87,7 @@ def test_the_split_spends_the_budget_and_no_nearby_split_is_better(metrics, budg
 
     # metrics of equal weight: none above its variance at the equal split of the same measures
     floored = len(metrics) > 1 and len({m.weight for m in metrics}) == 1
+    assert mo.floored is floored
     floor = [float(t[0]) for t in terms({n: 1 / len(mo.names) for n in mo.names})]
 
     def allowed(fractions):
@@ -179,6 +180,8 @@ def test_explain_states_how_each_metric_is_derived():
     assert "mean: 50 + sum.normalized_sum / max(count, 1), clamped to the range" in text
     assert "null (with its error columns) where the noisy count count is below 1" in text
     assert "budget split count 50%, sum.normalized_sum 50%" in text
+    assert "none above its variance at the equal split" in text
+    assert "equal split" not in aggregate([Count(), Sum(weight=2.0)]).explain()
 
 
 def aggregate(metrics, budget=PrivacyBudget(epsilon=1.0), keys=("k0",)):
