@@ -29,7 +29,9 @@ rows (nothing is dropped by bounding here), for the median the mean rank error
   error (delta method over the key-draws, paired by key: :func:`ratio_and_se`). Where a leg's
   error is the same in expectation as ours (the same mechanism), the measured ratio is 1 give or
   take its SE, above 1 about half the time: a ratio is a deficit only when it is above 1 by
-  several SEs.
+  several SEs. The mean at epsilon 0.1 is heavy-tailed (a noisy sum over a noisy count;
+  PipelineDP's is not clamped to the range), so one run's SE there is itself rough: ``--runs 8
+  --epsilons 0.1`` (2,000 key-draws) narrows it.
 * ``stated``: for the count and the sum, whose released noise is unbiased and additive on the
   exact answer in every leg (nothing is clamped here), the ratio of the legs' stated noise
   std -- each leg's exact RMSE, no Monte Carlo error: ours from the released ``<metric>_std``
