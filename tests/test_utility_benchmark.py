@@ -24,7 +24,12 @@ def test_the_quick_utility_benchmark_runs_as_documented():
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.strip().splitlines()
     rows = [line.split() for line in lines if line.split()[:1] and line.split()[0] in METRICS]
-    # every metric at every epsilon, each with a finite ratio to the best peer
+    # every metric at every epsilon, each with a finite ratio to the best peer and its SE; the
+    # count and the sum also by the legs' stated noise (exact), which is then the ratio
     assert sorted({(r[0], r[1]) for r in rows}) == sorted((m, e) for m in METRICS for e in ("0.1", "1", "8"))
-    assert all(float(r[-1]) > 0 for r in rows)
-    assert re.fullmatch(r"worst_ratio_to_best_peer=(\d+\.\d{3}|inf) \(\w+@[\d.]+\)", lines[-1]), lines[-1]
+    assert all(0 < float(r[-1]) < float("inf") and float(r[-3]) >= 0 for r in rows)
+    assert all((r[-2] != "-") == (r[0] in ("count", "sum")) for r in rows)
+    assert all(r[-1] == r[-2] for r in rows if r[0] in ("count", "sum"))
+    assert lines[-2].startswith("measured ratios above 1 by more than 2 SE: ")
+    assert re.fullmatch(r"worst_ratio_to_best_peer=\d+\.\d{3} \(\w+@[\d.]+, "
+                        r"(stated|measured \+/- \d+\.\d{3})\)", lines[-1]), lines[-1]

@@ -50,7 +50,8 @@ Counts, sums, means, variances and standard deviations share the fewest noisy me
 determine them -- one noisy count, one normalised sum, one normalised sum of squares
 (:mod:`transforms.moments`): a mean is ``midpoint + S / N``, a sum beside a mean or variance is
 ``S + midpoint N``; the budget split among them minimises the worst requested metric's stated
-variance, and ``explain()`` states how each released metric is derived. A mean, variance or
+variance with none (of equal weight) above its variance at the equal split, and ``explain()``
+states how each released metric is derived. A mean, variance or
 std whose *noisy* count is below its ``min_count`` (default 1: a key that may have no rows) is
 null, with its error columns: a public rule on a released value.
 
@@ -342,9 +343,10 @@ class DPAggregate(beam.PTransform):
         lines = [f"{m.column}: {how[m.kind]}" + self._min_count_rule(m)
                  for m in self._metrics if is_moment(m)]
         split = ", ".join(f"{name} {100 * x:.4g}%" for name, x in mo.fractions.items())
+        floor = ", none above its variance at the equal split" if mo.floored else ""
         lines.append(f"the moment metrics share {len(mo.names)} noisy measure(s), their budget split "
                      f"{split}: the split minimising the worst requested metric's stated variance "
-                     f"per row (transforms.moments; worst normalised variance {mo.worst:.4g})")
+                     f"per row{floor} (transforms.moments; worst normalised variance {mo.worst:.4g})")
         return "\nderived metrics (post-processing of the measures above):\n" + "\n".join(lines)
 
     def _min_count_rule(self, metric: Metric) -> str:

@@ -447,28 +447,37 @@ def plan_moments(moments: Sequence[Metric], p: _Planned, share) -> tuple:
     """The moment metrics' measures and their split of ``share`` (the moments' BudgetShare):
     the candidate with the smallest minimax objective (:mod:`transforms.moments`), fewer
     measures on a tie. Returns ``(Moments, [MeasureNeed with its share of the moments' weight])``."""
-    from transforms.moments import Moments, best_split, metric_variances, noise_variance
+    from transforms.moments import Moments, best_split, equal_split_floor, metric_variances, noise_variance
 
     low, high = p.bounds.value_range() if p.bounds.min_value is not None else (0.0, 0.0)
     midpoint, half = (low + high) / 2, (high - low) / 2
     kinds = [m.kind.value for m in moments]
     mean_weight = math.fsum(m.weight for m in moments) / len(moments)
     relative = np.array([m.weight / mean_weight for m in moments])[:, None]
+    # metrics of equal weight: none above its variance at the equal split (module docstring)
+    floored = len(moments) > 1 and len({m.weight for m in moments}) == 1
     best = None
     for names, needs in _moment_candidates(moments, p):
         by_name = {n.name: n for n in needs}
 
-        def objective(fractions, names=names, by_name=by_name):
+        def terms_at(fractions, names=names, by_name=by_name):
             variances = {name: np.array([noise_variance(need.kind, need.sensitivities, share, x)
                                          for x in fractions[name]])
                          for name, need in by_name.items()}
-            terms = metric_variances(kinds, variances, midpoint=midpoint, half_range=half, **names)
-            return np.max(np.stack(terms) / relative, axis=0)
+            return metric_variances(kinds, variances, midpoint=midpoint, half_range=half, **names)
+
+        floor = ([float(t[0]) for t in terms_at({n: np.array([1.0 / len(needs)]) for n in by_name})]
+                 if floored else None)
+
+        def objective(fractions, terms_at=terms_at, floor=floor):
+            terms = terms_at(fractions)
+            worst = np.max(np.stack(terms) / relative, axis=0)
+            return worst if floor is None else np.where(equal_split_floor(terms, floor), worst, np.inf)
 
         fractions, worst = best_split([n.name for n in needs], objective)
         if best is None or worst < best[0].worst * (1 - 1e-12):
             best = (Moments(midpoint=midpoint, half_range=half, fractions=fractions, worst=worst,
-                            **names), needs)
+                            floored=floored, **names), needs)
     moments_plan, needs = best
     weight = math.fsum(m.weight for m in moments)
     return moments_plan, [dataclasses.replace(n, weight=weight * moments_plan.fractions[n.name])

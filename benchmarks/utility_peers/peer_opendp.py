@@ -12,6 +12,12 @@ vector with symmetric distance 1 between neighbours), as an OpenDP user composes
 * ``median``: ``make_quantile_score_candidates`` over the plan's candidates (alpha 0.5) +
   ``make_noisy_max`` (MaxDivergence: report-noisy-max with exponential noise, i.e.
   permute-and-flip), its scale found by ``binary_search_param`` for epsilon.
+
+Beside the releases, the stated noise std of the count and the sum (``together.count_std.<eps>``,
+``together.sum_std.<eps>``, one number each): the count's discrete Laplace at the scale the search
+found (variance ``2p / (1 - p)^2``, ``p = exp(-1 / scale)``), the sum's Laplace (``sqrt(2)
+scale``). Both are unbiased additive noise on the exact answer (no value is clamped here), so
+these are their exact RMSEs.
 """
 import argparse
 import json
@@ -22,18 +28,22 @@ import numpy as np
 
 def measurements(dp, epsilon, low, high, candidates):
     space = dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.symmetric_distance()
-    count = dp.binary_search_chain(
+    count_scale = dp.binary_search_param(
         lambda s: space >> dp.t.then_count() >> dp.m.then_laplace(s), d_in=1, d_out=epsilon / 2)
+    count = space >> dp.t.then_count() >> dp.m.then_laplace(count_scale)
     bounded = space >> dp.t.then_clamp((low, high)) >> dp.t.then_sum()
-    total = dp.binary_search_chain(lambda s: bounded >> dp.m.then_laplace(s), d_in=1,
-                                   d_out=epsilon / 2)
+    sum_scale = dp.binary_search_param(lambda s: bounded >> dp.m.then_laplace(s), d_in=1,
+                                       d_out=epsilon / 2)
+    total = bounded >> dp.m.then_laplace(sum_scale)
     scores = space >> dp.t.then_quantile_score_candidates(list(candidates), alpha=0.5)
     median = dp.binary_search_chain(
         lambda s: scores >> dp.m.then_noisy_max(dp.max_divergence(), scale=s, negate=True),
         d_in=1, d_out=epsilon)
     for m in (count, total, median):
         assert m.map(1) <= epsilon + 1e-9
-    return count, total, median
+    p = np.exp(-1.0 / count_scale)
+    stated = {"count_std": float(np.sqrt(2 * p) / (1 - p)), "sum_std": float(np.sqrt(2) * sum_scale)}
+    return count, total, median, stated
 
 
 def main():
@@ -53,7 +63,9 @@ def main():
     out = {}
     shape = (plan["runs"], plan["keys"])
     for epsilon in plan["epsilons"]:
-        count, total, median = measurements(dp, epsilon, plan["low"], plan["high"], candidates)
+        count, total, median, stated = measurements(dp, epsilon, plan["low"], plan["high"], candidates)
+        for name, std in stated.items():
+            out[f"together.{name}.{epsilon:g}"] = np.array(std)
         c, s, m = np.empty(shape), np.empty(shape), np.empty(shape)
         for run in range(plan["runs"]):
             for k, values in enumerate(per_key):

@@ -7,6 +7,13 @@ Queries, each one aggregation at the whole epsilon, as a PipelineDP user writes 
 ``together`` = COUNT + SUM + MEAN in one call; ``variance`` = VARIANCE alone; ``median`` =
 PERCENTILE(50) alone. Laplace noise, max_partitions_contributed = 1,
 max_contributions_per_partition = 1, values clamped to the plan's range.
+
+Beside the releases, the stated noise std of the count and the sum of ``together``
+(``together.count_std.<eps>``, ``together.sum_std.<eps>``): PipelineDP derives both from its
+mean's two measures (``MeanCount`` and ``MeanSum`` in the accountant's mechanism specs), Laplace
+of scale ``L1 / eps`` each: the count's L1 is L0 Linf = 1, the normalised sum's L1 the half-range
+h, and the sum is ``normalised sum + midpoint x count``: std ``sqrt(2) hypot(h / eps_sum,
+midpoint / eps_count)``. Both are unbiased additive noise on the exact answer here.
 """
 import argparse
 import json
@@ -35,7 +42,15 @@ def release(pipeline_dp, rows, keys, metrics, epsilon, low, high):
                                             value_extractor=lambda r: r[2])
     result = engine.aggregate(rows, params, extractors, public_partitions=keys)
     accountant.compute_budgets()
-    return dict(result)
+    return dict(result), {spec.name: spec.eps for spec in accountant.mechanism_specs}
+
+
+def stated_stds(eps_of: dict, low: float, high: float) -> dict:
+    """The count's and the sum's noise std from the mean's measures' budgets (module docstring)."""
+    midpoint, half = (low + high) / 2, (high - low) / 2
+    count = np.sqrt(2) / eps_of["MeanCount"]
+    return {"count_std": float(count),
+            "sum_std": float(np.hypot(np.sqrt(2) * half / eps_of["MeanSum"], midpoint * count))}
 
 
 def main():
@@ -55,9 +70,13 @@ def main():
         for epsilon in plan["epsilons"]:
             arrays = {f: np.empty((plan["runs"], len(keys))) for f in FIELDS[query]}
             for run in range(plan["runs"]):
-                result = release(pipeline_dp, rows, keys, metrics, epsilon, plan["low"], plan["high"])
+                result, eps_of = release(pipeline_dp, rows, keys, metrics, epsilon, plan["low"],
+                                         plan["high"])
                 for f in FIELDS[query]:
                     arrays[f][run] = [getattr(result[k], f) for k in keys]
+            if query == "together":
+                for name, std in stated_stds(eps_of, plan["low"], plan["high"]).items():
+                    out[f"together.{name}.{epsilon:g}"] = np.array(std)
             for f, array in arrays.items():
                 out[f"{query}.{NAMES.get(f, f)}.{epsilon:g}"] = array
     np.savez(data_dir / "pipelinedp.npz", **out)

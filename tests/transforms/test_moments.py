@@ -22,7 +22,7 @@ from accounting.sensitivity import ContributionBounds
 from transforms.aggregate import Compute, DPAggregate, Keys
 from transforms.keyset import PublicKeyset
 from transforms.metrics import Count, Mean, Std, Sum, Variance, plan_measures
-from transforms.moments import FINE, best_split, metric_variances, noise_variance
+from transforms.moments import FINE, best_split, equal_split_floor, metric_variances, noise_variance
 
 ONE = ContributionBounds(max_partitions=1, max_contributions_per_partition=1, min_value=0, max_value=100)
 
@@ -46,10 +46,16 @@ def test_fewest_measures_per_request():
     assert [m.name for m in planned([Mean()]).plan.measures] == ["mean.count", "mean.normalized_sum"]
     names = [m.name for m in planned([Mean(), Variance(), Std()]).plan.measures]
     assert names == ["mean.count", "mean.normalized_sum", "variance.normalized_squares"]
-    # a range far from zero: beside a count the direct sum is better than S + midpoint N
+    # a range far from zero: S + midpoint N beside a count, its count's share raised above half
+    # (both the count and the derived sum gain: the midpoint term dominates the sum), where the
+    # direct sum would have taken 95% of the budget from the count (its std 19x larger)
     far = ContributionBounds(max_partitions=1, max_contributions_per_partition=1, min_value=90,
                              max_value=100)
-    assert [m.name for m in planned([Count(), Sum()], far).plan.measures] == ["count", "sum"]
+    p = planned([Count(), Sum()], far)
+    assert [m.name for m in p.plan.measures] == ["count", "sum.normalized_sum"]
+    assert p.moments.fractions["count"] > 0.5
+    # weighted metrics state their own trade-off: a sum of 4x the weight is measured directly
+    assert [m.name for m in planned([Count(), Sum(weight=4.0)], far).plan.measures] == ["count", "sum"]
 
 
 @pytest.mark.parametrize("metrics", [[Count(), Sum(), Mean()], [Mean()], [Count(), Mean()],
@@ -70,13 +76,24 @@ def test_the_split_spends_the_budget_and_no_nearby_split_is_better(metrics, budg
     share = budget.split({"moments": 1.0})["moments"]   # no other measure: the whole budget
     needs = {m.name: m for m in p.plan.measures}
 
-    def worst(fractions):
+    def terms(fractions):
         variances = {n: np.array([noise_variance(needs[n].noise.kind, needs[n].sensitivities, share,
                                                  fractions[n])]) for n in mo.names}
-        terms = metric_variances(kinds, variances, count=mo.count, nsum=mo.nsum, nsq=mo.nsq,
-                                 direct_sum=mo.direct_sum, midpoint=mo.midpoint, half_range=mo.half_range)
-        return float(np.max(np.stack(terms)[:, 0] / relative))
+        return metric_variances(kinds, variances, count=mo.count, nsum=mo.nsum, nsq=mo.nsq,
+                                direct_sum=mo.direct_sum, midpoint=mo.midpoint, half_range=mo.half_range)
 
+    def worst(fractions):
+        return float(np.max(np.stack(terms(fractions))[:, 0] / relative))
+
+    # metrics of equal weight: none above its variance at the equal split of the same measures
+    floored = len(metrics) > 1 and len({m.weight for m in metrics}) == 1
+    assert mo.floored is floored
+    floor = [float(t[0]) for t in terms({n: 1 / len(mo.names) for n in mo.names})]
+
+    def allowed(fractions):
+        return not floored or bool(equal_split_floor(terms(fractions), floor)[0])
+
+    assert allowed(mo.fractions)
     at = worst(mo.fractions)
     assert at == pytest.approx(mo.worst, rel=1e-9)
     assert at == pytest.approx(
@@ -91,8 +108,61 @@ def test_the_split_spends_the_budget_and_no_nearby_split_is_better(metrics, budg
                 moved = dict(mo.fractions)
                 moved[names[i]] += 0.02
                 moved[names[j]] -= 0.02
-                if moved[names[j]] > 0:
+                if moved[names[j]] > 0 and allowed(moved):
                     assert worst(moved) >= at * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 1.0, 8.0])
+def test_count_sum_and_mean_split_equally_at_every_epsilon_so_none_trails_the_equal_split(epsilon):
+    # A discrete count's variance falls faster than the normalised sum's as its share grows: the
+    # unconstrained minimax (the sum's optimum) gave the count 0.4675 at epsilon 8, its std
+    # 1.14x that of OpenDP's count at epsilon/2. The floor holds it at half, where the count is
+    # exactly discrete Laplace at epsilon/2 and the sum and mean PipelineDP's measures or better.
+    p = planned([Count(), Sum(), Mean()], budget=PrivacyBudget(epsilon=epsilon))
+    assert p.moments.fractions == {"count": 0.5, "sum.normalized_sum": 0.5}
+    count = p.measures["count"].spec
+    t = 2 / epsilon
+    assert count.std == pytest.approx(math.sqrt(2 * math.exp(-1 / t)) / (1 - math.exp(-1 / t)), rel=1e-6)
+    continuous = math.sqrt(2) * t                                   # PipelineDP's Laplace count
+    assert count.std <= continuous
+    nsum = p.measures["sum.normalized_sum"].spec
+    assert math.hypot(nsum.std, 50 * count.std) <= math.hypot(math.sqrt(2) * 50 * t, 50 * continuous) * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("metrics", [[Count(), Variance()], [Count(), Mean()], [Sum(), Std(), Count()],
+                                     [Count(), Sum(), Mean(), Variance()]])
+@pytest.mark.parametrize("epsilon", [0.1, 1.0, 8.0])
+def test_no_metric_of_equal_weight_is_worse_than_at_the_equal_split(metrics, epsilon):
+    budget = PrivacyBudget(epsilon=epsilon)
+    mo = planned(metrics, budget=budget).moments
+    p = planned(metrics, budget=budget)
+    share = budget.split({"moments": 1.0})["moments"]
+    needs = {m.name: m for m in p.plan.measures}
+    kinds = [m.kind.value for m in metrics]
+
+    def terms(fractions):
+        variances = {n: np.array([noise_variance(needs[n].noise.kind, needs[n].sensitivities, share,
+                                                 fractions[n])]) for n in mo.names}
+        return [float(t[0]) for t in metric_variances(
+            kinds, variances, count=mo.count, nsum=mo.nsum, nsq=mo.nsq, direct_sum=mo.direct_sum,
+            midpoint=mo.midpoint, half_range=mo.half_range)]
+
+    equal = terms({n: 1 / len(mo.names) for n in mo.names})
+    chosen = terms(mo.fractions)
+    assert all(c <= e * (1 + 1e-9) for c, e in zip(chosen, equal)), (chosen, equal)
+    assert max(chosen) <= max(equal) * (1 + 1e-9)
+
+
+def test_equal_split_floor_keeps_only_splits_where_every_metric_is_at_or_below_it():
+    terms = [np.array([1.0, 2.0, 0.5]), np.array([3.0, 1.0, 3.0 + 1e-12])]
+    assert equal_split_floor(terms, [1.0, 3.0]).tolist() == [True, False, True]
+
+
+def test_best_split_evaluates_the_equal_split_off_the_grid():
+    # three shares whose best is exactly 1/3 each (on neither grid): found, not approximated
+    fractions, value = best_split(["x", "y", "z"], lambda f: np.max(
+        np.stack([1 / f["x"] ** 2, 1 / f["y"] ** 2, 1 / f["z"] ** 2]), axis=0))
+    assert fractions == {"x": 1 / 3, "y": 1 / 3, "z": 1 / 3} and value == pytest.approx(9.0)
 
 
 def test_best_split_finds_the_closed_form_minimax():
@@ -110,6 +180,8 @@ def test_explain_states_how_each_metric_is_derived():
     assert "mean: 50 + sum.normalized_sum / max(count, 1), clamped to the range" in text
     assert "null (with its error columns) where the noisy count count is below 1" in text
     assert "budget split count 50%, sum.normalized_sum 50%" in text
+    assert "none above its variance at the equal split" in text
+    assert "equal split" not in aggregate([Count(), Sum(weight=2.0)]).explain()
 
 
 def aggregate(metrics, budget=PrivacyBudget(epsilon=1.0), keys=("k0",)):
