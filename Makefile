@@ -90,16 +90,6 @@ test-browser: setup
 test-mutations: setup
 	$(BIN)/python tests/mutations/run.py
 
-## The peers benchmarks/utility.py compares with, each in a virtualenv of its own under
-## benchmarks/.venvs/ (never dependencies of the project; their pins are in benchmarks/utility_peers/).
-PEERS := benchmarks/.venvs
-bench-peers:
-	@for peer in pipelinedp opendp; do \
-	  test -x $(PEERS)/$$peer/bin/python || $(PYTHON) -m venv $(PEERS)/$$peer || exit 1; \
-	  echo ">> installing $$peer into $(PEERS)/$$peer"; \
-	  $(PEERS)/$$peer/bin/pip install --quiet $(PIP_FLAGS) -r benchmarks/utility_peers/requirements-$$peer.txt || exit 1; \
-	done
-
 ## Prism is built from the Go module proxy (~6 min cold, cached). Flink and Spark job-server jars
 ## are fetched when the Maven mirror serves them (this machine's does not: their tests then skip).
 fetch-runners: setup
@@ -122,14 +112,19 @@ test-airflow:
 	BEAM_DP_REQUIRE_AIRFLOW=1 $(AIRFLOW_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "" tests/runners/test_runners.py -k airflow
 
 ## Benchmark peers, each in a virtualenv of its own under benchmarks/.venvs/ (never dependencies
-## of the project): PipelineDP on the same Beam as the lock, for benchmarks/aggregate.py, which
-## runs this target on first use.
+## of the project; their pins are in benchmarks/utility_peers/): PipelineDP on the same Beam as the
+## lock (benchmarks/aggregate.py runs this target on first use) and OpenDP (benchmarks/utility.py).
 PEERS_DIR := benchmarks/.venvs
 BEAM_PIN  := $(shell sed -n 's/^apache-beam==//p' $(LOCK))
-bench-peers: $(PEERS_DIR)/pipelinedp/.ready
-$(PEERS_DIR)/pipelinedp/.ready:
-	$(PYTHON) -m venv $(PEERS_DIR)/pipelinedp
-	$(PEERS_DIR)/pipelinedp/bin/pip install $(PIP_FLAGS) "apache-beam==$(BEAM_PIN)" pipeline-dp pyarrow
+bench-peers: $(PEERS_DIR)/pipelinedp/.ready $(PEERS_DIR)/opendp/.ready
+$(PEERS_DIR)/pipelinedp/.ready: benchmarks/utility_peers/requirements-pipelinedp.txt
+	test -x $(PEERS_DIR)/pipelinedp/bin/python || $(PYTHON) -m venv $(PEERS_DIR)/pipelinedp
+	$(PEERS_DIR)/pipelinedp/bin/pip install $(PIP_FLAGS) "apache-beam==$(BEAM_PIN)" pyarrow \
+	    -r benchmarks/utility_peers/requirements-pipelinedp.txt
+	touch $@
+$(PEERS_DIR)/opendp/.ready: benchmarks/utility_peers/requirements-opendp.txt
+	test -x $(PEERS_DIR)/opendp/bin/python || $(PYTHON) -m venv $(PEERS_DIR)/opendp
+	$(PEERS_DIR)/opendp/bin/pip install $(PIP_FLAGS) -r benchmarks/utility_peers/requirements-opendp.txt
 	touch $@
 
 clean:
