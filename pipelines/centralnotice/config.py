@@ -269,7 +269,8 @@ class ClicksPrivacy:
         one-key discrete Gaussian curve."""
         if self.budget.is_zcdp:
             return calibrate_zcdp(self.noise, rho=self.budget.rho, l2_sensitivity=self.sensitivity,
-                                  l0=self.l0, delta_for_reporting=self.budget.delta)
+                                  l0=self.l0, delta_for_reporting=self.budget.delta,
+                                  l1_sensitivity=self.sensitivity)
         return calibrate(self.noise, epsilon=self.budget.epsilon, delta=self.budget.delta,
                          l1_sensitivity=self.sensitivity, l2_sensitivity=self.sensitivity, l0=self.l0)
 
