@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from accounting.calibration import NoiseKind, calibrate, calibrate_zcdp
+from accounting.calibration import NoiseKind, calibrate, calibrate_zcdp, zcdp_to_epsilon
 from pipelines.centralnotice.config import (ISO_3166_ALPHA2, ConfigError, load_config, parse_config,
                                             parse_protected_countries)
 from pipelines.centralnotice.data import SAMPLE_DIR
@@ -116,8 +116,12 @@ def test_valid_config_measures_charges_and_schedule():
         NoiseKind.DISCRETE_LAPLACE, epsilon=0.5, l1_sensitivity=100, l2_sensitivity=100)
     assert campaign.clicks.sensitivity == 5
     # One user's 5 clicks can spread over 5 keys: calibrated for l0 = 5 (same sigma under rho).
+    # Its stated epsilon is the worst split's PLD (5 clicks: L1 = L2 = 5), below zCDP's.
     assert campaign.clicks.noise_spec() == calibrate_zcdp(
-        NoiseKind.DISCRETE_GAUSSIAN, rho=0.01, l2_sensitivity=5, l0=5, delta_for_reporting=1e-9)
+        NoiseKind.DISCRETE_GAUSSIAN, rho=0.01, l2_sensitivity=5, l0=5, delta_for_reporting=1e-9,
+        l1_sensitivity=5)
+    assert campaign.clicks.noise_spec().accountant == "pld"
+    assert campaign.clicks.noise_spec().epsilon < zcdp_to_epsilon(0.01, 1e-9)
     assert campaign.clicks.noise_spec().scale == calibrate_zcdp(
         NoiseKind.DISCRETE_GAUSSIAN, rho=0.01, l2_sensitivity=5, delta_for_reporting=1e-9).scale
     measures = campaign.measures()
