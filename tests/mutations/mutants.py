@@ -348,6 +348,24 @@ MUTANTS = (
         replacement="        worst = float(d.get_epsilon_for_delta(reserve))\n",
         tests=(f"{STATED}::test_rho_calibrated_multi_key_discrete_gaussian_states_its_worst_split",),
     ),
+    Mutant(
+        name="draw-time-delta-given-twice",
+        leak="a SharedBudget allocating delta as parts are drawn shares out the whole total at "
+             "every draw, not what earlier draws left: the parts' deltas add up past the total",
+        file="accounting/shared_budget.py",
+        snippet="        return max(0.0, self.total.delta - math.fsum(self._budgets[n].delta for n in self._drawn))\n",
+        replacement="        return self.total.delta\n",
+        tests=(f"{STATED}::test_shared_budget_draw_time_delta_never_exceeds_the_total_in_any_order",),
+    ),
+    Mutant(
+        name="draw-time-delta-to-pure-part",
+        leak="a part drawn as pure (its mechanisms use no delta) is still given its weight's share "
+             "of delta, which the parts that use delta then lack (the waste issue 39.4 removes)",
+        file="accounting/shared_budget.py",
+        snippet="            delta = self._delta_if_drawn(name) if uses_delta else 0.0\n",
+        replacement="            delta = self._delta_if_drawn(name)\n",
+        tests=(f"{STATED}::test_shared_budget_draw_time_delta_never_exceeds_the_total_in_any_order",),
+    ),
 )
 
 # ---- Issue 40.7: every calibration parameter has a mutant the privacy tests catch -----------

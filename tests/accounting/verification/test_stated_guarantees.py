@@ -249,6 +249,33 @@ def test_shared_budget_gives_delta_only_where_it_is_used_and_never_more_than_the
     assert math.fsum(default.budget(n).delta for n in default.names) <= total.delta * (1 + 1e-12)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_shared_budget_draw_time_delta_never_exceeds_the_total_in_any_order(seed):
+    """Without needs_delta, delta is allocated as parts are drawn: in every order, pure parts get
+    none, the parts' deltas add up to at most the total, and the last part that uses delta
+    leaves none unused unless a pure part is drawn after it."""
+    import itertools
+    import random
+
+    rng = random.Random(seed)
+    names = [f"p{i}" for i in range(4)]
+    weights = {n: rng.choice([0.5, 1, 2, 3]) for n in names}
+    uses = {n: rng.random() < 0.5 for n in names}
+    total = PrivacyBudget(epsilon=1.0, delta=1e-6)
+    for order in itertools.permutations(names):
+        shared = SharedBudget(total, weights=weights)
+        drawn = {n: shared.part(n).spendable_budget(uses_delta=uses[n]) for n in order}
+        deltas = {n: b.delta for n, b in drawn.items()}
+        assert math.fsum(deltas.values()) <= total.delta * (1 + 1e-12)
+        assert all(deltas[n] == 0 for n in names if not uses[n])
+        assert all(deltas[n] > 0 for n in names if uses[n])
+        last_user = max((i for i, n in enumerate(order) if uses[n]), default=None)
+        if last_user is not None and all(uses[n] for n in order[last_user:]):
+            assert math.fsum(deltas.values()) == pytest.approx(total.delta)
+        epsilons = math.fsum(b.epsilon for b in drawn.values())
+        assert epsilons <= total.epsilon * (1 + 1e-12)
+
+
 @pytest.mark.parametrize("epsilon,delta,keys", [(1.0, 1e-5, 1), (1.0, 1e-5, 4), (1.0, 1e-5, 30),
                                                  (0.3, 1e-7, 12)])
 def test_selection_per_key_budget_composes_within_the_budget(epsilon, delta, keys):
