@@ -516,12 +516,14 @@ def round_up_scale(scale: float) -> float:
 
 
 def calibrate(kind, *, epsilon: float, delta: float = 0.0, l1_sensitivity: float = None,
-              l2_sensitivity: float = None, l0: int = 1) -> NoiseSpec:
+              l2_sensitivity: float = None, l0: int = 1, multi_key_pld: bool = True) -> NoiseSpec:
     """Calibrate ``kind`` for (ε, δ) and the query's sensitivity.
 
     Laplace kinds need ``l1_sensitivity``; Gaussian kinds need ``l2_sensitivity`` and δ > 0.
     ``l0`` is the number of output coordinates one privacy unit can change (for the grid
     adjustment of real-valued kinds and the discrete Gaussian's multivariate bound).
+    ``multi_key_pld=False`` skips the multi-key discrete Gaussian's PLD (the zCDP route's σ, never
+    smaller: for searches that only need an upper bound on the variance, cheaply).
     """
     kind = NoiseKind.parse(kind)
     epsilon = check_epsilon(epsilon)
@@ -535,7 +537,8 @@ def calibrate(kind, *, epsilon: float, delta: float = 0.0, l1_sensitivity: float
             unit_sens = math.ceil(l2) if l0 == 1 else l2
             sigma = discrete_gaussian_sigma(epsilon, delta, unit_sens, l0)
             exact = _exact_curve_applies(kind, l0, unit_sens, analytic_gaussian_sigma(epsilon, delta, unit_sens))
-            patterns = _multi_key_patterns(kind, l0, l2, l1_sensitivity, sigma)
+            patterns = _multi_key_patterns(kind, l0, l2, l1_sensitivity, sigma) \
+                if multi_key_pld else None
             if patterns is not None:  # the multi-key PLD: below the zCDP sigma where tighter
                 pld_sigma = _multi_key_sigma(epsilon, delta, patterns, start=sigma)
                 exact = pld_sigma < sigma
@@ -569,12 +572,13 @@ def calibrate(kind, *, epsilon: float, delta: float = 0.0, l1_sensitivity: float
 
 def calibrate_zcdp(kind, *, rho: float, l2_sensitivity: float, l0: int = 1,
                    delta_for_reporting: float = 1e-9,
-                   l1_sensitivity: Optional[float] = None) -> NoiseSpec:
+                   l1_sensitivity: Optional[float] = None, multi_key_pld: bool = True) -> NoiseSpec:
     """Gaussian kinds calibrated for ρ-zCDP: σ = Δ2/√(2ρ).
 
     The spec's (epsilon, delta) is the tight conversion at ``delta_for_reporting``; the spec's
     ``rho`` is what composition under zCDP uses. ``l1_sensitivity`` (optional) bounds the
-    shifts of a multi-key discrete Gaussian (:func:`shift_patterns`; default sqrt(l0)·L2).
+    shifts of a multi-key discrete Gaussian (:func:`shift_patterns`; default sqrt(l0)·L2);
+    ``multi_key_pld=False`` states such a spec by the zCDP route only (σ is the same).
     """
     kind = NoiseKind.parse(kind)
     if not kind.is_gaussian:
@@ -586,7 +590,7 @@ def calibrate_zcdp(kind, *, rho: float, l2_sensitivity: float, l0: int = 1,
         unit_sens = int(l2) if l0 == 1 and float(l2).is_integer() else l2
         sigma = gaussian_sigma_for_rho(rho, l2)
         eps, accountant = _stated_epsilon(kind, rho, delta_for_reporting, l0, unit_sens, sigma,
-                                          l1_sensitivity)
+                                          l1_sensitivity, multi_key_pld)
         return NoiseSpec(kind=kind, epsilon=eps, delta=delta_for_reporting, scale=sigma, granularity=1.0,
                          l1_sensitivity=l1_sensitivity, l2_sensitivity=l2, l0=l0, rho=rho,
                          unit_sensitivity=unit_sens, unit_scale=sigma, accountant=accountant)
@@ -600,13 +604,15 @@ def calibrate_zcdp(kind, *, rho: float, l2_sensitivity: float, l0: int = 1,
 
 
 def _stated_epsilon(kind: NoiseKind, rho: float, delta: float, l0: int, unit_sensitivity,
-                    unit_scale: float, l1_sensitivity: Optional[float] = None) -> tuple[float, str]:
+                    unit_scale: float, l1_sensitivity: Optional[float] = None,
+                    multi_key_pld: bool = True) -> tuple[float, str]:
     """A ρ-calibrated Gaussian's ε at ``delta`` and the accountant stating it: the smaller of the
     zCDP conversion and, where it applies, the exact privacy curve -- for a multi-key discrete
     Gaussian the worst case over its shift patterns (module docstring) -- (issue 39: the zCDP
     route stated Gaussian releases 5-8% above their true ε)."""
     zcdp = zcdp_to_epsilon(rho, delta)
-    patterns = _multi_key_patterns(kind, l0, unit_sensitivity, l1_sensitivity, unit_scale)
+    patterns = _multi_key_patterns(kind, l0, unit_sensitivity, l1_sensitivity, unit_scale) \
+        if multi_key_pld else None
     if patterns is not None:
         exact = multi_key_discrete_gaussian_epsilon(unit_scale, delta, patterns)
         return (exact, "pld") if exact < zcdp else (zcdp, "zcdp")
