@@ -350,6 +350,8 @@ def _exact_curve_applies(kind: NoiseKind, l0: int, unit_sensitivity, unit_scale:
 #: At most this many maximal shift patterns are composed for a multi-key discrete Gaussian
 #: (beyond, only the zCDP route is used; a user's m clicks have p(m) patterns: 42 for m = 10).
 MAX_SHIFT_PATTERNS = 64
+#: At most this many candidate shifts (maximal or not) are visited looking for the patterns.
+MAX_PATTERN_SEARCH = 20000
 #: Noise mass dp_accounting's discrete Gaussian leaves out by truncation, per key (at most).
 TAIL_MASS = 1e-30
 #: Largest σ whose multi-key PLD is computed (dp_accounting builds the noise's mass function
@@ -365,8 +367,8 @@ def shift_patterns(l0: int, l2_sensitivity: float, l1_sensitivity: Optional[floa
     ``l2_sensitivity``: multisets of positive integers (as non-increasing tuples) to which no
     further key shifted by 1 can be added. Every feasible shift is a sub-multiset of one of
     them (or equal), and its pair is a post-processing of that pattern's pair (the module
-    docstring, "Multi-key changes"). None when there are more than :data:`MAX_SHIFT_PATTERNS`
-    (or no integer shift at all)."""
+    docstring, "Multi-key changes"). None when there are more than :data:`MAX_SHIFT_PATTERNS`,
+    more than :data:`MAX_PATTERN_SEARCH` candidates to visit, or no integer shift at all."""
     l0 = check_positive_int(l0, "l0")
     l2 = check_sensitivity(l2_sensitivity, "l2_sensitivity")
     l1 = math.sqrt(l0) * l2 if l1_sensitivity is None else check_sensitivity(l1_sensitivity,
@@ -377,9 +379,12 @@ def shift_patterns(l0: int, l2_sensitivity: float, l1_sensitivity: Optional[floa
         return None
     out = []
     # Depth-first over non-increasing tuples: (pattern, largest next part, sum, sum of squares).
-    stack = [((), top, 0, 0)]
+    stack, visited = [((), top, 0, 0)], 0
     while stack:
         pattern, biggest, total, squares = stack.pop()
+        visited += 1
+        if visited > MAX_PATTERN_SEARCH:
+            return None
         room = len(pattern) < l0 and total + 1 <= sum_cap and squares + 1 <= squares_cap
         if pattern and not room:
             out.append(pattern)
