@@ -105,13 +105,15 @@ class Measure:
         kind = NoiseKind.parse(kind)
         if share.rho is not None and kind.is_gaussian:
             noise = calibrate_zcdp(kind, rho=share.rho, l2_sensitivity=sensitivities.l2,
-                                   l0=sensitivities.l0, delta_for_reporting=delta_for_reporting)
+                                   l0=sensitivities.l0, delta_for_reporting=delta_for_reporting,
+                                   l1_sensitivity=sensitivities.l1)
         elif kind.is_gaussian:
             if share.delta == 0:
                 raise ValueError(f"measure {name!r}: {kind.value} noise needs a share with "
                                  f"delta > 0 (list it in needs_delta when splitting)")
             noise = calibrate(kind, epsilon=share.epsilon, delta=share.delta,
-                              l2_sensitivity=sensitivities.l2, l0=sensitivities.l0)
+                              l1_sensitivity=sensitivities.l1, l2_sensitivity=sensitivities.l2,
+                              l0=sensitivities.l0)
         else:
             noise = calibrate(kind, epsilon=share.epsilon, l1_sensitivity=sensitivities.l1,
                               l0=sensitivities.l0)

@@ -64,15 +64,26 @@ class BudgetPart:
     spendable only through this part) and its own release key."""
 
     name: str
-    budget: PrivacyBudget
     release_key: Optional[ReleaseKey] = None
     shared: "SharedBudget" = field(repr=False, compare=False)
 
-    def spendable_budget(self) -> PrivacyBudget:
+    @property
+    def budget(self) -> PrivacyBudget:
+        """The part's budget (marked ``budget.part``). Before the part is drawn under a split
+        that allocates delta at draw time, its delta is what it would get if it used delta."""
+        return self.shared.budget(self.name)
+
+    def spendable_budget(self, uses_delta: Optional[bool] = None) -> PrivacyBudget:
         """The part's budget as a plain PrivacyBudget, for the aggregation that registers with
         this part (:meth:`register`: DPAggregate, choose_bounds). Spent by anything that does
-        not register, it would escape the job's guarantee."""
-        b = self.budget
+        not register, it would escape the job's guarantee.
+
+        ``uses_delta``: whether the aggregation's mechanisms use delta (Gaussian noise, private
+        key selection). Under a weighted split without ``needs_delta`` the part's delta is
+        allocated now: none if False (pure mechanisms), else its weight's share of what is
+        left (see :class:`SharedBudget`). None counts as True (an aggregation that does not
+        say is given delta, and explain() flags it if its measures turn out pure)."""
+        b = self.shared._draw(self.name, True if uses_delta is None else bool(uses_delta))
         return PrivacyBudget(epsilon=b.epsilon, delta=b.delta, rho=b.rho)
 
     def register(self, release) -> None:
@@ -87,7 +98,8 @@ class BudgetPart:
         measures = list(measures)
         if not measures or not all(isinstance(m, Measure) for m in measures):
             raise TypeError("spend() takes one or more accounting.measures.Measure")
-        plan = ReleasePlan(budget=self.spendable_budget(), measures=measures)
+        uses_delta = any(not m.is_pure for m in measures)
+        plan = ReleasePlan(budget=self.spendable_budget(uses_delta=uses_delta), measures=measures)
         self.shared._register(self.name, _SpentMeasures(plan))
         return plan
 
@@ -119,15 +131,28 @@ class SharedBudget:
     """A job's total budget, split among named aggregations (see the module docstring).
 
     total: the declared budget. weights: name -> relative weight (each part gets that fraction
-    of epsilon and delta, or of rho). budgets: name -> explicit PrivacyBudget (under a zCDP
+    of epsilon, or of rho). budgets: name -> explicit PrivacyBudget (under a zCDP
     total: zCDP parts whose rhos add up to at most the total's; under an (epsilon, delta)
     total: parts of either kind that fit it as ``accountant`` composes them). Give exactly one
     of weights and budgets. needs_delta (with weights): the parts whose mechanisms use delta
     (Gaussian noise, private key selection); the total's delta is split by weight among them
-    only, and the others get none (default: every part, as a plain weighted split; explain()
-    then flags a part that received delta its measures do not use). release_key: parts derive their keys from it (optional: an
-    aggregation may be given its own key instead). accountant: how the job's guarantee is
-    composed (default ``zcdp`` for a rho total, else ``basic``; see accounting.guarantee).
+    only, and the others get none.
+
+    Without needs_delta, an (epsilon, delta) total's delta goes only to the parts whose
+    mechanisms use it, as the aggregations declare when they draw their part (DPAggregate:
+    Gaussian noise or private key selection; choose_bounds: never; :meth:`BudgetPart.spend`:
+    measures that are not pure). A pure part gets none. A part that uses delta gets its
+    weight's share of the delta not yet drawn among itself and the parts not drawn yet
+    (``left * w / (w + undrawn weights)``): the parts still to come keep their weight's share,
+    since they may use delta too, and a share kept for a part that then turns out pure goes
+    to the parts drawn after it. So the last part to use delta takes all that is left, and
+    delta stays unused only when a pure part is drawn after every part that uses delta (then
+    explain() says how much and for whom; pass needs_delta, or draw the pure parts first, to
+    avoid it). Under a zCDP total each part's delta is the one its rho is *reported* at, split
+    by weight among the needs_delta parts (default: all). release_key: parts derive their keys
+    from it (optional: an aggregation may be given its own key instead). accountant: how the
+    job's guarantee is composed (default ``zcdp`` for a rho total, else ``basic``; see
+    accounting.guarantee).
     """
 
     def __init__(self, total: PrivacyBudget, *, weights: Optional[Mapping[str, float]] = None,
@@ -146,8 +171,15 @@ class SharedBudget:
             accountant or ("zcdp" if total.is_zcdp else "basic"))
         if needs_delta is not None and weights is None:
             raise ValueError("needs_delta goes with weights (explicit budgets state their deltas)")
+        #: Delta allocated when parts are drawn (a weighted (epsilon, delta) split without
+        #: needs_delta): part -> weight, and part -> whether its mechanisms use delta, once drawn.
+        self._deferred = (weights is not None and needs_delta is None and not total.is_zcdp
+                          and total.delta > 0)
+        self._weights = dict(weights) if weights is not None else {}
+        self._needs_delta = None if needs_delta is None else list(needs_delta)
+        self._drawn: dict[str, bool] = {}
         if weights is not None:
-            self._budgets = self._split(total, weights, needs_delta)
+            self._budgets = self._split(total, weights, [] if self._deferred else needs_delta)
         else:
             self._budgets = self._explicit(total, budgets, self.accountant)
         self._issued: set[str] = set()
@@ -159,8 +191,9 @@ class SharedBudget:
     def _split(total: PrivacyBudget, weights: Mapping[str, float],
                needs_delta: Optional[Collection[str]]) -> dict[str, PrivacyBudget]:
         """Epsilon (or rho) by weight; delta by weight among the parts in ``needs_delta`` only
-        (every part when it is None), so a part whose mechanisms are pure gets none it cannot
-        use. (Under a zCDP total the delta is the one each part's rho is *reported* at.)"""
+        (every part when it is None: a zCDP total's reporting delta), so a part whose mechanisms
+        are pure gets none it cannot use. (Under a zCDP total the delta is the one each part's
+        rho is *reported* at.) A split whose delta is allocated at draw time passes []."""
         for name in weights:
             _check_name(name)
         if needs_delta is not None:
@@ -218,10 +251,42 @@ class SharedBudget:
 
     def budget(self, name: str) -> PrivacyBudget:
         """The budget of part ``name`` (without issuing it; readable, spendable only through
-        the part)."""
+        the part). A part whose delta is allocated at draw time and that is not drawn yet shows
+        the delta it would get if it used delta (:meth:`_delta_if_drawn`)."""
         self._check_known(name)
         b = self._budgets[name]
-        return PrivacyBudget(epsilon=b.epsilon, delta=b.delta, rho=b.rho, part=name)
+        delta = b.delta
+        if self._deferred and name not in self._drawn:
+            delta = self._delta_if_drawn(name)
+        return PrivacyBudget(epsilon=b.epsilon, delta=delta, rho=b.rho, part=name)
+
+    def _undrawn_weight(self, besides: str) -> float:
+        return math.fsum(w for n, w in self._weights.items() if n != besides and n not in self._drawn)
+
+    def _delta_left(self) -> float:
+        return max(0.0, self.total.delta - math.fsum(self._budgets[n].delta for n in self._drawn))
+
+    def _delta_if_drawn(self, name: str) -> float:
+        """Delta part ``name`` gets if drawn now using delta: its weight's share of the delta
+        left among itself and the parts not drawn yet (class docstring)."""
+        w = self._weights[name]
+        return self._delta_left() * w / (w + self._undrawn_weight(name))
+
+    def _draw(self, name: str, uses_delta: bool) -> PrivacyBudget:
+        """Part ``name``'s budget for the aggregation spending it, its delta allocated now when
+        the split defers it (once: a second draw must declare the same)."""
+        self._check_known(name)
+        if name in self._drawn:
+            if self._drawn[name] != uses_delta:
+                raise ValueError(f"budget part {name!r} was drawn as "
+                                 f"{'using' if self._drawn[name] else 'not using'} delta")
+            return self._budgets[name]
+        if self._deferred:
+            b = self._budgets[name]
+            delta = self._delta_if_drawn(name) if uses_delta else 0.0
+            self._budgets[name] = PrivacyBudget(epsilon=b.epsilon, delta=delta)
+        self._drawn[name] = uses_delta
+        return self._budgets[name]
 
     def part(self, name: str) -> BudgetPart:
         """Issue part ``name`` (once) for one aggregation: its budget and derived release key."""
@@ -231,7 +296,7 @@ class SharedBudget:
         self._issued.add(name)
         key = None if self.release_key is None else \
             self.release_key.derive(f"part:{name}", owner=f"SharedBudget part {name!r}")
-        return BudgetPart(name=name, budget=self.budget(name), release_key=key, shared=self)
+        return BudgetPart(name=name, release_key=key, shared=self)
 
     def _check_known(self, name: str) -> None:
         if name not in self._budgets:
@@ -272,15 +337,22 @@ class SharedBudget:
         return guarantee.stated(self.measures(), accountant, delta)
 
     def delta_allocation(self) -> dict[str, dict]:
-        """Where the total's delta went: per part the delta it was given and, once spent, the
-        delta its measures use (``None`` before) -- for explain() and release records."""
+        """Where the total's delta went: per part the delta it was given (``None`` while a
+        draw-time allocation is pending) and, once spent, the delta its measures use (``None``
+        before) -- for explain() and release records. Under a draw-time split, also
+        ``"(unallocated)"``: the delta no part was given (``delta``) and whether any part not
+        drawn yet could still take it (``pending``)."""
         out = {}
         for name, b in self._budgets.items():
             release = self._releases.get(name)
             used = None
             if release is not None:
                 used = math.fsum(m.delta for m in _part_measures(name, release))
-            out[name] = {"delta": b.delta, "used": used}
+            given = None if self._deferred and name not in self._drawn else b.delta
+            out[name] = {"delta": given, "used": used}
+        if self._deferred:
+            pending = [n for n in self._budgets if n not in self._drawn]
+            out["(unallocated)"] = {"delta": self._delta_left(), "pending": pending}
         return out
 
     def explain(self) -> str:
@@ -292,8 +364,31 @@ class SharedBudget:
                                                             else "not issued")
             lines.append(f"  {name}: {b.describe()} ({state})")
         if self.total.delta > 0:
-            lines.append("delta:")
+            how = ("allocated as the parts are drawn, to those whose mechanisms use it"
+                   if self._deferred else "by weight among the parts named in needs_delta"
+                   if self._needs_delta is not None else "as given")
+            lines.append(f"delta ({how}):")
             for name, d in self.delta_allocation().items():
+                if name == "(unallocated)":
+                    if d["pending"]:
+                        use = f"kept for the parts not drawn yet: {', '.join(d['pending'])}"
+                    elif d["delta"] > 0:
+                        use = ("unused: kept for parts that were then drawn as pure (pass "
+                               "needs_delta=[...] or draw the pure parts first)")
+                    else:
+                        continue
+                    lines.append(f"  not allocated: {d['delta']:.3g} ({use})")
+                    continue
+                if d["delta"] is None:
+                    lines.append(f"  {name}: not drawn yet (would get "
+                                 f"{self._delta_if_drawn(name):.3g} if it uses delta, none if pure)")
+                    continue
+                if self._deferred and not self._drawn.get(name, True):
+                    use = "pure: its mechanisms use no delta"
+                    if d["used"]:
+                        use = f"drawn as pure but its measures use {d['used']:.3g}"
+                    lines.append(f"  {name}: 0 ({use})")
+                    continue
                 if d["used"] is None:
                     use = "not spent yet"
                 elif d["delta"] > 0 and d["used"] == 0:

@@ -249,7 +249,11 @@ class DPAggregate(beam.PTransform):
                                  ("bounds", bounds, ContributionBounds), ("output", output, Output)):
             if not isinstance(value, typ):
                 raise TypeError(f"{name} must be a {typ.__name__}, got {type(value).__name__}")
-        part, budget, release_key = _spendable(budget, release_key, testing)
+        # Whether this aggregation's mechanisms use delta (a SharedBudget part gets delta only
+        # then): Gaussian noise on a metric or private key selection.
+        uses_delta = keys.selection is not None or any(
+            as_metric(m).noise.is_gaussian for m in compute.metrics)
+        part, budget, release_key = _spendable(budget, release_key, testing, uses_delta)
         _check_together(compute, keys, bounds, budget)
         self.testing, self.release_key = testing, _release_key(release_key, testing)
         self.selection, self.keyset = keys.selection, keys.keyset
@@ -570,12 +574,13 @@ class DPAggregate(beam.PTransform):
         return released
 
 
-def _spendable(budget, release_key, testing):
+def _spendable(budget, release_key, testing, uses_delta: bool):
     """(the SharedBudget part or None, the PrivacyBudget to spend, the release key): a part
-    lends its budget and, unless one is given, its release key."""
+    lends its budget (with delta only if ``uses_delta``: BudgetPart.spendable_budget) and,
+    unless one is given, its release key."""
     part = None
     if isinstance(budget, BudgetPart):
-        part, budget = budget, budget.spendable_budget()
+        part, budget = budget, budget.spendable_budget(uses_delta=uses_delta)
         if release_key is None and part.release_key is not None and \
                 (not testing or part.release_key.is_testing):
             release_key = part.release_key

@@ -163,7 +163,9 @@ def noise_variance(kind: NoiseKind, sensitivities, share, fraction: float) -> fl
     its epsilon and delta, or its rho) for ``sensitivities``, as
     :meth:`accounting.measures.Measure.calibrated` calibrates it. (Where Gaussian and Laplace
     measures mix, the final split gives the Gaussian ones all the moments' delta: the search's
-    Gaussian variances are then slightly pessimistic; the calibration itself is exact.)"""
+    Gaussian variances are then slightly pessimistic; the calibration itself is exact. A
+    multi-key discrete Gaussian's variance here is the zCDP route's, an upper bound on the
+    final PLD calibration's, which would cost seconds per point of the search.)"""
     return _variance(NoiseKind.parse(kind), float(sensitivities.l1), float(sensitivities.l2),
                      int(sensitivities.l0), share.epsilon, share.delta, share.rho, round(fraction, 9))
 
@@ -171,12 +173,13 @@ def noise_variance(kind: NoiseKind, sensitivities, share, fraction: float) -> fl
 @functools.lru_cache(maxsize=65536)
 def _variance(kind, l1, l2, l0, epsilon, delta, rho, fraction) -> float:
     if rho is not None and kind.is_gaussian:
-        noise = calibrate_zcdp(kind, rho=rho * fraction, l2_sensitivity=l2, l0=l0)
+        noise = calibrate_zcdp(kind, rho=rho * fraction, l2_sensitivity=l2, l0=l0,
+                               multi_key_pld=False)
     elif rho is not None:
         noise = calibrate(kind, epsilon=math.sqrt(2 * rho * fraction), l1_sensitivity=l1, l0=l0)
     elif kind.is_gaussian:
         noise = calibrate(kind, epsilon=epsilon * fraction, delta=delta * fraction,
-                          l2_sensitivity=l2, l0=l0)
+                          l2_sensitivity=l2, l0=l0, multi_key_pld=False)
     else:
         noise = calibrate(kind, epsilon=epsilon * fraction, l1_sensitivity=l1, l0=l0)
     return noise.std ** 2

@@ -411,7 +411,7 @@ def choose_bounds(data, *, privacy_unit: str, keys: Sequence[str], budget, relea
                         "SharedBudget (budget=shared.part(name)) so the job's guarantee composes "
                         f"it; a plain {type(budget).__name__} would be composed nowhere")
     part = budget
-    budget = part.spendable_budget()
+    budget = part.spendable_budget(uses_delta=False)  # permute-and-flip: pure epsilon
     if budget.is_zcdp:
         raise ValueError("choose_bounds needs an (epsilon, delta) budget part (pure epsilon is used)")
     quantile = grid_quantile(quantile) / (1 << GRID_BITS)

@@ -44,8 +44,13 @@ the privacy unit, sensitivity ``k`` (L1 = L2: a block touches one key); ``neighb
 "period" is (Geo, Project, k)-DP per release period, "campaign" is (Geo, Project, Campaign,
 k)-DP. Clicks are counted with sensitivity 1 (row-DP) or ``max_clicks_per_user`` (user-DP after
 bounding each user per period or per campaign). A user's m clicks can fall on up to m keys, so
-user-DP discrete Gaussian clicks are calibrated for L0 = m with the multivariate zCDP bound, not
-on the one-key discrete Gaussian curve (:mod:`accounting.calibration`, "Multi-key changes"). The keyset -- banners x countries (minus the
+user-DP discrete Gaussian clicks are calibrated for L0 = L1 = L2 = m, never on the one-key discrete
+Gaussian curve: an (epsilon, delta) target gets the smallest sigma meeting it for every way the m
+clicks can fall on keys (each split's exact privacy loss distribution, composed by
+``dp_accounting``), and a rho keeps sigma = m / sqrt(2 rho) and states the epsilon of the worst
+split at its delta; either is stated by the zCDP conversion where that is smaller, and the
+figure names its accountant (``pld`` or ``zcdp``: :mod:`accounting.calibration`, "Multi-key
+changes"). The keyset -- banners x countries (minus the
 protection list) x projects x dates -- is public, fixed by the configuration, never by data.
 
 The whole schedule must fit the budget: every release is charged both measures, and the
@@ -264,12 +269,14 @@ class ClicksPrivacy:
         return self.sensitivity
 
     def noise_spec(self) -> NoiseSpec:
-        """The clicks' noise. User-DP is calibrated for a change spread over up to m keys (the
-        multivariate bound of :mod:`accounting.calibration`, "Multi-key changes"), never on the
-        one-key discrete Gaussian curve."""
+        """The clicks' noise. User-DP is calibrated for a change of up to m clicks spread
+        over up to m keys (L1 = L2 = m: the worst split's privacy loss distribution, or the
+        zCDP bound where smaller; :mod:`accounting.calibration`, "Multi-key changes"), never on
+        the one-key discrete Gaussian curve."""
         if self.budget.is_zcdp:
             return calibrate_zcdp(self.noise, rho=self.budget.rho, l2_sensitivity=self.sensitivity,
-                                  l0=self.l0, delta_for_reporting=self.budget.delta)
+                                  l0=self.l0, delta_for_reporting=self.budget.delta,
+                                  l1_sensitivity=self.sensitivity)
         return calibrate(self.noise, epsilon=self.budget.epsilon, delta=self.budget.delta,
                          l1_sensitivity=self.sensitivity, l2_sensitivity=self.sensitivity, l0=self.l0)
 

@@ -138,7 +138,7 @@ def _privacy(rng: np.random.Generator, n_releases: int, n_days: int, keys_per_re
                   "max_clicks_per_user": m,
                   "bound_per": "campaign" if n_releases == 1 and rng.random() < 0.4 else "period"}
         spec = calibrate_zcdp(NoiseKind.DISCRETE_GAUSSIAN, rho=rho, l2_sensitivity=m, l0=m,
-                              delta_for_reporting=1e-9)
+                              delta_for_reporting=1e-9, l1_sensitivity=m)
     else:  # row-DP Laplace clicks
         eps = float(rng.choice([0.25, 0.5, 1.0]))
         clicks = {"noise": "discrete_laplace", "epsilon": eps, "neighbouring": "row"}

@@ -234,7 +234,7 @@ def tune_campaign(campaign: CampaignConfig, ks: Sequence[int], epsilons: Sequenc
     if cl.budget.is_zcdp:
         for rho in (rhos or [cl.budget.rho * f for f in DEFAULT_RHO_FACTORS]):
             spec = calibrate_zcdp(cl.noise, rho=rho, l2_sensitivity=cl.sensitivity, l0=cl.l0,
-                                  delta_for_reporting=cl.budget.delta)
+                                  delta_for_reporting=cl.budget.delta, l1_sensitivity=cl.sensitivity)
             rows.append(_row(campaign, "clicks", None, spec, threshold_of("clicks"), click_values, keys))
     else:
         for epsilon in epsilons:

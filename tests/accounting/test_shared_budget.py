@@ -206,11 +206,33 @@ def test_delta_goes_to_the_parts_that_use_it_and_explain_says_where():
     assert allocation["counts"] == {"delta": 0.0, "used": 0.0}
     assert allocation["sums"]["used"] == pytest.approx(1e-6)
     assert "sums: 1e-06 (its measures use 1e-06)" in shared.explain()
-    # The plain weighted split gives every part delta; explain flags what a pure part cannot use.
+    # Without needs_delta the parts declare it when drawn: the pure part gets none, the Gaussian
+    # part drawn after it all of it.
     plain = SharedBudget(total, weights={"counts": 1, "sums": 2})
+    assert plain.budget("counts").delta == pytest.approx(1e-6 / 3)  # if it used delta
     plain.part("counts").spend([Measure.of_noise(
         "c", calibrate("discrete_laplace", epsilon=plain.budget("counts").epsilon, l1_sensitivity=1), one)])
-    assert "unused: its measures are pure" in plain.explain()
+    assert plain.budget("counts").delta == 0 and plain.budget("sums").delta == pytest.approx(1e-6)
+    assert "counts: 0 (pure: its mechanisms use no delta)" in plain.explain()
+    assert "not allocated: 1e-06 (kept for the parts not drawn yet: sums)" in plain.explain()
+    plain.part("sums").spend([Measure.of_noise(
+        "s", calibrate("gaussian", epsilon=plain.budget("sums").epsilon, delta=1e-6,
+                       l2_sensitivity=1), one)])
+    assert plain.delta_allocation()["sums"] == {"delta": pytest.approx(1e-6), "used": pytest.approx(1e-6)}
+    assert "not allocated" not in plain.explain()
+    # Drawn the other way round, the Gaussian part keeps the pure part's share back for it
+    # (it might have used delta); explain says it stayed unused and how to avoid that.
+    late = SharedBudget(total, weights={"counts": 1, "sums": 2})
+    counts = late.part("counts")
+    late.part("sums").spend([Measure.of_noise(
+        "s", calibrate("gaussian", epsilon=late.budget("sums").epsilon, delta=2e-6 / 3,
+                       l2_sensitivity=1), one)])
+    assert late.budget("sums").delta == pytest.approx(2e-6 / 3)
+    counts.spend([Measure.of_noise(
+        "c", calibrate("discrete_laplace", epsilon=late.budget("counts").epsilon, l1_sensitivity=1), one)])
+    assert "not allocated: 3.33e-07 (unused: kept for parts that were then drawn as pure" in late.explain()
+    with pytest.raises(ValueError, match="drawn as not using delta"):  # a part declares once
+        counts.spendable_budget(uses_delta=True)
     with pytest.raises(ValueError, match="parts without a weight"):
         SharedBudget(total, weights={"a": 1}, needs_delta=["b"])
     with pytest.raises(ValueError, match="goes with weights"):

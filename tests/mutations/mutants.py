@@ -329,6 +329,43 @@ MUTANTS = (
         replacement="",
         tests=(f"{STATED}::test_joint_calibration_fits_its_target_by_an_independent_accountant",),
     ),
+    Mutant(
+        name="multi-key-pld-unit-shifts",
+        leak="the multi-key discrete Gaussian's PLD calibration takes every key as shifted by at "
+             "most 1 (the per-key sensitivity of one click, not the user's m clicks on one key): "
+             "its sigma is calibrated for a much weaker pair than the worst one",
+        file="accounting/calibration.py",
+        snippet="    top = int(math.floor(min(l2 * (1 + 1e-12), sum_cap)))\n",
+        replacement="    top = 1\n",
+        tests=(f"{STATED}::test_epsilon_delta_calibrated_multi_key_discrete_gaussian_meets_every_split",),
+    ),
+    Mutant(
+        name="multi-key-pld-last-split-only",
+        leak="a rho-configured multi-key discrete Gaussian states the epsilon of the last shift "
+             "pattern composed (all keys shifted by one) instead of the worst over the patterns",
+        file="accounting/calibration.py",
+        snippet="        worst = max(worst, float(d.get_epsilon_for_delta(reserve)))\n",
+        replacement="        worst = float(d.get_epsilon_for_delta(reserve))\n",
+        tests=(f"{STATED}::test_rho_calibrated_multi_key_discrete_gaussian_states_its_worst_split",),
+    ),
+    Mutant(
+        name="draw-time-delta-given-twice",
+        leak="a SharedBudget allocating delta as parts are drawn shares out the whole total at "
+             "every draw, not what earlier draws left: the parts' deltas add up past the total",
+        file="accounting/shared_budget.py",
+        snippet="        return max(0.0, self.total.delta - math.fsum(self._budgets[n].delta for n in self._drawn))\n",
+        replacement="        return self.total.delta\n",
+        tests=(f"{STATED}::test_shared_budget_draw_time_delta_never_exceeds_the_total_in_any_order",),
+    ),
+    Mutant(
+        name="draw-time-delta-to-pure-part",
+        leak="a part drawn as pure (its mechanisms use no delta) is still given its weight's share "
+             "of delta, which the parts that use delta then lack (the waste issue 39.4 removes)",
+        file="accounting/shared_budget.py",
+        snippet="            delta = self._delta_if_drawn(name) if uses_delta else 0.0\n",
+        replacement="            delta = self._delta_if_drawn(name)\n",
+        tests=(f"{STATED}::test_shared_budget_draw_time_delta_never_exceeds_the_total_in_any_order",),
+    ),
 )
 
 # ---- Issue 40.7: every calibration parameter has a mutant the privacy tests catch -----------

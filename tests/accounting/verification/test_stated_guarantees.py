@@ -72,17 +72,91 @@ def test_epsilon_delta_calibrated_gaussian_meets_its_exact_curve(kind, epsilon, 
     assert _true_delta(spec, spec.epsilon) <= delta * (1 + ROUNDING)
 
 
+def _splits(n, largest=None):
+    """Every split of n (clicks over keys) as positive parts, largest first."""
+    largest = n if largest is None else largest
+    if n == 0:
+        yield ()
+        return
+    for part in range(min(n, largest), 0, -1):
+        for rest in _splits(n - part, part):
+            yield (part,) + rest
+
+
+def _independent_split_epsilon(sigma: float, split, delta: float, pessimistic: bool) -> float:
+    """The pair whose counts differ by ``split``: one-key discrete Gaussians composed by
+    dp_accounting from scratch (no project code)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    out = None
+    for c in split:
+        one = pld.from_discrete_gaussian_mechanism(sigma, sensitivity=int(c),
+                                                   pessimistic_estimate=pessimistic,
+                                                   value_discretization_interval=1e-4)
+        out = one if out is None else out.compose(one)
+    return out.get_epsilon_for_delta(delta)
+
+
+def _check_multi_key(spec, m: int, every_n: bool):
+    """The stated (epsilon, delta) of a discrete Gaussian over m keys holds for every split of
+    every n <= m (exact curve, and at least dp_accounting's optimistic figure), and is within 1%
+    of the pessimistic PLD of the worst split."""
+    from accounting.distributions import discrete_gaussian_shift_delta
+
+    splits = [s for n in (range(1, m + 1) if every_n else [m]) for s in _splits(n)]
+    worst_exact = max(discrete_gaussian_shift_delta(spec.scale, s, spec.epsilon) for s in splits)
+    assert worst_exact <= spec.delta * (1 + ROUNDING), (spec, worst_exact)
+    lower = max(_independent_split_epsilon(spec.scale, s, spec.delta, False) for s in splits)
+    upper = max(_independent_split_epsilon(spec.scale, s, spec.delta, True) for s in splits)
+    assert spec.epsilon >= lower * (1 - ROUNDING)
+    assert spec.epsilon <= 1.01 * upper
+
+
+@pytest.mark.parametrize("m,rho,delta", [(2, 0.01, 1e-9), (2, 0.005, 1e-9), (3, 0.05, 1e-6),
+                                         (5, 0.02, 1e-7)])
+def test_rho_calibrated_multi_key_discrete_gaussian_states_its_worst_split(m, rho, delta):
+    """User-DP clicks (CentralNotice): one user moves up to m clicks over up to m keys. The
+    figure is the PLD of the worst split, below the zCDP conversion, never below any split."""
+    from accounting.calibration import zcdp_to_epsilon
+
+    spec = calibrate_zcdp("discrete_gaussian", rho=rho, l2_sensitivity=m, l0=m, l1_sensitivity=m,
+                          delta_for_reporting=delta)
+    assert spec.accountant == "pld"
+    assert spec.epsilon < zcdp_to_epsilon(rho, delta)
+    _check_multi_key(spec, m, every_n=True)
+
+
+@pytest.mark.parametrize("m,epsilon,delta", [(2, 0.5, 1e-7), (3, 1.0, 1e-6), (4, 0.3, 1e-9)])
+def test_epsilon_delta_calibrated_multi_key_discrete_gaussian_meets_every_split(m, epsilon, delta):
+    """Calibrated to a target (epsilon, delta) on the multi-key PLD: less sigma than the zCDP
+    route, the target met by the exact curve of every split of every n <= m clicks, and no
+    noise left on the table (within 1% of the worst split's PLD)."""
+    from accounting.calibration import discrete_gaussian_sigma
+
+    spec = calibrate("discrete_gaussian", epsilon=epsilon, delta=delta, l1_sensitivity=m,
+                     l2_sensitivity=m, l0=m)
+    assert spec.accountant == "pld"
+    assert spec.scale < discrete_gaussian_sigma(epsilon, delta, m, m)  # the zCDP route's sigma
+    _check_multi_key(spec, m, every_n=True)
+    # No more noise than needed: 1% less sigma no longer meets the target on some split.
+    from accounting.distributions import discrete_gaussian_shift_delta
+
+    assert max(discrete_gaussian_shift_delta(spec.scale * 0.99, s, epsilon)
+               for s in _splits(m)) > delta
+
+
 def test_multi_key_discrete_gaussian_states_no_less_than_a_split_shift():
-    """L0 = 3 keys each shifted by one: the valid statement is zCDP's; it is at least the exact
-    curve of this one neighbouring pair (three one-key discrete Gaussians composed)."""
+    """L0 = 3 keys each shifted by at most one (L2 = sqrt 3): the one pattern is (1, 1, 1); the
+    figure is at least that pair's exact curve (three one-key discrete Gaussians composed)."""
     from dp_accounting.pld import privacy_loss_distribution as pld
 
     spec = calibrate_zcdp("discrete_gaussian", rho=0.05, l2_sensitivity=math.sqrt(3), l0=3,
                           delta_for_reporting=1e-6)
-    assert spec.accountant == "zcdp"
     one = pld.from_discrete_gaussian_mechanism(spec.unit_scale, sensitivity=1,
                                                pessimistic_estimate=False)
     assert spec.epsilon >= one.self_compose(3).get_epsilon_for_delta(1e-6)
+    pessimistic = pld.from_discrete_gaussian_mechanism(spec.unit_scale, sensitivity=1)
+    assert spec.epsilon <= 1.01 * pessimistic.self_compose(3).get_epsilon_for_delta(1e-6)
 
 
 def _measures():
@@ -173,6 +247,33 @@ def test_shared_budget_gives_delta_only_where_it_is_used_and_never_more_than_the
     assert epsilons <= total.epsilon * (1 + 1e-12)
     default = SharedBudget(total, weights={"a": 1, "b": 3})
     assert math.fsum(default.budget(n).delta for n in default.names) <= total.delta * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shared_budget_draw_time_delta_never_exceeds_the_total_in_any_order(seed):
+    """Without needs_delta, delta is allocated as parts are drawn: in every order, pure parts get
+    none, the parts' deltas add up to at most the total, and the last part that uses delta
+    leaves none unused unless a pure part is drawn after it."""
+    import itertools
+    import random
+
+    rng = random.Random(seed)
+    names = [f"p{i}" for i in range(4)]
+    weights = {n: rng.choice([0.5, 1, 2, 3]) for n in names}
+    uses = {n: rng.random() < 0.5 for n in names}
+    total = PrivacyBudget(epsilon=1.0, delta=1e-6)
+    for order in itertools.permutations(names):
+        shared = SharedBudget(total, weights=weights)
+        drawn = {n: shared.part(n).spendable_budget(uses_delta=uses[n]) for n in order}
+        deltas = {n: b.delta for n, b in drawn.items()}
+        assert math.fsum(deltas.values()) <= total.delta * (1 + 1e-12)
+        assert all(deltas[n] == 0 for n in names if not uses[n])
+        assert all(deltas[n] > 0 for n in names if uses[n])
+        last_user = max((i for i, n in enumerate(order) if uses[n]), default=None)
+        if last_user is not None and all(uses[n] for n in order[last_user:]):
+            assert math.fsum(deltas.values()) == pytest.approx(total.delta)
+        epsilons = math.fsum(b.epsilon for b in drawn.values())
+        assert epsilons <= total.epsilon * (1 + 1e-12)
 
 
 @pytest.mark.parametrize("epsilon,delta,keys", [(1.0, 1e-5, 1), (1.0, 1e-5, 4), (1.0, 1e-5, 30),

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from accounting.calibration import NoiseKind, calibrate, calibrate_zcdp
+from accounting.calibration import NoiseKind, calibrate, calibrate_zcdp, zcdp_to_epsilon
 from pipelines.centralnotice.config import (ISO_3166_ALPHA2, ConfigError, load_config, parse_config,
                                             parse_protected_countries)
 from pipelines.centralnotice.data import SAMPLE_DIR
@@ -116,8 +116,12 @@ def test_valid_config_measures_charges_and_schedule():
         NoiseKind.DISCRETE_LAPLACE, epsilon=0.5, l1_sensitivity=100, l2_sensitivity=100)
     assert campaign.clicks.sensitivity == 5
     # One user's 5 clicks can spread over 5 keys: calibrated for l0 = 5 (same sigma under rho).
+    # Its stated epsilon is the worst split's PLD (5 clicks: L1 = L2 = 5), below zCDP's.
     assert campaign.clicks.noise_spec() == calibrate_zcdp(
-        NoiseKind.DISCRETE_GAUSSIAN, rho=0.01, l2_sensitivity=5, l0=5, delta_for_reporting=1e-9)
+        NoiseKind.DISCRETE_GAUSSIAN, rho=0.01, l2_sensitivity=5, l0=5, delta_for_reporting=1e-9,
+        l1_sensitivity=5)
+    assert campaign.clicks.noise_spec().accountant == "pld"
+    assert campaign.clicks.noise_spec().epsilon < zcdp_to_epsilon(0.01, 1e-9)
     assert campaign.clicks.noise_spec().scale == calibrate_zcdp(
         NoiseKind.DISCRETE_GAUSSIAN, rho=0.01, l2_sensitivity=5, delta_for_reporting=1e-9).scale
     measures = campaign.measures()
@@ -274,3 +278,28 @@ def test_explain_flag_prints_the_plan_and_touches_nothing(tmp_path, capsys):
     assert main(["--config", os.path.join(SAMPLE_DIR, "campaigns.json"), "--first_releases",
                  "--explain"]) == 0
     assert capsys.readouterr().out == text
+
+
+def test_epsilon_configured_user_clicks_are_calibrated_on_the_multi_key_pld():
+    """A target (epsilon, delta) for user-DP discrete Gaussian clicks gets the least sigma that
+    meets it for every split of the user's m clicks (issue 39.2), not the zCDP route's sigma;
+    the measure, its record (to_dict, as the ledger and catalog read it) and explain() name
+    the accountant."""
+    from accounting.calibration import discrete_gaussian_sigma
+    from accounting.distributions import discrete_gaussian_shift_delta
+
+    data = copy.deepcopy(VALID)
+    data["campaigns"][0]["privacy"]["clicks"] = {
+        "noise": "discrete_gaussian", "epsilon": 0.8, "delta": 1e-9, "neighbouring": "user",
+        "max_clicks_per_user": 3, "bound_per": "period", "release_threshold": 30}
+    campaign = parse_config(data).campaign("C1")
+    clicks = campaign.measures()[1]
+    assert clicks.accountant == "pld" and clicks.to_dict()["accountant"] == "pld"
+    assert (clicks.epsilon, clicks.delta) == (0.8, 1e-9)
+    zcdp_sigma = discrete_gaussian_sigma(0.8, 1e-9, 3, 3)
+    assert clicks.noise.scale < 0.96 * zcdp_sigma
+    for split in [(3,), (2, 1), (1, 1, 1), (2,), (1, 1), (1,)]:
+        assert discrete_gaussian_shift_delta(clicks.noise.scale, split, 0.8) <= 1e-9
+    explain = campaign.shared_budget("pld").explain().splitlines()
+    row = [line for line in explain if line.startswith("clicks ") and "discrete_gaussian" in line]
+    assert len(row) == 1 and " pld " in row[0]  # the "epsilon by" column
