@@ -610,20 +610,13 @@ MUTANTS += (
         tests=(SKETCH_BUDGET,),
     ),
     Mutant(
-        name="sketch-reach-l2-halved",
-        leak="the reach (active registers) noised for half a person's register in L2 (discrete "
-             "Gaussian; on the integer grid an L1 figure below 1 rounds up, an L2 one does not)",
-        file="transforms/sketches/dp.py",
-        snippet="REACH_SENSITIVITY = Sensitivities(l0=1, linf=1.0, l1=1.0, l2=1.0)",
-        replacement="REACH_SENSITIVITY = Sensitivities(l0=1, linf=1.0, l1=1.0, l2=0.5)",
-        tests=(SKETCH_BUDGET,),
-    ),
-    Mutant(
-        name="sketch-histogram-l2-halved",
-        leak="the frequency histogram noised for half a bin's change in L2 (discrete Gaussian)",
+        name="sketch-histogram-sensitivity-halved",
+        leak="the frequency histogram noised for half a bin's change (on the integer grid a "
+             "figure below 1 rounds up to 1: it leaks where substitution doubles it, two bins "
+             "moving for the noise of one)",
         file="transforms/sketches/dp.py",
         snippet="HISTOGRAM_SENSITIVITY = Sensitivities(l0=1, linf=1.0, l1=1.0, l2=1.0)",
-        replacement="HISTOGRAM_SENSITIVITY = Sensitivities(l0=1, linf=1.0, l1=1.0, l2=0.5)",
+        replacement="HISTOGRAM_SENSITIVITY = Sensitivities(l0=1, linf=0.5, l1=0.5, l2=0.5)",
         tests=(SKETCH_BUDGET,),
     ),
     Mutant(
@@ -687,7 +680,7 @@ MUTANTS += (
         file="transforms/bounding_stage.py",
         snippet="bounding.VALUE, pa.array(np.clip(values, low, high)))",
         replacement="bounding.VALUE, pa.array(values))",
-        tests=(f"{AUDIT}[dp_aggregate/keyset]",),
+        tests=(f"{AUDIT}[dp_aggregate/keyset/direct_sum]",),
     ),
     Mutant(
         name="sum-sensitivity-halved",
@@ -695,7 +688,7 @@ MUTANTS += (
         file="accounting/sensitivity.py",
         snippet="    magnitude = max(abs(low), abs(high))\n",
         replacement="    magnitude = max(abs(low), abs(high)) / 2\n",
-        tests=(f"{AUDIT}[dp_aggregate/keyset]",),
+        tests=(f"{AUDIT}[dp_aggregate/keyset/direct_sum]",),
     ),
     Mutant(
         name="unit-count-l1-of-one-key",

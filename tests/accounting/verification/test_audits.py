@@ -24,7 +24,8 @@ from transforms.metrics import Count, PrivacyUnitCount
 from transforms.selection import PrivateSelection
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if REGISTRY[n].slow else n
+                                  for n in sorted(REGISTRY)])
 def test_registered_audit_passes_on_the_real_code(name):
     """Every registered audit (tests/audit_kit.py; tests/test_layout.py checks that every job
     under pipelines/ has one)."""
