@@ -206,7 +206,8 @@ class JobAudit:
     seeds (:mod:`accounting.verification.audit`): every job that thresholds or selects keys lists one that
     moves a key across its threshold. A ReleaseLayerJob's rules that are ``keys_private`` or
     ``thresholded`` take the plan's guarantee as their claim. indicator_runs: seeds per side
-    (default: the least that catch a deterministic indicator for certain).
+    (default: the least that catch a deterministic indicator for certain). slow: the audit runs
+    with the slow tests only (its sampled indicators take many runs of the job).
     """
 
     name: str
@@ -223,6 +224,7 @@ class JobAudit:
     marker_noisy: tuple = ()
     indicator_changes: Sequence[Change] = ()
     indicator_runs: Optional[int] = None
+    slow: bool = False     # many sampled runs: in make test-slow (and the mutation suite) only
 
     def spec(self, datasets: Sequence[Dataset]) -> AuditSpec:
         tables = dict(self.tables)
@@ -350,11 +352,14 @@ def _summary_reports_audit() -> JobAudit:
 
 
 
-def _centralnotice_audit(thresholds: bool = False) -> JobAudit:
+def _centralnotice_audit(thresholds: bool = False, spread: bool = False) -> JobAudit:
     """CentralNotice user-DP clicks. With ``thresholds`` (``centralnotice/thresholds``): a click
     release threshold of 0.5 (value mode: a suppressed count is null) and epsilon 0.1 per
     measure, so that the sampled released/suppressed indicators of the lone user's key -- one
-    or two clicks in D, none in D' -- need few seeds (about 18 per side)."""
+    or two clicks in D, none in D' -- need few seeds (about 18 per side). With ``spread`` as well
+    (``centralnotice/thresholds/l0_2``, slow): the lone user clicks once in each of two keys of
+    its own (L0 = max_clicks_per_user = 2), so removing it moves both across the threshold and
+    the joint indicators of the two keys are sampled too."""
     import datetime as dt
     import itertools
 
@@ -391,17 +396,23 @@ def _centralnotice_audit(thresholds: bool = False) -> JobAudit:
         rows = [{"user_id": u, **dict(zip(CN_CLK_HEADER[:5], keys[i]))} for u in range(1, 6)
                 for i in (0, 1, 2) for _ in range(2)]
         rows.append({"user_id": 6, **dict(zip(CN_CLK_HEADER[:5], keys[5]))})
-        return [Dataset(batches=[rows[0::2], rows[1::2]], name="lone-click")]
+        if spread:
+            rows.append({"user_id": 6, **dict(zip(CN_CLK_HEADER[:5], keys[4]))})
+        return [Dataset(batches=[rows[0::2], rows[1::2]],
+                        name="lone-clicks-in-two-keys" if spread else "lone-click")]
 
     if thresholds:   # the other changes are the plain audit's
         changes = (Change.REMOVE_LONE, Change.REBATCH)
         # the marker's summary counts suppressed values: noisy
         extra = dict(indicator_changes=(Change.REMOVE_LONE,), keys_private=True)
     else:
-        changes = (Change.ADD_MIXED_IDS, Change.ADD_ALONE, Change.ADD_SPREAD, Change.REBATCH)
+        # ADD_HEAVY: a user in heavy_keys + 1 = 3 keys, beyond max_clicks_per_user = 2 (L0 > 1)
+        changes = (Change.ADD_MIXED_IDS, Change.ADD_ALONE, Change.ADD_HEAVY, Change.ADD_SPREAD,
+                   Change.REBATCH)
         extra = {}
     return JobAudit(
-        name="centralnotice/thresholds" if thresholds else "centralnotice",
+        name="centralnotice/thresholds/l0_2" if spread else
+             "centralnotice/thresholds" if thresholds else "centralnotice",
         job=ReleaseLayerJob(
             module=centralnotice, write=write,
             request=lambda files, options: centralnotice.CentralNoticeRequest(
@@ -415,11 +426,12 @@ def _centralnotice_audit(thresholds: bool = False) -> JobAudit:
             keys=CN_CLK_HEADER[:5], noisy=("impressions", "clicks"), public_keys=released,
             thresholded=("clicks",) if thresholds else ())},
         measures={"*/centralnotice.parquet": {"impressions": "impressions", "clicks": "clicks"}},
-        changes=changes, noisy_changes=(Change.REBATCH,), **extra)
+        changes=changes, noisy_changes=(Change.REBATCH,), slow=spread, **extra)
 
 
 register(_centralnotice_audit())
 register(_centralnotice_audit(thresholds=True))
+register(_centralnotice_audit(thresholds=True, spread=True))
 
 
 def _reach_frequency_audit() -> JobAudit:
@@ -495,6 +507,14 @@ def _aggregate_audits() -> list[JobAudit]:
     bounds = ContributionBounds(max_partitions=2, max_contributions_per_partition=2, min_value=0, max_value=10)
     keyset = Job(value="v", metrics=[Count(), Sum(), PrivacyUnitCount()], bounds=bounds,
                  budget=PrivacyBudget(epsilon=1.0), public_keys=keys)
+    direct_sum = Job(value="v", metrics=[Sum()], bounds=bounds, budget=PrivacyBudget(epsilon=1.0),
+                     public_keys=keys)
+    high_units = Units(column="user", keys=("k",), public_keys=keys, fresh_keys=["z1", "z2"],
+                       values={"v": [100.0, 50.0]}, heavy_keys=3, heavy_rows=3)
+
+    def high_data():
+        return [synthetic_dataset(high_units, seed=2, n_units=12, batches=3,
+                                  keys=["k0", "k1", "k3", "k4", "k5", "k2"])]
     # variance, std and quantiles (issue 16): derived columns, audited for structure and as noisy
     spread = Job(value="v", metrics=[Count(), Variance(), Std(), Quantiles([0.5, 0.9], branching=4, depth=2)],
                  bounds=bounds, budget=PrivacyBudget(epsilon=1.0), public_keys=keys)
@@ -554,7 +574,29 @@ def _aggregate_audits() -> list[JobAudit]:
                 for i in range(n)]
         return [Dataset(batches=[rows[0::2], rows[1::2]], name=f"at-threshold(k0={boundary})")]
 
+    # L0 > 1 (issue 40.7): one unit moves three keys at once, each of them at the selection's
+    # boundary; the sampled indicators include the joint events of the three keys (a selection
+    # calibrated for one changed key carries three times its loss there)
+    wide = Job(metrics=[Count()],
+               bounds=ContributionBounds(max_partitions=3, max_contributions_per_partition=1),
+               budget=PrivacyBudget(epsilon=0.25, delta=1e-2),
+               selection=PrivateSelection(strategy=SelectionStrategy.LAPLACE_THRESHOLDING,
+                                          weight=3.0))
+    wide_boundary = int(wide.declared().selector.threshold)
+    # ADD_HEAVY puts the new unit in heavy_keys + 1 = 3 keys (the busiest: k0-k2), 2 rows each
+    wide_units = Units(column="user", keys=("k",), fresh_keys=["z1"], heavy_keys=2, heavy_rows=1)
+
+    def wide_data():
+        # k0-k2 hold exactly `wide_boundary` units each (the heavy unit crosses all three), k3 a few
+        rows = [{"user": f"{k}-{i}", "k": k} for k, n in (("k0", wide_boundary), ("k1", wide_boundary),
+                                                          ("k2", wide_boundary), ("k3", 2))
+                for i in range(n)]
+        return [Dataset(batches=[rows[0::2], rows[1::2]], name=f"three-at-threshold({wide_boundary})")]
+
     return [
+        aggregate_audit("dp_aggregate/selection/thresholds/l0_3", wide, wide_units, wide_data,
+                        changes=(Change.ADD_HEAVY, Change.REMOVE_HEAVY, Change.REBATCH),
+                        noisy_changes=noisy, indicator_changes=(Change.ADD_HEAVY,), slow=True),
         aggregate_audit("dp_aggregate/keyset/thresholds", thresholds, units, data,
                         changes=(Change.REMOVE_LONE, Change.ADD_EMPTY_KEY, Change.REBATCH),
                         noisy_changes=noisy, indicator_changes=(Change.REMOVE_LONE,)),
@@ -563,6 +605,11 @@ def _aggregate_audits() -> list[JobAudit]:
                         noisy_changes=noisy, indicator_changes=(Change.ADD_HEAVY,)),
         aggregate_audit("dp_aggregate/keyset", keyset, units, data, changes=exact_changes,
                         noisy_changes=noisy),
+        # a sum released as its own measure (not derived from a normalised sum and a count):
+        # its values clamped to [min_value, max_value] and its sensitivity checked directly
+        # (every value of a new unit beyond max_value: each kept row moves its sum by max_value)
+        aggregate_audit("dp_aggregate/keyset/direct_sum", direct_sum, high_units, high_data,
+                        changes=(Change.ADD_HEAVY, Change.REBATCH), noisy_changes=()),
         aggregate_audit("dp_aggregate/keyset/vector_sum_l1", vector_job("l1"), vector_units,
                         vector_data, changes=exact_changes, noisy_changes=noisy),
         aggregate_audit("dp_aggregate/keyset/vector_sum_l2", vector_job("l2"), vector_units,

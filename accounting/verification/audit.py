@@ -25,7 +25,10 @@ the *same* public testing seed, and checks
   neighbour the job runs in the noisy testing mode under many seeds on D and on D', and every
   indicator (the run released; per candidate key, released; per key and thresholded column, the
   value released) is checked with :func:`accounting.verification.dp_tester.indicator_test` against the
-  table's ``indicator_claim``. A threshold compared against the *exact* value makes an
+  table's ``indicator_claim``. When the change moves several keys at once (a unit in L0 > 1 keys),
+  the joint events "every moved key released" and "no moved key released" are indicators too:
+  a decision calibrated for one changed key passes each key's own event and carries up to L0
+  times its loss on the joint one. A threshold compared against the *exact* value makes an
   indicator deterministic -- released on every seed of D, on none of D' -- which the testing
   mode's exact-equals-noisy runs cannot see; the number of seeds defaults to the least with
   which such an indicator fails for certain (:func:`accounting.verification.dp_tester.indicator_runs_needed`),
@@ -684,22 +687,41 @@ def _candidates(rule: TableRule, spec: AuditSpec, pair: Sequence[Dataset]) -> li
     return sorted(found, key=_order_key)
 
 
-def _indicator_names(rule: TableRule, candidates: list) -> list[str]:
+def _moved_keys(spec: AuditSpec, dataset: Dataset, neighbour: Dataset, candidates: list) -> list:
+    """The candidate keys whose set of units differs between D and D' (the keys one change
+    moves at once: up to L0 of them when a unit is added or removed). Keys are matched by their
+    text (a released date and the input's ISO date text are one key)."""
+    if spec.units is None:
+        return []
+    before, after = _unit_stats(dataset, spec.units)[2], _unit_stats(neighbour, spec.units)[2]
+    text = lambda key: tuple(str(v) for v in key)  # noqa: E731
+    moved = {text(k) for k in set(before) | set(after) if before.get(k, set()) != after.get(k, set())}
+    return [k for k in candidates if text(k) in moved]
+
+
+def _indicator_names(rule: TableRule, candidates: list, moved: Sequence = ()) -> list[str]:
     names = ["run released"]
     for key in candidates:
         label = ",".join(map(str, key))
         if rule.keys_private:
             names.append(f"released[{label}]")
         names.extend(f"{column}[{label}] released" for column in rule.thresholded)
+    if len(moved) > 1:   # joint events of the moved keys (module docstring)
+        if rule.keys_private:
+            names += ["released[every moved key]", "released[no moved key]"]
+        for column in rule.thresholded:
+            names += [f"{column}[every moved key] released", f"{column}[no moved key] released"]
     return names
 
 
-def _indicators(release, table_name: str, rule: TableRule, candidates: list) -> tuple[list, list]:
+def _indicators(release, table_name: str, rule: TableRule, candidates: list,
+                moved: Sequence = ()) -> tuple[list, list]:
     """One run's indicators of one table (as :func:`_indicator_names` lists them), and the
     released keys outside the candidates."""
     width = len(rule.thresholded) + (1 if rule.keys_private else 0)
+    joint = 2 * width if len(moved) > 1 else 0
     if isinstance(release, _Failed) or table_name not in release.tables:
-        return [0 if isinstance(release, _Failed) else 1] + [0] * (width * len(candidates)), []
+        return [0 if isinstance(release, _Failed) else 1] + [0] * (width * len(candidates) + joint), []
     table = release.tables[table_name]
     key_index = [table.index(k) for k in rule.keys]
     rows = {tuple(r[i] for i in key_index): r for r in table.rows}
@@ -710,6 +732,13 @@ def _indicators(release, table_name: str, rule: TableRule, candidates: list) -> 
         if rule.keys_private:
             out.append(int(row is not None))
         out.extend(int(row is not None and not _suppressed(row[i])) for i in value_index)
+    if joint:
+        present = [rows.get(key) is not None for key in moved]
+        if rule.keys_private:
+            out += [int(all(present)), int(not any(present))]
+        for i in value_index:
+            shown = [rows.get(key) is not None and not _suppressed(rows[key][i]) for key in moved]
+            out += [int(all(shown)), int(not any(shown))]
     return out, sorted(set(rows) - set(candidates), key=_order_key)
 
 
@@ -727,9 +756,10 @@ def _indicator_audit(spec: AuditSpec, datasets: Sequence[Dataset], seed: int):
     violations, runs, pairs = [], 0, []
     for dataset, neighbour in tests:
         candidates = {p: _candidates(r, spec, (dataset, neighbour.dataset)) for p, r in claimed.items()}
+        moved = {p: _moved_keys(spec, dataset, neighbour.dataset, c) for p, c in candidates.items()}
         n = spec.indicator_runs or max(
             indicator_runs_needed(epsilon=r.indicator_claim.epsilon, delta=r.indicator_claim.delta,
-                                  indicators=len(_indicator_names(r, candidates[p])),
+                                  indicators=len(_indicator_names(r, candidates[p], moved[p])),
                                   confidence=1.0 - share)
             for p, r in claimed.items())
         sides = [[_run(spec.job, d, seed + i, False) for i in range(n)]
@@ -744,13 +774,14 @@ def _indicator_audit(spec: AuditSpec, datasets: Sequence[Dataset], seed: int):
                                             mode="indicators", check="released indicator",
                                             detail=f"no run released a table matching {pattern!r}"))
                 continue
-            labels = _indicator_names(rule, candidates[pattern])
+            labels = _indicator_names(rule, candidates[pattern], moved[pattern])
             for name in names:
                 matrices, outside = [], set()
                 for side in sides:
                     rows = []
                     for release in side:
-                        row, extra = _indicators(release, name, rule, candidates[pattern])
+                        row, extra = _indicators(release, name, rule, candidates[pattern],
+                                                 moved[pattern])
                         rows.append(row)
                         outside.update(extra)
                     matrices.append(np.asarray(rows, dtype=np.int64))

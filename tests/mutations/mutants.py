@@ -51,6 +51,7 @@ PRIVACY_TESTS = {
     "tests/accounting/ledger/test_ledger_integrity.py": "a ledger in its latest state, written by this "
                                                         "toolkit only; one key, one use across processes",
     "tests/transforms/ara/test_ara_summary.py": "the DP tester on ARA summary reports' noise",
+    "tests/transforms/ara/test_ara_event_level.py": "the DP tester on ARA event-level randomized response",
 }
 
 #: Tests that pin released bytes: never a mutant's selection, never a catch.
@@ -517,6 +518,248 @@ MUTANTS += (
     ),
 )
 
+
+# ---- Issue 40.7, continued: the calibration inventory (calibrations.py) ------------------------
+# Each calibration parameter the inventory lists without a mutant above: Gaussian selection's
+# delta split, Masked LARk's sensitivities, clip and local noise, the sketches' budget split,
+# sensitivities and Polya shares, split-and-mix's noise, ARA event-level randomized response,
+# value clamping and vector clipping, the sum and unit-count sensitivities, CentralNotice's.
+
+SELECTION_DELTAS = f"{STATED}::test_gaussian_selection_noise_and_threshold_deltas_fit_the_budget_together"
+LARK = "tests/transforms/lark/test_lark.py"
+LARK_GRADIENT_DP = f"{LARK}::test_masked_gradient_helper_is_dp_in_one_reports_label"
+SKETCHES = "tests/transforms/sketches/test_sketches_dp.py"
+SKETCH_BUDGET = (f"{SKETCHES}::test_a_campaigns_statistics_compose_within_its_budget_by_an_"
+                 "independent_computation")
+SHUFFLE_DELTA = f"{LDP_DP}::test_split_and_mix_meets_the_requested_delta_by_an_independent_computation"
+EVENT_LEVEL = "tests/transforms/ara/test_ara_event_level.py"
+PLANNED_NOISE = ("tests/accounting/verification/test_audits.py::"
+                 "test_every_planned_measure_is_noised_for_the_sensitivities_it_states")
+
+MUTANTS += (
+    Mutant(
+        name="selection-gaussian-noise-delta-not-split",
+        leak="Gaussian thresholding's noise calibrated at the selection's whole delta while the "
+             "threshold spends delta / 2 as well: together 1.5 delta",
+        file="transforms/selection.py",
+        snippet="epsilon=epsilon, delta=delta / 2,",
+        replacement="epsilon=epsilon, delta=delta,",
+        tests=(SELECTION_DELTAS,),
+    ),
+    Mutant(
+        name="selection-gaussian-threshold-delta-not-split",
+        leak="Gaussian thresholding's threshold at delta / L0 instead of delta / (2 L0): the L0 "
+             "new keys of one unit are released with probability delta, beside the noise's "
+             "delta / 2",
+        file="transforms/selection.py",
+        snippet="discrete_gaussian_quantile(self.noise.scale, delta / (2 * max_partitions))",
+        replacement="discrete_gaussian_quantile(self.noise.scale, delta / max_partitions)",
+        tests=(SELECTION_DELTAS,),
+    ),
+    Mutant(
+        name="lark-aggregation-range-of-one-column",
+        leak="Masked LARk helpers' noise calibrated for one value column's range (U - L) while "
+             "one report moves all d columns of its key: d times the epsilon",
+        file="transforms/lark/params.py",
+        snippet="return self.dimension * (high - low)",
+        replacement="return high - low",
+        tests=(f"{LARK}::test_helper_noise_covers_one_reports_values_in_every_column",),
+    ),
+    Mutant(
+        name="lark-values-not-clipped",
+        leak="the Masked LARk browser encodes a value outside [lower, upper] as it is: one "
+             "report moves its key's sums by more than U - L",
+        file="transforms/lark/browser.py",
+        snippet="    ring = params.codec.encode(np.clip(checked.values, params.lower, params.upper))",
+        replacement="    ring = params.codec.encode(checked.values)",
+        tests=(f"{LARK}::test_helper_noise_covers_one_reports_values_in_every_column",),
+    ),
+    Mutant(
+        name="ara-source-budget-not-accumulated",
+        leak="ARA Algorithm C checks each report against the whole 65,536 budget instead of what "
+             "its source has left: a source's reports together exceed the L1 budget",
+        file="transforms/ara/contribution.py",
+        snippet="        fits = spent[s] + totals[rows] <= budget\n",
+        replacement="        fits = totals[rows] <= budget\n",
+        tests=("tests/transforms/ara/test_ara_summary.py::"
+               "test_summary_noise_passes_dp_tester_for_a_full_budget_source",),
+    ),
+    Mutant(
+        name="lark-gradient-sensitivity-of-one-gradient",
+        leak="Masked LARk gradient noise calibrated for psi, one clipped gradient, while "
+             "replacing a report's features and label moves the sum by 2 psi",
+        file="transforms/lark/params.py",
+        snippet="return 2 * self.cap_units",
+        replacement="return self.cap_units",
+        tests=(LARK_GRADIENT_DP,),
+    ),
+    Mutant(
+        name="lark-gradient-not-clipped",
+        leak="per-record gradients never clipped to the L1 norm psi the helpers' noise assumes",
+        file="transforms/lark/model.py",
+        snippet="    over = norms > cap\n",
+        replacement="    over = norms < 0\n",
+        tests=(f"{LARK}::test_clipped_integer_gradients_respect_the_cap", LARK_GRADIENT_DP),
+    ),
+    Mutant(
+        name="lark-local-feature-noise-for-half-the-range",
+        leak="the browser's local feature noise calibrated for half the byte range: each "
+             "feature 2 epsilon-LDP",
+        file="transforms/lark/local_dp.py",
+        snippet="return BYTE_MAX / self.epsilon_per_feature",
+        replacement="return BYTE_MAX / 2 / self.epsilon_per_feature",
+        tests=(f"{LARK}::test_local_feature_noise_is_epsilon_dp_per_feature",),
+    ),
+    Mutant(
+        name="sketch-epsilon-not-split-over-scopes",
+        leak="each scope's sketch statistics noised at the campaign's whole epsilon: a person at "
+             "every publisher moves P + 1 scopes, (P + 1) epsilon in all",
+        file="transforms/sketches/dp.py",
+        snippet="eps = self.budget.epsilon * fraction / self.num_scopes",
+        replacement="eps = self.budget.epsilon * fraction",
+        tests=(SKETCH_BUDGET,),
+    ),
+    Mutant(
+        name="sketch-histogram-takes-the-whole-scope",
+        leak="the frequency histogram noised at the scope's whole share beside the reach's "
+             "fraction of it: the two together spend more than the scope's budget",
+        file="transforms/sketches/dp.py",
+        snippet="return self._spec(1.0 - self.reach_fraction, HISTOGRAM_SENSITIVITY, coordinates=2)",
+        replacement="return self._spec(1.0, HISTOGRAM_SENSITIVITY, coordinates=2)",
+        tests=(SKETCH_BUDGET,),
+    ),
+    Mutant(
+        name="sketch-gaussian-delta-not-split-over-scopes",
+        leak="discrete Gaussian sketch noise: each scope's statistics at the campaign's whole "
+             "delta share, (P + 1) times the delta in all",
+        file="transforms/sketches/dp.py",
+        snippet="delta=self.budget.delta * fraction / self.num_scopes",
+        replacement="delta=self.budget.delta * fraction",
+        tests=(SKETCH_BUDGET,),
+    ),
+    Mutant(
+        name="sketch-substitute-not-doubled",
+        leak="sketch noise under replace-one-person calibrated for adding one: a replaced "
+             "person moves two histogram bins",
+        file="transforms/sketches/dp.py",
+        snippet="        sens = sens.scaled(factor)\n",
+        replacement="",
+        tests=(SKETCH_BUDGET,),
+    ),
+    Mutant(
+        name="sketch-histogram-sensitivity-halved",
+        leak="the frequency histogram noised for half a bin's change (on the integer grid a "
+             "figure below 1 rounds up to 1: it leaks where substitution doubles it, two bins "
+             "moving for the noise of one)",
+        file="transforms/sketches/dp.py",
+        snippet="HISTOGRAM_SENSITIVITY = Sensitivities(l0=1, linf=1.0, l1=1.0, l2=1.0)",
+        replacement="HISTOGRAM_SENSITIVITY = Sensitivities(l0=1, linf=0.5, l1=0.5, l2=0.5)",
+        tests=(SKETCH_BUDGET,),
+    ),
+    Mutant(
+        name="sketch-polya-shares-for-twice-the-helpers",
+        leak="distributed sketch noise: each helper draws Polya(1 / 2n) for n helpers, so the "
+             "summed shares carry half the discrete Laplace variance",
+        file="transforms/sketches/dp.py",
+        snippet="polya_table(num_helpers, noise.reach_spec().unit_scale)",
+        replacement="polya_table(2 * num_helpers, noise.reach_spec().unit_scale)",
+        tests=(f"{SKETCHES}::test_helper_shares_come_from_each_helpers_own_key",),
+    ),
+    Mutant(
+        name="shuffle-noise-for-a-unit-value",
+        leak="split-and-mix's binomial noise calibrated for a client moving the sum by 1, not "
+             "by the value bound B",
+        file="transforms/ldp/shuffle.py",
+        snippet="binomial_share_for(n, epsilon, delta - shuffle_delta, bound)",
+        replacement="binomial_share_for(n, epsilon, delta - shuffle_delta, 1)",
+        tests=(SHUFFLE_DELTA,),
+    ),
+    Mutant(
+        name="shuffle-summation-delta-not-split",
+        leak="split-and-mix's noise calibrated at the whole delta although the secure "
+             "summation spends (1 + e^eps) 2^-sigma of it",
+        file="transforms/ldp/shuffle.py",
+        snippet="binomial_share_for(n, epsilon, delta - shuffle_delta, bound)",
+        replacement="binomial_share_for(n, epsilon, delta, bound)",
+        tests=(SHUFFLE_DELTA,),
+    ),
+    Mutant(
+        name="shuffle-client-adds-half-its-coins",
+        leak="each split-and-mix client adds half the binomial trials the calibration planned "
+             "(client side): the summed noise is too small for the stated epsilon",
+        file="transforms/ldp/shuffle.py",
+        snippet="        k = self.noise_trials_per_client\n",
+        replacement="        k = max(self.noise_trials_per_client // 2, 1)\n",
+        tests=(f"{LDP_DP}::test_each_client_adds_the_planned_binomial_noise",),
+    ),
+    Mutant(
+        name="event-level-flip-of-binary-rr",
+        leak="ARA event-level randomized response flips with the binary probability 2 / (e^eps "
+             "+ 1) whatever the number of output states",
+        file="transforms/ara/event_level.py",
+        snippet="return states / (states + math.expm1(epsilon))",
+        replacement="return 2 / (2 + math.expm1(epsilon))",
+        tests=(f"{EVENT_LEVEL}::test_dp_tester_accepts_the_randomizer_and_catches_a_broken_one",),
+    ),
+    Mutant(
+        name="event-level-states-without-no-report",
+        leak="ARA event-level states counted without the 'no report' symbol: the uniform draw "
+             "misses outputs, and a source whose reports map there is never hidden",
+        file="transforms/ara/event_level.py",
+        snippet="return math.comb(trigger_data_cardinality * report_windows + max_reports, max_reports)",
+        replacement="return math.comb(trigger_data_cardinality * report_windows + max_reports - 1, max_reports)",
+        tests=(f"{EVENT_LEVEL}::test_dp_tester_on_the_sources_own_report_multisets",),
+    ),
+    Mutant(
+        name="values-not-clamped",
+        leak="values summed without clamping to [min_value, max_value]: a unit's sum moves by "
+             "far more than the sensitivity the noise is calibrated for",
+        file="transforms/bounding_stage.py",
+        snippet="bounding.VALUE, pa.array(np.clip(values, low, high)))",
+        replacement="bounding.VALUE, pa.array(values))",
+        tests=(f"{AUDIT}[dp_aggregate/keyset/direct_sum]",),
+    ),
+    Mutant(
+        name="sum-sensitivity-halved",
+        leak="a sum's per-row magnitude taken as half the largest |bound|",
+        file="accounting/sensitivity.py",
+        snippet="    magnitude = max(abs(low), abs(high))\n",
+        replacement="    magnitude = max(abs(low), abs(high)) / 2\n",
+        tests=(f"{AUDIT}[dp_aggregate/keyset/direct_sum]",),
+    ),
+    Mutant(
+        name="unit-count-l1-of-one-key",
+        leak="a privacy-unit count's L1 sensitivity taken as 1 while a unit counts in L0 keys",
+        file="accounting/sensitivity.py",
+        snippet="Sensitivities(l0=l0, linf=1.0, l1=float(l0), l2=math.sqrt(l0))",
+        replacement="Sensitivities(l0=l0, linf=1.0, l1=1.0, l2=math.sqrt(l0))",
+        tests=(f"{AUDIT}[dp_aggregate/keyset]",),
+    ),
+    Mutant(
+        name="vector-not-clipped",
+        leak="vector sums without clipping each row to max_norm",
+        file="transforms/bounding_stage.py",
+        snippet="clipped = clip(matrix, c.vector.max_norm, c.vector.norm)",
+        replacement="clipped = matrix",
+        tests=(f"{AUDIT}[dp_aggregate/keyset/vector_sum_l1]",),
+    ),
+    Mutant(
+        name="centralnotice-impressions-half-a-block",
+        leak="CentralNotice impressions noised for half a block of k impressions",
+        file="pipelines/centralnotice/config.py",
+        snippet="l1_sensitivity=self.k, l2_sensitivity=self.k)",
+        replacement="l1_sensitivity=self.k / 2, l2_sensitivity=self.k / 2)",
+        tests=(PLANNED_NOISE,),
+    ),
+    Mutant(
+        name="centralnotice-user-clicks-of-one-row",
+        leak="CentralNotice user-DP clicks noised for one click row instead of a user's m",
+        file="pipelines/centralnotice/config.py",
+        snippet='return 1 if self.neighbouring == "row" else int(self.max_clicks_per_user)',
+        replacement="return 1",
+        tests=(PLANNED_NOISE,),
+    ),
+)
 
 #: Leak classes of issue 30 whose mutants wait for other branches' fixes: none (all applied).
 PLANNED = ()

@@ -308,3 +308,44 @@ def test_selection_is_deterministic_and_monotone_under_the_exact_key():
         assert keep[0].tolist() == keep[1].tolist(), strategy        # no randomness
         assert not keep[0][0] and keep[0][-1], strategy               # 0 units never, many always
         assert np.all(np.diff(keep[0].astype(int)) >= 0), strategy    # monotone in the count
+
+
+# ---- L0 > 1 (issue 40.7): a change that moves several keys at once ----------------------------
+
+WIDE_UNITS = A.Units(column="u", keys=("k",), public_keys=KEYS, fresh_keys=["z"],
+                     heavy_keys=len(KEYS), heavy_rows=1)
+
+
+def _selection_job(scale):
+    """Private selection of the public keys: each key's number of units plus Laplace(``scale``)
+    noise keyed by (seed, key) must exceed 4 (every key of the data holds 3 units; the heavy
+    unit added moves all 4 keys to 4, so each key's keep probability doubles)."""
+    def job(dataset, seed, exact):
+        units = {k: set() for k in KEYS}
+        for r in dataset.rows():
+            units[r["k"]].add(A._id_text(r["u"]))
+        rows = []
+        for k in KEYS:
+            noise = 0.0 if exact else np.random.default_rng([seed, ord(k)]).laplace(0.0, scale)
+            if len(units[k]) + noise > 4:
+                rows.append((k, len(units[k]) + noise))
+        return A.Release(tables={"t": A.Table(columns=["k", "n"], rows=rows)})
+    return job
+
+
+def test_joint_indicators_catch_a_selection_calibrated_for_one_of_the_keys_a_unit_moves():
+    """One unit moves L0 = 4 keys: a selection noised for one changed key (Laplace(1 / eps))
+    meets the claim on each key's own indicator -- exactly e^eps between the two datasets -- and
+    carries 4 eps on "every moved key released" / "no moved key released"; calibrated for the
+    4 keys (Laplace(4 / eps)) it passes all of them."""
+    rows = [{"u": f"{k}{i}", "k": k} for k in KEYS for i in range(3)]
+    data = A.Dataset(batches=[rows[0::2], rows[1::2]], name="three-units-per-key")
+    rule = A.TableRule(keys="k", noisy="n", public_keys=KEYS, keys_private=True,
+                       indicator_claim=(1.0, 0.0))
+    spec = A.AuditSpec(job=_selection_job(scale=len(KEYS) / 1.0), units=WIDE_UNITS,
+                       tables={"t": rule}, modes=("indicators",),
+                       indicator_changes=(A.Change.ADD_HEAVY,), indicator_runs=1500)
+    A.audit(spec, [data]).assert_ok()
+    broken = A.audit(dataclasses.replace(spec, job=_selection_job(scale=1 / 1.0)), [data])
+    assert broken.checks_failed() == {"released indicator"}, str(broken)
+    assert all("moved key" in v.detail for v in broken.violations), str(broken)

@@ -24,13 +24,40 @@ from transforms.metrics import Count, PrivacyUnitCount
 from transforms.selection import PrivateSelection
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if REGISTRY[n].slow else n
+                                  for n in sorted(REGISTRY)])
 def test_registered_audit_passes_on_the_real_code(name):
     """Every registered audit (tests/audit_kit.py; tests/test_layout.py checks that every job
     under pipelines/ has one)."""
     result = audit_job(name)
     result.assert_ok()
     assert result.pairs and result.runs >= 3
+
+
+def test_every_planned_measure_is_noised_for_the_sensitivities_it_states():
+    """The audits check each job's exact outputs against the sensitivities its Measures state;
+    the noise each Measure adds must be calibrated for at least those: the L1 norm (Laplace
+    kinds) or the L2 norm (Gaussian kinds) of what one unit moves, at the scale that norm and
+    the charged epsilon give. A calibration from a smaller figure (one row for one user's clicks,
+    half a block of impressions) passes every audit and leaks."""
+    from audit_kit import ReleaseLayerJob
+
+    checked = set()
+    for name, entry in sorted(REGISTRY.items()):
+        if not isinstance(entry.job, ReleaseLayerJob):
+            continue
+        for planned in entry.job.planned(entry.datasets()[0]):
+            for measure in planned.measures:
+                noise, stated = measure.noise, measure.sensitivities
+                if noise is None:
+                    continue        # local randomizers: the DP tester's tests of each oracle
+                if noise.kind.is_gaussian:
+                    assert noise.l2_sensitivity >= stated.l2 * (1 - 1e-12), (name, measure.name)
+                else:
+                    assert noise.l1_sensitivity >= stated.l1 * (1 - 1e-12), (name, measure.name)
+                    assert noise.l1_sensitivity / noise.scale <= noise.epsilon * (1 + 1e-9), (name, measure.name)
+                checked.add(name)
+    assert {"centralnotice", "reach_frequency", "summary_reports", "masked_lark_train"} <= checked
 
 
 # --------------------------------------------------------------------------------------------

@@ -295,3 +295,26 @@ def test_selection_per_key_budget_composes_within_the_budget(epsilon, delta, key
     composed = one.self_compose(keys).get_delta_for_epsilon(epsilon)
     basic_fits = eps_key * keys <= epsilon * (1 + 1e-12) and delta_key * keys <= delta * (1 + 1e-12)
     assert basic_fits or composed <= delta * (1 + 1e-3)
+
+
+@pytest.mark.parametrize("epsilon,delta,keys", [(1.0, 1e-5, 1), (1.0, 1e-5, 4), (0.5, 1e-6, 9)])
+def test_gaussian_selection_noise_and_threshold_deltas_fit_the_budget_together(epsilon, delta, keys):
+    """Gaussian thresholding spends delta twice: the noise's own delta at epsilon (``keys``
+    one-key discrete Gaussians of the selector's sigma, each shifted by one unit, composed by an
+    independent dp_accounting PLD) and, for each of the ``keys`` keys a new unit creates, the
+    probability that a key with one unit passes the threshold (the discrete Gaussian's tail
+    summed here from its pmf). Together they must fit the selection's delta."""
+    import numpy as np
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    selector = Selector(PrivateSelection(strategy=SelectionStrategy.GAUSSIAN_THRESHOLDING),
+                        epsilon=epsilon, delta=delta, max_partitions=keys)
+    sigma = selector.noise.scale
+    noise_delta = pld.from_discrete_gaussian_mechanism(
+        sigma, sensitivity=1, value_discretization_interval=1e-4).self_compose(keys) \
+        .get_delta_for_epsilon(epsilon)
+    support = np.arange(-int(60 * sigma) - 60, int(60 * sigma) + 61)
+    weights = np.exp(-support.astype(float) ** 2 / (2 * sigma * sigma))
+    # one unit in a key: released iff 1 + Z > threshold, i.e. Z >= threshold
+    lone_kept = float(weights[support >= selector.threshold].sum() / weights.sum())
+    assert noise_delta + keys * lone_kept <= delta * (1 + 1e-2), (noise_delta, keys * lone_kept)

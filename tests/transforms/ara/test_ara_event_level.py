@@ -115,6 +115,17 @@ def test_dp_tester_accepts_the_randomizer_and_catches_a_broken_one():
     assert not broken.passed and broken.epsilon_lower_bound > 1.5
 
 
+def test_dp_tester_on_the_sources_own_report_multisets():
+    """The states compared are encoded from real report multisets (no report; two reports in
+    the last cell), not taken from the count of states: a wrong count leaves some outputs out
+    of the uniform draw, and a source whose true state lies outside it is never hidden."""
+    cfg = _config(2, 1, 2, 1.0)
+    none, full = cfg.encode(np.array([[-1, -1], [cfg.cells - 1, cfg.cells - 1]]))
+    assert len({int(none), int(full)}) == 2
+    assert_dp(_sampler(cfg, int(none), 5), _sampler(cfg, int(full), 6), epsilon=cfg.epsilon,
+              n_samples=200_000)
+
+
 # --- debiasing ---------------------------------------------------------------------------------
 
 def test_uniform_moments_match_enumeration():

@@ -398,15 +398,57 @@ def test_helper_output_is_dp_against_a_colluding_server_and_split_noise_is_not()
     assert not tester.run(lambda m: b[:m], lambda m: b_prime[:m], epsilon=epsilon).passed
 
 
+def _shifted_min(centre, shift):
+    """Projection of a vector output: min over coordinates of (x - centre) in the direction of
+    ``shift``. The event {min >= t} is where a noise calibrated for fewer moved coordinates than
+    a neighbour moves shows its loss: each coordinate's tail ratio multiplies."""
+    centre, sign = np.asarray(centre, dtype=np.float64), np.sign(np.asarray(shift, dtype=np.float64))
+
+    def project(x):
+        return np.min((np.asarray(x, dtype=np.float64) - centre) * sign, axis=1)
+    return project
+
+
+def test_helper_noise_covers_one_reports_values_in_every_column():
+    """Two value columns: one report moves both of its key's sums (L1 = d (U - L)), so the
+    coalition's view of the pair must meet epsilon jointly -- a noise calibrated for one
+    column's range passes each column alone and fails here. The differing report's values lie
+    far beyond the declared range: the browser clips them to it (a value sent unclipped moves
+    the sums by more than the noise covers)."""
+    n, epsilon = 20000, 1.0
+    params = _agg_params(value_columns=("a", "b"), lower=0, upper=1, epsilon=epsilon, k=2)
+
+    def samples(differing, seed):
+        keys = np.repeat([f"k{i:06d}" for i in range(n)], params.k + 1)
+        first = np.tile([differing] + [0.0] * params.k, n)
+        records = pa.table({"record_id": np.arange(keys.size), "batch_id": ["b1"] * keys.size,
+                            "key": list(keys), "a": first, "b": first})
+        reports = aggregation_reports(records, params, randomness=R(seed))
+        honest = H.merge_partials(H.aggregation_partials(reports[0], params, 0)[0])
+        out, _ = H.release_aggregation(honest, params, helper=0,
+                                       release_key=ReleaseKey.for_testing(seed))
+        colluder = H.merge_partials(H.aggregation_partials(reports[1], params, 1)[0])
+        return np.stack([(out.column(f"share_{c}").to_numpy() + colluder.sums[:, j]).view(np.int64)
+                         for j, c in enumerate(params.value_columns)], axis=1)
+
+    d, d_prime = samples(50.0, 21), samples(0.0, 22)
+    tester = DPTester(n_samples=n, projections={"a": lambda x: x[:, 0], "sum": lambda x: x.sum(axis=1),
+                                                "both": _shifted_min([0, 0], [1, 1])})
+    tester.assert_dp(lambda m: d[:m], lambda m: d_prime[:m], epsilon=epsilon)
+
+
 @pytest.mark.slow
 def test_masked_gradient_helper_is_dp_in_one_reports_label():
     """Algorithm 3 through the DP tester: batches of k + 1 reports differing in one label; the
-    coalition view of honest helper 0, on the bias coordinate."""
+    coalition view of honest helper 0 on both coordinates (feature and bias). The features are
+    scaled so that every per-record gradient exceeds the clip norm: the clipped gradient has L1
+    norm psi and a label flip moves it by 2 psi -- what the noise must cover (an unclipped
+    gradient, or a noise for psi, fails)."""
     params = GradientParams(num_features=1, clip_norm=1.0, epsilon=1.0, k=2, fraction_bits=4)
-    model = LogisticModel(weights=(0.0,), bias=0.0)
+    model = LogisticModel(weights=(0.0,), bias=0.0, feature_scale=4 / 255)
 
     def samples(first_label, n, seed):
-        out = np.empty(n, dtype=np.int64)
+        out = np.empty((n, 2), dtype=np.int64)
         x = np.full((3 * n, 1), 255, dtype=np.uint8)
         y = np.tile([first_label, 0, 0], n)
         records = gradient_records(x, y).append_column(
@@ -417,12 +459,30 @@ def test_masked_gradient_helper_is_dp_in_one_reports_label():
         key = ReleaseKey.for_testing(seed)
         for i, p in enumerate(parts0):
             table, _ = H.release_gradient(p, params, model, helper=0, release_key=key)
-            total = table.column("share").to_numpy()[1:2] + parts1[p.batch_id].sums[0, 1:2]
-            out[i] = total.view(np.int64)[0]
+            total = table.column("share").to_numpy()[:2] + parts1[p.batch_id].sums[0, :2]
+            out[i] = total.view(np.int64)
         return out
     n = 10000
+    centre = H.clear_gradient_units(model, params, np.full((3, 1), 255, np.uint8), np.array([1, 0, 0]))
+    other = H.clear_gradient_units(model, params, np.full((3, 1), 255, np.uint8), np.array([0, 0, 0]))
+    # the flip moves 2 psi (less one unit per coordinate and record of truncation toward zero)
+    assert np.abs(other - centre).sum() >= 2 * params.cap_units - 2 * params.dimension
     a, b = samples(1, n, 5), samples(0, n, 6)
-    assert DPTester(n_samples=n).run(lambda m: a[:m], lambda m: b[:m], epsilon=1.0).passed
+    tester = DPTester(n_samples=n, projections={"bias": lambda x: x[:, 1],
+                                                "both": _shifted_min(centre, other - centre)})
+    tester.assert_dp(lambda m: a[:m], lambda m: b[:m], epsilon=1.0)
+
+
+def test_local_feature_noise_is_epsilon_dp_per_feature():
+    """The browser's local noise on a byte feature: 0 and 255 (the extremes of its range) must be
+    indistinguishable within epsilon_per_feature."""
+    noise = LocalFeatureNoise(epsilon_per_feature=1.0)
+    n = 200_000
+
+    def sample(value, seed):
+        return lambda m: noise.apply(np.full((m, 1), value, dtype=np.uint8),
+                                     _streams(m, seed=seed, purpose="local")).astype(np.int64)[:, 0]
+    DPTester(n_samples=n).assert_dp(sample(0, 31), sample(255, 32), epsilon=1.0)
 
 
 def test_conversion_generator_shapes():

@@ -258,3 +258,41 @@ def test_split_and_mix_sum_is_epsilon_delta_dp_and_fewer_clients_than_planned_ar
     result = tester.run(_shuffle_sum(planned, 20, 0, 3), _shuffle_sum(planned, 20, 8, 4),
                         epsilon=EPSILON, delta=planned.total_delta)
     assert not result.passed and result.epsilon_lower_bound > EPSILON
+
+
+@pytest.mark.parametrize("clients", [20, 10_000])
+def test_split_and_mix_meets_the_requested_delta_by_an_independent_computation(clients):
+    """The requested (epsilon, delta) holds for the summed noise all clients add: the binomial's
+    hockey-stick divergence at epsilon against its shift by the value bound B (both directions,
+    from scipy's pmf) plus the secure summation's (1 + e^epsilon) 2^-sigma. Few clients: each
+    adds many fair coins; many clients: one biased coin each (the threshold's fine grid)."""
+    from scipy import stats
+
+    bound = 8
+    spec = SplitAndMix(num_clients=clients, value_bound=bound, epsilon=EPSILON, delta=1e-5, sigma=20)
+    trials = clients * spec.noise_trials_per_client
+    y = np.arange(-bound, trials + bound + 1)
+    pmf = stats.binom.pmf(y, trials, spec.noise_probability)
+    noise_delta = 0.0
+    for shift in (bound, -bound):
+        moved = stats.binom.pmf(y - shift, trials, spec.noise_probability)
+        noise_delta = max(noise_delta, float(np.clip(pmf - math.exp(EPSILON) * moved, 0, None).sum()))
+    summation_delta = (1 + math.exp(EPSILON)) * 2.0 ** -spec.sigma
+    assert noise_delta + summation_delta <= spec.delta * (1 + 1e-9), (noise_delta, summation_delta)
+
+
+@pytest.mark.parametrize("clients", [20, 10_000])
+def test_each_client_adds_the_planned_binomial_noise(clients):
+    """Client side: what one client's shares sum to, less its value, is the Binomial(k, rho) the
+    calibration planned (mean and variance within 5 standard errors over 20,000 clients), so
+    that the clients' noise together is the binomial whose delta the calibration computed."""
+    spec = SplitAndMix(num_clients=clients, value_bound=8, epsilon=EPSILON, delta=1e-5, sigma=20)
+    n = 20_000
+    values = np.arange(n) % 9
+    shares = spec.encode(values, source=_source(7), ids=np.arange(n))
+    noise = ((shares.sum(axis=1, dtype=np.uint64) & np.uint64(spec.modulus - 1)).astype(np.int64)
+             - values)
+    k, rho = spec.noise_trials_per_client, spec.noise_probability
+    mean, var = k * rho, k * rho * (1 - rho)
+    assert abs(noise.mean() - mean) <= 5 * math.sqrt(var / n) + 1e-12
+    assert noise.var() == pytest.approx(var, rel=5 * math.sqrt(2 / n) + 1e-9, abs=1e-9)

@@ -40,6 +40,43 @@ def test_budget_splits_the_campaign_epsilon_over_scopes_and_measures():
     assert gauss.total().delta == pytest.approx(1e-6)
 
 
+#: What one person moves, from the register argument (checked by the sensitivity test below):
+#: (L1, L2) of the reach and of the histogram. Adding or removing a person changes one register
+#: (reach by 1, one bin by 1); replacing one removes a person from a register and adds one to
+#: another: reach by at most 1, the histogram by 2 in L1 and L2 (one bin by 2 at worst).
+ONE_PERSON = {Neighbouring.ADD_REMOVE: {"reach": (1, 1), "frequency": (1, 1)},
+              Neighbouring.SUBSTITUTE: {"reach": (1, 1), "frequency": (2, 2)}}
+
+
+@pytest.mark.parametrize("neighbouring", list(ONE_PERSON), ids=lambda n: n.value)
+@pytest.mark.parametrize("kind", ["discrete_laplace", "discrete_gaussian"])
+def test_a_campaigns_statistics_compose_within_its_budget_by_an_independent_computation(kind, neighbouring):
+    """A person may appear at every publisher: all 2 (P + 1) statistics move at once. Their
+    true privacy losses -- discrete Laplace: the person's L1 shift over the scale; discrete
+    Gaussian: delta at the stated epsilon from dp_accounting's PLD of the person's L2 shift --
+    must compose (basic composition) within the campaign's (epsilon, delta)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    publishers = 3
+    budget = PrivacyBudget(epsilon=2.0, delta=1e-6 if kind == "discrete_gaussian" else 0.0)
+    noise = ReachFrequencyNoise(budget=budget, num_publishers=publishers, reach_fraction=0.3,
+                                kind=kind, neighbouring=neighbouring)
+    specs = {"reach": noise.reach_spec(), "frequency": noise.histogram_spec()}
+    epsilon = delta = 0.0
+    for name, spec in specs.items():
+        l1, l2 = ONE_PERSON[neighbouring][name]
+        if kind == "discrete_laplace":
+            epsilon += l1 / spec.unit_scale
+        else:
+            epsilon += spec.epsilon
+            delta += pld.from_discrete_gaussian_mechanism(
+                spec.unit_scale, sensitivity=l2, value_discretization_interval=1e-4) \
+                .get_delta_for_epsilon(spec.epsilon)
+    scopes = publishers + 1
+    assert scopes * epsilon <= budget.epsilon * (1 + 1e-9)
+    assert scopes * delta <= budget.delta * (1 + 1e-2)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(num_publishers=0), "num_publishers"),
     (dict(num_publishers=2, reach_fraction=1.0), "reach_fraction"),
