@@ -45,8 +45,9 @@ setup(
         "dataframes": ["pandas>=2.0", "polars>=1.0"],
         # PipelineDP and Tumult pin their own dependencies: the benchmarks install them in
         # virtualenvs of their own under benchmarks/.venvs/ (`make bench-peers`). Polars runs the
-        # columnar floor the speed benchmarks compare with (benchmarks/columnar_floor.py).
-        "bench": ["matplotlib>=3.7", "polars>=1.0"],
+        # columnar floor the speed benchmarks compare with (benchmarks/columnar_floor.py); py-spy
+        # samples every thread of a leg (a threaded DoFn's work included) when profiling one.
+        "bench": ["matplotlib>=3.7", "polars>=1.0", "py-spy>=0.3"],
         "plot": ["matplotlib>=3.7"],
         # `make test-browser`: the catalog's pages in Debian's chromium (apt-get), driven through
         # Debian's chromedriver (never a browser download of a test tool's own).

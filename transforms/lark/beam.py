@@ -26,6 +26,7 @@ from transforms.lark import browser, combine, helper as core
 from transforms.lark.local_dp import LocalFeatureNoise
 from transforms.lark.model import LogisticModel
 from transforms.lark.params import AggregationParams, GradientParams
+from transforms.parallel import ThreadedDoFn, threads_for
 from transforms.randomness import RandomSource, SystemRandomness
 
 NAMESPACE = "masked_lark"
@@ -130,36 +131,56 @@ class MergePartialsFn(beam.CombineFn):
         return core.merge_partials(accumulator) if accumulator else None
 
 
-class _PartialsFn(CountingDoFn):
-    def __init__(self, compute):
+class _PartialsFn(CountingDoFn, ThreadedDoFn, beam.DoFn):
+    """A report table -> its (batch id, partial) pairs. With threads > 1
+    (:func:`transforms.parallel.threads_for`: the in-process engine's cores) tables are parsed
+    and summed on that many threads of the instance (numpy and Arrow release the GIL), outputs
+    in input order; a table's partials are a function of the table alone, so threads change no
+    output."""
+
+    def __init__(self, compute, threads: int = 1):
         self._compute = compute
         self._counters = Counters(NAMESPACE)
+        self._threads(threads, "lark-partials")
 
-    def process(self, table: pa.Table):
+    def process(self, table: pa.Table, timestamp=beam.DoFn.TimestampParam,
+                window=beam.DoFn.WindowParam):
+        yield from self._submit(self._partials, (table,), timestamp, window)
+
+    def _partials(self, table: pa.Table):
         partials, stats = self._compute(table)
-        self._counters.inc("reports_read", stats.reports)
-        self._counters.inc("reports_malformed", stats.malformed)
-        for name, value in stats.faults.items():
-            self._counters.inc(f"reports_dropped_{name}", value)
-        for partial in partials:
-            yield partial.batch_id, partial
+        counts = [("reports_read", stats.reports), ("reports_malformed", stats.malformed)]
+        counts += [(f"reports_dropped_{name}", value) for name, value in stats.faults.items()]
+        return [(partial.batch_id, partial) for partial in partials], counts
+
+    def count(self, name: str, amount: int) -> None:
+        self._counters.inc(name, amount)
 
 
-class _ReleaseFn(CountingDoFn):
-    def __init__(self, release):
+class _ReleaseFn(CountingDoFn, ThreadedDoFn, beam.DoFn):
+    """A batch's merged partial -> its released table (or none). With threads > 1 batches are
+    screened (their report ids sorted) and noised on that many threads, outputs in input order;
+    a batch's release is a function of its partial and the key alone."""
+
+    def __init__(self, release, threads: int = 1):
         self._release = release
         self._counters = Counters(NAMESPACE)
+        self._threads(threads, "lark-release")
 
-    def process(self, element):
+    def process(self, element, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
         _, partial = element
         if partial is None:
             return
+        yield from self._submit(self._released, (partial,), timestamp, window)
+
+    def _released(self, partial):
         table, outcome = self._release(partial)
-        self._counters.inc(f"batches_{outcome.status}", 1)
-        self._counters.inc("keys_released", outcome.keys_released)
-        self._counters.inc("keys_suppressed_k_anonymity", outcome.keys_suppressed)
-        if table is not None:
-            yield table
+        counts = [(f"batches_{outcome.status}", 1), ("keys_released", outcome.keys_released),
+                  ("keys_suppressed_k_anonymity", outcome.keys_suppressed)]
+        return ([table] if table is not None else []), counts
+
+    def count(self, name: str, amount: int) -> None:
+        self._counters.inc(name, amount)
 
 
 class _AggregationCompute:
@@ -217,11 +238,11 @@ class HelperAggregate(beam.PTransform):
         _check_key(self._params, self._key, "HelperAggregate",
                    f"masked-lark/aggregation/helper={self._helper}")
         return (reports
-                | "Partials" >> Counted(_PartialsFn(_AggregationCompute(self._params,
-                                                                        self._helper)))
+                | "Partials" >> Counted(_PartialsFn(_AggregationCompute(self._params, self._helper),
+                                                    threads_for(reports.pipeline)))
                 | "MergePerBatch" >> beam.CombinePerKey(MergePartialsFn())
                 | "Release" >> Counted(_ReleaseFn(_AggregationRelease(
-                    self._params, self._helper, self._key))))
+                    self._params, self._helper, self._key), threads_for(reports.pipeline))))
 
 
 class HelperGradient(beam.PTransform):
@@ -243,10 +264,11 @@ class HelperGradient(beam.PTransform):
                    f"masked-lark/gradient/helper={self._helper}")
         return (reports
                 | "Partials" >> Counted(_PartialsFn(_GradientCompute(
-                    self._params, self._model, self._helper)))
+                    self._params, self._model, self._helper), threads_for(reports.pipeline)))
                 | "MergePerBatch" >> beam.CombinePerKey(MergePartialsFn())
                 | "Release" >> Counted(_ReleaseFn(_GradientRelease(
-                    self._params, self._model, self._helper, self._key))))
+                    self._params, self._model, self._helper, self._key),
+                    threads_for(reports.pipeline))))
 
 
 # --------------------------------------------------------------------------- ad server

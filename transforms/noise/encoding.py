@@ -249,6 +249,103 @@ def encode_keys_matrix(keys, pad_to: int = 1):
     return padded[:, :width]
 
 
+#: At most this many distinct layouts (per-column text lengths) go the grouped way of
+#: :func:`encode_keys_layouts`; keys with more (free text of many lengths) take Arrow's joins.
+_MAX_LAYOUTS = 256
+
+
+def _text_buffers(column: pa.Array):
+    """(offsets, data) of a null-free string or binary array as numpy: n + 1 int64 offsets into
+    the uint8 data buffer (read in place: Arrow's own buffers, the array's slice offset applied)."""
+    large = pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type)
+    buffers = column.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=np.int64 if large else np.int32)
+    offsets = offsets[column.offset:column.offset + len(column) + 1].astype(np.int64)
+    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
+    return offsets, data
+
+
+def encode_keys_layouts(keys, pad_to: int = 1):
+    """The bytes of :func:`encode_keys` grouped by layout, for Arrow key columns of integers,
+    booleans, floats, text and bytes (dictionary-encoded or not) without nulls: a list of
+    ``(rows, matrix)``, ``rows`` an int64 array of row positions, ``matrix`` the (len(rows),
+    width) uint8 matrix of those rows' encodings, all ``width`` bytes long (as for
+    :func:`encode_keys_matrix`: a view of a zero-padded matrix, ``pad_to``). Keys whose text
+    components have the same lengths have the same layout, so each group is written column by
+    column with strided numpy stores and one gather per text column, with no Arrow binary arrays in
+    between. None for other keys (other types, nulls, more than :data:`_MAX_LAYOUTS` layouts)."""
+    if isinstance(keys, (pa.Array, pa.ChunkedArray)):
+        keys = pa.table({"k": keys})
+    if not isinstance(keys, (pa.Table, pa.RecordBatch)):
+        return None
+    n = keys.num_rows
+    columns = [plain_column(column) for column in keys.columns]
+    parts, text_lengths = [], []
+    for column in columns:
+        if column.null_count:
+            return None
+        typ = column.type
+        if _type_width(typ) is not None:
+            parts.append(("fixed", column, None))
+            continue
+        if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+            tag = b"S"
+        elif pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
+            tag = b"Y"
+        else:
+            return None
+        buffers = _text_buffers(column)
+        parts.append(("text", buffers, tag))
+        text_lengths.append(np.diff(buffers[0]))
+    # One code per row naming its text lengths (mixed radix); rows of one code share a layout.
+    code = np.zeros(n, dtype=np.int64)
+    radix = 1
+    for lengths in text_lengths:
+        top = int(lengths.max()) + 1 if n else 1
+        if radix * top >= 1 << 62:
+            return None
+        code += lengths * radix
+        radix *= top
+    if radix == 1 or not n:
+        groups = [np.arange(n)]
+    else:
+        counts = np.bincount(code) if radix <= 1 << 20 else None
+        distinct = np.flatnonzero(counts) if counts is not None else np.unique(code)
+        if distinct.size > _MAX_LAYOUTS:
+            return None
+        if distinct.size == 1:
+            groups = [np.arange(n)]
+        else:
+            order = np.argsort(code.astype(np.uint16) if radix <= 1 << 16 else code, kind="stable")
+            sizes = counts[distinct] if counts is not None else np.unique(code, return_counts=True)[1]
+            groups = np.split(order, np.cumsum(sizes)[:-1])
+    out = []
+    for rows in groups:
+        whole = rows.size == n
+        sizes = [int(lengths[rows[0]]) if rows.size else 0 for lengths in text_lengths]
+        width = 5 + sum(_type_width(part.type) for kind, part, _ in parts if kind == "fixed") \
+            + sum(5 + size for size in sizes)
+        matrix = np.zeros((rows.size, -(-width // pad_to) * pad_to), dtype=np.uint8)
+        _fill_head(matrix, len(columns))
+        start, text = 5, 0
+        for kind, part, tag in parts:
+            if kind == "fixed":
+                _fill_fixed(part if whole else part.take(pa.array(rows)), matrix, start)
+                start += _type_width(part.type)
+                continue
+            offsets, data = part
+            size = sizes[text]
+            text += 1
+            _field(matrix, start, np.uint8)[:] = tag[0]
+            _field(matrix, start + 1, ">u4")[:] = size
+            if size:
+                first = offsets[:-1] if whole else offsets[rows]
+                matrix[:, start + 5:start + 5 + size] = data[first[:, None] + np.arange(size)]
+            start += 5 + size
+        out.append((rows, matrix[:, :width]))
+    return out
+
+
 def encode_keys(keys) -> pa.Array:
     """Canonical encodings (large_binary) of many keys: Python keys or Arrow key columns.
 

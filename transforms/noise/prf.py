@@ -15,7 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from transforms.noise.encoding import be_bytes, encode_keys, encode_keys_matrix, join_binary
+from transforms.noise.encoding import (be_bytes, encode_keys, encode_keys_layouts, encode_keys_matrix,
+                                      join_binary)
 
 _U64 = np.uint64
 
@@ -113,11 +114,21 @@ def _cbc_mac_blocks(mac_key: bytes, blocks: np.ndarray, width: int) -> np.ndarra
 def mac_keys(mac_key: bytes, keys) -> np.ndarray:
     """``cbc_mac`` of the canonical encodings of ``keys`` (:func:`encode_keys`): straight from a
     fixed-width byte matrix where every key encodes to the same length (integer, boolean or
-    float key columns), through Arrow binary arrays otherwise. Same outputs either way."""
+    float key columns), from one such matrix per layout where text or bytes columns vary in
+    length (:func:`encode_keys_layouts`), through Arrow binary arrays otherwise (nulls, dates,
+    free text of very many lengths). Same outputs on every path."""
     matrix = encode_keys_matrix(keys, pad_to=16)
     if matrix is not None:  # a view of its rows zero-padded to whole blocks (matrix.base)
         return _cbc_mac_blocks(mac_key, matrix.base, matrix.shape[1])
-    return cbc_mac(mac_key, encode_keys(keys))
+    layouts = encode_keys_layouts(keys, pad_to=16)
+    if layouts is None:
+        return cbc_mac(mac_key, encode_keys(keys))
+    if len(layouts) == 1:
+        return _cbc_mac_blocks(mac_key, layouts[0][1].base, layouts[0][1].shape[1])
+    out = np.empty((sum(rows.size for rows, _ in layouts), 16), dtype=np.uint8)
+    for rows, matrix in layouts:  # one length per layout: each the fixed-width path
+        out[rows] = _cbc_mac_blocks(mac_key, matrix.base, matrix.shape[1])
+    return out
 
 
 def mac_words(mac: np.ndarray) -> np.ndarray:
