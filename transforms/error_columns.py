@@ -83,6 +83,20 @@ def combination(spec, coefficients) -> NoiseError:
                       halfwidth=float(np.sum(a) * spec.ci_halfwidth(1 - (1 - LEVEL) / k)))
 
 
+def binomial(trials: int, probability: float) -> NoiseError:
+    """The error of ``B - trials p`` (centred Binomial(trials, p) noise, the shuffle model's
+    summed noise shares): std ``sqrt(trials p (1 - p))``; half-width the larger distance from the
+    mean to the binomial's 2.5% and 97.5% quantiles (the interval between them holds at least
+    95%, so the symmetric one around the mean that contains it does too)."""
+    from scipy import stats  # lazily, as NoiseSpec.ci_halfwidth does
+
+    mean = trials * probability
+    tail = (1 - LEVEL) / 2
+    low, high = stats.binom.ppf([tail, 1 - tail], trials, probability)
+    return NoiseError(std=float(np.sqrt(trials * probability * (1 - probability))),
+                      halfwidth=float(max(mean - low, high - mean)))
+
+
 def arrays(values, std, halfwidth):
     """``(low, high, std)`` float64 arrays beside ``values`` (one per value; ``std`` and
     ``halfwidth`` scalars or per-value arrays); NaN where a value is NaN."""
