@@ -342,9 +342,11 @@ def test_config_cli_holds_gamma_at_one_and_chooses_for_drift(tmp_path, conversio
     cfg_path = tmp_path / "cfg.json"
     base = ["--train", path, "--slice_dimensions", "2,90", "--epsilon", "4",
             "--output", str(cfg_path)]
-    assert ara_config.main(base + ["--estimate_scales", "one"]) == 0
+    assert ara_config.main(base + ["--selection", "training", "--estimate_scales", "one"]) == 0
     held = ContributionConfig.from_json(cfg_path.read_text())
     assert (held.scale_array == 1).all() and "estimate scales held at 1" in capsys.readouterr().out
+    assert ara_config.main(base) == 0  # the default: the drift-robust choice
+    assert "value drifts x0.5..x2" in capsys.readouterr().out
     assert ara_config.main(base + ["--selection", "drift_robust", "--estimate_scales", "one",
                                    "--drift_factors", "0.5,1,2"]) == 0
     out = capsys.readouterr().out
