@@ -94,8 +94,11 @@ def _summary_spec() -> AuditSpec:
     # 65,536 in L1 (and in any one bucket)
     return AuditSpec(job=None, units=SUMMARY_UNITS, reports=marker_rule(("outputs.*.sha256",)),
                      tables={"summary.csv": TableRule(
-                         keys=("bucket",), noisy=("noisy_sum",), public_keys=released,
-                         bounds={"noisy_sum": Bound(l0=len(BUCKETS), linf=65536, l1=65536)})})
+                         # the interval moves with the value, by its bound; the std is public
+                         keys=("bucket",), public_keys=released,
+                         noisy=("noisy_sum", "noisy_sum_ci95_low", "noisy_sum_ci95_high"),
+                         bounds={c: Bound(l0=len(BUCKETS), linf=65536, l1=65536) for c in (
+                             "noisy_sum", "noisy_sum_ci95_low", "noisy_sum_ci95_high")})})
 
 
 def _split_reports(unit, batch):
