@@ -110,6 +110,8 @@ def randomizer_of(request):
 #: noise of a fixed distribution, so no value has an interval from public information alone.
 LABEL_ERROR = ("a randomized label: its error is the transition matrix (debias.jsonl, public); "
                "no error columns: a label is not a number")
+UNBIASED_ERROR = ("no error columns: the unbiased estimate of one example's label (the debias "
+                  "matrix row of its randomized label); its error depends on the true label")
 COUNT_ERROR = ("randomized_count counts the randomized labels (no added noise): its deviation "
                "from the true class count depends on the true counts; estimated_count debiases it")
 ESTIMATE_ERROR = ("estimated_count_std is the exact standard deviation of the unbiased count "
@@ -302,7 +304,9 @@ class LabelDPJob(Job):
                                 schema=dataset_schema(request, randomizer),
                                 noisy=[request.label_column] + (
                                     [UNBIASED] if randomizer.debias_matrix() is not None else []),
-                                errors={request.label_column: LABEL_ERROR},
+                                errors={request.label_column: LABEL_ERROR, **(
+                                    {UNBIASED: UNBIASED_ERROR}
+                                    if randomizer.debias_matrix() is not None else {})},
                                 description="the training rows with randomized labels"),
                      OutputSpec(name=DEBIAS, sort_by=["label_index"],
                                 schema=debias_schema(randomizer),
