@@ -343,8 +343,9 @@ def _summary_reports_audit() -> JobAudit:
                 output_domain=files["domain"][0], epsilon=4.0, batch_id="audit",
                 options=options)),
         units=units, datasets=datasets,
-        tables={"*/summary.csv": TableRule(keys=("bucket",), noisy=("noisy_sum",),
-                                           public_keys=released)},
+        # noisy_sum's interval moves with it; its std is public and must not move
+        tables={"*/summary.csv": TableRule(keys=("bucket",), noisy=(
+            "noisy_sum", "noisy_sum_ci95_low", "noisy_sum_ci95_high"), public_keys=released)},
         measures={"*/summary.csv": {"noisy_sum": "summary"}},
         changes=(Change.ADD_HEAVY, Change.ADD_MIXED_IDS, Change.REBATCH),
         noisy_changes=(Change.REBATCH,))
@@ -422,9 +423,14 @@ def _centralnotice_audit(thresholds: bool = False, spread: bool = False) -> JobA
         units=units,
         datasets=datasets,
         # impressions are never thresholded away (LOW), so every public key stays released
+        # each value's interval moves with it; its std is public (null only where a threshold
+        # suppressed the value, so with thresholds it is an indicator like the value)
         tables={"*/centralnotice.parquet": TableRule(
-            keys=CN_CLK_HEADER[:5], noisy=("impressions", "clicks"), public_keys=released,
-            thresholded=("clicks",) if thresholds else ())},
+            keys=CN_CLK_HEADER[:5], public_keys=released,
+            noisy=("impressions", "impressions_ci95_low", "impressions_ci95_high", "clicks",
+                   "clicks_ci95_low", "clicks_ci95_high") + (("clicks_std",) if thresholds else ()),
+            thresholded=("clicks", "clicks_ci95_low", "clicks_ci95_high", "clicks_std")
+            if thresholds else ())},
         measures={"*/centralnotice.parquet": {"impressions": "impressions", "clicks": "clicks"}},
         changes=changes, noisy_changes=(Change.REBATCH,), slow=spread, **extra)
 
@@ -751,7 +757,7 @@ def _event_level_audit() -> JobAudit:
         tables={"*/reports.csv": TableRule(keys=("source_id", "window", "trigger_data", "n"),
                                            keys_private=True, changed_keys=2 * max_reports),
                 "*/estimates.csv": TableRule(keys=("campaign", "trigger_data"),
-                                             noisy=("estimate", "variance", "standard_error"),
+                                             noisy=("estimate", "variance", "estimate_std"),
                                              public_keys=estimates, order=Order.PUBLIC)},
         measures={"*/estimates.csv": {"estimate": "event_level_reports"}},
         keys_private=True,         # the marker's row count of reports.csv is the noisy reports'
@@ -842,7 +848,7 @@ def _ldp_frequencies_audit() -> JobAudit:
                 collection_id="audit", options=options)),
         units=client_units(range(domain)), relation="substitute",
         datasets=lambda: [clients_dataset(values)],
-        tables={"*/estimates.csv": TableRule(keys=("value",), noisy=("estimate", "frequency", "std"),
+        tables={"*/estimates.csv": TableRule(keys=("value",), noisy=("estimate", "frequency", "estimate_std"),
                                              public_keys=[(v,) for v in range(domain)])},
         changes=CLIENT_CHANGES, noisy_changes=())
 
@@ -875,10 +881,10 @@ def _ldp_heavy_hitters_audit() -> JobAudit:
         datasets=lambda: [clients_dataset(values)],
         # ranks 1..k are public; each round's candidates are post-processing of the reports
         tables={"*/heavy_hitters.csv": TableRule(
-                    keys=("rank",), noisy=("value", "estimate", "frequency", "std"),
+                    keys=("rank",), noisy=("value", "estimate", "frequency", "estimate_std"),
                     public_keys=[(r,) for r in range(1, 4)]),
                 "*/rounds.csv": TableRule(keys=("round", "value"),
-                                          noisy=("estimate", "frequency", "std"), keys_private=True)},
+                                          noisy=("estimate", "frequency", "estimate_std"), keys_private=True)},
         keys_private=True, changes=CLIENT_CHANGES, noisy_changes=())
 
 
@@ -904,9 +910,11 @@ def _shuffle_sum_audit() -> JobAudit:
                 delta=1e-6, collection_id="audit", options=options)),
         units=client_units(range(6)), relation="substitute",
         datasets=lambda: [clients_dataset(values)],
-        # one row: the estimate is noisy; std, clients and messages are public (the shuffler
-        # sees the counts) and must not move when one client's value is replaced
-        tables={"*/sum.csv": TableRule(keys=(), noisy=("estimate",))},
+        # one row: the estimate and its interval are noisy; estimate_std, clients and messages
+        # are public (the shuffler sees the counts) and must not move when one client's value is
+        # replaced
+        tables={"*/sum.csv": TableRule(keys=(), noisy=("estimate", "estimate_ci95_low",
+                                                       "estimate_ci95_high"))},
         changes=CLIENT_CHANGES, noisy_changes=())
 
 
@@ -1095,7 +1103,8 @@ def _lark_audits() -> list[JobAudit]:
                  datasets=_lark_records, relation="substitute", reports=markers,
                  tables={**_LARK_REPORTS, **_LARK_HELPERS,
                          "combine/*/aggregates.csv": TableRule(
-                             keys=("batch_id", "key"), noisy=("value",),
+                             keys=("batch_id", "key"),
+                             noisy=("value", "value_ci95_low", "value_ci95_high"),
                              public_keys=[("b1", "A"), ("b1", "B")])},
                  measures={"combine/*/aggregates.csv": {"value": "helper-0/aggregation"}},
                  changes=(Change.REPLACE_VALUES, Change.REBATCH), noisy_changes=()),

@@ -673,9 +673,6 @@ COVERED_ELSEWHERE = {
                                       "the operator view, built by every catalog run"),
     "pipelines/ldp/collection.py": (("tests/pipelines/ldp/test_ldp_jobs.py",),
                                     "what the LDP jobs share, through the jobs"),
-    "pipelines/masked_lark/config.py": (("tests/pipelines/masked_lark/test_masked_lark_jobs.py",
-                                         "tests/pipelines/release/test_textfiles.py"),
-                                        "the aggregation parameters file, read by every LARk job"),
     "pipelines/release/job.py": (("tests/pipelines/release/test_release_layer.py",
                                   "tests/transforms/test_released_files.py"),
                                  "the Job interface, through toy jobs and the library sink"),
@@ -749,7 +746,8 @@ def test_tests_mirror_the_code():
 #: configuration reader and schema check, and CentralNotice's configuration parser (the public schedule).
 CATALOG_READS = {"pipelines.release.layout", "pipelines.release.storage",
                  "pipelines.release.textfiles", "pipelines.release.config_schema",
-                 "pipelines.centralnotice.config"}
+                 "pipelines.centralnotice.config",
+                 "transforms.error_columns"}  # the error columns' naming rule (numpy, no Beam)
 #: Libraries the catalog renders and checks with (none imports Beam).
 CATALOG_LIBRARIES = {"jinja2", "markupsafe", "jsonschema"}
 

@@ -101,6 +101,7 @@ from accounting.guarantee import compose as compose_measures
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds, Neighbouring
 from accounting.shared_budget import BudgetPart, selection_measure
+from transforms import error_columns
 from transforms.bounding_stage import BoundedKeyPartials, BoundingConfig, check_schema
 from transforms.keyset import PublicKeyset
 from transforms.metrics import (Metric, MetricKind, as_metric, is_integer_range, is_moment,
@@ -426,16 +427,11 @@ class DPAggregate(beam.PTransform):
         says how they are computed."""
         if metric.kind in (MetricKind.COUNT, MetricKind.SUM, MetricKind.PRIVACY_UNIT_COUNT):
             std, half = self._single_noise(metric)
-            return [OutputColumn(name=metric.column + "_ci95_low", follows=metric.column,
-                                 derive=functools.partial(_offset_output, source=released, offset=-half)),
-                    OutputColumn(name=metric.column + "_ci95_high", follows=metric.column,
-                                 derive=functools.partial(_offset_output, source=released, offset=half)),
-                    OutputColumn(name=metric.column + "_std", follows=metric.column,
-                                 derive=functools.partial(_constant_output, source=released, value=std))]
+            return error_columns.output_columns(released, error_columns.NoiseError(std=std, halfwidth=half))
         errors = self._derived_errors(metric)
-        return [OutputColumn(name=metric.column + suffix, follows=metric.column,
+        return [OutputColumn(name=name, follows=metric.column,
                              derive=functools.partial(_error_output, errors=errors, part=part))
-                for suffix, part in (("_ci95_low", 1), ("_ci95_high", 2), ("_std", 0))]
+                for name, part in zip(error_columns.names(metric.column), (1, 2, 0))]
 
     def _derived_errors(self, metric: Metric):
         """``noisy answers -> (std, ci low, ci high)`` of a mean, variance or standard deviation
@@ -524,8 +520,7 @@ class DPAggregate(beam.PTransform):
                     typ = pa.float64()
                 fields.append(pa.field(column, typ))
             if self._output.error_columns and metric.kind in ERROR_COLUMN_KINDS:
-                for suffix in ("_ci95_low", "_ci95_high", "_std"):
-                    fields.append(pa.field(metric.column + suffix, pa.float64()))
+                fields += [pa.field(name, pa.float64()) for name in error_columns.names(metric.column)]
         return pa.schema(fields)
 
     def expand(self, pcoll):
@@ -652,14 +647,6 @@ def _outside_keyset(table: pa.Table, *, keyset: PublicKeyset) -> pa.Table:
 def _keyset_type(keyset, column):
     batch = keyset.batch_at(0, max_rows=1)
     return batch.schema.field(column).type
-
-
-def _offset_output(noisy, *, source, offset):
-    return np.asarray(source.values(noisy), dtype=np.float64) + offset
-
-
-def _constant_output(noisy, *, source, value):
-    return np.full(len(source.values(noisy)), value, dtype=np.float64)
 
 
 def _sum_output(noisy, *, nsum, count, midpoint):

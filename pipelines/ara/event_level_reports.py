@@ -20,8 +20,10 @@ Output: release ``event_level_reports/<batch_id>`` with
   sends), sorted;
 * ``estimates.csv``: per group of registered sources and trigger-data value (empty
   ``trigger_data``: all values), ``sources`` (public), the debiased ``estimate`` of attributed
-  conversions, its ``variance`` estimate and ``standard_error``; one row per group and value
-  whatever the reports.
+  conversions, its ``variance`` estimate and ``estimate_std`` (its square root, clamped at 0: the
+  error columns' naming, :mod:`transforms.error_columns`); one row per group and value whatever
+  the reports. No 95% interval: the estimate's variance depends on the group's true conversions
+  (``RELEASE.json`` says so, :data:`NO_INTERVAL`).
 
 Privacy: epsilon-DP per source for the neighbouring relation "one source's conversions added,
 removed or replaced" (k-ary randomized response; no additive noise). The estimates are
@@ -65,7 +67,14 @@ REPORTS = "reports.csv"
 ESTIMATES = "estimates.csv"
 #: Column names of the estimates table that a group column may not take.
 _RESERVED = ("source_id", "trigger_data", "window", "sources", "estimate", "variance",
-             "standard_error")
+             "estimate_std")
+#: Why the debiased estimate has a std and no 95% interval (the estimates table's errors).
+NO_INTERVAL = ("estimate_std is the square root of variance, an unbiased estimate of the "
+               "debiased count's variance from the released reports (clamped at 0): randomized "
+               "response adds no noise of a fixed distribution, and the estimator's variance "
+               "depends on the group's true conversions. No 95% interval is released: none of "
+               "stated coverage follows from public information alone (+/-1.96 estimate_std is a "
+               "normal approximation only)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,7 +156,7 @@ def _estimates_schema(group_by: Sequence[str]) -> pa.Schema:
     return pa.schema([(g, pa.string()) for g in group_by]
                      + [("trigger_data", pa.int64()), ("sources", pa.int64()),
                         ("estimate", pa.float64()), ("variance", pa.float64()),
-                        ("standard_error", pa.float64())])
+                        ("estimate_std", pa.float64())])
 
 
 def _reports_schema() -> pa.Schema:
@@ -278,7 +287,8 @@ class EventLevelReportsJob(Job):
                                 description="one row per noisy event-level report"),
                      OutputSpec(name=ESTIMATES, sort_by=[*request.group_by, "trigger_data"],
                                 schema=_estimates_schema(request.group_by),
-                                noisy=["estimate", "variance", "standard_error"],
+                                noisy=["estimate", "variance", "estimate_std"],
+                                errors={"estimate": NO_INTERVAL},
                                 description="debiased attributed conversions per group of "
                                             "registered sources and trigger-data value")],
             config={"epsilon": request.epsilon, "trigger_data_cardinality":

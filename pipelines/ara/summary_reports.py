@@ -17,7 +17,9 @@ Inputs (``--input_format``, default from the file names):
 
 Output: release ``summary_reports/<batch_id>`` (``summary.csv``): ``bucket,noisy_sum[,estimate]``
 per declared bucket (hex key; ``estimate`` = algorithm R when ``--config`` is given), sorted by
-bucket. The output domain is ``--output_domain`` (one key per line), or for conversions, every
+bucket, each value followed by its error columns ``<value>_ci95_low``, ``<value>_ci95_high`` and
+``<value>_std`` (:mod:`transforms.error_columns`): the noise's, from the stated discrete Laplace
+noise only (an estimate's through its public coefficients; ``RELEASE.json`` states how). The output domain is ``--output_domain`` (one key per line), or for conversions, every
 bucket of the configuration.
 
 Privacy: one source (impression) contributes at most 65,536 in L1 (algorithm C, re-applied here),
@@ -74,7 +76,9 @@ from transforms.ara.beam import (ROUNDING_PURPOSE, SUMMARY_PURPOSE, BoundSourceC
                                  SummaryReport, batch_purpose, conversion_rows,
                                  max_report_totals)
 from transforms.ara.contribution import CONTRIBUTION_BUDGET, ContributionConfig
-from transforms.ara.summary import check_summary_epsilon, key_bytes, parse_output_domain
+from transforms import error_columns
+from transforms.ara.summary import (check_summary_epsilon, key_bytes, parse_output_domain,
+                                    summary_noise_spec)
 
 NAME = "summary_reports"
 OUTPUT = "summary.csv"
@@ -123,8 +127,51 @@ def _format(request) -> str:
 
 
 def _schema(with_estimate: bool) -> pa.Schema:
-    fields = [("bucket", pa.string()), ("noisy_sum", pa.int64())]
-    return pa.schema(fields + ([("estimate", pa.float64())] if with_estimate else []))
+    """bucket, noisy_sum[, estimate], each value followed by its error columns."""
+    fields = [("bucket", pa.string())]
+    for value, typ in [("noisy_sum", pa.int64())] + ([("estimate", pa.float64())] if with_estimate else []):
+        fields += [(value, typ)] + [(name, pa.float64()) for name in error_columns.names(value)]
+    return pa.schema(fields)
+
+
+def _errors(config, spec) -> dict:
+    """The released values' error statements (the output's ``errors``)."""
+    out = {"noisy_sum": error_columns.NoiseError.of(spec).describe(
+        "noisy_sum", "algorithm S's discrete Laplace noise, scale 65,536 / epsilon")}
+    if config is not None:
+        low, high, std = error_columns.names("estimate")
+        out["estimate"] = (
+            f"{std}, {low}/{high}: algorithm R's estimate is a linear combination of noisy sums "
+            "with public coefficients (the configuration's gamma C / b; a padding bucket's count "
+            "sums its slice's main buckets, a split measure's value its two parts): std = the "
+            "noise's std times the coefficients' L2 norm; interval = estimate -/+ their L1 norm "
+            "times the noise's half-width at level 1 - 5%/k for k terms (a union bound; exact for "
+            "one term); null where the estimate is. From the stated noise only (public): they "
+            "describe the noise, not the clipping, rounding and dropping bias of algorithms A "
+            "and C, which depend on the data")
+    return out
+
+
+def _with_errors(rows, schema, keys, config, spec) -> pa.Table:
+    """The released table: ``rows`` (key bytes, noisy sum[, estimate]) with error columns."""
+    buckets = [int.from_bytes(r[0], "big") for r in rows]
+    columns = {"bucket": pa.array([f"{k:#034x}" for k in buckets], pa.string()),
+               "noisy_sum": pa.array([r[1] for r in rows], pa.int64())}
+    sums = error_columns.NoiseError.of(spec)
+    parts = [("noisy_sum", error_columns.arrays(columns["noisy_sum"].to_numpy(zero_copy_only=False),
+                                                sums.std, sums.halfwidth))]
+    if config is not None:
+        estimate = np.array([np.nan if r[2] is None else r[2] for r in rows], dtype=np.float64)
+        columns["estimate"] = pa.array(estimate, pa.float64(), mask=np.isnan(estimate))
+        errors = [None if c is None else error_columns.combination(spec, c)
+                  for c in config.estimate_coefficients(buckets)]
+        std = np.array([np.nan if e is None else e.std for e in errors], dtype=np.float64)
+        half = np.array([np.nan if e is None else e.halfwidth for e in errors], dtype=np.float64)
+        parts.append(("estimate", error_columns.arrays(estimate, std, half)))
+    for value, arrays in parts:
+        for name, array in zip(error_columns.names(value), arrays):
+            columns[name] = pa.array(array, pa.float64(), mask=np.isnan(array))
+    return pa.table({name: columns[name] for name in schema.names}, schema=schema)
 
 
 def numeric_columns(table: pa.Table, columns: Sequence[str]) -> pa.Table:
@@ -442,6 +489,7 @@ class SummaryReportsJob(Job):
                           description="one batch (aggregated once; epsilon <= 64)")],
             outputs=[OutputSpec(name=OUTPUT, sort_by=["bucket"], schema=_schema(config is not None),
                                 noisy=["noisy_sum"] + (["estimate"] if config else []),
+                                errors=_errors(config, spec),
                                 description="one row per declared bucket (hex key)")],
             config={"format": prepared.format, "epsilon": request.epsilon,
                     "contribution_config": None if config is None else json.loads(config.to_json()),
@@ -525,12 +573,10 @@ class SummaryReportsJob(Job):
             rows = noisy | release.label("Reconstruct") >> Reconstruct(config)
         else:
             rows = noisy | release.label("AsRows") >> beam.Map(lambda kv: (kv[0], kv[1]))
-        schema = _schema(config is not None)
+        schema, spec = _schema(config is not None), summary_noise_spec(request.epsilon)
         table = (rows
                  | release.label("All") >> beam.combiners.ToList()
-                 | release.label("Arrow") >> beam.Map(lambda rows: pa.Table.from_pylist(
-                     [dict(zip(schema.names, (f"{int.from_bytes(r[0], 'big'):#034x}", *r[1:])))
-                      for r in rows], schema=schema)))
+                 | release.label("Arrow") >> beam.Map(_with_errors, schema, keys, config, spec))
         return {OUTPUT: table}
 
 

@@ -6,10 +6,14 @@ All of it comes from configuration (``--metadata FILE``, format
 ``pipelines/catalog/dataset_metadata.schema.json`` (:mod:`pipelines.release.config_schema`:
 messages name the file and the field, never its content). ``defaults`` applies to every dataset;
 ``datasets[<dataset id>]`` overrides it field by field (``columns`` column by column). What no
-configuration states is shown as :data:`NOT_STATED`, never guessed -- with two exceptions that
+configuration states is shown as :data:`NOT_STATED`, never guessed -- with three exceptions that
 are facts of the releases themselves: the privacy unit defaults to the neighbouring relations the
-releases' measures state, and the methodology always lists the source documents behind each
-job's mechanisms (:data:`SOURCES`, by public name), after any configured links.
+releases' measures state; the methodology always lists the source documents behind each
+job's mechanisms (:data:`SOURCES`, by public name), after any configured links; and the error
+columns (:mod:`transforms.error_columns`) describe themselves: ``<c>_std``, ``<c>_ci95_low`` and
+``<c>_ci95_high`` get their meaning and ``<c>``'s unit unless configured, and a value column
+whose job states its error (``RELEASE.json``'s ``errors``: its error columns, or why it has
+none) gets that statement after its description.
 
 Nothing here is read from data: a description is public by construction (an operator writes it).
 """
@@ -115,10 +119,42 @@ def _agent(value: Optional[Mapping]) -> Optional[Agent]:
                                         email=value.get("email"))
 
 
+_ERROR_MEANING = {"_std": "standard deviation of the noise in {}",
+                  "_ci95_low": "lower end of the 95% noise interval around {}",
+                  "_ci95_high": "upper end of the 95% noise interval around {}"}
+
+
+def _with_errors(columns: dict, outputs) -> dict:
+    """``columns`` ({name: ColumnAbout}) with the released tables' error columns and error
+    statements (module docstring); ``outputs``: the dataset's OutputTables."""
+    from transforms import error_columns
+
+    out = dict(columns)
+    for table in outputs:
+        names = [c for c, _ in table.columns]
+        for name in names:
+            base = error_columns.base_column(name, names)
+            if base is None or name in columns:
+                continue
+            suffix = name[len(base):]
+            out[name] = ColumnAbout(
+                description=_ERROR_MEANING[suffix].format(base) + " (public: computed from the "
+                            "stated noise distribution, never from data; it describes the noise "
+                            "only, not the bias of bounding or clamping)",
+                unit=columns.get(base, ColumnAbout()).unit)
+        for name, statement in table.errors:
+            told = out.get(name, ColumnAbout())
+            if "Error: " not in told.description:
+                out[name] = ColumnAbout(description=f"{told.description}. Error: {statement}",
+                                        unit=told.unit)
+    return dict(sorted(out.items()))
+
+
 def about(dataset_id: str, jobs: Sequence[str], relations: Sequence[str],
-          metadata: Mapping) -> About:
+          metadata: Mapping, outputs: Sequence = ()) -> About:
     """The description of one dataset: ``defaults`` and then ``datasets[dataset_id]`` of the
-    (validated) metadata; ``relations``: the neighbouring relations its measures state."""
+    (validated) metadata; ``relations``: the neighbouring relations its measures state;
+    ``outputs``: its released tables (OutputTable), for their error columns."""
     own = (metadata.get("datasets") or {}).get(dataset_id) or {}
     merged = {**(metadata.get("defaults") or {}), **own}
     shared = (metadata.get("defaults") or {}).get("columns") or {}
@@ -133,6 +169,6 @@ def about(dataset_id: str, jobs: Sequence[str], relations: Sequence[str],
         citation=merged.get("citation", NOT_STATED), keywords=tuple(merged.get("keywords") or ()),
         privacy_unit=unit,
         methodology=configured + tuple(s for s in sources if s not in configured),
-        columns={name: ColumnAbout(description=c.get("description", NOT_STATED),
-                                   unit=c.get("unit", NOT_STATED))
-                 for name, c in sorted(columns.items())})
+        columns=_with_errors({name: ColumnAbout(description=c.get("description", NOT_STATED),
+                                                unit=c.get("unit", NOT_STATED))
+                              for name, c in sorted(columns.items())}, outputs))

@@ -179,7 +179,8 @@ def dataset_facts(dataset: Dataset, slug: str, uses: Mapping[str, catalog_budget
         thresholds=tuple(thresholds),
         caveats=tuple(_caveats(dataset, latest, rows_t, len(plans))),
         about=about(dataset.dataset_id, dataset.jobs,
-                    [m.measure.neighbouring for m in latest.measures], metadata),
+                    [m.measure.neighbouring for m in latest.measures], metadata,
+                    outputs=tuple(outputs.values())),
         gaps=tuple(gaps))
 
 

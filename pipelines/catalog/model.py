@@ -74,6 +74,8 @@ class OutputTable:
     noisy_columns: tuple
     description: str
     rows: Optional[int]
+    #: ((value column, its error statement), ...): the marker's ``errors`` (OutputSpec.errors)
+    errors: tuple = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -508,7 +510,8 @@ def parse_marker(marker, path: str, rel_folder: str, sizes: Mapping[str, Optiona
                 sorted_by=tuple(out.get("sorted_by") or ()),
                 noisy_columns=tuple(out.get("noisy_columns") or ()),
                 description=str(out.get("description", "")),
-                rows=out.get("rows") if isinstance(out.get("rows"), int) else None))
+                rows=out.get("rows") if isinstance(out.get("rows"), int) else None,
+                errors=tuple(sorted((str(c), str(t)) for c, t in (out.get("errors") or {}).items()))))
             files.append(PublishedFile(name=name, size=sizes.get(name), sha256=str(out["sha256"])))
         files.append(PublishedFile(name=MARKER, size=len(marker_bytes),
                                    sha256="sha256:" + hashlib.sha256(marker_bytes).hexdigest()))

@@ -8,7 +8,10 @@ One run makes one scheduled release (a campaign and a day, or a whole campaign; 
 configuration's ``schedule`` and ``--list_releases``), published by the release layer
 (:mod:`pipelines.release`) as ``<output>/<campaign>/<period>/v<version>/centralnotice.parquet``
 (or ``.csv``): one row per released key -- campaign_id, banner_id, country, project, date,
-impressions, clicks -- sorted by the key columns, with ``RELEASE.json`` beside it.
+impressions, clicks, each value followed by its error columns ``<value>_ci95_low``,
+``<value>_ci95_high`` and ``<value>_std`` (the noise's 95% interval around the value and its
+standard deviation, from the measure's stated noise: :mod:`transforms.error_columns`; null where
+the value is) -- sorted by the key columns, with ``RELEASE.json`` beside it.
 
 Mechanisms (seed 001, the Wikimedia CentralNotice feasibility report):
 
@@ -56,6 +59,7 @@ from pipelines.centralnotice.impressions import clean_impressions, per_key_contr
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepared,
                                ReleaseContext, ReleaseOptions, ReleaseRefused, cli)
 from pipelines.release import run as run_release
+from transforms import error_columns
 from transforms.bounding_stage import BoundedKeyPartials, BoundingConfig
 from transforms.counting import Counted, CountingDoFn
 from transforms.keyset import KEYSET_POSITION, PublicKeyset
@@ -64,7 +68,11 @@ from transforms.release import NoisedPartial, NoisyRelease, OutputColumn
 NAME = "centralnotice"
 SAMPLE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sample_data", "centralnotice")
 KEYS = list(KEY_COLUMNS)
-OUTPUT_SCHEMA = pa.schema(list(KEY_SCHEMA) + [("impressions", pa.int64()), ("clicks", pa.int64())])
+#: The released values, each followed by its error columns (transforms.error_columns).
+VALUES = ("impressions", "clicks")
+OUTPUT_SCHEMA = pa.schema(list(KEY_SCHEMA) + [
+    column for value in VALUES
+    for column in [(value, pa.int64())] + [(name, pa.float64()) for name in error_columns.names(value)]])
 
 
 # --------------------------------------------------------------------------- row handling
@@ -245,8 +253,11 @@ class CentralNoticeRelease(beam.PTransform):
         measures = [NoisedPartial(name=f"{purpose}/impressions", partial="impressions",
                                   spec=specs["impressions"]),
                     NoisedPartial(name=f"{purpose}/clicks", partial="clicks", spec=specs["clicks"])]
-        outputs = [OutputColumn(name="impressions", measure=measures[0].name, threshold=c.impressions.release_threshold),
-                   OutputColumn(name="clicks", measure=measures[1].name, threshold=c.clicks.release_threshold)]
+        outputs = []
+        for value, measure, threshold in zip(VALUES, measures, (c.impressions.release_threshold,
+                                                                c.clicks.release_threshold)):
+            outputs.append(OutputColumn(name=value, measure=measure.name, threshold=threshold))
+            outputs += error_columns.output_columns(outputs[-1], error_columns.NoiseError.of(measure.spec))
         # Both sides keyed by keyset position before they meet: the runner may hold a side
         # whole before the Flatten, and a position is 8 bytes where the key columns are ~60.
         imp = imp | "ImpressionPositions" >> beam.Map(keyset.keyed_by_position).with_output_types(pa.Table)
@@ -303,6 +314,19 @@ class CentralNoticePrepared(Prepared):
 
     def target(self, release_id: str):
         return next((c, r) for c, r in self.targets if r.release_id == release_id)
+
+
+def _output_spec(request, campaign: CampaignConfig) -> OutputSpec:
+    """The released table, with each value's error statement (its noise spec's std and 95%
+    interval: public, the same for every key of the release)."""
+    specs = campaign.noise_specs()
+    errors = {value: error_columns.NoiseError.of(specs[value]).describe(
+        value, f"the {specs[value].kind.value} noise of the {value} measure")
+        for value in VALUES}
+    return OutputSpec(name=f"centralnotice.{request.output_format}", sort_by=KEYS,
+                      schema=OUTPUT_SCHEMA, noisy=list(VALUES), errors=errors,
+                      description="one row per released key; null = suppressed by the release "
+                                  "threshold (not zero), and so are its error columns")
 
 
 def _targets(request, config: CentralNoticeConfig) -> list:
@@ -365,13 +389,9 @@ class CentralNoticeJob(Job):
 
     def plan(self, prepared: CentralNoticePrepared):
         config = prepared.config
-        output = OutputSpec(name=f"centralnotice.{prepared.request.output_format}", sort_by=KEYS,
-                            schema=OUTPUT_SCHEMA, noisy=["impressions", "clicks"],
-                            description="one row per released key; null = suppressed by the "
-                                        "release threshold (not zero)")
         return [PlannedRelease(
             release_id=release.release_id, budget=campaign.shared_budget(config.accountant),
-            scopes=campaign.scopes(release), outputs=[output],
+            scopes=campaign.scopes(release), outputs=[_output_spec(prepared.request, campaign)],
             config=_release_config(config, campaign), parameters=_parameters(campaign, release),
             guarantee_covers=_covers(campaign.guarantee_scopes(release)))
             for campaign, release in prepared.targets]

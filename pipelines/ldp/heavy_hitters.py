@@ -16,7 +16,8 @@ Input: Parquet PEM report files (their ``ldp.pem`` metadata must match the decla
 Output: release ``ldp_heavy_hitters/<collection_id>``:
 
 * ``heavy_hitters.csv`` -- the top-k values of the last round, sorted by ``rank`` (the order of
-  their estimates; ties: smaller value first): ``rank, value, estimate, frequency, std, round``;
+  their estimates; ties: smaller value first): ``rank, value, estimate, frequency, estimate_std,
+  round`` (no 95% interval: ``transforms.ldp.estimators.NO_INTERVAL``);
 * ``rounds.csv`` -- every round's candidate prefixes and estimates, sorted by ``round, value``.
 
 Estimates are scaled from a round's group to the whole population. Round r's candidates are
@@ -40,12 +41,13 @@ from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepa
 from pipelines.release import run as run_release
 from pipelines.release.consumption import SKIP_HELP
 from pipelines.release.names import check_segment
+from transforms.ldp.estimators import NO_INTERVAL
 
 NAME = "ldp_heavy_hitters"
 HEAVY_HITTERS = "heavy_hitters.csv"
 ROUNDS = "rounds.csv"
 _ESTIMATES = [("value", pa.uint64()), ("estimate", pa.float64()), ("frequency", pa.float64()),
-              ("std", pa.float64()), ("round", pa.uint16())]
+              ("estimate_std", pa.float64()), ("round", pa.uint16())]
 HEAVY_HITTERS_SCHEMA = pa.schema([("rank", pa.uint32())] + _ESTIMATES)
 ROUNDS_SCHEMA = pa.schema(_ESTIMATES)
 
@@ -143,10 +145,12 @@ class HeavyHittersJob(Job):
             release_id=f"{NAME}/{request.collection_id}", measures=[measure],
             scopes=[ldp_release.collection_scope(request.collection_id, epsilon)],
             outputs=[OutputSpec(name=HEAVY_HITTERS, sort_by=["rank"], schema=HEAVY_HITTERS_SCHEMA,
-                                noisy=["rank", "value", "estimate", "frequency", "std"],
+                                noisy=["rank", "value", "estimate", "frequency", "estimate_std"],
+                                errors={"estimate": NO_INTERVAL},
                                 description="top-k values of the last round"),
                      OutputSpec(name=ROUNDS, sort_by=["round", "value"], schema=ROUNDS_SCHEMA,
-                                noisy=["value", "estimate", "frequency", "std"],
+                                noisy=["value", "estimate", "frequency", "estimate_std"],
+                                errors={"estimate": NO_INTERVAL},
                                 description="every round's candidate prefixes and estimates")],
             config={"plan": plan.metadata(),
                     **({"skip_consumed": True} if request.skip_consumed else {})},

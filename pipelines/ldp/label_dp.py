@@ -25,7 +25,9 @@ Output: release ``label_dp/<dataset_id>``:
   label, and (plain RR) ``label_unbiased``: the unbiased estimate of "label is the second label"
   for two labels, or the unbiased one-hot vector for more; sorted by ``example_id``;
 * ``debias.jsonl`` -- one row per label: its transition-matrix column, the debias matrix row
-  (plain RR) and the estimated class count with its std; sorted by ``label_index``.
+  (plain RR) and the estimated class count with its std (``estimated_count_std``; no 95%
+  interval, its error depends on the true counts: :data:`ESTIMATE_ERROR`, stated in
+  ``RELEASE.json``); sorted by ``label_index``.
 
 Privacy: epsilon-label-DP -- neighbouring datasets differ in one example's label (ids and
 features are public to the trainer); charged to the dataset's ledger scope (``label-dp:<id>``).
@@ -102,6 +104,21 @@ def randomizer_of(request):
         return LabelRandomizer(epsilon=request.epsilon, labels=tuple(request.labels), prior=prior)
     except (ValueError, TypeError) as err:
         raise ReleaseRefused(f"--labels/--epsilon/--prior: {err}")
+
+
+#: The released values' error statements (the outputs' ``errors``): randomized response adds no
+#: noise of a fixed distribution, so no value has an interval from public information alone.
+LABEL_ERROR = ("a randomized label: its error is the transition matrix (debias.jsonl, public); "
+               "no error columns: a label is not a number")
+UNBIASED_ERROR = ("no error columns: the unbiased estimate of one example's label (the debias "
+                  "matrix row of its randomized label); its error depends on the true label")
+COUNT_ERROR = ("randomized_count counts the randomized labels (no added noise): its deviation "
+               "from the true class count depends on the true counts; estimated_count debiases it")
+ESTIMATE_ERROR = ("estimated_count_std is the exact standard deviation of the unbiased count "
+                  "estimator evaluated at the released estimate (clipped to [0, n]): its true "
+                  "variance depends on the true counts. No 95% interval is released: none of "
+                  "stated coverage follows from public information alone (+/-1.96 "
+                  "estimated_count_std is a normal approximation only)")
 
 
 def dataset_schema(request, randomizer) -> pa.Schema:
@@ -287,12 +304,18 @@ class LabelDPJob(Job):
                                 schema=dataset_schema(request, randomizer),
                                 noisy=[request.label_column] + (
                                     [UNBIASED] if randomizer.debias_matrix() is not None else []),
+                                errors={request.label_column: LABEL_ERROR, **(
+                                    {UNBIASED: UNBIASED_ERROR}
+                                    if randomizer.debias_matrix() is not None else {})},
                                 description="the training rows with randomized labels"),
                      OutputSpec(name=DEBIAS, sort_by=["label_index"],
                                 schema=debias_schema(randomizer),
                                 noisy=["randomized_count"] + (
                                     ["estimated_count", "estimated_count_std"]
                                     if randomizer.debias_matrix() is not None else []),
+                                errors={"randomized_count": COUNT_ERROR, **(
+                                    {"estimated_count": ESTIMATE_ERROR}
+                                    if randomizer.debias_matrix() is not None else {})},
                                 description="what a trainer needs to debias")],
             config={"labels": list(request.labels), "epsilon": request.epsilon,
                     "prior": list(request.prior), "id_column": request.id_column,

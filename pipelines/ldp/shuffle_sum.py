@@ -20,9 +20,11 @@ unlike a faulty row of the other jobs, a share cannot be dropped and counted: it
 piece of its client's noisy value, and the sum without it is garbage (transforms/ldp/shuffle.py,
 "Malformed shares").
 
-Output: release ``shuffle_sum/<collection_id>`` (``sum.csv``): one row ``estimate, std,
-clients, messages`` (the estimated sum, the noise's standard deviation, and the client and
-message counts, which the shuffler sees anyway).
+Output: release ``shuffle_sum/<collection_id>`` (``sum.csv``): one row ``estimate,
+estimate_ci95_low, estimate_ci95_high, estimate_std, clients, messages`` (the estimated sum, the
+95% interval and standard deviation of its summed Binomial noise -- public: from the protocol's
+parameters, :func:`transforms.error_columns.binomial` -- and the client and message counts,
+which the shuffler sees anyway).
 
 Privacy (``transforms/ldp/shuffle.py``): (epsilon, delta)-DP against the analyzer for replacing
 one client's value within [0, B], in the shuffle model. The guarantee composes the exact
@@ -53,8 +55,9 @@ from pipelines.release.names import check_segment
 
 NAME = "shuffle_sum"
 OUTPUT = "sum.csv"
-SCHEMA = pa.schema([("estimate", pa.float64()), ("std", pa.float64()), ("clients", pa.int64()),
-                    ("messages", pa.int64())])
+SCHEMA = pa.schema([("estimate", pa.float64()), ("estimate_ci95_low", pa.float64()),
+                    ("estimate_ci95_high", pa.float64()), ("estimate_std", pa.float64()),
+                    ("clients", pa.int64()), ("messages", pa.int64())])
 SOURCES = ("Ishai, Kushilevitz, Ostrovsky & Sahai, 'Cryptography from Anonymity', FOCS 2006 "
            "(split-and-mix); Balle, Bell, Gascon & Nissim, 'Improved Summation from Shuffling', "
            "2019 (messages per client for statistical security sigma)")
@@ -161,6 +164,10 @@ class ShuffleSumJob(Job):
                           budget=PrivacyBudget(epsilon=spec.epsilon, delta=spec.total_delta),
                           description="one collection of shuffled shares (summed once)")],
             outputs=[OutputSpec(name=OUTPUT, sort_by=[], schema=SCHEMA, noisy=["estimate"],
+                                errors={"estimate": _error(spec).describe(
+                                    "estimate", f"the summed Binomial({spec.noise_trials}, "
+                                    f"{spec.noise_probability:.6g}) noise of the planned clients, "
+                                    "centred")},
                                 description="the estimated sum (one row)")],
             config={"split_and_mix": spec.metadata()},
             parameters={"protocol": spec.describe(), "amplification_source": SOURCES,
@@ -188,6 +195,12 @@ class ShuffleSumJob(Job):
 
         return {OUTPUT: inputs["shares"] | release.label("ShuffleSum") >> ShuffleSum(
             prepared.spec)}
+
+
+def _error(spec):
+    from transforms import error_columns
+
+    return error_columns.binomial(spec.noise_trials, spec.noise_probability)
 
 
 def _refuse_malformed_shares(spec, path: str) -> None:

@@ -18,6 +18,10 @@ Output: release ``masked_lark_combine/<batch_id>``:
   gradient     ``gradient.csv``: batch_id, coordinate, the decoded noisy gradient sum (the
                model's weights, then its bias), sorted by coordinate
 
+Each decoded value ``<v>`` is followed by its error columns ``<v>_ci95_low``, ``<v>_ci95_high``
+and ``<v>_std`` (:mod:`transforms.error_columns`): the noise of every helper's stated discrete
+Laplace measure summed (:func:`noise_error`; an interval by a union bound), public.
+
 Privacy: combining is post-processing of the helpers' releases -- it spends nothing (its
 guarantee is compose([]) = (0, 0)); the decoded sums are epsilon-DP by each helper's full noise
 (with one honest helper). What the ad server learns is exactly the sum of the true values and
@@ -37,6 +41,7 @@ from pipelines.masked_lark.config import LarkPrepared, params_to_json, prepare_l
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, ReleaseOptions,
                                ReleaseRefused, cli)
 from pipelines.release import run as run_release
+from transforms import error_columns
 from transforms.lark import combine
 from transforms.lark.beam import CombineHelperOutputs
 from transforms.lark.helper import gradient_params_digest
@@ -49,17 +54,54 @@ AGGREGATES = "aggregates.csv"
 GRADIENT = "gradient.csv"
 
 
+def _values(params) -> tuple:
+    return tuple(params.value_columns) if isinstance(params, AggregationParams) else ("gradient",)
+
+
+def noise_error(params):
+    """The error of a decoded sum: every helper's discrete Laplace noise (each the full scale,
+    independent), in fixed-point units of 2^-f; None without noise (tests)."""
+    spec = params.noise_spec()
+    if spec is None:
+        return None
+    return error_columns.combination(spec, [2.0 ** -params.fraction_bits] * params.num_helpers)
+
+
 def output_spec(params) -> OutputSpec:
+    """The released table: each decoded value followed by its error columns."""
+    error = noise_error(params)
+    values = _values(params)
+    head = ([("batch_id", pa.string()), ("key", pa.string())]
+            if isinstance(params, AggregationParams) else
+            [("batch_id", pa.string()), ("coordinate", pa.int32())])
+    schema = pa.schema(head + [column for c in values for column in
+                               [(c, pa.float64())] + [(n, pa.float64()) for n in error_columns.names(c)]])
+    errors = {c: "no noise (epsilon unset: a test configuration)" if error is None else error.describe(
+        c, f"the sum of the {params.num_helpers} helpers' discrete Laplace noise (each the full "
+           "scale of the stated measure, independent; a union bound of their 97.5% intervals), "
+           "assuming every helper added its noise (with fewer honest helpers the guarantee holds "
+           "and the error is smaller)") for c in values}
     if isinstance(params, AggregationParams):
-        schema = pa.schema([("batch_id", pa.string()), ("key", pa.string())]
-                           + [(c, pa.float64()) for c in params.value_columns])
         return OutputSpec(name=AGGREGATES, sort_by=["batch_id", "key"], schema=schema,
-                          noisy=list(params.value_columns),
+                          noisy=list(values), errors=errors,
                           description="decoded noisy sums of the released keys")
-    schema = pa.schema([("batch_id", pa.string()), ("coordinate", pa.int32()),
-                        ("gradient", pa.float64())])
     return OutputSpec(name=GRADIENT, sort_by=["batch_id", "coordinate"], schema=schema,
-                      noisy=["gradient"], description="decoded noisy masked gradient sum")
+                      noisy=["gradient"], errors=errors,
+                      description="decoded noisy masked gradient sum")
+
+
+def with_errors(table: pa.Table, params) -> pa.Table:
+    """A combined table with each value's error columns (public: the stated noise only)."""
+    error = noise_error(params)
+    std, half = (0.0, 0.0) if error is None else (error.std, error.halfwidth)
+    columns = {name: table.column(name) for name in table.column_names}
+    for c in _values(params):
+        values = table.column(c).to_numpy(zero_copy_only=False).astype("float64")
+        for name, array in zip(error_columns.names(c), error_columns.arrays(values, std, half)):
+            columns[name] = pa.array(array, pa.float64())
+    schema = output_spec(params).schema
+    return pa.table({name: columns[name].cast(schema.field(name).type) for name in schema.names},
+                    schema=schema)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,7 +207,9 @@ class CombineJob(Job):
                     | release.label(f"Batch{h}") >> beam.FlatMap(_only_batch, request.batch_id)
                     for h in range(params.num_helpers)]
                    | release.label("AllHelpers") >> beam.Flatten())
-        combined = outputs | release.label("Combine") >> CombineHelperOutputs(params, model=model)
+        combined = (outputs
+                    | release.label("Combine") >> CombineHelperOutputs(params, model=model)
+                    | release.label("ErrorColumns") >> beam.Map(with_errors, params))
         return {output_spec(params).name: combined}
 
 

@@ -56,6 +56,10 @@ from transforms.lark.reports import (aggregation_output_schema, aggregation_repo
                                      gradient_output_schema, gradient_report_columns, hex_to_ids,
                                      int_column)
 
+#: Why a helper's ring sums have no error columns (its output's errors statement).
+SHARE_ERROR = ("no error columns: a helper's ring sum is uniformly random on its own and is no "
+               "estimate of anything; the ad server's combine (masked_lark_combine) decodes the "
+               "helpers' sums and releases each decoded value with its error columns")
 NAME = "masked_lark_helper"
 
 
@@ -168,6 +172,7 @@ class HelperJob(Job):
                                 sort_by=["batch_id", "key" if aggregation else "coordinate"],
                                 schema=schema, noisy=[c for c in schema.names
                                                       if c.startswith("share")],
+                                errors={c: SHARE_ERROR for c in schema.names if c.startswith("share")},
                                 description="this helper's noisy ring sums (uniform alone)")],
             config={"params": params_to_json(params), "helper": request.helper,
                     "batch_id": request.batch_id,

@@ -72,6 +72,10 @@ MODEL = "model.csv"
 TRAINING = "training.csv"
 COMPARISON = "comparison.csv"
 
+#: Why the model's parameters have no error columns (the model output's errors statement).
+MODEL_ERROR = ("no error columns: the parameters result from training on noisy gradient sums (each "
+               "step's noise is stated in its measure), and their error depends on the data "
+               "through every later step; no interval follows from the stated noise alone")
 MODEL_SCHEMA = pa.schema([("coordinate", pa.int32()), ("parameter", pa.string()),
                           ("value", pa.float64())])
 TRAINING_SCHEMA = pa.schema([("epoch", pa.int32()), ("steps", pa.int32()),
@@ -278,7 +282,8 @@ class TrainJob(Job):
         measures = self._measures(prepared)
         total = sum(m.epsilon for m in measures)
         outputs = [OutputSpec(name=MODEL, sort_by=["coordinate"], schema=MODEL_SCHEMA,
-                              noisy=["value"], description="the trained model"),
+                              noisy=["value"], errors={"value": MODEL_ERROR},
+                              description="the trained model"),
                    OutputSpec(name=TRAINING, sort_by=["epoch"], schema=TRAINING_SCHEMA,
                               description="steps per epoch (public: from the record count)")]
         if request.test_input:

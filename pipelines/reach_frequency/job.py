@@ -51,6 +51,13 @@ from transforms.sketches.impressions import IdType, ImpressionColumns
 from transforms.sketches.liquid_legions import SketchConfig
 
 NAME = "reach_frequency"
+#: Why reach and frequency have no error columns (the output's errors statement).
+SKETCH_ERROR = ("no error columns: the noise is added to each sketch's active-register count and "
+                "register histogram (the measures' scales, in RELEASE.json), and reach is the "
+                "LiquidLegions estimate from the noisy count (a nonlinear function), frequency, "
+                "k-reach and k+ reach derived from it and the noisy histogram; their error "
+                "depends on the true reach and frequencies (and on sketch collisions), so no std "
+                "or 95% interval follows from the stated noise alone")
 OUTPUT = "reach_frequency.jsonl"
 
 
@@ -218,6 +225,8 @@ class ReachFrequencyJob(Job):
                   "sketch_salt": hashlib.sha256(request.sketch_salt.encode()).hexdigest()}
         output = OutputSpec(name=OUTPUT, sort_by=["scope", "publisher"], schema=output_schema(),
                             noisy=["reach", "frequency", "k_reach", "k_plus_reach"],
+                            errors={c: SKETCH_ERROR for c in ("reach", "frequency", "k_reach",
+                                                              "k_plus_reach")},
                             description="one row per scope: the union and each declared publisher")
         keys = ("release",) + tuple(f"helper-{i}" for i in range(request.num_helpers))
         return [PlannedRelease(

@@ -128,19 +128,27 @@ class ReleaseOptions:
 @dataclass(frozen=True, kw_only=True)
 class OutputSpec:
     """One released file: its name (the extension gives the format: .parquet, .csv, .jsonl), the
-    public order of its rows, its schema, and which columns hold noisy values."""
+    public order of its rows, its schema, and which columns hold noisy values.
+
+    ``errors``: per noisy value column, a public statement of its error, published in
+    ``RELEASE.json`` and the catalog: its error columns (``<c>_std``, ``<c>_ci95_low``,
+    ``<c>_ci95_high``: :mod:`transforms.error_columns`) and how they follow from the stated
+    noise, or why the guarantee gives no interval from public information alone."""
 
     name: str
     sort_by: Sequence[str]
     schema: pa.Schema
     noisy: Sequence[str] = ()
     description: str = ""
+    errors: Any = ()  # {column: statement}, kept as sorted (column, statement) pairs
 
     def __post_init__(self):
         names.check_segment(self.name, "output file name")
         if not self.name.endswith((".parquet", ".csv", ".jsonl")):
             raise ValueError(f"output {self.name!r}: use .parquet, .csv or .jsonl")
-        missing = [c for c in [*self.sort_by, *self.noisy] if c not in self.schema.names]
+        object.__setattr__(self, "errors", tuple(sorted(dict(self.errors).items())))
+        missing = [c for c in [*self.sort_by, *self.noisy, *dict(self.errors)]
+                   if c not in self.schema.names]
         if missing:
             raise ValueError(f"output {self.name!r}: {missing} not in its schema")
         object.__setattr__(self, "sort_by", tuple(self.sort_by))

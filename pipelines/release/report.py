@@ -42,7 +42,7 @@ def marker(*, job, prepared, context, version: int, files: Mapping[str, str], ta
         "outputs": {spec.name: {"sha256": files[spec.name], "rows": tables[spec.name].num_rows,
                                 "sorted_by": list(spec.sort_by), "noisy_columns": list(spec.noisy),
                                 "columns": {f.name: str(f.type) for f in spec.schema},
-                                "description": spec.description}
+                                "description": spec.description, "errors": dict(spec.errors)}
                     for spec in p.outputs},
         "summary": job.public_summary(prepared, p, tables),
         "key_fingerprints": {n: k.fingerprint() for n, k in sorted(context.keys.items())},

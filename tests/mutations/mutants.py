@@ -516,6 +516,16 @@ MUTANTS += (
         tests=("tests/pipelines/release/test_publication_decisions.py::"
                "test_label_dp_a_repeated_or_uncanonical_example_id_does_not_decide_the_export",),
     ),
+    Mutant(
+        name="error-std-from-data",
+        leak="an error column computed from the released value (a plug-in std, sqrt of the "
+             "count) instead of the stated noise only: declared public, it moves with the data "
+             "(issue 39.6)",
+        file="transforms/error_columns.py",
+        snippet="    s = np.where(np.isnan(v), np.nan, np.broadcast_to(np.asarray(std, dtype=np.float64), v.shape))\n",
+        replacement="    s = np.sqrt(np.abs(v))\n",
+        tests=(f"{AUDIT}[centralnotice]", f"{AUDIT}[shuffle_sum]"),
+    ),
 )
 
 

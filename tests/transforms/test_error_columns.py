@@ -153,3 +153,67 @@ def test_dp_aggregate_releases_mean_and_std_error_columns_that_cover():
     assert {name: np.mean(c) >= floor for name, c in coverage.items()} == {"mean": True, "std": True}
     assert aggregate.output_schema().names[-4:] == ["std", "std_ci95_low", "std_ci95_high", "std_std"]
     assert "union bound" in aggregate.explain() and "delta method" in aggregate.explain()
+
+
+# --------------------------------------------------------------------------- the shared helper
+
+def test_error_column_names_are_one_rule_for_every_job():
+    from transforms import error_columns
+
+    assert error_columns.names("clicks") == ("clicks_ci95_low", "clicks_ci95_high", "clicks_std")
+    columns = ["clicks", "clicks_ci95_low", "clicks_std", "my_std"]
+    assert [error_columns.base_column(c, columns) for c in columns] == [None, "clicks", "clicks", None]
+
+
+@pytest.mark.parametrize("kind, epsilon", [("discrete_laplace", 0.5), ("laplace", 1.0),
+                                           ("gaussian", 1.0)])
+def test_one_noisy_answer_scaled_and_linear_combinations_cover_95_percent(kind, epsilon):
+    """NoiseError.of / scaled is the spec's own std and half-width times |a|; a combination of
+    k answers (an ARA padding count, the Masked LARk helpers' summed noise) has the L2 std and a
+    union-bound half-width: the real engine's noise stays inside at least 95% of the time and
+    its spread matches the stated std."""
+    from accounting.calibration import calibrate
+    from transforms import error_columns
+
+    spec = calibrate(kind, epsilon=epsilon, delta=1e-6 if kind == "gaussian" else 0.0,
+                     l1_sensitivity=4.0, l2_sensitivity=4.0)
+    one = error_columns.NoiseError.of(spec, scale=-2.5)
+    assert (one.std, one.halfwidth) == (2.5 * spec.std, 2.5 * spec.ci_halfwidth(0.95))
+    coefficients = [0.5, 0.5, 2.0]
+    error = error_columns.combination(spec, coefficients)
+    draws = 20000
+    streams = RandomStreams.for_keys(ReleaseKey.for_testing(7), "combination",
+                                     pa.table({"i": np.arange(draws * 3)}))
+    zeros = np.zeros(draws * 3, dtype=np.int64 if spec.kind.is_integer else np.float64)
+    noise = add_noise(spec, zeros, streams).reshape(draws, 3) @ np.array(coefficients)
+    assert np.mean(np.abs(noise) <= error.halfwidth) >= 0.95
+    assert noise.std() == pytest.approx(error.std, rel=0.03)
+    assert error.std == pytest.approx(spec.std * math.sqrt(4.5))
+    assert error_columns.combination(spec, [3.0]) == error_columns.NoiseError.of(spec, 3.0)
+
+
+def test_centred_binomial_noise_interval_and_std():
+    """The shuffle model's summed Binomial noise: the stated std and a symmetric half-width whose
+    exact coverage (scipy's binomial) is at least 95%, and not a quarter wider than needed."""
+    from scipy import stats
+
+    from transforms import error_columns
+
+    for trials, p in [(30 * 40, 0.5), (1000 * 7, 0.25), (5, 0.5)]:
+        error = error_columns.binomial(trials, p)
+        mean = trials * p
+        assert error.std == pytest.approx(math.sqrt(trials * p * (1 - p)))
+        inside = stats.binom.cdf(math.floor(mean + error.halfwidth), trials, p) - \
+            stats.binom.cdf(math.ceil(mean - error.halfwidth) - 1, trials, p)
+        assert inside >= 0.95
+        if trials > 100:
+            assert error.halfwidth <= 1.25 * 1.96 * error.std
+
+
+def test_error_arrays_are_null_where_the_value_is():
+    from transforms import error_columns
+
+    low, high, std = error_columns.arrays([1.0, np.nan, 5.0], 2.0, 3.0)
+    assert low.tolist()[::2] == [-2.0, 2.0] and high.tolist()[::2] == [4.0, 8.0]
+    assert std.tolist()[::2] == [2.0, 2.0]
+    assert all(np.isnan(a[1]) for a in (low, high, std))

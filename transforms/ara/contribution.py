@@ -386,6 +386,34 @@ class ContributionConfig:
                     out[i] + over * scales[level, index[m + col]]
         return out
 
+    def estimate_coefficients(self, keys) -> list:
+        """Per declared bucket of ``keys``: the public coefficients of the noisy sums its
+        :meth:`reconstruct_estimates` estimate is a linear combination of (one for a rescaled
+        bucket, M for a padding bucket's count, two for a split measure's value), or None where
+        the estimate is null. Depends on the configuration and the declared keys only."""
+        keys = [int(k) for k in keys]
+        queries = [self.query_of_key(k) for k in keys]
+        scales = self.column_scales()
+        index = {c: j for j, c in enumerate(self.columns)}
+        declared = {(level, code, col) for level, col, code in queries}
+        pad, m = self.padding_measure, len(self.measures)
+        out = []
+        for level, col, code in queries:
+            own = scales[level, index[col]]
+            if pad is None:
+                out.append((own,))
+            elif col == pad:
+                main = [c for c in range(m) if (level, code, c) in declared]
+                out.append((own,) * m if len(main) == m else None)
+            elif col >= m:
+                out.append(None)
+            elif col in self.split_measures:
+                out.append((own, scales[level, index[m + col]])
+                           if (level, code, m + col) in declared else None)
+            else:
+                out.append((own,))
+        return out
+
     def to_json(self) -> str:
         return json.dumps({
             "measures": list(self.measures),

@@ -17,7 +17,7 @@ Tables:
   ``value`` and a ``delay`` column from which they are derived.
 * reports (released): ``source_id``, ``window``, ``trigger_data``: one row per noisy report.
 * estimates (released): the group columns, ``trigger_data`` (null: all trigger data), ``sources``,
-  ``estimate``, ``variance``, ``standard_error``: one row per group of registered sources and
+  ``estimate``, ``variance``, ``estimate_std``: one row per group of registered sources and
   trigger-data value, whatever the reports.
 """
 from __future__ import annotations
@@ -417,8 +417,8 @@ class _EstimatesFn(beam.DoFn):
                         "sources": pa.array(sources, pa.int64()),
                         "estimate": pa.array(estimate, pa.float64()),
                         "variance": pa.array(variance, pa.float64()),
-                        "standard_error": pa.array(np.sqrt(np.maximum(variance, 0.0)),
-                                                   pa.float64())})
+                        "estimate_std": pa.array(np.sqrt(np.maximum(variance, 0.0)),
+                                                 pa.float64())})
         yield pa.table(columns)
 
 

@@ -297,10 +297,13 @@ def shuffle_result(partial, spec: SplitAndMix) -> pa.Table:
     if clients < spec.num_clients:
         raise ValueError(f"only {clients} clients reported but the noise was split over "
                          f"{spec.num_clients}: the sum would carry less noise than planned")
+    from transforms import error_columns
+
     estimate = spec.estimate(total & (spec.modulus - 1), clients)
-    std = float(np.sqrt(spec.noise_variance(clients)))
-    return pa.table({"estimate": [estimate], "std": [std], "clients": [clients],
-                     "messages": [messages]})
+    error = error_columns.binomial(clients * spec.noise_trials_per_client, spec.noise_probability)
+    low, high, std = error_columns.arrays([estimate], error.std, error.halfwidth)
+    return pa.table({"estimate": [estimate], "estimate_ci95_low": low, "estimate_ci95_high": high,
+                     "estimate_std": std, "clients": [clients], "messages": [messages]})
 
 
 class ShuffleSum(beam.PTransform):

@@ -117,13 +117,26 @@ def _unary_support(oracle: UnaryEncoding, bits: np.ndarray, candidates: np.ndarr
     return support
 
 
+#: Why a frequency oracle's estimate has a std column and no 95% interval (its outputs' errors
+#: statement): the estimator's variance depends on the true count, so its std is the plug-in value
+#: at the released estimate, and its distribution (a sum of the reports' bounded terms) has no
+#: interval of stated coverage from public information alone.
+NO_INTERVAL = ("estimate_std is the exact standard deviation of the unbiased estimator evaluated "
+               "at the released estimate (clipped to [0, n]): post-processing of released values, "
+               "but the true variance depends on the true count. No 95% interval is released: "
+               "the estimator's distribution depends on the data, so no interval of stated "
+               "coverage follows from public information alone (+/-1.96 estimate_std is a normal "
+               "approximation only). frequency = estimate / n; its std is estimate_std / n")
+
+
 def estimate_table(oracle: Oracle, candidates: np.ndarray, counts: SupportCounts, *,
                    scale: float = 1.0) -> pa.Table:
     """Released estimates, one row per candidate, sorted by value (a public order).
 
     Columns: ``value``; ``estimate`` (unbiased count estimate, times ``scale``);
-    ``frequency`` (estimate / n); ``std`` (sqrt of the exact variance at the estimate clipped to
-    [0, n], times ``scale``). ``scale`` turns a subsample's counts into population counts (PEM).
+    ``frequency`` (estimate / n); ``estimate_std`` (sqrt of the exact variance at the estimate
+    clipped to [0, n], times ``scale``: the error columns' naming, :mod:`transforms.error_columns`;
+    no 95% interval, :data:`NO_INTERVAL`). ``scale`` turns a subsample's counts into population counts (PEM).
     """
     n = counts.n
     estimate = oracle.estimate(counts.support, n) if n else np.zeros(candidates.size)
@@ -134,7 +147,7 @@ def estimate_table(oracle: Oracle, candidates: np.ndarray, counts: SupportCounts
         "value": pa.array(candidates, pa.uint64()),
         "estimate": pa.array(estimate * scale, pa.float64()),
         "frequency": pa.array(frequency, pa.float64()),
-        "std": pa.array(np.sqrt(variance) * scale, pa.float64()),
+        "estimate_std": pa.array(np.sqrt(variance) * scale, pa.float64()),
     })
 
 

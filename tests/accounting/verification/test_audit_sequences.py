@@ -94,8 +94,11 @@ def _summary_spec() -> AuditSpec:
     # 65,536 in L1 (and in any one bucket)
     return AuditSpec(job=None, units=SUMMARY_UNITS, reports=marker_rule(("outputs.*.sha256",)),
                      tables={"summary.csv": TableRule(
-                         keys=("bucket",), noisy=("noisy_sum",), public_keys=released,
-                         bounds={"noisy_sum": Bound(l0=len(BUCKETS), linf=65536, l1=65536)})})
+                         # the interval moves with the value, by its bound; the std is public
+                         keys=("bucket",), public_keys=released,
+                         noisy=("noisy_sum", "noisy_sum_ci95_low", "noisy_sum_ci95_high"),
+                         bounds={c: Bound(l0=len(BUCKETS), linf=65536, l1=65536) for c in (
+                             "noisy_sum", "noisy_sum_ci95_low", "noisy_sum_ci95_high")})})
 
 
 def _split_reports(unit, batch):
@@ -188,7 +191,7 @@ def _event_spec() -> AuditSpec:
         tables={"reports.csv": TableRule(keys=("source_id", "window", "trigger_data", "n"),
                                          keys_private=True, changed_keys=2 * 2),
                 "estimates.csv": TableRule(keys=("campaign", "trigger_data"),
-                                           noisy=("estimate", "variance", "standard_error"),
+                                           noisy=("estimate", "variance", "estimate_std"),
                                            public_keys=estimates, order=Order.PUBLIC,
                                            bounds={"estimate": Bound.of(stated)})})
 
@@ -274,12 +277,12 @@ def _ldp_spec(tables) -> AuditSpec:
                      reports=marker_rule(("outputs.*.sha256",)))
 
 
-FREQUENCIES = {"estimates.csv": TableRule(keys=("value",), noisy=("estimate", "frequency", "std"),
+FREQUENCIES = {"estimates.csv": TableRule(keys=("value",), noisy=("estimate", "frequency", "estimate_std"),
                                           public_keys=[(str(v),) for v in range(8)])}
 HEAVY_HITTERS = {"heavy_hitters.csv": TableRule(keys=("rank",), noisy=(
-                     "value", "estimate", "frequency", "std"), public_keys=[(1,), (2,), (3,)]),
+                     "value", "estimate", "frequency", "estimate_std"), public_keys=[(1,), (2,), (3,)]),
                  "rounds.csv": TableRule(keys=("round", "value"), noisy=(
-                     "estimate", "frequency", "std"), keys_private=True)}
+                     "estimate", "frequency", "estimate_std"), keys_private=True)}
 
 
 @pytest.mark.parametrize("skip", [True, False])

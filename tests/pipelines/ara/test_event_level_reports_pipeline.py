@@ -87,7 +87,7 @@ def test_testing_run_releases_the_mechanisms_reports_and_their_debiased_counts(t
     assert reports[1:] == _expected_reports(SOURCES, CONVERSIONS)
     # estimates: every group x (trigger data, all), debiased from the released reports alone
     assert estimates[0] == ["campaign", "trigger_data", "sources", "estimate", "variance",
-                            "standard_error"]
+                            "estimate_std"]
     group_of = dict(SOURCES)
     for row in estimates[1:]:
         group, t = row[0], row[1]

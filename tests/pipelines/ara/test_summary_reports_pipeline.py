@@ -24,7 +24,8 @@ from transforms.ara.beam import (ROUNDING_PURPOSE, SUMMARY_PURPOSE, BoundSourceC
                                  SummaryReport, batch_purpose)
 from transforms.ara.contribution import bound_contributions
 from transforms.ara.reports import AggregatableReport
-from transforms.ara.summary import key_bytes, noisy_summary
+from transforms import error_columns
+from transforms.ara.summary import key_bytes, noisy_summary, summary_noise_spec
 from accounting.keys import ReleaseKey
 from transforms.noise import RandomStreams
 
@@ -100,15 +101,47 @@ def test_conversions_pipeline_matches_pure_algorithms(tmp_path, conversions, fmt
     argv = _args(tmp_path, **{"--input": path, "--input_format": fmt, "--config": config_path})
     assert cli.main(argv) == 0
     header, rows = _read_output(tmp_path / "out")
-    assert header == ["bucket", "noisy_sum", "estimate"]
+    assert header == ["bucket", "noisy_sum", *error_columns.names("noisy_sum"),
+                      "estimate", *error_columns.names("estimate")]
     expected = _expected_from_conversions(data, config, 8.0)
     assert {k: int(v[0]) for k, v in rows.items()} == expected
     assert list(rows) == sorted(rows)  # public order: by bucket
     keys = sorted(rows)
     estimates = config.reconstruct_estimates(keys, [int(rows[k][0]) for k in keys])
+    at = {name: header.index(name) - 1 for name in header[1:]}
     for k, want in zip(keys, estimates.tolist()):
-        got = rows[k][1]
+        got = rows[k][at["estimate"]]
         assert (got in ("", "None", "nan")) if want != want else float(got) == pytest.approx(want)
+    # Error columns: the stated noise's, never the data's (the same for every bucket's sum).
+    spec = summary_noise_spec(8.0)
+    for k in keys:
+        row = {name: rows[k][i] for name, i in at.items()}
+        assert float(row["noisy_sum_std"]) == pytest.approx(spec.std)
+        assert float(row["noisy_sum_ci95_high"]) - int(row["noisy_sum"]) == spec.ci_halfwidth(0.95)
+        assert int(row["noisy_sum"]) - float(row["noisy_sum_ci95_low"]) == spec.ci_halfwidth(0.95)
+        if row["estimate"] in ("", "None", "nan"):
+            assert row["estimate_std"] == row["estimate_ci95_low"] == ""
+        else:
+            assert float(row["estimate_ci95_low"]) < float(row["estimate"]) < float(row["estimate_ci95_high"])
+            assert float(row["estimate_std"]) >= spec.std * abs(config.scale_of_key(k)) * (1 - 1e-12)
+    marker = json.load(open(tmp_path / "out" / "testing-not-a-release" / "summary_reports"
+                            / "batch-A" / "RELEASE.json"))
+    assert set(marker["outputs"]["summary.csv"]["errors"]) == {"noisy_sum", "estimate"}
+
+
+def test_estimate_coefficients_are_algorithm_r_linear_map(conversions):
+    """The estimate's error columns rest on its coefficients: they are algorithm R's linear map,
+    row by row (each column of the map is R applied to a unit vector of noisy sums)."""
+    _, _, config, _ = conversions
+    keys = config.output_domain()
+    coefficients = config.estimate_coefficients(keys)
+    rows = np.array([config.reconstruct_estimates(keys, np.eye(len(keys))[j])
+                     for j in range(len(keys))]).T  # rows[i, j]: estimate i's weight of sum j
+    for c, row in zip(coefficients, rows):
+        assert (c is None) == bool(np.isnan(row).any())
+        if c is not None:
+            assert sorted(row[row != 0]) == pytest.approx(sorted(x for x in c if x != 0))
+    assert any(c is not None and len(c) > 1 for c in coefficients) == (config.padding_measure is not None)
 
 
 def test_a_batch_is_released_once_by_its_content(tmp_path, conversions, capsys):
@@ -165,7 +198,8 @@ def test_reports_pipeline_with_bad_input_unknown_and_empty_buckets(tmp_path):
         batch_id="batch-A", options=ReleaseOptions(output=str(tmp_path / "out"), testing_seed=SEED))
     (outcome,) = cli.run(request).releases
     header, rows = _read_output(tmp_path / "out")
-    assert header == ["bucket", "noisy_sum"] and sorted(rows) == [0x10, 0x20, big]
+    assert header == ["bucket", "noisy_sum", *error_columns.names("noisy_sum")]
+    assert sorted(rows) == [0x10, 0x20, big]
     true = {0x10: 40000 + 5536 + 3, big: 20000, 0x20: 0}
     expected = noisy_summary(np.array([true[k] for k in sorted(true)]), sorted(true), 4.0,
                              ReleaseKey.for_testing(SEED),
@@ -308,9 +342,11 @@ def test_config_cli_holds_gamma_at_one_and_chooses_for_drift(tmp_path, conversio
     cfg_path = tmp_path / "cfg.json"
     base = ["--train", path, "--slice_dimensions", "2,90", "--epsilon", "4",
             "--output", str(cfg_path)]
-    assert ara_config.main(base + ["--estimate_scales", "one"]) == 0
+    assert ara_config.main(base + ["--selection", "training", "--estimate_scales", "one"]) == 0
     held = ContributionConfig.from_json(cfg_path.read_text())
     assert (held.scale_array == 1).all() and "estimate scales held at 1" in capsys.readouterr().out
+    assert ara_config.main(base) == 0  # the default: the drift-robust choice
+    assert "value drifts x0.5..x2" in capsys.readouterr().out
     assert ara_config.main(base + ["--selection", "drift_robust", "--estimate_scales", "one",
                                    "--drift_factors", "0.5,1,2"]) == 0
     out = capsys.readouterr().out

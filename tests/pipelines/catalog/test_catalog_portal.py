@@ -67,6 +67,23 @@ def test_dataset_pages_state_what_the_configuration_says_and_not_stated_otherwis
     assert plain.count("<div>not stated</div>") >= 2                    # column description, unit
 
 
+def test_error_columns_describe_themselves_and_values_state_their_error(site):
+    """Without configuration, each error column says what it is and takes its value's unit;
+    each value column's description ends with its job's error statement (RELEASE.json's
+    ``errors``), after the configured text."""
+    readme = files_of(site)["datasets/centralnotice--C1/README.md"]
+    rows = {line.split("|")[1].strip(" `"): [c.strip() for c in line.split("|")[2:-1]]
+            for line in readme.splitlines() if line.startswith("| `")}
+    assert rows["clicks_std"][2:] == [
+        "standard deviation of the noise in clicks (public: computed from the stated noise "
+        "distribution, never from data; it describes the noise only, not the bias of bounding or "
+        "clamping)", "clicks per day"]
+    assert rows["clicks_ci95_low"][2].startswith("lower end of the 95% noise interval around clicks")
+    assert rows["impressions_ci95_high"][3] == "impressions"          # the value's unit
+    assert rows["clicks"][2].startswith("banner clicks, with noise. Error: clicks_std = ")
+    assert "clicks -/+ " in rows["clicks"][2]
+
+
 def test_every_epsilon_has_its_privacy_unit_beside_it(site):
     files = files_of(site)
     for name in ("index.html", PAGE, "datasets/centralnotice--C1/releases-2.html"):

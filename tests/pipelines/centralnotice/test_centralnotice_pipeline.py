@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.csv  # noqa: F401  (pa.csv)
 import pyarrow.parquet as pq
 import pytest
+
 from gcs_emulator import storage_emulator
 from release_testkit import (CN_CLK_HEADER as CLK_HEADER, CN_IMP_HEADER as IMP_HEADER, LOW,
                              cn_config as config_dict, read_json, write_csv)
@@ -26,6 +27,7 @@ from accounting.ledger import BudgetLedger
 from pipelines.centralnotice.job import KEYS, CentralNoticeRequest, main, run
 from pipelines.centralnotice.config import parse_config
 from pipelines.release import ReleaseOptions
+from transforms import error_columns
 from transforms.noise import RandomStreams, add_noise
 
 CAMPAIGN = "C1"
@@ -63,8 +65,38 @@ def make_request(config, imp, clk, out, *, release=None, seed=SEED, **options):
 
 def released_table(outcome) -> pa.Table:
     table = pq.read_table(os.path.join(outcome.folder, "centralnotice.parquet"))
-    assert table.column_names == KEYS + ["impressions", "clicks"]
+    assert table.column_names == KEYS + [c for v in ("impressions", "clicks")
+                                         for c in (v, *error_columns.names(v))]
     return table
+
+
+def test_error_columns_are_the_stated_noise_and_null_where_the_value_is(tmp_path):
+    """Each value's error columns: its measure's stated std and 95% half-width (the noise spec's,
+    public), the same for every key, around the released value; null where a threshold
+    suppressed the value; and RELEASE.json states each value's error."""
+    rng = np.random.default_rng(5)
+    imp = write_csv(tmp_path / "imp.csv", IMP_HEADER,
+                    random_rows(rng, 400, value=lambda i: int(rng.integers(0, 30))))
+    clk = write_csv(tmp_path / "clk.csv", CLK_HEADER, random_rows(rng, 40, value=lambda i: f"u{i}"))
+    data = config_dict(clicks={"noise": "discrete_laplace", "epsilon": 1.0, "neighbouring": "row",
+                               "release_threshold": 3})
+    (outcome,) = run(make_request(write_config(tmp_path, data), imp, clk, tmp_path / "out",
+                                  release=RELEASE1)).releases
+    table = released_table(outcome)
+    specs = parse_config(data).campaigns[0].noise_specs()
+    marker = json.load(open(os.path.join(outcome.folder, "RELEASE.json")))
+    assert set(marker["outputs"]["centralnotice.parquet"]["errors"]) == {"impressions", "clicks"}
+    suppressed = 0
+    for value in ("impressions", "clicks"):
+        half, std = specs[value].ci_halfwidth(0.95), specs[value].std
+        low, high, sd = (table.column(c).to_pylist() for c in error_columns.names(value))
+        for v, lo, hi, s in zip(table.column(value).to_pylist(), low, high, sd):
+            if v is None:
+                suppressed += 1
+                assert lo is None and hi is None and s is None
+            else:
+                assert (v - lo, hi - v, s) == (half, half, pytest.approx(std))
+    assert suppressed  # the rule is exercised: some clicks were below the threshold
 
 
 def noise_of(campaign, table_keys: pa.Table, seed=SEED) -> dict:

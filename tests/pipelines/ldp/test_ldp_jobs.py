@@ -4,6 +4,7 @@ client's reports / one example): the released schema, row set and order stay pub
 difference stays within what one client can change."""
 import glob
 import json
+import math
 import os
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from pipelines.ldp import heavy_hitters as ldp_heavy_hitters
 from pipelines.ldp import shuffle_sum
 from pipelines.release import cli as release_cli
 from transforms.ldp import make_oracle, sample_data
+from transforms import error_columns
 from transforms.ldp.estimators import estimate_frequencies
 from transforms.ldp.pem import PEMPlan
 from transforms.ldp.randomness import KeyedRandomness
@@ -256,6 +258,13 @@ def test_shuffle_sum_neighbours(tmp_path, capsys):
     assert whole == 0  # the exact sum is reproduced: shares sum to values + noise mod q
     exact = spec.estimate(spec.sum_shares(shares["all"]), 40)
     assert out["all"].column("estimate")[0].as_py() == pytest.approx(exact)
+    # Error columns: the planned clients' summed Binomial noise (public), around the estimate.
+    row = out["all"].to_pylist()[0]
+    error = error_columns.binomial(spec.noise_trials, spec.noise_probability)
+    assert row["estimate_std"] == pytest.approx(math.sqrt(spec.variance))
+    assert row["estimate_ci95_high"] - row["estimate"] == pytest.approx(error.halfwidth)
+    assert row["estimate"] - row["estimate_ci95_low"] == pytest.approx(error.halfwidth)
+    assert row["estimate_std"] == out["replaced"].to_pylist()[0]["estimate_std"]
 
 
 def test_label_export_neighbours(tmp_path, inputs):

@@ -4,6 +4,7 @@ per-helper ledger keys and spend, steps that spend nothing, pre-charge refusals,
 neighbouring-pair check per job (the audit harness, accounting/verification/audit.py, had not landed)."""
 import csv
 import json
+import math
 import os
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 
 from accounting.ledger import BudgetLedger
 from pipelines.masked_lark import combine as masked_lark_combine
+from pipelines.masked_lark.config import params_from_json
 from pipelines.masked_lark import helper as masked_lark_helper
 from pipelines.masked_lark import share as masked_lark_share
 from pipelines.masked_lark import train as masked_lark_train
@@ -170,7 +172,17 @@ def test_noisy_helpers_charge_their_own_ledgers_and_combine_spends_nothing(exact
     assert ledger.get("masked_lark_combine/b1")["measures"] == []
     with open(os.path.join(str(tmp_path / "server"), "masked_lark_combine", "b1", "v1",
                            "aggregates.csv")) as handle:
-        assert [r["key"] for r in csv.DictReader(handle)] == ["A", "B"]
+        rows = list(csv.DictReader(handle))
+    assert [r["key"] for r in rows] == ["A", "B"]
+    # each decoded value's error columns: both helpers' stated noise summed (public)
+    assert list(rows[0]) == ["batch_id", "key", "value", "value_ci95_low", "value_ci95_high",
+                             "value_std"]
+    spec = params_from_json(json.load(open(params))).noise_spec()  # one helper's, in 2^-8 units
+    for r in rows:
+        assert float(r["value_std"]) == pytest.approx(math.sqrt(2) * spec.std / 256)
+        half = float(r["value_ci95_high"]) - float(r["value"])
+        assert half == pytest.approx(float(r["value"]) - float(r["value_ci95_low"]))
+        assert half == pytest.approx(2 * spec.ci_halfwidth(0.975) / 256)  # a union bound
 
 
 def test_bad_inputs_are_refused_before_any_charge(exact, tmp_path, capsys):

@@ -576,6 +576,22 @@ def _toy(tmp_path, rows, **options):
                                                            testing_seed=1, **options))
 
 
+def test_an_output_states_each_values_error_in_its_marker(tmp_path):
+    """OutputSpec.errors: a public statement per value column, published in RELEASE.json; a
+    statement for a column the schema does not have is refused when the spec is made."""
+    class StatedErrors(ToyJob):
+        def plan(self, prepared):
+            (planned,) = super().plan(prepared)
+            output = dataclasses.replace(planned.outputs[0], errors={"count": "no interval: a toy"})
+            return [dataclasses.replace(planned, outputs=[output])]
+
+    (outcome,) = run_release(StatedErrors(), _toy(tmp_path, [("a", 1)])).releases
+    marker = read_json(os.path.join(outcome.folder, publish.MARKER))
+    assert marker["outputs"]["counts.csv"]["errors"] == {"count": "no interval: a toy"}
+    with pytest.raises(ValueError, match="not in its schema"):
+        OutputSpec(name="counts.csv", sort_by=["key"], schema=TOY_SCHEMA, errors={"mean": "x"})
+
+
 @pytest.mark.parametrize("rows, options, alert", [
     ([("a", 1), ("b", 2)], {}, None),
     ([("a", 1), ("b", "x")], {}, None),                          # 1 of 2: not more than 50 %

@@ -90,7 +90,7 @@ def test_end_to_end_pem_finds_the_top_k_at_a_generous_epsilon():
     # Population estimates of the top value are close to its true count.
     top_value = int(top.column("value")[0].as_py())
     true_count = sim.true_counts(1 << 16)[top_value]
-    assert abs(top.column("estimate")[0].as_py() - true_count) < 5 * top.column("std")[0].as_py() \
+    assert abs(top.column("estimate")[0].as_py() - true_count) < 5 * top.column("estimate_std")[0].as_py() \
         + 0.05 * true_count
 
 
