@@ -51,7 +51,7 @@ from accounting.budget import PrivacyBudget
 from accounting.ledger import Scope
 from accounting.measures import Measure
 from pipelines.release import InputSpec, ReleaseRefused
-from pipelines.release.consumption import Consumes, canonical_ids, remove_consumed
+from pipelines.release.consumption import Consumes, remove_consumed, scan_ids
 from pipelines.release.inputs import preflight
 
 #: Counters (namespace ``ldp``) that drop a report or row for a fault of its own.
@@ -84,11 +84,11 @@ def client_namespace(job: str, collection_id: str) -> str:
 
 def client_consumes(job: str, request, inputs, input_name: str = "reports") -> list:
     """The collection's client ids (``Job.consumes`` of the local-DP jobs)."""
-    ids, faults = canonical_ids(inputs[input_name], request.id_column,
-                                required=not request.options.testing)
-    return [Consumes(namespace=client_namespace(job, request.collection_id), ids=ids,
-                     noun="clients", label="--input", skip=request.skip_consumed,
-                     across_batches=False, faults=faults)]
+    scanned = scan_ids(inputs[input_name], request.id_column,
+                       required=not request.options.testing)
+    return [Consumes(namespace=client_namespace(job, request.collection_id), ids=scanned.ids,
+                     content=scanned.content, noun="clients", label="--input",
+                     skip=request.skip_consumed, across_batches=False, faults=scanned.faults)]
 
 
 def remove_replayed(tables, pipeline, release, job: str, request):

@@ -39,11 +39,12 @@ def record_ids_once(job: str, inputs) -> list:
     copy would get a fresh report id, invisible to the helpers' replay check; which records are
     shared then depends on their public identities only, never on a value). Not recorded
     across batches."""
-    from pipelines.release.consumption import Consumes, canonical_ids
+    from pipelines.release.consumption import Consumes, scan_ids
 
-    ids, faults = canonical_ids(inputs["records"], "record_id")
-    return [Consumes(namespace=f"{job}/record", ids=ids, noun="record ids", label="--input",
-                     skip=None, across_batches=False, faults=faults)]
+    scanned = scan_ids(inputs["records"], "record_id")
+    return [Consumes(namespace=f"{job}/record", ids=scanned.ids, content=scanned.content,
+                     noun="record ids", label="--input", skip=None, across_batches=False,
+                     faults=scanned.faults)]
 
 
 def remove_repeated_records(job: str, tables, pipeline, release):
