@@ -62,7 +62,7 @@ from accounting.measures import Measure
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepared,
                                ReleaseOptions, ReleaseRefused, cli)
 from pipelines.release import run as run_release
-from pipelines.release.consumption import SKIP_HELP, Consumes, remove_consumed, scan_ids
+from pipelines.release.consumption import SKIP_HELP, Consumes, canonical_ids, remove_consumed
 from pipelines.release.names import check_segment
 from transforms.counting import Counted, CountingDoFn
 
@@ -309,10 +309,13 @@ class LabelDPJob(Job):
     def consumes(self, prepared: LabelDPPrepared, planned, inputs):
         """The examples whose labels the export randomizes: once, ever (module docstring)."""
         request = prepared.request
-        scanned = scan_ids(inputs["rows"], request.id_column)
-        return [Consumes(namespace=f"{NAME}/{request.label_column}/example", ids=scanned.ids,
-                         content=scanned.content, noun="examples", label="--input",
-                         skip=request.skip_consumed, faults=scanned.faults)]
+        # No content digest: an example's ids are public and its label is private, so whether
+        # two copies agree must not decide what is exported -- every copy of a repeated
+        # example is removed (rule 1 of pipelines.release.consumption, public-identity jobs).
+        ids, faults = canonical_ids(inputs["rows"], request.id_column)
+        return [Consumes(namespace=f"{NAME}/{request.label_column}/example", ids=ids,
+                         noun="examples", label="--input", skip=request.skip_consumed,
+                         faults=faults)]
 
     def build(self, pipeline, prepared: LabelDPPrepared, inputs, release):
         from transforms.ldp.beam import RandomizeLabels

@@ -39,12 +39,15 @@ def record_ids_once(job: str, inputs) -> list:
     copy would get a fresh report id, invisible to the helpers' replay check; which records are
     shared then depends on their public identities only, never on a value). Not recorded
     across batches."""
-    from pipelines.release.consumption import Consumes, scan_ids
+    from pipelines.release.consumption import Consumes, canonical_ids
 
-    scanned = scan_ids(inputs["records"], "record_id")
-    return [Consumes(namespace=f"{job}/record", ids=scanned.ids, content=scanned.content,
-                     noun="record ids", label="--input", skip=None, across_batches=False,
-                     faults=scanned.faults)]
+    # No content digest: a record's identity is public and its values are private (the
+    # helpers' relation replaces values), so whether two copies agree must not decide which
+    # records are shared -- every copy of a repeated id is removed (rule 1 of
+    # pipelines.release.consumption, public-identity jobs).
+    ids, faults = canonical_ids(inputs["records"], "record_id")
+    return [Consumes(namespace=f"{job}/record", ids=ids, noun="record ids", label="--input",
+                     skip=None, across_batches=False, faults=faults)]
 
 
 def remove_repeated_records(job: str, tables, pipeline, release):

@@ -30,17 +30,30 @@ release layer applies one set of rules, the same way for every job:
    label makes identical copies conflict or conflicting ones identical, which moves rows of that
    one example only.) The audits of ``tests/pipelines/release/test_publication_decisions.py``
    check both edges (an identical copy added, a conflicting copy added) for every job that
-   declares consumed ids; the mutant ``repeat-keeps-the-first-copy`` (keep-first instead of
+   declares consumed ids (the public-identity jobs below: identical copies in D, one copy's
+   value changed in D'); the mutant ``repeat-keeps-the-first-copy`` (keep-first instead of
    keep-identical-once) is caught by them.
+
+   **Public identities, private content.** The rule compares content, so it is for relations
+   where adding or removing a record is the neighbour (summary reports: a source; event-level
+   registrations, which are public; local-DP clients, whose reports are already randomized on
+   the device: comparing them is post-processing). Where a job's relation makes the ids public
+   and changes a *value* (label DP: one example's label; Masked LARk: one record's values),
+   "identical or not" would be a decision on the private value -- one copy's label flipped would
+   remove an exported example (the audit shows the key set moving) -- so those jobs pass no
+   content (``Consumes.content`` None) and every copy of a repeated id is removed, which
+   depends on the public ids only.
 
    How (:func:`prepare`, :func:`remove_consumed`): before the charge, each row's content digest
    (:func:`content_digests`: a keyed MAC, 128 bits, of the row's values in every column of the
    input, the file's schema in its key) decides per id, vectorised (one group-by of the ids and
-   one of the distinct (id, digest) pairs): one digest -> identical, several -> conflicting. Inside
-   the pipeline the rows of an identical id meet in one combine keyed by the id that holds *one*
-   row (bounded memory whatever the number of copies) and compares every other copy with it
-   exactly; should they differ after all (a digest collision), every copy is removed and counted
-   as conflicting -- the same rule. A row whose id has no canonical form (``"1e999"``: see
+   one of the distinct (id, digest) pairs): one digest -> identical, several -> conflicting; the
+   ledger records an id with identical copies, not one whose copies conflict. Inside the
+   pipeline the copies of a repeated id meet in one combine keyed by the id that holds *one*
+   row (bounded memory whatever the number of copies), compares every other copy with it
+   exactly and carries that verdict; one row comes out only when both say identical (should
+   they disagree -- a digest collision -- every copy is removed and counted as conflicting: the
+   same rule, and never a row kept for an id the ledger did not record). A row whose id has no canonical form (``"1e999"``: see
    :func:`~transforms.privacy_units.unit_ids_and_faults`) is no id: dropped and counted
    (``<noun>_dropped_id_without_canonical_form``), like any other row fault.
 2. **Across batches** (releases): the ledger checks the ids against every other release's
@@ -378,8 +391,7 @@ def _comparable(column) -> tuple[list, str]:
             text = pa.array([None if v is None else repr(v) for v in column.to_pylist()],
                             pa.large_string())
         values = text.cast(pa.large_binary()).fill_null(b"")
-    columns = [values] if not column.null_count else [values, valid]
-    return columns, f"{typ}:{int(bool(column.null_count))}"
+    return [values, valid], str(typ)
 
 
 def content_digests(table: pa.Table, columns: Optional[Sequence[str]] = None) -> np.ndarray:
@@ -476,21 +488,25 @@ class _RemoveRowsFn(CountingDoFn):
             self._missing.inc(int(missing.sum()))
             keep = pa.array(~(bad | missing))
             table, ids = table.filter(keep), ids.filter(keep)
-        table, dropped = drop_rows(table, ids, repeated)
-        if dropped:
-            self._repeated.inc(dropped)
-            ids = self._ids(table)[0]
         table, dropped = drop_rows(table, ids, held)
         self._held.inc(dropped)
-        if self._copies and len(identical) and table.num_rows:
-            if dropped:
-                ids = self._ids(table)[0]
-            hit = pc.fill_null(pc.is_in(ids, value_set=identical), False)
+        if dropped:
+            ids = self._ids(table)[0]
+        if not self._copies:
+            # another input keyed by the same ids: a conflicting id's rows go, the rows of an
+            # id with identical copies stay
+            table, dropped = drop_rows(table, ids, repeated)
+            self._repeated.inc(dropped)
+        elif (len(identical) or len(repeated)) and table.num_rows:
+            seen = pc.fill_null(pc.is_in(ids, value_set=identical), False)
+            differ = pc.fill_null(pc.is_in(ids, value_set=repeated), False)
+            hit = pc.or_(seen, differ)
             if pc.any(hit).as_py():
-                # each copy on its own, keyed by its id: one combine per id settles them
-                copies = table.filter(hit)
+                # each copy on its own, keyed by its id, with the verdict taken before the
+                # charge (identical digests or not): one combine per id settles them
+                copies, same = table.filter(hit), seen.filter(hit).to_pylist()
                 for i, key in enumerate(ids.filter(hit).to_pylist()):
-                    yield beam.pvalue.TaggedOutput(_COPIES, (key, copies.slice(i, 1)))
+                    yield beam.pvalue.TaggedOutput(_COPIES, (key, (copies.slice(i, 1), same[i])))
                 table = table.filter(pc.invert(hit))
         if table.num_rows:
             yield table
@@ -500,16 +516,18 @@ _COPIES = "copies"
 
 
 class _OneCopy(beam.CombineFn):
-    """The copies of one id with identical digests: holds one row (bounded memory whatever the
-    number of copies), compares every other copy with it exactly, counts them. Extracts (row,
-    copies, whether any copy differed). Independent of the order copies arrive in: the row kept
-    equals every other copy whenever ``differed`` is False."""
+    """The copies of one repeated id: holds one row (bounded memory whatever the number of
+    copies), compares every other copy with it exactly, counts them. Extracts (row, copies,
+    whether they differ: found so here or by their digests before the charge). Independent of
+    the order copies arrive in: the row kept equals every other copy whenever they do not
+    differ."""
 
     def create_accumulator(self):
         return (None, 0, False)
 
-    def add_input(self, acc, row):
-        return self.merge_accumulators([acc, (row, 1, False)])
+    def add_input(self, acc, copy):
+        row, same = copy
+        return self.merge_accumulators([acc, (row, 1, not same)])
 
     def merge_accumulators(self, accs):
         kept, copies, differed = None, 0, False
@@ -535,8 +553,10 @@ def _same_row(a: pa.Table, b: pa.Table) -> bool:
 
 
 class _KeptCopyFn(CountingDoFn):
-    """One row per id with identical copies (the others counted as dropped); should the copies
-    differ after all, none (every copy counted as conflicting)."""
+    """Rule 1 on one repeated id: one row when its copies are identical (the others counted as
+    dropped), none when they differ (every copy counted as conflicting) -- by the digests
+    compared before the charge and by the exact comparison here, so a row is kept only for an
+    id the ledger records as consumed."""
 
     def __init__(self, namespace: str, noun: str):
         counters = Counters(namespace)
@@ -544,8 +564,8 @@ class _KeptCopyFn(CountingDoFn):
         self._conflicting = counters.counter(f"{noun}_removed_conflicting_copies_in_batch")
 
     def process(self, item):
-        _, (row, copies, differed) = item
-        if differed:
+        _, (row, copies, differ) = item
+        if differ:
             self._conflicting.inc(copies)
             return
         self._identical.inc(copies - 1)
@@ -583,9 +603,10 @@ def remove_consumed(tables, pipeline, release, namespace: str, column: str, *,
     identical = sorted(set(consumed.identical_ids.to_pylist()) - set(held)) if copies else []
     removed = (pipeline | release.label(f"ConsumedIds[{label}]")
                >> beam.Create([(held, sorted(repeated), identical)]))
-    fn = _RemoveRowsFn(column, *counter, drop_missing=drop_missing, copies=bool(identical))
+    settle = copies and bool(identical or repeated)
+    fn = _RemoveRowsFn(column, *counter, drop_missing=drop_missing, copies=settle)
     side = beam.pvalue.AsSingleton(removed)
-    if not identical:
+    if not settle:
         return tables | release.label(f"RemoveConsumed[{label}]") >> Counted(fn, side)
     out = tables | release.label(f"RemoveConsumed[{label}]") >> Counted(fn, side,
                                                                         tagged=(_COPIES,))

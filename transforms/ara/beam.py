@@ -295,14 +295,17 @@ class _RemoveReportsFn(CountingDoFn):
 
     def process(self, report, removed):
         held, repeated, identical = removed
-        if report.report_id is not None and report.report_id in repeated:
-            self.repeated.inc()
-            return
         if report.report_id is not None and report.report_id in held:
             self.removed.inc()
             return
-        if report.report_id is not None and report.report_id in identical:
-            yield beam.pvalue.TaggedOutput(_COPIES, (report.report_id, report))
+        if identical is None and report.report_id is not None and report.report_id in repeated:
+            self.repeated.inc()
+            return
+        if identical is not None and report.report_id is not None and (
+                report.report_id in identical or report.report_id in repeated):
+            # with the verdict taken before the charge (identical digests or not)
+            yield beam.pvalue.TaggedOutput(
+                _COPIES, (report.report_id, (report, report.report_id in identical)))
             return
         yield report
 
@@ -311,15 +314,16 @@ _COPIES = "copies"
 
 
 class _OneReport(beam.CombineFn):
-    """The copies of one report id whose contents were found identical before the charge: one
-    report held (bounded memory), every other copy compared with it; (report, copies,
-    whether any copy differed) -- the same whatever order the copies arrive in."""
+    """The copies of one repeated report id: one report held (bounded memory), every other
+    copy compared with it; (report, copies, whether they differ: found so here or by their
+    digests before the charge) -- the same whatever order the copies arrive in."""
 
     def create_accumulator(self):
         return (None, 0, False)
 
-    def add_input(self, acc, report):
-        return self.merge_accumulators([acc, (report, 1, False)])
+    def add_input(self, acc, copy):
+        report, same = copy
+        return self.merge_accumulators([acc, (report, 1, not same)])
 
     def merge_accumulators(self, accs):
         kept, copies, differed = None, 0, False
@@ -344,8 +348,8 @@ class _KeptReportFn(CountingDoFn):
         self.conflicting = self._counts.counter("reports_removed_conflicting_copies_in_batch")
 
     def process(self, item):
-        _, (report, copies, differed) = item
-        if differed:
+        _, (report, copies, differ) = item
+        if differ:
             self.conflicting.inc(copies)
             return
         self.identical.inc(copies - 1)
@@ -372,7 +376,7 @@ class RemoveReports(beam.PTransform):
         repeated = self.repeated | "RepeatedAsSet" >> beam.combiners.ToSet()
         sets = (held | "Both" >> beam.Map(lambda h, r: (h, r), beam.pvalue.AsSingleton(repeated)))
         if self.identical is None:
-            sets = sets | "NoIdentical" >> beam.Map(lambda hr: (*hr, frozenset()))
+            sets = sets | "NoIdentical" >> beam.Map(lambda hr: (*hr, None))
             return reports | "Remove" >> Counted(_RemoveReportsFn(), beam.pvalue.AsSingleton(sets))
         identical = self.identical | "IdenticalAsSet" >> beam.combiners.ToSet()
         sets = sets | "All" >> beam.Map(lambda hr, i: (*hr, i), beam.pvalue.AsSingleton(identical))

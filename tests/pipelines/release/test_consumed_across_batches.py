@@ -405,21 +405,22 @@ def _with_duplicates(source, target) -> str:
     return str(target)
 
 
-def test_a_duplicated_record_is_shared_once_by_the_browsers_job(tmp_path):
+def test_a_duplicated_record_is_removed_by_the_browsers_job(tmp_path):
     """The finding: each copy got a fresh report id, so no helper could see the replay. Since
-    issue 40 identical copies are shared once and conflicting ones not at all (counted) instead
-    of refusing the batch."""
+    issue 40 every copy is removed (counted) instead of refusing the batch -- identical or not:
+    a record's identity is public and its values private, so whether copies agree must not
+    decide what is shared (pipelines/release/consumption.py, rule 1)."""
     sample = os.path.join(SAMPLE, "masked_lark")
     records = _with_duplicates(os.path.join(sample, "conversions.csv"), tmp_path / "records.csv")
     argv = ["--input", records, "--params", os.path.join(sample, "aggregation_params.json"),
             "--batch_id", "b1", *_release(tmp_path)]
     assert masked_lark_share.main(argv) == 0
     counters = _counters(tmp_path, "masked_lark_share/b1")
-    assert counters["records_dropped_identical_copies_in_batch"] == 1
-    assert counters["records_removed_conflicting_copies_in_batch"] == 2
+    assert "records_dropped_identical_copies_in_batch" not in counters
+    assert counters["records_removed_conflicting_copies_in_batch"] == 4   # both records
 
 
-def test_a_duplicated_record_is_used_once_by_the_training_driver(tmp_path):
+def test_a_duplicated_record_is_removed_by_the_training_driver(tmp_path):
     sample = os.path.join(SAMPLE, "masked_lark")
     records = _with_duplicates(os.path.join(sample, "train.csv"), tmp_path / "train.csv")
     argv = ["--input", records, "--params", os.path.join(sample, "gradient_params.json"),
@@ -427,5 +428,5 @@ def test_a_duplicated_record_is_used_once_by_the_training_driver(tmp_path):
             *_release(tmp_path)]
     assert masked_lark_train.main(argv) == 0
     counters = _counters(tmp_path, "masked_lark_train/m1")
-    assert counters["records_dropped_identical_copies_in_batch"] == 1
-    assert counters["records_removed_conflicting_copies_in_batch"] == 2
+    assert "records_dropped_identical_copies_in_batch" not in counters
+    assert counters["records_removed_conflicting_copies_in_batch"] == 4   # both records
