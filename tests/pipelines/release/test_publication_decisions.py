@@ -473,6 +473,9 @@ def _both(*after, before=()):
     return lambda d, c, s: [*first(d, c, s), *second(d, c, s)]
 
 
+LONE_REPORT = {"source_id": "lone-source", "bucket": 0x12, "value": 1000, "report_id": "lone"}
+
+
 def test_summary_reports_an_identical_copy_changes_nothing_a_conflicting_one_removes_one():
     """D' adds an identical copy of one report (one kept: nothing moves), or a copy of its id
     from another source with the source's whole budget in another bucket, read after or before
@@ -482,12 +485,17 @@ def test_summary_reports_an_identical_copy_changes_nothing_a_conflicting_one_rem
         return [dict(dataset.rows()[0])]
 
     def other(dataset):
-        row = dataset.rows()[0]
-        bucket = next(b for b in dataset.extra["buckets"] if b != row["bucket"])
-        return [{**row, "source_id": "another-source", "bucket": bucket, "value": 65536}]
+        # a copy of the lone source's report that sorts first (the smallest bucket) with the
+        # whole budget of another source: whichever copy a keep-one rule picks (by arrival, by
+        # content), one neighbour makes it this copy
+        low = min(dataset.extra["buckets"])
+        return [{**LONE_REPORT, "source_id": "another-source", "bucket": low, "value": 65536}]
 
     entry = REGISTRY["summary_reports"]
     datasets = [_summary_with_ids(d) for d in entry.datasets()]
+    # plus a source with one report, within its budget: algorithm C keeps it in D
+    datasets = [Dataset(batches=[*d.batches, [dict(LONE_REPORT)]], name=f"{d.name} + lone",
+                        extra=d.extra) for d in datasets]
     result = _edge("summary_reports",
                    _both(("identical copy", same), ("conflicting copy", other),
                          before=[("conflicting copy first", other)]),
