@@ -28,10 +28,13 @@ release layer's dropped-rows rule.
 
 **A client's report counted once per collection.** Report files carry each report's client id
 (``--id_column``, default ``client_id``; required in real releases, optional in testing runs).
-A client id repeated within a collection -- a replayed report batch, a file given twice -- has
-every report of that client removed in the pipeline (a client that randomized twice would count
-twice at epsilon each; keeping one would choose between its reports by content or arrival),
-counted as ``ldp.reports_removed_repeated_in_batch``; in a real release a report without a
+A client id repeated within a collection -- a replayed report batch, a file given twice -- is
+counted once when its reports are identical (``ldp.reports_dropped_identical_copies_in_batch``)
+and has every report removed when they differ (a client that randomized twice would count twice
+at epsilon each; keeping one would choose between its reports by content or arrival), counted as
+``ldp.reports_removed_conflicting_copies_in_batch`` (rule 1 of
+``pipelines/release/consumption.py``; comparing reports already randomized on the device is
+post-processing); in a real release a report without a
 client id, or with one that has no canonical form, is dropped and counted too
 (``pipelines/release/consumption.py``): one replayed report never refuses a collection. A collection is
 released once: its ledger scope is budgeted at the clients' epsilon, so no second version and no

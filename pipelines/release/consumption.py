@@ -42,7 +42,7 @@ release layer applies one set of rules, the same way for every job:
    "identical or not" would be a decision on the private value -- one copy's label flipped would
    remove an exported example (the audit shows the key set moving) -- so those jobs pass no
    content (``Consumes.content`` None) and every copy of a repeated id is removed, which
-   depends on the public ids only.
+   depends on the public ids only (``<noun>_removed_repeated_in_batch``).
 
    How (:func:`prepare`, :func:`remove_consumed`): before the charge, each row's content digest
    (:func:`content_digests`: a keyed MAC, 128 bits, of the row's values in every column of the
@@ -155,7 +155,8 @@ class Consumed:
     the batch, or held by earlier batches, under ``--skip_consumed``); of those,
     ``repeated_ids`` conflict within the batch; ``identical_ids``: ids repeated within the batch
     whose copies are identical (one copy kept, unless an earlier batch holds the id);
-    ``repeated`` / ``identical`` / ``held``: how many of each; ``holders``: {versioned release
+    ``repeated`` / ``identical`` / ``held``: how many of each; ``compared``: whether copies
+    were compared (False: a public-identity job, every copy of a repeated id removed); ``holders``: {versioned release
     id: ids it holds}. ``grants``: budgeted namespaces, {id: what it may still spend} for the
     ids granted less than their rows ask (every other id is granted all it asks). ``faults``:
     rows whose id has no canonical form (dropped too).
@@ -169,6 +170,7 @@ class Consumed:
                                     repr=False)
     repeated: int = 0
     identical: int = 0
+    compared: bool = True
     held: int = 0
     holders: Mapping[str, int] = field(default_factory=dict)
     grants: Mapping[str, int] = field(default_factory=dict, repr=False)
@@ -281,6 +283,7 @@ def views(prepared: Sequence[BatchConsumption], reservation=None) -> dict:
         out[c.namespace] = Consumed(namespace=c.namespace, removed=removed,
                                     repeated_ids=p.repeated, repeated=len(p.repeated),
                                     identical_ids=p.identical, identical=len(p.identical),
+                                    compared=c.content is not None,
                                     held=held, holders=holders, grants=grants, faults=c.faults)
     return out
 
@@ -459,12 +462,14 @@ class _RemoveRowsFn(CountingDoFn):
     the other tables keyed by the same ids, stay."""
 
     def __init__(self, column: str, namespace: str, noun: str, drop_missing: bool = False,
-                 copies: bool = False):
+                 copies: bool = False, compared: bool = True):
         self._column, self._drop_missing, self._copies = column, drop_missing, copies
         counters = Counters(namespace)
         self._missing = counters.counter(f"{noun}_dropped_missing_id")
         self._held = counters.counter(f"{noun}_removed_already_consumed")
-        self._repeated = counters.counter(f"{noun}_removed_conflicting_copies_in_batch")
+        # copies not compared (public-identity jobs): every copy of a repeated id, one counter
+        self._repeated = counters.counter(f"{noun}_removed_conflicting_copies_in_batch" if compared
+                                          else f"{noun}_removed_repeated_in_batch")
         self._faults = counters.counter(f"{noun}_dropped_id_without_canonical_form")
         self._cache = (None, None)
 
@@ -591,7 +596,8 @@ def remove_consumed(tables, pipeline, release, namespace: str, column: str, *,
     ids were read from; False for another input keyed by the same ids, whose rows then stay),
     and without the rows whose id has no canonical form; counted in ``counter`` = (namespace,
     noun), for the operator: ``NOUN_dropped_identical_copies_in_batch``,
-    ``NOUN_removed_conflicting_copies_in_batch``, ``NOUN_removed_already_consumed`` and
+    ``NOUN_removed_conflicting_copies_in_batch`` (a public-identity job, whose copies are not
+    compared: ``NOUN_removed_repeated_in_batch``, every copy), ``NOUN_removed_already_consumed`` and
     ``NOUN_dropped_id_without_canonical_form`` (and, ``drop_missing``: the ids are required,
     ``NOUN_dropped_missing_id``). Unchanged when nothing is removed."""
     consumed = release.consumed.get(namespace)
@@ -603,8 +609,9 @@ def remove_consumed(tables, pipeline, release, namespace: str, column: str, *,
     identical = sorted(set(consumed.identical_ids.to_pylist()) - set(held)) if copies else []
     removed = (pipeline | release.label(f"ConsumedIds[{label}]")
                >> beam.Create([(held, sorted(repeated), identical)]))
-    settle = copies and bool(identical or repeated)
-    fn = _RemoveRowsFn(column, *counter, drop_missing=drop_missing, copies=settle)
+    settle = copies and consumed.compared and bool(identical or repeated)
+    fn = _RemoveRowsFn(column, *counter, drop_missing=drop_missing, copies=settle,
+                       compared=consumed.compared)
     side = beam.pvalue.AsSingleton(removed)
     if not settle:
         return tables | release.label(f"RemoveConsumed[{label}]") >> Counted(fn, side)

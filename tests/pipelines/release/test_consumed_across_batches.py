@@ -417,7 +417,7 @@ def test_a_duplicated_record_is_removed_by_the_browsers_job(tmp_path):
     assert masked_lark_share.main(argv) == 0
     counters = _counters(tmp_path, "masked_lark_share/b1")
     assert "records_dropped_identical_copies_in_batch" not in counters
-    assert counters["records_removed_conflicting_copies_in_batch"] == 4   # both records
+    assert counters["records_removed_repeated_in_batch"] == 4   # both records, every copy
 
 
 def test_a_duplicated_record_is_removed_by_the_training_driver(tmp_path):
@@ -429,4 +429,4 @@ def test_a_duplicated_record_is_removed_by_the_training_driver(tmp_path):
     assert masked_lark_train.main(argv) == 0
     counters = _counters(tmp_path, "masked_lark_train/m1")
     assert "records_dropped_identical_copies_in_batch" not in counters
-    assert counters["records_removed_conflicting_copies_in_batch"] == 4   # both records
+    assert counters["records_removed_repeated_in_batch"] == 4   # both records, every copy

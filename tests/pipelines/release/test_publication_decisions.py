@@ -247,7 +247,7 @@ def test_one_training_records_faulty_feature_or_label_does_not_decide_the_model(
 # ---- Repeated and uncanonical ids never decide a run (issue 40, item 3) ----------------------
 #
 # Every job that declares consumed ids (``Job.consumes``) removes every copy of an id repeated
-# within its batch and drops a row whose id has no canonical form, counted for the operator;
+# within its batch with copies that conflict (public-identity jobs: every copy) and drops a row whose id has no canonical form, counted for the operator;
 # only ids consumed by *earlier* releases refuse a batch. The neighbours below sit on that edge:
 # D plus one more copy of an id D already holds (another content: the copies conflict), and D
 # plus one row whose id has no canonical form. Before issue 40 each D' was refused (exit 2)
