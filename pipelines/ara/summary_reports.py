@@ -292,7 +292,16 @@ class _Consumed:
         self.config, self.require = config, require_report_id
         self.report_ids, self.sources, self.totals = [], [], []
         self.content = []   # one digest per report id: what the pipeline's report holds
+        self._seen = set()  # (report id, digest): an identical copy asks no budget again
         self.without_id = 0
+
+    def _again(self, report_id, digest) -> bool:
+        """Whether this report is an identical copy of one already counted (rule 1 keeps one
+        copy: its source's budget is asked once, in whatever order the copies come)."""
+        if (report_id, digest) in self._seen:
+            return True
+        self._seen.add((report_id, digest))
+        return False
 
     def add_report(self, obj) -> None:
         from transforms.ara.reports import ReportFault, report_from_json
@@ -303,8 +312,11 @@ class _Consumed:
             self.without_id += fault.reason == "missing_report_id"
             return
         if report.report_id is not None:
+            digest = _digest(repr(report))
             self.report_ids.append(report.report_id)
-            self.content.append(_digest(repr(report)))
+            self.content.append(digest)
+            if self._again(report.report_id, digest):
+                return
         self.sources.append(report.source_id)
         self.totals.append(report.total)
 
@@ -317,16 +329,22 @@ class _Consumed:
         except ValueError as err:
             raise ReleaseRefused(f"{label}: {path}: {err}; nothing was charged")
         self.without_id += rows.missing_report_id
-        if rows.report_ids is not None:
-            order = rows.order.tolist()
-            for k, i in enumerate(rows.report_ids):
-                if i is not None:
-                    self.report_ids.append(i)
-                    self.content.append(_digest(repr((
-                        rows.sources[k], order[k], rows.values[k].tolist(),
-                        rows.features[k].tolist()))))
-        self.sources.extend(rows.sources)
-        self.totals.extend(max_report_totals(cfg, rows.values).tolist())
+        totals = max_report_totals(cfg, rows.values).tolist()
+        if rows.report_ids is None:
+            self.sources.extend(rows.sources)
+            self.totals.extend(totals)
+            return
+        order = rows.order.tolist()
+        for k, i in enumerate(rows.report_ids):
+            if i is not None:
+                digest = _digest(repr((rows.sources[k], order[k], rows.values[k].tolist(),
+                                       rows.features[k].tolist())))
+                self.report_ids.append(i)
+                self.content.append(digest)
+                if self._again(i, digest):
+                    continue
+            self.sources.append(rows.sources[k])
+            self.totals.append(totals[k])
 
 
 #: Counters of the ARA transforms (namespace ``ara``) that drop a row or report for a fault of

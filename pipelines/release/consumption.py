@@ -333,7 +333,7 @@ class ScannedIds:
     their id (``Consumes.faults``)."""
 
     ids: pa.Array
-    content: np.ndarray
+    content: Optional[np.ndarray]
     faults: int
 
 
@@ -420,7 +420,8 @@ def content_digests(table: pa.Table, columns: Optional[Sequence[str]] = None) ->
     return mac_words(mac_keys(key, pa.table({f"c{i}": c for i, c in enumerate(parts)}))).copy()
 
 
-def scan_ids(resolved, column: str, *, required: bool = False) -> ScannedIds:
+def scan_ids(resolved, column: str, *, required: bool = False,
+             content: bool = True) -> ScannedIds:
     """The canonical ids (``transforms.privacy_units``) of ``column`` over every row of a
     preflighted input, each row's content digest over every column the job reads of that input
     (:func:`content_digests`) and how many rows the pipeline must drop for their id: rows whose
@@ -428,10 +429,10 @@ def scan_ids(resolved, column: str, *, required: bool = False) -> ScannedIds:
     checked against the batch's other rows or earlier batches) -- are left out and counted
     (pass the count as ``Consumes.faults``; :func:`remove_consumed` with
     ``drop_missing=required`` drops them); other rows without an id are left out, the job's own
-    row rule."""
+    row rule. ``content=False``: the id column only, no digests (``content`` is then None)."""
     from transforms.privacy_units import UnitIdError, unit_ids_and_faults
 
-    wanted = list(dict.fromkeys([column, *resolved.spec.all_columns]))
+    wanted = list(dict.fromkeys([column, *resolved.spec.all_columns])) if content else [column]
     parts, digests, missing, faults = [], [], 0, 0
     for table in read_columns(resolved, wanted):
         try:
@@ -442,16 +443,18 @@ def scan_ids(resolved, column: str, *, required: bool = False) -> ScannedIds:
         missing += ids.null_count - int(bad.sum())
         valid = ids.is_valid().to_numpy(zero_copy_only=False)
         parts.append(ids.drop_null())
-        digests.append(content_digests(table, wanted)[valid])
+        if content:
+            digests.append(content_digests(table, wanted)[valid])
     return ScannedIds(ids=(pa.concat_arrays(parts) if parts else pa.array([], pa.string())),
-                      content=(np.concatenate(digests) if digests
-                               else np.zeros((0, 2), dtype=np.uint64)),
+                      content=None if not content else (
+                          np.concatenate(digests) if digests
+                          else np.zeros((0, 2), dtype=np.uint64)),
                       faults=faults + (missing if required else 0))
 
 
 def canonical_ids(resolved, column: str, *, required: bool = False) -> tuple[pa.Array, int]:
-    """(ids, faults) of :func:`scan_ids`, without the content digests."""
-    scanned = scan_ids(resolved, column, required=required)
+    """(ids, faults) of :func:`scan_ids`, without the content digests (the id column only)."""
+    scanned = scan_ids(resolved, column, required=required, content=False)
     return scanned.ids, scanned.faults
 
 

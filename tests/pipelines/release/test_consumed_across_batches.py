@@ -209,6 +209,10 @@ def test_report_ids_within_one_batch_and_missing_ids(tmp_path, capsys):
             "--epsilon", "4", "--batch_id", "R", "--skip_consumed", *_release(tmp_path)]
     assert summary_reports.main(real) == 0
     assert _counters(tmp_path, "summary_reports/R")["ara.reports_dropped_missing_report_id"] == 1
+    # the sources' budgets: r2's identical copy asks nothing more (s3: 30, once); the removed
+    # conflicting copies of r1 still count in what s1 and s2 ask (conservative)
+    budget = _ledger_record(tmp_path, "summary_reports/R")["consumed"][summary_reports.SOURCE_BUDGET]
+    assert budget["count"] == 3 and budget["amount"] == 10 + 20 + 30
     # reports without any report id (an older format) are refused before the charge
     bare = _reports(tmp_path / "bare.jsonl", [json.dumps(
         {"source_id": "s5", "contributions": [{"bucket": "0x10", "value": 1}]})])
