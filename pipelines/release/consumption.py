@@ -326,7 +326,7 @@ def read_columns(resolved, columns: Sequence[str]):
                                  f"({type(err).__name__}); nothing was charged") from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ScannedIds:
     """What :func:`scan_ids` reads of a preflighted input: the canonical ids (``Consumes.ids``),
     one content digest per id (``Consumes.content``) and the rows the pipeline must drop for
