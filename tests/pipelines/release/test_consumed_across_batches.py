@@ -140,6 +140,39 @@ def test_a_new_version_of_a_summary_batch_does_not_aggregate_its_reports_again(t
     assert _counters(tmp_path, "summary_reports/A", 2)["ara.reports_removed_already_consumed"] == 3
 
 
+def test_a_conversion_file_given_twice_is_aggregated_once(tmp_path):
+    """Conversions (algorithm A in the job): a file given twice in one batch -- every report
+    id twice, alike -- aggregates each report once, and each source's budget is asked once."""
+    from pipelines.ara import synthetic
+    from transforms.ara.contribution import ContributionConfig
+
+    data = synthetic.generate("adtech_real_estate", 5, scale=0.005).to_arrow()
+    pq.write_table(data, tmp_path / "a.parquet")
+    shutil.copy(tmp_path / "a.parquet", tmp_path / "again.parquet")
+    config = tmp_path / "config.json"
+    config.write_text(ContributionConfig(
+        measures=("count", "value"), clip_thresholds=(1.0, 20000.0), slice_dimensions=(2, 90),
+        prefixes=(0, 2), budgets=((8000, 8000), (8000, 8000)), reports_per_source=2).to_json())
+
+    def argv(batch, path, root):
+        return ["--input", path, "--config", str(config), "--epsilon", "8",
+                "--batch_id", batch, *_release(root)]
+
+    # once, and twice on a ledger of its own
+    assert summary_reports.main(argv("A", str(tmp_path / "a.parquet"), tmp_path)) == 0
+    once = _ledger_record(tmp_path, "summary_reports/A")["consumed"]
+    both = f"{tmp_path / 'a.parquet'},{tmp_path / 'again.parquet'}"
+    assert summary_reports.main(argv("B", both, tmp_path / "other")) == 0
+    counters = _counters(tmp_path / "other", "summary_reports/B")
+    assert counters["ara.reports_dropped_identical_copies_in_batch"] == data.num_rows
+    assert "ara.reports_removed_conflicting_copies_in_batch" not in counters
+    twice = _ledger_record(tmp_path / "other", "summary_reports/B")["consumed"]
+    assert twice[summary_reports.REPORT_IDS]["count"] == once[summary_reports.REPORT_IDS]["count"]
+    for field in ("count", "amount"):   # the hashes are keyed by each ledger's own secret
+        assert twice[summary_reports.SOURCE_BUDGET][field] == \
+            once[summary_reports.SOURCE_BUDGET][field]
+
+
 def test_overlapping_conversion_batches_are_refused(tmp_path, capsys):
     """Conversions (algorithm A in the job) carry the report id of the report each becomes."""
     from pipelines.ara import synthetic
