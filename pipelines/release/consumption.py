@@ -49,11 +49,11 @@ release layer applies one set of rules, the same way for every job:
    input, the file's schema in its key) decides per id, vectorised (one group-by of the ids and
    one of the distinct (id, digest) pairs): one digest -> identical, several -> conflicting; the
    ledger records an id with identical copies, not one whose copies conflict. Inside the
-   pipeline the copies of a repeated id meet in one combine keyed by the id that holds *one*
-   row (bounded memory whatever the number of copies), compares every other copy with it
-   exactly and carries that verdict; one row comes out only when both say identical (should
-   they disagree -- a digest collision -- every copy is removed and counted as conflicting: the
-   same rule, and never a row kept for an id the ledger did not record). A row whose id has no canonical form (``"1e999"``: see
+   pipeline that verdict is applied as it was taken (the ledger's record and the released rows
+   agree): the rows of a conflicting id are dropped vectorised, and the copies of an identical
+   id meet in one combine keyed by the id that holds *one* row (bounded memory whatever the
+   number of copies; which one does not matter). A row whose id has no canonical form
+   (``"1e999"``: see
    :func:`~transforms.privacy_units.unit_ids_and_faults`) is no id: dropped and counted
    (``<noun>_dropped_id_without_canonical_form``), like any other row fault.
 2. **Across batches** (releases): the ledger checks the ids against every other release's
@@ -103,7 +103,8 @@ class Consumes:
     counts them: :func:`remove_consumed` does). At most once (default): ``ids`` may repeat
     (rule 1), and ``content`` (:func:`content_digests`, one (2,) uint64 digest per row of ``ids``;
     :func:`scan_ids` gives both) tells identical copies (one kept) from conflicting ones (every
-    copy removed); without it every repeated id counts as conflicting. Budgeted: ``limit`` per id over all batches and ``amounts``
+    copy removed); without it every repeated id counts as conflicting. Budgeted: ``limit`` per
+    id over all batches and ``amounts``
     (one per row of ``ids``, summed per id). ``skip``: the job's ``--skip_consumed`` (None: the
     job offers no such flag; ids held by earlier batches are always refused).
     ``across_batches=False``: checked within the batch only, never recorded (Masked LARk record
@@ -156,7 +157,8 @@ class Consumed:
     ``repeated_ids`` conflict within the batch; ``identical_ids``: ids repeated within the batch
     whose copies are identical (one copy kept, unless an earlier batch holds the id);
     ``repeated`` / ``identical`` / ``held``: how many of each; ``compared``: whether copies
-    were compared (False: a public-identity job, every copy of a repeated id removed); ``holders``: {versioned release
+    were compared (False: a public-identity job, every copy of a repeated id removed);
+    ``holders``: {versioned release
     id: ids it holds}. ``grants``: budgeted namespaces, {id: what it may still spend} for the
     ids granted less than their rows ask (every other id is granted all it asks). ``faults``:
     rows whose id has no canonical form (dropped too).
@@ -373,7 +375,8 @@ def _comparable(column) -> tuple[list, str]:
             or pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
         values = column.cast(pa.large_binary()).fill_null(b"")
     elif pa.types.is_fixed_size_binary(typ):
-        values = pa.array([b"" if v is None else v for v in column.to_pylist()], pa.large_binary()) \
+        values = pa.array([b"" if v is None else v for v in column.to_pylist()],
+                          pa.large_binary()) \
             if column.null_count else pa.Array.from_buffers(
                 pa.binary(typ.byte_width), len(column), column.buffers()[:2],
                 offset=column.offset).cast(pa.large_binary())
@@ -500,21 +503,20 @@ class _RemoveRowsFn(CountingDoFn):
         self._held.inc(dropped)
         if dropped:
             ids = self._ids(table)[0]
-        if not self._copies:
-            # another input keyed by the same ids: a conflicting id's rows go, the rows of an
-            # id with identical copies stay
-            table, dropped = drop_rows(table, ids, repeated)
-            self._repeated.inc(dropped)
-        elif (len(identical) or len(repeated)) and table.num_rows:
-            seen = pc.fill_null(pc.is_in(ids, value_set=identical), False)
-            differ = pc.fill_null(pc.is_in(ids, value_set=repeated), False)
-            hit = pc.or_(seen, differ)
+        # every copy of an id whose copies conflict (in another input keyed by the same ids,
+        # e.g. a source's conversions: its rows)
+        table, dropped = drop_rows(table, ids, repeated)
+        self._repeated.inc(dropped)
+        if dropped:
+            ids = self._ids(table)[0]
+        if self._copies and len(identical) and table.num_rows:
+            hit = pc.fill_null(pc.is_in(ids, value_set=identical), False)
             if pc.any(hit).as_py():
-                # each copy on its own, keyed by its id, with the verdict taken before the
-                # charge (identical digests or not): one combine per id settles them
-                copies, same = table.filter(hit), seen.filter(hit).to_pylist()
+                # the copies of an id with identical copies, each on its own keyed by its id:
+                # one combine per id keeps one
+                copies = table.filter(hit)
                 for i, key in enumerate(ids.filter(hit).to_pylist()):
-                    yield beam.pvalue.TaggedOutput(_COPIES, (key, (copies.slice(i, 1), same[i])))
+                    yield beam.pvalue.TaggedOutput(_COPIES, (key, copies.slice(i, 1)))
                 table = table.filter(pc.invert(hit))
         if table.num_rows:
             yield table
@@ -524,58 +526,37 @@ _COPIES = "copies"
 
 
 class _OneCopy(beam.CombineFn):
-    """The copies of one repeated id: holds one row (bounded memory whatever the number of
-    copies), compares every other copy with it exactly, counts them. Extracts (row, copies,
-    whether they differ: found so here or by their digests before the charge). Independent of
-    the order copies arrive in: the row kept equals every other copy whenever they do not
-    differ."""
+    """The copies of one id whose copies are identical (their content digests, before the
+    charge): one row held, whatever the number of copies (bounded memory), and how many there
+    were. Which copy is held does not matter: they hold the same values in every column the job
+    reads (a 128-bit MAC under a secret of the preflight's process: a collision no one can aim
+    for)."""
 
     def create_accumulator(self):
-        return (None, 0, False)
+        return (None, 0)
 
-    def add_input(self, acc, copy):
-        row, same = copy
-        return self.merge_accumulators([acc, (row, 1, not same)])
+    def add_input(self, acc, row):
+        return (row if acc[0] is None else acc[0], acc[1] + 1)
 
     def merge_accumulators(self, accs):
-        kept, copies, differed = None, 0, False
-        for row, n, d in accs:
-            copies, differed = copies + n, differed or d
-            if row is None:
-                continue
-            if kept is None:
-                kept = row
-            elif not differed and not _same_row(kept, row):
-                differed = True
-        return (kept, copies, differed)
+        kept, copies = None, 0
+        for row, n in accs:
+            kept, copies = (row if kept is None else kept), copies + n
+        return (kept, copies)
 
     def extract_output(self, acc):
         return acc
 
 
-def _same_row(a: pa.Table, b: pa.Table) -> bool:
-    """Whether two single-row tables hold the same values (and value types) in the same
-    columns: what the job reads of them (a schema's nullability or metadata is no content)."""
-    return a.column_names == b.column_names and all(
-        x.type == y.type and x.equals(y) for x, y in zip(a.columns, b.columns))
-
-
 class _KeptCopyFn(CountingDoFn):
-    """Rule 1 on one repeated id: one row when its copies are identical (the others counted as
-    dropped), none when they differ (every copy counted as conflicting) -- by the digests
-    compared before the charge and by the exact comparison here, so a row is kept only for an
-    id the ledger records as consumed."""
+    """Rule 1 on one id whose copies are identical: one row, the others counted as dropped."""
 
     def __init__(self, namespace: str, noun: str):
         counters = Counters(namespace)
         self._identical = counters.counter(f"{noun}_dropped_identical_copies_in_batch")
-        self._conflicting = counters.counter(f"{noun}_removed_conflicting_copies_in_batch")
 
     def process(self, item):
-        _, (row, copies, differ) = item
-        if differ:
-            self._conflicting.inc(copies)
-            return
+        _, (row, copies) = item
         self._identical.inc(copies - 1)
         yield row
 
@@ -612,7 +593,7 @@ def remove_consumed(tables, pipeline, release, namespace: str, column: str, *,
     identical = sorted(set(consumed.identical_ids.to_pylist()) - set(held)) if copies else []
     removed = (pipeline | release.label(f"ConsumedIds[{label}]")
                >> beam.Create([(held, sorted(repeated), identical)]))
-    settle = copies and consumed.compared and bool(identical or repeated)
+    settle = copies and bool(identical)
     fn = _RemoveRowsFn(column, *counter, drop_missing=drop_missing, copies=settle,
                        compared=consumed.compared)
     side = beam.pvalue.AsSingleton(removed)

@@ -470,15 +470,13 @@ MUTANTS += (
     ),
     Mutant(
         name="repeat-keeps-the-first-copy",
-        leak="a report id repeated within a batch keeps its first copy (in time and content "
+        leak="an id repeated within a batch keeps one copy (the first in time and content "
              "order) even when the copies differ, instead of one copy of identical copies "
              "only: an added copy that sorts first replaces a report -- a substitution, twice "
              "the add/remove sensitivity (issue 40.3)",
-        file="transforms/ara/beam.py",
-        snippet="            if kept is None:\n                kept = report\n"
-                "            elif report != kept:\n                differed = True\n",
-        replacement="            if kept is None or report.sort_key() < kept.sort_key():\n"
-                    "                kept = report\n            differed = d = False\n",
+        file="pipelines/release/consumption.py",
+        snippet="    one_content = pc.equal(copies.column(\"contents\"), 1)\n",
+        replacement="    one_content = pc.greater_equal(copies.column(\"contents\"), 1)\n",
         tests=("tests/pipelines/release/test_publication_decisions.py::"
                "test_summary_reports_an_identical_copy_changes_nothing_a_conflicting_one_removes_one",),
     ),

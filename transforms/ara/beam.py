@@ -295,17 +295,14 @@ class _RemoveReportsFn(CountingDoFn):
 
     def process(self, report, removed):
         held, repeated, identical = removed
+        if report.report_id is not None and report.report_id in repeated:
+            self.repeated.inc()
+            return
         if report.report_id is not None and report.report_id in held:
             self.removed.inc()
             return
-        if identical is None and report.report_id is not None and report.report_id in repeated:
-            self.repeated.inc()
-            return
-        if identical is not None and report.report_id is not None and (
-                report.report_id in identical or report.report_id in repeated):
-            # with the verdict taken before the charge (identical digests or not)
-            yield beam.pvalue.TaggedOutput(
-                _COPIES, (report.report_id, (report, report.report_id in identical)))
+        if report.report_id is not None and report.report_id in identical:
+            yield beam.pvalue.TaggedOutput(_COPIES, (report.report_id, report))
             return
         yield report
 
@@ -314,28 +311,23 @@ _COPIES = "copies"
 
 
 class _OneReport(beam.CombineFn):
-    """The copies of one repeated report id: one report held (bounded memory), every other
-    copy compared with it; (report, copies, whether they differ: found so here or by their
-    digests before the charge) -- the same whatever order the copies arrive in."""
+    """The copies of one report id whose copies are identical (their digests, before the
+    charge): one report held (bounded memory) -- the first in time and content order, so the
+    choice never depends on arrival -- and how many there were."""
 
     def create_accumulator(self):
-        return (None, 0, False)
+        return (None, 0)
 
-    def add_input(self, acc, copy):
-        report, same = copy
-        return self.merge_accumulators([acc, (report, 1, not same)])
+    def add_input(self, acc, report):
+        return self.merge_accumulators([acc, (report, 1)])
 
     def merge_accumulators(self, accs):
-        kept, copies, differed = None, 0, False
-        for report, n, d in accs:
-            copies, differed = copies + n, differed or d
-            if report is None:
-                continue
-            if kept is None:
+        kept, copies = None, 0
+        for report, n in accs:
+            copies += n
+            if report is not None and (kept is None or report.sort_key() < kept.sort_key()):
                 kept = report
-            elif report != kept:
-                differed = True
-        return (kept, copies, differed)
+        return (kept, copies)
 
     def extract_output(self, acc):
         return acc
@@ -345,13 +337,9 @@ class _KeptReportFn(CountingDoFn):
     def __init__(self):
         self._counts = Counters(NAMESPACE)
         self.identical = self._counts.counter("reports_dropped_identical_copies_in_batch")
-        self.conflicting = self._counts.counter("reports_removed_conflicting_copies_in_batch")
 
     def process(self, item):
-        _, (report, copies, differ) = item
-        if differ:
-            self.conflicting.inc(copies)
-            return
+        _, (report, copies) = item
         self.identical.inc(copies - 1)
         yield report
 
@@ -376,7 +364,7 @@ class RemoveReports(beam.PTransform):
         repeated = self.repeated | "RepeatedAsSet" >> beam.combiners.ToSet()
         sets = (held | "Both" >> beam.Map(lambda h, r: (h, r), beam.pvalue.AsSingleton(repeated)))
         if self.identical is None:
-            sets = sets | "NoIdentical" >> beam.Map(lambda hr: (*hr, None))
+            sets = sets | "NoIdentical" >> beam.Map(lambda hr: (*hr, frozenset()))
             return reports | "Remove" >> Counted(_RemoveReportsFn(), beam.pvalue.AsSingleton(sets))
         identical = self.identical | "IdenticalAsSet" >> beam.combiners.ToSet()
         sets = sets | "All" >> beam.Map(lambda hr, i: (*hr, i), beam.pvalue.AsSingleton(identical))
