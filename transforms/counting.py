@@ -176,13 +176,16 @@ def counts_of(pipeline) -> list:
 class Counted(beam.PTransform):
     """``ParDo(fn, *args, **kwargs)`` of a :class:`CountingDoFn`: its main output (typed
     ``output_type`` when given); its counts recorded for :class:`AllCounts`, in the global
-    window whatever the input's windowing (counts are the run's, not a window's)."""
+    window whatever the input's windowing (counts are the run's, not a window's). ``tagged``:
+    further outputs the fn emits as ``TaggedOutput(tag, ...)``; then the result is a dict
+    {:data:`MAIN`: main output, tag: that output, ...}."""
 
-    def __init__(self, fn: CountingDoFn, *args, output_type=None, **kwargs):
+    def __init__(self, fn: CountingDoFn, *args, output_type=None, tagged=(), **kwargs):
         super().__init__()
         if not isinstance(fn, CountingDoFn):
             raise TypeError(f"Counted needs a CountingDoFn, got {type(fn).__name__}")
         self._fn, self._args, self._kwargs, self._type = fn, args, kwargs, output_type
+        self._tagged = tuple(tagged)
 
     def expand(self, pcoll):
         windowed = not isinstance(pcoll.windowing.windowfn, GlobalWindows)
@@ -193,11 +196,14 @@ class Counted(beam.PTransform):
         par_do = beam.ParDo(self._fn, *self._args, **self._kwargs)
         if self._type is not None:
             par_do = par_do.with_output_types(self._type)
-        outputs = pcoll | f"ParDo({type(self._fn).__name__})" >> par_do.with_outputs(COUNTS, main=MAIN)
+        outputs = pcoll | f"ParDo({type(self._fn).__name__})" >> par_do.with_outputs(
+            COUNTS, *self._tagged, main=MAIN)
         counts = outputs[COUNTS]
         if windowed:
             counts = counts | "CountsInTheGlobalWindow" >> beam.WindowInto(GlobalWindows())
         _RECORDED.setdefault(pcoll.pipeline, []).append(counts)
+        if self._tagged:
+            return {MAIN: outputs[MAIN], **{tag: outputs[tag] for tag in self._tagged}}
         return outputs[MAIN]
 
 

@@ -11,7 +11,7 @@
 * ``holds --ledger L --key_store K [--end RUN --reason TEXT [--host_dead]]``: list the runs
   holding releases; end the hold of a run whose host is known to be dead, recorded in the ledger.
 * ``orphans --ledger L --key_store K [--staging_dir S] [--delete]``: list (and delete) release
-  keys no record references and staging attempts of no reserved release
+  keys no record references and staging attempts of no reserved release, local or ``gs://``
   (:mod:`accounting.ledger.operations`).
 """
 from __future__ import annotations

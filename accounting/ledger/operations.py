@@ -10,7 +10,8 @@ and what the release layer left behind.
 * :func:`orphans` / :func:`remove` -- release keys no record references (a reservation refused
   after its keys were stored, a process killed before its ledger write, the keys a take-over
   replaced) and staging attempts of no reserved release (a release committed since, or never
-  charged). Never a key a record references, a key of another ledger or of
+  charged), local or on GCS (``--staging_dir gs://...``: the prefixes of its objects). Never a
+  key a record references, a key of another ledger or of
   :meth:`~accounting.keystore.KeyStore.issue`, a staging attempt of a reserved or publishing
   release, nor anything under a published release (they live under ``--output``, never here).
 """
@@ -199,30 +200,51 @@ def orphans(ledger: BudgetLedger, staging: Optional[str] = None) -> list[Orphan]
         why = _key_orphan(ledger, state, uri, referenced)
         if why:
             out.append(Orphan(kind="key", where=uri, why=why))
-    if staging and not gcs.is_gcs(staging) and os.path.isdir(staging):
-        out.extend(_staging_orphans(state, os.path.abspath(staging)))
+    if staging and gcs.is_gcs(staging):
+        out.extend(_staging_orphans(state, _gcs_attempts(staging.rstrip("/"))))
+    elif staging and os.path.isdir(staging):
+        out.extend(_staging_orphans(state, _local_attempts(os.path.abspath(staging))))
     return out
 
 
-def _staging_orphans(state: dict, root: str) -> list[Orphan]:
-    out = []
+def _local_attempts(root: str):
+    """(release id, attempt folder name, folder path) of every staging attempt under ``root``."""
     for top, dirs, _ in os.walk(root):
         for name in sorted(dirs):
-            match = _ATTEMPT.match(name)
-            if match is None:
-                continue
-            folder = os.path.join(top, name)
-            release_id = os.path.relpath(top, root).replace(os.sep, "/")
-            version = int(match[1])
-            vid = release_id if version == 1 else f"{release_id}#{version}"
-            record = state["releases"].get(vid)
-            if record is None:
-                out.append(Orphan(kind="staging", where=folder,
-                                  why=f"release {vid!r} has no record in the ledger"))
-            elif record["state"] == COMMITTED:
-                out.append(Orphan(kind="staging", where=folder,
-                                  why=f"release {vid!r} is published and committed"))
+            if _ATTEMPT.match(name):
+                yield os.path.relpath(top, root).replace(os.sep, "/"), name, os.path.join(top, name)
         dirs[:] = [d for d in dirs if _ATTEMPT.match(d) is None]
+
+
+def _gcs_attempts(root: str):
+    """The same on GCS, where folders are prefixes: read from the names of the objects under
+    ``root`` (the first path segment shaped like an attempt, ``v<version>.<hex>``)."""
+    seen = set()
+    for uri in gcs.list_objects(root + "/"):
+        parts = uri[len(root) + 1:].split("/")
+        for i, part in enumerate(parts[:-1]):
+            if _ATTEMPT.match(part):
+                if i and (key := "/".join(parts[:i + 1])) not in seen:
+                    seen.add(key)
+                    yield "/".join(parts[:i]), part, f"{root}/{key}"
+                break
+    return
+
+
+def _staging_orphans(state: dict, attempts) -> list[Orphan]:
+    """The attempts of no reserved or publishing release: of a release with no record (never
+    charged, or refused), or of one published and committed since."""
+    out = []
+    for release_id, name, folder in sorted(attempts, key=lambda a: a[2]):
+        version = int(_ATTEMPT.match(name)[1])
+        vid = release_id if version == 1 else f"{release_id}#{version}"
+        record = state["releases"].get(vid)
+        if record is None:
+            out.append(Orphan(kind="staging", where=folder,
+                              why=f"release {vid!r} has no record in the ledger"))
+        elif record["state"] == COMMITTED:
+            out.append(Orphan(kind="staging", where=folder,
+                              why=f"release {vid!r} is published and committed"))
     return out
 
 
@@ -234,5 +256,8 @@ def remove(found: list[Orphan], ledger: BudgetLedger) -> None:
             fingerprint = _KEY_FILE.match(orphan.where.rsplit("/", 1)[-1])["fingerprint"]
             ledger.key_store._remove(ledger.key_store.use_record_uri(
                 KeyRef(uri=orphan.where, fingerprint=fingerprint)))
+        elif gcs.is_gcs(orphan.where):
+            for uri in gcs.list_objects(orphan.where + "/"):
+                ledger.key_store._remove(uri)
         else:
             shutil.rmtree(orphan.where, ignore_errors=True)

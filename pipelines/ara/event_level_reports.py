@@ -54,7 +54,7 @@ from accounting.sensitivity import Sensitivities
 from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepared,
                                ReleaseOptions, ReleaseRefused, cli)
 from pipelines.release import run as run_release
-from pipelines.release.consumption import SKIP_HELP, Consumes, canonical_ids, remove_consumed
+from pipelines.release.consumption import SKIP_HELP, Consumes, remove_consumed, scan_ids
 from pipelines.release.names import check_segment
 from transforms.ara.event_beam import (EVENT_PURPOSE, NAMESPACE, DebiasConversionCounts,
                                        SimulateEventReports, TriggerMapping)
@@ -313,9 +313,10 @@ class EventLevelReportsJob(Job):
 
     def consumes(self, prepared: EventLevelPrepared, planned, inputs):
         """The registered sources: each randomized once, ever (see the module docstring)."""
-        ids, faults = canonical_ids(inputs["sources"], "source_id")
-        return [Consumes(namespace=SOURCES, ids=ids, noun="sources", label="--sources",
-                         skip=prepared.request.skip_consumed, faults=faults)]
+        scanned = scan_ids(inputs["sources"], "source_id")
+        return [Consumes(namespace=SOURCES, ids=scanned.ids, content=scanned.content,
+                         noun="sources", label="--sources", skip=prepared.request.skip_consumed,
+                         faults=scanned.faults)]
 
     def build(self, pipeline, prepared: EventLevelPrepared, inputs, release):
         request, config, mapping = prepared.request, prepared.config, prepared.mapping
@@ -324,7 +325,7 @@ class EventLevelReportsJob(Job):
             counter=(NAMESPACE, "source_rows"))
         logs = remove_consumed(
             inputs["conversions"], pipeline, release, SOURCES, "source_id", label="conversions",
-            counter=(NAMESPACE, "conversion_rows"))
+            counter=(NAMESPACE, "conversion_rows"), copies=False)
         sources = registered | release.label("SourceColumns") >> beam.ParDo(
             _Columns(text=request.group_by))
         conversions = logs | release.label("ConversionColumns") >> beam.ParDo(

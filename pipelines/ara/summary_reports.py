@@ -36,10 +36,12 @@ the charge):
   overlapping batch, a late report sent with its batch again -- is refused (exit 2, naming how
   many and which batches hold them); with ``--skip_consumed`` those reports are removed in the
   pipeline (counter ``ara.reports_removed_already_consumed``) and the rest aggregated. A report
-  sent twice within one batch never refuses it: every copy is removed (counter
-  ``ara.reports_removed_repeated_in_batch``; keeping the first by arrival is not the same on
-  every runner, keeping one by content lets an added copy replace a report), and a report id
-  without a canonical form drops its report like any other faulty report.
+  sent twice within one batch never refuses it: identical copies keep one report (counter
+  ``ara.reports_dropped_identical_copies_in_batch``, as the Aggregation Service drops later
+  copies), copies that differ are all removed (``ara.reports_removed_conflicting_copies_in_batch``:
+  keeping the first by arrival is not the same on every runner and would let an added copy
+  replace a report) -- rule 1 of :mod:`pipelines.release.consumption`, stable under add/remove;
+  a report id without a canonical form drops its report like any other faulty report.
 * **A source's 65,536 L1 budget holds across all batches**, as in the browser: the ledger keeps
   per source what its batches were granted, and a later batch's algorithm C bounds the source by
   what is left. A batch is granted, per source, the least of what is left and what its reports
@@ -317,6 +319,16 @@ def _conversion_tables(path: str, inp):
             yield text_not_utf8_as_missing(pa.Table.from_batches([batch]))[0]
 
 
+def _digest(text: str) -> tuple[int, int]:
+    """A report's content digest (two 64-bit words; keyed by this process's secret, see
+    :func:`pipelines.release.consumption.content_digests`): identical copies of a report id
+    keep one, conflicting ones lose every copy (rule 1 of :mod:`pipelines.release.consumption`)."""
+    from pipelines.release.consumption import _digest_secret
+
+    raw = hashlib.blake2b(text.encode("utf-8"), key=_digest_secret(), digest_size=16).digest()
+    return int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little")
+
+
 class _Consumed:
     """What a batch consumes, collected while its content digest is computed (one pass): the
     report ids of the reports (conversion rows) the pipeline aggregates, and per such report its
@@ -326,7 +338,17 @@ class _Consumed:
     def __init__(self, config: Optional[ContributionConfig], require_report_id: bool):
         self.config, self.require = config, require_report_id
         self.report_ids, self.sources, self.totals = [], [], []
+        self.content = []   # one digest per report id: what the pipeline's report holds
+        self._seen = set()  # (report id, digest): an identical copy asks no budget again
         self.without_id = 0
+
+    def _again(self, report_id, digest) -> bool:
+        """Whether this report is an identical copy of one already counted (rule 1 keeps one
+        copy: its source's budget is asked once, in whatever order the copies come)."""
+        if (report_id, digest) in self._seen:
+            return True
+        self._seen.add((report_id, digest))
+        return False
 
     def add_report(self, obj) -> None:
         from transforms.ara.reports import ReportFault, report_from_json
@@ -337,7 +359,11 @@ class _Consumed:
             self.without_id += fault.reason == "missing_report_id"
             return
         if report.report_id is not None:
+            digest = _digest(repr(report))
             self.report_ids.append(report.report_id)
+            self.content.append(digest)
+            if self._again(report.report_id, digest):
+                return
         self.sources.append(report.source_id)
         self.totals.append(report.total)
 
@@ -350,10 +376,22 @@ class _Consumed:
         except ValueError as err:
             raise ReleaseRefused(f"{label}: {path}: {err}; nothing was charged")
         self.without_id += rows.missing_report_id
-        if rows.report_ids is not None:
-            self.report_ids.extend(i for i in rows.report_ids if i is not None)
-        self.sources.extend(rows.sources)
-        self.totals.extend(max_report_totals(cfg, rows.values).tolist())
+        totals = max_report_totals(cfg, rows.values).tolist()
+        if rows.report_ids is None:
+            self.sources.extend(rows.sources)
+            self.totals.extend(totals)
+            return
+        order = rows.order.tolist()
+        for k, i in enumerate(rows.report_ids):
+            if i is not None:
+                digest = _digest(repr((rows.sources[k], order[k], rows.values[k].tolist(),
+                                       rows.features[k].tolist())))
+                self.report_ids.append(i)
+                self.content.append(digest)
+                if self._again(i, digest):
+                    continue
+            self.sources.append(rows.sources[k])
+            self.totals.append(totals[k])
 
 
 #: Counters of the ARA transforms (namespace ``ara``) that drop a row or report for a fault of
@@ -529,8 +567,9 @@ class SummaryReportsJob(Job):
                                  "report id at most once across batches, so it needs them. "
                                  "Nothing was charged")
         skip = prepared.request.skip_consumed
+        content = np.array(consumed.content, dtype=np.uint64).reshape(-1, 2)
         return [Consumes(namespace=REPORT_IDS, ids=consumed.report_ids, noun="report ids",
-                         label="--input", skip=skip),
+                         label="--input", skip=skip, content=content),
                 Consumes(namespace=SOURCE_BUDGET, ids=consumed.sources, noun="sources",
                          label="--input", limit=CONTRIBUTION_BUDGET,
                          amounts=np.asarray(consumed.totals, dtype=np.int64))]
@@ -553,11 +592,15 @@ class SummaryReportsJob(Job):
         removed = release.consumed.get(REPORT_IDS)
         if removed is not None and removed.removes:
             repeated = set(removed.repeated_ids.to_pylist())
-            ids = pipeline | release.label("ConsumedReportIds") >> beam.Create(
-                [i for i in removed.removed.to_pylist() if i not in repeated])
+            held = [i for i in removed.removed.to_pylist() if i not in repeated]
+            ids = pipeline | release.label("ConsumedReportIds") >> beam.Create(held)
             copies = pipeline | release.label("RepeatedReportIds") >> beam.Create(
                 sorted(repeated))
-            reports = reports | release.label("RemoveConsumed") >> RemoveReports(ids, copies)
+            # identical copies keep one report, unless an earlier batch holds the id
+            same = pipeline | release.label("IdenticalReportIds") >> beam.Create(
+                sorted(set(removed.identical_ids.to_pylist()) - set(held)))
+            reports = reports | release.label("RemoveConsumed") >> RemoveReports(
+                ids, copies, same)
         budget = release.consumed.get(SOURCE_BUDGET)
         grants = None
         if budget is not None and budget.grants:

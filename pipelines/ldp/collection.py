@@ -28,10 +28,13 @@ release layer's dropped-rows rule.
 
 **A client's report counted once per collection.** Report files carry each report's client id
 (``--id_column``, default ``client_id``; required in real releases, optional in testing runs).
-A client id repeated within a collection -- a replayed report batch, a file given twice -- has
-every report of that client removed in the pipeline (a client that randomized twice would count
-twice at epsilon each; keeping one would choose between its reports by content or arrival),
-counted as ``ldp.reports_removed_repeated_in_batch``; in a real release a report without a
+A client id repeated within a collection -- a replayed report batch, a file given twice -- is
+counted once when its reports are identical (``ldp.reports_dropped_identical_copies_in_batch``)
+and has every report removed when they differ (a client that randomized twice would count twice
+at epsilon each; keeping one would choose between its reports by content or arrival), counted as
+``ldp.reports_removed_conflicting_copies_in_batch`` (rule 1 of
+``pipelines/release/consumption.py``; comparing reports already randomized on the device is
+post-processing); in a real release a report without a
 client id, or with one that has no canonical form, is dropped and counted too
 (``pipelines/release/consumption.py``): one replayed report never refuses a collection. A collection is
 released once: its ledger scope is budgeted at the clients' epsilon, so no second version and no
@@ -51,7 +54,7 @@ from accounting.budget import PrivacyBudget
 from accounting.ledger import Scope
 from accounting.measures import Measure
 from pipelines.release import InputSpec, ReleaseRefused
-from pipelines.release.consumption import Consumes, canonical_ids, remove_consumed
+from pipelines.release.consumption import Consumes, remove_consumed, scan_ids
 from pipelines.release.inputs import preflight
 
 #: Counters (namespace ``ldp``) that drop a report or row for a fault of its own.
@@ -84,11 +87,11 @@ def client_namespace(job: str, collection_id: str) -> str:
 
 def client_consumes(job: str, request, inputs, input_name: str = "reports") -> list:
     """The collection's client ids (``Job.consumes`` of the local-DP jobs)."""
-    ids, faults = canonical_ids(inputs[input_name], request.id_column,
-                                required=not request.options.testing)
-    return [Consumes(namespace=client_namespace(job, request.collection_id), ids=ids,
-                     noun="clients", label="--input", skip=request.skip_consumed,
-                     across_batches=False, faults=faults)]
+    scanned = scan_ids(inputs[input_name], request.id_column,
+                       required=not request.options.testing)
+    return [Consumes(namespace=client_namespace(job, request.collection_id), ids=scanned.ids,
+                     content=scanned.content, noun="clients", label="--input",
+                     skip=request.skip_consumed, across_batches=False, faults=scanned.faults)]
 
 
 def remove_replayed(tables, pipeline, release, job: str, request):

@@ -43,6 +43,8 @@ independent key, epsilon twice -- naming how many and which exports hold them; w
 ``--skip_consumed`` those examples are removed (counter ``label_dp.rows_removed_already_consumed``)
 and the new ones exported: a trainer reuses the earlier export's randomized labels. An example id
 repeated within one export has every row removed (``label_dp.rows_removed_repeated_in_batch``),
+alike or not: its id is public and its label private, so whether two copies agree must not
+decide what is exported,
 and a row whose id has no canonical form (``"1e999"``) is dropped
 (``label_dp.rows_dropped_id_without_canonical_form``): one row never decides whether an export
 is published (which rows are kept depends on the public ids only).
@@ -332,6 +334,9 @@ class LabelDPJob(Job):
     def consumes(self, prepared: LabelDPPrepared, planned, inputs):
         """The examples whose labels the export randomizes: once, ever (module docstring)."""
         request = prepared.request
+        # No content digest: an example's ids are public and its label is private, so whether
+        # two copies agree must not decide what is exported -- every copy of a repeated
+        # example is removed (rule 1 of pipelines.release.consumption, public-identity jobs).
         ids, faults = canonical_ids(inputs["rows"], request.id_column)
         return [Consumes(namespace=f"{NAME}/{request.label_column}/example", ids=ids,
                          noun="examples", label="--input", skip=request.skip_consumed,

@@ -41,6 +41,10 @@ def record_ids_once(job: str, inputs) -> list:
     across batches."""
     from pipelines.release.consumption import Consumes, canonical_ids
 
+    # No content digest: a record's identity is public and its values are private (the
+    # helpers' relation replaces values), so whether two copies agree must not decide which
+    # records are shared -- every copy of a repeated id is removed (rule 1 of
+    # pipelines.release.consumption, public-identity jobs).
     ids, faults = canonical_ids(inputs["records"], "record_id")
     return [Consumes(namespace=f"{job}/record", ids=ids, noun="record ids", label="--input",
                      skip=None, across_batches=False, faults=faults)]

@@ -39,7 +39,8 @@ them.
 Privacy: the reports are not a statistic; the job spends nothing (its guarantee is
 compose([]) = (0, 0)) -- the helpers' releases carry the guarantee. Each record is shared once:
 a ``record_id`` that appears twice in the input (also under different ``batch_id`` values) has
-every copy removed (counted: ``records_removed_repeated_in_batch``) -- each
+every copy removed, alike or not (counted: ``records_removed_repeated_in_batch``; its identity
+is public and its values private, so whether copies agree must not decide what is shared) -- each
 copy would get a fresh report id, so no helper's replay check could see it, and the record
 would count twice in an aggregate; one repeated record never refuses the batch. With
 ``--local_noise_epsilon e`` (gradients; Section 4.2.3) every byte feature gets discrete Laplace

@@ -383,6 +383,50 @@ def test_the_key_store_issues_one_key_per_release_name(tmp_path):
     assert other != key
 
 
+@pytest.mark.parametrize("failing", [1, 2])
+def test_a_full_key_store_leaves_no_key_and_no_issue_record(tmp_path, monkeypatch, failing):
+    """Fault injection (issue 40.5): the disk fills at the ``failing``-th file write of
+    ``KeyStore.issue`` (1: the issue record, 2: the key file). The error names errno 28 and the
+    file; nothing of the key is left behind (no key file, no record, no temporary file), so the
+    same release name is issued once space is back."""
+    import errno
+    import os
+
+    store = KeyStore(str(tmp_path / "keys"))
+    real, writes = os.fdopen, []
+
+    class _Full:
+        def __init__(self, handle):
+            self._handle = handle
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self._handle, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._handle.close()
+
+    def fdopen(fd, *args, **kwargs):
+        writes.append(fd)
+        handle = real(fd, *args, **kwargs)
+        return _Full(handle) if len(writes) == failing else handle
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    with pytest.raises(OSError) as raised:
+        store.issue("pageviews/2024-05-01", input_digest="sha256:" + "0" * 64)
+    monkeypatch.setattr(os, "fdopen", real)
+    assert raised.value.errno == errno.ENOSPC
+    assert len(writes) == failing
+    assert sorted(os.listdir(tmp_path / "keys")) == [], "a key or record left behind"
+    key, ref = store.issue("pageviews/2024-05-01", input_digest="sha256:" + "0" * 64)
+    assert store.load(ref) == key
+
+
 # --------------------------------------------------------------------------- the documented example
 
 def _example() -> str:

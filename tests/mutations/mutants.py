@@ -499,12 +499,40 @@ MUTANTS += (
         leak="a report sent twice within a batch refuses the whole batch: one row decides "
              "whether a release is published (issue 40.3)",
         file="pipelines/release/consumption.py",
-        snippet="    ids = once if len(repeated) else c.ids\n",
-        replacement="    if len(repeated):\n"
-                    "        raise ReleaseRefused(f\"{c.label}: repeated {c.noun}\")\n"
-                    "    ids = once if len(repeated) else c.ids\n",
+        snippet="    ids, identical, repeated = repeats(c.ids, c.content)\n",
+        replacement="    ids, identical, repeated = repeats(c.ids, c.content)\n"
+                    "    if len(repeated) or len(identical):\n"
+                    "        raise ReleaseRefused(f\"{c.label}: repeated {c.noun}\")\n",
         tests=("tests/pipelines/release/test_publication_decisions.py::"
                "test_summary_reports_a_report_sent_twice_or_an_uncanonical_id_does_not_decide_the_batch",),
+    ),
+    Mutant(
+        name="repeat-keeps-the-first-copy",
+        leak="an id repeated within a batch keeps one copy (the first in time and content "
+             "order) even when the copies differ, instead of one copy of identical copies "
+             "only: an added copy that sorts first replaces a report -- a substitution, twice "
+             "the add/remove sensitivity (issue 40.3)",
+        file="pipelines/release/consumption.py",
+        snippet="    one_content = pc.equal(copies.column(\"contents\"), 1)\n",
+        replacement="    one_content = pc.greater_equal(copies.column(\"contents\"), 1)\n",
+        tests=("tests/pipelines/release/test_publication_decisions.py::"
+               "test_summary_reports_an_identical_copy_changes_nothing_a_conflicting_one_removes_one",),
+    ),
+    Mutant(
+        name="label-dp-copies-compared-by-label",
+        leak="label DP keeps one copy of an example given twice alike and removes it when the "
+             "copies' labels differ: whether an example is exported depends on its private "
+             "labels (issue 40.3: the content rule is for add/remove relations only)",
+        file="pipelines/ldp/label_dp.py",
+        snippet="        ids, faults = canonical_ids(inputs[\"rows\"], request.id_column)\n"
+                "        return [Consumes(namespace=f\"{NAME}/{request.label_column}/example\", ids=ids,\n",
+        replacement="        from pipelines.release.consumption import scan_ids\n"
+                    "        scanned = scan_ids(inputs[\"rows\"], request.id_column)\n"
+                    "        ids, faults = scanned.ids, scanned.faults\n"
+                    "        return [Consumes(namespace=f\"{NAME}/{request.label_column}/example\", ids=ids,\n"
+                    "                         content=scanned.content,\n",
+        tests=("tests/pipelines/release/test_publication_decisions.py::"
+               "test_label_dp_an_example_given_twice_alike_is_removed_whatever_its_labels",),
     ),
     Mutant(
         name="uncanonical-id-refuses-the-batch",

@@ -21,7 +21,7 @@ from transforms.ara.contribution import (CONTRIBUTION_BUDGET, ContributionConfig
                                          bound_contributions)
 from transforms.ara.reports import FAULTS, AggregatableReport, ReportFault, parse_report
 from transforms.batching import ShardedBatches
-from transforms.counting import Counted, Counters, CountingDoFn
+from transforms.counting import MAIN, Counted, Counters, CountingDoFn
 from transforms.ara.summary import (add_summary_noise, bucket_streams, check_summary_epsilon,
                                     key_bytes)
 
@@ -291,35 +291,89 @@ class _RemoveReportsFn(CountingDoFn):
     def __init__(self):
         self._counts = Counters(NAMESPACE)
         self.removed = self._counts.counter("reports_removed_already_consumed")
-        self.repeated = self._counts.counter("reports_removed_repeated_in_batch")
+        self.repeated = self._counts.counter("reports_removed_conflicting_copies_in_batch")
 
     def process(self, report, removed):
-        held, repeated = removed
+        held, repeated, identical = removed
         if report.report_id is not None and report.report_id in repeated:
             self.repeated.inc()
             return
         if report.report_id is not None and report.report_id in held:
             self.removed.inc()
             return
+        if report.report_id is not None and report.report_id in identical:
+            yield beam.pvalue.TaggedOutput(_COPIES, (report.report_id, report))
+            return
+        yield report
+
+
+_COPIES = "copies"
+
+
+class _OneReport(beam.CombineFn):
+    """The copies of one report id whose copies are identical (their digests, before the
+    charge): one report held (bounded memory) -- the first in time and content order, so the
+    choice never depends on arrival -- and how many there were."""
+
+    def create_accumulator(self):
+        return (None, 0)
+
+    def add_input(self, acc, report):
+        return self.merge_accumulators([acc, (report, 1)])
+
+    def merge_accumulators(self, accs):
+        kept, copies = None, 0
+        for report, n in accs:
+            copies += n
+            if report is not None and (kept is None or report.sort_key() < kept.sort_key()):
+                kept = report
+        return (kept, copies)
+
+    def extract_output(self, acc):
+        return acc
+
+
+class _KeptReportFn(CountingDoFn):
+    def __init__(self):
+        self._counts = Counters(NAMESPACE)
+        self.identical = self._counts.counter("reports_dropped_identical_copies_in_batch")
+
+    def process(self, item):
+        _, (report, copies) = item
+        self.identical.inc(copies - 1)
         yield report
 
 
 class RemoveReports(beam.PTransform):
-    """Drop the reports whose report id is in ``removed`` or ``repeated`` (PCollections of
-    canonical ids): ids an earlier batch consumed, when the operator chose to remove them
-    (``--skip_consumed``), counted as ``reports_removed_already_consumed``; ids repeated within
-    this batch (every copy), counted as ``reports_removed_repeated_in_batch``. Operator only;
-    not row faults: the reports are valid, only already (or ambiguously) aggregated."""
+    """Drop the reports whose report id is in ``removed`` or ``repeated`` and keep one of each
+    id in ``identical`` (PCollections of canonical ids): ids an earlier batch consumed, when the
+    operator chose to remove them (``--skip_consumed``), counted as
+    ``reports_removed_already_consumed``; ids whose copies within this batch conflict (every
+    copy), counted as ``reports_removed_conflicting_copies_in_batch``; ids whose copies are
+    identical (one kept: a combine per id that holds one report), the others counted as
+    ``reports_dropped_identical_copies_in_batch`` (rule 1 of
+    :mod:`pipelines.release.consumption`: stable under add/remove). Operator only; not row
+    faults: the reports are valid, only already (or ambiguously) aggregated."""
 
-    def __init__(self, removed, repeated):
+    def __init__(self, removed, repeated, identical=None):
         super().__init__()
-        self.removed, self.repeated = removed, repeated
+        self.removed, self.repeated, self.identical = removed, repeated, identical
 
     def expand(self, reports):
         held = self.removed | "AsSet" >> beam.combiners.ToSet()
         repeated = self.repeated | "RepeatedAsSet" >> beam.combiners.ToSet()
-        both = (held | "Both" >> beam.Map(lambda h, r: (h, r), beam.pvalue.AsSingleton(repeated)))
-        return reports | "Remove" >> Counted(_RemoveReportsFn(), beam.pvalue.AsSingleton(both))
+        sets = (held | "Both" >> beam.Map(lambda h, r: (h, r), beam.pvalue.AsSingleton(repeated)))
+        if self.identical is None:
+            sets = sets | "NoIdentical" >> beam.Map(lambda hr: (*hr, frozenset()))
+            return reports | "Remove" >> Counted(_RemoveReportsFn(), beam.pvalue.AsSingleton(sets))
+        identical = self.identical | "IdenticalAsSet" >> beam.combiners.ToSet()
+        sets = sets | "All" >> beam.Map(lambda hr, i: (*hr, i), beam.pvalue.AsSingleton(identical))
+        out = reports | "Remove" >> Counted(_RemoveReportsFn(), beam.pvalue.AsSingleton(sets),
+                                            tagged=(_COPIES,))
+        kept = (out[_COPIES]
+                | "OneCopy" >> beam.CombinePerKey(_OneReport())
+                | "KeptCopies" >> Counted(_KeptReportFn()))
+        return (out[MAIN], kept) | "WithKeptCopies" >> beam.Flatten()
 
 
 # --------------------------------------------------------------------------------------------

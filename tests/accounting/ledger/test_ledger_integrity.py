@@ -353,6 +353,43 @@ def test_orphans_lists_and_deletes_only_what_no_reserved_or_published_release_ne
     assert operations.orphans(_ledger(tmp_path), str(staging)) == []
 
 
+def test_on_gcs_orphans_lists_and_deletes_keys_and_staging_never_a_reserved_release(gcs_bucket,
+                                                                                   capsys):
+    """The same command on a ``gs://`` ledger, key store and staging (folders are prefixes of
+    object names): a refused reservation's key and a stray key, the staging attempts of a
+    release with no record and of a committed one are listed and deleted; the reserved
+    release's key and attempt, the published release's key and KeyStore.issue's key stay."""
+    base = f"gs://{gcs_bucket}/orphans"
+    ledger_uri, keys = f"{base}/ledger.json", f"{base}/keys"
+    ledger = BudgetLedger(ledger_uri, keys)
+    [first] = ledger.reserve(_request("d1", "sha256:a"))
+    [taken] = ledger.reserve(_request("d1", "sha256:b"))  # a take-over: first's key replaced
+    [published] = ledger.reserve(_request("d2"))
+    ledger.begin_publish(published)
+    ledger.commit(published, "/out/pv/d2/v1")
+    stray = ledger.key_store.save(ReleaseKey.generate(), "pv/d9", issued_for="pv/d9")
+    KeyStore(keys).issue("library/day")
+    staging = f"{base}/staging"
+    for folder in ("pv/d1/v1.0badc0de", "pv/d2/v1.0123abcd", "pv/d7/v1.deadbeef", "pv/d2/v1"):
+        for name in ("x.csv", "part/y.csv"):
+            gcs.blob(f"{staging}/{folder}/{name}").upload_from_string(b"1")
+    argv = ["orphans", "--ledger", ledger_uri, "--key_store", keys, "--staging_dir", staging]
+    assert ledger_main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    listed = sorted(line.split()[2].rstrip(":") for line in out if line.startswith("orphan "))
+    assert listed == sorted([first.key_refs["release"].uri, stray.uri,
+                             f"{staging}/pv/d2/v1.0123abcd", f"{staging}/pv/d7/v1.deadbeef"])
+    assert ledger_main(argv + ["--delete"]) == 0
+    left = gcs.list_objects(f"{base}/")
+    assert first.key_refs["release"].uri not in left and stray.uri not in left
+    assert taken.key_refs["release"].uri in left and published.key_refs["release"].uri in left
+    assert any("library_day." in u and u.endswith(".key") for u in left)
+    assert [u for u in left if u.startswith(f"{staging}/")] == [
+        f"{staging}/pv/d1/v1.0badc0de/part/y.csv", f"{staging}/pv/d1/v1.0badc0de/x.csv",
+        f"{staging}/pv/d2/v1/part/y.csv", f"{staging}/pv/d2/v1/x.csv"]
+    assert operations.orphans(BudgetLedger(ledger_uri, keys), staging) == []
+
+
 def test_the_witness_module_names_its_parts():
     state = {"writes": 4, "chain": {"head": "sha256:h"}, "previous_head": "sha256:g"}
     assert witness.position(state) == {"writes": 4, "head": "sha256:h", "previous_head": "sha256:g"}

@@ -14,6 +14,7 @@ import os
 import shutil
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.ara import event_level_reports
@@ -139,6 +140,39 @@ def test_a_new_version_of_a_summary_batch_does_not_aggregate_its_reports_again(t
     assert _counters(tmp_path, "summary_reports/A", 2)["ara.reports_removed_already_consumed"] == 3
 
 
+def test_a_conversion_file_given_twice_is_aggregated_once(tmp_path):
+    """Conversions (algorithm A in the job): a file given twice in one batch -- every report
+    id twice, alike -- aggregates each report once, and each source's budget is asked once."""
+    from pipelines.ara import synthetic
+    from transforms.ara.contribution import ContributionConfig
+
+    data = synthetic.generate("adtech_real_estate", 5, scale=0.005).to_arrow()
+    pq.write_table(data, tmp_path / "a.parquet")
+    shutil.copy(tmp_path / "a.parquet", tmp_path / "again.parquet")
+    config = tmp_path / "config.json"
+    config.write_text(ContributionConfig(
+        measures=("count", "value"), clip_thresholds=(1.0, 20000.0), slice_dimensions=(2, 90),
+        prefixes=(0, 2), budgets=((8000, 8000), (8000, 8000)), reports_per_source=2).to_json())
+
+    def argv(batch, path, root):
+        return ["--input", path, "--config", str(config), "--epsilon", "8",
+                "--batch_id", batch, *_release(root)]
+
+    # once, and twice on a ledger of its own
+    assert summary_reports.main(argv("A", str(tmp_path / "a.parquet"), tmp_path)) == 0
+    once = _ledger_record(tmp_path, "summary_reports/A")["consumed"]
+    both = f"{tmp_path / 'a.parquet'},{tmp_path / 'again.parquet'}"
+    assert summary_reports.main(argv("B", both, tmp_path / "other")) == 0
+    counters = _counters(tmp_path / "other", "summary_reports/B")
+    assert counters["ara.reports_dropped_identical_copies_in_batch"] == data.num_rows
+    assert "ara.reports_removed_conflicting_copies_in_batch" not in counters
+    twice = _ledger_record(tmp_path / "other", "summary_reports/B")["consumed"]
+    assert twice[summary_reports.REPORT_IDS]["count"] == once[summary_reports.REPORT_IDS]["count"]
+    for field in ("count", "amount"):   # the hashes are keyed by each ledger's own secret
+        assert twice[summary_reports.SOURCE_BUDGET][field] == \
+            once[summary_reports.SOURCE_BUDGET][field]
+
+
 def test_overlapping_conversion_batches_are_refused(tmp_path, capsys):
     """Conversions (algorithm A in the job) carry the report id of the report each becomes."""
     from pipelines.ara import synthetic
@@ -187,16 +221,19 @@ def test_a_sources_l1_budget_holds_across_summary_batches(tmp_path):
 
 def test_report_ids_within_one_batch_and_missing_ids(tmp_path, capsys):
     lines = [_report("r1", "s1", 10), _report("r1", "s2", 20), _report("r2", "s3", 30),
+             _report("r2", "s3", 30),
              json.dumps({"source_id": "s4", "contributions": [{"bucket": "0x10", "value": 1}]})]
     path = _reports(tmp_path / "dup.jsonl", lines)
     out = tmp_path / "testing"
     testing = ["--input", path, "--input_format", "reports", "--output_domain",
                _reports(tmp_path / "domain.txt", ["0x10"]), "--epsilon", "4",
                "--batch_id", "T", "--output", str(out), "--testing_seed", "3"]
-    # a report sent twice never refuses the batch (issue 40): every copy removed, counted
+    # a report sent twice never refuses the batch (issue 40): identical copies keep one, copies
+    # that differ are all removed, counted apart
     assert summary_reports.main(testing) == 0
     counters = _testing_counters(out, "summary_reports/T")
-    assert counters["ara.reports_removed_repeated_in_batch"] == 2   # every copy
+    assert counters["ara.reports_removed_conflicting_copies_in_batch"] == 2   # both r1
+    assert counters["ara.reports_dropped_identical_copies_in_batch"] == 1     # r2's second
     assert "ara.reports_removed_already_consumed" not in counters
     assert counters["ara.reports_kept"] == 2                        # r2, and s4 (testing: no id)
     # in a real release a report without an id is a fault: dropped and counted
@@ -205,6 +242,10 @@ def test_report_ids_within_one_batch_and_missing_ids(tmp_path, capsys):
             "--epsilon", "4", "--batch_id", "R", "--skip_consumed", *_release(tmp_path)]
     assert summary_reports.main(real) == 0
     assert _counters(tmp_path, "summary_reports/R")["ara.reports_dropped_missing_report_id"] == 1
+    # the sources' budgets: r2's identical copy asks nothing more (s3: 30, once); the removed
+    # conflicting copies of r1 still count in what s1 and s2 ask (conservative)
+    budget = _ledger_record(tmp_path, "summary_reports/R")["consumed"][summary_reports.SOURCE_BUDGET]
+    assert budget["count"] == 3 and budget["amount"] == 10 + 20 + 30
     # reports without any report id (an older format) are refused before the charge
     bare = _reports(tmp_path / "bare.jsonl", [json.dumps(
         {"source_id": "s5", "contributions": [{"bucket": "0x10", "value": 1}]})])
@@ -257,22 +298,32 @@ def test_an_overlapping_event_level_batch_is_refused_or_its_sources_removed(tmp_
     assert counters.get("ara_event_level.conversion_rows_dropped_source_not_registered", 0) == 0
 
 
-def test_duplicated_source_registrations_in_one_event_level_batch_are_removed(tmp_path):
-    """Issue 40: a source registered twice within a batch never refuses it; every registration
-    of it (and its conversions) is removed, counted, and nothing of it is recorded as consumed."""
+def test_duplicated_source_registrations_in_one_event_level_batch(tmp_path):
+    """Issue 40: a source registered twice within a batch never refuses it. Registered again
+    as it was (the same campaign), one registration is kept and its conversions stay; registered
+    again differently, every registration of it and its conversions are removed, counted, and
+    nothing of it is recorded as consumed."""
     batch = _event_batch(tmp_path, "a", {str(1000 + i) for i in range(50)})
     sources = batch[1]
     with open(sources) as handle:
         rows = list(csv.reader(handle))
+    other = {"c1": "c2", "c2": "c3", "c3": "c1"}
+    again = rows[:6] + [[r[0], other.get(r[1], r[1] + "x")] for r in rows[6:11]]
     with open(tmp_path / "again.csv", "w", newline="") as handle:
-        csv.writer(handle).writerows(rows[:11])          # 10 of the 50 sources again
+        csv.writer(handle).writerows(again)          # 5 sources as they were, 5 otherwise
     batch[1] = f"{sources},{tmp_path / 'again.csv'}"
     assert event_level_reports.main(batch + ["--batch_id", "D", *_release(tmp_path)]) == 0
     counters = _counters(tmp_path, "event_level_reports/D")
-    assert counters["ara_event_level.source_rows_removed_repeated_in_batch"] == 20
-    assert counters["ara_event_level.sources_randomized"] == 40
+    assert counters["ara_event_level.source_rows_dropped_identical_copies_in_batch"] == 5
+    assert counters["ara_event_level.source_rows_removed_conflicting_copies_in_batch"] == 10
+    assert counters["ara_event_level.sources_randomized"] == 45
+    with open(batch[3]) as handle:   # the conversions of the 5 conflicting sources
+        conflicting = {r[0] for r in again[6:]}
+        removed = sum(1 for r in list(csv.reader(handle))[1:] if r[0] in conflicting)
+    assert counters["ara_event_level.conversion_rows_removed_conflicting_copies_in_batch"] == \
+        removed
     assert _ledger_record(tmp_path, "event_level_reports/D")["consumed"][
-        event_level_reports.SOURCES]["count"] == 40
+        event_level_reports.SOURCES]["count"] == 45
 
 
 # --------------------------------------------------------------------------- local DP
@@ -296,20 +347,27 @@ def test_a_replayed_ldp_report_batch_is_refused_or_counted(tmp_path, capsys):
     shutil.copy(path, tmp_path / "again.parquet")
     twice = f"{path},{tmp_path / 'again.parquet'}"
     out = tmp_path / "testing"
-    # issue 40: a replay never refuses the collection; every report of a replayed client is
-    # removed, counted (a client is one id: the rule depends on that client's reports only)
+    # issue 40: a replay never refuses the collection; a client's identical reports count once,
+    # a client whose reports differ loses them all, counted (a client is one id: the rule
+    # depends on that client's reports only)
     assert ldp_frequencies.main(_frequencies(twice, "c1", "--output", str(out),
                                              "--testing_seed", "1")) == 0
     counters = _testing_counters(out, "ldp_frequencies/c1")
-    assert counters["ldp.reports_removed_repeated_in_batch"] == 2000
-    # a collection with a replayed part: the replayed clients' reports are removed, counted
-    part = _ldp_reports(tmp_path, "part", range(100))
-    mixed = f"{path},{part}"
+    assert counters["ldp.reports_dropped_identical_copies_in_batch"] == 1000
+    assert "ldp.reports_removed_conflicting_copies_in_batch" not in counters
+    # a collection with a replayed part, half of it changed: those clients' reports are removed
+    part = pq.read_table(_ldp_reports(tmp_path, "part", range(100)))
+    bits = part.column("bits").to_pylist()
+    changed = [bytes(b ^ 0xFF for b in v) if i % 2 else v for i, v in enumerate(bits)]
+    part = part.set_column(0, "bits", pa.array(changed, part.schema.field("bits").type))
+    pq.write_table(part, tmp_path / "part.parquet")
+    mixed = f"{path},{tmp_path / 'part.parquet'}"
     assert ldp_frequencies.main(_frequencies(mixed, "c2", "--output", str(out),
                                              "--testing_seed", "1")) == 0
     counters = _testing_counters(out, "ldp_frequencies/c2")
-    assert counters["ldp.reports_removed_repeated_in_batch"] == 200
-    assert counters["ldp.reports_read"] == 900
+    assert counters["ldp.reports_dropped_identical_copies_in_batch"] == 50
+    assert counters["ldp.reports_removed_conflicting_copies_in_batch"] == 100
+    assert counters["ldp.reports_read"] == 950
 
 
 def test_a_replayed_report_batch_is_refused_in_a_release(tmp_path, capsys):
@@ -318,7 +376,7 @@ def test_a_replayed_report_batch_is_refused_in_a_release(tmp_path, capsys):
     both = f"{day},{late}"
     assert ldp_frequencies.main(_frequencies(both, "c1", *_release(tmp_path))) == 0
     counters = _counters(tmp_path, "ldp_frequencies/c1")
-    assert counters["ldp.reports_removed_repeated_in_batch"] == 200
+    assert counters["ldp.reports_dropped_identical_copies_in_batch"] == 100
     # another collection (another day) is another scope: the same clients report again
     assert ldp_frequencies.main(_frequencies(day, "c2", *_release(tmp_path))) == 0
     # real releases need the client ids
@@ -336,7 +394,7 @@ def test_replayed_pem_reports_are_removed(tmp_path):
             "--value_bits", "16", "--top_k", "9", "--collection_id", "c1", *_release(tmp_path)]
     assert ldp_heavy_hitters.main(argv) == 0
     counters = _counters(tmp_path, "ldp_heavy_hitters/c1")
-    assert counters["ldp.reports_removed_repeated_in_batch"] == 1000
+    assert counters["ldp.reports_dropped_identical_copies_in_batch"] == 500
 
 
 def test_an_overlapping_label_export_is_refused_or_only_new_examples_exported(tmp_path, capsys):
@@ -373,32 +431,39 @@ def test_a_replayed_share_batch_is_refused(tmp_path, capsys):
 
 # --------------------------------------------------------------------------- Masked LARk
 
-def _with_duplicate(source, target) -> str:
+def _with_duplicates(source, target) -> str:
+    """``source`` plus record 5 again as it is and record 6 again with its last column
+    changed."""
     with open(source) as handle:
         rows = list(csv.reader(handle))
+    changed = rows[7][:-1] + [rows[7][-1] + "1"]
     with open(target, "w", newline="") as handle:
-        csv.writer(handle).writerows(rows + [rows[5]])
+        csv.writer(handle).writerows(rows + [rows[6], changed])
     return str(target)
 
 
 def test_a_duplicated_record_is_removed_by_the_browsers_job(tmp_path):
     """The finding: each copy got a fresh report id, so no helper could see the replay. Since
-    issue 40 every copy is removed (counted) instead of refusing the batch."""
+    issue 40 every copy is removed (counted) instead of refusing the batch -- identical or not:
+    a record's identity is public and its values private, so whether copies agree must not
+    decide what is shared (pipelines/release/consumption.py, rule 1)."""
     sample = os.path.join(SAMPLE, "masked_lark")
-    records = _with_duplicate(os.path.join(sample, "conversions.csv"), tmp_path / "records.csv")
+    records = _with_duplicates(os.path.join(sample, "conversions.csv"), tmp_path / "records.csv")
     argv = ["--input", records, "--params", os.path.join(sample, "aggregation_params.json"),
             "--batch_id", "b1", *_release(tmp_path)]
     assert masked_lark_share.main(argv) == 0
     counters = _counters(tmp_path, "masked_lark_share/b1")
-    assert counters["records_removed_repeated_in_batch"] == 2
+    assert "records_dropped_identical_copies_in_batch" not in counters
+    assert counters["records_removed_repeated_in_batch"] == 4   # both records, every copy
 
 
 def test_a_duplicated_record_is_removed_by_the_training_driver(tmp_path):
     sample = os.path.join(SAMPLE, "masked_lark")
-    records = _with_duplicate(os.path.join(sample, "train.csv"), tmp_path / "train.csv")
+    records = _with_duplicates(os.path.join(sample, "train.csv"), tmp_path / "train.csv")
     argv = ["--input", records, "--params", os.path.join(sample, "gradient_params.json"),
             "--model", os.path.join(sample, "model.json"), "--model_id", "m1", "--epochs", "1",
             *_release(tmp_path)]
     assert masked_lark_train.main(argv) == 0
     counters = _counters(tmp_path, "masked_lark_train/m1")
-    assert counters["records_removed_repeated_in_batch"] == 2
+    assert "records_dropped_identical_copies_in_batch" not in counters
+    assert counters["records_removed_repeated_in_batch"] == 4   # both records, every copy

@@ -247,7 +247,7 @@ def test_one_training_records_faulty_feature_or_label_does_not_decide_the_model(
 # ---- Repeated and uncanonical ids never decide a run (issue 40, item 3) ----------------------
 #
 # Every job that declares consumed ids (``Job.consumes``) removes every copy of an id repeated
-# within its batch and drops a row whose id has no canonical form, counted for the operator;
+# within its batch with copies that conflict (public-identity jobs: every copy) and drops a row whose id has no canonical form, counted for the operator;
 # only ids consumed by *earlier* releases refuse a batch. The neighbours below sit on that edge:
 # D plus one more copy of an id D already holds (another content: the copies conflict), and D
 # plus one row whose id has no canonical form. Before issue 40 each D' was refused (exit 2)
@@ -440,6 +440,154 @@ def test_event_level_a_source_registered_twice_or_uncanonical_does_not_decide_th
     edge = Dataset(batches=base.batches, name=f"{base.name} + a repeat + 1e999",
                    extra={**base.extra, "registrations": [(source, campaign),
                                                           (NO_CANONICAL_FORM, "c1")]})
+    spec = dataclasses.replace(entry.spec([base]), job=dataclasses.replace(job, write=write),
+                               modes=("exact",))
+    _published(spec.job, [edge])
+    result = audit(spec, [edge], changes=[Change.ADD_HEAVY, Change.REMOVE_HEAVY, Change.REBATCH])
+    result.assert_ok()
+    assert len(result.pairs) == 3
+
+
+# ---- Identical copies keep one, conflicting copies lose all (rule 1 of consumption.py) -------
+#
+# For each id repeated within a batch: every copy identical -> one kept; copies that differ ->
+# every copy removed. Adding one record x with id i to D then changes the kept records by at
+# most one (i absent: x added; i present with copies y: x == y nothing, x != y y removed; i
+# already conflicting: nothing). The neighbours below add an identical copy, and a conflicting
+# copy both after and *before* D's batches: a rule that kept "the first" copy would keep x
+# instead of y on one of them -- a substitution, which the add/remove audits catch (mutant
+# repeat-keeps-the-first-copy).
+
+def _before(*rows_of):
+    """Neighbours: D plus the rows ``row_of(dataset)`` returns, in a batch read before D's."""
+    def neighbours(dataset, changes, seed):
+        return [Neighbour(change=Change.ADD_SPREAD, note=note,
+                          dataset=Dataset(batches=[build(dataset), *dataset.batches],
+                                          name=f"{note}+{dataset.name}", extra=dataset.extra))
+                for note, build in rows_of]
+    return neighbours
+
+
+def _both(*after, before=()):
+    first, second = _adding(*after), _before(*before)
+    return lambda d, c, s: [*first(d, c, s), *second(d, c, s)]
+
+
+LONE_REPORT = {"source_id": "lone-source", "bucket": 0x12, "value": 1000, "report_id": "lone"}
+
+
+def test_summary_reports_an_identical_copy_changes_nothing_a_conflicting_one_removes_one():
+    """D' adds an identical copy of one report (one kept: nothing moves), or a copy of its id
+    from another source with the source's whole budget in another bucket, read after or before
+    D's reports (every copy removed: D's report only). Keeping the first copy would move the
+    sums by that report plus the whole budget on one side: more than one source's L1 bound."""
+    def same(dataset):
+        return [dict(dataset.rows()[0])]
+
+    def other(dataset):
+        # a copy of the lone source's report that sorts first (the smallest bucket) with the
+        # whole budget of another source: whichever copy a keep-one rule picks (by arrival, by
+        # content), one neighbour makes it this copy
+        low = min(dataset.extra["buckets"])
+        return [{**LONE_REPORT, "source_id": "another-source", "bucket": low, "value": 65536}]
+
+    entry = REGISTRY["summary_reports"]
+    datasets = [_summary_with_ids(d) for d in entry.datasets()]
+    # plus a source with one report, within its budget: algorithm C keeps it in D
+    datasets = [Dataset(batches=[*d.batches, [dict(LONE_REPORT)]], name=f"{d.name} + lone",
+                        extra=d.extra) for d in datasets]
+    result = _edge("summary_reports",
+                   _both(("identical copy", same), ("conflicting copy", other),
+                         before=[("conflicting copy first", other)]),
+                   job=_summary_reports_job_with_ids(), datasets=datasets)
+    assert len(result.pairs) == 3
+
+
+def test_ldp_an_identical_report_changes_nothing_a_conflicting_one_removes_the_client():
+    for name in ("ldp_frequencies", "ldp_heavy_hitters"):
+        def same(dataset):
+            return [dict(dataset.rows()[0])]
+
+        def other(dataset):
+            row = dataset.rows()[0]
+            return [{**row, "value": (int(row["value"]) + 1) % 8}]
+        result = _edge(name, _both(("identical report", same), ("conflicting report", other),
+                                   before=[("conflicting report first", other)]))
+        assert len(result.pairs) == 3
+
+
+def _copy_then_changed(entry_name, id_column, column, change):
+    """A public-identity job's dataset (label DP, Masked LARk: ids public, values private): the
+    registered one plus an identical copy of its row 2; the neighbours change ``column`` of
+    each copy in turn (the copies then conflict) and of an ordinary row -- the job's own
+    relation. Every copy of a repeated id is removed on both sides: agreeing or not, the
+    copies' private values decide nothing."""
+    entry = REGISTRY[entry_name]
+    (base,) = entry.datasets()
+    rows = base.rows()
+    edge = Dataset(batches=[*base.batches, [dict(rows[2])]], name=f"{base.name} + a copy")
+    targets = {str(rows[2][id_column]), str(rows[6][id_column])}
+
+    def neighbours(dataset, changes, seed):
+        out = []
+        for i, row in enumerate(dataset.rows()):
+            if str(row[id_column]) not in targets:
+                continue
+            changed = [dict(r) for r in dataset.rows()]
+            changed[i][column] = change(row[column])
+            out.append(Neighbour(change=Change.REPLACE_VALUES, note=f"row {i} changed",
+                                 dataset=Dataset(batches=[changed], name=f"{dataset.name}'")))
+        return out
+    return edge, neighbours
+
+
+def test_masked_lark_share_alone_a_repeated_records_values_decide_nothing():
+    """The browsers' job on its own (main had no audit of this edge): D holds a record twice
+    alike; D' changes one copy's value (or another record's). Sharing one copy of alike copies
+    would make the number of reports depend on whether two private values agree."""
+    edge, neighbours = _copy_then_changed("masked_lark_share", "record_id", "value",
+                                          lambda v: float(v) + 1.0)
+    result = _edge("masked_lark_share", neighbours, datasets=[edge])
+    assert len(result.pairs) == 3
+
+
+def test_label_dp_an_example_given_twice_alike_is_removed_whatever_its_labels():
+    edge, neighbours = _copy_then_changed(
+        "label_dp", "example_id", "label", lambda label: "no" if label == "yes" else "yes")
+    rule = REGISTRY["label_dp"].tables["*/dataset.parquet"]
+    copied = (str(edge.rows()[2]["example_id"]),)
+    kept = [k for k in rule.public_keys if k != copied]   # the example's copies are removed
+    result = _edge("label_dp", neighbours, datasets=[edge],
+                   tables={"*/dataset.parquet": dataclasses.replace(rule, public_keys=kept)})
+    assert len(result.pairs) == 3   # each copy relabelled, an ordinary example
+
+
+def test_masked_lark_training_a_record_given_twice_alike_is_removed_whatever_its_label():
+    edge, neighbours = _copy_then_changed("masked_lark_train", "record_id", "label",
+                                          lambda label: 1 - int(label))
+    result = _edge("masked_lark_train", neighbours, datasets=[edge])
+    assert len(result.pairs) == 3
+
+
+def test_event_level_a_source_registered_twice_alike_is_randomized_once():
+    """D registers one source a second time with the same campaign (one registration kept, its
+    conversions stay) and is audited against the job's own neighbours."""
+    entry = REGISTRY["event_level_reports"]
+    job = entry.job
+    (base,) = entry.datasets()
+
+    def write(dataset, folder):
+        extra = dict(dataset.extra)
+        more = extra.pop("registrations", [])
+        files = job.write(Dataset(batches=dataset.batches, name=dataset.name, extra=extra),
+                          folder)
+        with open(files["sources"][0], "a") as handle:
+            handle.writelines(f"{s},{c}\n" for s, c in more)
+        return files
+
+    source = base.rows()[0]["source_id"]
+    edge = Dataset(batches=base.batches, name=f"{base.name} + a source registered twice",
+                   extra={**base.extra, "registrations": [(source, base.extra[source])]})
     spec = dataclasses.replace(entry.spec([base]), job=dataclasses.replace(job, write=write),
                                modes=("exact",))
     _published(spec.job, [edge])
