@@ -650,6 +650,37 @@ def read_catalog(releases_root: str, ledger: Optional[Ledger], *,
                          missing_files=tuple(missing), testing=testing)
 
 
+def ledger_exists(path: str) -> bool:
+    """Whether anything is at the ledger's path (a folder there is read, and refused, as one)."""
+    try:
+        return storage.exists(path)
+    except OSError as err:
+        raise CatalogInputError(f"cannot read {path} ({err.strerror})") from None
+
+
+def before_first_charge(releases_root: str, ledger_path: str) -> CatalogInputs:
+    """What a schedule check reads before its first charge: no ledger yet, so no release.
+
+    A scheduled run's ``--check`` follows its releases; on the first day nothing may have been
+    charged yet (the first release is not due, or it was refused before the charge, which leaves
+    no ledger behind by design). That is not a fault of the input: every slot is then assessed
+    against an empty ledger (pending, or missing when overdue: "late"). It is only so while no
+    release exists: a release marker under ``--releases`` without its ledger is the missing
+    ledger the release layer refuses ("a missing ledger next to existing releases")."""
+    if releases_root.startswith("gs://") or os.path.isdir(releases_root):
+        testing_folder = storage.join(releases_root, TESTING_PREFIX).rstrip("/") + "/"
+        for path, _ in _walk(releases_root):
+            if path.rsplit("/", 1)[-1] == MARKER and not path.startswith(testing_folder):
+                raise CatalogInputError(
+                    f"ledger {ledger_path} does not exist, yet --releases {releases_root} holds "
+                    "release markers: a ledger missing next to its releases is refused (restore "
+                    "it; python -m accounting.ledger verify checks it against its witness)")
+    elif os.path.exists(releases_root):
+        raise CatalogInputError(f"--releases {releases_root} is not a folder")
+    return CatalogInputs(datasets=(), ledger=None, markers={}, reports={}, excluded=(),
+                         missing_files=())
+
+
 def check_charge(facts: MarkerFacts, ledger: Ledger) -> None:
     """Refuse a ledger that does not hold a release as it was charged: the marker carries the
     id of the ledger charge it was published under (``ledger_charge``). A ledger of the same id without the
