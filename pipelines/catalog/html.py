@@ -1,7 +1,7 @@
 """HTML building blocks shared by the catalog's public site and its operator view.
 
 Static pages with no external asset: one inline style sheet, no executable script, every text
-escaped with :func:`html.escape` (:func:`e`); the page around each body, and its style sheet, are
+escaped (:func:`e`); the page around each body, and its style sheet, are
 Jinja2 templates (``pipelines/catalog/templates/``) a portal can replace (:func:`page`). Tables of many rows stack into cards on narrow screens
 (each cell labelled by its column), so pages read at phone widths without side scrolling.
 Numbers are formatted by :func:`num` (4 significant digits) and sizes by :func:`size` (exact
@@ -11,16 +11,17 @@ noisy values).
 from __future__ import annotations
 
 import functools
-import html
 import math
 import os
 from typing import Iterable, Optional, Sequence
 
+from markupsafe import escape as _escape
 
 
 def e(value) -> str:
-    """Escaped text of any value (None as an em dash)."""
-    return "\u2014" if value is None else html.escape(str(value), quote=True)
+    """Escaped text of any value (None as an em dash): MarkupSafe's escaping (the one the
+    templates' autoescaping applies, in C: a site of 55,000 releases escapes a million texts)."""
+    return "\u2014" if value is None else str(_escape(str(value)))
 
 
 def num(value: Optional[float], digits: int = 4) -> str:
