@@ -150,8 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
               "(format beam-dp-release/dataset-metadata/v1; schema "
               "pipelines/catalog/dataset_metadata.schema.json); without it they say 'not stated'")
     flag("templates", metavar="DIR",
-         help="a portal's own page.html and/or catalog.css (Jinja2), used instead of the "
-              "catalog's (pipelines/catalog/templates/) to restyle the public site")
+         help="a portal's own templates (Jinja2), used instead of the catalog's "
+              "(pipelines/catalog/templates/) to restyle the public site: page.html (the page "
+              "around each body), catalog.css, and the bodies index.html, dataset.html, "
+              "releases.html with their macros.html and releases_listing.html")
     flag("site_url", metavar="URL",
          help="public base URL of the site: the identifiers of its JSON-LD and DCAT export "
               "(default: relative to each file)")

@@ -17,12 +17,12 @@ Every page is Jinja2 templates (``pipelines/catalog/templates/``, autoescaped): 
 (``index.html``; ``dataset.html``, a dataset's first page; ``releases.html``, its older releases;
 the pieces they share in ``macros.html`` and ``releases_listing.html``) inside ``page.html``,
 styled by ``catalog.css``. A portal restyles any of them with ``--templates DIR``; its own
-templates are given the same context and the formatting helpers of :data:`TEMPLATE_GLOBALS`.
+templates are given the same context, the facts of :data:`TEMPLATE_GLOBALS` and the formatting
+helpers of :func:`pipelines.catalog.html.environment`.
 This module only chooses what each page holds.
 """
 from __future__ import annotations
 
-import math
 from typing import Mapping, Optional, Sequence
 
 from pipelines.catalog.about import NOT_STATED
@@ -89,40 +89,28 @@ def main_scope(f: DatasetFacts):
                default=None)
 
 
-def _bar_share(share: float) -> float:
-    return max(0.0, min(share, 1.0)) if math.isfinite(share) else 1.0
-
-
 def _chart(**kwargs):
     from markupsafe import Markup
 
     return Markup(budget_chart(**kwargs))  # SVG the catalog builds, its texts escaped
 
 
-def _shown_pages(current: int, total: int) -> list[int]:
-    return sorted({1, total, *range(max(1, current - 2), min(total, current + 2) + 1)})
-
-
 #: What the page templates (``index.html``, ``dataset.html``, ``releases.html`` and their
 #: ``macros.html``) are given besides their context: the catalog's formatting and the facts
 #: they derive. A portal's own templates may use any of these.
 TEMPLATE_GLOBALS = {
-    "num": num, "file_url": file_url, "row_counts": row_counts, "period_span": period_span,
+    "file_url": file_url, "row_counts": row_counts, "period_span": period_span,
     "main_scope": main_scope, "null_meaning": null_meaning, "ordered_columns": ordered_columns,
     "dataset_folder": dataset_folder, "release_page": release_page, "chart": _chart,
-    "page_numbers": _shown_pages, "not_stated": NOT_STATED,
-    "bar_full": lambda share: not math.isfinite(share) or share >= 0.999,
-    "bar_width": lambda share: f"{_bar_share(share) * 100:.0f}",
+    "not_stated": NOT_STATED,
 }
 
 
 def _body(name: str, templates: Optional[str], **context) -> str:
     from markupsafe import Markup
 
-    env = environment(templates)
-    if "pyrepr" not in env.filters:
-        env.filters["pyrepr"] = repr
-        env.globals.update(TEMPLATE_GLOBALS)
+    env = environment(templates)  # its formatting helpers: pipelines.catalog.html
+    env.globals.update(TEMPLATE_GLOBALS)
     return Markup(env.get_template(name).render(**context))
 
 
