@@ -9,6 +9,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["transforms*", "accounting*", "pipelines*", "runners*"]),
     package_data={"pipelines": ["sample_data/*", "sample_data/**/*", "catalog/*.schema.json",
+                              "centralnotice/*.schema.json",
                               "catalog/templates/*"]},
     install_requires=[
         "apache-beam>=2.60",

@@ -24,7 +24,11 @@ schedule health.
   configurations (``--config``: CentralNotice campaigns, or a schedule file) and ``--cadence``
   flags schedule, against the ledger. Exit 1 naming each slot whose period ended more than
   ``--grace`` days before ``--as_of`` and that is not published (over-budget refusals named as
-  such); 0 otherwise -- the line a cron job or an Airflow task alarms on.
+  such); 0 otherwise -- the line a cron job or an Airflow task alarms on. Before a schedule's
+  first charge there is no ledger yet: ``--check`` alone (no ``--output``/``--operator``) then
+  checks every slot as never run -- exit 0 with a line saying so while nothing is overdue, 1
+  naming the overdue ones -- as long as no release marker lies under ``--releases`` (a ledger
+  missing next to its releases is refused, exit 2).
 
 Exit codes: 0 done (and, with ``--check``, nothing overdue); 1 ``--check`` found overdue slots;
 2 bad flags or inputs (the message names the file, never its content); 3 the site or the
@@ -146,8 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
               "(format beam-dp-release/dataset-metadata/v1; schema "
               "pipelines/catalog/dataset_metadata.schema.json); without it they say 'not stated'")
     flag("templates", metavar="DIR",
-         help="a portal's own page.html and/or catalog.css (Jinja2), used instead of the "
-              "catalog's (pipelines/catalog/templates/) to restyle the public site")
+         help="a portal's own templates (Jinja2), used instead of the catalog's "
+              "(pipelines/catalog/templates/) to restyle the public site: page.html (the page "
+              "around each body), catalog.css, and the bodies index.html, dataset.html, "
+              "releases.html with their macros.html and releases_listing.html")
     flag("site_url", metavar="URL",
          help="public base URL of the site: the identifiers of its JSON-LD and DCAT export "
               "(default: relative to each file)")
@@ -322,15 +328,20 @@ def _build(args, out=None) -> int:
     check_folders(args)
     metadata = catalog_about.read_metadata(args.metadata)
     check_templates(args.templates)
-    ledger = catalog_model.read_ledger(args.ledger)
+    first_check = args.check and not (args.output or args.operator) and \
+        not catalog_model.ledger_exists(args.ledger)
+    ledger = None if first_check else catalog_model.read_ledger(args.ledger)
     reports = args.reports or (os.path.join(os.path.dirname(os.path.abspath(args.ledger)),
                                             "reports")
                                if not args.ledger.startswith("gs://") else
                                args.ledger.rsplit("/", 1)[0] + "/reports")
     # The operator reports are the operator view's and the schedule's (failures): a public
     # site alone never reads them.
-    inputs = catalog_model.read_catalog(args.releases, ledger, reports_root=reports
-                                        if args.operator or args.check else None)
+    if first_check:  # a schedule's first run: nothing charged yet (see before_first_charge)
+        inputs = catalog_model.before_first_charge(args.releases, args.ledger)
+    else:
+        inputs = catalog_model.read_catalog(args.releases, ledger, reports_root=reports
+                                            if args.operator or args.check else None)
     as_of = args.as_of or _dt.datetime.now(_dt.timezone.utc).date()
     slots = catalog_schedule.slots_from(args.config, args.cadence, as_of, inputs)
     health = catalog_schedule.assess(slots, inputs, as_of, args.grace)
@@ -359,10 +370,15 @@ def _build(args, out=None) -> int:
         print(f"catalog: operator view (private) file://"
               f"{os.path.join(os.path.abspath(args.operator), 'index.html')}"
               + (f"; {len(alarms)} coverage alarm(s)" if alarms else ""), file=out)
-    print(f"catalog: ledger {args.ledger}: structure and record chain verified, and every "
-          "release's marker cross-checked with it; NOT verified: the head's MAC and the "
-          "witness of its latest write (they need the key store: python -m accounting.ledger "
-          f"verify --ledger {args.ledger} --key_store KEY_STORE)", file=out)
+    if first_check:
+        print(f"catalog: no ledger yet at {args.ledger} and no release under --releases: "
+              "nothing has been charged so far (a schedule's first run); every slot is checked "
+              "as never run", file=out)
+    else:
+        print(f"catalog: ledger {args.ledger}: structure and record chain verified, and every "
+              "release's marker cross-checked with it; NOT verified: the head's MAC and the "
+              "witness of its latest write (they need the key store: python -m accounting.ledger "
+              f"verify --ledger {args.ledger} --key_store KEY_STORE)", file=out)
     if inputs.excluded:
         print(f"catalog: {len(inputs.excluded)} marker(s) left out of the public site (not "
               "releases of this ledger; see the operator view)", file=out)

@@ -31,7 +31,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Iterable, Mapping, Optional, Sequence
 
 from accounting.budget import PrivacyBudget
@@ -130,10 +130,10 @@ class PublishedRelease:
     parameters: Mapping = field(default_factory=dict, compare=False)
     summary: Mapping = field(default_factory=dict, compare=False)
 
-    @property
+    @cached_property
     def order_key(self) -> tuple:
         """Public order within a dataset: by period, then release id (numbers by value), then
-        version."""
+        version (computed once: a build sorts every release more than once)."""
         return (self.period or ("",), natural_key(self.release_id), self.version)
 
 
@@ -298,9 +298,12 @@ def dataset_of(job: str, release_id: str, parameters: Mapping) -> tuple[str, str
         "release-layer job"
 
 
+_DIGIT_RUNS = re.compile(r"(\d+)")
+
+
 def natural_key(text: str) -> tuple:
     """Sort key that orders digit runs by value (batch-9 before batch-10)."""
-    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
+    return tuple(int(part) if part.isdigit() else part for part in _DIGIT_RUNS.split(text))
 
 
 # --------------------------------------------------------------------------- reading files
@@ -335,10 +338,22 @@ def _walk(root: str) -> Iterable[tuple[str, Optional[int]]]:
         for blob in gcs.client().list_blobs(bucket, prefix=prefix):
             yield f"gs://{bucket}/{blob.name}", blob.size
         return
-    for folder, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in names:
-            yield os.path.join(folder, name), None
+    # os.scandir directly: os.walk stats every folder once more (islink) and joins twice.
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue  # as os.walk: a folder that cannot be listed is skipped
+        below = []
+        for entry in entries:
+            if entry.is_dir():
+                if not entry.name.startswith(".") and not entry.is_symlink():
+                    below.append(entry.path)  # as os.walk: a linked folder is not entered
+            else:
+                yield entry.path, None
+        stack.extend(reversed(below))
 
 
 def _size(path: str, listed: Optional[int]) -> Optional[int]:
@@ -414,12 +429,14 @@ def _ledger_record(vid: str, record: Mapping) -> LedgerRecord:
 
 
 def _key(value: Mapping):
-    """The memo key of a measure's parsed JSON: its items, nested objects as sorted items
-    (cheaper than canonical JSON text, whose float formatting dominates at 100,000 measures);
-    the canonical text when something nested is not hashable."""
+    """The memo key of a measure's parsed JSON: its items in the file's order, nested objects
+    as items (cheaper than canonical JSON text, whose float formatting dominates at 100,000
+    measures, and than sorting them: one writer writes a measure's fields in one order, and
+    two orders of one measure only miss the memo, never confuse it); the canonical text when
+    something nested is not hashable."""
     try:
-        key = tuple(sorted((k, ("{}", tuple(sorted(v.items()))) if isinstance(v, dict) else v)
-                           for k, v in value.items()))
+        key = tuple([(k, ("{}", tuple(v.items())) if type(v) is dict else v)
+                     for k, v in value.items()])
         hash(key)
         return key
     except TypeError:
@@ -651,6 +668,37 @@ def read_catalog(releases_root: str, ledger: Optional[Ledger], *,
     return CatalogInputs(datasets=tuple(datasets), ledger=ledger, markers=markers,
                          reports=read_reports(reports_root, ledger), excluded=tuple(excluded),
                          missing_files=tuple(missing), testing=testing)
+
+
+def ledger_exists(path: str) -> bool:
+    """Whether anything is at the ledger's path (a folder there is read, and refused, as one)."""
+    try:
+        return storage.exists(path)
+    except OSError as err:
+        raise CatalogInputError(f"cannot read {path} ({err.strerror})") from None
+
+
+def before_first_charge(releases_root: str, ledger_path: str) -> CatalogInputs:
+    """What a schedule check reads before its first charge: no ledger yet, so no release.
+
+    A scheduled run's ``--check`` follows its releases; on the first day nothing may have been
+    charged yet (the first release is not due, or it was refused before the charge, which leaves
+    no ledger behind by design). That is not a fault of the input: every slot is then assessed
+    against an empty ledger (pending, or missing when overdue: "late"). It is only so while no
+    release exists: a release marker under ``--releases`` without its ledger is the missing
+    ledger the release layer refuses ("a missing ledger next to existing releases")."""
+    if releases_root.startswith("gs://") or os.path.isdir(releases_root):
+        testing_folder = storage.join(releases_root, TESTING_PREFIX).rstrip("/") + "/"
+        for path, _ in _walk(releases_root):
+            if path.rsplit("/", 1)[-1] == MARKER and not path.startswith(testing_folder):
+                raise CatalogInputError(
+                    f"ledger {ledger_path} does not exist, yet --releases {releases_root} holds "
+                    "release markers: a ledger missing next to its releases is refused (restore "
+                    "it; python -m accounting.ledger verify checks it against its witness)")
+    elif os.path.exists(releases_root):
+        raise CatalogInputError(f"--releases {releases_root} is not a folder")
+    return CatalogInputs(datasets=(), ledger=None, markers={}, reports={}, excluded=(),
+                         missing_files=())
 
 
 def check_charge(facts: MarkerFacts, ledger: Ledger) -> None:

@@ -6,7 +6,8 @@ Where slots come from:
   every campaign (:meth:`pipelines.centralnotice.config.CampaignConfig.releases`: one per day,
   or one for the whole campaign), with the measures and ledger scopes a release of it spends.
 * **A cadence** for any other job, declared in a schedule file (``--config``, format
-  :data:`SCHEDULE_FORMAT`) or with ``--cadence``: a release-id template with ``{date}`` and a
+  :data:`SCHEDULE_FORMAT`, fields in the published JSON Schema
+  ``pipelines/catalog/schedule.schema.json``) or with ``--cadence``: a release-id template with ``{date}`` and a
   step, e.g. ``summary_reports/{date}=daily:2026-11-01`` (daily from that day, up to
   ``--as_of``) or ``ldp_frequencies/week-{date}=7d:2026-11-02:2026-12-28``.
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Sequence
@@ -49,6 +51,9 @@ from pipelines.catalog.model import CatalogInputError, CatalogInputs, dataset_of
 from pipelines.release import textfiles
 
 SCHEDULE_FORMAT = "beam-dp-release/schedule/v1"
+#: The schedule file's published JSON Schema (checked by :mod:`pipelines.release.config_schema`).
+SCHEDULE_SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "schedule.schema.json")
 PUBLISHED, FAILED, RESERVED, OVER_BUDGET, MISSING, PENDING = (
     "published", "failed", "reserved", "over budget", "missing", "pending")
 STATES = (PUBLISHED, FAILED, RESERVED, OVER_BUDGET, MISSING, PENDING)
@@ -184,22 +189,20 @@ def load_config(path: str):
         try:
             return "centralnotice", parse_config(data, path)
         except ConfigError as err:
-            # The message names a field path and what is wrong with it (never file content).
-            raise CatalogInputError(f"--config {path}: {err.path}: not a valid CentralNotice "
-                                    "configuration (python -m pipelines.centralnotice "
-                                    f"--list_releases --config {path} says why)") from None
+            # The message names a field path and what is wrong with it, never a value (the
+            # schema's messages, pipelines/release/config_schema.py, and the rules after it).
+            raise CatalogInputError(f"--config {path}: not a valid CentralNotice configuration: "
+                                    f"{err.path}: {err.message}") from None
     if isinstance(data, dict) and data.get("format") == SCHEDULE_FORMAT:
-        items = data.get("cadences")
-        if not isinstance(items, list):
-            raise CatalogInputError(f"--config {path}: cadences must be a list")
-        out = []
-        for i, item in enumerate(items):
-            where = f"--config {path}: cadences[{i}]"
-            if not isinstance(item, dict) or set(item) - {"release_id", "every", "start", "end"}:
-                raise CatalogInputError(f"{where}: fields are release_id, every, start, end")
-            out.append(_cadence(item.get("release_id"), item.get("every"), item.get("start"),
-                                item.get("end"), where))
-        return "cadences", out
+        from pipelines.release import config_schema
+
+        try:  # the file's structure; then each cadence's values as for --cadence
+            config_schema.validate(data, SCHEDULE_SCHEMA_FILE, f"--config {path}")
+        except config_schema.ConfigSchemaError as err:
+            raise CatalogInputError(str(err)) from None
+        return "cadences", [_cadence(item["release_id"], item["every"], item["start"],
+                                     item.get("end"), f"--config {path}: cadences[{i}]")
+                            for i, item in enumerate(data["cadences"])]
     raise CatalogInputError(f"--config {path} is neither a CentralNotice configuration nor a "
                             f"{SCHEDULE_FORMAT} schedule file")
 

@@ -1,11 +1,17 @@
 """CentralNotice release configuration: schema, strict validation and the public keyset.
 
 The configuration is one JSON document (local path or ``gs://``), validated completely before
-any data is read; every error names the offending field, e.g.
-``campaigns[1].privacy.clicks.max_clicks_per_user: required when neighbouring is "user"``.
-Unknown fields are errors too (a misspelt field must not silently fall back to a default).
+any data is read, against the published JSON Schema ``pipelines/centralnotice/config.schema.json``
+(:data:`SCHEMA_FILE`, through :mod:`pipelines.release.config_schema`; give a file
+``"$schema": "<path to>/config.schema.json"`` and an editor checks it as it is typed). Every
+error names the file and the offending field, never its value, e.g. ``--config c.json:
+campaigns[1].privacy.clicks: missing max_clicks_per_user (required when neighbouring is
+"user")``. Unknown fields are errors too (a misspelt field must not silently fall back to a
+default). What a schema cannot state is checked here after it, and only that (see "parsing"
+below): an end date before its start, a campaign id given twice, every country on the
+protection list, a schedule that does not fit its budget.
 
-Schema (all fields required unless marked optional)::
+In short (the schema file is the reference; all fields required unless marked optional)::
 
     {
       "version": 1,
@@ -65,10 +71,8 @@ one day is in both releases, whose losses compose). Guarantees are composed by
 from __future__ import annotations
 
 import datetime as _dt
-import math
-import numbers
+import json
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -81,32 +85,28 @@ from accounting.ledger import Scope
 from accounting.measures import Measure
 from accounting.shared_budget import SharedBudget
 from accounting.sensitivity import ContributionBounds, Sensitivities, count_sensitivity
-from pipelines.release import textfiles
-from pipelines.release.names import check_segment
-from pipelines.release.textfiles import shown
+from pipelines.release import config_schema, textfiles
 from transforms.keyset import PublicKeyset
 
-CONFIG_VERSION = 1
 #: The CentralNotice key: columns and Arrow types (inputs, keyset and released table share it).
 KEY_SCHEMA = pa.schema([("campaign_id", pa.string()), ("banner_id", pa.string()),
                         ("country", pa.string()), ("project", pa.string()), ("date", pa.date32())])
 KEY_COLUMNS = tuple(KEY_SCHEMA.names)
 
+#: The published schema (JSON Schema 2020-12) every configuration is checked against first:
+#: editors validate a file as it is typed with it (``"$schema": ".../config.schema.json"``).
+SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.schema.json")
+
+
+def _schema() -> Mapping:
+    with open(SCHEMA_FILE, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
 #: ISO 3166-1 alpha-2 codes (officially assigned, 249) plus XK (Kosovo, user-assigned but
-#: used by Wikimedia and most geolocation databases).
-ISO_3166_ALPHA2 = tuple("""
-AD AE AF AG AI AL AM AO AQ AR AS AT AU AW AX AZ BA BB BD BE BF BG BH BI BJ BL BM BN BO BQ BR BS
-BT BV BW BY BZ CA CC CD CF CG CH CI CK CL CM CN CO CR CU CV CW CX CY CZ DE DJ DK DM DO DZ EC EE
-EG EH ER ES ET FI FJ FK FM FO FR GA GB GD GE GF GG GH GI GL GM GN GP GQ GR GS GT GU GW GY HK HM
-HN HR HT HU ID IE IL IM IN IO IQ IR IS IT JE JM JO JP KE KG KH KI KM KN KP KR KW KY KZ LA LB LC
-LI LK LR LS LT LU LV LY MA MC MD ME MF MG MH MK ML MM MN MO MP MQ MR MS MT MU MV MW MX MY MZ NA
-NC NE NF NG NI NL NO NP NR NU NZ OM PA PE PF PG PH PK PL PM PN PR PS PT PW PY QA RE RO RS RU RW
-SA SB SC SD SE SG SH SI SJ SK SL SM SN SO SR SS ST SV SX SY SZ TC TD TF TG TH TJ TK TL TM TN TO
-TR TT TV TW TZ UA UG UM US UY UZ VA VC VE VG VI VN VU WF WS YE YT ZA ZM ZW XK
-""".split())
+#: used by Wikimedia and most geolocation databases): the schema's list, stated once.
+ISO_3166_ALPHA2 = tuple(_schema()["$defs"]["country"]["enum"])
 _ISO = frozenset(ISO_3166_ALPHA2)
-_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
-_PROJECT = re.compile(r"^[a-z0-9-]+(\.[a-z0-9-]+)+$")
 
 
 class ConfigError(ValueError):
@@ -116,109 +116,6 @@ class ConfigError(ValueError):
     def __init__(self, path: str, message: str, source: Optional[str] = None):
         super().__init__(f"{source}: {path}: {message}" if source else f"{path}: {message}")
         self.path, self.message, self.source = path, message, source
-
-
-# --------------------------------------------------------------------------- field readers
-
-def _obj(value, path: str, required: Sequence[str], optional: Sequence[str] = ()) -> Mapping:
-    if not isinstance(value, Mapping):
-        raise ConfigError(path, f"must be a JSON object, got {type(value).__name__}")
-    unknown = sorted(set(value) - set(required) - set(optional))
-    if unknown:
-        raise ConfigError(path, f"unknown field(s) {unknown}; allowed: {sorted(set(required) | set(optional))}")
-    missing = [name for name in required if name not in value]
-    if missing:
-        raise ConfigError(f"{path}.{missing[0]}" if path else missing[0], "required field is missing")
-    return value
-
-
-def _real(value, path: str, *, positive=False, allow_zero=True, below_one=False) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ConfigError(path, f"must be a finite number, got {shown(value)}")
-    value = float(value)
-    if positive and value <= 0:
-        raise ConfigError(path, f"must be > 0, got {shown(value)}")
-    if not allow_zero and value == 0:
-        raise ConfigError(path, "must not be 0")
-    if value < 0 and (positive or below_one):
-        raise ConfigError(path, f"must not be negative, got {shown(value)}")
-    if below_one and value >= 1:
-        raise ConfigError(path, f"must be < 1, got {shown(value)}")
-    return value
-
-
-def _pos_int(value, path: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ConfigError(path, f"must be a positive integer, got {shown(value)}")
-    return int(value)
-
-
-def _choice(value, path: str, choices: Sequence[str]) -> str:
-    if value not in choices:
-        raise ConfigError(path, f"must be one of {list(choices)}, got {shown(value)}")
-    return value
-
-
-def _ident(value, path: str) -> str:
-    if not isinstance(value, str) or not _ID.match(value):
-        raise ConfigError(path, f"must be a non-empty identifier of letters, digits, '_', '.', '-', got {shown(value)}")
-    return value
-
-
-def _list(value, path: str, item, *, non_empty=True) -> tuple:
-    if not isinstance(value, list):
-        raise ConfigError(path, f"must be a JSON array, got {type(value).__name__}")
-    if non_empty and not value:
-        raise ConfigError(path, "must not be empty")
-    items = tuple(item(v, f"{path}[{i}]") for i, v in enumerate(value))
-    seen = set()
-    for i, v in enumerate(items):
-        if v in seen:
-            raise ConfigError(f"{path}[{i}]", f"duplicate entry {shown(v)}")
-        seen.add(v)
-    return items
-
-
-def _country(value, path: str) -> str:
-    if not isinstance(value, str) or value not in _ISO:
-        hint = " (the United Kingdom is GB)" if value == "UK" else ""
-        raise ConfigError(path, f"must be an ISO 3166-1 alpha-2 country code, got {shown(value)}{hint}")
-    return value
-
-
-def _project(value, path: str) -> str:
-    if not isinstance(value, str) or not _PROJECT.match(value):
-        raise ConfigError(path, f"must be a project name like 'en.wikipedia', got {shown(value)}")
-    return value
-
-
-def _date(value, path: str) -> _dt.date:
-    if not isinstance(value, str):
-        raise ConfigError(path, f"must be an ISO date string YYYY-MM-DD, got {shown(value)}")
-    try:
-        return _dt.date.fromisoformat(value)
-    except ValueError:
-        raise ConfigError(path, f"must be an ISO date YYYY-MM-DD, got {shown(value)}")
-
-
-def _noise(value, path: str) -> NoiseKind:
-    try:
-        return NoiseKind.parse(value)
-    except ValueError as err:
-        raise ConfigError(path, str(err))
-
-
-def _budget(value, path: str) -> PrivacyBudget:
-    data = _obj(value, path, ["epsilon"], ["delta"])
-    return PrivacyBudget(epsilon=_real(data["epsilon"], f"{path}.epsilon", positive=True),
-                         delta=_real(data.get("delta", 0.0), f"{path}.delta", below_one=True))
-
-
-def _segment(value, path: str) -> str:
-    try:
-        return check_segment(value, "campaign id")
-    except ValueError as err:
-        raise ConfigError(path, str(err))
 
 
 # --------------------------------------------------------------------------- the schema
@@ -465,87 +362,54 @@ class CentralNoticeConfig:
 
 
 # --------------------------------------------------------------------------- parsing
+#
+# A configuration is checked against the schema first (every field's type, range, pattern and
+# the rules between fields of one object: exactly one of epsilon and rho, a Gaussian kind's
+# delta, user-DP's bounds). What follows builds the objects from a valid document, and checks
+# what a schema cannot state: an end date before its start (a comparison of two values), a
+# campaign id given twice (uniqueness of one field across objects), every country on the
+# protection list (which may come from a file), and a schedule that does not fit its budget
+# (composition, calibration).
 
-def _impressions(value, path: str) -> ImpressionsPrivacy:
-    data = _obj(value, path, ["k", "epsilon", "noise", "neighbouring", "release_threshold"], ["delta"])
-    noise = _noise(data["noise"], f"{path}.noise")
-    delta = _real(data.get("delta", 0.0), f"{path}.delta", below_one=True)
-    if noise.is_gaussian and delta == 0:
-        raise ConfigError(f"{path}.delta", f"must be > 0 for {noise.value} noise")
+def _budget(data: Mapping) -> PrivacyBudget:
+    return PrivacyBudget(epsilon=float(data["epsilon"]), delta=float(data.get("delta", 0.0)))
+
+
+def _impressions(data: Mapping) -> ImpressionsPrivacy:
     return ImpressionsPrivacy(
-        k=_pos_int(data["k"], f"{path}.k"),
-        budget=PrivacyBudget(epsilon=_real(data["epsilon"], f"{path}.epsilon", positive=True),
-                             delta=delta),
-        noise=noise,
-        neighbouring=_choice(data["neighbouring"], f"{path}.neighbouring", ("period", "campaign")),
-        release_threshold=_real(data["release_threshold"], f"{path}.release_threshold"))
+        k=int(data["k"]), budget=_budget(data), noise=NoiseKind(data["noise"]),
+        neighbouring=data["neighbouring"], release_threshold=float(data["release_threshold"]))
 
 
-def _clicks(value, path: str) -> ClicksPrivacy:
-    data = _obj(value, path, ["noise", "neighbouring", "release_threshold"],
-                ["epsilon", "rho", "delta", "max_clicks_per_user", "bound_per"])
-    noise = _noise(data["noise"], f"{path}.noise")
-    if ("epsilon" in data) == ("rho" in data):
-        raise ConfigError(path, "give exactly one of 'epsilon' and 'rho'")
+def _clicks(data: Mapping) -> ClicksPrivacy:
     if "rho" in data:
-        rho = _real(data["rho"], f"{path}.rho", positive=True)
-        if not noise.is_gaussian:
-            raise ConfigError(f"{path}.noise", f"rho (zCDP) needs a Gaussian kind, got {noise.value}")
-        delta = _real(data.get("delta", 1e-9), f"{path}.delta", below_one=True)
-        if delta == 0:
-            raise ConfigError(f"{path}.delta", "must be > 0 (the delta at which rho is also charged)")
-        budget = PrivacyBudget(rho=rho, delta=delta)
+        budget = PrivacyBudget(rho=float(data["rho"]), delta=float(data.get("delta", 1e-9)))
     else:
-        epsilon = _real(data["epsilon"], f"{path}.epsilon", positive=True)
-        delta = _real(data.get("delta", 0.0), f"{path}.delta", below_one=True)
-        if noise.is_gaussian and delta == 0:
-            raise ConfigError(f"{path}.delta", f"must be > 0 for {noise.value} noise")
-        budget = PrivacyBudget(epsilon=epsilon, delta=delta)
-    neighbouring = _choice(data["neighbouring"], f"{path}.neighbouring", ("row", "user"))
-    m = bound_per = None
-    if neighbouring == "user":
-        for name in ("max_clicks_per_user", "bound_per"):
-            if name not in data:
-                raise ConfigError(f"{path}.{name}", 'required when neighbouring is "user"')
-        m = _pos_int(data["max_clicks_per_user"], f"{path}.max_clicks_per_user")
-        bound_per = _choice(data["bound_per"], f"{path}.bound_per", ("period", "campaign"))
-    else:
-        for name in ("max_clicks_per_user", "bound_per"):
-            if name in data:
-                raise ConfigError(f"{path}.{name}", 'only allowed when neighbouring is "user"')
-    return ClicksPrivacy(noise=noise, budget=budget,
-                         neighbouring=neighbouring, max_clicks_per_user=m, bound_per=bound_per,
-                         release_threshold=_real(data["release_threshold"], f"{path}.release_threshold"))
+        budget = _budget(data)
+    user = data["neighbouring"] == "user"
+    return ClicksPrivacy(noise=NoiseKind(data["noise"]), budget=budget,
+                         neighbouring=data["neighbouring"],
+                         max_clicks_per_user=int(data["max_clicks_per_user"]) if user else None,
+                         bound_per=data["bound_per"] if user else None,
+                         release_threshold=float(data["release_threshold"]))
 
 
-def _campaign(value, path: str, protected: frozenset, accountant: str,
+def _campaign(data: Mapping, path: str, protected: frozenset, accountant: str,
               unit_per_period: Optional[PrivacyBudget]) -> CampaignConfig:
-    data = _obj(value, path, ["campaign_id", "banners", "countries", "projects", "start_date",
-                              "end_date", "schedule", "privacy"])
-    start = _date(data["start_date"], f"{path}.start_date")
-    end = _date(data["end_date"], f"{path}.end_date")
+    start = _dt.date.fromisoformat(data["start_date"])
+    end = _dt.date.fromisoformat(data["end_date"])
     if end < start:
-        raise ConfigError(f"{path}.end_date", f"{end} is before start_date {start}")
-    privacy = _obj(data["privacy"], f"{path}.privacy", ["impressions", "clicks", "budget"])
-    budget = _obj(privacy["budget"], f"{path}.privacy.budget", ["campaign_total"], ["per_period"])
-    per_period = None if budget.get("per_period") is None else \
-        _budget(budget["per_period"], f"{path}.privacy.budget.per_period")
-    impressions = _impressions(privacy["impressions"], f"{path}.privacy.impressions")
-    clicks = _clicks(privacy["clicks"], f"{path}.privacy.clicks")
+        raise ConfigError(f"{path}.end_date", "is before start_date")
+    privacy = data["privacy"]
+    per_period = privacy["budget"].get("per_period")
     campaign = CampaignConfig(
-        campaign_id=_segment(data["campaign_id"], f"{path}.campaign_id"),
-        banners=_list(data["banners"], f"{path}.banners", _ident),
-        countries=_list(data["countries"], f"{path}.countries", _country),
-        projects=_list(data["projects"], f"{path}.projects", _project),
-        start_date=start, end_date=end,
-        schedule=_choice(data["schedule"], f"{path}.schedule", ("daily", "campaign")),
-        impressions=impressions, clicks=clicks,
-        campaign_total=_budget(budget["campaign_total"], f"{path}.privacy.budget.campaign_total"),
-        per_period=per_period, protected_countries=protected, unit_per_period=unit_per_period)
-    if clicks.bound_per == "campaign" and campaign.schedule == "daily":
-        raise ConfigError(f"{path}.privacy.clicks.bound_per",
-                          '"campaign" needs schedule "campaign": a daily release sees one day and '
-                          "cannot bound a user's clicks across the days it does not see")
+        campaign_id=data["campaign_id"], banners=tuple(data["banners"]),
+        countries=tuple(data["countries"]), projects=tuple(data["projects"]),
+        start_date=start, end_date=end, schedule=data["schedule"],
+        impressions=_impressions(privacy["impressions"]), clicks=_clicks(privacy["clicks"]),
+        campaign_total=_budget(privacy["budget"]["campaign_total"]),
+        per_period=None if per_period is None else _budget(per_period),
+        protected_countries=protected, unit_per_period=unit_per_period)
     if not campaign.released_countries():
         raise ConfigError(f"{path}.countries", "every country is on the country protection list: "
                                                "nothing could be released")
@@ -608,34 +472,39 @@ def parse_protected_countries(text: str, source: str = "protected countries") ->
 
 
 def parse_config(data: Any, source: str = "<config>") -> CentralNoticeConfig:
-    """Validate a parsed JSON configuration (``source`` resolves a relative protection-list file)."""
-    top = _obj(data, "", ["version", "campaigns"],
-               ["accountant", "protected_countries_file", "protected_countries",
-                "unit_budget_per_period"])
-    if top["version"] != CONFIG_VERSION:
-        raise ConfigError("version", f"must be {CONFIG_VERSION}, got {top['version']!r}")
-    accountant = _choice(top.get("accountant", "basic"), "accountant", guarantee.ACCOUNTANTS)
-    unit = None if top.get("unit_budget_per_period") is None else \
-        _budget(top["unit_budget_per_period"], "unit_budget_per_period")
-    protected = set(_list(top.get("protected_countries", []), "protected_countries", _country,
-                          non_empty=False))
-    if "protected_countries_file" in top:
-        name = top["protected_countries_file"]
-        if not isinstance(name, str) or not name:
-            raise ConfigError("protected_countries_file", f"must be a path, got {shown(name)}")
-        path = _join(source, name)
+    """Validate a parsed JSON configuration (``source`` names it in messages and resolves a
+    relative protection-list file): against :data:`SCHEMA_FILE`, then the rules a schema
+    cannot state (see "parsing" above)."""
+    try:
+        config_schema.validate(data, SCHEMA_FILE, source)
+    except config_schema.ConfigSchemaError as err:
+        (first, problem), rest = err.problems[0], err.problems[1:]
+        listed = rest[:config_schema.MAX_LISTED - 1]
+        message = problem + "".join(f"; {where}: {why}" for where, why in listed)
+        if len(rest) > len(listed):
+            message += f" (and {len(rest) - len(listed)} more)"
+        raise ConfigError(first, f"{message} (schema {err.schema})") from None
+    accountant = data.get("accountant", "basic")
+    unit = data.get("unit_budget_per_period")
+    unit = None if unit is None else _budget(unit)
+    protected = set(data.get("protected_countries", []))
+    if "protected_countries_file" in data:
+        path = _join(source, data["protected_countries_file"])
         try:
             listed = textfiles.read(path, "protected_countries_file")
         except textfiles.TextFileError as err:
             raise ConfigError("protected_countries_file", f"cannot read {err.where}: {err.reason}")
         protected |= parse_protected_countries(listed.text, listed.path)
     protected = frozenset(protected)
-    campaigns = _list(top["campaigns"], "campaigns", lambda v, p: _campaign(v, p, protected, accountant, unit))
-    ids = [c.campaign_id for c in campaigns]
-    for i, cid in enumerate(ids):
-        if cid in ids[:i]:
-            raise ConfigError(f"campaigns[{i}].campaign_id", f"duplicate campaign id {cid!r}")
-    return CentralNoticeConfig(campaigns=campaigns, protected_countries=protected,
+    seen: set = set()
+    campaigns = []
+    for i, item in enumerate(data["campaigns"]):
+        if item["campaign_id"] in seen:
+            raise ConfigError(f"campaigns[{i}].campaign_id", "the same campaign id as an earlier "
+                                                              "campaign")
+        seen.add(item["campaign_id"])
+        campaigns.append(_campaign(item, f"campaigns[{i}]", protected, accountant, unit))
+    return CentralNoticeConfig(campaigns=tuple(campaigns), protected_countries=protected,
                                accountant=accountant, source=source, raw=dict(data))
 
 

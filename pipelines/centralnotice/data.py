@@ -17,7 +17,8 @@ Files written by :func:`generate_dataset` (``--format parquet`` or ``csv``):
     ``anon-<hex>`` for IP + user-agent identifiers). Clicks fall on keys in proportion to their
     impressions; users are heavy-tailed (Zipf): most click once, a few click dozens of times,
     mostly on banners of their own (campaign, country, project).
-``campaigns.json`` -- the configuration (schema: :mod:`pipelines.centralnotice.config`): per
+``campaigns.json`` -- the configuration (schema: ``pipelines/centralnotice/config.schema.json``,
+:mod:`pipelines.centralnotice.config`): per
     campaign banners, countries, projects, dates (the public keyset), privacy settings, budget
     and schedule. Budgets are set so that the whole schedule fits (with 10 % headroom).
 ``protected_countries.txt`` -- an illustrative country protection list (see the file).
@@ -407,8 +408,11 @@ def generate_dataset(out_dir: str, *, impression_rows: int, clicks: int, seed: i
                      max_days: int = 21, accountant: str = "basic",
                      reach_log10: tuple = (5.5, 7.5), impression_sigma: float = 1.6,
                      click_through_rate: Optional[float] = None,
-                     protected_share: float = 0.5) -> dict:
+                     protected_share: float = 0.5, schema_ref: Optional[str] = None) -> dict:
     """Write a synthetic dataset to ``out_dir``; returns the paths and row counts.
+
+    ``schema_ref``: the configuration's ``"$schema"`` (where an editor finds
+    ``pipelines/centralnotice/config.schema.json`` from ``out_dir``), if any.
 
     ``reach_log10``: each campaign's reach (the scale of its impressions) is 10 ** uniform(lo,
     hi); ``impression_sigma``: the spread of the log-normal impressions per key;
@@ -427,6 +431,8 @@ def generate_dataset(out_dir: str, *, impression_rows: int, clicks: int, seed: i
         max_countries=max_countries, max_projects=max_projects, max_days=max_days,
         protected_share=protected_share)
     config_dict = make_config(campaigns, accountant)
+    if schema_ref:
+        config_dict = {"$schema": schema_ref, **config_dict}
     protected_path = os.path.join(out_dir, "protected_countries.txt")
     with open(protected_path, "w") as handle:
         handle.write(protected_countries_text())
@@ -458,6 +464,10 @@ def generate_dataset(out_dir: str, *, impression_rows: int, clicks: int, seed: i
 SAMPLE_CLICK_THROUGH_RATE = 3e-4
 
 
+#: The bundled sample's ``"$schema"``: the published schema, relative to the sample's folder.
+SAMPLE_SCHEMA_REF = "../../centralnotice/config.schema.json"
+
+
 def generate_sample(out_dir: str = SAMPLE_DIR) -> dict:
     """The small bundled sample (CSV, fixed seed, 4 faulty rows and 4 duplicate keys).
 
@@ -470,7 +480,8 @@ def generate_sample(out_dir: str = SAMPLE_DIR) -> dict:
     return generate_dataset(out_dir, impression_rows=300, clicks=0, seed=SAMPLE_SEED, fmt="csv",
                             bad_rows=4, min_campaigns=3, max_campaigns=3, max_banners=1,
                             max_countries=6, max_projects=4, max_days=3, reach_log10=(5.0, 7.0),
-                            click_through_rate=SAMPLE_CLICK_THROUGH_RATE, protected_share=1.0)
+                            click_through_rate=SAMPLE_CLICK_THROUGH_RATE, protected_share=1.0,
+                            schema_ref=SAMPLE_SCHEMA_REF)
 
 
 class _Parser(argparse.ArgumentParser):

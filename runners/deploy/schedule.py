@@ -15,7 +15,9 @@ every covered day's folder: ``<data>/<day>/impressions/`` and ``<data>/<day>/cli
 **Then the check.** After the releases, ``python -m pipelines.catalog --check`` (as of the day
 after the data interval, ``grace`` days late allowed) names every earlier slot of the
 configuration that is still not published: a failed, refused or never-run day is seen the next
-morning, not at the end of the campaign.
+morning, not at the end of the campaign. On the first run nothing may have been charged yet
+(the first release is not due, or was refused before its charge): with no ledger and no release
+the check says so and exits 0, or 1 naming a slot already due and never run.
 
 Schedule file (all fields required unless marked optional; unknown fields are errors; local
 paths relative to the file's folder, since a scheduler's task runs in a folder of its own)::

@@ -17,6 +17,8 @@ Engine tests: marker ``runners`` (``make test-runners``); select them with ``-k 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import socket
 from pathlib import Path
 
@@ -365,6 +367,41 @@ def test_a_centralnotice_release_on_a_two_worker_cluster_has_its_counters(tmp_pa
     (report,) = [json.loads(p.read_text()) for p in (tmp_path / "private").rglob("report.json")]
     assert report["counters"] == expected and expected["impressions.read"] > 0
     assert report["alerts"] == []
+
+
+#: A line of ``distributed``'s INFO chatter, in its own format (``... - distributed.scheduler -
+#: INFO - ...``) or the logging module's basic one (``INFO:distributed.core:...``).
+DISTRIBUTED_INFO = re.compile(r"INFO:distributed|distributed(\.[\w.]+)? - INFO - ")
+
+
+@on_engine
+def test_a_successful_dask_run_s_console_has_no_distributed_info_lines(tmp_path):
+    """A release on a local cluster of 2 worker processes, run as an operator runs it (a fresh
+    ``python -m pipelines.centralnotice``, its workers' output on the same console): exit 0 and
+    the console is the release summary, without one ``INFO`` line of ``distributed`` (the
+    scheduler's, the nannies' or the workers', which read the level from the environment).
+    ``--log_level INFO`` brings them back: the check can fail, and the flag still asks."""
+    import subprocess
+    import sys
+
+    def run(out, *extra):
+        argv = [a for a in centralnotice_args(tmp_path, tmp_path / out)
+                if a not in ("--testing_seed", SEED)]
+        argv += ["--ledger", str(tmp_path / out / "private" / "ledger.json"), "--key_store",
+                 str(tmp_path / out / "private" / "keys"), "--runner", "DaskRunner",
+                 "--dask_local_workers", "2", *extra]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
+        return subprocess.run([sys.executable, "-m", "pipelines.centralnotice", *argv],
+                              capture_output=True, text=True, cwd=REPO_ROOT, env=env, timeout=600)
+
+    quiet = run("quiet")
+    console = quiet.stdout + quiet.stderr
+    assert quiet.returncode == 0, console
+    assert "impressions.read=" in quiet.stdout                # the summary is there ...
+    assert not DISTRIBUTED_INFO.search(console), console      # ... and no chatter around it
+    told = run("told", "--log_level", "INFO")
+    assert told.returncode == 0, told.stderr
+    assert DISTRIBUTED_INFO.search(told.stdout + told.stderr), told.stderr
 
 
 @on_engine

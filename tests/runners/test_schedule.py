@@ -145,3 +145,22 @@ def test_local_paths_are_relative_to_the_schedule_file_not_the_working_directory
     assert Path(schedule.data).resolve() == tmp_path / "in"
     assert (schedule.output, schedule.ledger, schedule.key_store) == (
         "gs://b/out", str(tmp_path / "conf" / "l.json"), "/keys")
+
+
+def test_the_first_run_s_check_before_any_ledger_exists(tmp_path):
+    """The first scheduled run's check, run as the scheduler runs it: no ledger and no release
+    yet is a first run, not a bad input (exit 0, said so); a day due and never run is late
+    (exit 1), never the exit 2 of a bad file."""
+    import subprocess
+
+    config = _config(tmp_path, lambda data: data.update(campaigns=data["campaigns"][:1]))
+    schedule = _schedule(tmp_path, config, output=str(tmp_path / "releases"),
+                         ledger=str(tmp_path / "private" / "ledger.json"))
+    first = subprocess.run(shlex.split(sched.plan(schedule, dt.date(2026, 11, 28))["check"]),
+                           capture_output=True, text=True, cwd=ROOT)
+    assert first.returncode == 0, first.stderr
+    assert "no ledger yet at" in first.stdout and "OVERDUE" not in first.stdout
+    late = subprocess.run(shlex.split(sched.plan(schedule, dt.date(2026, 11, 30))["check"]),
+                          capture_output=True, text=True, cwd=ROOT)
+    assert late.returncode == 1, late.stderr
+    assert "OVERDUE C2026_000_fr/2026-11-28" in late.stdout

@@ -101,6 +101,32 @@ def test_check_names_the_missing_failed_and_over_budget_days(made, capsys, tmp_p
     assert "C2/2026-11-02" in out and "C2/2026-11-03" not in out.split("OVERDUE", 1)[1]
 
 
+def test_a_schedule_s_first_check_before_any_charge(made, capsys, tmp_path):
+    """A scheduled run's check follows its releases; before the first charge there is no ledger
+    yet. Nothing overdue: exit 0 saying so; a slot due and never run: exit 1 (late), as with a
+    ledger; a ledger missing next to published releases: refused (exit 2), never read as a
+    first run, nor with --output (a public site of no ledger is not a first run's business)."""
+    ledger, releases = str(tmp_path / "private" / "ledger.json"), str(tmp_path / "releases")
+    first = ["--ledger", ledger, "--releases", releases, "--config", made.config, "--check"]
+    assert catalog.main(first + ["--as_of", "2026-11-02", "--grace", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "no ledger yet at" in out and "pending" in out and "OVERDUE" not in out
+    os.makedirs(os.path.join(releases, "testing-not-a-release", "C1"))   # testing output: apart
+    open(os.path.join(releases, "testing-not-a-release", "C1", "RELEASE.json"), "w").write("{}")
+    assert catalog.main(first + ["--as_of", "2026-11-03", "--grace", "1"]) == 1
+    out = capsys.readouterr().out
+    overdue = [line for line in out.splitlines() if line.startswith("OVERDUE")]
+    assert sorted(line.split()[1] for line in overdue) == ["C1/2026-11-01", "C2/2026-11-01"]
+    assert all(": missing" in line for line in overdue)
+    # Releases without their ledger: the missing ledger is refused, naming it.
+    existing = ["--ledger", ledger, "--releases", made.releases, "--config", made.config]
+    assert catalog.main(existing + ["--check", "--as_of", "2026-11-02"]) == 2
+    err = capsys.readouterr().err
+    assert f"ledger {ledger} does not exist" in err and "release markers" in err
+    assert catalog.main(first + ["--output", str(tmp_path / "site")]) == 2
+    assert "does not exist" in capsys.readouterr().err and not os.path.exists(tmp_path / "site")
+
+
 def test_the_over_budget_inference_is_what_the_ledger_refuses(made, tmp_path):
     from pipelines.centralnotice.job import run
     from pipelines.release import ReleaseRefused

@@ -249,6 +249,20 @@ def test_a_portal_restyles_the_pages_with_its_own_templates(made, tmp_path, caps
     page = (site / PAGE).read_text()
     assert page.endswith("<p>Published by the portal</p></html>\n")
     assert '<span class="release-id">C1/2026-11-01</span>' in page   # the body, not re-escaped
+    # A page's body is a template too: a portal's dataset.html, with the catalog's macros,
+    # lays the dataset page out its own way; values stay escaped (autoescaping).
+    (own / "dataset.html").write_text(
+        '{% import "macros.html" as m with context %}<h1 class="portal">{{ f.dataset.title }}'
+        '</h1><p>{{ "<b>" }}{{ num(f.releases|length) }} releases</p>'
+        '{{ m.releases_table(f, rows, files_base) }}\n')
+    assert catalog.main(made.args("--output", str(site), "--templates", str(own))) == 0
+    page = (site / PAGE).read_text()
+    assert '<h1 class="portal">' in page and "<p>&lt;b&gt;3 releases</p>" in page
+    assert '<span class="release-id">C1/2026-11-01</span>' in page
+    other = (site / "datasets" / "centralnotice--C2" / "index.html").read_text()
+    for text in (page, other):                                     # every dataset's first page
+        assert '<h1 class="portal">' in text and 'id="mechanisms"' not in text
+    (own / "dataset.html").unlink()
     capsys.readouterr()
     (own / "page.html").write_text("<html>\n{% if %}\n</html>\n")
     assert catalog.main(made.args("--output", str(tmp_path / "s2"), "--templates", str(own))) == 2

@@ -212,8 +212,35 @@ def test_schedule_file_declares_cadences(tmp_path):
     assert kind == "cadences" and cadences[0].every_days == 7
     path.write_text(json.dumps({"format": catalog_schedule.SCHEDULE_FORMAT,
                                 "cadences": [{"release_id": "a/{date}", "typo": 1}]}))
-    with pytest.raises(catalog_model.CatalogInputError, match=r"cadences\[0\]"):
+    with pytest.raises(catalog_model.CatalogInputError,
+                       match=r"schedule\.json: does not follow schedule\.schema\.json: "
+                             r"cadences\[0\]: unknown field\(s\); the fields are end, every, "
+                             r"release_id, start; cadences\[0\]: missing every, start$"):
         catalog_schedule.load_config(str(path))
+    for cadence, why in [({"every": "hourly"}, r"cadences\[0\]\.every: must be daily, weekly or Nd"),
+                         ({"start": "2026-02-30"}, r"cadences\[0\]\.start: must be a YYYY-MM-DD"),
+                         ({"release_id": "a/{date}/{date}"}, r"release_id: must be a release-id "
+                                                               r"template with one \{date\}"),
+                         ({"end": "2025-01-01"}, r"cadences\[0\]: the end is before the start")]:
+        path.write_text(json.dumps({"format": catalog_schedule.SCHEDULE_FORMAT, "cadences": [
+            {"release_id": "a/{date}", "every": "daily", "start": "2026-01-05", **cadence}]}))
+        with pytest.raises(catalog_model.CatalogInputError, match=why) as err:
+            catalog_schedule.load_config(str(path))
+        assert str(path) in str(err.value)
+
+
+def test_the_schedule_file_s_published_schema_is_the_one_checked():
+    from jsonschema import Draft202012Validator
+
+    from pipelines.release import config_schema
+
+    schema = json.load(open(catalog_schedule.SCHEDULE_SCHEMA_FILE))
+    Draft202012Validator.check_schema(schema)
+    assert config_schema.load(catalog_schedule.SCHEDULE_SCHEMA_FILE) == schema
+    assert schema["properties"]["format"]["const"] == catalog_schedule.SCHEDULE_FORMAT
+    assert schema["$id"] == "schedule.schema.json" and schema["title"]
+    assert catalog_schedule._EVERY.pattern == schema["$defs"]["cadence"]["properties"]["every"][
+        "pattern"]
 
 
 def test_coverage_alarm_needs_rows_before_and_none_in_the_window():

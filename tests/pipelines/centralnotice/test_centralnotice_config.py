@@ -58,27 +58,34 @@ P = C + ["privacy"]
 
 
 @pytest.mark.parametrize("path, value, message", [
-    (C + ["banners"], ..., r"campaigns\[0\]\.banners: required field is missing"),
-    (P + ["impressions", "epsilom"], 1.0, r"campaigns\[0\]\.privacy\.impressions: unknown field\(s\) \['epsilom'\]"),
-    (P + ["impressions", "k"], 0, r"campaigns\[0\]\.privacy\.impressions\.k: must be a positive integer"),
-    (P + ["impressions", "k"], 2.5, r"impressions\.k: must be a positive integer"),
+    (C + ["banners"], ..., r"campaigns\[0\]: missing banners"),
+    (P + ["impressions", "epsilom"], 1.0, r"campaigns\[0\]\.privacy\.impressions: unknown field\(s\); the fields are delta, epsilon, k,"),
+    (P + ["impressions", "k"], 0, r"campaigns\[0\]\.privacy\.impressions\.k: must be >= 1"),
+    (P + ["impressions", "k"], 2.5, r"impressions\.k: must be integer \(got a number\)"),
     (P + ["impressions", "epsilon"], -1, r"impressions\.epsilon: must be > 0"),
-    (P + ["impressions", "noise"], "gaussian", r"impressions\.delta: must be > 0 for gaussian"),
-    (P + ["impressions", "noise"], "uniform", r"impressions\.noise: noise kind must be one of"),
+    (P + ["impressions", "noise"], "gaussian", r"impressions: missing delta \(Gaussian noise needs a delta > 0\)"),
+    (P + ["impressions", "delta"], 0, None),  # a Laplace kind's delta may be 0 ...
+    (P + ["impressions"], {"k": 100, "epsilon": 0.5, "noise": "gaussian", "delta": 0,
+                           "neighbouring": "period", "release_threshold": 2000},
+     r"impressions\.delta: must be > 0"),          # ... a Gaussian kind's may not
+    (P + ["impressions", "noise"], "uniform", r"impressions\.noise: must be one of \"laplace\", \"discrete_laplace\""),
     (P + ["impressions", "neighbouring"], "day", r"impressions\.neighbouring: must be one of"),
-    (C + ["countries"], ["DE", "UK"], r"campaigns\[0\]\.countries\[1\]: .*ISO 3166-1 .*'UK' \(the United Kingdom is GB\)"),
-    (C + ["countries"], ["DE", "DE"], r"countries\[1\]: duplicate entry 'DE'"),
+    (C + ["countries"], ["DE", "UK"], r"campaigns\[0\]\.countries\[1\]: must be an ISO 3166-1 .* \(the United Kingdom is GB\)"),
+    (C + ["countries"], ["DE", "DE"], r"campaigns\[0\]\.countries: must not repeat an item"),
     (C + ["countries"], ["RU"], r"countries: every country is on the country protection list"),
-    (C + ["projects"], ["Wikipedia"], r"projects\[0\]: must be a project name"),
+    (C + ["projects"], ["Wikipedia"], r"projects\[0\]: must be a project name like en\.wikipedia"),
     (C + ["banners"], [], r"banners: must not be empty"),
-    (C + ["campaign_id"], "a/b", r"campaign_id: campaign id 'a/b' is not a valid name"),
-    (C + ["campaign_id"], "..", r"campaign_id: campaign id '..' is not a valid name"),
+    (C + ["campaign_id"], "a/b", r"campaign_id: must be letters, digits, '\.', '_' and '-', starting"),
+    (C + ["campaign_id"], "..", r"campaign_id: must be letters, digits, '\.', '_' and '-', starting"),
     (C + ["start_date"], "2026-13-01", r"start_date: must be an ISO date"),
-    (C + ["end_date"], "2026-10-01", r"end_date: 2026-10-01 is before start_date"),
-    (C + ["schedule"], "weekly", r"schedule: must be one of \['daily', 'campaign'\]"),
+    (C + ["end_date"], "2026-10-01", r"campaigns\[0\]\.end_date: is before start_date"),
+    (C + ["end_date"], "2026-02-30", r"end_date: must be an ISO date YYYY-MM-DD"),     # not a day
+    (C + ["end_date"], "20261101", r"end_date: must be an ISO date YYYY-MM-DD"),
+    (C + ["schedule"], "weekly", r"schedule: must be one of \"daily\", \"campaign\""),
     (P + ["clicks", "epsilon"], 0.5, r"clicks: give exactly one of 'epsilon' and 'rho'"),
     (P + ["clicks", "noise"], "discrete_laplace", r"clicks\.noise: rho \(zCDP\) needs a Gaussian kind"),
-    (P + ["clicks", "max_clicks_per_user"], ..., r"clicks\.max_clicks_per_user: required when neighbouring is \"user\""),
+    (P + ["clicks", "max_clicks_per_user"], ..., r"clicks: missing max_clicks_per_user \(required when neighbouring is \"user\"\)"),
+    (P + ["clicks", "rho"], float("nan"), r"clicks\.rho: must be a finite number"),
     (P + ["clicks", "bound_per"], "week", r"clicks\.bound_per: must be one of"),
     (P + ["budget", "campaign_total"], {"epsilon": 2, "delta": 1e-8},
      r"budget\.campaign_total: 3 scheduled release\(s\) spend .* more than"),
@@ -89,8 +96,15 @@ P = C + ["privacy"]
     (["protected_countries"], ["ZZ"], r"protected_countries\[0\]: must be an ISO"),
 ])
 def test_invalid_configs_name_the_field(path, value, message):
-    with pytest.raises(ConfigError, match=message):
+    """Each message names the field (the schema's violations say which schema), never the
+    value; ``None``: a valid neighbour of an invalid case (the rule is not over-broad)."""
+    if message is None:
         parse_config(_with(path, value))
+        return
+    with pytest.raises(ConfigError, match=message) as err:
+        parse_config(_with(path, value))
+    if isinstance(value, str):
+        assert repr(value) not in str(err.value) and f'"{value}"' not in str(err.value)
 
 
 def test_row_dp_clicks_forbid_user_bounds():
@@ -103,7 +117,7 @@ def test_row_dp_clicks_forbid_user_bounds():
 def test_duplicate_campaign_ids_refused():
     data = copy.deepcopy(VALID)
     data["campaigns"].append(copy.deepcopy(data["campaigns"][0]))
-    with pytest.raises(ConfigError, match=r"campaigns\[1\].*duplicate"):
+    with pytest.raises(ConfigError, match=r"campaigns\[1\]\.campaign_id: the same campaign id as an earlier"):
         parse_config(data)
 
 
@@ -303,3 +317,33 @@ def test_epsilon_configured_user_clicks_are_calibrated_on_the_multi_key_pld():
     explain = campaign.shared_budget("pld").explain().splitlines()
     row = [line for line in explain if line.startswith("clicks ") and "discrete_gaussian" in line]
     assert len(row) == 1 and " pld " in row[0]  # the "epsilon by" column
+
+
+def test_the_published_schema_is_the_one_checked_and_agrees_with_the_code():
+    """Editors read the schema file the sample's ``$schema`` names; the job checks with the
+    same file (no second copy to drift), and the schema's lists are the code's."""
+    from jsonschema import Draft202012Validator
+
+    from accounting import guarantee
+    from pipelines.centralnotice import config as cn_config
+    from pipelines.centralnotice.data import SAMPLE_SCHEMA_REF
+    from pipelines.release import config_schema, names
+
+    sample = json.load(open(os.path.join(SAMPLE_DIR, "campaigns.json")))
+    assert sample["$schema"] == SAMPLE_SCHEMA_REF
+    published = os.path.join(SAMPLE_DIR, SAMPLE_SCHEMA_REF)
+    assert os.path.samefile(published, cn_config.SCHEMA_FILE)
+    schema = json.load(open(published))
+    Draft202012Validator.check_schema(schema)
+    assert config_schema.load(os.path.abspath(cn_config.SCHEMA_FILE)) == schema
+    assert schema["$id"] == os.path.basename(cn_config.SCHEMA_FILE)
+    assert schema["title"] and schema["description"]
+    assert list(ISO_3166_ALPHA2) == schema["$defs"]["country"]["enum"]
+    assert schema["$defs"]["noise"]["enum"] == [kind.value for kind in NoiseKind]
+    assert tuple(schema["properties"]["accountant"]["enum"]) == guarantee.ACCOUNTANTS
+    assert schema["$defs"]["campaign"]["properties"]["campaign_id"]["pattern"] == \
+        f"^{names._SEGMENT.pattern}$"
+    assert schema["properties"]["version"]["const"] == 1
+    # The schema is what refuses: a file that fails it is refused before any rule of the code.
+    with pytest.raises(ConfigError, match=r"\(schema config\.schema\.json\)"):
+        parse_config(_with(["version"], 2))

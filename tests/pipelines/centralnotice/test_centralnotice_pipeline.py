@@ -547,9 +547,9 @@ def _with_path(data, path, value):
 @pytest.mark.parametrize("change, message", [
     ((("campaigns", 0, "privacy", "impressions", "k"), 0), "campaigns[0].privacy.impressions.k"),
     ((("campaigns", 0, "privacy", "clicks", "neighbouring"), "user"),
-     "campaigns[0].privacy.clicks.max_clicks_per_user"),
+     "campaigns[0].privacy.clicks: missing max_clicks_per_user"),
     ((("campaigns", 0, "countries", 1), "UK"), "campaigns[0].countries[1]"),
-    ((("campaigns", 0, "schedule"), ...), "campaigns[0].schedule"),
+    ((("campaigns", 0, "schedule"), ...), "campaigns[0]: missing schedule"),
     ((("campaigns", 0, "campaign_id"), ".."), "campaigns[0].campaign_id"),
     (None, "not valid JSON"),
 ])

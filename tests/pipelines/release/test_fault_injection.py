@@ -647,9 +647,9 @@ CASES = [
     Case("cn-key-file-as-parquet", "cn", None, f"{DAY2} --impressions {{key}} --input_format parquet",
          refused("{key} is a release key file")),
     Case("cn-campaign-dotdot", "cn", "cn_campaign_dotdot", "--release ../2026-11-01",
-         refused("campaign id '..' is not a valid name")),
+         refused("campaigns[0].campaign_id: must be letters, digits")),
     Case("cn-campaign-with-slash", "cn", "cn_campaign_slash", "--release C1/x/2026-11-01",
-         refused("is not a valid name")),
+         refused("campaigns[0].campaign_id: must be letters, digits")),
     Case("cn-unscheduled-release", "cn", None, "--release C1/2026-12-01", refused("not scheduled")),
     # ---- changed input, versions, budgets
     Case("cn-changed-input", "cn", "cn_changed_input", "",
