@@ -1101,6 +1101,9 @@ class SequencePair:
     kind: BatchSequence
     without: tuple    # (first, second) without the unit
     with_unit: tuple  # (first, second) with it
+    #: REPLAY and OVERLAP: (first, second) as given, every replayed row once -- what a single
+    #: release that keeps identical copies once must release for ``with_unit``.
+    once: Optional[tuple] = None
 
 
 def sequence_pairs(first: Dataset, second: Dataset, units: Units,
@@ -1123,13 +1126,14 @@ def sequence_pairs(first: Dataset, second: Dataset, units: Units,
                 again = Dataset(batches=[*second.batches, mine], name=f"{second.name}+u",
                                 extra=second.extra)
                 out.append(SequencePair(kind=kind, without=(minus, second),
-                                        with_unit=(first, again)))
+                                        with_unit=(first, again), once=(first, second)))
             else:
                 out.append(SequencePair(
                     kind=kind, without=(minus, Dataset(batches=[*minus.batches, *second.batches],
                                                        name="b1-u+b2", extra=second.extra)),
                     with_unit=(first, Dataset(batches=[*first.batches, *second.batches],
-                                              name="b1+b2", extra=second.extra))))
+                                              name="b1+b2", extra=second.extra)),
+                    once=(first, second)))
         elif kind is BatchSequence.SPLIT and busiest:
             unit = _new_unit_id(Dataset(batches=[*first.batches, *second.batches]), units)
             make = split_rows or (lambda u, i: units.new_rows(u, busiest[:units.heavy_keys],
@@ -1144,15 +1148,27 @@ def sequence_pairs(first: Dataset, second: Dataset, units: Units,
 
 
 def audit_sequences(job: Callable[[Dataset, Dataset], tuple], spec: AuditSpec,
-                    pairs: Sequence[SequencePair]) -> AuditResult:
+                    pairs: Sequence[SequencePair], *,
+                    replays_kept_once: bool = False) -> AuditResult:
     """Run ``job(first, second) -> (release of batch 1 or None, release of batch 2 or Refused)``
     on every pair's two worlds and check them (see the section comment). ``spec``: the job's
-    table and report rules (bounds: what one unit may move in one batch)."""
+    table and report rules (bounds: what one unit may move in one batch).
+
+    ``replays_kept_once``: the job is one release over both batches (``job`` returns no batch-1
+    release) and keeps identical copies of a unit's rows once (rule 1 of
+    ``pipelines.release.consumption``). A replay then counts the unit once: the release with
+    the replay must be exactly the release of ``pair.once`` (the batches as given), and the
+    world without the unit differs from it by that one unit (checked like a split: structure
+    and the stated L1 bound)."""
     violations, runs = [], 0
     for pair in pairs:
         a1, a2 = job(*pair.without)
         b1, b2 = job(*pair.with_unit)
         runs += 4
+        once = None
+        if replays_kept_once and pair.once is not None and a1 is None and b1 is None:
+            once = job(*pair.once)[1]
+            runs += 2
         if isinstance(a1, Refused):
             raise RuntimeError(f"{pair.kind.name}: batch 1 without the unit was refused "
                                f"({a1.reason}): nothing to audit")
@@ -1177,7 +1193,17 @@ def audit_sequences(job: Callable[[Dataset, Dataset], tuple], spec: AuditSpec,
         if isinstance(a2, Refused):        # e.g. an overlapping batch refused in both worlds
             add("outcome", f"batch 2 released with the unit, refused without it ({a2.reason})")
             continue
-        if pair.kind is BatchSequence.SPLIT:
+        if once is not None:
+            if isinstance(once, Refused):
+                add("outcome", f"the batches as given were refused ({once.reason})")
+                continue
+            for check, detail in compare(spec, once, b2, exact=True, unchanged=True):
+                add("replayed rows changed batch 2" if check == "unchanged" else check,
+                    f"batch 2: {detail}")
+            for check, detail in compare(spec, a2, b2, exact=True):
+                add(check, f"batch 2: {detail}")
+            _add_l1(spec, a2, b2, totals)
+        elif pair.kind is BatchSequence.SPLIT:
             for check, detail in compare(spec, a2, b2, exact=True):
                 add(check, f"batch 2: {detail}")
             _add_l1(spec, a2, b2, totals)
