@@ -61,11 +61,9 @@ CALIBRATIONS = (
     _c("moments (count, normalised sum)", "split of the moments' budget share", "transforms/metrics.py",
        "moments-split-overspent"),
     _c("quantile trees", "L1 = depth x the count's L1", "transforms/quantiles.py",
-       gap="the audits check the derived quantiles for structure only; a DP tester test of the "
-           "tree's node counts at depth > 1 is still to write"),
+       "quantile-tree-l1-of-one-level"),
     _c("vector sums", "L1 = count L1 x max_norm (x sqrt(d) for the L2 ball)", "transforms/vectors.py",
-       gap="the vector audits' exact sensitivity check is per column (Linf); an L1 check across a "
-           "vector's columns is still to write"),
+       "vector-sum-l1-of-one-column"),
     _c("private quantile (exponential mechanism)", "score sensitivity 2 max(q, 1 - q)",
        "transforms/private_quantile.py", "quantile-score-scale-halved"),
     # -- contribution bounding

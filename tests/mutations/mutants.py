@@ -561,7 +561,8 @@ MUTANTS += (
 # Each calibration parameter the inventory lists without a mutant above: Gaussian selection's
 # delta split, Masked LARk's sensitivities, clip and local noise, the sketches' budget split,
 # sensitivities and Polya shares, split-and-mix's noise, ARA event-level randomized response,
-# value clamping and vector clipping, the sum and unit-count sensitivities, CentralNotice's.
+# value clamping and vector clipping, the sum and unit-count sensitivities, CentralNotice's,
+# the quantile tree's and the vector sum's L1 across their coordinates.
 
 SELECTION_DELTAS = f"{STATED}::test_gaussian_selection_noise_and_threshold_deltas_fit_the_budget_together"
 LARK = "tests/transforms/lark/test_lark.py"
@@ -571,6 +572,7 @@ SKETCH_BUDGET = (f"{SKETCHES}::test_a_campaigns_statistics_compose_within_its_bu
                  "independent_computation")
 SHUFFLE_DELTA = f"{LDP_DP}::test_split_and_mix_meets_the_requested_delta_by_an_independent_computation"
 EVENT_LEVEL = "tests/transforms/ara/test_ara_event_level.py"
+DP_TESTER_AGGREGATE = "tests/accounting/verification/test_dp_tester_aggregate.py"
 PLANNED_NOISE = ("tests/accounting/verification/test_audits.py::"
                  "test_every_planned_measure_is_noised_for_the_sensitivities_it_states")
 
@@ -796,6 +798,24 @@ MUTANTS += (
         snippet='return 1 if self.neighbouring == "row" else int(self.max_clicks_per_user)',
         replacement="return 1",
         tests=(PLANNED_NOISE,),
+    ),
+    Mutant(
+        name="quantile-tree-l1-of-one-level",
+        leak="a quantile tree's node counts noised for one level's change (the count's L1) while "
+             "one unit's rows move one node on every level: depth times the epsilon",
+        file="transforms/quantiles.py",
+        snippet="l1=count.l1 * depth,",
+        replacement="l1=count.l1,",
+        tests=(f"{DP_TESTER_AGGREGATE}::test_quantile_tree_node_counts_are_noised_for_a_units_rows_on_every_level",),
+    ),
+    Mutant(
+        name="vector-sum-l1-of-one-column",
+        leak="an L2-clipped vector sum noised for the per-column bound max_norm while one row of "
+             "norm max_norm moves the d columns together by up to sqrt(d) max_norm in L1",
+        file="transforms/vectors.py",
+        snippet='l1_factor = c * (math.sqrt(spec.dimension) if spec.norm == "l2" else 1.0)',
+        replacement="l1_factor = c",
+        tests=(f"{DP_TESTER_AGGREGATE}::test_vector_sum_is_noised_for_the_l1_norm_across_its_columns",),
     ),
 )
 

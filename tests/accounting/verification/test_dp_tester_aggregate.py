@@ -24,7 +24,11 @@ test-only broken variant that re-introduces a bug of issue 10:
   difference x_a - x_b only;
 * issue 30: release thresholds compared against the exact value (key and value modes) -- caught
   by the released/suppressed indicators, deterministic on both sides, while the testing mode's
-  exact runs cannot tell the two apart.
+  exact runs cannot tell the two apart;
+* issue 40.7: a quantile tree's node counts and an L2-clipped vector sum's columns at L0 = 2,
+  sampled from the DPAggregate's calibrated measures -- a calibration for one tree level, or for
+  one column's bound, is caught on the joint coordinates only (the mutants
+  quantile-tree-l1-of-one-level and vector-sum-l1-of-one-column).
 
 Error rates. Keys are fixed testing keys (``ReleaseKey.for_testing``), so every run is the same
 run. Over the choice of keys, a passing check on a correct mechanism fails with probability at
@@ -45,13 +49,13 @@ from accounting.budget import PrivacyBudget
 from accounting.verification.dp_tester import DPTester, ReleaseLayout, indicator_test
 from accounting.keys import ReleaseKey
 from accounting.sensitivity import ContributionBounds, Neighbouring
-from aggregate_kit import (REPLICA, AggregateJob, run_and_collect, sample_releases,
+from aggregate_kit import (REPLICA, AggregateJob, aggregate_of, run_and_collect, sample_releases,
                            thresholds_on_exact_values)
 from transforms import bounding_stage
 from transforms import bounding
 from transforms import release as release_module
 from transforms.keyset import PublicKeyset
-from transforms.metrics import Count, PrivacyUnitCount, Sum
+from transforms.metrics import Count, PrivacyUnitCount, Quantiles, Sum, VectorSum
 from transforms.noise.samplers import discrete_laplace
 from transforms.selection import PrivateSelection, SelectionStrategy, Selector
 
@@ -541,4 +545,99 @@ def test_count_and_sum_derived_from_one_count_and_one_normalised_sum_keep_the_cl
     n = 4_000
     result = check(samples(job, d, n, DERIVED_LAYOUT, 31), samples(job, d2, n, DERIVED_LAYOUT, 32),
                    DERIVED_LAYOUT.projections(), claim, n)
+    assert result.passed, result
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 40.7: measures with several coordinates per key, at L0 > 1
+# --------------------------------------------------------------------------------------------
+#
+# A quantile tree's node counts and a vector sum's columns are vector measures: the release
+# stage noises each coordinate from its own lane, calibrated for the L1 norm of what one unit
+# moves across *all* of them (and all its keys). Per coordinate, a calibration for a smaller
+# norm (one level of the tree, one column's bound) looks sound; only the joint output shows the
+# loss. The node counts are not released themselves (the quantiles are their post-processing),
+# so these tests sample the DPAggregate's own calibrated measures (``DPAggregate.measures``:
+# the noise the release stage draws, under its keyed lanes, one replica per sample) on the exact
+# answers of a neighbouring pair where the added unit fills its bounds: Linf rows in each of L0
+# keys, every row at the norm bound.
+#
+# The projection: for a Laplace-family location shift from a to a + s (s >= 0) the privacy loss
+# of coordinate i is (2 clip(x_i - a_i, 0, s_i) - s_i) / scale, so the loss of the joint output
+# is increasing in the sum of the clipped offsets, whatever the scale. The projection therefore
+# depends on the public pair only, not on the calibration under test, and its tail events carry
+# the whole loss; the plain sum of the moved coordinates is kept beside it.
+
+WIDE = dict(max_partitions=2, max_contributions_per_partition=2)
+WIDE_KEYS = ["k0", "k1", "k2"]           # the unit's L0 = 2 keys are k0 and k1; k2 stays
+
+
+def wide_aggregate(metric, **bounds):
+    return aggregate_of(privacy_unit="user", keys=["k"], value="v", metrics=[metric],
+                        bounds=ContributionBounds(**WIDE, **bounds), budget=PrivacyBudget(epsilon=1.0),
+                        keyset=PublicKeyset.from_keys(WIDE_KEYS, ["k"]),
+                        release_key=ReleaseKey.for_testing(40))
+
+
+def measure_check(measure, exact_d, exact_d2, claim, n, seeds):
+    """The tester on ``measure``'s noisy answers for the (keys, width) exact answers of D and D'
+    (n replicas of the keys per sampler, each replica its own lanes)."""
+    moved = np.flatnonzero((exact_d != exact_d2).reshape(-1))
+    low = exact_d.reshape(-1)[moved]
+    shift = (exact_d2 - exact_d).reshape(-1)[moved]
+    assert np.all(shift > 0)
+
+    def sampler(exact, seed):
+        def draw(m):
+            lanes = pa.table({REPLICA: np.repeat(np.arange(m), len(exact)), "k": WIDE_KEYS * m})
+            return measure.noisy(np.tile(exact, (m, 1)), ReleaseKey.for_testing(seed), lanes).reshape(m, -1)
+        return draw
+
+    tester = DPTester(n_samples=n, confidence=CONFIDENCE, projections={
+        "moved coordinates": lambda x: x[:, moved].sum(axis=1),
+        "moved coordinates, clipped to the change": lambda x: np.clip(x[:, moved] - low, 0, shift).sum(axis=1)})
+    return tester.run(sampler(exact_d, seeds[0]), sampler(exact_d2, seeds[1]),
+                      epsilon=claim.epsilon, delta=claim.delta)
+
+
+def test_quantile_tree_node_counts_are_noised_for_a_units_rows_on_every_level():
+    """One unit's Linf rows in one leaf of each of its L0 keys move one node per level: depth x
+    L0 x Linf in L1 over 2 x depth node counts. A calibration without the depth (one node per
+    key) has depth times the loss on the joint counts; each node alone stays within the claim."""
+    depth = 3
+    aggregate = wide_aggregate(Quantiles([0.5], branching=2, depth=depth, mechanism="tree"),
+                               min_value=0, max_value=8)
+    measure = aggregate.measures["quantiles"]
+    assert measure.integer and len(measure.columns) == 2 ** (depth + 1) - 2
+    claim = aggregate.guarantee()
+    assert claim.epsilon == pytest.approx(1.0)
+    tree = aggregate._config.partials.trees[0]
+    leaves = np.full((len(WIDE_KEYS), tree.leaves), 3, dtype=np.int64)   # D: 3 rows per leaf
+    added = leaves.copy()
+    added[:2, tree.leaf_of(np.array([5.5]))[0]] += WIDE["max_contributions_per_partition"]
+    d, d2 = tree.node_counts(leaves), tree.node_counts(added)
+    assert np.abs(d2 - d).sum() == depth * 2 * 2              # the unit at its bounds
+    result = measure_check(measure, d, d2, claim, 50_000, seeds=(41, 42))
+    assert result.passed, result
+
+
+def test_vector_sum_is_noised_for_the_l1_norm_across_its_columns():
+    """One unit's Linf vectors of L2 norm C in each of its L0 keys, spread evenly over the d
+    columns: each column moves by Linf C / sqrt(d), the joint output by L0 Linf sqrt(d) C in L1.
+    A calibration for the per-column bound (L0 Linf C) has sqrt(d) times the loss on the joint
+    vector; each column alone stays within the claim."""
+    from transforms.vectors import clip
+
+    dimension, max_norm = 9, 3.0
+    aggregate = wide_aggregate(VectorSum(dimension=dimension, max_norm=max_norm, norm="l2"))
+    measure = aggregate.measures["vector_sum"]
+    assert not measure.integer and len(measure.columns) == dimension
+    claim = aggregate.guarantee()
+    assert claim.epsilon == pytest.approx(1.0)
+    row = clip(np.full((1, dimension), 5.0), max_norm, "l2")[0]        # norm C, 1.0 per column
+    d = np.full((len(WIDE_KEYS), dimension), 2.0)
+    d2 = d.copy()
+    d2[:2] += WIDE["max_contributions_per_partition"] * row
+    assert np.abs(d2 - d).sum() == pytest.approx(2 * 2 * math.sqrt(dimension) * max_norm)
+    result = measure_check(measure, d, d2, claim, 60_000, seeds=(43, 44))
     assert result.passed, result
