@@ -153,6 +153,8 @@ class NoiseSpec:
         if self.kind is NoiseKind.DISCRETE_LAPLACE or self.kind is NoiseKind.LAPLACE:
             # Discrete Laplace with p = exp(-1/b): variance 2p/(1-p)^2 (in grid units).
             p = math.exp(-1.0 / self.unit_scale)
+            if (1 - p) ** 2 == 0:   # a scale past double precision: no finite deviation (the
+                return math.inf     # release layer refuses it, naming the measure)
             return (2 * p / (1 - p) ** 2) * self.granularity ** 2
         raise AssertionError(self.kind)
 

@@ -34,9 +34,11 @@ def test_demo_prints_a_released_table_and_where_things_are_and_a_rerun_reproduce
     assert shown.startswith(os.path.join(out, "releases")) and shown.endswith("centralnotice.parquet")
     header = summary.split("\n")[1].split()
     assert header == ["campaign_id", "banner_id", "country", "project", "date", "impressions",
-                      "clicks"]
+                      "impressions_ci95_low", "impressions_ci95_high", "impressions_std",
+                      "clicks", "clicks_ci95_low", "clicks_ci95_high", "clicks_std"]
     rows = [line.split() for line in summary.split("\n")[2:10] if line.startswith("  C")]
-    assert rows and "null" in {cell for row in rows for cell in row[-2:]}  # a suppressed value
+    values = [header.index("impressions"), header.index("clicks")]
+    assert rows and "null" in {row[i] for row in rows for i in values}  # a suppressed value
     assert "null = SUPPRESSED, not zero" in summary
     for place in ("releases/CAMPAIGN/PERIOD/v1/", "reports/CAMPAIGN/PERIOD/v1/", "ledger.json",
                   "keys/"):

@@ -22,6 +22,7 @@ deviations derive their errors from several noisy answers (:func:`transforms.met
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -57,7 +58,10 @@ class NoiseError:
     @classmethod
     def of(cls, spec, scale: float = 1.0) -> "NoiseError":
         """The error of ``scale x + c``, ``x`` one answer noised by ``spec`` (a NoiseSpec)."""
-        return scaled(cls(std=spec.std, halfwidth=spec.ci_halfwidth(LEVEL)), scale)
+        std = spec.std
+        if not math.isfinite(std):    # a scale past double precision: the release layer refuses
+            return cls(std=math.inf, halfwidth=math.inf)   # the measure, naming it
+        return scaled(cls(std=std, halfwidth=spec.ci_halfwidth(LEVEL)), scale)
 
     def describe(self, column: str, what: str) -> str:
         """A statement for a release's metadata: which columns, and from what."""
