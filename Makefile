@@ -58,7 +58,7 @@ smoke: $(DEMO_STAMP)
 	$(BIN)/python -m pipelines.catalog --ledger $(SMOKE)/ledger.json --releases $(SMOKE)/releases --config pipelines/sample_data/centralnotice/campaigns.json --metadata pipelines/sample_data/centralnotice/datasets.json --output $(SMOKE)/catalog
 	@echo ">> smoke: a release was made and its catalog built (open $(SMOKE)/catalog/index.html)"
 
-## Run the default test suite (well under 15 minutes on 2 cores).
+## Run the default test suite (about 10 minutes on 2 quiet cores: benchmarks/RESULTS.md).
 test: setup
 	$(BIN)/python -m pytest -q -n 2 -m "not slow and not runners and not browser" tests
 
