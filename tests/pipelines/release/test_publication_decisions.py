@@ -422,6 +422,18 @@ def test_event_level_a_source_registered_twice_or_uncanonical_does_not_decide_th
     form (dropped); the registered sources are public, so D is audited against the job's own
     neighbours (one source's conversions added, removed, rebatched). Before issue 40 D was
     refused (exit 2: nothing to audit)."""
+    def registrations(base):
+        source = base.rows()[0]["source_id"]
+        campaign = "c2" if base.extra[source] == "c1" else "c1"
+        return [(source, campaign), (NO_CANONICAL_FORM, "c1")]
+
+    _audit_event_level_with_registrations("a repeat + 1e999", registrations)
+
+
+def _audit_event_level_with_registrations(label: str, registrations) -> None:
+    """The event-level job's dataset with ``registrations(base)`` appended to its sources file
+    (source id, campaign), audited exactly against the job's own neighbours (one source's
+    conversions added, removed, rebatched)."""
     entry = REGISTRY["event_level_reports"]
     job = entry.job
     (base,) = entry.datasets()
@@ -435,11 +447,8 @@ def test_event_level_a_source_registered_twice_or_uncanonical_does_not_decide_th
             handle.writelines(f"{s},{c}\n" for s, c in more)
         return files
 
-    source = base.rows()[0]["source_id"]
-    campaign = "c2" if base.extra[source] == "c1" else "c1"
-    edge = Dataset(batches=base.batches, name=f"{base.name} + a repeat + 1e999",
-                   extra={**base.extra, "registrations": [(source, campaign),
-                                                          (NO_CANONICAL_FORM, "c1")]})
+    edge = Dataset(batches=base.batches, name=f"{base.name} + {label}",
+                   extra={**base.extra, "registrations": registrations(base)})
     spec = dataclasses.replace(entry.spec([base]), job=dataclasses.replace(job, write=write),
                                modes=("exact",))
     _published(spec.job, [edge])
@@ -572,25 +581,8 @@ def test_masked_lark_training_a_record_given_twice_alike_is_removed_whatever_its
 def test_event_level_a_source_registered_twice_alike_is_randomized_once():
     """D registers one source a second time with the same campaign (one registration kept, its
     conversions stay) and is audited against the job's own neighbours."""
-    entry = REGISTRY["event_level_reports"]
-    job = entry.job
-    (base,) = entry.datasets()
+    def registrations(base):
+        source = base.rows()[0]["source_id"]
+        return [(source, base.extra[source])]
 
-    def write(dataset, folder):
-        extra = dict(dataset.extra)
-        more = extra.pop("registrations", [])
-        files = job.write(Dataset(batches=dataset.batches, name=dataset.name, extra=extra),
-                          folder)
-        with open(files["sources"][0], "a") as handle:
-            handle.writelines(f"{s},{c}\n" for s, c in more)
-        return files
-
-    source = base.rows()[0]["source_id"]
-    edge = Dataset(batches=base.batches, name=f"{base.name} + a source registered twice",
-                   extra={**base.extra, "registrations": [(source, base.extra[source])]})
-    spec = dataclasses.replace(entry.spec([base]), job=dataclasses.replace(job, write=write),
-                               modes=("exact",))
-    _published(spec.job, [edge])
-    result = audit(spec, [edge], changes=[Change.ADD_HEAVY, Change.REMOVE_HEAVY, Change.REBATCH])
-    result.assert_ok()
-    assert len(result.pairs) == 3
+    _audit_event_level_with_registrations("a source registered twice", registrations)
