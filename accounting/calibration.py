@@ -143,8 +143,8 @@ class NoiseSpec:
     #: (Laplace kinds), ``"pld"`` (the mechanism's exact privacy curve; for a multi-key discrete
     #: Gaussian the PLD dominating its shift patterns) or ``"zcdp"`` (the zCDP conversion). None
     #: (a spec read from a ledger written before the field existed) is inferred: a multi-key
-    #: discrete Gaussian -> pld where its dominating PLD states no more than its epsilon at its
-    #: delta, else zcdp; another Gaussian -> zcdp with ``rho`` set, else pld (the analytic / exact
+    #: discrete Gaussian -> pld where its worst shift pattern's PLD states no more than its
+    #: epsilon at its delta, else zcdp; another Gaussian -> zcdp with ``rho`` set, else pld (the analytic / exact
     #: discrete curve); Laplace kinds -> pure.
     accountant: Optional[str] = field(default=None, compare=False)
 
@@ -257,11 +257,11 @@ def _inferred_accountant(spec: NoiseSpec) -> str:
     if not spec.kind.is_gaussian:
         return "pure"
     if spec.kind is NoiseKind.DISCRETE_GAUSSIAN and spec.l0 > 1:
-        # pld where the dominating PLD over the shift patterns states the spec's epsilon (its
-        # epsilon at delta is no larger), else the zCDP route that calibrated it.
+        # pld where the worst shift pattern's PLD states the spec's epsilon (its epsilon at
+        # delta is no larger), else the zCDP route that calibrated it.
         patterns = spec.shift_patterns()
         if patterns is not None and spec.delta > 0:
-            stated = multi_key_dominating_pld(spec.unit_scale, patterns).get_epsilon_for_delta(spec.delta)
+            stated = multi_key_discrete_gaussian_epsilon(spec.unit_scale, spec.delta, patterns)
             if stated <= spec.epsilon * (1 + 1e-9):
                 return "pld"
         return "zcdp"
