@@ -396,6 +396,9 @@ MULTI_KEY_DISCRETIZATION = 1e-4
 #: order 1e-17 per lattice point; dp_accounting's own compositions move up to 1e-15 of tail
 #: to +inf at each step): a few parts per million of the deltas jobs use.
 FFT_ROUNDING_MASS = 1e-14
+#: At most about this many lattice points per pattern in the dominating multi-key PLD (beyond,
+#: a coarser lattice: :func:`multi_key_dominating_pld`), which keeps building it near 0.1 s.
+MAX_PROFILE_POINTS = 2 ** 16
 
 
 def shift_patterns(l0: int, l2_sensitivity: float, l1_sensitivity: Optional[float] = None):
@@ -595,13 +598,26 @@ def multi_key_dominating_pld(sigma: float, patterns,
     *above* the ε it was computed at: the profile only decreases in ε, so this errs on the
     safe side by a margin (about 1e-4 in ε) far above the rounding of the sums.
 
+    Where the losses span more than :data:`MAX_PROFILE_POINTS` lattice points (small σ for its
+    shifts: large epsilons) the patterns are computed on a lattice ``step`` times coarser and
+    the grid is every ``step``-th point: rounding each one-key loss up to the coarser lattice
+    only raises every profile (its grid contains the fine one), so this stays pessimistic, by
+    at most (keys + 1)·step lattice steps in ε.
+
     Symmetric: the discrete Gaussian's add and remove pairs are mirror images (each direction
     of the patterns' PLDs is covered by the maximum)."""
     from dp_accounting.pld import pld_pmf, privacy_loss_distribution as pld
 
-    first, deltas = multi_key_profile(sigma, patterns, discretization)
-    pmf = pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(
-        discretization, first + 1, first + len(deltas), deltas)
+    # One key shifted by c has losses over c(2B - c)/σ² with B = ceil(11.6σ): about 23.2c/σ.
+    span = max(sum(p) for p in patterns) * 23.3 / sigma / discretization
+    step = max(1, math.ceil(span / MAX_PROFILE_POINTS))
+    first, deltas = multi_key_profile(sigma, patterns, step * discretization)
+    if step == 1:
+        pmf = pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(
+            discretization, first + 1, first + len(deltas), deltas)
+    else:
+        pmf = pld_pmf.create_pmf_pessimistic_connect_dots(
+            discretization, (first + 1 + np.arange(len(deltas))) * step, deltas)
     return pld.PrivacyLossDistribution(pmf)
 
 
