@@ -144,8 +144,8 @@ class NoiseSpec:
     #: Gaussian the PLD dominating its shift patterns) or ``"zcdp"`` (the zCDP conversion). None
     #: (a spec read from a ledger written before the field existed) is inferred: a multi-key
     #: discrete Gaussian -> pld where its worst shift pattern's PLD states no more than its
-    #: epsilon at its delta, else zcdp; another Gaussian -> zcdp with ``rho`` set, else pld (the analytic / exact
-    #: discrete curve); Laplace kinds -> pure.
+    #: epsilon at its delta, else zcdp; another Gaussian -> zcdp with ``rho`` set, else pld (the
+    #: analytic / exact discrete curve); Laplace kinds -> pure.
     accountant: Optional[str] = field(default=None, compare=False)
 
     def __post_init__(self):
