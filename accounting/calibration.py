@@ -58,9 +58,18 @@ on that worst case (:func:`multi_key_discrete_gaussian_delta`), and the smaller 
 and the zCDP route (ρ = Δ2²/(2σ²), CKS 2020 Theorem 14, and the tight conversion) is stated, with
 the accountant that produced it. The PLD route saves 5-7% of σ against zCDP at the deltas jobs
 use (m = 2, 5, 10 clicks; issue 39, item 2). With more than :data:`MAX_SHIFT_PATTERNS` maximal patterns or σ beyond
-dp_accounting's practical range, only the zCDP route is used. In composition with other measures
-(:mod:`accounting.guarantee`) such a measure enters by its (ε, δ) pair, the dominating pair of
-any (ε, δ)-DP mechanism (Kairouz, Oh & Viswanath 2015), valid under adaptive composition. The exact
+dp_accounting's practical range, only the zCDP route is used.
+
+In composition with other measures (:mod:`accounting.guarantee`) such a measure enters by one PLD
+that dominates every pattern at once (:func:`multi_key_dominating_pld`): the pointwise maximum of
+the patterns' privacy profiles, plus their truncation mass, is itself a privacy profile, and
+dp_accounting's pessimistic connect-the-dots discretisation of it (Doroshenko, Ghazi, Kamath,
+Kumar & Manurangsi, "Connect the Dots", PETS 2022) is a PLD whose profile is never below it. A
+pair dominating each neighbouring pair's output composes under adaptive composition, so a
+release's other measures compose with the multi-key count on its curve, not on its (ε, δ) pair.
+Where the patterns do not apply (σ past :data:`MAX_PLD_SIGMA`, too many patterns) the measure
+enters by its (ε, δ) pair, the dominating pair of any (ε, δ)-DP mechanism (Kairouz, Oh &
+Viswanath 2015), valid under adaptive composition. The exact
 multi-key curve of every split (:func:`accounting.distributions.discrete_gaussian_shift_delta`)
 is checked against the stated (ε, δ) in the tests.
 Callers pass ``l0`` (the number of keys one unit can change); :class:`accounting.measures.Measure`
@@ -131,11 +140,12 @@ class NoiseSpec:
     unit_sensitivity: int = field(default=1, compare=False)
     unit_scale: float = field(default=1.0, compare=False)
     #: which accountant states ``epsilon`` at ``delta`` (:data:`FIGURE_ACCOUNTANTS`): ``"pure"``
-    #: (Laplace kinds), ``"pld"`` (the mechanism's exact privacy curve) or ``"zcdp"`` (the zCDP
-    #: conversion, the only valid statement of a multi-key discrete Gaussian). None (a spec read
-    #: from a ledger written before the field existed) is inferred from how such specs were
-    #: calibrated then: ``rho`` set or a multi-key discrete Gaussian -> zcdp, another Gaussian ->
-    #: pld (the analytic / exact discrete curve), Laplace kinds -> pure.
+    #: (Laplace kinds), ``"pld"`` (the mechanism's exact privacy curve; for a multi-key discrete
+    #: Gaussian the PLD dominating its shift patterns) or ``"zcdp"`` (the zCDP conversion). None
+    #: (a spec read from a ledger written before the field existed) is inferred: a multi-key
+    #: discrete Gaussian -> pld where its worst shift pattern's PLD states no more than its
+    #: epsilon at its delta, else zcdp; another Gaussian -> zcdp with ``rho`` set, else pld (the
+    #: analytic / exact discrete curve); Laplace kinds -> pure.
     accountant: Optional[str] = field(default=None, compare=False)
 
     def __post_init__(self):
@@ -220,8 +230,20 @@ class NoiseSpec:
             return pld.from_discrete_gaussian_mechanism(
                 self.unit_scale, sensitivity=int(self.unit_sensitivity),
                 value_discretization_interval=value_discretization_interval)
+        patterns = self.shift_patterns()
+        if patterns is not None:  # one PLD dominating every shift the unit can make
+            return multi_key_dominating_pld(self.unit_scale, patterns, value_discretization_interval)
         return pld.from_privacy_parameters(common.DifferentialPrivacyParameters(self.epsilon, self.delta),
                                            value_discretization_interval=value_discretization_interval)
+
+    def shift_patterns(self):
+        """The maximal shift patterns of a multi-key discrete Gaussian whose PLD applies
+        (:func:`shift_patterns` of its l0, L2 and L1; σ below :data:`MAX_PLD_SIGMA`), else None
+        (another kind, one key, or too many patterns)."""
+        if self.l0 == 1 or self.l2_sensitivity is None:
+            return None
+        return _multi_key_patterns(self.kind, self.l0, self.unit_sensitivity, self.l1_sensitivity,
+                                   self.unit_scale)
 
     def describe(self) -> str:
         sens = f"L1={self.l1_sensitivity:g}" if not self.kind.is_gaussian else f"L2={self.l2_sensitivity:g}"
@@ -234,7 +256,16 @@ class NoiseSpec:
 def _inferred_accountant(spec: NoiseSpec) -> str:
     if not spec.kind.is_gaussian:
         return "pure"
-    if spec.rho is not None or (spec.kind is NoiseKind.DISCRETE_GAUSSIAN and spec.l0 > 1):
+    if spec.kind is NoiseKind.DISCRETE_GAUSSIAN and spec.l0 > 1:
+        # pld where the worst shift pattern's PLD states the spec's epsilon (its epsilon at
+        # delta is no larger), else the zCDP route that calibrated it.
+        patterns = spec.shift_patterns()
+        if patterns is not None and spec.delta > 0:
+            stated = multi_key_discrete_gaussian_epsilon(spec.unit_scale, spec.delta, patterns)
+            if stated <= spec.epsilon * (1 + 1e-9):
+                return "pld"
+        return "zcdp"
+    if spec.rho is not None:
         return "zcdp"
     return "pld"
 
@@ -361,6 +392,13 @@ TAIL_MASS = 1e-30
 MAX_PLD_SIGMA = 2e3
 #: value_discretization_interval of the multi-key PLDs (pessimistic).
 MULTI_KEY_DISCRETIZATION = 1e-4
+#: Mass the dominating multi-key PLD puts at +inf for the rounding of its FFT convolutions (of
+#: order 1e-17 per lattice point; dp_accounting's own compositions move up to 1e-15 of tail
+#: to +inf at each step): a few parts per million of the deltas jobs use.
+FFT_ROUNDING_MASS = 1e-14
+#: At most about this many lattice points per pattern in the dominating multi-key PLD (beyond,
+#: a coarser lattice: :func:`multi_key_dominating_pld`), which keeps building it near 0.1 s.
+MAX_PROFILE_POINTS = 2 ** 16
 
 
 def shift_patterns(l0: int, l2_sensitivity: float, l1_sensitivity: Optional[float] = None):
@@ -436,6 +474,151 @@ def multi_key_discrete_gaussian_epsilon(sigma: float, delta: float, patterns) ->
             return math.inf
         worst = max(worst, float(d.get_epsilon_for_delta(reserve)))
     return worst
+
+
+# --------------------------------------------------------------------------- the multi-key dominating PLD
+
+def _dense_pmfs(distribution) -> list:
+    """``(lower, probs, infinity_mass)`` of each direction of a dp_accounting PLD on its lattice
+    (one entry when the PLD is symmetric). dp_accounting exposes no accessor for the mass
+    function, so its dense form's fields are read; a version without them raises here."""
+    pmfs = [distribution._pmf_remove]  # pylint: disable=protected-access
+    if not distribution._symmetric:  # pylint: disable=protected-access
+        pmfs.append(distribution._pmf_add)  # pylint: disable=protected-access
+    out = []
+    for pmf in pmfs:
+        sparse = getattr(pmf, "_loss_probs", None)
+        if sparse is not None:  # SparsePLDPmf: its dict laid out on the lattice (to_dense_pmf
+            losses = np.fromiter(sparse.keys(), dtype=np.int64, count=len(sparse))  # loops in
+            probs = np.zeros(int(losses.max() - losses.min()) + 1)  # Python per lattice point)
+            probs[losses - losses.min()] = np.fromiter(sparse.values(), dtype=np.float64,
+                                                       count=len(sparse))
+            out.append((int(losses.min()), probs, float(pmf._infinity_mass)))
+            continue
+        dense = pmf.to_dense_pmf()
+        out.append((int(dense._lower_loss), np.asarray(dense._probs, dtype=np.float64),
+                    float(dense._infinity_mass)))
+    return out
+
+
+def hockey_stick_on_lattice(lower: int, probs, infinity_mass: float, first: int, last: int,
+                            discretization: float) -> np.ndarray:
+    """δ(j·d) for every lattice point j = first..last of a PLD with mass ``probs[i]`` at loss
+    (lower + i)·d and ``infinity_mass`` at +∞: δ(ε) = ∞-mass + Σ_{l > ε} p_l (1 - e^(ε - l)).
+
+    Computed by the positive recursion δ_j = δ_(j+1) + (e^d - 1)·B_j with
+    B_j = Σ_(k > j) p_k e^(-(k - j)d) = e^(-d)(p_(j+1) + B_(j+1)) (a first-order filter), so no
+    difference of large sums cancels: every term is non-negative and small deltas keep their
+    relative precision. ``first`` must be below and ``last`` at or above the support."""
+    from scipy import signal
+
+    probs = np.maximum(np.asarray(probs, dtype=np.float64), 0.0)
+    if first >= lower or last < lower + len(probs) - 1:
+        raise ValueError("the lattice must cover the PLD's support (and one point below it)")
+    padded = np.zeros(last - first + 1)
+    padded[lower - first:lower - first + len(probs)] = probs
+    decay = math.exp(-discretization)
+    # reversed: b[t] = B_(last - t), b[0] = 0, b[t] = decay (r[t-1] + b[t-1])
+    b = signal.lfilter([0.0, decay], [1.0, -decay], padded[::-1])
+    return (infinity_mass + math.expm1(discretization) * np.cumsum(b))[::-1]
+
+
+def _composed_pattern_pmfs(sigma: float, patterns, discretization: float) -> list:
+    """Per pattern and direction, the mass function of the pattern's composed PLD: the one-key
+    PLDs (dp_accounting's DiscreteGaussianPrivacyLoss, pessimistic) of its shift sizes convolved
+    exactly on their common lattice (one FFT of each one-key mass function, a product per
+    pattern: no tail is dropped). Returns ``[(pattern, [(lower, probs, infinity), ...]), ...]``."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+    from scipy import fft
+
+    sizes = sorted({c for p in patterns for c in p})
+    one = {c: _dense_pmfs(pld.from_discrete_gaussian_mechanism(
+        sigma, sensitivity=int(c), value_discretization_interval=discretization)) for c in sizes}
+    directions = max(len(v) for v in one.values())
+    one = {c: v * directions if len(v) == 1 else v for c, v in one.items()}
+    length = max(sum(len(one[c][0][1]) - 1 for c in p) + 1 for p in patterns)
+    n = fft.next_fast_len(length, real=True)
+    spectra = {(c, k): fft.rfft(one[c][k][1], n) for c in sizes for k in range(directions)}
+    out = []
+    for p in patterns:
+        per_direction = []
+        for k in range(directions):
+            spectrum, lower, keep = None, 0, 1.0
+            for c in sorted(set(p)):
+                s = spectra[(c, k)] ** p.count(c)
+                spectrum = s if spectrum is None else spectrum * s
+                lower += one[c][k][0] * p.count(c)
+                keep *= (1.0 - one[c][k][2]) ** p.count(c)
+            size = sum(len(one[c][k][1]) - 1 for c in p) + 1
+            probs = fft.irfft(spectrum, n)[:size]
+            per_direction.append((lower, probs, 1.0 - keep))
+        out.append((p, per_direction))
+    return out
+
+
+def multi_key_profile(sigma: float, patterns, discretization: float = MULTI_KEY_DISCRETIZATION):
+    """The privacy profile of the multi-key discrete Gaussian on the lattice of ``discretization``:
+    ``(first, deltas)`` with deltas[i] = max over the patterns (and both directions) of
+    ``T + (1 - T)·δ_p((first + i)·d)``, T = len(p)·:data:`TAIL_MASS` the truncation's mass (the
+    true noise of the k shifted keys is a mixture (1 - a)·truncated + a·rest with a <= T, whose
+    curve is at most T + (1 - T)·δ: the module docstring) plus :data:`FFT_ROUNDING_MASS`.
+    ``first`` is one point below every pattern's support, the last point at or above it."""
+    pmfs = _composed_pattern_pmfs(sigma, patterns, discretization)
+    first = min(lo for _, ds in pmfs for lo, _, _ in ds) - 1
+    last = max(lo + len(pr) - 1 for _, ds in pmfs for lo, pr, _ in ds)
+    worst = np.zeros(last - first + 1)
+    for p, ds in pmfs:
+        tail = len(p) * TAIL_MASS + FFT_ROUNDING_MASS
+        for lo, pr, inf in ds:
+            curve = hockey_stick_on_lattice(lo, pr, inf, first, last, discretization)
+            np.maximum(worst, tail + (1.0 - tail) * curve, out=worst)
+    return first, np.minimum(worst, 1.0)
+
+
+@functools.lru_cache(maxsize=32)
+def multi_key_dominating_pld(sigma: float, patterns,
+                             discretization: float = MULTI_KEY_DISCRETIZATION):
+    """One dp_accounting PLD that dominates the multi-key discrete Gaussian with σ over every
+    shift in ``patterns`` (:func:`shift_patterns`), so the measure composes with others under
+    the PLD accountant on its own curve rather than its (ε, δ) pair.
+
+    Its privacy profile is at least the pointwise maximum of the patterns' profiles plus their
+    truncation mass (:func:`multi_key_profile`) at every ε. The maximum of privacy profiles is a
+    privacy profile (convex and non-increasing in e^ε, 1 at e^ε = 0), and the pessimistic
+    connect-the-dots discretisation of a profile on a grid of epsilons is a PLD whose profile
+    equals it on the grid and lies above it between (Doroshenko, Ghazi, Kamath, Kumar &
+    Manurangsi, "Connect the Dots: Tighter Discrete Approximations of Privacy Loss
+    Distributions", PETS 2022, Algorithm 1; dp_accounting's
+    ``create_pmf_pessimistic_connect_dots_fixed_gap``). A PLD whose profile is above a
+    mechanism's for every ε is a dominating pair of it, and dominating pairs compose under
+    adaptive composition (Zhu, Dong & Wang, "Optimal Accounting of Differential Privacy via
+    Characteristic Function", AISTATS 2022), so it may stand for the measure in any
+    composition. The grid is the lattice of ``discretization`` (the accountant's, so it
+    composes with the other measures' PLDs), and every value is placed one lattice step
+    *above* the ε it was computed at: the profile only decreases in ε, so this errs on the
+    safe side by a margin (about 1e-4 in ε) far above the rounding of the sums.
+
+    Where the losses span more than :data:`MAX_PROFILE_POINTS` lattice points (small σ for its
+    shifts: large epsilons) the patterns are computed on a lattice ``step`` times coarser and
+    the grid is every ``step``-th point: rounding each one-key loss up to the coarser lattice
+    only raises every profile (its grid contains the fine one), so this stays pessimistic, by
+    at most (keys + 1)·step lattice steps in ε.
+
+    Symmetric: the discrete Gaussian's add and remove pairs are mirror images (each direction
+    of the patterns' PLDs is covered by the maximum)."""
+    from dp_accounting.pld import pld_pmf, privacy_loss_distribution as pld
+
+    # One key shifted by c has losses over c(2B - c)/σ² with B = ceil(11.6σ): about 23.2c/σ.
+    span = max(sum(p) for p in patterns) * 23.3 / sigma / discretization
+    step = max(1, math.ceil(span / MAX_PROFILE_POINTS))
+    first, deltas = multi_key_profile(sigma, patterns, step * discretization)
+    if step == 1:
+        pmf = pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(
+            discretization, first + 1, first + len(deltas), deltas)
+    else:
+        pmf = pld_pmf.create_pmf_pessimistic_connect_dots(
+            discretization, (first + 1 + np.arange(len(deltas))) * step, deltas)
+    return pld.PrivacyLossDistribution(pmf)
 
 
 def _multi_key_patterns(kind: NoiseKind, l0: int, l2, l1, sigma: float):

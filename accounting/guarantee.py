@@ -16,7 +16,11 @@ delta. Accountants:
 * ``"pld"``: the tightest valid statement: the measures' privacy loss distributions composed
   numerically (``dp_accounting``; Koskela et al. 2020 / Doroshenko et al. 2022; pessimistic
   discretisation, so never below the true curve), epsilon read at ``delta`` -- or the zCDP or
-  basic figure where that is smaller (a multi-key discrete Gaussian has no valid PLD of its own).
+  basic figure where that is smaller. A multi-key discrete Gaussian enters by one PLD dominating
+  every shift its unit can make (:func:`~accounting.calibration.multi_key_dominating_pld`:
+  connect-the-dots of the maximum of the shift patterns' privacy profiles), so a release mixing
+  it with Laplace or Gaussian measures is composed on its curve, not on its (epsilon, delta)
+  pair; only where its patterns do not apply does it enter by that pair.
 
 Every figure names the accountant it comes from (:func:`stated`; ``pure``, ``basic``, ``zcdp`` or
 ``pld``, :data:`~accounting.composition.FIGURE_ACCOUNTANTS`): the ledger's and catalog's
@@ -86,10 +90,9 @@ def stated(measures: Iterable[Measure], accountant: str = "basic",
     """:func:`compose`, with the accountant the figure comes from.
 
     ``"pld"`` is the tightest valid statement: the smallest of the privacy loss distributions'
-    composition (pessimistic discretisation, so never below the true curve), the zCDP
-    conversion (the only valid statement of a multi-key discrete Gaussian, whose PLD here is its
-    (epsilon, delta) pair) and basic composition -- each a valid upper bound on the same
-    composition, so their minimum is one too.
+    composition (pessimistic discretisation, so never below the true curve; a multi-key
+    discrete Gaussian by the PLD dominating its shift patterns), the zCDP conversion and basic
+    composition -- each a valid upper bound on the same composition, so their minimum is one too.
     """
     measures = list(measures)
     check_accountant(accountant)
@@ -167,12 +170,14 @@ def _cached(cache: OrderedDict, key, compute):
 
 
 def pld_key(measure: Measure) -> tuple:
-    """What determines a measure's PLD (its noise's kind, unit scale and unit sensitivity and
-    the (epsilon, delta) used where no exact curve applies); equal keys, equal PLDs."""
+    """What determines a measure's PLD (its noise's kind, unit scale and unit sensitivity, its
+    L0 and L1 -- a multi-key discrete Gaussian's shift patterns -- and the (epsilon, delta) used
+    where no exact curve applies); equal keys, equal PLDs."""
     n = measure.noise
     if n is None:
         return ("eps-delta", measure.epsilon, measure.delta)
-    return (n.kind.value, n.unit_scale, n.unit_sensitivity, n.l0, n.epsilon, n.delta)
+    return (n.kind.value, n.unit_scale, n.unit_sensitivity, n.l0, n.l1_sensitivity, n.epsilon,
+            n.delta)
 
 
 def pld_epsilon(measures: Sequence[Measure], delta: float) -> float:

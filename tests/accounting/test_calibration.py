@@ -176,3 +176,22 @@ def test_measure_refuses_one_key_discrete_gaussian_for_multi_key_change():
         Measure.of_noise("clicks", one_key, sens)
     multi = calibrate("discrete_gaussian", epsilon=1.0, delta=1e-6, l2_sensitivity=5, l0=5)
     assert Measure.of_noise("clicks", multi, sens).noise.scale > one_key.scale
+
+
+def test_multi_key_discrete_gaussian_pld_is_its_patterns_where_they_apply_else_its_pair():
+    """A multi-key discrete Gaussian's PLD (what the PLD accountant composes) dominates its
+    shift patterns where they apply; past MAX_PLD_SIGMA it is the (epsilon, delta) pair's, and
+    the accountant the spec names says which."""
+    from accounting.calibration import MAX_PLD_SIGMA, shift_patterns
+
+    spec = calibrate_zcdp("discrete_gaussian", rho=0.05, l2_sensitivity=3, l0=3, l1_sensitivity=3,
+                          delta_for_reporting=1e-7)
+    assert spec.shift_patterns() == shift_patterns(3, 3, 3) == ((3,), (2, 1), (1, 1, 1))
+    pld_eps = spec.privacy_loss_distribution().get_epsilon_for_delta(1e-7)
+    assert spec.accountant == "pld" and spec.epsilon <= pld_eps <= 1.001 * spec.epsilon
+    wide = calibrate_zcdp("discrete_gaussian", rho=2e-7, l2_sensitivity=3, l0=3, l1_sensitivity=3,
+                          delta_for_reporting=1e-7)
+    assert wide.scale >= MAX_PLD_SIGMA and wide.shift_patterns() is None
+    assert wide.accountant == "zcdp"
+    pair_eps = wide.privacy_loss_distribution().get_epsilon_for_delta(1e-7)
+    assert wide.epsilon <= pair_eps <= wide.epsilon + 1e-4

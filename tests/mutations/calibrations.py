@@ -153,6 +153,11 @@ CALIBRATIONS = (
        "centralnotice-impressions-half-a-block"),
     _c("CentralNotice user-DP clicks", "sensitivity and L0 = max_clicks_per_user", CN_CONFIG,
        "centralnotice-user-clicks-of-one-row"),
+    # -- the multi-key discrete Gaussian in composition (issue 39.2)
+    _c("PLD accountant", "a multi-key discrete Gaussian's dominating PLD: max over the patterns",
+       "accounting/calibration.py", "multi-key-dominating-pld-last-pattern"),
+    _c("PLD accountant", "a multi-key discrete Gaussian's dominating PLD: the unit's L2",
+       "accounting/calibration.py", "multi-key-dominating-pld-one-click"),
 )
 
 #: Files the inventory's scan finds (they call a calibration) that set no calibration parameter

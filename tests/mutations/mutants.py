@@ -817,6 +817,27 @@ MUTANTS += (
         replacement="l1_factor = c",
         tests=(f"{DP_TESTER_AGGREGATE}::test_vector_sum_is_noised_for_the_l1_norm_across_its_columns",),
     ),
+    Mutant(
+        name="multi-key-dominating-pld-last-pattern",
+        leak="the PLD a multi-key discrete Gaussian composes by keeps the profile of the last "
+             "shift pattern (every key shifted by one) instead of the maximum over the patterns: "
+             "a release composing it states the count at a weaker pair than the worst one",
+        file="accounting/calibration.py",
+        snippet="            np.maximum(worst, tail + (1.0 - tail) * curve, out=worst)\n",
+        replacement="            worst = tail + (1.0 - tail) * curve\n",
+        tests=(f"{STATED}::test_multi_key_dominating_pld_is_never_below_any_shift",),
+    ),
+    Mutant(
+        name="multi-key-dominating-pld-one-click",
+        leak="a multi-key discrete Gaussian's composition PLD built for the shifts of L2 = 1 (one "
+             "key moved by one click) instead of the unit's L2: composed with a release's other "
+             "measures, the count counts as a single click",
+        file="accounting/calibration.py",
+        snippet="return _multi_key_patterns(self.kind, self.l0, self.unit_sensitivity, self.l1_sensitivity,",
+        replacement="return _multi_key_patterns(self.kind, self.l0, 1, self.l1_sensitivity,",
+        tests=(f"{STATED}::test_mixed_release_with_a_multi_key_count_composes_on_its_curve",
+               f"{STATED}::test_multi_key_dominating_pld_is_never_below_any_shift"),
+    ),
 )
 
 #: Leak classes of issue 30 whose mutants wait for other branches' fixes: none (all applied).

@@ -318,3 +318,144 @@ def test_gaussian_selection_noise_and_threshold_deltas_fit_the_budget_together(e
     # one unit in a key: released iff 1 + Z > threshold, i.e. Z >= threshold
     lone_kept = float(weights[support >= selector.threshold].sum() / weights.sum())
     assert noise_delta + keys * lone_kept <= delta * (1 + 1e-2), (noise_delta, keys * lone_kept)
+
+
+# ---------------------------------------------------------------- the multi-key dominating PLD
+# A multi-key discrete Gaussian composes with a release's other measures by one PLD dominating
+# every shift its unit can make (accounting.calibration.multi_key_dominating_pld). The references
+# below enumerate every feasible shift by brute force (not only the maximal patterns) and build
+# each shift's PLD with dp_accounting alone.
+
+def _feasible_shifts(l0: int, l1: float, l2: float):
+    """Every multiset of at most l0 positive integer shifts with sum <= l1 and sum of squares
+    <= l2^2 (non-increasing tuples), by brute force."""
+    out = []
+
+    def grow(shift, largest):
+        if shift:
+            out.append(shift)
+        if len(shift) == l0:
+            return
+        for c in range(1, largest + 1):
+            if sum(shift) + c <= l1 + 1e-9 and sum(x * x for x in shift) + c * c <= l2 * l2 + 1e-9:
+                grow(shift + (c,), c)
+
+    grow((), int(math.floor(l2 + 1e-9)))
+    return out
+
+
+def _shift_pld(sigma: float, shift):
+    """dp_accounting's PLD of the pair whose counts differ by ``shift`` (pessimistic): one-key
+    discrete Gaussians composed."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    out = None
+    for c in shift:
+        one = pld.from_discrete_gaussian_mechanism(sigma, sensitivity=int(c),
+                                                   value_discretization_interval=1e-4)
+        out = one if out is None else out.compose(one)
+    return out
+
+
+def _multi_key_spec(case):
+    l0, l1, l2, rho, delta = case
+    return calibrate_zcdp("discrete_gaussian", rho=rho, l2_sensitivity=l2, l0=l0, l1_sensitivity=l1,
+                          delta_for_reporting=delta)
+
+
+#: (l0, l1, l2, rho, delta): a user's m clicks (L0 = L1 = L2 = m), a unit moving up to 4 keys
+#: by at most 5 in L1 and 3 in L2, and a small sigma whose losses span past MAX_PROFILE_POINTS
+#: (the coarser lattice).
+MULTI_KEY_CASES = [(2, 2, 2, 0.01, 1e-9), (3, 3, 3, 0.05, 1e-6), (5, 5, 5, 0.02, 1e-7),
+                   (4, 5, 3, 0.03, 1e-8), (3, 3, 3, 2.0, 1e-7)]
+
+
+@pytest.mark.parametrize("case", MULTI_KEY_CASES)
+def test_multi_key_dominating_pld_is_never_below_any_shift(case):
+    """The measure's PLD has delta(eps) at least every feasible shift's dp_accounting PLD plus
+    its truncation mass, at every eps from far below zero to far past the stated epsilon --
+    and is no looser than needed: its epsilon within 1% of the worst shift's at the deltas jobs
+    use."""
+    import numpy as np
+
+    from accounting.calibration import TAIL_MASS
+
+    spec = _multi_key_spec(case)
+    dominating = spec.privacy_loss_distribution()
+    shifts = _feasible_shifts(*case[:3])
+    plds = [_shift_pld(spec.unit_scale, s) for s in shifts]
+    epsilons = np.concatenate([np.linspace(-4.0, 0.0, 41), np.linspace(0.0, 4 * spec.epsilon, 161)])
+    for eps in epsilons:
+        worst = max(float(d.get_delta_for_epsilon(float(eps))) + len(s) * TAIL_MASS
+                    for s, d in zip(shifts, plds))
+        stated = float(dominating.get_delta_for_epsilon(float(eps)))
+        assert stated >= worst, (eps, stated, worst)
+    for delta in (1e-3, 1e-6, 1e-9):
+        worst = max(d.get_epsilon_for_delta(delta) for d in plds)
+        assert dominating.get_epsilon_for_delta(delta) <= 1.01 * worst, delta
+
+
+@pytest.mark.parametrize("case", MULTI_KEY_CASES)
+def test_multi_key_dominating_pld_states_the_measures_epsilon(case):
+    """Alone, the dominating PLD states the measure's epsilon at its delta (no less than the
+    worst pattern's, within 1%), so the measure's own figure and its part in a composition agree;
+    a spec read from a ledger without its accountant is labelled pld on that ground."""
+    import dataclasses
+
+    from accounting.calibration import (NoiseSpec, multi_key_discrete_gaussian_epsilon,
+                                        shift_patterns)
+
+    spec = _multi_key_spec(case)
+    assert spec.accountant == "pld"
+    patterns = shift_patterns(*case[:1], case[2], case[1])
+    reference = multi_key_discrete_gaussian_epsilon(spec.unit_scale, spec.delta, patterns)
+    stated = spec.privacy_loss_distribution().get_epsilon_for_delta(spec.delta)
+    assert reference * (1 - ROUNDING) <= stated <= 1.01 * reference
+    worst = max(_shift_pld(spec.unit_scale, s).get_epsilon_for_delta(spec.delta)
+                for s in _feasible_shifts(*case[:3]))
+    assert stated >= worst * (1 - ROUNDING)
+    legacy = NoiseSpec(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
+                          if f.name != "accountant"})
+    assert legacy.accountant == "pld"
+
+
+def _mixed_release(case):
+    m = case[0]
+    dgauss = _multi_key_spec(case)
+    lap = calibrate("laplace", epsilon=0.3, l1_sensitivity=2.0)
+    gauss = calibrate("gaussian", epsilon=0.5, delta=1e-7, l2_sensitivity=3.0)
+    return [Measure.of_noise("clicks", dgauss, Sensitivities(l0=m, linf=case[2], l1=case[1],
+                                                              l2=case[2])),
+            Measure.of_noise("impressions", lap, Sensitivities(l0=1, linf=2, l1=2, l2=2)),
+            Measure.of_noise("sum", gauss, _sens(3.0))]
+
+
+@pytest.mark.parametrize("case", MULTI_KEY_CASES[1:])
+def test_mixed_release_with_a_multi_key_count_composes_on_its_curve(case):
+    """A multi-key discrete Gaussian count with a Laplace and a Gaussian measure: the pld
+    accountant's figure is at least the worst shift's pair composed with the others by
+    dp_accounting alone (pessimistic), within 1% of it, and below what was stated when the count
+    entered by its (epsilon, delta) pair (the zCDP, basic or pair-PLD figure)."""
+    from dp_accounting.pld import common, privacy_loss_distribution as pld
+
+    measures = _mixed_release(case)
+    delta = 1e-6
+    stated = guarantee.stated(measures, "pld", delta)
+    assert stated.accountant == "pld"
+    lap, gauss = measures[1].noise, measures[2].noise
+    others = pld.from_laplace_mechanism(lap.unit_scale, sensitivity=lap.unit_sensitivity,
+                                        value_discretization_interval=1e-4).compose(
+        pld.from_gaussian_mechanism(gauss.unit_scale, sensitivity=gauss.unit_sensitivity,
+                                    value_discretization_interval=1e-4))
+    sigma = measures[0].noise.unit_scale
+    worst = max(_shift_pld(sigma, s).compose(others).get_epsilon_for_delta(delta)
+                for s in _feasible_shifts(*case[:3]))
+    assert worst * (1 - ROUNDING) <= stated.epsilon <= 1.01 * worst
+    clicks = measures[0]
+    pair = pld.from_privacy_parameters(common.DifferentialPrivacyParameters(clicks.epsilon,
+                                                                            clicks.delta),
+                                       value_discretization_interval=1e-4)
+    before = min(pair.compose(others).get_epsilon_for_delta(delta),
+                 guarantee.stated(measures, "zcdp", delta).epsilon,
+                 guarantee.stated(measures, "basic").epsilon)
+    assert stated.epsilon < before
