@@ -62,8 +62,12 @@ CALIBRATIONS = (
        "moments-split-overspent"),
     _c("quantile trees", "L1 = depth x the count's L1", "transforms/quantiles.py",
        "quantile-tree-l1-of-one-level"),
+    _c("quantile trees", "L2 = sqrt(depth) x the count's L2 (Gaussian kinds)", "transforms/quantiles.py",
+       "quantile-tree-l2-of-one-level"),
     _c("vector sums", "L1 = count L1 x max_norm (x sqrt(d) for the L2 ball)", "transforms/vectors.py",
        "vector-sum-l1-of-one-column"),
+    _c("vector sums", "L2 = count L2 x max_norm (Gaussian kinds)", "transforms/vectors.py",
+       "vector-sum-l2-without-the-clip-norm"),
     _c("private quantile (exponential mechanism)", "score sensitivity 2 max(q, 1 - q)",
        "transforms/private_quantile.py", "quantile-score-scale-halved"),
     # -- contribution bounding
@@ -126,9 +130,7 @@ CALIBRATIONS = (
     _c("Masked LARk local feature noise", "scale 255 / epsilon (client side)",
        "transforms/lark/local_dp.py", "lark-local-feature-noise-for-half-the-range"),
     _c("central DP-SGD (the training comparison's baseline)", "L1 = 2 psi",
-       "transforms/lark/training.py",
-       gap="released only as a test accuracy in the comparison table; a DP tester test of one "
-           "noisy central step is still to write"),
+       "transforms/lark/training.py", "central-dp-sgd-sensitivity-of-one-gradient"),
     # -- sketches (reach and frequency)
     _c("sketch statistics", "epsilon split over the P + 1 scopes", SKETCHES,
        "sketch-epsilon-not-split-over-scopes"),

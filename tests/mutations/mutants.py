@@ -52,6 +52,7 @@ PRIVACY_TESTS = {
                                                         "toolkit only; one key, one use across processes",
     "tests/transforms/ara/test_ara_summary.py": "the DP tester on ARA summary reports' noise",
     "tests/transforms/ara/test_ara_event_level.py": "the DP tester on ARA event-level randomized response",
+    "tests/transforms/lark/test_central_dp_sgd.py": "the DP tester on one central DP-SGD step",
 }
 
 #: Tests that pin released bytes: never a mutant's selection, never a catch.
@@ -842,3 +843,42 @@ MUTANTS += (
 
 #: Leak classes of issue 30 whose mutants wait for other branches' fixes: none (all applied).
 PLANNED = ()
+
+
+# ---- Issue 40.7, mutants40: the gaps of the calibration inventory ------------------------------
+# The L2 (Gaussian-kind) sensitivities of the quantile tree and the vector sums, central DP-SGD's
+# 2 psi, distributed sketch noise's sampler delta and the Polya shares' reach at L0 > 1.
+
+MUTANTS += (
+    Mutant(
+        name="quantile-tree-l2-of-one-level",
+        leak="a Gaussian quantile tree's node counts noised for one level's L2 (the count's) "
+             "while one unit's rows move one node on every level: L2 sqrt(depth) times larger",
+        file="transforms/quantiles.py",
+        snippet="l2=count.l2 * math.sqrt(depth))",
+        replacement="l2=count.l2)",
+        tests=(f"{DP_TESTER_AGGREGATE}::test_gaussian_quantile_tree_is_noised_for_the_l2_norm_of_"
+               "a_units_rows_on_every_level",),
+    ),
+    Mutant(
+        name="vector-sum-l2-without-the-clip-norm",
+        leak="a Gaussian vector sum noised for the row count's L2 without the clip norm C: one "
+             "row of norm C moves the columns by C in L2",
+        file="transforms/vectors.py",
+        snippet="l2=count.l2 * c)",
+        replacement="l2=count.l2)",
+        tests=(f"{DP_TESTER_AGGREGATE}::test_gaussian_vector_sum_is_noised_for_the_l2_norm_of_its_"
+               "clipped_rows",),
+    ),
+    Mutant(
+        name="central-dp-sgd-sensitivity-of-one-gradient",
+        leak="the central DP-SGD baseline's Laplace noise calibrated for psi, one clipped "
+             "gradient, while replacing a record moves the clipped sum by 2 psi: twice the "
+             "epsilon its comparison states",
+        file="transforms/lark/training.py",
+        snippet="l1_sensitivity=2 * config.clip_norm,",
+        replacement="l1_sensitivity=config.clip_norm,",
+        tests=("tests/transforms/lark/test_central_dp_sgd.py::"
+               "test_one_central_dp_sgd_step_is_dp_under_one_replaced_record",),
+    ),
+)
