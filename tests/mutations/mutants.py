@@ -53,6 +53,8 @@ PRIVACY_TESTS = {
     "tests/transforms/ara/test_ara_summary.py": "the DP tester on ARA summary reports' noise",
     "tests/transforms/ara/test_ara_event_level.py": "the DP tester on ARA event-level randomized response",
     "tests/transforms/lark/test_central_dp_sgd.py": "the DP tester on one central DP-SGD step",
+    "tests/accounting/verification/test_sketch_exact.py":
+        "exact enumerations: the sketches' reach sensitivity and distributed noise's delta",
 }
 
 #: Tests that pin released bytes: never a mutant's selection, never a catch.
@@ -880,5 +882,16 @@ MUTANTS += (
         replacement="l1_sensitivity=config.clip_norm,",
         tests=("tests/transforms/lark/test_central_dp_sgd.py::"
                "test_one_central_dp_sgd_step_is_dp_under_one_replaced_record",),
+    ),
+    Mutant(
+        name="sketch-sampler-delta-not-charged",
+        leak="distributed sketch noise charged as exact discrete Laplace (pure DP): the Polya "
+             "shares come from a truncated integer table whose summed law has a bounded support, "
+             "so the release's true delta is positive while it states none",
+        file="transforms/sketches/dp.py",
+        snippet="    return (1 + math.exp(spec.epsilon)) * num_values * table.tv_per_value\n",
+        replacement="    return 0.0\n",
+        tests=("tests/accounting/verification/test_sketch_exact.py::"
+               "test_distributed_sketch_noise_meets_the_delta_it_charges_exactly",),
     ),
 )
