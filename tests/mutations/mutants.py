@@ -55,6 +55,8 @@ PRIVACY_TESTS = {
     "tests/transforms/lark/test_central_dp_sgd.py": "the DP tester on one central DP-SGD step",
     "tests/accounting/verification/test_sketch_exact.py":
         "exact enumerations: the sketches' reach sensitivity and distributed noise's delta",
+    "tests/accounting/verification/test_audit_reach_frequency.py":
+        "the reach_frequency audit at L0 > 1: each scope's reach statistic read back",
 }
 
 #: Tests that pin released bytes: never a mutant's selection, never a catch.
@@ -849,7 +851,8 @@ PLANNED = ()
 
 # ---- Issue 40.7, mutants40: the gaps of the calibration inventory ------------------------------
 # The L2 (Gaussian-kind) sensitivities of the quantile tree and the vector sums, central DP-SGD's
-# 2 psi, distributed sketch noise's sampler delta and the Polya shares' reach at L0 > 1.
+# 2 psi, distributed sketch noise's sampler delta, and the sketches' shared register of a person
+# across publishers (caught by the reach_frequency audit at L0 > 1 only).
 
 MUTANTS += (
     Mutant(
@@ -893,5 +896,18 @@ MUTANTS += (
         replacement="    return 0.0\n",
         tests=("tests/accounting/verification/test_sketch_exact.py::"
                "test_distributed_sketch_noise_meets_the_delta_it_charges_exactly",),
+    ),
+    Mutant(
+        name="publisher-dependent-fingerprints",
+        leak="a person's sketch register depends on the publisher (each publisher fingerprints "
+             "ids under a salt of its own): every publisher's reach still moves by 1, but the "
+             "union counts a person once per publisher -- L0 times the reach's sensitivity, "
+             "visible only when one person is at several publishers",
+        file="transforms/sketches/impressions.py",
+        snippet="LiquidLegionsSketch.from_fingerprints(config, salt, fingerprint(group_ids, salt))",
+        replacement="LiquidLegionsSketch.from_fingerprints(config, salt, fingerprint(group_ids, "
+                    "salt_of(f\"{campaign}/{publisher}\")))",
+        tests=("tests/accounting/verification/test_audit_reach_frequency.py::"
+               "test_reach_frequency_audit_at_several_publishers_per_person",),
     ),
 )
