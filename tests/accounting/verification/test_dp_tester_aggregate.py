@@ -650,14 +650,16 @@ def test_vector_sum_is_noised_for_the_l1_norm_across_its_columns():
 # counts by Linf each (L2 = Linf sqrt(L0 depth)), or d columns of L0 keys by Linf C / sqrt(d)
 # each (L2 = Linf sqrt(L0) C); a calibration for one level's L2 (without sqrt(depth)), or for
 # the row count's L2 (without the clip norm C), has sigma too small by that factor. The moved
-# coordinates all shift alike, so their plain sum is the Gaussian's sufficient statistic.
+# coordinates all shift alike, so their plain sum is the Gaussian's sufficient statistic. At these
+# sample sizes the tester's epsilon lower bound is about 0.5 on the real calibration (claim 1),
+# about 1.4 (tree) and 2.3 (vector sum) on the calibrations without the factor.
 
 GAUSSIAN_DELTA = 1e-3
 
 
-def wide_gaussian_aggregate(metric, **bounds):
+def wide_gaussian_aggregate(metric, wide=WIDE, **bounds):
     return aggregate_of(privacy_unit="user", keys=["k"], value="v", metrics=[metric],
-                        bounds=ContributionBounds(**WIDE, **bounds),
+                        bounds=ContributionBounds(**wide, **bounds),
                         budget=PrivacyBudget(epsilon=1.0, delta=GAUSSIAN_DELTA),
                         keyset=PublicKeyset.from_keys(WIDE_KEYS, ["k"]),
                         release_key=ReleaseKey.for_testing(45))
@@ -666,10 +668,11 @@ def wide_gaussian_aggregate(metric, **bounds):
 def test_gaussian_quantile_tree_is_noised_for_the_l2_norm_of_a_units_rows_on_every_level():
     """Discrete Gaussian node counts: one unit's Linf rows in one leaf of each of its L0 keys
     move 2 x depth nodes by Linf, L2 = Linf sqrt(L0 depth); noise for one level's L2
-    (Linf sqrt(L0)) has sqrt(depth) = 2 times too small a sigma."""
-    depth = 4
+    (Linf sqrt(L0)) has sqrt(depth) = 2 times too small a sigma. (Linf = 1 here: the multi-key
+    discrete Gaussian's calibration enumerates the shift patterns of L1 = depth L0 Linf.)"""
+    depth, wide = 4, dict(WIDE, max_contributions_per_partition=1)
     aggregate = wide_gaussian_aggregate(Quantiles([0.5], branching=2, depth=depth, mechanism="tree",
-                                                  noise="discrete_gaussian"), min_value=0, max_value=16)
+                                                  noise="discrete_gaussian"), wide, min_value=0, max_value=16)
     measure = aggregate.measures["quantiles"]
     assert measure.integer and measure.spec.kind.is_gaussian
     claim = aggregate.guarantee()
@@ -677,11 +680,11 @@ def test_gaussian_quantile_tree_is_noised_for_the_l2_norm_of_a_units_rows_on_eve
     tree = aggregate._config.partials.trees[0]
     leaves = np.full((len(WIDE_KEYS), tree.leaves), 3, dtype=np.int64)
     added = leaves.copy()
-    added[:2, tree.leaf_of(np.array([11.5]))[0]] += WIDE["max_contributions_per_partition"]
+    linf = wide["max_contributions_per_partition"]
+    added[:2, tree.leaf_of(np.array([11.5]))[0]] += linf
     d, d2 = tree.node_counts(leaves), tree.node_counts(added)
-    linf = WIDE["max_contributions_per_partition"]
     assert sorted((d2 - d)[d2 != d]) == [linf] * (2 * depth)   # the unit at its bounds
-    result = measure_check(measure, d, d2, claim, 60_000, seeds=(46, 47))
+    result = measure_check(measure, d, d2, claim, 30_000, seeds=(46, 47))
     assert result.passed, result
 
 
@@ -703,5 +706,5 @@ def test_gaussian_vector_sum_is_noised_for_the_l2_norm_of_its_clipped_rows():
     d2 = d.copy()
     d2[:2] += WIDE["max_contributions_per_partition"] * row
     assert np.sqrt(((d2 - d) ** 2).sum()) == pytest.approx(2 * math.sqrt(2) * max_norm)  # Linf sqrt(L0) C
-    result = measure_check(measure, d, d2, claim, 40_000, seeds=(48, 49))
+    result = measure_check(measure, d, d2, claim, 20_000, seeds=(48, 49))
     assert result.passed, result
