@@ -9,7 +9,9 @@ whose expected active count equals the (noisy) count (transforms/sketches/estima
 ``expected_active_registers(reach)`` recovers it -- in the exact testing mode, the exact count of
 each scope. The bound is the plan's own: the job states one reach measure per scope (its
 sensitivity from transforms/sketches/dp.py), and a person changes at most all of them, each by
-its stated Linf. The neighbours put a person in up to three publishers at once; a sketch whose
+its stated Linf (doubled under substitution, where the job states it so; a replaced person
+still moves a reach by 1 at most). The neighbours put a person in up to three publishers at
+once, under both relations the job offers; a sketch whose
 registers depended on the publisher (a person landing in another register at each publisher)
 keeps every publisher's reach within 1 and moves the union by one per publisher -- seen here
 only (the mutant publisher-dependent-fingerprints).
@@ -21,6 +23,7 @@ only); the DP tester and the composition tests check its noise
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from audit_kit import AdaptedJob, JobAudit, audit_job, rows_as_csv
 
 from accounting.verification.audit import Bound, Change, Table, TableRule, Units, synthetic_dataset
@@ -44,17 +47,27 @@ def with_active_registers(name: str, table: Table) -> Table:
     return Table(columns=(*table.columns, ACTIVE), rows=rows, types=None)
 
 
-def request(files, options):
-    return reach_frequency.ReachFrequencyRequest(
-        input=tuple(files["impressions"]), campaigns=("c1",), publishers=tuple(PUBLISHERS),
-        epsilon=1.0, num_registers=SKETCH.num_registers, decay_rate=SKETCH.decay_rate,
-        max_frequency=3, options=options)
+def job(relation="add_remove"):
+    def request(files, options):
+        return reach_frequency.ReachFrequencyRequest(
+            input=tuple(files["impressions"]), campaigns=("c1",), publishers=tuple(PUBLISHERS),
+            epsilon=1.0, num_registers=SKETCH.num_registers, decay_rate=SKETCH.decay_rate,
+            max_frequency=3, neighbouring=relation, options=options)
+    return AdaptedJob(module=reach_frequency, write=rows_as_csv("impressions", ["publisher", "campaign", "vid"]),
+                      request=request, adapt=with_active_registers)
 
 
 UNITS = Units(column="vid", keys=("publisher",), public_keys=PUBLISHERS, heavy_keys=3, heavy_rows=3,
               row=lambda r: {**r, "campaign": "c1"})
-JOB = AdaptedJob(module=reach_frequency, write=rows_as_csv("impressions", ["publisher", "campaign", "vid"]),
-                 request=request, adapt=with_active_registers)
+#: The neighbours of each relation: a person added at three publishers (heavy, spread, under
+#: three id types), at the one without rows, alone at a publisher; removed from two publishers,
+#: or from one; replaced by a person at three publishers (spread, three id types) or at the one
+#: without rows.
+CHANGES = {"add_remove": (Change.ADD_HEAVY, Change.ADD_SPREAD, Change.ADD_MIXED_IDS,
+                          Change.ADD_EMPTY_KEY, Change.REMOVE_HEAVY, Change.REMOVE_LONE,
+                          Change.REBATCH),
+           "substitute": (Change.SUBSTITUTE_SPREAD, Change.SUBSTITUTE_MIXED_IDS,
+                          Change.SUBSTITUTE_EMPTY_KEY)}
 
 
 def dataset():
@@ -70,35 +83,33 @@ def reach_bound(planned) -> Bound:
                  l1=sum(float(s.l1) for s in reach))
 
 
-def test_reach_frequency_audit_at_several_publishers_per_person():
-    data = dataset()
-    bound = reach_bound(JOB.planned(data))
-    assert bound.l0 > 1 and bound.linf == 1.0
+@pytest.mark.parametrize("relation", ["add_remove", "substitute"])
+def test_reach_frequency_audit_at_several_publishers_per_person(relation):
+    data, audited = dataset(), job(relation)
+    bound = reach_bound(audited.planned(data))
+    assert bound.l0 > 1 and bound.linf == {"add_remove": 1.0, "substitute": 2.0}[relation]
     publishers_of = {}
     for r in data.rows():
         publishers_of.setdefault(r["vid"], set()).add(r["publisher"])
     assert max(map(len, publishers_of.values())) == 2   # the data has people at two publishers
     entry = JobAudit(
-        name="reach_frequency/several_publishers", job=JOB, units=UNITS, datasets=lambda: [data],
+        name=f"reach_frequency/several_publishers/{relation}", job=audited, units=UNITS,
+        datasets=lambda: [data], relation=relation,
         tables={OUTPUT: TableRule(
             keys=("scope", "publisher"), noisy=("reach", "frequency", "k_reach", "k_plus_reach", ACTIVE),
             bounds={ACTIVE: bound}, tolerance=1e-6,
             public_keys=[("publisher", p) for p in PUBLISHERS] + [("union", None)])},
-        # a person added at three publishers (heavy, spread, under three id types), at the one
-        # without rows, alone at a publisher; removed from two publishers, or from one
-        changes=(Change.ADD_HEAVY, Change.ADD_SPREAD, Change.ADD_MIXED_IDS, Change.ADD_EMPTY_KEY,
-                 Change.REMOVE_HEAVY, Change.REMOVE_LONE, Change.REBATCH),
-        noisy_changes=())
+        changes=CHANGES[relation], noisy_changes=())
     result = audit_job(entry)
     result.assert_ok()
-    assert len(result.pairs) >= 6
+    assert len(result.pairs) == len(CHANGES[relation])
 
 
 def test_the_read_back_counts_are_the_sketches_active_registers():
     """The adapter recovers each scope's exact active-register count: the counts of sketches
     built here from the dataset's ids under the campaign's salt (shared by its publishers)."""
     data = dataset()
-    released = JOB(data, seed=1, exact=True).tables
+    released = job()(data, seed=1, exact=True).tables
     (table,) = [t for name, t in released.items() if name.endswith("reach_frequency.jsonl")]
     salt = FingerprintSalt.for_campaign("c1", b"")
     rows = data.rows()
