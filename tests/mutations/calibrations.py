@@ -62,8 +62,12 @@ CALIBRATIONS = (
        "moments-split-overspent"),
     _c("quantile trees", "L1 = depth x the count's L1", "transforms/quantiles.py",
        "quantile-tree-l1-of-one-level"),
+    _c("quantile trees", "L2 = sqrt(depth) x the count's L2 (Gaussian kinds)", "transforms/quantiles.py",
+       "quantile-tree-l2-of-one-level"),
     _c("vector sums", "L1 = count L1 x max_norm (x sqrt(d) for the L2 ball)", "transforms/vectors.py",
        "vector-sum-l1-of-one-column"),
+    _c("vector sums", "L2 = count L2 x max_norm (Gaussian kinds)", "transforms/vectors.py",
+       "vector-sum-l2-without-the-clip-norm"),
     _c("private quantile (exponential mechanism)", "score sensitivity 2 max(q, 1 - q)",
        "transforms/private_quantile.py", "quantile-score-scale-halved"),
     # -- contribution bounding
@@ -126,9 +130,7 @@ CALIBRATIONS = (
     _c("Masked LARk local feature noise", "scale 255 / epsilon (client side)",
        "transforms/lark/local_dp.py", "lark-local-feature-noise-for-half-the-range"),
     _c("central DP-SGD (the training comparison's baseline)", "L1 = 2 psi",
-       "transforms/lark/training.py",
-       gap="released only as a test accuracy in the comparison table; a DP tester test of one "
-           "noisy central step is still to write"),
+       "transforms/lark/training.py", "central-dp-sgd-sensitivity-of-one-gradient"),
     # -- sketches (reach and frequency)
     _c("sketch statistics", "epsilon split over the P + 1 scopes", SKETCHES,
        "sketch-epsilon-not-split-over-scopes"),
@@ -138,16 +140,18 @@ CALIBRATIONS = (
        "sketch-gaussian-delta-not-split-over-scopes"),
     _c("sketch statistics", "factor 2 under substitution", SKETCHES, "sketch-substitute-not-doubled"),
     _c("sketch statistics", "reach sensitivity (one register)", SKETCHES,
-       gap="no leaking mutant exists: on the integer grid a figure below 1 rounds up to 1, and "
-           "a replaced person moves the reach by 1 at most, which the substitution factor's "
-           "mutant (sketch-substitute-not-doubled) already covers"),
+       gap="no leaking value exists: one person added, removed or replaced moves the reach by at "
+           "most 1 (every neighbouring pair of small populations enumerated on the real sketch), "
+           "and every figure in (0, 1], under either relation and noise kind, calibrates the "
+           "reach on the integer grid for a change of at least 1 at the scope's epsilon "
+           "(tests/accounting/verification/test_sketch_exact.py); a figure of 0 or less is "
+           "refused by calibrate, a crash, not a leak"),
     _c("sketch statistics", "histogram sensitivity (one bin)", SKETCHES,
        "sketch-histogram-sensitivity-halved"),
     _c("distributed sketch noise", "Polya(1/n) share of n helpers", SKETCHES,
        "sketch-polya-shares-for-twice-the-helpers"),
     _c("distributed sketch noise", "the sampler's total-variation delta", SKETCHES,
-       gap="about 1e-15 per statistic: no privacy test resolves it; only a test pinning the "
-           "formula would fail, which is no catch"),
+       "sketch-sampler-delta-not-charged"),
     # -- CentralNotice
     _c("CentralNotice impressions", "sensitivity k (a block of impressions)", CN_CONFIG,
        "centralnotice-impressions-half-a-block"),

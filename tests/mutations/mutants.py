@@ -52,6 +52,11 @@ PRIVACY_TESTS = {
                                                         "toolkit only; one key, one use across processes",
     "tests/transforms/ara/test_ara_summary.py": "the DP tester on ARA summary reports' noise",
     "tests/transforms/ara/test_ara_event_level.py": "the DP tester on ARA event-level randomized response",
+    "tests/transforms/lark/test_central_dp_sgd.py": "the DP tester on one central DP-SGD step",
+    "tests/accounting/verification/test_sketch_exact.py":
+        "exact enumerations: the sketches' reach sensitivity and distributed noise's delta",
+    "tests/accounting/verification/test_audit_reach_frequency.py":
+        "the reach_frequency audit at L0 > 1: each scope's reach statistic read back",
 }
 
 #: Tests that pin released bytes: never a mutant's selection, never a catch.
@@ -842,3 +847,67 @@ MUTANTS += (
 
 #: Leak classes of issue 30 whose mutants wait for other branches' fixes: none (all applied).
 PLANNED = ()
+
+
+# ---- Issue 40.7, mutants40: the gaps of the calibration inventory ------------------------------
+# The L2 (Gaussian-kind) sensitivities of the quantile tree and the vector sums, central DP-SGD's
+# 2 psi, distributed sketch noise's sampler delta, and the sketches' shared register of a person
+# across publishers (caught by the reach_frequency audit at L0 > 1 only).
+
+MUTANTS += (
+    Mutant(
+        name="quantile-tree-l2-of-one-level",
+        leak="a Gaussian quantile tree's node counts noised for one level's L2 (the count's) "
+             "while one unit's rows move one node on every level: L2 sqrt(depth) times larger",
+        file="transforms/quantiles.py",
+        snippet="l2=count.l2 * math.sqrt(depth))",
+        replacement="l2=count.l2)",
+        tests=(f"{DP_TESTER_AGGREGATE}::test_gaussian_quantile_tree_is_noised_for_the_l2_norm_of_"
+               "a_units_rows_on_every_level",),
+    ),
+    Mutant(
+        name="vector-sum-l2-without-the-clip-norm",
+        leak="a Gaussian vector sum noised for the row count's L2 without the clip norm C: one "
+             "row of norm C moves the columns by C in L2",
+        file="transforms/vectors.py",
+        snippet="l2=count.l2 * c)",
+        replacement="l2=count.l2)",
+        tests=(f"{DP_TESTER_AGGREGATE}::test_gaussian_vector_sum_is_noised_for_the_l2_norm_of_its_"
+               "clipped_rows",),
+    ),
+    Mutant(
+        name="central-dp-sgd-sensitivity-of-one-gradient",
+        leak="the central DP-SGD baseline's Laplace noise calibrated for psi, one clipped "
+             "gradient, while replacing a record moves the clipped sum by 2 psi: twice the "
+             "epsilon its comparison states",
+        file="transforms/lark/training.py",
+        snippet="l1_sensitivity=2 * config.clip_norm,",
+        replacement="l1_sensitivity=config.clip_norm,",
+        tests=("tests/transforms/lark/test_central_dp_sgd.py::"
+               "test_one_central_dp_sgd_step_is_dp_under_one_replaced_record",),
+    ),
+    Mutant(
+        name="sketch-sampler-delta-not-charged",
+        leak="distributed sketch noise charged as exact discrete Laplace (pure DP): the Polya "
+             "shares come from a truncated integer table whose summed law has a bounded support, "
+             "so the release's true delta is positive while it states none",
+        file="transforms/sketches/dp.py",
+        snippet="    return (1 + math.exp(spec.epsilon)) * num_values * table.tv_per_value\n",
+        replacement="    return 0.0\n",
+        tests=("tests/accounting/verification/test_sketch_exact.py::"
+               "test_distributed_sketch_noise_meets_the_delta_it_charges_exactly",),
+    ),
+    Mutant(
+        name="publisher-dependent-fingerprints",
+        leak="a person's sketch register depends on the publisher (each publisher fingerprints "
+             "ids under a salt of its own): every publisher's reach still moves by 1, but the "
+             "union counts a person once per publisher -- L0 times the reach's sensitivity, "
+             "visible only when one person is at several publishers",
+        file="transforms/sketches/impressions.py",
+        snippet="LiquidLegionsSketch.from_fingerprints(config, salt, fingerprint(group_ids, salt))",
+        replacement="LiquidLegionsSketch.from_fingerprints(config, salt, fingerprint(group_ids, "
+                    "salt_of(f\"{campaign}/{publisher}\")))",
+        tests=("tests/accounting/verification/test_audit_reach_frequency.py::"
+               "test_reach_frequency_audit_at_several_publishers_per_person",),
+    ),
+)

@@ -28,7 +28,10 @@ test-only broken variant that re-introduces a bug of issue 10:
 * issue 40.7: a quantile tree's node counts and an L2-clipped vector sum's columns at L0 = 2,
   sampled from the DPAggregate's calibrated measures -- a calibration for one tree level, or for
   one column's bound, is caught on the joint coordinates only (the mutants
-  quantile-tree-l1-of-one-level and vector-sum-l1-of-one-column).
+  quantile-tree-l1-of-one-level and vector-sum-l1-of-one-column); with Gaussian noise the same
+  pairs check the L2 norms: a calibration for one level's L2, or for the row count's L2 without
+  the clip norm, is caught on the sum of the moved coordinates (quantile-tree-l2-of-one-level,
+  vector-sum-l2-without-the-clip-norm).
 
 Error rates. Keys are fixed testing keys (``ReleaseKey.for_testing``), so every run is the same
 run. Over the choice of keys, a passing check on a correct mechanism fails with probability at
@@ -640,4 +643,68 @@ def test_vector_sum_is_noised_for_the_l1_norm_across_its_columns():
     d2[:2] += WIDE["max_contributions_per_partition"] * row
     assert np.abs(d2 - d).sum() == pytest.approx(2 * 2 * math.sqrt(dimension) * max_norm)
     result = measure_check(measure, d, d2, claim, 60_000, seeds=(43, 44))
+    assert result.passed, result
+
+
+# Gaussian kinds: the L2 norm of the same neighbours. One unit at its bounds moves 2 x depth node
+# counts by Linf each (L2 = Linf sqrt(L0 depth)), or d columns of L0 keys by Linf C / sqrt(d)
+# each (L2 = Linf sqrt(L0) C); a calibration for one level's L2 (without sqrt(depth)), or for
+# the row count's L2 (without the clip norm C), has sigma too small by that factor. The moved
+# coordinates all shift alike, so their plain sum is the Gaussian's sufficient statistic. At these
+# sample sizes the tester's epsilon lower bound is about 0.5 on the real calibration (claim 1),
+# about 1.4 (tree) and 2.3 (vector sum) on the calibrations without the factor.
+
+GAUSSIAN_DELTA = 1e-3
+
+
+def wide_gaussian_aggregate(metric, wide=WIDE, **bounds):
+    return aggregate_of(privacy_unit="user", keys=["k"], value="v", metrics=[metric],
+                        bounds=ContributionBounds(**wide, **bounds),
+                        budget=PrivacyBudget(epsilon=1.0, delta=GAUSSIAN_DELTA),
+                        keyset=PublicKeyset.from_keys(WIDE_KEYS, ["k"]),
+                        release_key=ReleaseKey.for_testing(45))
+
+
+def test_gaussian_quantile_tree_is_noised_for_the_l2_norm_of_a_units_rows_on_every_level():
+    """Discrete Gaussian node counts: one unit's Linf rows in one leaf of each of its L0 keys
+    move 2 x depth nodes by Linf, L2 = Linf sqrt(L0 depth); noise for one level's L2
+    (Linf sqrt(L0)) has sqrt(depth) = 2 times too small a sigma. (Linf = 1 here: the multi-key
+    discrete Gaussian's calibration enumerates the shift patterns of L1 = depth L0 Linf.)"""
+    depth, wide = 4, dict(WIDE, max_contributions_per_partition=1)
+    aggregate = wide_gaussian_aggregate(Quantiles([0.5], branching=2, depth=depth, mechanism="tree",
+                                                  noise="discrete_gaussian"), wide, min_value=0, max_value=16)
+    measure = aggregate.measures["quantiles"]
+    assert measure.integer and measure.spec.kind.is_gaussian
+    claim = aggregate.guarantee()
+    assert (claim.epsilon, claim.delta) == pytest.approx((1.0, GAUSSIAN_DELTA))
+    tree = aggregate._config.partials.trees[0]
+    leaves = np.full((len(WIDE_KEYS), tree.leaves), 3, dtype=np.int64)
+    added = leaves.copy()
+    linf = wide["max_contributions_per_partition"]
+    added[:2, tree.leaf_of(np.array([11.5]))[0]] += linf
+    d, d2 = tree.node_counts(leaves), tree.node_counts(added)
+    assert sorted((d2 - d)[d2 != d]) == [linf] * (2 * depth)   # the unit at its bounds
+    result = measure_check(measure, d, d2, claim, 30_000, seeds=(46, 47))
+    assert result.passed, result
+
+
+def test_gaussian_vector_sum_is_noised_for_the_l2_norm_of_its_clipped_rows():
+    """Gaussian vector sums: one unit's Linf rows of L2 norm C in each of its L0 keys move the
+    joint output by Linf sqrt(L0) C in L2; noise for the row count's L2 alone (without C = 3)
+    has a third of the sigma."""
+    from transforms.vectors import clip
+
+    dimension, max_norm = 9, 3.0
+    aggregate = wide_gaussian_aggregate(VectorSum(dimension=dimension, max_norm=max_norm, norm="l2",
+                                                  noise="gaussian"))
+    measure = aggregate.measures["vector_sum"]
+    assert not measure.integer and measure.spec.kind.is_gaussian
+    claim = aggregate.guarantee()
+    assert (claim.epsilon, claim.delta) == pytest.approx((1.0, GAUSSIAN_DELTA))
+    row = clip(np.full((1, dimension), 5.0), max_norm, "l2")[0]
+    d = np.full((len(WIDE_KEYS), dimension), 2.0)
+    d2 = d.copy()
+    d2[:2] += WIDE["max_contributions_per_partition"] * row
+    assert np.sqrt(((d2 - d) ** 2).sum()) == pytest.approx(2 * math.sqrt(2) * max_norm)  # Linf sqrt(L0) C
+    result = measure_check(measure, d, d2, claim, 20_000, seeds=(48, 49))
     assert result.passed, result
