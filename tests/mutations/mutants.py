@@ -669,8 +669,8 @@ MUTANTS += (
         leak="the frequency histogram noised at the scope's whole share beside the reach's "
              "fraction of it: the two together spend more than the scope's budget",
         file="transforms/sketches/dp.py",
-        snippet="return self._spec(1.0 - self.reach_fraction, HISTOGRAM_SENSITIVITY, coordinates=2)",
-        replacement="return self._spec(1.0, HISTOGRAM_SENSITIVITY, coordinates=2)",
+        snippet="return self._spec(1.0 - self.reach_fraction, HISTOGRAM_SENSITIVITY,",
+        replacement="return self._spec(1.0, HISTOGRAM_SENSITIVITY,",
         tests=(SKETCH_BUDGET,),
     ),
     Mutant(
@@ -909,5 +909,15 @@ MUTANTS += (
                     "salt_of(f\"{campaign}/{publisher}\")))",
         tests=("tests/accounting/verification/test_audit_reach_frequency.py::"
                "test_reach_frequency_audit_at_several_publishers_per_person",),
+    ),
+    Mutant(
+        name="sketch-histogram-kept-under-substitution",
+        leak="the frequency histogram marked as one whose change under replace-one-person stays "
+             "within add/remove's (as the reach's does): a replaced person moves two bins, or "
+             "one bin by 2, noised for one",
+        file="transforms/sketches/dp.py",
+        snippet="coordinates=2,\n                          doubles_under_substitution=True)",
+        replacement="coordinates=2,\n                          doubles_under_substitution=False)",
+        tests=(SKETCH_BUDGET,),
     ),
 )
