@@ -353,8 +353,12 @@ def _summary_reports_audit() -> JobAudit:
 
 
 
-def _centralnotice_audit(thresholds: bool = False, spread: bool = False) -> JobAudit:
-    """CentralNotice user-DP clicks. With ``thresholds`` (``centralnotice/thresholds``): a click
+def _centralnotice_audit(thresholds: bool = False, spread: bool = False,
+                         target: bool = False) -> JobAudit:
+    """CentralNotice user-DP clicks. With ``target`` (``centralnotice/target``): discrete
+    Gaussian clicks of one click per user calibrated jointly with the impressions to one target
+    (``privacy.target``, pld: each measure gets more than its weight's share of epsilon, the
+    release is charged what they compose to). With ``thresholds`` (``centralnotice/thresholds``): a click
     release threshold of 0.5 (value mode: a suppressed count is null) and epsilon 0.1 per
     measure, so that the sampled released/suppressed indicators of the lone user's key -- one
     or two clicks in D, none in D' -- need few seeds (about 18 per side). With ``spread`` as well
@@ -380,13 +384,23 @@ def _centralnotice_audit(thresholds: bool = False, spread: bool = False) -> JobA
               "max_clicks_per_user": 2, "bound_per": "period",
               "release_threshold": 0.5 if thresholds else LOW}
     impressions = {"epsilon": 0.1} if thresholds else None
+    if target:
+        clicks = {"noise": "discrete_gaussian", "epsilon": 0.5, "delta": 1e-7, "neighbouring": "user",
+                  "max_clicks_per_user": 1, "bound_per": "period", "release_threshold": LOW}
+        impressions = {"epsilon": 0.5}
 
     def write(dataset, folder):
         files = rows_as_csv("clicks", CN_CLK_HEADER)(dataset, folder)
         imp = write_csv(os.path.join(folder, "imp.csv"), CN_IMP_HEADER,
                         [k + (100 + 10 * i,) for i, k in enumerate(keys[:3])])
-        config = write_json(os.path.join(folder, "config.json"),
-                            cn_config(clicks=clicks, impressions=impressions))
+        data = cn_config(clicks=clicks, impressions=impressions)
+        if target:
+            data["accountant"] = "pld"
+            data["campaigns"][0]["privacy"].update(
+                target={"epsilon": 1.0, "delta": 1e-7},
+                budget={"campaign_total": {"epsilon": 8.0, "delta": 1e-6},
+                        "per_period": {"epsilon": 4.0, "delta": 1e-6}})
+        config = write_json(os.path.join(folder, "config.json"), data)
         return {**files, "impressions": [imp], "config": [config]}
 
     def datasets():
@@ -413,7 +427,8 @@ def _centralnotice_audit(thresholds: bool = False, spread: bool = False) -> JobA
         extra = {}
     return JobAudit(
         name="centralnotice/thresholds/l0_2" if spread else
-             "centralnotice/thresholds" if thresholds else "centralnotice",
+             "centralnotice/thresholds" if thresholds else
+             "centralnotice/target" if target else "centralnotice",
         job=ReleaseLayerJob(
             module=centralnotice, write=write,
             request=lambda files, options: centralnotice.CentralNoticeRequest(
@@ -438,6 +453,7 @@ def _centralnotice_audit(thresholds: bool = False, spread: bool = False) -> JobA
 register(_centralnotice_audit())
 register(_centralnotice_audit(thresholds=True))
 register(_centralnotice_audit(thresholds=True, spread=True))
+register(_centralnotice_audit(target=True))
 
 
 def _reach_frequency_audit() -> JobAudit:
