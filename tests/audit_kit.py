@@ -773,7 +773,8 @@ def _event_level_audit() -> JobAudit:
         tables={"*/reports.csv": TableRule(keys=("source_id", "window", "trigger_data", "n"),
                                            keys_private=True, changed_keys=2 * max_reports),
                 "*/estimates.csv": TableRule(keys=("campaign", "trigger_data"),
-                                             noisy=("estimate", "variance", "estimate_std"),
+                                             noisy=("estimate", "variance",
+                                                    "estimate_ci95_low", "estimate_ci95_high", "estimate_std"),
                                              public_keys=estimates, order=Order.PUBLIC)},
         measures={"*/estimates.csv": {"estimate": "event_level_reports"}},
         keys_private=True,         # the marker's row count of reports.csv is the noisy reports'
@@ -864,7 +865,8 @@ def _ldp_frequencies_audit() -> JobAudit:
                 collection_id="audit", options=options)),
         units=client_units(range(domain)), relation="substitute",
         datasets=lambda: [clients_dataset(values)],
-        tables={"*/estimates.csv": TableRule(keys=("value",), noisy=("estimate", "frequency", "estimate_std"),
+        tables={"*/estimates.csv": TableRule(keys=("value",), noisy=("estimate", "frequency",
+                                                                     "estimate_ci95_low", "estimate_ci95_high", "estimate_std"),
                                              public_keys=[(v,) for v in range(domain)])},
         changes=CLIENT_CHANGES, noisy_changes=())
 
@@ -897,10 +899,12 @@ def _ldp_heavy_hitters_audit() -> JobAudit:
         datasets=lambda: [clients_dataset(values)],
         # ranks 1..k are public; each round's candidates are post-processing of the reports
         tables={"*/heavy_hitters.csv": TableRule(
-                    keys=("rank",), noisy=("value", "estimate", "frequency", "estimate_std"),
+                    keys=("rank",), noisy=("value", "estimate", "frequency",
+                                           "estimate_ci95_low", "estimate_ci95_high", "estimate_std"),
                     public_keys=[(r,) for r in range(1, 4)]),
                 "*/rounds.csv": TableRule(keys=("round", "value"),
-                                          noisy=("estimate", "frequency", "estimate_std"), keys_private=True)},
+                                          noisy=("estimate", "frequency",
+                                                 "estimate_ci95_low", "estimate_ci95_high", "estimate_std"), keys_private=True)},
         keys_private=True, changes=CLIENT_CHANGES, noisy_changes=())
 
 
@@ -976,6 +980,8 @@ def _label_dp_audit() -> JobAudit:
                     public_keys=sorted((str(r["example_id"]),) for r in rows)),
                 "*/debias.jsonl": TableRule(
                     keys=("label_index",), noisy=("randomized_count", "estimated_count",
+                                                  "estimated_count_ci95_low",
+                                                  "estimated_count_ci95_high",
                                                   "estimated_count_std"),
                     bounds={"randomized_count": Bound(l0=2, linf=1, l1=2)},
                     public_keys=[(0,), (1,)])},
