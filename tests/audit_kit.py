@@ -356,12 +356,13 @@ def _summary_reports_audit() -> JobAudit:
 def _centralnotice_audit(thresholds: bool = False, spread: bool = False,
                          target: bool = False) -> JobAudit:
     """CentralNotice user-DP clicks. With ``target`` (``centralnotice/target``): discrete
-    Gaussian clicks of one click per user calibrated jointly with the impressions to one target
-    (``privacy.target``, pld: each measure gets more than its weight's share of epsilon, the
-    release is charged what they compose to). With ``thresholds`` (``centralnotice/thresholds``): a click
-    release threshold of 0.5 (value mode: a suppressed count is null) and epsilon 0.1 per
-    measure, so that the sampled released/suppressed indicators of the lone user's key -- one
-    or two clicks in D, none in D' -- need few seeds (about 18 per side). With ``spread`` as well
+    Gaussian clicks (up to two keys per user) calibrated jointly with the impressions to one
+    target (``privacy.target``, pld: each measure gets more than its weight's share of epsilon,
+    the release is charged what they compose to). With ``thresholds``
+    (``centralnotice/thresholds``): a click release threshold of 0.5 (value mode: a suppressed
+    count is null) and epsilon 0.1 per measure, so that the sampled released/suppressed
+    indicators of the lone user's key -- one or two clicks in D, none in D' -- need few seeds
+    (about 18 per side). With ``spread`` as well
     (``centralnotice/thresholds/l0_2``, slow): the lone user clicks once in each of two keys of
     its own (L0 = max_clicks_per_user = 2), so removing it moves both across the threshold and
     the joint indicators of the two keys are sampled too."""
@@ -386,7 +387,7 @@ def _centralnotice_audit(thresholds: bool = False, spread: bool = False,
     impressions = {"epsilon": 0.1} if thresholds else None
     if target:
         clicks = {"noise": "discrete_gaussian", "epsilon": 0.5, "delta": 1e-7, "neighbouring": "user",
-                  "max_clicks_per_user": 1, "bound_per": "period", "release_threshold": LOW}
+                  "max_clicks_per_user": 2, "bound_per": "period", "release_threshold": LOW}
         impressions = {"epsilon": 0.5}
 
     def write(dataset, folder):

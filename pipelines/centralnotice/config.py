@@ -68,10 +68,10 @@ under ``pld`` as soon as delta > 0, so the noise is larger than the stated total
 (:func:`accounting.target.calibrate_to_target`): the measures' epsilons are read as weights
 (each measure's share of E), a Gaussian measure's delta as its weight in D (pure kinds use
 none), and every share is scaled by the largest common multiplier m >= 1 whose composition
-still fits (E, D). ``pld`` gives the least noise: m > 1 whenever a Gaussian measure composes
-below the sum (row-DP Gaussian clicks, Gaussian impressions); user-DP clicks over several keys
-have no privacy loss distribution tighter than their (epsilon, delta) pair, so beside them m
-stays 1. ``basic`` gives m = 1, the separate calibration. Clicks give ``epsilon`` (a weight),
+still fits (E, D). ``pld`` gives the least noise: m > 1 whenever the measures compose below
+the sum of their epsilons (a Gaussian measure beside another at delta > 0; user-DP clicks over
+several keys through the PLD dominating their shift patterns), so both get less noise than
+their separate calibration. ``basic`` gives m = 1, the separate calibration. Clicks give ``epsilon`` (a weight),
 not ``rho``; a Gaussian measure needs the target's delta > 0; ``"accountant": "zcdp"`` cannot
 calibrate a target. The release states the target, the accountant and m (``--explain``,
 ``RELEASE.json``'s ``parameters.target``, each measure's description in the ledger), and is
