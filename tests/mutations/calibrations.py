@@ -179,3 +179,9 @@ NOT_CALIBRATIONS = {
     "transforms/moments.py": "the moments' budget search predicts variances; the calibration "
                              "itself is Measure.calibrated (transforms/metrics.py)",
 }
+
+# -- issue 39.2: CentralNotice releases calibrated jointly to a target
+CALIBRATIONS = CALIBRATIONS + (
+    _c("CentralNotice joint target", "the target's delta", CN_CONFIG,
+       "centralnotice-target-delta-ignored"),
+)

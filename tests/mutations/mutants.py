@@ -921,3 +921,19 @@ MUTANTS += (
         tests=(SKETCH_BUDGET,),
     ),
 )
+
+# -- issue 39.2: CentralNotice releases calibrated jointly to a target (privacy.target)
+MUTANTS = MUTANTS + (
+    Mutant(
+        name="centralnotice-target-delta-ignored",
+        leak="a CentralNotice target's delta ignored: the release budget's delta (per period, else "
+             "the campaign total) taken for it, so every release is calibrated -- and stated -- "
+             "at more delta than the target the configuration asks for",
+        file="pipelines/centralnotice/config.py",
+        snippet="target=None if target is None else _budget(target), accountant=accountant)",
+        replacement="target=None if target is None else PrivacyBudget(epsilon=float(target["
+                    "\"epsilon\"]), delta=float((per_period or privacy[\"budget\"][\"campaign_total\"])"
+                    ".get(\"delta\", 0.0))), accountant=accountant)",
+        tests=(f"{STATED}::test_a_centralnotice_release_calibrated_to_a_target_composes_within_it",),
+    ),
+)
