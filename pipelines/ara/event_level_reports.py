@@ -21,7 +21,8 @@ Output: release ``event_level_reports/<batch_id>`` with
 * ``estimates.csv``: per group of registered sources and trigger-data value (empty
   ``trigger_data``: all values), ``sources`` (public), the debiased ``estimate`` of attributed
   conversions, its ``variance`` estimate, ``estimate_ci95_low``, ``estimate_ci95_high`` and
-  ``estimate_std`` (the variance's square root, clamped at 0, and the approximate 95% interval
+  ``estimate_std`` (the variance's square root, clamped at the least variance a group of its
+  size can have, and the approximate 95% interval
   estimate -/+ 1.96 estimate_std clipped to [0, R sources]: the error columns' naming,
   :func:`transforms.error_columns.plug_in_interval`); one row per group and value whatever the
   reports. The interval is approximate (plug-in variance, normal approximation): the estimate's
@@ -77,11 +78,12 @@ _RESERVED = ("source_id", "trigger_data", "window", "sources", "estimate", "vari
 APPROXIMATE_INTERVAL = error_columns.approximate_statement(
     "estimate",
     std="the square root of variance, the unbiased estimate of the debiased count's variance "
-        "from the released reports, clamped at 0 (the plug-in variance: the true variance "
+        "from the released reports, clamped at the least variance any group of as many sources "
+        "can have (public: from the sources and the configuration) (the plug-in variance: the true variance "
         "depends on the group's true conversions)",
     assumptions="groups of many sources (the estimate is a sum of independent sources' bounded "
                 "terms, close to normal by the central limit theorem) and a variance estimate "
-                "close to the true variance (a group of few sources may estimate 0)",
+                "close to the true variance (a group of few sources may estimate it low)",
     clipped_to="[0, R sources] (R: the attributed triggers a source reports at most)")
 
 

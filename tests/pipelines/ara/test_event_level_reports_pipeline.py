@@ -14,7 +14,7 @@ from accounting.keys import ReleaseKey
 from pipelines.ara import event_level_reports as job
 from tests.release_testkit import read_json, write_csv
 from transforms.ara.event_beam import EVENT_PURPOSE
-from transforms.ara.event_debias import debias_groups
+from transforms.ara.event_debias import debias_groups, variance_floor
 from transforms.ara.event_level import EventLevelConfig, randomize_states
 from transforms.noise import RandomStreams
 
@@ -104,7 +104,9 @@ def test_testing_run_releases_the_mechanisms_reports_and_their_debiased_counts(t
         assert float(row[3]) == pytest.approx(est[0]) and float(row[4]) == pytest.approx(var[0])
         # the approximate interval: estimate -/+ 1.96 std, clipped to [0, R sources]
         std = float(row[7])
-        assert std == pytest.approx(math.sqrt(max(var[0], 0.0)))
+        # the unbiased estimate clamped at the least variance a group of its size can have
+        floor = variance_floor(np.array([len(members)]), CONFIG, W if t else CONFIG.cells)[0]
+        assert std == pytest.approx(math.sqrt(max(var[0], floor)))
         assert float(row[5]) == pytest.approx(min(max(est[0] - 1.959963984540054 * std, 0.0),
                                                   CONFIG.max_reports * len(members)))
         assert float(row[6]) == pytest.approx(min(max(est[0] + 1.959963984540054 * std, 0.0),
