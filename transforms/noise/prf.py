@@ -75,6 +75,32 @@ def encrypt_words(encryptor, words: np.ndarray) -> np.ndarray:
     return np.frombuffer(out, dtype=_U64, count=words.size).reshape(-1, 2)
 
 
+class Scratch:
+    """Reusable buffers for the AES calls of one sampler run: blocks to encrypt and their
+    ciphertexts, grown on demand and reused, so that a loop of draws touches the same few
+    (cache-resident) pages instead of allocating and zeroing fresh ones on every call. Not
+    shared between threads: one per sampler call."""
+
+    def __init__(self):
+        self._blocks = np.empty((0, 2), dtype=_U64)
+        self._out = bytearray(15)
+
+    def blocks(self, count: int) -> np.ndarray:
+        """A (count, 2) uint64 array to fill with the blocks of the next :meth:`encrypt`."""
+        if self._blocks.shape[0] < count:
+            self._blocks = np.empty((max(count, 2 * self._blocks.shape[0]), 2), dtype=_U64)
+        return self._blocks[:count]
+
+    def encrypt(self, encryptor, blocks: np.ndarray) -> np.ndarray:
+        """AES of each row of a C-contiguous (n, 2) uint64 array, as a view of this scratch's
+        output buffer (valid until the next call)."""
+        if len(self._out) < blocks.nbytes + 15:  # update_into wants one more block, less a byte
+            self._out = bytearray(max(blocks.nbytes, 2 * len(self._out)) + 15)
+        written = encryptor.update_into(blocks.view(np.uint8), self._out)
+        assert written == blocks.nbytes
+        return np.frombuffer(self._out, dtype=_U64, count=blocks.size).reshape(-1, 2)
+
+
 def _cbc_mac_fixed(mac_key: bytes, matrix: np.ndarray) -> np.ndarray:
     """``cbc_mac`` of the rows of an (n, width) uint8 matrix: zero-padded to whole blocks in one
     numpy copy, then :func:`_cbc_mac_blocks`."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from accounting.calibration import SCALE_FRACTION_BITS
+from transforms.noise.prf import Scratch
 from transforms.noise.streams import RandomStreams
 
 _U64 = np.uint64
@@ -194,6 +195,15 @@ class _GeometricPlan:
     digit_thresholds: np.ndarray  # (K,) uint64: first words of q^(2^j) / (1 + q^(2^j))
     tail_thresholds: np.ndarray   # ascending uint64: first words of r^m, m = M .. 1 (r^M < 2^-64)
 
+    @property
+    def digit_bytes(self) -> int:
+        """Bytes that hold a lane's K digit bits (1, 2, 4 or 8: a little-endian integer)."""
+        return next(b for b in (1, 2, 4, 8) if 8 * b >= self.k)
+
+    @property
+    def digit_dtype(self) -> np.dtype:
+        return np.dtype(f"<u{self.digit_bytes}")
+
     def digit(self, j: int) -> _Exponential:
         return _digit(self.t, self.s, j)
 
@@ -262,46 +272,63 @@ def discrete_laplace_units(streams: RandomStreams, t: int, s: int, lanes: np.nda
     the same order, so its sample depends on its stream alone."""
     lanes = np.asarray(lanes)
     plan = _geometric_plan(int(t), int(s))
-    out = np.zeros(lanes.size, dtype=np.int64)
-    for start in range(0, lanes.size, _LANES_PER_PASS):  # a pass's words stay in cache
-        part = slice(start, start + _LANES_PER_PASS)
-        out[part] = _discrete_laplace_pass(streams, plan, lanes[part])
+    out = np.empty(lanes.size, dtype=np.int64)
+    scratch = Scratch()
+    step = max(_MIN_LANES_PER_PASS, _BLOCKS_PER_PASS // (plan.k + 2))
+    for start in range(0, lanes.size, step):  # a pass's blocks and words stay in cache
+        part = slice(start, start + step)
+        out[part] = _discrete_laplace_pass(streams, plan, lanes[part], scratch)
     return out
 
 
-#: Lanes sampled together by discrete_laplace_units (their words, (K + 2) x 8 bytes each, stay
-#: in the processor's cache).
-_LANES_PER_PASS = 1 << 15
+#: AES blocks of one pass of discrete_laplace_units (K + 2 per lane): its blocks, ciphertexts
+#: and comparisons, a few hundred KiB each, stay in the processor's cache.
+_BLOCKS_PER_PASS = 1 << 15
+_MIN_LANES_PER_PASS = 1 << 8
 
 
-def _discrete_laplace_pass(streams: RandomStreams, plan: _GeometricPlan, lanes: np.ndarray) -> np.ndarray:
-    tail = plan.tail_thresholds
-    digits = plan.digit_thresholds[:, None]
-    weights = (np.uint64(1) << np.arange(plan.k, dtype=np.uint64))[:, None]
-    out = np.zeros(lanes.size, dtype=np.int64)
-    pending = np.arange(lanes.size)
-    while pending.size:
-        ln = lanes[pending]
-        words = streams.ahead(ln, plan.k + 2)
-        negative = (words[0] & _U64(1)).astype(bool)
-        below = words[1:plan.k + 1] < digits
-        y = (below * weights).sum(axis=0, dtype=np.uint64)
-        tied = (words[1:plan.k + 1] == digits).any(axis=0)
+def _discrete_laplace_pass(streams: RandomStreams, plan: _GeometricPlan, lanes: np.ndarray,
+                           scratch: Scratch = None) -> np.ndarray:
+    scratch = Scratch() if scratch is None else scratch
+    k, tail, digits = plan.k, plan.tail_thresholds, plan.digit_thresholds
+    out = np.empty(lanes.size, dtype=np.int64)
+    pending, ln = None, lanes  # None: every lane
+    while True:
+        words = streams.ahead_by_lane(ln, k + 2, scratch)  # row i: lane i's sign, digits, tail
+        negative = (words[:, 0] & _U64(1)).astype(bool)
         # D = how many of r^1 > r^2 > ... exceed U: thresholds above the word (ties go the
         # exact way below, so an untied word's count is exact).
-        last = words[plan.k + 1]
+        last = words[:, k + 1]
         at = np.searchsorted(tail, last, side="left")
-        tied |= tail[np.minimum(at, tail.size - 1)] == last
-        y += (tail.size - at).astype(np.uint64) << _U64(plan.k)
-        streams.advance(ln[~tied], plan.k + 2)
-        for i in np.flatnonzero(tied):
-            negative[i], y[i] = _attempt_exact(streams, int(ln[i]), plan)
-        again = negative & (y == 0)
-        done = ~again
-        values = y[done].astype(np.int64)
-        out[pending[done]] = np.where(negative[done], -values, values)
-        pending = pending[again]
-    return out
+        tied = tail[np.minimum(at, tail.size - 1)] == last
+        y = (tail.size - at).astype(np.uint64) << _U64(k)
+        if k:
+            # Digit j is 1 where word j + 1 is below its threshold: bits packed 8 to a byte,
+            # little-endian, read as the low K bits of Y.
+            words_digits = words[:, 1:k + 1]
+            below = np.zeros((ln.size, plan.digit_bytes * 8), dtype=bool)
+            np.less(words_digits, digits, out=below[:, :k])
+            y |= np.packbits(below.reshape(-1), bitorder="little").view(plan.digit_dtype)
+            equal = np.equal(words_digits, digits)
+            if equal.any():
+                tied |= equal.any(axis=1)
+        if tied.any():
+            streams.advance(ln[~tied], k + 2)
+            for i in np.flatnonzero(tied):
+                negative[i], y[i] = _attempt_exact(streams, int(ln[i]), plan)
+        else:
+            streams.advance(ln, k + 2)
+        values = y.astype(np.int64)
+        np.negative(values, out=values, where=negative)
+        if pending is None:
+            out[:] = values
+        else:
+            out[pending] = values
+        again = np.flatnonzero(negative & (y == 0))  # a negative zero: that lane tries again
+        if not again.size:
+            return out
+        pending = again if pending is None else pending[again]
+        ln = lanes[pending]
 
 
 def discrete_laplace(streams: RandomStreams, scale: float, lanes: np.ndarray = None) -> np.ndarray:

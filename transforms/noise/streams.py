@@ -17,9 +17,10 @@ import numpy as np
 import pyarrow as pa
 
 from accounting.keys import ReleaseKey
-from transforms.noise.prf import ecb, encrypt_words, mac_keys
+from transforms.noise.prf import Scratch, ecb, encrypt_words, mac_keys
 
 _U64 = np.uint64
+_BLOCK = np.dtype("V16")  # one AES block, copied as a unit
 
 
 class RandomStreams:
@@ -63,13 +64,29 @@ class RandomStreams:
 
     def draw(self, lanes: np.ndarray = None) -> np.ndarray:
         """One uniform 64-bit word for each of ``lanes`` (all lanes if None)."""
+        return self.draw_into(lanes, None).copy()
+
+    def draw_into(self, lanes: np.ndarray, scratch: "Scratch" = None) -> np.ndarray:
+        """:meth:`draw`, the words returned as a strided view of ``scratch``'s AES output (valid
+        until its next use; a fresh buffer if None): the samplers' loops draw thousands of times
+        and read each word once, so they reuse one cache-resident buffer instead of allocating,
+        zeroing and copying a new one per draw."""
+        scratch = Scratch() if scratch is None else scratch
         if lanes is None:
-            lanes = np.arange(self.size)
-        blocks = self._seeds[lanes]  # fancy indexing: already a copy
-        counters = self._counters[lanes]
-        blocks[:, 0] ^= counters
-        self._counters[lanes] = counters + _U64(1)
-        return _first_words(self._encryptor, blocks)
+            blocks = scratch.blocks(self.size)
+            np.copyto(blocks, self._seeds)
+            counters = self._counters
+            np.bitwise_xor(blocks[:, 0], counters, out=blocks[:, 0])
+            counters += _U64(1)
+        else:
+            lanes = np.asarray(lanes)
+            blocks = scratch.blocks(lanes.size)
+            np.take(self._seeds, lanes, axis=0, out=blocks)
+            counters = self._counters[lanes]
+            np.bitwise_xor(blocks[:, 0], counters, out=blocks[:, 0])
+            counters += _U64(1)
+            self._counters[lanes] = counters
+        return scratch.encrypt(self._encryptor, blocks)[:, 0]
 
     def ahead(self, lanes: np.ndarray, count: int) -> np.ndarray:
         """The next ``count`` words of each of ``lanes`` (distinct) as a (count, len(lanes))
@@ -77,17 +94,41 @@ class RandomStreams:
         sampler that reads a fixed number of words per lane gets them in one AES call and then
         :meth:`advance` s the lanes it used them for (a lane it does not advance is left where it
         was, for a sampler to draw its words one by one instead)."""
-        lanes = np.asarray(lanes)
-        if not lanes.size or not count:
-            return np.zeros((count, lanes.size), dtype=np.uint64)
-        blocks = np.empty((count, lanes.size, 2), dtype=np.uint64)
-        blocks[:] = self._seeds[lanes]
-        blocks[:, :, 0] ^= self._counters[lanes][None, :] + np.arange(count, dtype=np.uint64)[:, None]
-        return _first_words(self._encryptor, blocks.reshape(-1, 2)).reshape(count, lanes.size)
+        return self.ahead_by_lane(lanes, count).T
 
-    def advance(self, lanes: np.ndarray, count: int) -> None:
-        """Move each of ``lanes`` (distinct) past ``count`` words (read with :meth:`ahead`)."""
-        self._counters[lanes] += _U64(count)
+    def ahead_by_lane(self, lanes: np.ndarray, count: int, scratch: "Scratch" = None) -> np.ndarray:
+        """:meth:`ahead` transposed: a (len(lanes), count) array, row i holding lane i's next
+        ``count`` words -- the order the blocks are encrypted in (each lane's blocks adjacent:
+        its seed's second word is written once per lane, its counters are one broadcast add),
+        and the order a sampler reads them in (a lane's words in one cache line or two). A
+        strided view of ``scratch``'s AES output when given (valid until its next use)."""
+        lanes = np.asarray(lanes)
+        scratch = Scratch() if scratch is None else scratch
+        if not lanes.size or not count:
+            return np.zeros((lanes.size, count), dtype=np.uint64)
+        blocks = scratch.blocks(lanes.size * count).reshape(lanes.size, count, 2)
+        seeds = np.take(self._seeds, lanes, axis=0)
+        counters = self._counters[lanes]
+        # Each lane's seed in each of its blocks (16-byte copies), then its counters XOR'd in.
+        np.copyto(blocks.view(_BLOCK).reshape(lanes.size, count), seeds.view(_BLOCK))
+        first = counters[0]
+        if counters[-1] == first and np.all(counters == first):
+            # Lanes at one place in their streams (a first sample): one row of counters for
+            # all, XOR'd over contiguous words ((counter, 0) per block).
+            pattern = np.zeros((count, 2), dtype=_U64)
+            pattern[:, 0] = np.arange(count, dtype=_U64) + first
+            flat = blocks.reshape(lanes.size, 2 * count)
+            np.bitwise_xor(flat, pattern.reshape(-1), out=flat)
+        else:
+            steps = np.add(counters[:, None], np.arange(count, dtype=_U64))
+            np.bitwise_xor(blocks[:, :, 0], steps, out=blocks[:, :, 0])
+        words = scratch.encrypt(self._encryptor, blocks.reshape(-1, 2))
+        return words.reshape(lanes.size, count, 2)[:, :, 0]
+
+    def advance(self, lanes: np.ndarray, count) -> None:
+        """Move each of ``lanes`` (distinct) past ``count`` words (read with :meth:`ahead`; one
+        count for all, or one per lane)."""
+        self._counters[lanes] += np.asarray(count, dtype=np.uint64)
 
     @classmethod
     def first_draw(cls, release_key: ReleaseKey, purpose: str, seeds: np.ndarray) -> np.ndarray:
