@@ -30,19 +30,21 @@ class RandomStreams:
     (rejection sampling) stays reproducible: lane i's values depend only on its own seed.
     """
 
-    def __init__(self, release_key: ReleaseKey, purpose: str, seeds: np.ndarray):
+    def __init__(self, release_key: ReleaseKey, purpose: str, seeds: np.ndarray, *, _copy: bool = True):
         if not isinstance(release_key, ReleaseKey):
             raise TypeError("release_key must be a ReleaseKey")
         self.release_key = release_key
         self.purpose = purpose
-        self._seeds = seeds.view(np.uint64).reshape(-1, 2).copy()
+        seeds = seeds.view(np.uint64).reshape(-1, 2)
+        # The streams own their seeds: a copy, unless they are the PRF's fresh output (for_keys).
+        self._seeds = seeds.copy() if _copy else seeds
         self._counters = np.zeros(len(self._seeds), dtype=np.uint64)
         self._encryptor = ecb(release_key.subkey("stream:" + purpose).secret_bytes())
 
     @classmethod
     def for_keys(cls, release_key: ReleaseKey, purpose: str, keys) -> "RandomStreams":
         mac_key = release_key.subkey("key-mac:" + purpose).secret_bytes()
-        return cls(release_key, purpose, mac_keys(mac_key, keys))
+        return cls(release_key, purpose, mac_keys(mac_key, keys), _copy=False)
 
     @classmethod
     def for_range(cls, release_key: ReleaseKey, purpose: str, n: int, offset: int = 0) -> "RandomStreams":
