@@ -42,32 +42,35 @@ def _all(streams: RandomStreams, lanes):
 
 
 def bernoulli_ratio(streams: RandomStreams, num: np.ndarray, den, k: int,
-                    lanes: np.ndarray) -> np.ndarray:
+                    lanes: np.ndarray, scratch: Scratch = None) -> np.ndarray:
     """Bernoulli(num / (k·den)) per lane, exactly. ``den`` is an array (one per lane) or one
-    integer for every lane (the samplers' common case: no per-lane arrays to build and scan)."""
+    integer for every lane (the samplers' common case: no per-lane arrays to build and scan).
+    ``scratch``: AES buffers reused across a sampler's draws (:meth:`RandomStreams.draw_into`)."""
     if np.ndim(den) == 0:
         den = int(den)  # a Python int: exact products, and randint takes it as one common bound
     if k == 1 and np.all(num == den):
         return np.ones(lanes.size, dtype=bool)
     if np.all(den <= (1 << 63) // k):
-        return streams.randint(den * k, lanes) < num
+        return streams.randint(den * k, lanes, scratch) < num
     # k·den would overflow 64 bits: draw the 1/k and num/den parts separately.
-    first = streams.randint(k, lanes) == 0
-    return first & (streams.randint(den, lanes) < num)
+    first = streams.randint(k, lanes, scratch) == 0
+    return first & (streams.randint(den, lanes, scratch) < num)
 
 
-def bernoulli_exp_fraction(streams: RandomStreams, num, den, lanes: np.ndarray) -> np.ndarray:
+def bernoulli_exp_fraction(streams: RandomStreams, num, den, lanes: np.ndarray,
+                           scratch: Scratch = None) -> np.ndarray:
     """Bernoulli(exp(-num/den)) per lane, for 0 <= num <= den (exact). ``num`` and ``den`` are
     arrays (one per lane) or integers common to every lane."""
     common_num, common_den = np.ndim(num) == 0, np.ndim(den) == 0
     num = int(num) if common_num else np.asarray(num, dtype=np.uint64)
     den = int(den) if common_den else np.asarray(den, dtype=np.uint64)
+    scratch = Scratch() if scratch is None else scratch
     result = np.zeros(lanes.size, dtype=bool)
     active = np.arange(lanes.size)
     k = 1
     while active.size:
         success = bernoulli_ratio(streams, num if common_num else num[active],
-                                  den if common_den else den[active], k, lanes[active])
+                                  den if common_den else den[active], k, lanes[active], scratch)
         finished = active[~success]
         result[finished] = (k % 2) == 1
         active = active[success]
@@ -75,12 +78,14 @@ def bernoulli_exp_fraction(streams: RandomStreams, num, den, lanes: np.ndarray) 
     return result
 
 
-def bernoulli_exp_minus_one(streams: RandomStreams, lanes: np.ndarray) -> np.ndarray:
-    return bernoulli_exp_fraction(streams, 1, 1, lanes)
+def bernoulli_exp_minus_one(streams: RandomStreams, lanes: np.ndarray, scratch: Scratch = None) -> np.ndarray:
+    return bernoulli_exp_fraction(streams, 1, 1, lanes, scratch)
 
 
-def bernoulli_exp(streams: RandomStreams, gamma: np.ndarray, lanes: np.ndarray) -> np.ndarray:
+def bernoulli_exp(streams: RandomStreams, gamma: np.ndarray, lanes: np.ndarray,
+                  scratch: Scratch = None) -> np.ndarray:
     """Bernoulli(exp(-γ)) for real γ >= 0 (doubles): floor(γ) exp(-1) trials, then the fraction."""
+    scratch = Scratch() if scratch is None else scratch
     gamma = np.asarray(gamma, dtype=np.float64)
     whole = np.floor(gamma)
     fraction = gamma - whole
@@ -88,15 +93,16 @@ def bernoulli_exp(streams: RandomStreams, gamma: np.ndarray, lanes: np.ndarray) 
     remaining = whole.astype(np.int64)
     candidates = np.nonzero(remaining > 0)[0]
     while candidates.size:
-        ok = bernoulli_exp_minus_one(streams, lanes[candidates])
+        ok = bernoulli_exp_minus_one(streams, lanes[candidates], scratch)
         alive[candidates[~ok]] = False
         remaining[candidates] -= 1
         candidates = candidates[ok & (remaining[candidates] > 0)]
     idx = np.nonzero(alive)[0]
     if idx.size:
-        den = np.full(idx.size, 1 << _FRACTION_BITS_GAMMA, dtype=np.uint64)
+        # One denominator for every lane: the common-bound draws (the same words and values
+        # as a per-lane array of it).
         num = np.ceil(np.ldexp(fraction[idx], _FRACTION_BITS_GAMMA)).astype(np.uint64)
-        alive[idx] = bernoulli_exp_fraction(streams, num, den, lanes[idx])
+        alive[idx] = bernoulli_exp_fraction(streams, num, 1 << _FRACTION_BITS_GAMMA, lanes[idx], scratch)
     return alive
 
 
@@ -346,13 +352,14 @@ def discrete_gaussian(streams: RandomStreams, sigma: float, lanes: np.ndarray = 
     lanes = _all(streams, lanes)
     t = math.floor(sigma) + 1
     sigma2 = sigma * sigma
+    scratch = Scratch()
     out = np.zeros(lanes.size, dtype=np.int64)
     pending = np.arange(lanes.size)
     while pending.size:
         y = discrete_laplace_units(streams, t << SCALE_FRACTION_BITS, 1 << SCALE_FRACTION_BITS,
                                    lanes[pending])
         gamma = (np.abs(y) - sigma2 / t) ** 2 / (2 * sigma2)
-        accept = bernoulli_exp(streams, gamma, lanes[pending])
+        accept = bernoulli_exp(streams, gamma, lanes[pending], scratch)
         out[pending[accept]] = y[accept]
         pending = pending[~accept]
     return out

@@ -149,39 +149,40 @@ class RandomStreams:
         """Uniform on the 2^-53 grid of [0, 1)."""
         return (self.draw(lanes) >> _U64(11)).astype(np.float64) * 2.0 ** -53
 
-    def randint(self, bound: np.ndarray, lanes: np.ndarray = None) -> np.ndarray:
-        """Exactly uniform integers in [0, bound) per lane (rejection of the biased top range)."""
+    def randint(self, bound: np.ndarray, lanes: np.ndarray = None, scratch: Scratch = None) -> np.ndarray:
+        """Exactly uniform integers in [0, bound) per lane (rejection of the biased top range);
+        ``scratch`` as for :meth:`draw_into`."""
         if lanes is None:
             lanes = np.arange(self.size)
         if np.ndim(bound) == 0:
-            return self._randint_common(int(bound), lanes)
+            return self._randint_common(int(bound), lanes, scratch)
         bound = np.broadcast_to(np.asarray(bound, dtype=np.uint64), lanes.shape)
         if np.any(bound == 0):
             raise ValueError("randint bound must be positive")
         if bound.size and np.all(bound == bound.flat[0]):
-            return self._randint_common(int(bound.flat[0]), lanes)
+            return self._randint_common(int(bound.flat[0]), lanes, scratch)
         # Accept x < limit = floor(2^64 / bound) * bound; 2^64 mod bound = (2^64 - bound) mod bound.
         limit_gap = (_U64(0) - bound) % bound
         out = np.empty(lanes.shape, dtype=np.uint64)
         pending = np.arange(lanes.size)
         while pending.size:
-            x = self.draw(lanes[pending])
+            x = self.draw_into(lanes[pending], scratch)
             ok = x <= (np.iinfo(np.uint64).max - limit_gap[pending])
             out[pending[ok]] = x[ok] % bound[pending[ok]]
             pending = pending[~ok]
         return out
 
-    def _randint_common(self, bound: int, lanes: np.ndarray) -> np.ndarray:
+    def _randint_common(self, bound: int, lanes: np.ndarray, scratch: Scratch = None) -> np.ndarray:
         """``randint`` with one bound for every lane: the same draws and values as the per-lane
         path, without its per-lane arrays (the samplers' loops call this thousands of times)."""
         if not 0 < bound < 1 << 64:
             raise ValueError("randint bound must be positive")
         if not bound & (bound - 1):
             # A power-of-two bound: the low bits are exactly uniform; no rejection needed.
-            return self.draw(lanes) & _U64(bound - 1)
+            return self.draw_into(lanes, scratch) & _U64(bound - 1)
         # Accept x <= 2^64 - 1 - (2^64 mod bound), i.e. x < floor(2^64 / bound) * bound.
         limit = _U64((1 << 64) - 1 - ((1 << 64) % bound))
-        x = self.draw(lanes)
+        x = self.draw_into(lanes, scratch)
         ok = x <= limit
         if ok.all():
             return x % _U64(bound)
@@ -189,7 +190,7 @@ class RandomStreams:
         out[ok] = x[ok] % _U64(bound)
         pending = np.flatnonzero(~ok)
         while pending.size:
-            x = self.draw(lanes[pending])
+            x = self.draw_into(lanes[pending], scratch)
             ok = x <= limit
             out[pending[ok]] = x[ok] % _U64(bound)
             pending = pending[~ok]
