@@ -84,6 +84,16 @@ class Scratch:
     def __init__(self):
         self._blocks = np.empty((0, 2), dtype=_U64)
         self._out = bytearray(15)
+        self._row, self._row_key = None, None
+
+    def counter_row(self, first: int, count: int) -> np.ndarray:
+        """The 2·count words (first, 0, first + 1, 0, ...): what a block row of lanes all at
+        counter ``first`` is XOR'd with (kept for the next pass at the same place)."""
+        if self._row_key != (first, count):
+            row = np.zeros((count, 2), dtype=_U64)
+            row[:, 0] = np.arange(count, dtype=_U64) + _U64(first)
+            self._row, self._row_key = row.reshape(-1), (first, count)
+        return self._row
 
     def blocks(self, count: int) -> np.ndarray:
         """A (count, 2) uint64 array to fill with the blocks of the next :meth:`encrypt`."""

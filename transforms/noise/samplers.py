@@ -281,9 +281,13 @@ def discrete_laplace_units(streams: RandomStreams, t: int, s: int, lanes: np.nda
     out = np.empty(lanes.size, dtype=np.int64)
     scratch = Scratch()
     step = max(_MIN_LANES_PER_PASS, _BLOCKS_PER_PASS // (plan.k + 2))
+    # A range of lanes (all of them, typically) is read through views of its seeds and counters.
+    first = int(lanes[0]) if lanes.size else 0
+    in_range = lanes.size > 1 and int(lanes[-1]) - first == lanes.size - 1 and bool(np.all(np.diff(lanes) == 1))
     for start in range(0, lanes.size, step):  # a pass's blocks and words stay in cache
         part = slice(start, start + step)
-        out[part] = _discrete_laplace_pass(streams, plan, lanes[part], scratch)
+        span = slice(first + start, first + min(start + step, lanes.size)) if in_range else None
+        out[part] = _discrete_laplace_pass(streams, plan, lanes[part], scratch, span)
     return out
 
 
@@ -294,13 +298,15 @@ _MIN_LANES_PER_PASS = 1 << 8
 
 
 def _discrete_laplace_pass(streams: RandomStreams, plan: _GeometricPlan, lanes: np.ndarray,
-                           scratch: Scratch = None) -> np.ndarray:
+                           scratch: Scratch = None, span: slice = None) -> np.ndarray:
+    """One pass over ``lanes`` (distinct; ``span`` the same lanes as a slice if a range)."""
     scratch = Scratch() if scratch is None else scratch
     k, tail, digits = plan.k, plan.tail_thresholds, plan.digit_thresholds
     out = np.empty(lanes.size, dtype=np.int64)
     pending, ln = None, lanes  # None: every lane
+    read = span if span is not None else lanes  # ln, or the same lanes as a slice
     while True:
-        words = streams.ahead_by_lane(ln, k + 2, scratch)  # row i: lane i's sign, digits, tail
+        words = streams.ahead_by_lane(read, k + 2, scratch)  # row i: lane i's sign, digits, tail
         negative = (words[:, 0] & _U64(1)).astype(bool)
         # D = how many of r^1 > r^2 > ... exceed U: thresholds above the word (ties go the
         # exact way below, so an untied word's count is exact).
@@ -323,7 +329,7 @@ def _discrete_laplace_pass(streams: RandomStreams, plan: _GeometricPlan, lanes: 
             for i in np.flatnonzero(tied):
                 negative[i], y[i] = _attempt_exact(streams, int(ln[i]), plan)
         else:
-            streams.advance(ln, k + 2)
+            streams.advance(read, k + 2)
         values = y.astype(np.int64)
         np.negative(values, out=values, where=negative)
         if pending is None:
@@ -334,7 +340,7 @@ def _discrete_laplace_pass(streams: RandomStreams, plan: _GeometricPlan, lanes: 
         if not again.size:
             return out
         pending = again if pending is None else pending[again]
-        ln = lanes[pending]
+        ln = read = lanes[pending]
 
 
 def discrete_laplace(streams: RandomStreams, scale: float, lanes: np.ndarray = None) -> np.ndarray:

@@ -99,37 +99,39 @@ class RandomStreams:
         return self.ahead_by_lane(lanes, count).T
 
     def ahead_by_lane(self, lanes: np.ndarray, count: int, scratch: "Scratch" = None) -> np.ndarray:
-        """:meth:`ahead` transposed: a (len(lanes), count) array, row i holding lane i's next
+        """:meth:`ahead` transposed (``lanes`` distinct, or a slice: a range of lanes): a
+        (len(lanes), count) array, row i holding lane i's next
         ``count`` words -- the order the blocks are encrypted in (each lane's blocks adjacent:
         its seed's second word is written once per lane, its counters are one broadcast add),
         and the order a sampler reads them in (a lane's words in one cache line or two). A
         strided view of ``scratch``'s AES output when given (valid until its next use)."""
-        lanes = np.asarray(lanes)
         scratch = Scratch() if scratch is None else scratch
-        if not lanes.size or not count:
-            return np.zeros((lanes.size, count), dtype=np.uint64)
-        blocks = scratch.blocks(lanes.size * count).reshape(lanes.size, count, 2)
-        seeds = np.take(self._seeds, lanes, axis=0)
-        counters = self._counters[lanes]
+        if isinstance(lanes, slice):  # a range of lanes: views of their seeds and counters
+            seeds, counters = self._seeds[lanes], self._counters[lanes]
+        else:
+            lanes = np.asarray(lanes)
+            seeds, counters = np.take(self._seeds, lanes, axis=0), self._counters[lanes]
+        size = counters.size
+        if not size or not count:
+            return np.zeros((size, count), dtype=np.uint64)
+        blocks = scratch.blocks(size * count).reshape(size, count, 2)
         # Each lane's seed in each of its blocks (16-byte copies), then its counters XOR'd in.
-        np.copyto(blocks.view(_BLOCK).reshape(lanes.size, count), seeds.view(_BLOCK))
+        np.copyto(blocks.view(_BLOCK).reshape(size, count), seeds.view(_BLOCK))
         first = counters[0]
         if counters[-1] == first and np.all(counters == first):
             # Lanes at one place in their streams (a first sample): one row of counters for
             # all, XOR'd over contiguous words ((counter, 0) per block).
-            pattern = np.zeros((count, 2), dtype=_U64)
-            pattern[:, 0] = np.arange(count, dtype=_U64) + first
-            flat = blocks.reshape(lanes.size, 2 * count)
-            np.bitwise_xor(flat, pattern.reshape(-1), out=flat)
+            flat = blocks.reshape(size, 2 * count)
+            np.bitwise_xor(flat, scratch.counter_row(int(first), count), out=flat)
         else:
             steps = np.add(counters[:, None], np.arange(count, dtype=_U64))
             np.bitwise_xor(blocks[:, :, 0], steps, out=blocks[:, :, 0])
         words = scratch.encrypt(self._encryptor, blocks.reshape(-1, 2))
-        return words.reshape(lanes.size, count, 2)[:, :, 0]
+        return words.reshape(size, count, 2)[:, :, 0]
 
     def advance(self, lanes: np.ndarray, count) -> None:
-        """Move each of ``lanes`` (distinct) past ``count`` words (read with :meth:`ahead`; one
-        count for all, or one per lane)."""
+        """Move each of ``lanes`` (distinct; or a slice, a range of them) past ``count`` words
+        (read with :meth:`ahead`; one count for all, or one per lane)."""
         self._counters[lanes] += np.asarray(count, dtype=np.uint64)
 
     @classmethod
