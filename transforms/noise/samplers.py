@@ -277,70 +277,80 @@ def discrete_laplace_units(streams: RandomStreams, t: int, s: int, lanes: np.nda
     word by word (:func:`_attempt_exact`). Either way a lane reads the words of its own stream in
     the same order, so its sample depends on its stream alone."""
     lanes = np.asarray(lanes)
-    plan = _geometric_plan(int(t), int(s))
-    out = np.empty(lanes.size, dtype=np.int64)
-    scratch = Scratch()
-    step = max(_MIN_LANES_PER_PASS, _BLOCKS_PER_PASS // (plan.k + 2))
-    # A range of lanes (all of them, typically) is read through views of its seeds and counters.
     first = int(lanes[0]) if lanes.size else 0
     in_range = lanes.size > 1 and int(lanes[-1]) - first == lanes.size - 1 and bool(np.all(np.diff(lanes) == 1))
-    for start in range(0, lanes.size, step):  # a pass's blocks and words stay in cache
-        part = slice(start, start + step)
-        span = slice(first + start, first + min(start + step, lanes.size)) if in_range else None
-        out[part] = _discrete_laplace_pass(streams, plan, lanes[part], scratch, span)
-    return out
+    return _discrete_laplace_pass(streams, _geometric_plan(int(t), int(s)), lanes, Scratch(),
+                                  slice(first, first + lanes.size) if in_range else None)
 
 
-#: AES blocks of one pass of discrete_laplace_units (K + 2 per lane): its blocks, ciphertexts
-#: and comparisons, a few hundred KiB each, stay in the processor's cache.
+#: AES blocks of one call of :func:`_attempts` (K + 2 per lane): its blocks, ciphertexts and
+#: comparisons, a few hundred KiB each, stay in the processor's cache.
 _BLOCKS_PER_PASS = 1 << 15
 _MIN_LANES_PER_PASS = 1 << 8
 
 
 def _discrete_laplace_pass(streams: RandomStreams, plan: _GeometricPlan, lanes: np.ndarray,
                            scratch: Scratch = None, span: slice = None) -> np.ndarray:
-    """One pass over ``lanes`` (distinct; ``span`` the same lanes as a slice if a range)."""
+    """:func:`discrete_laplace_units` of ``lanes`` (distinct; ``span``: the same lanes as a
+    slice, if they are a range) under ``plan``: rounds of one attempt for every pending lane, a
+    cache-sized group of lanes at a time, until no lane drew a negative zero. (Every lane reads
+    its own stream in the same order whatever the grouping, so rounds over all pending lanes
+    give the values lane-by-lane loops would, with far fewer small numpy calls.)"""
     scratch = Scratch() if scratch is None else scratch
-    k, tail, digits = plan.k, plan.tail_thresholds, plan.digit_thresholds
+    step = max(_MIN_LANES_PER_PASS, _BLOCKS_PER_PASS // (plan.k + 2))
     out = np.empty(lanes.size, dtype=np.int64)
-    pending, ln = None, lanes  # None: every lane
-    read = span if span is not None else lanes  # ln, or the same lanes as a slice
+    pending = None  # every lane
     while True:
-        words = streams.ahead_by_lane(read, k + 2, scratch)  # row i: lane i's sign, digits, tail
-        negative = (words[:, 0] & _U64(1)).astype(bool)
-        # D = how many of r^1 > r^2 > ... exceed U: thresholds above the word (ties go the
-        # exact way below, so an untied word's count is exact).
-        last = words[:, k + 1]
-        at = np.searchsorted(tail, last, side="left")
-        tied = tail[np.minimum(at, tail.size - 1)] == last
-        y = (tail.size - at).astype(np.uint64) << _U64(k)
-        if k:
-            # Digit j is 1 where word j + 1 is below its threshold: bits packed 8 to a byte,
-            # little-endian, read as the low K bits of Y.
-            words_digits = words[:, 1:k + 1]
-            below = np.zeros((ln.size, plan.digit_bytes * 8), dtype=bool)
-            np.less(words_digits, digits, out=below[:, :k])
-            y |= np.packbits(below.reshape(-1), bitorder="little").view(plan.digit_dtype)
-            equal = np.equal(words_digits, digits)
-            if equal.any():
-                tied |= equal.any(axis=1)
-        if tied.any():
-            streams.advance(ln[~tied], k + 2)
-            for i in np.flatnonzero(tied):
-                negative[i], y[i] = _attempt_exact(streams, int(ln[i]), plan)
-        else:
-            streams.advance(read, k + 2)
-        values = y.astype(np.int64)
-        np.negative(values, out=values, where=negative)
-        if pending is None:
-            out[:] = values
-        else:
-            out[pending] = values
-        again = np.flatnonzero(negative & (y == 0))  # a negative zero: that lane tries again
-        if not again.size:
+        ln = lanes if pending is None else lanes[pending]
+        retry = []
+        for start in range(0, ln.size, step):
+            part = slice(start, start + step)
+            read = ln[part] if span is None or pending is not None else \
+                slice(span.start + start, span.start + min(start + step, ln.size))
+            values, again = _attempts(streams, plan, ln[part], read, scratch)
+            if pending is None:
+                out[part] = values
+            else:
+                out[pending[part]] = values
+            if again.size:
+                retry.append(again + start)
+        if not retry:
             return out
+        again = np.concatenate(retry)
         pending = again if pending is None else pending[again]
-        ln = read = lanes[pending]
+
+
+def _attempts(streams: RandomStreams, plan: _GeometricPlan, lanes: np.ndarray, read, scratch: Scratch):
+    """One attempt for each of ``lanes`` (``read``: the same lanes, or the same as a slice):
+    the values (0 where a negative zero is drawn) and the positions of those lanes to retry."""
+    k, tail, digits = plan.k, plan.tail_thresholds, plan.digit_thresholds
+    words = streams.ahead_by_lane(read, k + 2, scratch)  # row i: lane i's sign, digits, tail
+    negative = (words[:, 0] & _U64(1)).astype(bool)
+    # D = how many of r^1 > r^2 > ... exceed U: thresholds above the word (ties go the exact
+    # way below, so an untied word's count is exact).
+    last = words[:, k + 1]
+    at = np.searchsorted(tail, last, side="left")
+    tied = tail[np.minimum(at, tail.size - 1)] == last
+    y = (tail.size - at).astype(np.uint64) << _U64(k)
+    if k:
+        # Digit j is 1 where word j + 1 is below its threshold: bits packed 8 to a byte,
+        # little-endian, read as the low K bits of Y.
+        words_digits = words[:, 1:k + 1]
+        below = np.zeros((lanes.size, plan.digit_bytes * 8), dtype=bool)
+        np.less(words_digits, digits, out=below[:, :k])
+        y |= np.packbits(below.reshape(-1), bitorder="little").view(plan.digit_dtype)
+        equal = np.equal(words_digits, digits)
+        if equal.any():
+            tied |= equal.any(axis=1)
+    if tied.any():
+        streams.advance(lanes[~tied], k + 2)
+        for i in np.flatnonzero(tied):
+            negative[i], y[i] = _attempt_exact(streams, int(lanes[i]), plan)
+    else:
+        streams.advance(read, k + 2)
+    values = y.astype(np.int64)
+    np.negative(values, out=values, where=negative)
+    return values, np.flatnonzero(negative & (y == 0))  # a negative zero: that lane tries again
 
 
 def discrete_laplace(streams: RandomStreams, scale: float, lanes: np.ndarray = None) -> np.ndarray:
