@@ -4,7 +4,9 @@ A key is a tuple of components (a scalar key is the 1-tuple of itself). Each com
 written with a one-byte type tag and a fixed-width or length-prefixed body, so the encoding is
 injective: two keys share bytes only if they are equal component by component and type by type.
 Python values (:func:`encode_key`) and Arrow key columns (:func:`encode_keys`, vectorised column
-by column in Arrow and numpy) give the same bytes.
+by column in Arrow and numpy) give the same bytes; so do the PRF's fast paths, which write them
+as numpy words (:class:`WindowedKeys`) or byte matrices (:func:`encode_keys_matrix`,
+:func:`encode_keys_layouts`) rather than Arrow binary arrays.
 
 Tags: ``N`` null, ``B`` boolean, ``I`` integer (sign byte and 16-byte big-endian magnitude),
 ``F`` float64 (big-endian IEEE; -0.0 as 0.0; NaN refused), ``S`` text (UTF-8), ``Y`` bytes,

@@ -200,7 +200,7 @@ def _mac_windowed(mac_key: bytes, keys: WindowedKeys) -> np.ndarray:
         for j in range(most):
             np.bitwise_xor(state[:, 0], words[2 * j, :m], out=mixed[:m, 0])
             np.bitwise_xor(state[:, 1], words[2 * j + 1, :m], out=mixed[:m, 1])
-            if j >= fewest and j:
+            if j >= fewest:
                 state = state.copy()  # it may be the buffer this block's AES overwrites
             encrypted = scratch.encrypt(encryptor, mixed[:m].view(_U64)).view("<u8")
             # Past a row's last block its MAC is final: it keeps its state.

@@ -204,7 +204,10 @@ class _GeometricPlan:
     @property
     def digit_bytes(self) -> int:
         """Bytes that hold a lane's K digit bits (1, 2, 4 or 8: a little-endian integer)."""
-        return next(b for b in (1, 2, 4, 8) if 8 * b >= self.k)
+        for size in (1, 2, 4, 8):
+            if 8 * size >= self.k:
+                return size
+        raise ValueError(f"a discrete Laplace plan of {self.k} digits does not fit 64 bits")
 
     @property
     def digit_dtype(self) -> np.dtype:

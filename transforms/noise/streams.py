@@ -9,7 +9,8 @@ order, and (3) fast: a million keys in well under a second. Construction:
   purpose-specific sub-key, so seeds of distinct keys look independent and uniformly random to
   anyone without the release key.
 * Lane i's j-th block is AES-256_{K'}(seed_i XOR j) under a second sub-key K' (counter mode): an
-  unbounded stream per lane. Samplers draw whole arrays of blocks in one AES call.
+  unbounded stream per lane. Samplers draw the blocks of a cache-sized group of lanes in one
+  AES call, into buffers reused from call to call (:class:`~transforms.noise.prf.Scratch`).
 """
 from __future__ import annotations
 

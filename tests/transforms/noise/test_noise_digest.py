@@ -168,3 +168,70 @@ EXPECTED_MAC = "fa4ed70d198bae28da6f0f9be3cb0ea0b83f0c19874fdf4f3e96bae4d31254e0
 
 def test_key_macs_are_bit_identical():
     assert _mac_digest() == EXPECTED_MAC
+
+
+# --------------------------------------------------------------------------- groupings
+
+def _mixed_keys(n: int) -> pa.Table:
+    """Keys whose encodings span several numbers of blocks (text of 0 to 40 bytes before,
+    between and after fixed-width columns), with negative integers, unsigned integers above
+    2^63, -0.0, booleans and a dictionary-encoded text column."""
+    rng = np.random.default_rng(44)
+    texts = ["", "a", "é", "DE", "日本語", "x" * 11, "y" * 27, "z" * 40]
+    return pa.table({"s": pa.array([texts[i] for i in rng.integers(0, len(texts), n)]),
+                     "i": pa.array(rng.integers(-2 ** 63, 2 ** 63 - 1, n, endpoint=True)),
+                     "y": pa.array([bytes([i % 7]) * (i % 9) for i in range(n)], pa.binary()),
+                     "u": pa.array(rng.integers(0, 2 ** 64 - 1, n, dtype=np.uint64, endpoint=True)),
+                     "f": pa.array(np.r_[rng.normal(size=n - 1), -0.0]),
+                     "b": pa.array(rng.integers(0, 2, n).astype(bool)),
+                     "c": pa.array([texts[i] for i in rng.integers(0, 5, n)]).dictionary_encode()})
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64, 10 ** 6])
+def test_key_macs_do_not_depend_on_the_chunk_of_rows_encoded_together(rows, monkeypatch):
+    """The windowed MAC path, a chunk of ``rows`` keys at a time (a chunk's words reused, rows
+    of different block counts in one chunk), gives the general Arrow path's MACs."""
+    from transforms.noise import prf
+    from transforms.noise.encoding import WindowedKeys, encode_keys
+
+    monkeypatch.setattr(prf, "WINDOW_ROWS", rows)
+    keys = _mixed_keys(500)
+    for case in (keys, keys.slice(13, 300), pa.concat_tables([keys.slice(0, 40), keys.slice(40)]),
+                 keys.select(["i", "f", "b"]), keys.select(["b", "s"]), keys.slice(0, 1)):
+        assert WindowedKeys.of(case) is not None
+        assert np.array_equal(prf.mac_keys(b"w" * 32, case), prf.cbc_mac(b"w" * 32, encode_keys(case)))
+
+
+def test_windowed_rows_are_the_canonical_encodings():
+    """The words WindowedKeys writes are encode_keys's bytes, zero past each key's length."""
+    from transforms.noise.encoding import WindowedKeys, encode_keys
+
+    keys = _mixed_keys(300)
+    windowed = WindowedKeys.of(keys)
+    words = np.zeros((windowed.num_words, 200), dtype="<u8")
+    lengths = windowed.fill(50, 250, words)
+    rows = np.ascontiguousarray(words.T).view(np.uint8)  # row r: its words' bytes in order
+    expected = encode_keys(keys).to_pylist()[50:250]
+    assert [bytes(row[:length]) for row, length in zip(rows, lengths)] == expected
+    assert not any(row[length:].any() for row, length in zip(rows, lengths))
+    assert WindowedKeys.of(pa.table({"s": ["x" * 65]})) is None  # long text: the other paths
+
+
+@pytest.mark.parametrize("t,s", [(1 << 20, 1 << 20), (37 << 20, 1 << 20), (20971521 << 20, 1 << 20)])
+def test_discrete_laplace_does_not_depend_on_the_lanes_sampled_together(t, s, monkeypatch):
+    """Groups of a few lanes and one group of all give the same values and leave every lane's
+    stream at the same place; so do a range of lanes (read through views) and the same lanes
+    in another order."""
+    key = ReleaseKey.for_testing(45)
+    n = 3000
+    whole = RandomStreams.for_range(key, "groups", n)
+    expected = samplers.discrete_laplace_units(whole, t, s, np.arange(n))
+    monkeypatch.setattr(samplers, "_BLOCKS_PER_PASS", 1)
+    monkeypatch.setattr(samplers, "_MIN_LANES_PER_PASS", 37)
+    small = RandomStreams.for_range(key, "groups", n)
+    assert np.array_equal(samplers.discrete_laplace_units(small, t, s, np.arange(n)), expected)
+    assert np.array_equal(small._counters, whole._counters)
+    order = np.random.default_rng(1).permutation(n)
+    shuffled = RandomStreams.for_range(key, "groups", n)
+    assert np.array_equal(samplers.discrete_laplace_units(shuffled, t, s, order), expected[order])
+    assert np.array_equal(shuffled._counters, whole._counters)
