@@ -235,3 +235,28 @@ def test_discrete_laplace_does_not_depend_on_the_lanes_sampled_together(t, s, mo
     shuffled = RandomStreams.for_range(key, "groups", n)
     assert np.array_equal(samplers.discrete_laplace_units(shuffled, t, s, order), expected[order])
     assert np.array_equal(shuffled._counters, whole._counters)
+
+
+def _draws_digest() -> str:
+    """Plain draws: every lane (fewer and more lanes than a draw encrypts together), chosen
+    lanes with repeats (a repeated lane gets its one next word each time it is named), uniform
+    floats and a numpy Generator keyed from a stream."""
+    key = ReleaseKey.for_testing(46)
+    digest = _Digest()
+    for n in (1000, 70000):
+        streams = RandomStreams.for_range(key, f"draws{n}", n)
+        for round_ in range(2):
+            digest.add(f"{n}/all{round_}", streams.draw())
+        lanes = np.random.default_rng(n).integers(0, n, 2 * n)
+        digest.add(f"{n}/chosen", streams.draw(lanes))
+        digest.add(f"{n}/uniform", streams.uniform_float())
+        digest.add(f"{n}/words", streams._counters)
+        digest.add(f"{n}/generator", streams.generator().integers(0, 2 ** 63, 10))
+    return digest.hexdigest()
+
+
+EXPECTED_DRAWS = "25424d2f51d2876577b23412072ed0d8c3e03da44287c2ed4d28f7c9af7a6580"
+
+
+def test_plain_draws_are_bit_identical():
+    assert _draws_digest() == EXPECTED_DRAWS
