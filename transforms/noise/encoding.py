@@ -438,7 +438,8 @@ class WindowedKeys:
             size = int(offsets[-1]) - base if n else 0
             words = np.zeros(size // 8 + 3, dtype="<u8")  # the data, then zero words to read past it
             words.view(np.uint8)[:size] = data[base:base + size]
-            components.append(("text", longest, (tag, offsets - base, words)))
+            starts = offsets[:-1] - base if base else offsets[:-1]
+            components.append(("text", longest, (tag, starts, lengths, words)))
             low, high = low + 5 + shortest, high + 5 + longest
         return cls(n, components, low, high)
 
@@ -485,15 +486,13 @@ class WindowedKeys:
         position = 5  # one offset for every row until a text column's length varies it
         for kind, width, arrays in self._components:
             if kind == "text":
-                tag, offsets, data = arrays
-                firsts = offsets[start:stop]
-                lengths = np.diff(offsets[start:stop + 1])
-                firsts, lengths = firsts.astype(np.int64), lengths.astype(np.int64)
+                tag, starts, lengths, data = arrays
+                firsts, lengths = starts[start:stop], lengths[start:stop]
                 # Window 0: the tag, the 4-byte length and data bytes 0..2; window w >= 1: data
                 # bytes 8w - 5 .. 8w + 2; each masked to the bytes the row has.
                 head = _U64(tag) | (_be_word(lengths, ">u4") << _U64(8))
-                put(position, head | (_read_data(data, firsts) & _TAIL_MASKS[np.minimum(lengths, 3)])
-                    << _U64(40))
+                put(position, head | (_read_data(data, firsts, clip=False)
+                                      & _TAIL_MASKS[np.minimum(lengths, 3)]) << _U64(40))
                 for w in range(1, -(-(5 + width) // 8)):
                     skip = 8 * w - 5
                     put(position + 8 * w, _read_data(data, firsts + skip)
@@ -525,10 +524,12 @@ class WindowedKeys:
         return np.broadcast_to(np.asarray(position, dtype=np.int64), (m,))
 
 
-def _read_data(words: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+def _read_data(words: np.ndarray, offsets: np.ndarray, clip: bool = True) -> np.ndarray:
     """The 8 bytes at each byte offset of the little-endian words of a text column's data, as a
-    little-endian integer (two aligned gathers and shifts, offsets clipped inside the buffer)."""
-    offsets = np.minimum(offsets, 8 * (words.size - 2))
+    little-endian integer (two aligned gathers and shifts; offsets clipped inside the buffer,
+    unless they are the values' own starts, all inside it)."""
+    if clip:
+        offsets = np.minimum(offsets, 8 * (words.size - 2))
     q = offsets >> 3
     shift = ((offsets & 7) << 3).astype(_U64)
     return (words[q] >> shift) | ((words[q + 1] << _U64(1)) << (_U64(63) - shift))
