@@ -281,7 +281,8 @@ def discrete_laplace_units(streams: RandomStreams, t: int, s: int, lanes: np.nda
     the same order, so its sample depends on its stream alone."""
     lanes = np.asarray(lanes)
     first = int(lanes[0]) if lanes.size else 0
-    in_range = lanes.size > 1 and int(lanes[-1]) - first == lanes.size - 1 and bool(np.all(np.diff(lanes) == 1))
+    in_range = (lanes.size > 1 and int(lanes[-1]) - first == lanes.size - 1
+                and bool(np.all(np.diff(lanes) == 1)))
     return _discrete_laplace_pass(streams, _geometric_plan(int(t), int(s)), lanes, Scratch(),
                                   slice(first, first + lanes.size) if in_range else None)
 
