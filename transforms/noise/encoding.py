@@ -401,6 +401,9 @@ class WindowedKeys:
 
     @classmethod
     def of(cls, keys):
+        """The windowed form of ``keys`` (an Arrow table, batch or column), or None where it
+        does not apply: Python keys, other column types, nulls, text or bytes longer than
+        :data:`_MAX_WINDOW_TEXT`. A NaN float key is refused, as by :func:`encode_keys`."""
         if isinstance(keys, (pa.Array, pa.ChunkedArray)):
             keys = pa.table({"k": keys})
         if not isinstance(keys, (pa.Table, pa.RecordBatch)):
