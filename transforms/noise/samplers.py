@@ -68,6 +68,10 @@ def bernoulli_exp_fraction(streams: RandomStreams, num, den, lanes: np.ndarray,
     result = np.zeros(lanes.size, dtype=bool)
     active = np.arange(lanes.size)
     k = 1
+    if (common_den and not common_num and not den & (den - 1) and den <= 1 << 62
+            and lanes.size >= _PREFETCH_LANES and not np.all(num == den)):
+        active = _first_two_steps(streams, num, den, lanes, result, scratch)
+        k = 3
     while active.size:
         success = bernoulli_ratio(streams, num if common_num else num[active],
                                   den if common_den else den[active], k, lanes[active], scratch)
@@ -76,6 +80,31 @@ def bernoulli_exp_fraction(streams: RandomStreams, num, den, lanes: np.ndarray,
         active = active[success]
         k += 1
     return result
+
+
+#: Lanes from which bernoulli_exp_fraction reads its first two steps' words ahead.
+_PREFETCH_LANES = 1 << 10
+
+
+def _first_two_steps(streams: RandomStreams, num: np.ndarray, den: int, lanes: np.ndarray,
+                     result: np.ndarray, scratch: Scratch) -> np.ndarray:
+    """Steps k = 1 and 2 of :func:`bernoulli_exp_fraction` for a power-of-two ``den``: each
+    reads exactly one word (a power-of-two bound, no rejection), so both words of every lane
+    are read ahead in one AES call per cache-sized group and each lane is advanced past the
+    words it used (one if it stopped at k = 1, else two): the words and outcomes of the loop.
+    Writes the finished lanes' results; returns the positions of the lanes going on to k = 3."""
+    step = _BLOCKS_PER_PASS // 2
+    going_on = []
+    for start in range(0, lanes.size, step):
+        part = slice(start, start + step)
+        ln, bound = lanes[part], num[part]
+        words = streams.ahead_by_lane(ln, 2, scratch)
+        first = (words[:, 0] & _U64(den - 1)) < bound  # A_1 ~ Bernoulli(num / den)
+        second = first & ((words[:, 1] & _U64(2 * den - 1)) < bound)  # A_2, where A_1 held
+        result[part] = ~first  # stopped at k = 1 (odd): True; at k = 2 (even): False
+        streams.advance(ln, first.astype(np.uint64) + _U64(1))
+        going_on.append(np.flatnonzero(second) + start)
+    return np.concatenate(going_on) if going_on else np.zeros(0, dtype=np.int64)
 
 
 def bernoulli_exp_minus_one(streams: RandomStreams, lanes: np.ndarray, scratch: Scratch = None) -> np.ndarray:
@@ -376,10 +405,10 @@ def discrete_gaussian(streams: RandomStreams, sigma: float, lanes: np.ndarray = 
     out = np.zeros(lanes.size, dtype=np.int64)
     pending = np.arange(lanes.size)
     while pending.size:
-        y = discrete_laplace_units(streams, t << SCALE_FRACTION_BITS, 1 << SCALE_FRACTION_BITS,
-                                   lanes[pending])
+        ln = lanes[pending]
+        y = discrete_laplace_units(streams, t << SCALE_FRACTION_BITS, 1 << SCALE_FRACTION_BITS, ln)
         gamma = (np.abs(y) - sigma2 / t) ** 2 / (2 * sigma2)
-        accept = bernoulli_exp(streams, gamma, lanes[pending], scratch)
+        accept = bernoulli_exp(streams, gamma, ln, scratch)
         out[pending[accept]] = y[accept]
         pending = pending[~accept]
     return out

@@ -260,3 +260,22 @@ EXPECTED_DRAWS = "25424d2f51d2876577b23412072ed0d8c3e03da44287c2ed4d28f7c9af7a65
 
 def test_plain_draws_are_bit_identical():
     assert _draws_digest() == EXPECTED_DRAWS
+
+
+@pytest.mark.parametrize("den", [1 << 60, 1 << 20, 1 << 62, 1])
+def test_bernoulli_steps_read_ahead_are_the_loops(den):
+    """The first two steps of bernoulli_exp_fraction read ahead for a power-of-two denominator
+    (one AES call for both words of every lane) give the step-by-step loop's outcomes and leave
+    every lane's stream where the loop does (the loop: the same denominator given per lane)."""
+    key = ReleaseKey.for_testing(47)
+    n = 5000
+    rng = np.random.default_rng(den % 1009)
+    num = rng.integers(0, den, n, endpoint=True).astype(np.uint64)
+    num[:3] = [0, den, den - 1] if den > 1 else [0, 1, 1]
+    lanes = rng.permutation(n + 100)[:n]
+    ahead = RandomStreams.for_range(key, "steps", n + 100)
+    loop = RandomStreams.for_range(key, "steps", n + 100)
+    got = samplers.bernoulli_exp_fraction(ahead, num, den, lanes)
+    want = samplers.bernoulli_exp_fraction(loop, num, np.full(n, den, dtype=np.uint64), lanes)
+    assert np.array_equal(got, want)
+    assert np.array_equal(ahead._counters, loop._counters)
