@@ -4,7 +4,9 @@ A key is a tuple of components (a scalar key is the 1-tuple of itself). Each com
 written with a one-byte type tag and a fixed-width or length-prefixed body, so the encoding is
 injective: two keys share bytes only if they are equal component by component and type by type.
 Python values (:func:`encode_key`) and Arrow key columns (:func:`encode_keys`, vectorised column
-by column in Arrow and numpy) give the same bytes.
+by column in Arrow and numpy) give the same bytes; so do the PRF's fast paths, which write them
+as numpy words (:class:`WindowedKeys`) or byte matrices (:func:`encode_keys_matrix`,
+:func:`encode_keys_layouts`) rather than Arrow binary arrays.
 
 Tags: ``N`` null, ``B`` boolean, ``I`` integer (sign byte and 16-byte big-endian magnitude),
 ``F`` float64 (big-endian IEEE; -0.0 as 0.0; NaN refused), ``S`` text (UTF-8), ``Y`` bytes,
@@ -361,3 +363,176 @@ def encode_keys(keys) -> pa.Array:
     if isinstance(keys, (pa.Array, pa.ChunkedArray)):
         return encode_keys(pa.table({"k": keys}))
     return pa.array([encode_key(k) for k in keys], pa.large_binary())
+
+
+# --------------------------------------------------------------------------- windowed encoding
+
+#: Longest text or bytes component the windowed encoder writes (a pass over a chunk's rows per
+#: 8 bytes); keys with longer ones take the layout or Arrow paths.
+_MAX_WINDOW_TEXT = 64
+#: Rows encoded (and MAC'd) together: a chunk's words and blocks stay in the processor's cache.
+WINDOW_ROWS = 1 << 14
+
+_TAIL_MASKS = np.array([(1 << (8 * b)) - 1 for b in range(9)], dtype=_U64)  # b low bytes set
+
+
+def _be_word(values: np.ndarray, dtype: str) -> np.ndarray:
+    """The bytes of ``values`` written as the big-endian ``dtype``, read as a little-endian
+    unsigned integer (widened to 64 bits): the value of a window that starts with those bytes."""
+    raw = np.asarray(values).astype(dtype)
+    raw = raw.view(f"<u{raw.dtype.itemsize}")
+    return raw if raw.dtype.itemsize == 8 else raw.astype("<u8")
+
+
+class WindowedKeys:
+    """Keys' canonical encodings (:func:`encode_keys`) written a chunk of rows at a time as
+    little-endian 64-bit words, word-major: ``words[k, r]`` holds bytes 8k .. 8k + 7 of row r
+    (zero past the row's length: the PRF's zero padding). Rows stay in key order whatever their
+    text lengths (no grouping by layout, no reordering); each component is OR'd in as 8-byte
+    *windows* (its bytes 8w .. 8w + 7, zero past its end) at its row's byte offset, a window
+    split over the two words it straddles by per-row shifts: a few contiguous numpy passes per
+    component and chunk. For Arrow key columns of integers, booleans, floats, text and bytes
+    (dictionary-encoded or not) without nulls; :meth:`of` is None for other keys."""
+
+    def __init__(self, n: int, components: list, min_length: int, max_length: int):
+        self.num_rows = n
+        self._components = components  # (kind, width, arrays) per column
+        self.min_length, self.max_length = min_length, max_length
+
+    @classmethod
+    def of(cls, keys):
+        """The windowed form of ``keys`` (an Arrow table, batch or column), or None where it
+        does not apply: Python keys, other column types, nulls, text or bytes longer than
+        :data:`_MAX_WINDOW_TEXT`. A NaN float key is refused, as by :func:`encode_keys`."""
+        if isinstance(keys, (pa.Array, pa.ChunkedArray)):
+            keys = pa.table({"k": keys})
+        if not isinstance(keys, (pa.Table, pa.RecordBatch)):
+            return None
+        n = keys.num_rows
+        components, low, high = [], 5, 5
+        for column in keys.columns:
+            column = plain_column(column)
+            if column.null_count:
+                return None
+            typ = column.type
+            width = _type_width(typ)
+            if width is not None:
+                values = column.to_numpy(zero_copy_only=False)
+                if pa.types.is_floating(typ):
+                    values = values.astype(np.float64, copy=False)
+                    if np.isnan(values).any():
+                        raise ValueError("a key component must not be NaN")
+                kind = "int" if pa.types.is_integer(typ) else "bool" if pa.types.is_boolean(typ) else "float"
+                components.append((kind, width, values))
+                low, high = low + width, high + width
+                continue
+            if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+                tag = ord("S")
+            elif pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
+                tag = ord("Y")
+            else:
+                return None
+            offsets, data = _text_buffers(column)
+            lengths = np.diff(offsets)
+            shortest, longest = (int(lengths.min()), int(lengths.max())) if n else (0, 0)
+            if longest > _MAX_WINDOW_TEXT:
+                return None
+            base = int(offsets[0]) if n else 0
+            size = int(offsets[-1]) - base if n else 0
+            words = np.zeros(size // 8 + 3, dtype="<u8")  # the data, then zero words to read past it
+            words.view(np.uint8)[:size] = data[base:base + size]
+            starts = offsets[:-1] - base if base else offsets[:-1]
+            components.append(("text", longest, (tag, starts, lengths, words)))
+            low, high = low + 5 + shortest, high + 5 + longest
+        return cls(n, components, low, high)
+
+    @property
+    def padded_width(self) -> int:
+        """Bytes of the longest key zero-padded to whole 16-byte blocks."""
+        return -(-self.max_length // 16) * 16
+
+    @property
+    def num_words(self) -> int:
+        """Rows of the ``words`` buffer :meth:`fill` writes: the padded width, and one word for
+        windows reaching past it (zero)."""
+        return self.padded_width // 8 + 1
+
+    def fill(self, start: int, stop: int, words: np.ndarray) -> np.ndarray:
+        """OR keys ``start`` .. ``stop`` - 1 into ``words`` ((:attr:`num_words`, >= stop -
+        start) '<u8', zero on entry) and return their lengths in bytes (int64)."""
+        m = stop - start
+        words = words[:, :m]
+
+        def put(position, values):
+            """OR 8-byte windows (little-endian values) at byte ``position`` of each row."""
+            if np.ndim(position) == 0:
+                q, r = divmod(int(position), 8)
+                words[q] |= values << _U64(8 * r)
+                if r:
+                    words[q + 1] |= values >> _U64(64 - 8 * r)
+                return
+            q = position >> 3
+            shift = ((position & 7) << 3).astype(_U64)
+            low = values << shift
+            high = (values >> _U64(1)) >> (_U64(63) - shift)  # the bytes past word q (0 if none)
+            first, last = int(q.min()), int(q.max())
+            if first == last:
+                words[first] |= low
+                words[first + 1] |= high
+                return
+            for k in range(first, last + 1):
+                here = q == k
+                words[k] |= np.where(here, low, _U64(0))
+                words[k + 1] |= np.where(here, high, _U64(0))
+
+        put(0, _U64(ord("T")) | (_be_word(len(self._components), ">u4") << _U64(8)))
+        position = 5  # one offset for every row until a text column's length varies it
+        for kind, width, arrays in self._components:
+            if kind == "text":
+                tag, starts, lengths, data = arrays
+                firsts, lengths = starts[start:stop], lengths[start:stop]
+                # Window 0: the tag, the 4-byte length and data bytes 0..2; window w >= 1: data
+                # bytes 8w - 5 .. 8w + 2; each masked to the bytes the row has.
+                head = _U64(tag) | (_be_word(lengths, ">u4") << _U64(8))
+                put(position, head | (_read_data(data, firsts, clip=False)
+                                      & _TAIL_MASKS[np.minimum(lengths, 3)]) << _U64(40))
+                for w in range(1, -(-(5 + width) // 8)):
+                    skip = 8 * w - 5
+                    put(position + 8 * w, _read_data(data, firsts + skip)
+                        & _TAIL_MASKS[np.clip(lengths - skip, 0, 8)])
+                position = position + 5 + lengths
+                continue
+            values = arrays[start:stop]
+            if kind == "int":
+                if values.dtype.kind == "i":
+                    values = values.astype(np.int64, copy=False)
+                    negative = values < 0
+                    if negative.any():
+                        magnitude = np.where(negative, (-(values + 1)).astype(_U64) + _U64(1),
+                                             values.astype(_U64))
+                        put(position, _U64(ord("I")) | (negative.astype(_U64) << _U64(8)))
+                    else:
+                        magnitude = values.view(_U64)
+                        put(position, _U64(ord("I")))
+                else:
+                    magnitude = values.astype(_U64, copy=False)
+                    put(position, _U64(ord("I")))
+                put(position + 10, _be_word(magnitude, ">u8"))  # bytes 2..9: the high half, zero
+            elif kind == "bool":
+                put(position, _U64(ord("B")) | (values.astype(_U64) << _U64(8)))
+            else:
+                put(position, _U64(ord("F")))
+                put(position + 1, _be_word(values + 0.0, ">f8"))  # -0.0 -> 0.0
+            position = position + width
+        return np.broadcast_to(np.asarray(position, dtype=np.int64), (m,))
+
+
+def _read_data(words: np.ndarray, offsets: np.ndarray, clip: bool = True) -> np.ndarray:
+    """The 8 bytes at each byte offset of the little-endian words of a text column's data, as a
+    little-endian integer (two aligned gathers and shifts; offsets clipped inside the buffer,
+    unless they are the values' own starts, all inside it)."""
+    if clip:
+        offsets = np.minimum(offsets, 8 * (words.size - 2))
+    q = offsets >> 3
+    shift = ((offsets & 7) << 3).astype(_U64)
+    return (words[q] >> shift) | ((words[q + 1] << _U64(1)) << (_U64(63) - shift))

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from transforms.noise.encoding import (be_bytes, encode_keys, encode_keys_layouts, encode_keys_matrix,
-                                      join_binary)
+from transforms.noise.encoding import (WINDOW_ROWS, WindowedKeys, be_bytes, encode_keys,
+                                      encode_keys_layouts, encode_keys_matrix, join_binary)
 
 _U64 = np.uint64
 
@@ -75,6 +75,42 @@ def encrypt_words(encryptor, words: np.ndarray) -> np.ndarray:
     return np.frombuffer(out, dtype=_U64, count=words.size).reshape(-1, 2)
 
 
+class Scratch:
+    """Reusable buffers for the AES calls of one sampler run: blocks to encrypt and their
+    ciphertexts, grown on demand and reused, so that a loop of draws touches the same few
+    (cache-resident) pages instead of allocating and zeroing fresh ones on every call. Not
+    shared between threads: one per sampler call."""
+
+    def __init__(self):
+        self._blocks = np.empty((0, 2), dtype=_U64)
+        self._out = bytearray(15)
+        self._row, self._row_key = None, None
+
+    def counter_row(self, first: int, count: int) -> np.ndarray:
+        """The 2·count words (first, 0, first + 1, 0, ...): what a block row of lanes all at
+        counter ``first`` is XOR'd with (kept for the next pass at the same place)."""
+        if self._row_key != (first, count):
+            row = np.zeros((count, 2), dtype=_U64)
+            row[:, 0] = np.arange(count, dtype=_U64) + _U64(first)
+            self._row, self._row_key = row.reshape(-1), (first, count)
+        return self._row
+
+    def blocks(self, count: int) -> np.ndarray:
+        """A (count, 2) uint64 array to fill with the blocks of the next :meth:`encrypt`."""
+        if self._blocks.shape[0] < count:
+            self._blocks = np.empty((max(count, 2 * self._blocks.shape[0]), 2), dtype=_U64)
+        return self._blocks[:count]
+
+    def encrypt(self, encryptor, blocks: np.ndarray) -> np.ndarray:
+        """AES of each row of a C-contiguous (n, 2) uint64 array, as a view of this scratch's
+        output buffer (valid until the next call)."""
+        if len(self._out) < blocks.nbytes + 15:  # update_into wants one more block, less a byte
+            self._out = bytearray(max(blocks.nbytes, 2 * len(self._out)) + 15)
+        written = encryptor.update_into(blocks.view(np.uint8), self._out)
+        assert written == blocks.nbytes
+        return np.frombuffer(self._out, dtype=_U64, count=blocks.size).reshape(-1, 2)
+
+
 def _cbc_mac_fixed(mac_key: bytes, matrix: np.ndarray) -> np.ndarray:
     """``cbc_mac`` of the rows of an (n, width) uint8 matrix: zero-padded to whole blocks in one
     numpy copy, then :func:`_cbc_mac_blocks`."""
@@ -112,11 +148,15 @@ def _cbc_mac_blocks(mac_key: bytes, blocks: np.ndarray, width: int) -> np.ndarra
 
 
 def mac_keys(mac_key: bytes, keys) -> np.ndarray:
-    """``cbc_mac`` of the canonical encodings of ``keys`` (:func:`encode_keys`): straight from a
-    fixed-width byte matrix where every key encodes to the same length (integer, boolean or
-    float key columns), from one such matrix per layout where text or bytes columns vary in
-    length (:func:`encode_keys_layouts`), through Arrow binary arrays otherwise (nulls, dates,
-    free text of very many lengths). Same outputs on every path."""
+    """``cbc_mac`` of the canonical encodings of ``keys`` (:func:`encode_keys`): written a chunk
+    of rows at a time into one cache-resident buffer and MAC'd in key order where the key
+    columns are integers, booleans, floats or short text and bytes without nulls
+    (:class:`~transforms.noise.encoding.WindowedKeys`), from one fixed-width matrix per layout
+    where text is longer (:func:`encode_keys_layouts`), through Arrow binary arrays otherwise
+    (nulls, dates, free text of very many lengths). Same outputs on every path."""
+    windowed = WindowedKeys.of(keys)
+    if windowed is not None:
+        return _mac_windowed(mac_key, windowed)
     matrix = encode_keys_matrix(keys, pad_to=16)
     if matrix is not None:  # a view of its rows zero-padded to whole blocks (matrix.base)
         return _cbc_mac_blocks(mac_key, matrix.base, matrix.shape[1])
@@ -129,6 +169,44 @@ def mac_keys(mac_key: bytes, keys) -> np.ndarray:
     for rows, matrix in layouts:  # one length per layout: each the fixed-width path
         out[rows] = _cbc_mac_blocks(mac_key, matrix.base, matrix.shape[1])
     return out
+
+
+def _mac_windowed(mac_key: bytes, keys: WindowedKeys) -> np.ndarray:
+    """``cbc_mac`` of :class:`WindowedKeys`, a chunk of rows at a time: each row's chain starts
+    from the AES of its length block (one per possible length, computed once), then one AES call
+    per block position over the chunk's rows; a row with fewer blocks than the longest keeps its
+    state past its last block."""
+    n = keys.num_rows
+    out = np.empty((n, 2), dtype="<u8")
+    if not n:
+        return out.view(np.uint8)
+    encryptor = ecb(mac_key)
+    lengths = np.arange(keys.min_length, keys.max_length + 1, dtype=_U64)
+    heads = np.zeros((lengths.size, 2), dtype=_U64)
+    heads.view(np.uint8)[:, :8] = be_bytes(lengths, 8)
+    chains = encrypt_words(encryptor, heads).view("<u8").copy()  # AES of each length block
+    chunk = min(n, WINDOW_ROWS)
+    words = np.zeros((keys.num_words, chunk), dtype="<u8")
+    mixed = np.empty((chunk, 2), dtype="<u8")
+    scratch = Scratch()
+    for start in range(0, n, chunk):
+        m = min(chunk, n - start)
+        if start:
+            words.fill(0)
+        length = keys.fill(start, start + m, words)
+        state = np.take(chains, length - keys.min_length, axis=0)
+        blocks = (length + 15) // 16
+        fewest, most = int(blocks.min()), int(blocks.max())
+        for j in range(most):
+            np.bitwise_xor(state[:, 0], words[2 * j, :m], out=mixed[:m, 0])
+            np.bitwise_xor(state[:, 1], words[2 * j + 1, :m], out=mixed[:m, 1])
+            if j >= fewest:
+                state = state.copy()  # it may be the buffer this block's AES overwrites
+            encrypted = scratch.encrypt(encryptor, mixed[:m].view(_U64)).view("<u8")
+            # Past a row's last block its MAC is final: it keeps its state.
+            state = encrypted if j < fewest else np.where((blocks > j)[:, None], encrypted, state)
+        out[start:start + m] = state
+    return out.view(np.uint8)
 
 
 def mac_words(mac: np.ndarray) -> np.ndarray:

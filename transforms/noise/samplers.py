@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from accounting.calibration import SCALE_FRACTION_BITS
+from transforms.noise.prf import Scratch
 from transforms.noise.streams import RandomStreams
 
 _U64 = np.uint64
@@ -41,32 +42,39 @@ def _all(streams: RandomStreams, lanes):
 
 
 def bernoulli_ratio(streams: RandomStreams, num: np.ndarray, den, k: int,
-                    lanes: np.ndarray) -> np.ndarray:
+                    lanes: np.ndarray, scratch: Scratch = None) -> np.ndarray:
     """Bernoulli(num / (k·den)) per lane, exactly. ``den`` is an array (one per lane) or one
-    integer for every lane (the samplers' common case: no per-lane arrays to build and scan)."""
+    integer for every lane (the samplers' common case: no per-lane arrays to build and scan).
+    ``scratch``: AES buffers reused across a sampler's draws (:meth:`RandomStreams.draw_into`)."""
     if np.ndim(den) == 0:
         den = int(den)  # a Python int: exact products, and randint takes it as one common bound
     if k == 1 and np.all(num == den):
         return np.ones(lanes.size, dtype=bool)
     if np.all(den <= (1 << 63) // k):
-        return streams.randint(den * k, lanes) < num
+        return streams.randint(den * k, lanes, scratch) < num
     # k·den would overflow 64 bits: draw the 1/k and num/den parts separately.
-    first = streams.randint(k, lanes) == 0
-    return first & (streams.randint(den, lanes) < num)
+    first = streams.randint(k, lanes, scratch) == 0
+    return first & (streams.randint(den, lanes, scratch) < num)
 
 
-def bernoulli_exp_fraction(streams: RandomStreams, num, den, lanes: np.ndarray) -> np.ndarray:
+def bernoulli_exp_fraction(streams: RandomStreams, num, den, lanes: np.ndarray,
+                           scratch: Scratch = None) -> np.ndarray:
     """Bernoulli(exp(-num/den)) per lane, for 0 <= num <= den (exact). ``num`` and ``den`` are
     arrays (one per lane) or integers common to every lane."""
     common_num, common_den = np.ndim(num) == 0, np.ndim(den) == 0
     num = int(num) if common_num else np.asarray(num, dtype=np.uint64)
     den = int(den) if common_den else np.asarray(den, dtype=np.uint64)
+    scratch = Scratch() if scratch is None else scratch
     result = np.zeros(lanes.size, dtype=bool)
     active = np.arange(lanes.size)
     k = 1
+    if (common_den and not common_num and not den & (den - 1) and den <= 1 << 62
+            and lanes.size >= _PREFETCH_LANES and not np.all(num == den)):
+        active = _first_two_steps(streams, num, den, lanes, result, scratch)
+        k = 3
     while active.size:
         success = bernoulli_ratio(streams, num if common_num else num[active],
-                                  den if common_den else den[active], k, lanes[active])
+                                  den if common_den else den[active], k, lanes[active], scratch)
         finished = active[~success]
         result[finished] = (k % 2) == 1
         active = active[success]
@@ -74,12 +82,39 @@ def bernoulli_exp_fraction(streams: RandomStreams, num, den, lanes: np.ndarray) 
     return result
 
 
-def bernoulli_exp_minus_one(streams: RandomStreams, lanes: np.ndarray) -> np.ndarray:
-    return bernoulli_exp_fraction(streams, 1, 1, lanes)
+#: Lanes from which bernoulli_exp_fraction reads its first two steps' words ahead.
+_PREFETCH_LANES = 1 << 10
 
 
-def bernoulli_exp(streams: RandomStreams, gamma: np.ndarray, lanes: np.ndarray) -> np.ndarray:
+def _first_two_steps(streams: RandomStreams, num: np.ndarray, den: int, lanes: np.ndarray,
+                     result: np.ndarray, scratch: Scratch) -> np.ndarray:
+    """Steps k = 1 and 2 of :func:`bernoulli_exp_fraction` for a power-of-two ``den``: each
+    reads exactly one word (a power-of-two bound, no rejection), so both words of every lane
+    are read ahead in one AES call per cache-sized group and each lane is advanced past the
+    words it used (one if it stopped at k = 1, else two): the words and outcomes of the loop.
+    Writes the finished lanes' results; returns the positions of the lanes going on to k = 3."""
+    step = _BLOCKS_PER_PASS // 2
+    going_on = []
+    for start in range(0, lanes.size, step):
+        part = slice(start, start + step)
+        ln, bound = lanes[part], num[part]
+        words = streams.ahead_by_lane(ln, 2, scratch)
+        first = (words[:, 0] & _U64(den - 1)) < bound  # A_1 ~ Bernoulli(num / den)
+        second = first & ((words[:, 1] & _U64(2 * den - 1)) < bound)  # A_2, where A_1 held
+        result[part] = ~first  # stopped at k = 1 (odd): True; at k = 2 (even): False
+        streams.advance(ln, first.astype(np.uint64) + _U64(1))
+        going_on.append(np.flatnonzero(second) + start)
+    return np.concatenate(going_on) if going_on else np.zeros(0, dtype=np.int64)
+
+
+def bernoulli_exp_minus_one(streams: RandomStreams, lanes: np.ndarray, scratch: Scratch = None) -> np.ndarray:
+    return bernoulli_exp_fraction(streams, 1, 1, lanes, scratch)
+
+
+def bernoulli_exp(streams: RandomStreams, gamma: np.ndarray, lanes: np.ndarray,
+                  scratch: Scratch = None) -> np.ndarray:
     """Bernoulli(exp(-γ)) for real γ >= 0 (doubles): floor(γ) exp(-1) trials, then the fraction."""
+    scratch = Scratch() if scratch is None else scratch
     gamma = np.asarray(gamma, dtype=np.float64)
     whole = np.floor(gamma)
     fraction = gamma - whole
@@ -87,15 +122,16 @@ def bernoulli_exp(streams: RandomStreams, gamma: np.ndarray, lanes: np.ndarray) 
     remaining = whole.astype(np.int64)
     candidates = np.nonzero(remaining > 0)[0]
     while candidates.size:
-        ok = bernoulli_exp_minus_one(streams, lanes[candidates])
+        ok = bernoulli_exp_minus_one(streams, lanes[candidates], scratch)
         alive[candidates[~ok]] = False
         remaining[candidates] -= 1
         candidates = candidates[ok & (remaining[candidates] > 0)]
     idx = np.nonzero(alive)[0]
     if idx.size:
-        den = np.full(idx.size, 1 << _FRACTION_BITS_GAMMA, dtype=np.uint64)
+        # One denominator for every lane: the common-bound draws (the same words and values
+        # as a per-lane array of it).
         num = np.ceil(np.ldexp(fraction[idx], _FRACTION_BITS_GAMMA)).astype(np.uint64)
-        alive[idx] = bernoulli_exp_fraction(streams, num, den, lanes[idx])
+        alive[idx] = bernoulli_exp_fraction(streams, num, 1 << _FRACTION_BITS_GAMMA, lanes[idx], scratch)
     return alive
 
 
@@ -194,6 +230,18 @@ class _GeometricPlan:
     digit_thresholds: np.ndarray  # (K,) uint64: first words of q^(2^j) / (1 + q^(2^j))
     tail_thresholds: np.ndarray   # ascending uint64: first words of r^m, m = M .. 1 (r^M < 2^-64)
 
+    @property
+    def digit_bytes(self) -> int:
+        """Bytes that hold a lane's K digit bits (1, 2, 4 or 8: a little-endian integer)."""
+        for size in (1, 2, 4, 8):
+            if 8 * size >= self.k:
+                return size
+        raise ValueError(f"a discrete Laplace plan of {self.k} digits does not fit 64 bits")
+
+    @property
+    def digit_dtype(self) -> np.dtype:
+        return np.dtype(f"<u{self.digit_bytes}")
+
     def digit(self, j: int) -> _Exponential:
         return _digit(self.t, self.s, j)
 
@@ -261,47 +309,81 @@ def discrete_laplace_units(streams: RandomStreams, t: int, s: int, lanes: np.nda
     word by word (:func:`_attempt_exact`). Either way a lane reads the words of its own stream in
     the same order, so its sample depends on its stream alone."""
     lanes = np.asarray(lanes)
-    plan = _geometric_plan(int(t), int(s))
-    out = np.zeros(lanes.size, dtype=np.int64)
-    for start in range(0, lanes.size, _LANES_PER_PASS):  # a pass's words stay in cache
-        part = slice(start, start + _LANES_PER_PASS)
-        out[part] = _discrete_laplace_pass(streams, plan, lanes[part])
-    return out
+    first = int(lanes[0]) if lanes.size else 0
+    in_range = (lanes.size > 1 and int(lanes[-1]) - first == lanes.size - 1
+                and bool(np.all(np.diff(lanes) == 1)))
+    return _discrete_laplace_pass(streams, _geometric_plan(int(t), int(s)), lanes, Scratch(),
+                                  slice(first, first + lanes.size) if in_range else None)
 
 
-#: Lanes sampled together by discrete_laplace_units (their words, (K + 2) x 8 bytes each, stay
-#: in the processor's cache).
-_LANES_PER_PASS = 1 << 15
+#: AES blocks of one call of :func:`_attempts` (K + 2 per lane): its blocks, ciphertexts and
+#: comparisons, a few hundred KiB each, stay in the processor's cache.
+_BLOCKS_PER_PASS = 1 << 15
+_MIN_LANES_PER_PASS = 1 << 8
 
 
-def _discrete_laplace_pass(streams: RandomStreams, plan: _GeometricPlan, lanes: np.ndarray) -> np.ndarray:
-    tail = plan.tail_thresholds
-    digits = plan.digit_thresholds[:, None]
-    weights = (np.uint64(1) << np.arange(plan.k, dtype=np.uint64))[:, None]
-    out = np.zeros(lanes.size, dtype=np.int64)
-    pending = np.arange(lanes.size)
-    while pending.size:
-        ln = lanes[pending]
-        words = streams.ahead(ln, plan.k + 2)
-        negative = (words[0] & _U64(1)).astype(bool)
-        below = words[1:plan.k + 1] < digits
-        y = (below * weights).sum(axis=0, dtype=np.uint64)
-        tied = (words[1:plan.k + 1] == digits).any(axis=0)
-        # D = how many of r^1 > r^2 > ... exceed U: thresholds above the word (ties go the
-        # exact way below, so an untied word's count is exact).
-        last = words[plan.k + 1]
-        at = np.searchsorted(tail, last, side="left")
-        tied |= tail[np.minimum(at, tail.size - 1)] == last
-        y += (tail.size - at).astype(np.uint64) << _U64(plan.k)
-        streams.advance(ln[~tied], plan.k + 2)
+def _discrete_laplace_pass(streams: RandomStreams, plan: _GeometricPlan, lanes: np.ndarray,
+                           scratch: Scratch = None, span: slice = None) -> np.ndarray:
+    """:func:`discrete_laplace_units` of ``lanes`` (distinct; ``span``: the same lanes as a
+    slice, if they are a range) under ``plan``: rounds of one attempt for every pending lane, a
+    cache-sized group of lanes at a time, until no lane drew a negative zero. (Every lane reads
+    its own stream in the same order whatever the grouping, so rounds over all pending lanes
+    give the values lane-by-lane loops would, with far fewer small numpy calls.)"""
+    scratch = Scratch() if scratch is None else scratch
+    step = max(_MIN_LANES_PER_PASS, _BLOCKS_PER_PASS // (plan.k + 2))
+    out = np.empty(lanes.size, dtype=np.int64)
+    pending = None  # every lane
+    while True:
+        ln = lanes if pending is None else lanes[pending]
+        retry = []
+        for start in range(0, ln.size, step):
+            part = slice(start, start + step)
+            read = ln[part] if span is None or pending is not None else \
+                slice(span.start + start, span.start + min(start + step, ln.size))
+            values, again = _attempts(streams, plan, ln[part], read, scratch)
+            if pending is None:
+                out[part] = values
+            else:
+                out[pending[part]] = values
+            if again.size:
+                retry.append(again + start)
+        if not retry:
+            return out
+        again = np.concatenate(retry)
+        pending = again if pending is None else pending[again]
+
+
+def _attempts(streams: RandomStreams, plan: _GeometricPlan, lanes: np.ndarray, read, scratch: Scratch):
+    """One attempt for each of ``lanes`` (``read``: the same lanes, or the same as a slice):
+    the values (0 where a negative zero is drawn) and the positions of those lanes to retry."""
+    k, tail, digits = plan.k, plan.tail_thresholds, plan.digit_thresholds
+    words = streams.ahead_by_lane(read, k + 2, scratch)  # row i: lane i's sign, digits, tail
+    negative = (words[:, 0] & _U64(1)).astype(bool)
+    # D = how many of r^1 > r^2 > ... exceed U: thresholds above the word (ties go the exact
+    # way below, so an untied word's count is exact).
+    last = words[:, k + 1]
+    at = np.searchsorted(tail, last, side="left")
+    tied = tail[np.minimum(at, tail.size - 1)] == last
+    y = (tail.size - at).astype(np.uint64) << _U64(k)
+    if k:
+        # Digit j is 1 where word j + 1 is below its threshold: bits packed 8 to a byte,
+        # little-endian, read as the low K bits of Y.
+        words_digits = words[:, 1:k + 1]
+        below = np.zeros((lanes.size, plan.digit_bytes * 8), dtype=bool)
+        np.less(words_digits, digits, out=below[:, :k])
+        y |= np.packbits(below.reshape(-1), bitorder="little").view(plan.digit_dtype)
+        equal = np.equal(words_digits, digits)
+        if equal.any():
+            tied |= equal.any(axis=1)
+    if tied.any():
+        streams.advance(lanes[~tied], k + 2)
         for i in np.flatnonzero(tied):
-            negative[i], y[i] = _attempt_exact(streams, int(ln[i]), plan)
-        again = negative & (y == 0)
-        done = ~again
-        values = y[done].astype(np.int64)
-        out[pending[done]] = np.where(negative[done], -values, values)
-        pending = pending[again]
-    return out
+            negative[i], y[i] = _attempt_exact(streams, int(lanes[i]), plan)
+    else:
+        streams.advance(read, k + 2)
+    values = y.astype(np.int64)
+    np.negative(values, out=values, where=negative)
+    return values, np.flatnonzero(negative & (y == 0))  # a negative zero: that lane tries again
 
 
 def discrete_laplace(streams: RandomStreams, scale: float, lanes: np.ndarray = None) -> np.ndarray:
@@ -319,13 +401,14 @@ def discrete_gaussian(streams: RandomStreams, sigma: float, lanes: np.ndarray = 
     lanes = _all(streams, lanes)
     t = math.floor(sigma) + 1
     sigma2 = sigma * sigma
+    scratch = Scratch()
     out = np.zeros(lanes.size, dtype=np.int64)
     pending = np.arange(lanes.size)
     while pending.size:
-        y = discrete_laplace_units(streams, t << SCALE_FRACTION_BITS, 1 << SCALE_FRACTION_BITS,
-                                   lanes[pending])
+        ln = lanes[pending]
+        y = discrete_laplace_units(streams, t << SCALE_FRACTION_BITS, 1 << SCALE_FRACTION_BITS, ln)
         gamma = (np.abs(y) - sigma2 / t) ** 2 / (2 * sigma2)
-        accept = bernoulli_exp(streams, gamma, lanes[pending])
+        accept = bernoulli_exp(streams, gamma, ln, scratch)
         out[pending[accept]] = y[accept]
         pending = pending[~accept]
     return out
