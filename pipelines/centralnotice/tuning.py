@@ -193,6 +193,10 @@ def _row(campaign, measure, k, spec, threshold_of, values, keys) -> TuningRow:
         spurious_rate=rate, expected_spurious_keys=rate * empty)
 
 
+#: The measure names of the rows of a campaign calibrated jointly to ``privacy.target``: the
+#: noise its releases use, with the configured k and weights.
+TARGET_ROW = {"impressions": "impressions (target)", "clicks": "clicks (target)"}
+
 # Without --rho, zCDP clicks are compared at the configured rho and around it (a single candidate
 # would be a single point: nothing to choose between).
 DEFAULT_RHO_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -206,7 +210,9 @@ def tune_campaign(campaign: CampaignConfig, ks: Sequence[int], epsilons: Sequenc
     and :data:`DEFAULT_RHO_FACTORS` times it).
 
     ``true_impressions`` / ``true_clicks``: optional true values per keyset key (see
-    :func:`true_values_by_campaign`); without them the report is for empty keys.
+    :func:`true_values_by_campaign`); without them the report is for empty keys. A campaign with
+    ``privacy.target`` gets two more rows (:data:`TARGET_ROW`): its measures as its releases
+    calibrate them, jointly to the target (each candidate row is one measure alone).
     """
     if not ks or not epsilons:
         raise ValueError("give at least one k and one epsilon")
@@ -241,6 +247,14 @@ def tune_campaign(campaign: CampaignConfig, ks: Sequence[int], epsilons: Sequenc
             spec = calibrate(cl.noise, epsilon=epsilon, delta=cl.budget.delta, l1_sensitivity=cl.sensitivity,
                              l2_sensitivity=cl.sensitivity, l0=cl.l0)
             rows.append(_row(campaign, "clicks", None, spec, threshold_of("clicks"), click_values, keys))
+    if campaign.target is not None:
+        # The candidates above are each measure calibrated alone; a campaign calibrated jointly
+        # to a target releases with the joint noise instead: its rows say what the release uses.
+        specs = campaign.noise_specs()
+        rows.append(_row(campaign, TARGET_ROW["impressions"], int(imp.k), specs["impressions"],
+                         threshold_of("impressions"), imp_values, keys))
+        rows.append(_row(campaign, TARGET_ROW["clicks"], None, specs["clicks"], threshold_of("clicks"),
+                         click_values, keys))
     return rows
 
 

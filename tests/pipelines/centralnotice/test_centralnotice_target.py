@@ -260,3 +260,25 @@ def test_a_bad_target_is_refused_before_any_work_naming_the_field(tmp_path, caps
         assert "each release is calibrated to campaigns[0].privacy.target" in err
     assert not out.exists() and not (tmp_path / "ledger.json").exists()
     assert not (tmp_path / "keys").exists()
+
+
+# --------------------------------------------------------------------------- tuning
+
+def test_tuning_reports_the_noise_a_target_calibrates_beside_the_candidates():
+    """The tuning report's candidates are each measure alone; a campaign calibrated to a target
+    gets two more rows with the noise its releases use: the joint specs, below the clicks'
+    candidate at the clicks' own weight (0.5 of the target's epsilon)."""
+    from pipelines.centralnotice.tuning import TARGET_ROW, tune_campaign
+
+    jnt, sep = campaign_of(joint()), campaign_of(separate())
+    rows = tune_campaign(jnt, ks=[jnt.impressions.k], epsilons=[0.5])
+    by = {(r.measure, r.epsilon): r for r in rows}
+    specs = jnt.noise_specs()
+    target_clicks = next(r for r in rows if r.measure == TARGET_ROW["clicks"])
+    target_imp = next(r for r in rows if r.measure == TARGET_ROW["impressions"])
+    assert target_clicks.std == pytest.approx(specs["clicks"].std)
+    assert target_imp.std == pytest.approx(specs["impressions"].std) and target_imp.k == jnt.impressions.k
+    alone = by[("clicks", 0.5)]
+    assert alone.std == pytest.approx(sep.noise_specs()["clicks"].std)
+    assert target_clicks.std < alone.std
+    assert not any(r.measure in TARGET_ROW.values() for r in tune_campaign(sep, ks=[10], epsilons=[0.5]))
