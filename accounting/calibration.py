@@ -694,8 +694,9 @@ def _multi_key_sigma(epsilon: float, delta: float, patterns, start: float) -> fl
     Gaussian's slope, then false position within the bracket (or a secant through the two
     lowest passing probes before any failed). Each probe aims just past its estimate on the
     side that would close the bracket, so it usually closes after 2 to 4 checks; an estimate
-    outside the bracket or not finite, or a closing probe that did not close, is followed by a
-    bisection step (a step down by 10% before any check failed), so it always ends."""
+    outside the bracket or not finite, a closing probe that did not close, and every probe after
+    the 8th are followed by a bisection step (a step down by 10% before any check failed), so it
+    ends within about 20 checks of a bracket (δ decreases in σ)."""
     from scipy import special
 
     tol = MULTI_KEY_SIGMA_TOLERANCE
@@ -718,8 +719,8 @@ def _multi_key_sigma(epsilon: float, delta: float, patterns, start: float) -> fl
         estimate = None
         if step == 0:
             estimate = min(start, analytic_gaussian_sigma(epsilon, delta, width))
-        elif closing:
-            pass                # the closing probe missed: bisect
+        elif closing or step >= 8:
+            pass                # the closing probe missed, or the estimates are slow: bisect
         elif lo is not None and z_lo is not None and z_hi is not None:
             estimate = line(lo, z_lo, hi, z_hi)
         elif lo is None and previous is not None and z_hi is not None:
