@@ -43,7 +43,7 @@ is the worst case over every shift the unit can make, each on its exact curve:
   composition is one FFT convolution per pattern on the PLDs' common lattice, with no tail
   dropped, and δ(ε) is read off it by sums of non-negative terms (the FFT's rounding is
   charged as :data:`FFT_ROUNDING_MASS`): the curve of ``dp_accounting``'s ``compose`` of the
-  same PLDs to about 1e-14, at a tenth to a fiftieth of its cost, which keeps calibrating a
+  same PLDs to about 1e-14, at about a tenth of its cost per curve, which keeps calibrating a
   sigma (a few such curves) well under a second for up to 42 patterns.
 * The shifts are the multisets of at most L0 positive integers with Σc_i <= L1 and
   Σc_i² <= L2² (:func:`shift_patterns`). A pattern to which one more key shifted by 1 can be
@@ -710,8 +710,8 @@ def _multi_key_sigma(epsilon: float, delta: float, patterns, start: float) -> fl
     def line(x0, z0, x1, z1):   # the root of the line through (log x, z) of two probes
         if z0 == z1:
             return None
-        u0, u1 = math.log(x0), math.log(x1)
-        return math.exp(u1 + (target - z1) * (u1 - u0) / (z1 - z0))
+        u0, u1 = math.log(x0), math.log(x1)  # (a step past e^±5 is outside any bracket)
+        return math.exp(u1 + max(-5.0, min(5.0, (target - z1) * (u1 - u0) / (z1 - z0))))
 
     for step in range(200):
         if lo is not None and hi / lo <= 1 + tol:
@@ -731,7 +731,8 @@ def _multi_key_sigma(epsilon: float, delta: float, patterns, start: float) -> fl
                 g0, g1 = (float(special.ndtri(gaussian_delta(y, epsilon, width)))
                           for y in (x, x * 1.001))
                 if g1 < g0:
-                    estimate = x * math.exp((target - z) * math.log(1.001) / (g1 - g0))
+                    estimate = x * math.exp(max(-5.0, min(5.0, (target - z) * math.log(1.001)
+                                                          / (g1 - g0))))
         closing = False
         if estimate is None or not math.isfinite(estimate) or not (
                 estimate < hi and (lo is None or estimate > lo)):
