@@ -10,20 +10,25 @@ delta, as the weights say -- and scales every share's epsilon by one common mult
 the largest for which the measures, calibrated as usual (:meth:`Measure.calibrated`: grids, rounding
 and exact curves included), compose to at most the target under the chosen accountant
 (:func:`accounting.guarantee.stated`; ``pld`` is the tightest valid one). ``m = 1`` is the
-basic split, which always fits, so the result is never worse than it.
+basic split, which always fits, so the result is never worse than it. Gaussian measures share
+``delta`` by their ``weight``, or by a ``delta_weight`` of their own where the split's deltas
+were stated apart from its epsilons (a job whose per-measure budgets become the weights of one
+target keeps both proportions).
 
 The search is a bisection on ``m`` to a relative precision of 1e-3, keeping the largest *checked*
 multiplier: the returned measures are exactly those whose composition was checked. PLD
 compositions are cached (:mod:`accounting.guarantee`), so a re-plan of the same release costs
 nothing. The measures carry their (scaled) shares; the plan that holds them checks them with the
 same accountant (``ReleasePlan(accountant=...)``), not by basic composition, which they exceed by
-design.
+design. A job that states its guarantee through a :class:`~accounting.shared_budget.SharedBudget`
+spends one part on them with :meth:`JointCalibration.spend` (the part's plan checked by that
+accountant; :meth:`JointCalibration.explain` is the part's entry in the job's explain).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 from accounting import guarantee
 from accounting.budget import PrivacyBudget, ReleasePlan
@@ -44,7 +49,8 @@ MAX_MULTIPLIER = 64.0
 @dataclass(frozen=True, kw_only=True)
 class MeasureRequest:
     """One measure to calibrate: its noise kind, the query's sensitivities (derived for
-    ``neighbouring``) and its relative ``weight`` in the split."""
+    ``neighbouring``) and its relative ``weight`` in the split; ``delta_weight`` (Gaussian
+    kinds): its relative share of delta among the Gaussian measures, if not ``weight``."""
 
     name: str
     kind: NoiseKind
@@ -52,10 +58,14 @@ class MeasureRequest:
     weight: float = 1.0
     neighbouring: str = Neighbouring.ADD_REMOVE.value
     description: str = ""
+    delta_weight: Optional[float] = None
 
     def __post_init__(self):
         object.__setattr__(self, "kind", NoiseKind.parse(self.kind))
         object.__setattr__(self, "weight", check_epsilon(self.weight, f"weight of {self.name!r}"))
+        if self.delta_weight is not None:
+            object.__setattr__(self, "delta_weight", check_epsilon(
+                self.delta_weight, f"delta_weight of {self.name!r}"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +80,8 @@ class JointCalibration:
     stated: guarantee.Stated
     accountant: str
     multiplier: float
+    #: The target the measures were calibrated to.
+    target: Optional[PrivacyBudget] = None
 
     @property
     def guarantee(self) -> EpsDelta:
@@ -79,6 +91,43 @@ class JointCalibration:
         """A release plan holding these measures, checked by the accountant they were
         calibrated by (it refuses them if they do not fit ``budget``)."""
         return ReleasePlan(budget=budget, measures=self.measures, accountant=self.accountant)
+
+    def spend(self, part) -> ReleasePlan:
+        """Spend ``part`` (a :class:`~accounting.shared_budget.BudgetPart`) on these measures:
+        their plan over the part's budget, checked by this calibration's accountant (a part's
+        own :meth:`~accounting.shared_budget.BudgetPart.spend` checks by basic composition,
+        which jointly calibrated measures exceed by design). Returns the plan."""
+        uses_delta = any(not m.is_pure for m in self.measures)
+        plan = self.plan(part.spendable_budget(uses_delta=uses_delta))
+        part.register(_Spent(self, plan))
+        return plan
+
+    def explain(self) -> str:
+        """How the measures were calibrated (target, accountant, multiplier, what they compose
+        to), then their plan's table."""
+        target = "" if self.target is None else f" to the target {self.target.describe()}"
+        names = ", ".join(m.name for m in self.measures)
+        lines = [f"Calibrated jointly{target} by the {self.accountant!r} accountant "
+                 f"(accounting.target.calibrate_to_target): {names}",
+                 f"  each measure's share of the split times m={self.multiplier:.4g}, the largest "
+                 "multiplier whose composition fits (m=1: the basic split)",
+                 f"  together: epsilon={self.stated.epsilon:.4g}, delta={self.stated.delta:.3g} "
+                 f"[{self.stated.accountant}]"]
+        budget = self.target if self.target is not None else PrivacyBudget(
+            epsilon=self.stated.epsilon, delta=self.stated.delta)
+        return "\n".join(lines + ["", self.plan(budget).explain()])
+
+
+class _Spent:
+    """A SharedBudget part spent by jointly calibrated measures (what the budget reads)."""
+
+    selector = None
+
+    def __init__(self, joint: JointCalibration, plan: ReleasePlan):
+        self.joint, self.plan = joint, plan
+
+    def explain(self) -> str:
+        return self.joint.explain()
 
 
 def _calibrated(requests: Sequence[MeasureRequest], shares: dict, multiplier: float,
@@ -94,12 +143,30 @@ def _calibrated(requests: Sequence[MeasureRequest], shares: dict, multiplier: fl
     return tuple(out)
 
 
+def _delta_by_delta_weight(shares: dict, gaussian: Sequence[MeasureRequest], delta: float) -> dict:
+    """The split's shares with delta shared among the Gaussian measures by their delta weights
+    (every Gaussian measure gives one: an epsilon weight is no delta weight)."""
+    missing = [r.name for r in gaussian if r.delta_weight is None]
+    if missing:
+        raise ValueError(f"Gaussian measures {missing} have no delta_weight while others do: "
+                         "give every Gaussian measure one, or none")
+    weights = {r.name: r.delta_weight for r in gaussian}
+    total = math.fsum(weights.values())
+    out = dict(shares)
+    for name, w in weights.items():
+        s = shares[name]
+        out[name] = BudgetShare(name=s.name, fraction=s.fraction, epsilon=s.epsilon,
+                                delta=delta * w / total)
+    return out
+
+
 def calibrate_to_target(requests: Sequence[MeasureRequest], *, epsilon: float, delta: float = 0.0,
                         accountant: str = "pld") -> JointCalibration:
     """Calibrate ``requests`` so that together they are (epsilon, delta)-DP under ``accountant``
     with the least noise at the weights' proportions (see the module docstring).
 
-    Gaussian kinds share ``delta`` by weight (``delta`` must then be > 0); pure kinds get none.
+    Gaussian kinds share ``delta`` by weight, or by delta weight where given (``delta`` must
+    then be > 0); pure kinds get none.
     With ``accountant="basic"`` (or pure kinds at delta 0) the result is the basic split.
     """
     requests = list(requests)
@@ -117,6 +184,8 @@ def calibrate_to_target(requests: Sequence[MeasureRequest], *, epsilon: float, d
     budget = PrivacyBudget(epsilon=epsilon, delta=delta)
     gaussian = [r.name for r in requests if r.kind.is_gaussian]
     shares = budget.split({r.name: r.weight for r in requests}, needs_delta=gaussian)
+    if any(r.delta_weight is not None for r in requests if r.kind.is_gaussian):
+        shares = _delta_by_delta_weight(shares, [r for r in requests if r.kind.is_gaussian], delta)
     reporting = delta if delta > 0 else 1e-9
 
     def attempt(multiplier: float):
@@ -135,7 +204,7 @@ def calibrate_to_target(requests: Sequence[MeasureRequest], *, epsilon: float, d
     best_m = 1.0
     if accountant == "basic" or (delta == 0 and not gaussian):
         return JointCalibration(measures=best[0], stated=best[1], accountant=accountant,
-                                multiplier=1.0)
+                                multiplier=1.0, target=budget)
     lo, hi = 1.0, None
     m = 2.0
     while hi is None:  # bracket: double until a multiplier fails
@@ -155,4 +224,4 @@ def calibrate_to_target(requests: Sequence[MeasureRequest], *, epsilon: float, d
         else:
             lo, best, best_m = mid, found, mid
     return JointCalibration(measures=best[0], stated=best[1], accountant=accountant,
-                            multiplier=best_m)
+                            multiplier=best_m, target=budget)

@@ -353,11 +353,16 @@ def _summary_reports_audit() -> JobAudit:
 
 
 
-def _centralnotice_audit(thresholds: bool = False, spread: bool = False) -> JobAudit:
-    """CentralNotice user-DP clicks. With ``thresholds`` (``centralnotice/thresholds``): a click
-    release threshold of 0.5 (value mode: a suppressed count is null) and epsilon 0.1 per
-    measure, so that the sampled released/suppressed indicators of the lone user's key -- one
-    or two clicks in D, none in D' -- need few seeds (about 18 per side). With ``spread`` as well
+def _centralnotice_audit(thresholds: bool = False, spread: bool = False,
+                         target: bool = False) -> JobAudit:
+    """CentralNotice user-DP clicks. With ``target`` (``centralnotice/target``): discrete
+    Gaussian clicks (up to two keys per user) calibrated jointly with the impressions to one
+    target (``privacy.target``, pld: each measure gets more than its weight's share of epsilon,
+    the release is charged what they compose to). With ``thresholds``
+    (``centralnotice/thresholds``): a click release threshold of 0.5 (value mode: a suppressed
+    count is null) and epsilon 0.1 per measure, so that the sampled released/suppressed
+    indicators of the lone user's key -- one or two clicks in D, none in D' -- need few seeds
+    (about 18 per side). With ``spread`` as well
     (``centralnotice/thresholds/l0_2``, slow): the lone user clicks once in each of two keys of
     its own (L0 = max_clicks_per_user = 2), so removing it moves both across the threshold and
     the joint indicators of the two keys are sampled too."""
@@ -380,13 +385,23 @@ def _centralnotice_audit(thresholds: bool = False, spread: bool = False) -> JobA
               "max_clicks_per_user": 2, "bound_per": "period",
               "release_threshold": 0.5 if thresholds else LOW}
     impressions = {"epsilon": 0.1} if thresholds else None
+    if target:
+        clicks = {"noise": "discrete_gaussian", "epsilon": 0.5, "delta": 1e-7, "neighbouring": "user",
+                  "max_clicks_per_user": 2, "bound_per": "period", "release_threshold": LOW}
+        impressions = {"epsilon": 0.5}
 
     def write(dataset, folder):
         files = rows_as_csv("clicks", CN_CLK_HEADER)(dataset, folder)
         imp = write_csv(os.path.join(folder, "imp.csv"), CN_IMP_HEADER,
                         [k + (100 + 10 * i,) for i, k in enumerate(keys[:3])])
-        config = write_json(os.path.join(folder, "config.json"),
-                            cn_config(clicks=clicks, impressions=impressions))
+        data = cn_config(clicks=clicks, impressions=impressions)
+        if target:
+            data["accountant"] = "pld"
+            data["campaigns"][0]["privacy"].update(
+                target={"epsilon": 1.0, "delta": 1e-7},
+                budget={"campaign_total": {"epsilon": 8.0, "delta": 1e-6},
+                        "per_period": {"epsilon": 4.0, "delta": 1e-6}})
+        config = write_json(os.path.join(folder, "config.json"), data)
         return {**files, "impressions": [imp], "config": [config]}
 
     def datasets():
@@ -413,7 +428,8 @@ def _centralnotice_audit(thresholds: bool = False, spread: bool = False) -> JobA
         extra = {}
     return JobAudit(
         name="centralnotice/thresholds/l0_2" if spread else
-             "centralnotice/thresholds" if thresholds else "centralnotice",
+             "centralnotice/thresholds" if thresholds else
+             "centralnotice/target" if target else "centralnotice",
         job=ReleaseLayerJob(
             module=centralnotice, write=write,
             request=lambda files, options: centralnotice.CentralNoticeRequest(
@@ -438,6 +454,7 @@ def _centralnotice_audit(thresholds: bool = False, spread: bool = False) -> JobA
 register(_centralnotice_audit())
 register(_centralnotice_audit(thresholds=True))
 register(_centralnotice_audit(thresholds=True, spread=True))
+register(_centralnotice_audit(target=True))
 
 
 def _reach_frequency_audit() -> JobAudit:
@@ -757,7 +774,8 @@ def _event_level_audit() -> JobAudit:
         tables={"*/reports.csv": TableRule(keys=("source_id", "window", "trigger_data", "n"),
                                            keys_private=True, changed_keys=2 * max_reports),
                 "*/estimates.csv": TableRule(keys=("campaign", "trigger_data"),
-                                             noisy=("estimate", "variance", "estimate_std"),
+                                             noisy=("estimate", "variance",
+                                                    "estimate_ci95_low", "estimate_ci95_high", "estimate_std"),
                                              public_keys=estimates, order=Order.PUBLIC)},
         measures={"*/estimates.csv": {"estimate": "event_level_reports"}},
         keys_private=True,         # the marker's row count of reports.csv is the noisy reports'
@@ -848,7 +866,8 @@ def _ldp_frequencies_audit() -> JobAudit:
                 collection_id="audit", options=options)),
         units=client_units(range(domain)), relation="substitute",
         datasets=lambda: [clients_dataset(values)],
-        tables={"*/estimates.csv": TableRule(keys=("value",), noisy=("estimate", "frequency", "estimate_std"),
+        tables={"*/estimates.csv": TableRule(keys=("value",), noisy=("estimate", "frequency",
+                                                                     "estimate_ci95_low", "estimate_ci95_high", "estimate_std"),
                                              public_keys=[(v,) for v in range(domain)])},
         changes=CLIENT_CHANGES, noisy_changes=())
 
@@ -881,10 +900,12 @@ def _ldp_heavy_hitters_audit() -> JobAudit:
         datasets=lambda: [clients_dataset(values)],
         # ranks 1..k are public; each round's candidates are post-processing of the reports
         tables={"*/heavy_hitters.csv": TableRule(
-                    keys=("rank",), noisy=("value", "estimate", "frequency", "estimate_std"),
+                    keys=("rank",), noisy=("value", "estimate", "frequency",
+                                           "estimate_ci95_low", "estimate_ci95_high", "estimate_std"),
                     public_keys=[(r,) for r in range(1, 4)]),
                 "*/rounds.csv": TableRule(keys=("round", "value"),
-                                          noisy=("estimate", "frequency", "estimate_std"), keys_private=True)},
+                                          noisy=("estimate", "frequency",
+                                                 "estimate_ci95_low", "estimate_ci95_high", "estimate_std"), keys_private=True)},
         keys_private=True, changes=CLIENT_CHANGES, noisy_changes=())
 
 
@@ -960,6 +981,8 @@ def _label_dp_audit() -> JobAudit:
                     public_keys=sorted((str(r["example_id"]),) for r in rows)),
                 "*/debias.jsonl": TableRule(
                     keys=("label_index",), noisy=("randomized_count", "estimated_count",
+                                                  "estimated_count_ci95_low",
+                                                  "estimated_count_ci95_high",
                                                   "estimated_count_std"),
                     bounds={"randomized_count": Bound(l0=2, linf=1, l1=2)},
                     public_keys=[(0,), (1,)])},

@@ -3,18 +3,31 @@
 Every job's released tables use one naming rule (:func:`names`): after a noisy column ``<name>``,
 ``<name>_std`` (the standard deviation of the noise in it), ``<name>_ci95_low`` and
 ``<name>_ci95_high`` (the value minus and plus the noise's symmetric 95% half-width), all
-float64. They are functions of the released value and of the *stated* noise distribution only
-(its kind and scale, public in the release's measures), never of data: they cost no budget and
-say nothing a reader could not compute from ``RELEASE.json``. The maths is the noise spec's own
-(:meth:`accounting.calibration.NoiseSpec.std` and ``ci_halfwidth``): this module only scales and
-places it. A value ``a x + c`` of one noisy answer ``x`` (a rescaled sum, a sum plus a public
+float64. For additive noise they are functions of the released value and of the *stated* noise
+distribution only (its kind and scale, public in the release's measures), never of data: they
+cost no budget and say nothing a reader could not compute from ``RELEASE.json`` (randomized
+response's approximate intervals, below, are functions of released values only). The maths is
+the noise spec's own (:meth:`accounting.calibration.NoiseSpec.std` and ``ci_halfwidth``): this
+module only scales and places it. A value ``a x + c`` of one noisy answer ``x`` (a rescaled sum, a sum plus a public
 constant) has ``|a|`` times its noise's std and half-width (:func:`scaled`).
 
-Where a released number's error depends on the data (a debiased local-DP estimate, a sketch's
-estimate, a model trained on noisy gradients) the guarantee gives no interval computed from
-public information alone; a job then says so in its output's ``errors`` statement (published in
-``RELEASE.json`` and in the catalog) instead of inventing one. The interval describes the noise
-only, never the bias of contribution bounding or clamping.
+Where a released number's error depends on the data, no interval of *guaranteed* coverage
+follows from public information alone. For the debiased estimators of randomized response -- local-DP
+frequency estimates (:mod:`transforms.ldp.estimators`), ARA event-level conversion counts
+(:mod:`transforms.ara.event_debias`) and label-DP class counts (:mod:`transforms.ldp.labels`) --
+the jobs release the standard *approximate* interval instead (:func:`plug_in_interval`): the
+estimator's variance formula with released values plugged in for the unknown truth (the
+estimate clipped to the quantity's range; ARA's unbiased variance estimate from the released
+reports), its square root as ``<c>_std``, and ``<c> -/+ 1.96 <c>_std`` as ``<c>_ci95_low`` /
+``<c>_ci95_high`` (a normal approximation), clipped to that range. It is post-processing of
+privatised outputs (no budget), but its coverage is approximate: near 95% when the estimate sums
+many reports (central limit theorem) and the plug-in variance is close to the variance at the
+truth -- the coverage tests check 93-97% on synthetic data of known truth -- and lower for a
+count of a few reports, where the estimator is skewed. The output's ``errors`` statement
+(``RELEASE.json``, the catalog) says so, and names its assumptions
+(:func:`approximate_statement`). A sketch's estimate or a model trained on noisy gradients has no
+such formula: there the job says so instead of inventing an interval. Every interval describes
+the noise only, never the bias of contribution bounding or clamping.
 
 DPAggregate's counts and sums use :func:`output_columns`; its means, variances and standard
 deviations derive their errors from several noisy answers (:func:`transforms.metrics.mean_error`).
@@ -30,6 +43,8 @@ import numpy as np
 
 #: The level of every released interval.
 LEVEL = 0.95
+#: The standard normal's 97.5% quantile: a normal-approximation 95% interval is +/- Z95 std.
+Z95 = 1.959963984540054
 #: Error-column suffixes, in their column order after the value.
 SUFFIXES = ("_ci95_low", "_ci95_high", "_std")
 
@@ -123,3 +138,32 @@ def output_columns(released, error: NoiseError) -> list:
     return [OutputColumn(name=name, follows=released.name,
                          derive=functools.partial(_part, source=released, error=error, part=part))
             for part, name in zip((0, 1, 2), names(released.name))]
+
+
+def plug_in_interval(values, std, *, low: float = -math.inf, high: float = math.inf):
+    """``(low, high)`` float64 arrays of the approximate 95% interval ``values -/+ Z95 std``
+    (``std`` the plug-in standard deviation, scalar or per value: the module docstring), clipped
+    to the estimated quantity's range ``[low, high]`` (the truth lies in it, so clipping never
+    loses coverage); NaN where a value or its std is NaN."""
+    v = np.asarray(values, dtype=np.float64)
+    s = np.broadcast_to(np.asarray(std, dtype=np.float64), v.shape)
+    half = Z95 * s
+    with np.errstate(invalid="ignore"):
+        lower = np.clip(v - half, low, high)
+        upper = np.clip(v + half, low, high)
+    missing = np.isnan(v) | np.isnan(s)
+    return np.where(missing, np.nan, lower), np.where(missing, np.nan, upper)
+
+
+def approximate_statement(column: str, std: str, assumptions: str, clipped_to: str) -> str:
+    """The ``errors`` statement of a value released with a plug-in interval
+    (:func:`plug_in_interval`): which columns, how the std is computed (``std``), the range the
+    interval is clipped to and the approximation's ``assumptions``."""
+    low, high, std_column = names(column)
+    return (f"{low}/{high} = {column} -/+ 1.96 {std_column}, clipped to {clipped_to}: an "
+            f"APPROXIMATE 95% interval (plug-in variance, normal approximation), not one of "
+            f"guaranteed coverage. {std_column} is {std}. The interval assumes {assumptions}; "
+            "its coverage is near 95% when that holds (tested on synthetic data of known truth) "
+            "and lower for counts of a few reports, where the estimator is skewed. Computed from "
+            "released values only (post-processing: no budget); it describes the randomization "
+            "only, not the bias of bounding or clamping")

@@ -20,10 +20,14 @@ Output: release ``event_level_reports/<batch_id>`` with
   sends), sorted;
 * ``estimates.csv``: per group of registered sources and trigger-data value (empty
   ``trigger_data``: all values), ``sources`` (public), the debiased ``estimate`` of attributed
-  conversions, its ``variance`` estimate and ``estimate_std`` (its square root, clamped at 0: the
-  error columns' naming, :mod:`transforms.error_columns`); one row per group and value whatever
-  the reports. No 95% interval: the estimate's variance depends on the group's true conversions
-  (``RELEASE.json`` says so, :data:`NO_INTERVAL`).
+  conversions, its ``variance`` estimate, ``estimate_ci95_low``, ``estimate_ci95_high`` and
+  ``estimate_std`` (the variance's square root, clamped at the least variance a group of its
+  size can have, and the approximate 95% interval
+  estimate -/+ 1.96 estimate_std clipped to [0, R sources]: the error columns' naming,
+  :func:`transforms.error_columns.plug_in_interval`); one row per group and value whatever the
+  reports. The interval is approximate (plug-in variance, normal approximation): the estimate's
+  variance depends on the group's true conversions (``RELEASE.json`` says so,
+  :data:`APPROXIMATE_INTERVAL`).
 
 Privacy: epsilon-DP per source for the neighbouring relation "one source's conversions added,
 removed or replaced" (k-ary randomized response; no additive noise). The estimates are
@@ -56,6 +60,7 @@ from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepa
 from pipelines.release import run as run_release
 from pipelines.release.consumption import SKIP_HELP, Consumes, remove_consumed, scan_ids
 from pipelines.release.names import check_segment
+from transforms import error_columns
 from transforms.ara.event_beam import (EVENT_PURPOSE, NAMESPACE, DebiasConversionCounts,
                                        SimulateEventReports, TriggerMapping)
 from transforms.ara.event_level import MAX_EVENT_LEVEL_EPSILON, EventLevelConfig
@@ -67,14 +72,19 @@ REPORTS = "reports.csv"
 ESTIMATES = "estimates.csv"
 #: Column names of the estimates table that a group column may not take.
 _RESERVED = ("source_id", "trigger_data", "window", "sources", "estimate", "variance",
-             "estimate_std")
-#: Why the debiased estimate has a std and no 95% interval (the estimates table's errors).
-NO_INTERVAL = ("estimate_std is the square root of variance, an unbiased estimate of the "
-               "debiased count's variance from the released reports (clamped at 0): randomized "
-               "response adds no noise of a fixed distribution, and the estimator's variance "
-               "depends on the group's true conversions. No 95% interval is released: none of "
-               "stated coverage follows from public information alone (+/-1.96 estimate_std is a "
-               "normal approximation only)")
+             "estimate_ci95_low", "estimate_ci95_high", "estimate_std")
+#: The debiased estimate's errors statement (the estimates table's ``errors``): randomized
+#: response adds no noise of a fixed distribution, so its interval is the approximate plug-in one.
+APPROXIMATE_INTERVAL = error_columns.approximate_statement(
+    "estimate",
+    std="the square root of variance, the unbiased estimate of the debiased count's variance "
+        "from the released reports, clamped at the least variance any group of as many sources "
+        "can have (public: from the sources and the configuration) (the plug-in variance: the true variance "
+        "depends on the group's true conversions)",
+    assumptions="groups of many sources (the estimate is a sum of independent sources' bounded "
+                "terms, close to normal by the central limit theorem) and a variance estimate "
+                "close to the true variance (a group of few sources may estimate it low)",
+    clipped_to="[0, R sources] (R: the attributed triggers a source reports at most)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,7 +166,24 @@ def _estimates_schema(group_by: Sequence[str]) -> pa.Schema:
     return pa.schema([(g, pa.string()) for g in group_by]
                      + [("trigger_data", pa.int64()), ("sources", pa.int64()),
                         ("estimate", pa.float64()), ("variance", pa.float64()),
+                        ("estimate_ci95_low", pa.float64()), ("estimate_ci95_high", pa.float64()),
                         ("estimate_std", pa.float64())])
+
+
+def with_intervals(table: pa.Table, max_reports: int) -> pa.Table:
+    """The debiased estimates with their approximate 95% interval before ``estimate_std``
+    (:data:`APPROXIMATE_INTERVAL`): estimate -/+ 1.96 estimate_std, clipped to [0, R sources],
+    the range of a group's reported conversions."""
+    import numpy as np
+
+    estimate = table.column("estimate").to_numpy(zero_copy_only=False)
+    bound = table.column("sources").to_numpy(zero_copy_only=False).astype(np.float64) * max_reports
+    low, high = error_columns.plug_in_interval(
+        estimate, table.column("estimate_std").to_numpy(zero_copy_only=False), low=0.0)
+    low, high = np.minimum(low, bound), np.minimum(high, bound)
+    at = table.column_names.index("estimate_std")
+    table = table.add_column(at, "estimate_ci95_low", pa.array(low, pa.float64()))
+    return table.add_column(at + 1, "estimate_ci95_high", pa.array(high, pa.float64()))
 
 
 def _reports_schema() -> pa.Schema:
@@ -287,8 +314,9 @@ class EventLevelReportsJob(Job):
                                 description="one row per noisy event-level report"),
                      OutputSpec(name=ESTIMATES, sort_by=[*request.group_by, "trigger_data"],
                                 schema=_estimates_schema(request.group_by),
-                                noisy=["estimate", "variance", "estimate_std"],
-                                errors={"estimate": NO_INTERVAL},
+                                noisy=["estimate", "variance", "estimate_ci95_low",
+                                       "estimate_ci95_high", "estimate_std"],
+                                errors={"estimate": APPROXIMATE_INTERVAL},
                                 description="debiased attributed conversions per group of "
                                             "registered sources and trigger-data value")],
             config={"epsilon": request.epsilon, "trigger_data_cardinality":
@@ -334,7 +362,9 @@ class EventLevelReportsJob(Job):
                    | release.label("SimulateEventReports") >> SimulateEventReports(
                        config, release.key, EVENT_PURPOSE, mapping=mapping))
         estimates = ({"sources": sources, "reports": reports}
-                     | release.label("Debias") >> DebiasConversionCounts(config, request.group_by))
+                     | release.label("Debias") >> DebiasConversionCounts(config, request.group_by)
+                     | release.label("Intervals") >> beam.Map(
+                         with_intervals, config.max_reports).with_output_types(pa.Table))
         return {REPORTS: reports, ESTIMATES: estimates}
 
 

@@ -11,7 +11,8 @@ are facts of the releases themselves: the privacy unit defaults to the neighbour
 releases' measures state; the methodology always lists the source documents behind each
 job's mechanisms (:data:`SOURCES`, by public name), after any configured links; and the error
 columns (:mod:`transforms.error_columns`) describe themselves: ``<c>_std``, ``<c>_ci95_low`` and
-``<c>_ci95_high`` get their meaning and ``<c>``'s unit unless configured, and a value column
+``<c>_ci95_high`` get their meaning and ``<c>``'s unit unless configured (an approximate
+interval, as its value's errors statement says, is described as one), and a value column
 whose job states its error (``RELEASE.json``'s ``errors``: its error columns, or why it has
 none) gets that statement after its description.
 
@@ -122,6 +123,15 @@ def _agent(value: Optional[Mapping]) -> Optional[Agent]:
 _ERROR_MEANING = {"_std": "standard deviation of the noise in {}",
                   "_ci95_low": "lower end of the 95% noise interval around {}",
                   "_ci95_high": "upper end of the 95% noise interval around {}"}
+_NOISE_SOURCE = (" (public: computed from the stated noise distribution, never from data; it "
+                 "describes the noise only, not the bias of bounding or clamping)")
+#: Error columns of a value whose errors statement says its interval is approximate (randomized
+#: response's plug-in intervals: transforms.error_columns.approximate_statement).
+_APPROXIMATE_MEANING = {"_std": "plug-in standard deviation of {}",
+                        "_ci95_low": "lower end of the approximate 95% interval around {}",
+                        "_ci95_high": "upper end of the approximate 95% interval around {}"}
+_APPROXIMATE_SOURCE = (" (computed from released values only, plug-in variance and normal "
+                       "approximation: its coverage is approximate; see {}'s error statement)")
 
 
 def _with_errors(columns: dict, outputs) -> dict:
@@ -132,16 +142,17 @@ def _with_errors(columns: dict, outputs) -> dict:
     out = dict(columns)
     for table in outputs:
         names = [c for c, _ in table.columns]
+        approximate = {n for n, statement in table.errors if "APPROXIMATE 95% interval" in statement}
         for name in names:
             base = error_columns.base_column(name, names)
             if base is None or name in columns:
                 continue
             suffix = name[len(base):]
-            out[name] = ColumnAbout(
-                description=_ERROR_MEANING[suffix].format(base) + " (public: computed from the "
-                            "stated noise distribution, never from data; it describes the noise "
-                            "only, not the bias of bounding or clamping)",
-                unit=columns.get(base, ColumnAbout()).unit)
+            if base in approximate:
+                text = _APPROXIMATE_MEANING[suffix].format(base) + _APPROXIMATE_SOURCE.format(base)
+            else:
+                text = _ERROR_MEANING[suffix].format(base) + _NOISE_SOURCE
+            out[name] = ColumnAbout(description=text, unit=columns.get(base, ColumnAbout()).unit)
         for name, statement in table.errors:
             told = out.get(name, ColumnAbout())
             if "Error: " not in told.description:

@@ -38,6 +38,7 @@ In short (the schema file is the reference; all fields required unless marked op
                      "max_clicks_per_user": 5,    # required for "user", forbidden for "row"
                      "bound_per": "period" | "campaign",   # required for "user"
                      "release_threshold": 20},
+          "target": {"epsilon": 1, "delta": 1e-7},   # optional: see "A joint target" below
           "budget": {"campaign_total": {"epsilon": 8, "delta": 1e-6},
                      "per_period": {"epsilon": 1, "delta": 1e-7}}   # per_period optional
         }
@@ -59,6 +60,26 @@ figure names its accountant (``pld`` or ``zcdp``: :mod:`accounting.calibration`,
 changes"). The keyset -- banners x countries (minus the
 protection list) x projects x dates -- is public, fixed by the configuration, never by data.
 
+A joint target (``privacy.target``, optional): without it each measure is calibrated from its
+own budget, and a release spends what the two compose to -- less than the sum of the two budgets
+under ``pld`` as soon as delta > 0, so the noise is larger than the stated total needs. With
+``"target": {"epsilon": E, "delta": D}`` the impressions and clicks of each release are calibrated
+*together* to (E, D) by the configuration's ``accountant``
+(:func:`accounting.target.calibrate_to_target`): the measures' epsilons are read as weights
+(each measure's share of E), a Gaussian measure's delta as its weight in D (pure kinds use
+none), and every share is scaled by the largest common multiplier m >= 1 whose composition
+still fits (E, D). ``pld`` gives the least noise: m > 1 whenever the measures compose below
+the sum of their epsilons (a Gaussian measure beside another at delta > 0; user-DP clicks over
+several keys through the PLD dominating their shift patterns), so both get less noise than
+their separate calibration. ``basic`` gives m = 1, the separate calibration. Clicks give ``epsilon`` (a weight),
+not ``rho``; a Gaussian measure needs the target's delta > 0; ``"accountant": "zcdp"`` cannot
+calibrate a target. The release states the target, the accountant and m (``--explain``,
+``RELEASE.json``'s ``parameters.target``, each measure's description in the ledger), and is
+charged what the jointly calibrated measures compose to -- the charge the schedule check below
+composes. For example, Laplace impressions and row-DP Gaussian clicks of 0.5 each, with
+``"target": {"epsilon": 1, "delta": 1e-7}`` and ``"accountant": "pld"``, keep the 1:1 split
+and spend the whole (1, 1e-7) on slightly less noise for both.
+
 The whole schedule must fit the budget: every release is charged both measures, and the
 configuration is refused if the campaign total (composed with the chosen accountant) or a
 period's budget cannot pay for all scheduled releases. The ledger charges each release to the
@@ -71,6 +92,7 @@ one day is in both releases, whose losses compose). Guarantees are composed by
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -85,6 +107,7 @@ from accounting.ledger import Scope
 from accounting.measures import Measure
 from accounting.shared_budget import SharedBudget
 from accounting.sensitivity import ContributionBounds, Sensitivities, count_sensitivity
+from accounting.target import JointCalibration, MeasureRequest, calibrate_to_target
 from pipelines.release import config_schema, textfiles
 from transforms.keyset import PublicKeyset
 
@@ -96,6 +119,9 @@ KEY_COLUMNS = tuple(KEY_SCHEMA.names)
 #: The published schema (JSON Schema 2020-12) every configuration is checked against first:
 #: editors validate a file as it is typed with it (``"$schema": ".../config.schema.json"``).
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.schema.json")
+
+#: The one budget part of a release calibrated to a target (both measures spend it).
+JOINT_PART = "impressions+clicks"
 
 
 def _schema() -> Mapping:
@@ -203,6 +229,10 @@ class CampaignConfig:
     per_period: Optional[PrivacyBudget]
     protected_countries: frozenset = field(default_factory=frozenset)
     unit_per_period: Optional[PrivacyBudget] = None
+    #: One (epsilon, delta) both measures of a release are calibrated to together (None: each
+    #: from its own budget); ``accountant``: the configuration's, which calibrates the target.
+    target: Optional[PrivacyBudget] = None
+    accountant: str = "basic"
 
     def dates(self) -> list[_dt.date]:
         days = (self.end_date - self.start_date).days + 1
@@ -235,20 +265,20 @@ class CampaignConfig:
         return self.public_keyset(dates).to_table().combine_chunks()
 
     def noise_specs(self) -> dict[str, NoiseSpec]:
+        """Each measure's noise: from its own budget, or calibrated jointly to the target."""
+        if self.target is not None:
+            return {m.name: m.noise for m in self.joint_calibration().measures}
         return {"impressions": self.impressions.noise_spec(), "clicks": self.clicks.noise_spec()}
 
-    def measures(self) -> list[Measure]:
-        """What one release of this campaign spends: both measures, with their neighbouring
-        relations and sensitivities stated (the ledger charges exactly these)."""
+    def _queries(self) -> list[tuple[str, Sensitivities, str, str]]:
+        """(measure, sensitivities, neighbouring relation, description) of both measures."""
         imp, clk = self.impressions, self.clicks
-        specs = self.noise_specs()
         k = float(imp.k)
         relation = ("(Geo, Project, k)-DP: add/remove k impressions of one (geo, project) per period"
                     if imp.neighbouring == "period" else
                     "(Geo, Project, Campaign, k)-DP: add/remove k impressions over the campaign")
-        measures = [Measure.of_noise("impressions", specs["impressions"],
-                                     Sensitivities(l0=1, linf=k, l1=k, l2=k), neighbouring=relation,
-                                     description=f"Algorithm 1, blocks of k={imp.k}")]
+        out = [("impressions", Sensitivities(l0=1, linf=k, l1=k, l2=k), relation,
+                f"Algorithm 1, blocks of k={imp.k}")]
         if clk.neighbouring == "row":
             sens = Sensitivities(l0=1, linf=1.0, l1=1.0, l2=1.0)
             relation, text = "add/remove one click", "Algorithm 2, row-DP"
@@ -258,13 +288,45 @@ class CampaignConfig:
                 max_partitions=m, max_contributions_per_partition=m, max_contributions=m))
             relation = f"add/remove one user's clicks (at most {m} per {clk.bound_per})"
             text = "Algorithm 2, user-DP"
-        measures.append(Measure.of_noise("clicks", specs["clicks"], sens, neighbouring=relation,
-                                         description=text))
-        return measures
+        return out + [("clicks", sens, relation, text)]
+
+    def measures(self) -> list[Measure]:
+        """What one release of this campaign spends: both measures, with their neighbouring
+        relations and sensitivities stated (the ledger charges exactly these); calibrated
+        jointly to the target when there is one (:meth:`joint_calibration`)."""
+        if self.target is not None:
+            return list(self.joint_calibration().measures)
+        specs = self.noise_specs()
+        return [Measure.of_noise(name, specs[name], sens, neighbouring=relation, description=text)
+                for name, sens, relation, text in self._queries()]
+
+    @functools.cached_property
+    def _joint(self) -> JointCalibration:
+        t, parts = self.target, {"impressions": self.impressions, "clicks": self.clicks}
+        requests = []
+        for name, sens, relation, text in self._queries():
+            budget, kind = parts[name].budget, parts[name].noise
+            other = "clicks" if name == "impressions" else "impressions"
+            requests.append(MeasureRequest(
+                name=name, kind=kind, sensitivities=sens, weight=budget.epsilon,
+                delta_weight=budget.delta if kind.is_gaussian else None, neighbouring=relation,
+                description=f"{text}; calibrated jointly with the {other} to the release's target "
+                            f"(epsilon={t.epsilon:g}, delta={t.delta:g}) by the {self.accountant} "
+                            "accountant (accounting.target)"))
+        return calibrate_to_target(requests, epsilon=t.epsilon, delta=t.delta,
+                                   accountant=self.accountant)
+
+    def joint_calibration(self) -> JointCalibration:
+        """Both measures calibrated together to :attr:`target` by :attr:`accountant` (see the
+        module docstring, "A joint target"); computed once per configuration."""
+        if self.target is None:
+            raise ValueError(f"campaign {self.campaign_id!r} has no target")
+        return self._joint
 
     def part_budgets(self) -> dict[str, PrivacyBudget]:
         """Each measure's part of a release's budget, as configured: impressions (epsilon,
-        delta); clicks (epsilon, delta) or zCDP rho (with the delta it is also stated at)."""
+        delta); clicks (epsilon, delta) or zCDP rho (with the delta it is also stated at).
+        Under a target these are the weights of the joint calibration, not budgets."""
         return {"impressions": self.impressions.budget, "clicks": self.clicks.budget}
 
     def release_budget(self) -> PrivacyBudget:
@@ -275,11 +337,24 @@ class CampaignConfig:
             return self.campaign_total
         return min(per_release, key=lambda b: (b.epsilon, b.delta))
 
-    def shared_budget(self, accountant: str) -> SharedBudget:
+    def shared_budget(self, accountant: Optional[str] = None) -> SharedBudget:
         """One release's budget split between its two measures (explicit parts, as configured)
         and spent by them: its ``guarantee()`` and ``explain()`` are the release's (see
         :class:`accounting.shared_budget.SharedBudget`). Each measure draws its noise from its
-        own named stream of the release key (``centralnotice/<campaign>/<measure>``)."""
+        own named stream of the release key (``centralnotice/<campaign>/<measure>``).
+
+        Under a target the budget is the target, in one part (:data:`JOINT_PART`) spent by both
+        measures, checked by the accountant that calibrated them; ``accountant`` (default: the
+        configuration's) must then be that one."""
+        accountant = accountant or self.accountant
+        if self.target is not None:
+            if accountant != self.accountant:
+                raise ValueError(f"campaign {self.campaign_id!r}: its target is calibrated by the "
+                                 f"{self.accountant!r} accountant, not {accountant!r}")
+            shared = SharedBudget(self.target, budgets={JOINT_PART: self.target},
+                                  accountant=accountant)
+            self.joint_calibration().spend(shared.part(JOINT_PART))
+            return shared
         shared = SharedBudget(self.release_budget(), budgets=self.part_budgets(),
                               accountant=accountant)
         for measure in self.measures():
@@ -402,6 +477,7 @@ def _campaign(data: Mapping, path: str, protected: frozenset, accountant: str,
         raise ConfigError(f"{path}.end_date", "is before start_date")
     privacy = data["privacy"]
     per_period = privacy["budget"].get("per_period")
+    target = privacy.get("target")
     campaign = CampaignConfig(
         campaign_id=data["campaign_id"], banners=tuple(data["banners"]),
         countries=tuple(data["countries"]), projects=tuple(data["projects"]),
@@ -409,7 +485,8 @@ def _campaign(data: Mapping, path: str, protected: frozenset, accountant: str,
         impressions=_impressions(privacy["impressions"]), clicks=_clicks(privacy["clicks"]),
         campaign_total=_budget(privacy["budget"]["campaign_total"]),
         per_period=None if per_period is None else _budget(per_period),
-        protected_countries=protected, unit_per_period=unit_per_period)
+        protected_countries=protected, unit_per_period=unit_per_period,
+        target=None if target is None else _budget(target), accountant=accountant)
     if not campaign.released_countries():
         raise ConfigError(f"{path}.countries", "every country is on the country protection list: "
                                                "nothing could be released")
@@ -423,7 +500,8 @@ def _check_schedule_fits(campaign: CampaignConfig, path: str, accountant: str) -
     try:
         measures = campaign.measures()
     except ValueError as err:
-        raise ConfigError(f"{path}.privacy", f"cannot calibrate noise: {err}")
+        where = f"{path}.privacy" + (".target" if campaign.target is not None else "")
+        raise ConfigError(where, f"cannot calibrate noise: {err}")
     releases = campaign.releases()
     checks = [("campaign_total", campaign.campaign_total, measures * len(releases),
                f"{len(releases)} scheduled release(s) spend")]
@@ -439,9 +517,12 @@ def _check_schedule_fits(campaign: CampaignConfig, path: str, accountant: str) -
         except (ValueError, ArithmeticError) as err:
             raise ConfigError(where, f"{what} an amount that cannot be composed: {err}")
         if not ok:
+            asked = "" if campaign.target is None else (
+                f"; each release is calibrated to {path}.privacy.target (epsilon="
+                f"{campaign.target.epsilon:g}, delta={campaign.target.delta:g})")
             raise ConfigError(where, f"{what} (epsilon={spent.epsilon:.6g}, delta={spent.delta:.3g}) "
                                      f"with the {accountant!r} accountant, more than "
-                                     f"(epsilon={budget.epsilon:g}, delta={budget.delta:g})")
+                                     f"(epsilon={budget.epsilon:g}, delta={budget.delta:g}){asked}")
     try:
         campaign.shared_budget(accountant)
     except ValueError as err:

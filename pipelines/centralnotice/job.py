@@ -22,7 +22,9 @@ Mechanisms (seed 001, the Wikimedia CentralNotice feasibility report):
 * clicks, Algorithm 2: per key, the count of click rows plus noise of sensitivity 1 (row-DP), or
   after bounding each user to m clicks per period or per campaign (user-DP, sensitivity m).
   Laplace kinds under pure DP, or Gaussian kinds under zCDP; the release states one guarantee
-  composed by the configuration's accountant (accounting.guarantee).
+  composed by the configuration's accountant (accounting.guarantee). With a campaign's
+  ``privacy.target`` both measures are calibrated together to it by that accountant, and the
+  release states the target and the multiplier (config.py, "A joint target").
 * Keys: the configured keyset (banners x countries x projects x dates), minus the country
   protection list; nothing else can appear. A measure whose noisy value is not above its release
   threshold is suppressed (null: "suppressed", not zero); a key with both suppressed is not
@@ -393,7 +395,7 @@ class CentralNoticeJob(Job):
             release_id=release.release_id, budget=campaign.shared_budget(config.accountant),
             scopes=campaign.scopes(release), outputs=[_output_spec(prepared.request, campaign)],
             config=_release_config(config, campaign), parameters=_parameters(campaign, release),
-            guarantee_covers=_covers(campaign.guarantee_scopes(release)))
+            guarantee_covers=_covers(campaign, campaign.guarantee_scopes(release)))
             for campaign, release in prepared.targets]
 
     def build(self, pipeline, prepared: CentralNoticePrepared, inputs, release: ReleaseContext):
@@ -470,15 +472,33 @@ def _parameters(campaign: CampaignConfig, release) -> dict:
                        "projects": list(campaign.projects),
                        "size": campaign.keyset_size(release.dates)},
             "protected_countries_excluded": sorted(
-                set(campaign.countries) & set(campaign.protected_countries))}
+                set(campaign.countries) & set(campaign.protected_countries)),
+            **({} if campaign.target is None else {"target": _target(campaign)})}
 
 
-def _covers(scopes) -> str:
+def _target(campaign: CampaignConfig) -> dict:
+    """A release calibrated to a target: the target, the accountant that calibrated it, the
+    common multiplier and the weights (public: the configuration's)."""
+    joint = campaign.joint_calibration()
+    parts = {"impressions": campaign.impressions, "clicks": campaign.clicks}
+    return {"epsilon": campaign.target.epsilon, "delta": campaign.target.delta,
+            "accountant": joint.accountant, "multiplier": joint.multiplier,
+            "composed": {"epsilon": joint.stated.epsilon, "delta": joint.stated.delta,
+                         "accountant": joint.stated.accountant},
+            "weights": {name: {"epsilon": p.budget.epsilon,
+                               "delta": p.budget.delta if p.noise.is_gaussian else None}
+                        for name, p in parts.items()}}
+
+
+def _covers(campaign: CampaignConfig, scopes) -> str:
     """The guarantee's one-line statement of the per-person scopes it is held to."""
     held = [s["scope"] for s in scopes if s["configured"]]
     missing = [s["scope"] for s in scopes if not s["configured"]]
-    return ("one release: impressions and clicks of the release's keys, composed; the ledger "
-            "bounds one person's loss per " + ", per ".join(held)
+    joint = "" if campaign.target is None else (
+        f" (calibrated jointly to the target epsilon={campaign.target.epsilon:g}, "
+        f"delta={campaign.target.delta:g} by the {campaign.accountant} accountant)")
+    return ("one release: impressions and clicks of the release's keys, composed" + joint
+            + "; the ledger bounds one person's loss per " + ", per ".join(held)
             + ("; NOT configured: " + ", ".join(missing) if missing else ""))
 
 

@@ -13,10 +13,12 @@ reports (one flat ``report`` column) may also be CSV: a value that is not an int
 Output: release ``ldp_frequencies/<collection_id>`` (``estimates.csv``): one row per candidate
 value (``--candidates``, one integer per line, or the whole domain; OLH counts support against
 candidates, never the whole of a large domain), sorted by value: ``value, estimate`` (unbiased
-count), ``frequency`` (estimate / n), ``estimate_std`` (square root of the exact variance of the
-estimator at the estimate, stated per oracle in ``transforms/ldp/oracles.py``). No 95% interval:
-the estimator's distribution depends on the true counts (``RELEASE.json`` says so,
-``transforms.ldp.estimators.NO_INTERVAL``).
+count), ``frequency`` (estimate / n), ``estimate_ci95_low, estimate_ci95_high, estimate_std``
+(the square root of the exact variance of the estimator at the estimate, stated per oracle in
+``transforms/ldp/oracles.py``, and the approximate 95% interval estimate -/+ 1.96 estimate_std
+clipped to [0, n]: plug-in variance and normal approximation, post-processing of the estimates;
+its coverage is approximate, as ``RELEASE.json`` states:
+``transforms.ldp.estimators.APPROXIMATE_INTERVAL``).
 
 Privacy: the clients' local epsilon (each report is epsilon-LDP; the estimates are
 post-processing); the release is charged to the collection's ledger scope (see
@@ -40,12 +42,13 @@ from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepa
 from pipelines.release import run as run_release
 from pipelines.release.consumption import SKIP_HELP
 from pipelines.release.names import check_segment
-from transforms.ldp.estimators import NO_INTERVAL
+from transforms.ldp.estimators import APPROXIMATE_INTERVAL
 
 NAME = "ldp_frequencies"
 OUTPUT = "estimates.csv"
 SCHEMA = pa.schema([("value", pa.uint64()), ("estimate", pa.float64()),
-                    ("frequency", pa.float64()), ("estimate_std", pa.float64())])
+                    ("frequency", pa.float64()), ("estimate_ci95_low", pa.float64()),
+                    ("estimate_ci95_high", pa.float64()), ("estimate_std", pa.float64())])
 ORACLE_CHOICES = ["binary_rr", "grr", "sue", "oue", "rappor", "olh"]
 #: Oracles whose reports are one flat column, so CSV can carry them.
 FLAT_ORACLES = ("binary_rr", "grr")
@@ -188,8 +191,9 @@ class FrequenciesJob(Job):
             release_id=f"{NAME}/{request.collection_id}", measures=[measure],
             scopes=[ldp_release.collection_scope(request.collection_id, oracle.realised_epsilon)],
             outputs=[OutputSpec(name=OUTPUT, sort_by=["value"], schema=SCHEMA,
-                                noisy=["estimate", "frequency", "estimate_std"],
-                                errors={"estimate": NO_INTERVAL},
+                                noisy=["estimate", "frequency", "estimate_ci95_low",
+                                       "estimate_ci95_high", "estimate_std"],
+                                errors={"estimate": APPROXIMATE_INTERVAL},
                                 description="unbiased estimate per candidate value")],
             config={"oracle": oracle.metadata(), "candidates": candidates.tolist(),
                     **({"skip_consumed": True} if request.skip_consumed else {})},

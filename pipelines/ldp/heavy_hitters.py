@@ -16,8 +16,9 @@ Input: Parquet PEM report files (their ``ldp.pem`` metadata must match the decla
 Output: release ``ldp_heavy_hitters/<collection_id>``:
 
 * ``heavy_hitters.csv`` -- the top-k values of the last round, sorted by ``rank`` (the order of
-  their estimates; ties: smaller value first): ``rank, value, estimate, frequency, estimate_std,
-  round`` (no 95% interval: ``transforms.ldp.estimators.NO_INTERVAL``);
+  their estimates; ties: smaller value first): ``rank, value, estimate, frequency,
+  estimate_ci95_low, estimate_ci95_high, estimate_std, round`` (the interval is approximate:
+  plug-in variance, normal approximation, ``transforms.ldp.estimators.APPROXIMATE_INTERVAL``);
 * ``rounds.csv`` -- every round's candidate prefixes and estimates, sorted by ``round, value``.
 
 Estimates are scaled from a round's group to the whole population. Round r's candidates are
@@ -41,14 +42,19 @@ from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepa
 from pipelines.release import run as run_release
 from pipelines.release.consumption import SKIP_HELP
 from pipelines.release.names import check_segment
-from transforms.ldp.estimators import NO_INTERVAL
+from transforms.ldp.estimators import APPROXIMATE_INTERVAL
 
 NAME = "ldp_heavy_hitters"
 HEAVY_HITTERS = "heavy_hitters.csv"
 ROUNDS = "rounds.csv"
 _ESTIMATES = [("value", pa.uint64()), ("estimate", pa.float64()), ("frequency", pa.float64()),
+              ("estimate_ci95_low", pa.float64()), ("estimate_ci95_high", pa.float64()),
               ("estimate_std", pa.float64()), ("round", pa.uint16())]
 HEAVY_HITTERS_SCHEMA = pa.schema([("rank", pa.uint32())] + _ESTIMATES)
+#: What the top-k's intervals do not cover (appended to their errors statement).
+SELECTED = ("; the top-k rows are chosen by these same estimates, so their intervals do not "
+            "account for the selection (a value ranked in by a high estimate tends to be "
+            "over-estimated)")
 ROUNDS_SCHEMA = pa.schema(_ESTIMATES)
 
 
@@ -145,12 +151,14 @@ class HeavyHittersJob(Job):
             release_id=f"{NAME}/{request.collection_id}", measures=[measure],
             scopes=[ldp_release.collection_scope(request.collection_id, epsilon)],
             outputs=[OutputSpec(name=HEAVY_HITTERS, sort_by=["rank"], schema=HEAVY_HITTERS_SCHEMA,
-                                noisy=["rank", "value", "estimate", "frequency", "estimate_std"],
-                                errors={"estimate": NO_INTERVAL},
+                                noisy=["rank", "value", "estimate", "frequency",
+                                       "estimate_ci95_low", "estimate_ci95_high", "estimate_std"],
+                                errors={"estimate": APPROXIMATE_INTERVAL + SELECTED},
                                 description="top-k values of the last round"),
                      OutputSpec(name=ROUNDS, sort_by=["round", "value"], schema=ROUNDS_SCHEMA,
-                                noisy=["value", "estimate", "frequency", "estimate_std"],
-                                errors={"estimate": NO_INTERVAL},
+                                noisy=["value", "estimate", "frequency", "estimate_ci95_low",
+                                       "estimate_ci95_high", "estimate_std"],
+                                errors={"estimate": APPROXIMATE_INTERVAL},
                                 description="every round's candidate prefixes and estimates")],
             config={"plan": plan.metadata(),
                     **({"skip_consumed": True} if request.skip_consumed else {})},

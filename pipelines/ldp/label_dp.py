@@ -25,9 +25,10 @@ Output: release ``label_dp/<dataset_id>``:
   label, and (plain RR) ``label_unbiased``: the unbiased estimate of "label is the second label"
   for two labels, or the unbiased one-hot vector for more; sorted by ``example_id``;
 * ``debias.jsonl`` -- one row per label: its transition-matrix column, the debias matrix row
-  (plain RR) and the estimated class count with its std (``estimated_count_std``; no 95%
-  interval, its error depends on the true counts: :data:`ESTIMATE_ERROR`, stated in
-  ``RELEASE.json``); sorted by ``label_index``.
+  (plain RR) and the estimated class count with its approximate 95% interval and std
+  (``estimated_count_ci95_low``, ``estimated_count_ci95_high``, ``estimated_count_std``: plug-in
+  variance at the estimate, normal approximation, clipped to [0, n]; its coverage is
+  approximate, as :data:`ESTIMATE_ERROR` states in ``RELEASE.json``); sorted by ``label_index``.
 
 Privacy: epsilon-label-DP -- neighbouring datasets differ in one example's label (ids and
 features are public to the trainer); charged to the dataset's ledger scope (``label-dp:<id>``).
@@ -68,6 +69,7 @@ from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepa
 from pipelines.release import run as run_release
 from pipelines.release.consumption import SKIP_HELP, Consumes, canonical_ids, remove_consumed
 from pipelines.release.names import check_segment
+from transforms import error_columns
 from transforms.counting import Counted, CountingDoFn
 
 NAME = "label_dp"
@@ -109,18 +111,23 @@ def randomizer_of(request):
 
 
 #: The released values' error statements (the outputs' ``errors``): randomized response adds no
-#: noise of a fixed distribution, so no value has an interval from public information alone.
+#: noise of a fixed distribution, so no value has an interval of guaranteed coverage; the class
+#: counts' interval is the approximate plug-in one (transforms.error_columns).
 LABEL_ERROR = ("a randomized label: its error is the transition matrix (debias.jsonl, public); "
                "no error columns: a label is not a number")
 UNBIASED_ERROR = ("no error columns: the unbiased estimate of one example's label (the debias "
                   "matrix row of its randomized label); its error depends on the true label")
 COUNT_ERROR = ("randomized_count counts the randomized labels (no added noise): its deviation "
                "from the true class count depends on the true counts; estimated_count debiases it")
-ESTIMATE_ERROR = ("estimated_count_std is the exact standard deviation of the unbiased count "
-                  "estimator evaluated at the released estimate (clipped to [0, n]): its true "
-                  "variance depends on the true counts. No 95% interval is released: none of "
-                  "stated coverage follows from public information alone (+/-1.96 "
-                  "estimated_count_std is a normal approximation only)")
+ESTIMATE_ERROR = error_columns.approximate_statement(
+    "estimated_count",
+    std="the exact standard deviation of the unbiased count estimator evaluated at the released "
+        "estimate clipped to [0, n] (the plug-in variance; the true variance depends on the true "
+        "counts)",
+    assumptions="many examples (the estimate is a linear function of the randomized counts of n "
+                "independent examples, close to normal by the central limit theorem) and a "
+                "plug-in variance close to the variance at the true count",
+    clipped_to="[0, n] (n: the exported examples)")
 
 
 def dataset_schema(request, randomizer) -> pa.Schema:
@@ -139,6 +146,8 @@ def debias_schema(randomizer) -> pa.Schema:
               ("transition_from_label", pa.list_(pa.float64(), K))]
     if randomizer.debias_matrix() is not None:
         fields += [("debias_row", pa.list_(pa.float64(), K)), ("estimated_count", pa.float64()),
+                   ("estimated_count_ci95_low", pa.float64()),
+                   ("estimated_count_ci95_high", pa.float64()),
                    ("estimated_count_std", pa.float64())]
     return pa.schema(fields)
 
@@ -313,7 +322,8 @@ class LabelDPJob(Job):
                      OutputSpec(name=DEBIAS, sort_by=["label_index"],
                                 schema=debias_schema(randomizer),
                                 noisy=["randomized_count"] + (
-                                    ["estimated_count", "estimated_count_std"]
+                                    ["estimated_count", "estimated_count_ci95_low",
+                                     "estimated_count_ci95_high", "estimated_count_std"]
                                     if randomizer.debias_matrix() is not None else []),
                                 errors={"randomized_count": COUNT_ERROR, **(
                                     {"estimated_count": ESTIMATE_ERROR}

@@ -106,7 +106,7 @@ class ReachFrequencyRequest:
         "help": "share of each scope's budget spent on reach (rest: frequency)"})
     neighbouring: str = field(default="add_remove", metadata={
         "choices": ["add_remove", "substitute"],
-        "help": "add/remove one person, or replace one (doubles sensitivity)"})
+        "help": "add/remove one person, or replace one (doubles the histograms' sensitivity; the reach's stays 1)"})
     num_helpers: int = field(default=0, metadata={
         "help": "0: global noise; n >= 1: n helper stages each add a Polya share from a key of "
                 "its own (discrete_laplace only)"})

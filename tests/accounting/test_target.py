@@ -56,3 +56,40 @@ def test_bad_requests_are_refused():
         calibrate_to_target(_requests("gaussian"), epsilon=1.0, delta=1e-6, accountant="zcdp")
     with pytest.raises(ValueError, match="need delta > 0"):
         calibrate_to_target(_requests("gaussian"), epsilon=1.0)
+
+
+def test_delta_weights_share_delta_among_the_gaussian_measures():
+    """Gaussian measures share delta by their delta weights (here 1:3, against epsilon weights
+    of 1:1), add up to the target's delta, and a pure measure gets none."""
+    requests = [MeasureRequest(name="a", kind="gaussian", sensitivities=ONE, delta_weight=1e-8),
+                MeasureRequest(name="b", kind="gaussian", sensitivities=ONE, delta_weight=3e-8),
+                MeasureRequest(name="c", kind="laplace", sensitivities=ONE)]
+    joint = calibrate_to_target(requests, epsilon=1.0, delta=1e-6)
+    deltas = {m.name: m.share.delta for m in joint.measures}
+    assert deltas["a"] == pytest.approx(0.25e-6) and deltas["b"] == pytest.approx(0.75e-6)
+    assert deltas["c"] == 0 and math.fsum(deltas.values()) <= 1e-6 * (1 + 1e-12)
+    assert guarantee.within(joint.guarantee, 1.0, 1e-6)
+    with pytest.raises(ValueError, match="no delta_weight while others do"):
+        calibrate_to_target([requests[0], MeasureRequest(name="d", kind="gaussian", sensitivities=ONE)],
+                            epsilon=1.0, delta=1e-6)
+
+
+def test_a_joint_calibration_spends_a_shared_budget_part_by_its_accountant():
+    """A part spent by jointly calibrated measures: the part's own spend() (basic) refuses them,
+    JointCalibration.spend accepts them, and the job's guarantee and explain state the target,
+    the accountant and the multiplier."""
+    from accounting.shared_budget import SharedBudget
+
+    target = PrivacyBudget(epsilon=1.0, delta=1e-6)
+    joint = calibrate_to_target(_requests("gaussian", "gaussian"), epsilon=1.0, delta=1e-6)
+    assert joint.target == target and joint.multiplier > 1.3
+    with pytest.raises(ValueError, match="spend epsilon"):
+        SharedBudget(target, budgets={"both": target}, accountant="pld").part("both").spend(
+            list(joint.measures))
+    shared = SharedBudget(target, budgets={"both": target}, accountant="pld")
+    plan = joint.spend(shared.part("both"))
+    assert plan.accountant == "pld" and shared.measures() == list(joint.measures)
+    assert guarantee.within(shared.guarantee(), 1.0, 1e-6)
+    text = shared.explain()
+    assert "Calibrated jointly to the target (epsilon=1, delta=1e-06)-DP by the 'pld' accountant" in text
+    assert f"m={joint.multiplier:.4g}" in text

@@ -139,6 +139,8 @@ CALIBRATIONS = (
     _c("sketch statistics", "discrete Gaussian delta split over the scopes", SKETCHES,
        "sketch-gaussian-delta-not-split-over-scopes"),
     _c("sketch statistics", "factor 2 under substitution", SKETCHES, "sketch-substitute-not-doubled"),
+    _c("sketch statistics", "which statistics double under substitution (the histogram)", SKETCHES,
+       "sketch-histogram-kept-under-substitution"),
     _c("sketch statistics", "reach sensitivity (one register)", SKETCHES,
        gap="no leaking value exists: one person added, removed or replaced moves the reach by at "
            "most 1 (every neighbouring pair of small populations enumerated on the real sketch), "
@@ -177,3 +179,9 @@ NOT_CALIBRATIONS = {
     "transforms/moments.py": "the moments' budget search predicts variances; the calibration "
                              "itself is Measure.calibrated (transforms/metrics.py)",
 }
+
+# -- issue 39.2: CentralNotice releases calibrated jointly to a target
+CALIBRATIONS = CALIBRATIONS + (
+    _c("CentralNotice joint target", "the target's delta", CN_CONFIG,
+       "centralnotice-target-delta-ignored"),
+)

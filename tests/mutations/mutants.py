@@ -690,8 +690,8 @@ MUTANTS += (
         leak="the frequency histogram noised at the scope's whole share beside the reach's "
              "fraction of it: the two together spend more than the scope's budget",
         file="transforms/sketches/dp.py",
-        snippet="return self._spec(1.0 - self.reach_fraction, HISTOGRAM_SENSITIVITY, coordinates=2)",
-        replacement="return self._spec(1.0, HISTOGRAM_SENSITIVITY, coordinates=2)",
+        snippet="return self._spec(1.0 - self.reach_fraction, HISTOGRAM_SENSITIVITY,",
+        replacement="return self._spec(1.0, HISTOGRAM_SENSITIVITY,",
         tests=(SKETCH_BUDGET,),
     ),
     Mutant(
@@ -930,5 +930,31 @@ MUTANTS += (
                     "salt_of(f\"{campaign}/{publisher}\")))",
         tests=("tests/accounting/verification/test_audit_reach_frequency.py::"
                "test_reach_frequency_audit_at_several_publishers_per_person",),
+    ),
+    Mutant(
+        name="sketch-histogram-kept-under-substitution",
+        leak="the frequency histogram marked as one whose change under replace-one-person stays "
+             "within add/remove's (as the reach's does): a replaced person moves two bins, or "
+             "one bin by 2, noised for one",
+        file="transforms/sketches/dp.py",
+        snippet="coordinates=2,\n                          doubles_under_substitution=True)",
+        replacement="coordinates=2,\n                          doubles_under_substitution=False)",
+        tests=(SKETCH_BUDGET,),
+    ),
+)
+
+# -- issue 39.2: CentralNotice releases calibrated jointly to a target (privacy.target)
+MUTANTS = MUTANTS + (
+    Mutant(
+        name="centralnotice-target-delta-ignored",
+        leak="a CentralNotice target's delta ignored: the release budget's delta (per period, else "
+             "the campaign total) taken for it, so every release is calibrated -- and stated -- "
+             "at more delta than the target the configuration asks for",
+        file="pipelines/centralnotice/config.py",
+        snippet="target=None if target is None else _budget(target), accountant=accountant)",
+        replacement="target=None if target is None else PrivacyBudget(epsilon=float(target["
+                    "\"epsilon\"]), delta=float((per_period or privacy[\"budget\"][\"campaign_total\"])"
+                    ".get(\"delta\", 0.0))), accountant=accountant)",
+        tests=(f"{STATED}::test_a_centralnotice_release_calibrated_to_a_target_composes_within_it",),
     ),
 )

@@ -29,7 +29,7 @@ from typing import Sequence
 import apache_beam as beam
 import numpy as np
 
-from transforms.ara.event_debias import debias_groups
+from transforms.ara.event_debias import debias_groups, variance_floor
 from transforms.ara.event_level import EventLevelConfig, randomize_states
 from transforms.batching import ShardedBatches
 from transforms.counting import Counted, Counters, CountingDoFn
@@ -401,7 +401,7 @@ class _EstimatesFn(beam.DoFn):
         cfg = self.config
         t_card, windows = cfg.trigger_data_cardinality, cfg.report_windows
         columns = {c: [] for c in self.group_by}
-        trigger, sources, estimate, variance = [], [], [], []
+        trigger, sources, estimate, variance, floor = [], [], [], [], []
         for group, vec in batch:
             n, m, m2 = vec[0], vec[1:t_card + 2], vec[t_card + 2:]
             for t in range(t_card + 1):
@@ -413,11 +413,14 @@ class _EstimatesFn(beam.DoFn):
                 sources.append(int(n))
                 estimate.append(float(est[0]))
                 variance.append(float(var[0]))
+                floor.append(float(variance_floor(np.array([n]), cfg, cells)[0]))
         columns.update({"trigger_data": pa.array(trigger, pa.int64()),
                         "sources": pa.array(sources, pa.int64()),
                         "estimate": pa.array(estimate, pa.float64()),
                         "variance": pa.array(variance, pa.float64()),
-                        "estimate_std": pa.array(np.sqrt(np.maximum(variance, 0.0)),
+                        # the unbiased estimate clamped at the least variance a group of
+                        # its size can have (public: event_debias.variance_floor)
+                        "estimate_std": pa.array(np.sqrt(np.maximum(variance, floor)),
                                                  pa.float64())})
         yield pa.table(columns)
 

@@ -24,7 +24,12 @@ with ``P(U = j) = C(|A| + j - 1, j) C(N - |A| + R - j, R - j) / k`` (multisets o
 times multisets of the other R - j over the remaining N + 1 - |A| symbols). Replacing
 ``sum a_i`` by X and ``sum a_i^2`` by ``(sum M_i^2 - n p E[U^2]) / (1 - p)`` gives an unbiased
 estimate of the variance from the released reports alone (``debias``). Being unbiased it can be
-negative for a small group; ``CountEstimate.standard_error`` clamps it at 0.
+negative, or below what any group of its size can have, for a small group. Each source's term is a
+convex quadratic in ``a_i`` whatever the data, so ``Var X >= n min_a f(a) / (1 - p)^2`` over the
+integers ``a`` in [0, R] (``variance_floor``: public, from n and the configuration only; about
+``n p Var U / (1 - p)^2``, positive whenever p > 0); ``CountEstimate.standard_error`` and the
+released ``estimate_std`` clamp the estimate there, so a group with sources never gets a
+zero-width interval.
 """
 from __future__ import annotations
 
@@ -61,9 +66,12 @@ class CountEstimate:
     estimate: float
     variance: float
 
+    #: the smallest variance a group of its size can have (``variance_floor``; 0 if not given)
+    floor: float = 0.0
+
     @property
     def standard_error(self) -> float:
-        return math.sqrt(max(self.variance, 0.0))
+        return math.sqrt(max(self.variance, self.floor, 0.0))
 
 
 def debias(reported: float, reported_squares: float, sources: int, config: EventLevelConfig,
@@ -77,7 +85,26 @@ def debias(reported: float, reported_squares: float, sources: int, config: Event
         raise ValueError("reported counts must be non-negative with sum of squares >= sum")
     estimate, variance = debias_groups(np.array([sources]), np.array([reported]),
                                        np.array([reported_squares]), config, cells_in_set)
-    return CountEstimate(estimate=float(estimate[0]), variance=float(variance[0]))
+    return CountEstimate(estimate=float(estimate[0]), variance=float(variance[0]),
+                         floor=float(variance_floor(np.array([sources]), config, cells_in_set)[0]))
+
+
+def _per_source_variance(a, p: float, mu: float, u2: float):
+    """f(a) of one source with ``a`` true reports in the set (times (1 - p)^2: module docstring)."""
+    return (1 - p) * p * a * a - 2 * (1 - p) * p * mu * a + p * u2 - p * p * mu * mu
+
+
+def variance_floor(sources: np.ndarray, config: EventLevelConfig, cells_in_set: int) -> np.ndarray:
+    """The smallest Var X any group of ``sources`` sources can have: ``n min_a f(a) / (1 - p)^2``
+    over the integer counts ``a`` in [0, R] (f is convex with its vertex at mu, so the minimum is
+    at floor(mu) or ceil(mu)). A function of public quantities only: clamping a variance
+    estimate at it is post-processing."""
+    p = config.flip_probability
+    mu, u2 = uniform_moments(config, cells_in_set)
+    candidates = np.clip(np.array([math.floor(mu), math.ceil(mu)], dtype=np.float64), 0,
+                         config.max_reports)
+    least = max(float(_per_source_variance(candidates, p, mu, u2).min()), 0.0)
+    return np.asarray(sources, dtype=np.float64) * least / (1.0 - p) ** 2
 
 
 def exact_variance(true_counts: np.ndarray, config: EventLevelConfig, cells_in_set: int) -> float:
@@ -87,7 +114,7 @@ def exact_variance(true_counts: np.ndarray, config: EventLevelConfig, cells_in_s
         raise ValueError(f"true counts must be in [0, max_reports = {config.max_reports}]")
     p = config.flip_probability
     mu, u2 = uniform_moments(config, cells_in_set)
-    per_source = (1 - p) * p * a * a - 2 * (1 - p) * p * mu * a + p * u2 - p * p * mu * mu
+    per_source = _per_source_variance(a, p, mu, u2)
     return float(per_source.sum() / (1 - p) ** 2)
 
 

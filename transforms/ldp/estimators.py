@@ -19,6 +19,7 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
+from transforms import error_columns
 from transforms.ldp import hashing
 from transforms.ldp.oracles import OLH, Oracle, UnaryEncoding
 from transforms.ldp.reports import ReportArrays, report_arrays
@@ -117,16 +118,19 @@ def _unary_support(oracle: UnaryEncoding, bits: np.ndarray, candidates: np.ndarr
     return support
 
 
-#: Why a frequency oracle's estimate has a std column and no 95% interval (its outputs' errors
-#: statement): the estimator's variance depends on the true count, so its std is the plug-in value
-#: at the released estimate, and its distribution (a sum of the reports' bounded terms) has no
-#: interval of stated coverage from public information alone.
-NO_INTERVAL = ("estimate_std is the exact standard deviation of the unbiased estimator evaluated "
-               "at the released estimate (clipped to [0, n]): post-processing of released values, "
-               "but the true variance depends on the true count. No 95% interval is released: "
-               "the estimator's distribution depends on the data, so no interval of stated "
-               "coverage follows from public information alone (+/-1.96 estimate_std is a normal "
-               "approximation only). frequency = estimate / n; its std is estimate_std / n")
+#: The frequency estimates' errors statement (their outputs' ``errors``): the estimator's
+#: variance depends on the true count, so its std is the plug-in value at the released estimate
+#: and its 95% interval a normal approximation (:func:`transforms.error_columns.plug_in_interval`).
+APPROXIMATE_INTERVAL = error_columns.approximate_statement(
+    "estimate",
+    std="the exact standard deviation of the unbiased estimator evaluated at the released "
+        "estimate clipped to [0, n] (the plug-in variance; the true variance depends on the true "
+        "count)",
+    assumptions="many reports (the estimate is a sum of n independent reports' bounded terms, "
+                "close to normal by the central limit theorem) and a plug-in variance close to "
+                "the variance at the true count",
+    clipped_to="[0, n] (times the subsample's scale)") + (
+    ". frequency = estimate / n; its std and interval are estimate's divided by n")
 
 
 def estimate_table(oracle: Oracle, candidates: np.ndarray, counts: SupportCounts, *,
@@ -134,20 +138,27 @@ def estimate_table(oracle: Oracle, candidates: np.ndarray, counts: SupportCounts
     """Released estimates, one row per candidate, sorted by value (a public order).
 
     Columns: ``value``; ``estimate`` (unbiased count estimate, times ``scale``);
-    ``frequency`` (estimate / n); ``estimate_std`` (sqrt of the exact variance at the estimate
-    clipped to [0, n], times ``scale``: the error columns' naming, :mod:`transforms.error_columns`;
-    no 95% interval, :data:`NO_INTERVAL`). ``scale`` turns a subsample's counts into population counts (PEM).
+    ``frequency`` (estimate / n); ``estimate_ci95_low``, ``estimate_ci95_high`` and
+    ``estimate_std``: the sqrt of the exact variance at the estimate clipped to [0, n], times
+    ``scale``, and the approximate 95% interval ``estimate -/+ 1.96 estimate_std`` clipped to
+    [0, n scale] (plug-in variance, normal approximation: the error columns' naming and
+    :func:`~transforms.error_columns.plug_in_interval`; :data:`APPROXIMATE_INTERVAL`). ``scale``
+    turns a subsample's counts into population counts (PEM).
     """
     n = counts.n
     estimate = oracle.estimate(counts.support, n) if n else np.zeros(candidates.size)
     variance = oracle.estimated_variance(n, estimate) if n else np.zeros(candidates.size)
     with np.errstate(invalid="ignore", divide="ignore"):
         frequency = estimate / n if n else np.zeros(candidates.size)
+    std = np.sqrt(variance) * scale
+    low, high = error_columns.plug_in_interval(estimate * scale, std, low=0.0, high=n * scale)
     return pa.table({
         "value": pa.array(candidates, pa.uint64()),
         "estimate": pa.array(estimate * scale, pa.float64()),
         "frequency": pa.array(frequency, pa.float64()),
-        "estimate_std": pa.array(np.sqrt(variance) * scale, pa.float64()),
+        "estimate_ci95_low": pa.array(low, pa.float64()),
+        "estimate_ci95_high": pa.array(high, pa.float64()),
+        "estimate_std": pa.array(std, pa.float64()),
     })
 
 

@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from transforms import error_columns
 from transforms.ldp.oracles import check_local_epsilon
 from transforms.ldp.randomness import (TWO32, KeyedRandomness, retry_u32, threshold_floor,
                                        uniform_below)
@@ -269,7 +270,10 @@ def estimate_label_counts(randomizer: LabelRandomizer, randomized_counts) -> tup
 
 def debias_table(randomizer: LabelRandomizer, randomized_counts: Sequence[int]) -> pa.Table:
     """What a trainer needs, one row per label: its index, the transition matrix column, the
-    debias matrix row (plain RR), and the estimated class count with its std."""
+    debias matrix row (plain RR), and the estimated class count with its approximate 95%
+    interval and std (``estimated_count_ci95_low``, ``_ci95_high``, ``_std``: the std at the
+    estimate clipped to [0, n], the interval estimate -/+ 1.96 std clipped to [0, n]; plug-in
+    variance, normal approximation: :func:`transforms.error_columns.plug_in_interval`)."""
     K = randomizer.num_labels
     T = randomizer.transition_matrix()
     inverse = randomizer.debias_matrix()
@@ -284,6 +288,10 @@ def debias_table(randomizer: LabelRandomizer, randomized_counts: Sequence[int]) 
         estimate, std = estimate_label_counts(randomizer, randomized_counts)
         columns["debias_row"] = pa.array([inverse[a].tolist() for a in range(K)],
                                          pa.list_(pa.float64(), K))
+        low, high = error_columns.plug_in_interval(
+            estimate, std, low=0.0, high=float(np.sum(randomized_counts)))
         columns["estimated_count"] = pa.array(estimate)
+        columns["estimated_count_ci95_low"] = pa.array(low)
+        columns["estimated_count_ci95_high"] = pa.array(high)
         columns["estimated_count_std"] = pa.array(std)
     return pa.table(columns)

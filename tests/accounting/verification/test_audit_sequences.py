@@ -192,7 +192,8 @@ def _event_spec() -> AuditSpec:
         tables={"reports.csv": TableRule(keys=("source_id", "window", "trigger_data", "n"),
                                          keys_private=True, changed_keys=2 * 2),
                 "estimates.csv": TableRule(keys=("campaign", "trigger_data"),
-                                           noisy=("estimate", "variance", "estimate_std"),
+                                           noisy=("estimate", "variance",
+                                                  "estimate_ci95_low", "estimate_ci95_high", "estimate_std"),
                                            public_keys=estimates, order=Order.PUBLIC,
                                            bounds={"estimate": Bound.of(stated)})})
 
@@ -278,12 +279,15 @@ def _ldp_spec(tables) -> AuditSpec:
                      reports=marker_rule(("outputs.*.sha256",)))
 
 
-FREQUENCIES = {"estimates.csv": TableRule(keys=("value",), noisy=("estimate", "frequency", "estimate_std"),
+FREQUENCIES = {"estimates.csv": TableRule(keys=("value",), noisy=("estimate", "frequency",
+                                                                  "estimate_ci95_low", "estimate_ci95_high", "estimate_std"),
                                           public_keys=[(str(v),) for v in range(8)])}
 HEAVY_HITTERS = {"heavy_hitters.csv": TableRule(keys=("rank",), noisy=(
-                     "value", "estimate", "frequency", "estimate_std"), public_keys=[(1,), (2,), (3,)]),
+                     "value", "estimate", "frequency",
+                     "estimate_ci95_low", "estimate_ci95_high", "estimate_std"), public_keys=[(1,), (2,), (3,)]),
                  "rounds.csv": TableRule(keys=("round", "value"), noisy=(
-                     "estimate", "frequency", "estimate_std"), keys_private=True)}
+                     "estimate", "frequency",
+                     "estimate_ci95_low", "estimate_ci95_high", "estimate_std"), keys_private=True)}
 
 
 @pytest.mark.parametrize("skip", [True, False])
@@ -347,7 +351,8 @@ def _label_spec() -> AuditSpec:
         tables={"dataset.parquet": TableRule(keys=("example_id",), noisy=("label", "label_unbiased"),
                                              keys_private=True, changed_keys=1),
                 "debias.jsonl": TableRule(keys=("label_index",), noisy=(
-                    "randomized_count", "estimated_count", "estimated_count_std"),
+                    "randomized_count", "estimated_count",
+                    "estimated_count_ci95_low", "estimated_count_ci95_high", "estimated_count_std"),
                     public_keys=[(0,), (1,)], bounds={"randomized_count": Bound(l0=1, linf=1)})})
 
 

@@ -461,6 +461,40 @@ def test_mixed_release_with_a_multi_key_count_composes_on_its_curve(case):
     assert stated.epsilon < before
 
 
+@pytest.mark.parametrize("impressions", [
+    {"noise": "discrete_laplace", "epsilon": 0.5},
+    {"noise": "discrete_gaussian", "epsilon": 0.5, "delta": 1e-8},
+])
+def test_a_centralnotice_release_calibrated_to_a_target_composes_within_it(impressions):
+    """A CentralNotice release with ``privacy.target`` (issue 39.2): the noise its measures draw
+    (impressions; row-DP discrete Gaussian clicks), composed by dp_accounting from the unit scales
+    alone, is within the *configured* target at the configured delta, and the release states that
+    target. The campaign's budgets have a larger delta than the target, so a target whose delta
+    is taken from anywhere else is caught here."""
+    from release_testkit import LOW, cn_config
+
+    from pipelines.centralnotice.config import parse_config
+
+    target = {"epsilon": 1.0, "delta": 2e-8 if impressions["noise"] == "discrete_gaussian" else 1e-8}
+    data = cn_config(impressions={"k": 10, **impressions},
+                     clicks={"noise": "discrete_gaussian", "epsilon": 0.5, "delta": 1e-8,
+                             "neighbouring": "row", "release_threshold": LOW},
+                     budget={"campaign_total": {"epsilon": 8.0, "delta": 1e-5},
+                             "per_period": {"epsilon": 4.0, "delta": 1e-5}})
+    data["accountant"] = "pld"
+    data["campaigns"][0]["privacy"]["target"] = dict(target)
+    campaign = parse_config(data).campaigns[0]
+    measures = campaign.measures()
+    assert [m.name for m in measures] == ["impressions", "clicks"]
+    assert [m.noise for m in measures] == [campaign.noise_specs()[m.name] for m in measures]
+    spent = _independent_pld_epsilon(measures, target["delta"], pessimistic=True)
+    assert spent <= target["epsilon"] * (1 + 1e-3), (spent, target)
+    assert spent >= 0.98 * target["epsilon"]  # the target is spent, not left on the table
+    stated = campaign.shared_budget().stated()
+    assert stated.delta == target["delta"] and stated.epsilon <= target["epsilon"] * (1 + 1e-9)
+    assert campaign.joint_calibration().multiplier > 1.0
+
+
 # ------------------------------------------------ the multi-key calibration's fast exact route
 # multi_key_discrete_gaussian_delta / _epsilon (what calibrates and states a multi-key discrete
 # Gaussian) convolve each pattern's one-key PLDs by one FFT. The reference composes the same

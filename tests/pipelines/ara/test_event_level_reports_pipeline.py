@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 
 import numpy as np
@@ -13,7 +14,7 @@ from accounting.keys import ReleaseKey
 from pipelines.ara import event_level_reports as job
 from tests.release_testkit import read_json, write_csv
 from transforms.ara.event_beam import EVENT_PURPOSE
-from transforms.ara.event_debias import debias_groups
+from transforms.ara.event_debias import debias_groups, variance_floor
 from transforms.ara.event_level import EventLevelConfig, randomize_states
 from transforms.noise import RandomStreams
 
@@ -87,7 +88,7 @@ def test_testing_run_releases_the_mechanisms_reports_and_their_debiased_counts(t
     assert reports[1:] == _expected_reports(SOURCES, CONVERSIONS)
     # estimates: every group x (trigger data, all), debiased from the released reports alone
     assert estimates[0] == ["campaign", "trigger_data", "sources", "estimate", "variance",
-                            "estimate_std"]
+                            "estimate_ci95_low", "estimate_ci95_high", "estimate_std"]
     group_of = dict(SOURCES)
     for row in estimates[1:]:
         group, t = row[0], row[1]
@@ -101,10 +102,22 @@ def test_testing_run_releases_the_mechanisms_reports_and_their_debiased_counts(t
                                  W if t else CONFIG.cells)
         assert int(row[2]) == len(members)
         assert float(row[3]) == pytest.approx(est[0]) and float(row[4]) == pytest.approx(var[0])
+        # the approximate interval: estimate -/+ 1.96 std, clipped to [0, R sources]
+        std = float(row[7])
+        # the unbiased estimate clamped at the least variance a group of its size can have
+        floor = variance_floor(np.array([len(members)]), CONFIG, W if t else CONFIG.cells)[0]
+        assert std == pytest.approx(math.sqrt(max(var[0], floor)))
+        assert float(row[5]) == pytest.approx(min(max(est[0] - 1.959963984540054 * std, 0.0),
+                                                  CONFIG.max_reports * len(members)))
+        assert float(row[6]) == pytest.approx(min(max(est[0] + 1.959963984540054 * std, 0.0),
+                                                  CONFIG.max_reports * len(members)))
     assert [(r[0], r[1]) for r in estimates[1:]] == [
         (g, t) for g in "abc" for t in ("0", "1", "")]
     measure = marker["measures"][0]
     assert measure["mechanism"] == "k_ary_randomized_response" and measure["epsilon"] == EPS
+    statement = marker["outputs"][job.ESTIMATES]["errors"]["estimate"]
+    assert "APPROXIMATE 95% interval (plug-in variance, normal approximation)" in statement
+    assert "clipped to [0, R sources]" in statement and "groups of many sources" in statement
     assert marker["guarantee"]["epsilon"] == EPS
     report = json.dumps(read_json(next(
         os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "out") for f in fs

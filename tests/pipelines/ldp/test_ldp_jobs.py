@@ -362,3 +362,36 @@ def test_flat_reports_may_be_csv(tmp_path, grr_reports, capsys):
     expected = estimate_frequencies(make_oracle("grr", epsilon=1.5, domain_size=8), table)
     np.testing.assert_allclose(released.column("estimate").to_numpy(),
                                expected.column("estimate").to_numpy(), rtol=1e-12)
+
+
+def test_frequency_and_label_releases_carry_approximate_intervals_and_say_so(tmp_path, grr_reports,
+                                                                            inputs):
+    """Issue 39.6: the estimates' ``_ci95_low`` / ``_ci95_high`` columns are the transforms'
+    plug-in intervals (estimate -/+ 1.96 std, clipped), and RELEASE.json's errors statement says
+    that they are approximate and on what assumptions."""
+    path, table = grr_reports
+    assert ldp_frequencies.main(_freq_args(path, tmp_path / "f", **{"--testing_seed": str(SEED)})) == 0
+    released = _read(_testing_output(tmp_path / "f", "ldp_frequencies", "c1", "estimates.csv"))
+    expected = estimate_frequencies(make_oracle("grr", epsilon=1.5, domain_size=8), table)
+    assert released.column_names == ["value", "estimate", "frequency", "estimate_ci95_low",
+                                     "estimate_ci95_high", "estimate_std"]
+    for column in ("estimate_ci95_low", "estimate_ci95_high", "estimate_std"):
+        np.testing.assert_allclose(released.column(column).to_numpy(),
+                                   expected.column(column).to_numpy(), rtol=1e-12)
+    with open(_testing_output(tmp_path / "f", "ldp_frequencies", "c1", "RELEASE.json")) as handle:
+        statement = json.load(handle)["outputs"]["estimates.csv"]["errors"]["estimate"]
+    assert "APPROXIMATE 95% interval (plug-in variance, normal approximation)" in statement
+    assert "clipped to [0, n]" in statement and "assumes many reports" in statement
+
+    assert label_dp.main(["--input", inputs["train"], *_LABELS, "--output", str(tmp_path / "l"),
+                          "--testing_seed", str(SEED)]) == 0
+    debias = _read(_testing_output(tmp_path / "l", "label_dp", "d1", "debias.jsonl"))
+    estimate, low, high, std = (np.asarray(debias.column(c).to_pylist(), dtype=float) for c in (
+        "estimated_count", "estimated_count_ci95_low", "estimated_count_ci95_high",
+        "estimated_count_std"))
+    n = float(np.sum(debias.column("randomized_count").to_pylist()))
+    np.testing.assert_allclose(low, np.clip(estimate - 1.959963984540054 * std, 0, n), rtol=1e-12)
+    np.testing.assert_allclose(high, np.clip(estimate + 1.959963984540054 * std, 0, n), rtol=1e-12)
+    with open(_testing_output(tmp_path / "l", "label_dp", "d1", "RELEASE.json")) as handle:
+        statement = json.load(handle)["outputs"]["debias.jsonl"]["errors"]["estimated_count"]
+    assert "APPROXIMATE 95% interval" in statement and "assumes many examples" in statement

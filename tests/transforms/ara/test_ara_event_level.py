@@ -12,7 +12,7 @@ from accounting.keys import KeyReuseError, ReleaseKey
 from transforms.ara.event_beam import (DebiasConversionCounts, SimulateEventReports,
                                        TriggerMapping)
 from transforms.ara.event_debias import (debias, debias_groups, exact_variance,
-                                         uniform_moments)
+                                         uniform_moments, variance_floor)
 from transforms.ara.event_level import (EventLevelConfig, flip_probability, num_states,
                                         randomize_states, randomized_response)
 from transforms.noise import RandomStreams
@@ -165,6 +165,36 @@ def test_debiased_counts_are_unbiased_with_the_stated_variance():
         debias(5, 3, 10, cfg, 2)   # a sum of squares below the sum is impossible
 
 
+@pytest.mark.parametrize("t,w,r,eps", [(2, 2, 3, 1.5), (2, 1, 1, 14.0), (8, 3, 3, 14.0),
+                                       (3, 2, 2, 0.5)])
+def test_the_variance_floor_is_below_every_groups_true_variance_and_positive(t, w, r, eps):
+    """The public floor the released std is clamped at: at most the exact variance of every
+    group of n sources (every true count per source in [0, R], by enumeration of single sources
+    and random groups), attained by some group, and positive, so no group gets a zero-width
+    interval."""
+    cfg = _config(t, w, r, eps)
+    rng = np.random.default_rng(5)
+    for cells in (1, w, cfg.cells):
+        one = float(variance_floor(np.array([1]), cfg, cells)[0])
+        per_count = [exact_variance(np.array([a]), cfg, cells) for a in range(r + 1)]
+        assert 0 < one == pytest.approx(min(per_count), rel=1e-12) and one <= min(per_count)
+        for _ in range(20):
+            n = int(rng.integers(1, 50))
+            group = rng.integers(0, r + 1, n)
+            assert float(variance_floor(np.array([n]), cfg, cells)[0]) <= \
+                exact_variance(group, cfg, cells) * (1 + 1e-12)
+
+
+def test_a_small_groups_std_is_clamped_at_the_floor_not_at_zero():
+    """One source with one report in each of two cells of the set: the unbiased variance
+    estimate is negative here; the standard error is the floor's square root, not 0."""
+    cfg = _config(2, 2, 3, 1.5)
+    est = debias(2, 2, 1, cfg, cells_in_set=2)
+    assert est.variance < 0
+    assert est.standard_error == pytest.approx(math.sqrt(variance_floor(np.array([1]), cfg, 2)[0]))
+    assert est.standard_error > 0
+
+
 # --- Beam ----------------------------------------------------------------------------------------
 
 SOURCES = pa.table({"source_id": pa.array([str(i) for i in range(40)]),
@@ -252,6 +282,9 @@ def test_debiased_estimates_in_beam_match_the_pure_estimator():
         assert by[(1, 0)]["sources"] == 20
         assert by[(1, 0)]["estimate"] == pytest.approx(est0[0])
         assert by[(1, 0)]["variance"] == pytest.approx(var0[0])
+        floor = variance_floor(np.array([20]), cfg, cfg.report_windows)[0]
+        assert by[(1, 0)]["estimate_std"] == pytest.approx(math.sqrt(max(var0[0], floor)))
+        assert all(r["estimate_std"] > 0 for r in rows)   # every group has sources
         assert by[(1, None)]["estimate"] == pytest.approx(est_all[0])
 
     counters = _run({"sources": SOURCES, "reports": reports},
