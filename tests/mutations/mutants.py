@@ -350,9 +350,30 @@ MUTANTS = (
         leak="a rho-configured multi-key discrete Gaussian states the epsilon of the last shift "
              "pattern composed (all keys shifted by one) instead of the worst over the patterns",
         file="accounting/calibration.py",
-        snippet="        worst = max(worst, float(d.get_epsilon_for_delta(reserve)))\n",
-        replacement="        worst = float(d.get_epsilon_for_delta(reserve))\n",
+        snippet="            worst = max(worst, _lattice_epsilon_for_delta(lower, probs, infinity, tail, "
+                "delta, d))\n",
+        replacement="            worst = _lattice_epsilon_for_delta(lower, probs, infinity, tail, delta, "
+                    "d)\n",
         tests=(f"{STATED}::test_rho_calibrated_multi_key_discrete_gaussian_states_its_worst_split",),
+    ),
+    Mutant(
+        name="multi-key-delta-last-pattern",
+        leak="the multi-key discrete Gaussian's calibration checks delta on the last shift pattern "
+             "convolved (every key shifted by one) instead of the worst over the patterns: its "
+             "sigma meets the target on a weaker pair than the worst one",
+        file="accounting/calibration.py",
+        snippet="            worst = max(worst, tail + (1.0 - tail) * (infinity + float(terms.sum())))\n",
+        replacement="            worst = tail + (1.0 - tail) * (infinity + float(terms.sum()))\n",
+        tests=(f"{STATED}::test_epsilon_delta_calibrated_multi_key_discrete_gaussian_meets_every_split",),
+    ),
+    Mutant(
+        name="multi-key-sigma-search-twice-delta",
+        leak="the multi-key discrete Gaussian's sigma search takes a probe as passing when its delta "
+             "is up to twice the target: the calibrated sigma spends twice the delta it states",
+        file="accounting/calibration.py",
+        snippet="        if found <= delta:\n",
+        replacement="        if found <= 2 * delta:\n",
+        tests=(f"{STATED}::test_epsilon_delta_calibrated_multi_key_discrete_gaussian_meets_every_split",),
     ),
     Mutant(
         name="draw-time-delta-given-twice",

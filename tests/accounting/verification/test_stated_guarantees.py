@@ -493,3 +493,88 @@ def test_a_centralnotice_release_calibrated_to_a_target_composes_within_it(impre
     stated = campaign.shared_budget().stated()
     assert stated.delta == target["delta"] and stated.epsilon <= target["epsilon"] * (1 + 1e-9)
     assert campaign.joint_calibration().multiplier > 1.0
+
+
+# ------------------------------------------------ the multi-key calibration's fast exact route
+# multi_key_discrete_gaussian_delta / _epsilon (what calibrates and states a multi-key discrete
+# Gaussian) convolve each pattern's one-key PLDs by one FFT. The reference composes the same
+# one-key PLDs with dp_accounting's compose / self_compose, the route they replaced.
+
+def _composed_pattern_pld(sigma: float, pattern):
+    """dp_accounting's PLD of one shift pattern: its one-key discrete Gaussians (pessimistic),
+    self-composed per shift size and composed across sizes."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    out = None
+    for c in sorted(set(pattern)):
+        one = pld.from_discrete_gaussian_mechanism(sigma, sensitivity=int(c),
+                                                   value_discretization_interval=1e-4)
+        part = one if pattern.count(c) == 1 else one.self_compose(pattern.count(c))
+        out = part if out is None else out.compose(part)
+    return out
+
+
+#: (l0, l1, l2, sigma): a user's 2, 5 and 10 clicks at the sigmas of epsilon near 0.2-1, a
+#: unit of 4 keys moved by at most 5 in L1 and 3 in L2, 3 keys by one each, small sigmas (large
+#: losses, epsilons up to about 15) and a quantile tree's 16 nodes (L1 = 16, L2 = 4 sqrt 2;
+#: slow: the reference composes 31 patterns).
+FAST_ROUTE_CASES = [(2, 2, 2, 3.0), (2, 2, 2, 40.0), (5, 5, 5, 10.0),
+                    pytest.param((10, 10, 10, 40.0), marks=pytest.mark.slow),
+                    (4, 5, 3, 6.0), (3, 3, math.sqrt(3), 2.0), (3, 3, 3, 1.5),
+                    pytest.param((16, 16, 4 * math.sqrt(2), 14.5), marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("case", FAST_ROUTE_CASES)
+def test_multi_key_fast_route_is_never_below_dp_accountings_composition_and_within_1pct(case):
+    """Valid: delta(eps) at least the reference's (the worst pattern's dp_accounting PLD plus
+    its truncation mass), with no tolerance, at every eps from 0 to past the epsilon of
+    delta = 1e-12 -- the FFT rounding mass it adds is above the tails dp_accounting's
+    compositions move to +inf (at most 1e-15 each). Tight: no more than 3 FFT rounding masses
+    above it, and its epsilon at the deltas jobs use within 1% of the reference's (no less)."""
+    from accounting.calibration import (FFT_ROUNDING_MASS, TAIL_MASS,
+                                        multi_key_discrete_gaussian_delta,
+                                        multi_key_discrete_gaussian_epsilon, shift_patterns)
+
+    l0, l1, l2, sigma = case
+    patterns = shift_patterns(l0, l2, l1)
+    reference = [(p, _composed_pattern_pld(sigma, p)) for p in patterns]
+
+    def reference_delta(eps):
+        return max(float(d.get_delta_for_epsilon(eps)) + len(p) * TAIL_MASS for p, d in reference)
+
+    def reference_epsilon(delta):
+        return max(float(d.get_epsilon_for_delta(delta - len(p) * TAIL_MASS)) for p, d in reference)
+
+    top = reference_epsilon(1e-12)
+    for eps in [0.0] + [top * k / 12 for k in range(1, 16)]:
+        fast, slow = multi_key_discrete_gaussian_delta(sigma, eps, patterns), reference_delta(eps)
+        assert slow <= fast <= slow + 3 * FFT_ROUNDING_MASS, (eps, fast, slow)
+    for delta in (1e-2, 1e-4, 1e-6, 1e-9, 1e-10):
+        fast, slow = multi_key_discrete_gaussian_epsilon(sigma, delta, patterns), reference_epsilon(delta)
+        assert slow * (1 - ROUNDING) <= fast <= 1.01 * slow, (delta, fast, slow)
+        # the inverse of the fast delta: exactly on its curve, between lattice points
+        assert multi_key_discrete_gaussian_delta(sigma, fast, patterns) <= delta * (1 + ROUNDING)
+        assert multi_key_discrete_gaussian_delta(sigma, fast * (1 - 1e-4), patterns) > delta
+
+
+@pytest.mark.parametrize("l0,l1,l2,epsilon,delta", [
+    (2, 2, 2, 1.0, 1e-6), (5, 5, 5, 0.3, 1e-3), (10, 10, 10, 1.0, 1e-9), (4, 5, 3, 0.5, 1e-7),
+    pytest.param(16, 16, 4 * math.sqrt(2), 1.0, 1e-3, marks=pytest.mark.slow),  # a quantile tree
+    (2, 2, 2, 20.0, 1e-6), (3, 3, 3, 8.0, 1e-3)])   # small sigmas: the search bisects
+def test_multi_key_calibration_is_the_smallest_sigma_meeting_dp_accountings_composition(
+        l0, l1, l2, epsilon, delta):
+    """The calibrated sigma meets (epsilon, delta) on the reference composition of every pattern
+    and is within 2e-4 of the smallest that does: 2e-4 less sigma misses the target there."""
+    from accounting.calibration import TAIL_MASS, shift_patterns
+
+    spec = calibrate("discrete_gaussian", epsilon=epsilon, delta=delta, l1_sensitivity=l1,
+                     l2_sensitivity=l2, l0=l0)
+    assert spec.accountant == "pld"
+    patterns = shift_patterns(l0, l2, l1)
+
+    def reference_delta(sigma):
+        return max(float(_composed_pattern_pld(sigma, p).get_delta_for_epsilon(epsilon))
+                   + len(p) * TAIL_MASS for p in patterns)
+
+    assert reference_delta(spec.scale) <= delta
+    assert reference_delta(spec.scale * (1 - 2e-4)) > delta
