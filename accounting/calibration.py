@@ -616,7 +616,7 @@ def multi_key_profile(sigma: float, patterns, discretization: float = MULTI_KEY_
     last = max(lo + len(pr) - 1 for _, ds in pmfs for lo, pr, _ in ds)
     worst = np.zeros(last - first + 1)
     for p, ds in pmfs:
-        tail = len(p) * TAIL_MASS + FFT_ROUNDING_MASS
+        tail = _pattern_tail(p)
         for lo, pr, inf in ds:
             curve = hockey_stick_on_lattice(lo, pr, inf, first, last, discretization)
             np.maximum(worst, tail + (1.0 - tail) * curve, out=worst)
