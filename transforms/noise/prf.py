@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from transforms.noise.encoding import (WINDOW_ROWS, WindowedKeys, be_bytes, encode_keys,
-                                      encode_keys_layouts, encode_keys_matrix, join_binary)
+                                      encode_keys_layouts, join_binary)
 
 _U64 = np.uint64
 
@@ -157,9 +157,6 @@ def mac_keys(mac_key: bytes, keys) -> np.ndarray:
     windowed = WindowedKeys.of(keys)
     if windowed is not None:
         return _mac_windowed(mac_key, windowed)
-    matrix = encode_keys_matrix(keys, pad_to=16)
-    if matrix is not None:  # a view of its rows zero-padded to whole blocks (matrix.base)
-        return _cbc_mac_blocks(mac_key, matrix.base, matrix.shape[1])
     layouts = encode_keys_layouts(keys, pad_to=16)
     if layouts is None:
         return cbc_mac(mac_key, encode_keys(keys))
@@ -200,8 +197,8 @@ def _mac_windowed(mac_key: bytes, keys: WindowedKeys) -> np.ndarray:
         for j in range(most):
             np.bitwise_xor(state[:, 0], words[2 * j, :m], out=mixed[:m, 0])
             np.bitwise_xor(state[:, 1], words[2 * j + 1, :m], out=mixed[:m, 1])
-            if j >= fewest:
-                state = state.copy()  # it may be the buffer this block's AES overwrites
+            if j == fewest:  # state is still the buffer this block's AES overwrites (later
+                state = state.copy()  # states are np.where's own arrays)
             encrypted = scratch.encrypt(encryptor, mixed[:m].view(_U64)).view("<u8")
             # Past a row's last block its MAC is final: it keeps its state.
             state = encrypted if j < fewest else np.where((blocks > j)[:, None], encrypted, state)
