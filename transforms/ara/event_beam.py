@@ -401,7 +401,7 @@ class _EstimatesFn(beam.DoFn):
         cfg = self.config
         t_card, windows = cfg.trigger_data_cardinality, cfg.report_windows
         columns = {c: [] for c in self.group_by}
-        trigger, sources, estimate, variance, floor = [], [], [], [], []
+        trigger, sources, estimate, variance = [], [], [], []
         for group, vec in batch:
             n, m, m2 = vec[0], vec[1:t_card + 2], vec[t_card + 2:]
             for t in range(t_card + 1):
@@ -413,13 +413,16 @@ class _EstimatesFn(beam.DoFn):
                 sources.append(int(n))
                 estimate.append(float(est[0]))
                 variance.append(float(var[0]))
-                floor.append(float(variance_floor(np.array([n]), cfg, cells)[0]))
+        # the least variance a group of its size can have (public: event_debias.variance_floor),
+        # once per batch for each cell set (one trigger-data value's windows, or all cells)
+        n = np.array(sources, dtype=np.float64)
+        every = np.array([t is None for t in trigger], dtype=bool)
+        floor = np.where(every, variance_floor(n, cfg, cfg.cells), variance_floor(n, cfg, windows))
         columns.update({"trigger_data": pa.array(trigger, pa.int64()),
                         "sources": pa.array(sources, pa.int64()),
                         "estimate": pa.array(estimate, pa.float64()),
                         "variance": pa.array(variance, pa.float64()),
-                        # the unbiased estimate clamped at the least variance a group of
-                        # its size can have (public: event_debias.variance_floor)
+                        # the unbiased estimate clamped at that floor
                         "estimate_std": pa.array(np.sqrt(np.maximum(variance, floor)),
                                                  pa.float64())})
         yield pa.table(columns)
