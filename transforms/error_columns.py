@@ -144,15 +144,16 @@ def plug_in_interval(values, std, *, low: float = -math.inf, high: float = math.
     """``(low, high)`` float64 arrays of the approximate 95% interval ``values -/+ Z95 std``
     (``std`` the plug-in standard deviation, scalar or per value: the module docstring), clipped
     to the estimated quantity's range ``[low, high]`` (the truth lies in it, so clipping never
-    loses coverage); NaN where a value or its std is NaN."""
-    v = np.asarray(values, dtype=np.float64)
-    s = np.broadcast_to(np.asarray(std, dtype=np.float64), v.shape)
-    half = Z95 * s
+    loses coverage); NaN where a value or its std is NaN (NaN passes through :func:`arrays`
+    and the clip)."""
+    lower, upper, _ = arrays(values, std, Z95 * np.asarray(std, dtype=np.float64))
     with np.errstate(invalid="ignore"):
-        lower = np.clip(v - half, low, high)
-        upper = np.clip(v + half, low, high)
-    missing = np.isnan(v) | np.isnan(s)
-    return np.where(missing, np.nan, lower), np.where(missing, np.nan, upper)
+        return np.clip(lower, low, high), np.clip(upper, low, high)
+
+
+#: The words every :func:`approximate_statement` carries: how a reader of ``errors`` statements
+#: (the catalog) tells a plug-in interval from one of the stated noise's.
+APPROXIMATE = "APPROXIMATE 95% interval"
 
 
 def approximate_statement(column: str, std: str, assumptions: str, clipped_to: str) -> str:
@@ -161,7 +162,7 @@ def approximate_statement(column: str, std: str, assumptions: str, clipped_to: s
     interval is clipped to and the approximation's ``assumptions``."""
     low, high, std_column = names(column)
     return (f"{low}/{high} = {column} -/+ 1.96 {std_column}, clipped to {clipped_to}: an "
-            f"APPROXIMATE 95% interval (plug-in variance, normal approximation), not one of "
+            f"{APPROXIMATE} (plug-in variance, normal approximation), not one of "
             f"guaranteed coverage. {std_column} is {std}. The interval assumes {assumptions}; "
             "its coverage is near 95% when that holds (tested on synthetic data of known truth) "
             "and lower for counts of a few reports, where the estimator is skewed. Computed from "

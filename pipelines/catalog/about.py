@@ -142,7 +142,7 @@ def _with_errors(columns: dict, outputs) -> dict:
     out = dict(columns)
     for table in outputs:
         names = [c for c, _ in table.columns]
-        approximate = {n for n, statement in table.errors if "APPROXIMATE 95% interval" in statement}
+        approximate = {n for n, statement in table.errors if error_columns.APPROXIMATE in statement}
         for name in names:
             base = error_columns.base_column(name, names)
             if base is None or name in columns:
