@@ -140,12 +140,12 @@ def output_columns(released, error: NoiseError) -> list:
             for part, name in zip((0, 1, 2), names(released.name))]
 
 
-def plug_in_interval(values, std, *, low: float = -math.inf, high: float = math.inf):
+def plug_in_interval(values, std, *, low=-math.inf, high=math.inf):
     """``(low, high)`` float64 arrays of the approximate 95% interval ``values -/+ Z95 std``
     (``std`` the plug-in standard deviation, scalar or per value: the module docstring), clipped
-    to the estimated quantity's range ``[low, high]`` (the truth lies in it, so clipping never
-    loses coverage); NaN where a value or its std is NaN (NaN passes through :func:`arrays`
-    and the clip)."""
+    to the estimated quantity's range ``[low, high]`` (scalars or per value; the truth lies in
+    it, so clipping never loses coverage); NaN where a value or its std is NaN (NaN passes
+    through :func:`arrays` and the clip)."""
     lower, upper, _ = arrays(values, std, Z95 * np.asarray(std, dtype=np.float64))
     with np.errstate(invalid="ignore"):
         return np.clip(lower, low, high), np.clip(upper, low, high)

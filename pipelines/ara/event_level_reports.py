@@ -72,7 +72,7 @@ REPORTS = "reports.csv"
 ESTIMATES = "estimates.csv"
 #: Column names of the estimates table that a group column may not take.
 _RESERVED = ("source_id", "trigger_data", "window", "sources", "estimate", "variance",
-             "estimate_ci95_low", "estimate_ci95_high", "estimate_std")
+             *error_columns.names("estimate"))
 #: The debiased estimate's errors statement (the estimates table's ``errors``): randomized
 #: response adds no noise of a fixed distribution, so its interval is the approximate plug-in one.
 APPROXIMATE_INTERVAL = error_columns.approximate_statement(
@@ -166,8 +166,7 @@ def _estimates_schema(group_by: Sequence[str]) -> pa.Schema:
     return pa.schema([(g, pa.string()) for g in group_by]
                      + [("trigger_data", pa.int64()), ("sources", pa.int64()),
                         ("estimate", pa.float64()), ("variance", pa.float64()),
-                        ("estimate_ci95_low", pa.float64()), ("estimate_ci95_high", pa.float64()),
-                        ("estimate_std", pa.float64())])
+                        *[(c, pa.float64()) for c in error_columns.names("estimate")]])
 
 
 def with_intervals(table: pa.Table, max_reports: int) -> pa.Table:
@@ -176,14 +175,14 @@ def with_intervals(table: pa.Table, max_reports: int) -> pa.Table:
     the range of a group's reported conversions."""
     import numpy as np
 
+    low_name, high_name, std_name = error_columns.names("estimate")
     estimate = table.column("estimate").to_numpy(zero_copy_only=False)
     bound = table.column("sources").to_numpy(zero_copy_only=False).astype(np.float64) * max_reports
     low, high = error_columns.plug_in_interval(
-        estimate, table.column("estimate_std").to_numpy(zero_copy_only=False), low=0.0)
-    low, high = np.minimum(low, bound), np.minimum(high, bound)
-    at = table.column_names.index("estimate_std")
-    table = table.add_column(at, "estimate_ci95_low", pa.array(low, pa.float64()))
-    return table.add_column(at + 1, "estimate_ci95_high", pa.array(high, pa.float64()))
+        estimate, table.column(std_name).to_numpy(zero_copy_only=False), low=0.0, high=bound)
+    at = table.column_names.index(std_name)
+    table = table.add_column(at, low_name, pa.array(low, pa.float64()))
+    return table.add_column(at + 1, high_name, pa.array(high, pa.float64()))
 
 
 def _reports_schema() -> pa.Schema:
@@ -314,8 +313,7 @@ class EventLevelReportsJob(Job):
                                 description="one row per noisy event-level report"),
                      OutputSpec(name=ESTIMATES, sort_by=[*request.group_by, "trigger_data"],
                                 schema=_estimates_schema(request.group_by),
-                                noisy=["estimate", "variance", "estimate_ci95_low",
-                                       "estimate_ci95_high", "estimate_std"],
+                                noisy=["estimate", "variance", *error_columns.names("estimate")],
                                 errors={"estimate": APPROXIMATE_INTERVAL},
                                 description="debiased attributed conversions per group of "
                                             "registered sources and trigger-data value")],

@@ -42,13 +42,13 @@ from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepa
 from pipelines.release import run as run_release
 from pipelines.release.consumption import SKIP_HELP
 from pipelines.release.names import check_segment
+from transforms import error_columns
 from transforms.ldp.estimators import APPROXIMATE_INTERVAL
 
 NAME = "ldp_frequencies"
 OUTPUT = "estimates.csv"
 SCHEMA = pa.schema([("value", pa.uint64()), ("estimate", pa.float64()),
-                    ("frequency", pa.float64()), ("estimate_ci95_low", pa.float64()),
-                    ("estimate_ci95_high", pa.float64()), ("estimate_std", pa.float64())])
+                    ("frequency", pa.float64()), *[(c, pa.float64()) for c in error_columns.names("estimate")]])
 ORACLE_CHOICES = ["binary_rr", "grr", "sue", "oue", "rappor", "olh"]
 #: Oracles whose reports are one flat column, so CSV can carry them.
 FLAT_ORACLES = ("binary_rr", "grr")
@@ -191,8 +191,7 @@ class FrequenciesJob(Job):
             release_id=f"{NAME}/{request.collection_id}", measures=[measure],
             scopes=[ldp_release.collection_scope(request.collection_id, oracle.realised_epsilon)],
             outputs=[OutputSpec(name=OUTPUT, sort_by=["value"], schema=SCHEMA,
-                                noisy=["estimate", "frequency", "estimate_ci95_low",
-                                       "estimate_ci95_high", "estimate_std"],
+                                noisy=["estimate", "frequency", *error_columns.names("estimate")],
                                 errors={"estimate": APPROXIMATE_INTERVAL},
                                 description="unbiased estimate per candidate value")],
             config={"oracle": oracle.metadata(), "candidates": candidates.tolist(),

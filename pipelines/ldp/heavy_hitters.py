@@ -42,14 +42,14 @@ from pipelines.release import (InputSpec, Job, OutputSpec, PlannedRelease, Prepa
 from pipelines.release import run as run_release
 from pipelines.release.consumption import SKIP_HELP
 from pipelines.release.names import check_segment
+from transforms import error_columns
 from transforms.ldp.estimators import APPROXIMATE_INTERVAL
 
 NAME = "ldp_heavy_hitters"
 HEAVY_HITTERS = "heavy_hitters.csv"
 ROUNDS = "rounds.csv"
 _ESTIMATES = [("value", pa.uint64()), ("estimate", pa.float64()), ("frequency", pa.float64()),
-              ("estimate_ci95_low", pa.float64()), ("estimate_ci95_high", pa.float64()),
-              ("estimate_std", pa.float64()), ("round", pa.uint16())]
+              *[(c, pa.float64()) for c in error_columns.names("estimate")], ("round", pa.uint16())]
 HEAVY_HITTERS_SCHEMA = pa.schema([("rank", pa.uint32())] + _ESTIMATES)
 #: What the top-k's intervals do not cover (appended to their errors statement).
 SELECTED = ("; the top-k rows are chosen by these same estimates, so their intervals do not "
@@ -152,12 +152,12 @@ class HeavyHittersJob(Job):
             scopes=[ldp_release.collection_scope(request.collection_id, epsilon)],
             outputs=[OutputSpec(name=HEAVY_HITTERS, sort_by=["rank"], schema=HEAVY_HITTERS_SCHEMA,
                                 noisy=["rank", "value", "estimate", "frequency",
-                                       "estimate_ci95_low", "estimate_ci95_high", "estimate_std"],
+                                       *error_columns.names("estimate")],
                                 errors={"estimate": APPROXIMATE_INTERVAL + SELECTED},
                                 description="top-k values of the last round"),
                      OutputSpec(name=ROUNDS, sort_by=["round", "value"], schema=ROUNDS_SCHEMA,
-                                noisy=["value", "estimate", "frequency", "estimate_ci95_low",
-                                       "estimate_ci95_high", "estimate_std"],
+                                noisy=["value", "estimate", "frequency",
+                                       *error_columns.names("estimate")],
                                 errors={"estimate": APPROXIMATE_INTERVAL},
                                 description="every round's candidate prefixes and estimates")],
             config={"plan": plan.metadata(),

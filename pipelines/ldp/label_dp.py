@@ -146,9 +146,7 @@ def debias_schema(randomizer) -> pa.Schema:
               ("transition_from_label", pa.list_(pa.float64(), K))]
     if randomizer.debias_matrix() is not None:
         fields += [("debias_row", pa.list_(pa.float64(), K)), ("estimated_count", pa.float64()),
-                   ("estimated_count_ci95_low", pa.float64()),
-                   ("estimated_count_ci95_high", pa.float64()),
-                   ("estimated_count_std", pa.float64())]
+                   *[(c, pa.float64()) for c in error_columns.names("estimated_count")]]
     return pa.schema(fields)
 
 
@@ -322,8 +320,7 @@ class LabelDPJob(Job):
                      OutputSpec(name=DEBIAS, sort_by=["label_index"],
                                 schema=debias_schema(randomizer),
                                 noisy=["randomized_count"] + (
-                                    ["estimated_count", "estimated_count_ci95_low",
-                                     "estimated_count_ci95_high", "estimated_count_std"]
+                                    ["estimated_count", *error_columns.names("estimated_count")]
                                     if randomizer.debias_matrix() is not None else []),
                                 errors={"randomized_count": COUNT_ERROR, **(
                                     {"estimated_count": ESTIMATE_ERROR}
