@@ -91,16 +91,20 @@ class BudgetPart:
         ``selector`` if it selects keys privately)."""
         self.shared._register(self.name, release)
 
-    def spend(self, measures: Sequence[Measure]) -> ReleasePlan:
+    def spend(self, measures: Sequence[Measure], *, accountant: str = "basic",
+              header: str = "") -> ReleasePlan:
         """Spend this part on ``measures`` directly (a job's own calibrated measures): they
-        must fit the part's budget (:class:`~accounting.budget.ReleasePlan` refuses otherwise).
-        Returns their plan (its ``explain()`` is the part's entry in the job's explain)."""
+        must fit the part's budget by ``accountant`` (:class:`~accounting.budget.ReleasePlan`
+        refuses otherwise; jointly calibrated measures by the accountant that calibrated them,
+        :meth:`accounting.target.JointCalibration.spend`). Returns their plan (``header``, then
+        its ``explain()``, is the part's entry in the job's explain)."""
         measures = list(measures)
         if not measures or not all(isinstance(m, Measure) for m in measures):
             raise TypeError("spend() takes one or more accounting.measures.Measure")
         uses_delta = any(not m.is_pure for m in measures)
-        plan = ReleasePlan(budget=self.spendable_budget(uses_delta=uses_delta), measures=measures)
-        self.shared._register(self.name, _SpentMeasures(plan))
+        plan = ReleasePlan(budget=self.spendable_budget(uses_delta=uses_delta), measures=measures,
+                           accountant=accountant)
+        self.shared._register(self.name, _SpentMeasures(plan, header))
         return plan
 
 
@@ -109,11 +113,11 @@ class _SpentMeasures:
 
     selector = None
 
-    def __init__(self, plan: ReleasePlan):
-        self.plan = plan
+    def __init__(self, plan: ReleasePlan, header: str = ""):
+        self.plan, self.header = plan, header
 
     def explain(self) -> str:
-        return self.plan.explain()
+        return self.header + self.plan.explain()
 
 
 def selection_measure(name: str, selector) -> Measure:

@@ -94,17 +94,19 @@ class JointCalibration:
 
     def spend(self, part) -> ReleasePlan:
         """Spend ``part`` (a :class:`~accounting.shared_budget.BudgetPart`) on these measures:
-        their plan over the part's budget, checked by this calibration's accountant (a part's
-        own :meth:`~accounting.shared_budget.BudgetPart.spend` checks by basic composition,
-        which jointly calibrated measures exceed by design). Returns the plan."""
-        uses_delta = any(not m.is_pure for m in self.measures)
-        plan = self.plan(part.spendable_budget(uses_delta=uses_delta))
-        part.register(_Spent(self, plan))
-        return plan
+        their plan over the part's budget, checked by this calibration's accountant, not by
+        basic composition, which jointly calibrated measures exceed by design. Returns the plan;
+        the part's entry in the job's explain is :meth:`explain`'s header and the plan's table."""
+        return part.spend(self.measures, accountant=self.accountant, header=self._header())
 
     def explain(self) -> str:
         """How the measures were calibrated (target, accountant, multiplier, what they compose
         to), then their plan's table."""
+        budget = self.target if self.target is not None else PrivacyBudget(
+            epsilon=self.stated.epsilon, delta=self.stated.delta)
+        return self._header() + self.plan(budget).explain()
+
+    def _header(self) -> str:
         target = "" if self.target is None else f" to the target {self.target.describe()}"
         names = ", ".join(m.name for m in self.measures)
         lines = [f"Calibrated jointly{target} by the {self.accountant!r} accountant "
@@ -113,21 +115,7 @@ class JointCalibration:
                  "multiplier whose composition fits (m=1: the basic split)",
                  f"  together: epsilon={self.stated.epsilon:.4g}, delta={self.stated.delta:.3g} "
                  f"[{self.stated.accountant}]"]
-        budget = self.target if self.target is not None else PrivacyBudget(
-            epsilon=self.stated.epsilon, delta=self.stated.delta)
-        return "\n".join(lines + ["", self.plan(budget).explain()])
-
-
-class _Spent:
-    """A SharedBudget part spent by jointly calibrated measures (what the budget reads)."""
-
-    selector = None
-
-    def __init__(self, joint: JointCalibration, plan: ReleasePlan):
-        self.joint, self.plan = joint, plan
-
-    def explain(self) -> str:
-        return self.joint.explain()
+        return "\n".join(lines + ["", ""])
 
 
 def _calibrated(requests: Sequence[MeasureRequest], shares: dict, multiplier: float,
