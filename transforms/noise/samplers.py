@@ -293,7 +293,8 @@ def _attempt_exact(streams: RandomStreams, lane: int, plan: _GeometricPlan):
     return negative, y
 
 
-def discrete_laplace_units(streams: RandomStreams, t: int, s: int, lanes: np.ndarray) -> np.ndarray:
+def discrete_laplace_units(streams: RandomStreams, t: int, s: int, lanes: np.ndarray,
+                           scratch: Scratch = None) -> np.ndarray:
     """Discrete Laplace with P[z] ∝ exp(-|z| s / t) for integers s, t >= 1, exactly.
 
     Per lane (``lanes`` distinct): a sign (one word's lowest bit) and Y ~ Geometric(1 - e^(-s/t))
@@ -307,12 +308,14 @@ def discrete_laplace_units(streams: RandomStreams, t: int, s: int, lanes: np.nda
     (:meth:`RandomStreams.ahead`) and decides every part with a comparison or a sorted search;
     a lane whose word equals a threshold (at most about (K + 710) · 2^-64 per attempt) redoes that attempt
     word by word (:func:`_attempt_exact`). Either way a lane reads the words of its own stream in
-    the same order, so its sample depends on its stream alone."""
+    the same order, so its sample depends on its stream alone. ``scratch``: AES buffers reused
+    across a sampler's draws (the discrete Gaussian's rejection rounds)."""
     lanes = np.asarray(lanes)
     first = int(lanes[0]) if lanes.size else 0
     in_range = (lanes.size > 1 and int(lanes[-1]) - first == lanes.size - 1
                 and bool(np.all(np.diff(lanes) == 1)))
-    return _discrete_laplace_pass(streams, _geometric_plan(int(t), int(s)), lanes, Scratch(),
+    return _discrete_laplace_pass(streams, _geometric_plan(int(t), int(s)), lanes,
+                                  Scratch() if scratch is None else scratch,
                                   slice(first, first + lanes.size) if in_range else None)
 
 
@@ -406,7 +409,8 @@ def discrete_gaussian(streams: RandomStreams, sigma: float, lanes: np.ndarray = 
     pending = np.arange(lanes.size)
     while pending.size:
         ln = lanes[pending]
-        y = discrete_laplace_units(streams, t << SCALE_FRACTION_BITS, 1 << SCALE_FRACTION_BITS, ln)
+        y = discrete_laplace_units(streams, t << SCALE_FRACTION_BITS, 1 << SCALE_FRACTION_BITS, ln,
+                                   scratch)
         gamma = (np.abs(y) - sigma2 / t) ** 2 / (2 * sigma2)
         accept = bernoulli_exp(streams, gamma, ln, scratch)
         out[pending[accept]] = y[accept]
